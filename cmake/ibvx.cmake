@@ -1,0 +1,68 @@
+# Build-wide flags and the small helpers every folder uses, so each folder's CMakeLists stays a
+# few lines.
+
+set(IBVX_WARNINGS -Wall -Wextra)
+if(IBVX_WERROR)
+  list(APPEND IBVX_WARNINGS -Werror)
+endif()
+
+if(IBVX_ASAN AND IBVX_TSAN)
+  message(FATAL_ERROR "IBVX_ASAN and IBVX_TSAN cannot be combined")
+endif()
+if(IBVX_ASAN)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+if(IBVX_TSAN)
+  add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=thread)
+endif()
+
+# Applies the project's warning set to a target we own (never to generated proto code).
+function(ibvx_warnings target)
+  target_compile_options(${target} PRIVATE ${IBVX_WARNINGS})
+endfunction()
+
+# ibvx_library(NAME [STATIC|SHARED|MODULE] SOURCES ... [LIBS ...] [INCLUDES ...])
+function(ibvx_library name)
+  cmake_parse_arguments(A "STATIC;SHARED;MODULE" "" "SOURCES;LIBS;INCLUDES" ${ARGN})
+  set(kind STATIC)
+  if(A_SHARED)
+    set(kind SHARED)
+  elseif(A_MODULE)
+    set(kind MODULE)
+  endif()
+  add_library(${name} ${kind} ${A_SOURCES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${A_INCLUDES})
+  target_link_libraries(${name} PUBLIC ${A_LIBS})
+  ibvx_warnings(${name})
+endfunction()
+
+# ibvx_provider(NAME SOURCES ... [LIBS ...]): an extension driver lib<NAME>.so, placed in the
+# build tree's provider dir so tests and the demo load it exactly as an installed one.
+function(ibvx_provider name)
+  cmake_parse_arguments(A "" "" "SOURCES;LIBS" ${ARGN})
+  add_library(${name} SHARED ${A_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE ${A_LIBS})
+  set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/providers-out)
+  ibvx_warnings(${name})
+  install(TARGETS ${name} LIBRARY DESTINATION lib/ibv_extend)
+endfunction()
+
+# ibvx_test(NAME SOURCES ... [LIBS ...] [LABELS ...]): a GoogleTest binary, every test a ctest.
+include(GoogleTest)
+function(ibvx_test name)
+  cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${A_SOURCES})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
+  ibvx_warnings(${name})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_MODE PRE_TEST
+    PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}"
+               ENVIRONMENT "IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()

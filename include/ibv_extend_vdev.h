@@ -1,0 +1,98 @@
+/*
+ * ibv_extend_vdev.h - south-bound addition for virtual devices.
+ *
+ * The reference ABI matches extension drivers to rdma-core devices by provider name. A software
+ * NIC such as softnda has no rdma-core ibv_device, so it brings its devices itself: it registers
+ * one struct ibv_extend_vdev_ops (next to its ordinary struct verbs_device_extend_ops, with the
+ * same provider name) that lists its devices, opens an ibv_context for one, and provides the
+ * standard verbs the library cannot get from libibverbs for such a context (PD, MR, QP state).
+ *
+ * The contexts a virtual device hands out are not libibverbs contexts: libibverbs functions must
+ * not be called on them or on objects created from them; use the ops below instead. The
+ * reference functions (ibv_open_extend() on such a context, ibv_create_qp_extend(), ...) work
+ * unchanged. Nothing in ibv_extend.h changes: this addition is purely additive.
+ *
+ * Return conventions follow ibv_extend.h: negative errno from int functions, NULL + errno from
+ * pointer functions. Plain C; compiles on its own in C and C++.
+ */
+#ifndef IBV_EXTEND_VDEV_H
+#define IBV_EXTEND_VDEV_H
+
+#include <ibv_extend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IBV_EXTEND_VDEV_ABI_V1 1
+#define IBV_EXTEND_VDEV_NAME_MAX 64
+
+/* What a virtual device announces about itself. */
+struct ibv_extend_vdev_attr {
+    char name[IBV_EXTEND_VDEV_NAME_MAX]; /* unique device name, e.g. "softnda0" */
+    uint32_t phys_port_cnt;
+    uint32_t max_pd;
+    uint32_t max_mr;
+    uint32_t max_qp;
+    uint32_t max_cq;
+    uint32_t max_srq;
+    uint32_t max_qp_wr;  /* max SQ/RQ depth */
+    uint32_t max_cqe;    /* max CQ depth */
+    uint32_t max_srq_wr; /* max SRQ depth */
+    uint32_t max_sge;
+    uint32_t max_inline_data; /* bytes */
+    uint32_t max_msg_sz;      /* bytes */
+    uint64_t max_mr_size;     /* bytes */
+    uint64_t resv[8];
+};
+
+struct ibv_extend_vdev_ops {
+    uint32_t abi;         /* IBV_EXTEND_VDEV_ABI_V1 */
+    const char *provider; /* provider name; equals the name of the matching verbs_device_extend_ops */
+
+    /* Sets a provider option before its devices are opened ("devices", "max_qp", ...).
+     * -EINVAL for an unknown key or bad value, -EBUSY once a device is open. May be NULL. */
+    int (*configure)(const char *key, const char *value);
+
+    /* Fills up to max entries; returns the number of devices the provider has (may exceed max). */
+    int (*query_devices)(struct ibv_extend_vdev_attr *attrs, int max);
+
+    /* Opens a device by name; ibv_open_extend() accepts the result. NULL + errno on failure. */
+    struct ibv_context *(*open_device)(const char *name);
+    int (*close_device)(struct ibv_context *context);
+
+    /* Non-zero when dev is one of this provider's virtual devices. */
+    int (*is_own_device)(const struct ibv_device *dev);
+
+    struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
+    int (*dealloc_pd)(struct ibv_pd *pd);
+
+    /* Registers [addr, addr+length) of the calling process's memory. */
+    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);
+    int (*dereg_mr)(struct ibv_mr *mr);
+
+    /* Standard QP state machine (RESET->INIT->RTR->RTS->SQD/SQE/ERR) on QPs created through
+     * ibv_create_qp_extend() on this provider's contexts. */
+    int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
+    int (*query_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                    struct ibv_qp_init_attr *init_attr);
+
+    /* Device memory-mapped I/O (doorbell registers) is ordinary shared memory in a virtual
+     * device. Given an address inside such a page, returns a new fd (the caller closes it) and
+     * the offset of the page-aligned range [addr & ~4095, ...) in it, so a broker can map the
+     * same doorbell into another process. -ENOENT when addr is not device MMIO. May be NULL. */
+    int (*export_mmio)(const void *addr, int *fd, uint64_t *offset);
+};
+
+void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);
+
+#define PROVIDER_EXTEND_VDEV(vops)                                                \
+    static __attribute__((constructor)) void vops##__register_extend_vdev(void) { \
+        verbs_register_vdev_extend(&(vops));                                      \
+    }
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IBV_EXTEND_VDEV_H */
