@@ -1,0 +1,400 @@
+// The ibv_extend_broker.h functions: devices, PDs, MRs and QP state. Each one sends a
+// broker-owned object to the broker seam; otherwise a virtual device's objects go to its
+// provider's ops and an rdma-core device's to libibverbs (direct mode, in-process).
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "client/broker_seam.h"
+#include "providers/loader/loader.h"
+
+namespace ibvx::client {
+namespace {
+
+template <typename T>
+T *fail(int err) {
+    errno = err;
+    return nullptr;
+}
+
+// libibverbs returns a positive errno from int calls (or -1 with errno on old paths); ours are
+// negative.
+int fromVerbs(int rc) {
+    if (rc > 0) {
+        return -rc;
+    }
+    if (rc < 0) {
+        return errno != 0 ? -errno : -EIO;
+    }
+    return 0;
+}
+
+// How a context from ibvx_open_device() must be closed after its extension context.
+struct OpenedDevice {
+    ibv_context *context = nullptr;
+    const ibv_extend_vdev_ops *vdev = nullptr;  // nullptr: an rdma-core device
+};
+
+// ibvx_reg_mr_fd() in direct mode maps the fd; the mapping goes away with the MR.
+struct FdMapping {
+    void *base = nullptr;
+    size_t size = 0;
+};
+
+struct DirectState {
+    std::mutex mu;  // guards opened and fd_mrs
+    std::map<const ibv_context_extend *, OpenedDevice> opened;
+    std::map<const ibv_mr *, FdMapping> fd_mrs;
+};
+
+DirectState &state() {
+    static DirectState *s = new DirectState;  // never destroyed: may be used from atexit handlers
+    return *s;
+}
+
+void copyName(char (&dst)[IBVX_DEVICE_NAME_MAX], const char *src) {
+    snprintf(dst, sizeof(dst), "%s", src != nullptr ? src : "");
+}
+
+// Opens ctx's extension context long enough to learn what the driver announces. Listing is not
+// a hot path; a device that cannot be opened right now keeps zeros.
+void fillExtendCaps(ibv_context *ctx, ibvx_device_info *info) {
+    ibv_context_extend *ext = ibv_open_extend(ctx);
+    if (ext == nullptr) {
+        return;
+    }
+    info->driver_version = static_cast<uint32_t>(ext->ops->version);
+    ibv_device_attr_extend attr{};
+    if (ibv_query_device_extend(ext, &attr) == 0) {
+        info->ext_cap = attr.ext_cap;
+    }
+    ibv_close_extend(ext);
+}
+
+ibvx_device_info vdevInfo(const loader::VdevDevice &d) {
+    ibvx_device_info info{};
+    copyName(info.name, d.attr.name);
+    copyName(info.provider, d.provider->provider);
+    info.phys_port_cnt = d.attr.phys_port_cnt;
+    info.max_qp = d.attr.max_qp;
+    info.max_cq = d.attr.max_cq;
+    info.max_srq = d.attr.max_srq;
+    info.max_mr = d.attr.max_mr;
+    info.max_qp_wr = d.attr.max_qp_wr;
+    info.max_cqe = d.attr.max_cqe;
+    info.max_srq_wr = d.attr.max_srq_wr;
+    info.max_sge = d.attr.max_sge;
+    info.max_inline_data = d.attr.max_inline_data;
+    info.max_msg_sz = d.attr.max_msg_sz;
+    info.max_mr_size = d.attr.max_mr_size;
+    if (d.provider->open_device != nullptr) {
+        if (ibv_context *ctx = d.provider->open_device(d.attr.name)) {
+            fillExtendCaps(ctx, &info);
+            if (d.provider->close_device != nullptr) {
+                d.provider->close_device(ctx);
+            }
+        }
+    }
+    return info;
+}
+
+ibvx_device_info verbsInfo(ibv_device *dev) {
+    ibvx_device_info info{};
+    copyName(info.name, ibv_get_device_name(dev));
+    if (const verbs_device_extend_ops *drv = loader::findDriver(dev)) {
+        copyName(info.provider, drv->name);
+    }
+    if (ibv_context *ctx = ibv_open_device(dev)) {
+        ibv_device_attr attr{};
+        if (ibv_query_device(ctx, &attr) == 0) {
+            info.phys_port_cnt = attr.phys_port_cnt;
+            info.max_qp = static_cast<uint32_t>(attr.max_qp);
+            info.max_cq = static_cast<uint32_t>(attr.max_cq);
+            info.max_srq = static_cast<uint32_t>(attr.max_srq);
+            info.max_mr = static_cast<uint32_t>(attr.max_mr);
+            info.max_qp_wr = static_cast<uint32_t>(attr.max_qp_wr);
+            info.max_cqe = static_cast<uint32_t>(attr.max_cqe);
+            info.max_srq_wr = static_cast<uint32_t>(attr.max_srq_wr);
+            info.max_sge = static_cast<uint32_t>(attr.max_sge);
+            info.max_mr_size = attr.max_mr_size;
+        }
+        if (info.provider[0] != '\0') {
+            fillExtendCaps(ctx, &info);
+        }
+        ibv_close_device(ctx);
+    }
+    return info;
+}
+
+// ibv_get_device_list() answers NULL (ENOSYS) on a kernel without RDMA, and
+// ibv_free_device_list(NULL) would crash: this wrapper makes "no devices" an empty list.
+class VerbsDeviceList {
+  public:
+    VerbsDeviceList() { list_ = ibv_get_device_list(&count_); }
+    VerbsDeviceList(const VerbsDeviceList &) = delete;
+    VerbsDeviceList &operator=(const VerbsDeviceList &) = delete;
+    ~VerbsDeviceList() {
+        if (list_ != nullptr) {
+            ibv_free_device_list(list_);
+        }
+    }
+    int size() const { return list_ != nullptr ? count_ : 0; }
+    ibv_device *operator[](int i) const { return list_[i]; }
+
+  private:
+    ibv_device **list_ = nullptr;
+    int count_ = 0;
+};
+
+ibv_context_extend *openDirect(const char *name) {
+    loader::OpenedVdev vdev;
+    int rc = loader::openVdev(name, &vdev);
+    if (rc == 0) {
+        ibv_context_extend *ext = ibv_open_extend(vdev.context);
+        if (ext == nullptr) {
+            int err = errno;
+            if (vdev.provider->close_device != nullptr) {
+                vdev.provider->close_device(vdev.context);
+            }
+            return fail<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
+        }
+        std::lock_guard lock(state().mu);
+        state().opened[ext] = {vdev.context, vdev.provider};
+        return ext;
+    }
+    if (rc != -ENODEV) {
+        return fail<ibv_context_extend>(-rc);
+    }
+    VerbsDeviceList devices;
+    for (int i = 0; i < devices.size(); ++i) {
+        if (strcmp(ibv_get_device_name(devices[i]), name) != 0) {
+            continue;
+        }
+        ibv_context *ctx = ibv_open_device(devices[i]);
+        if (ctx == nullptr) {
+            return nullptr;
+        }
+        ibv_context_extend *ext = ibv_open_extend(ctx);
+        if (ext == nullptr) {
+            int err = errno;
+            ibv_close_device(ctx);
+            return fail<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
+        }
+        std::lock_guard lock(state().mu);
+        state().opened[ext] = {ctx, nullptr};
+        return ext;
+    }
+    loader::warn("no device named '%s' (neither a virtual device nor an rdma-core device)", name);
+    return fail<ibv_context_extend>(ENODEV);
+}
+
+}  // namespace
+}  // namespace ibvx::client
+
+using namespace ibvx::client;
+namespace loader = ibvx::loader;
+
+extern "C" {
+
+const char *ibvx_mode(void) {
+    return brokerModeActive() ? "broker" : "direct";
+}
+
+int ibvx_list_devices(struct ibvx_device_info *devices, int max) {
+    if (max < 0 || (devices == nullptr && max > 0)) {
+        return -EINVAL;
+    }
+    if (brokerModeActive()) {
+        return brokerListDevices(devices, max);
+    }
+    std::vector<ibvx_device_info> all;
+    for (const loader::VdevDevice &d : loader::queryDevices()) {
+        all.push_back(vdevInfo(d));
+    }
+    VerbsDeviceList verbs;
+    for (int i = 0; i < verbs.size(); ++i) {
+        all.push_back(verbsInfo(verbs[i]));
+    }
+    std::copy_n(all.begin(), std::min(all.size(), static_cast<size_t>(max)), devices);
+    return static_cast<int>(all.size());
+}
+
+struct ibv_context_extend *ibvx_open_device(const char *name) {
+    if (name == nullptr || name[0] == '\0') {
+        return fail<ibv_context_extend>(EINVAL);
+    }
+    if (brokerModeActive()) {
+        return brokerOpenByName(name);
+    }
+    return openDirect(name);
+}
+
+int ibvx_close_device(struct ibv_context_extend *context) {
+    if (context == nullptr || context->context == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(context->context)) {
+        return brokerCloseDevice(context);
+    }
+    OpenedDevice dev;
+    {
+        std::lock_guard lock(state().mu);
+        auto it = state().opened.find(context);
+        if (it == state().opened.end()) {
+            return -EINVAL;  // not from ibvx_open_device(): the caller owns its ibv_context
+        }
+        dev = it->second;
+        state().opened.erase(it);
+    }
+    int rc = ibv_close_extend(context);
+    int close_rc = 0;
+    if (dev.vdev != nullptr) {
+        close_rc = dev.vdev->close_device != nullptr ? dev.vdev->close_device(dev.context) : 0;
+    } else {
+        close_rc = fromVerbs(ibv_close_device(dev.context));
+    }
+    return rc != 0 ? rc : close_rc;
+}
+
+struct ibv_pd *ibvx_alloc_pd(struct ibv_context_extend *context) {
+    if (context == nullptr || context->context == nullptr) {
+        return fail<ibv_pd>(EINVAL);
+    }
+    if (brokerOwns(context->context)) {
+        return brokerAllocPd(context);
+    }
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(context->context->device)) {
+        return v->alloc_pd != nullptr ? v->alloc_pd(context->context) : fail<ibv_pd>(EOPNOTSUPP);
+    }
+    return ibv_alloc_pd(context->context);
+}
+
+int ibvx_dealloc_pd(struct ibv_pd *pd) {
+    if (pd == nullptr || pd->context == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(pd->context)) {
+        return brokerDeallocPd(pd);
+    }
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
+        return v->dealloc_pd != nullptr ? v->dealloc_pd(pd) : -EOPNOTSUPP;
+    }
+    return fromVerbs(ibv_dealloc_pd(pd));
+}
+
+struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
+    if (pd == nullptr || pd->context == nullptr || addr == nullptr || length == 0) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    if (brokerOwns(pd->context)) {
+        return brokerRegMr(pd, addr, length, access);
+    }
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
+        return v->reg_mr != nullptr ? v->reg_mr(pd, addr, length, access) : fail<ibv_mr>(EOPNOTSUPP);
+    }
+    return ibv_reg_mr(pd, addr, length, access);
+}
+
+struct ibv_mr *ibvx_reg_mr_fd(struct ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
+    if (pd == nullptr || pd->context == nullptr || fd < 0 || length == 0) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    if (brokerOwns(pd->context)) {
+        return brokerRegMrFd(pd, fd, offset, length, access);
+    }
+    // Direct mode: the memory is registered where this process sees it.
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    const uint64_t delta = offset % page;
+    if (length > SIZE_MAX - delta) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    const size_t map_size = length + delta;
+    void *base =
+        mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(offset - delta));
+    if (base == MAP_FAILED) {
+        return nullptr;
+    }
+    ibv_mr *mr = ibvx_reg_mr(pd, static_cast<char *>(base) + delta, length, access);
+    if (mr == nullptr) {
+        int err = errno;
+        munmap(base, map_size);
+        return fail<ibv_mr>(err);
+    }
+    std::lock_guard lock(state().mu);
+    state().fd_mrs[mr] = {base, map_size};
+    return mr;
+}
+
+int ibvx_dereg_mr(struct ibv_mr *mr) {
+    if (mr == nullptr || mr->context == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(mr->context)) {
+        return brokerDeregMr(mr);
+    }
+    FdMapping mapping;
+    {
+        std::lock_guard lock(state().mu);
+        auto it = state().fd_mrs.find(mr);
+        if (it != state().fd_mrs.end()) {
+            mapping = it->second;
+        }
+    }
+    int rc;
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(mr->context->device)) {
+        rc = v->dereg_mr != nullptr ? v->dereg_mr(mr) : -EOPNOTSUPP;
+    } else {
+        rc = fromVerbs(ibv_dereg_mr(mr));
+    }
+    if (rc == 0 && mapping.base != nullptr) {
+        {
+            std::lock_guard lock(state().mu);
+            state().fd_mrs.erase(mr);
+        }
+        munmap(mapping.base, mapping.size);
+    }
+    return rc;
+}
+
+int ibvx_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask) {
+    if (qp == nullptr || qp->context == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(qp->context)) {
+        return brokerModifyQp(qp, attr, attr_mask);
+    }
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(qp->context->device)) {
+        if (v->modify_qp == nullptr) {
+            return -EOPNOTSUPP;
+        }
+        int rc = v->modify_qp(qp, attr, attr_mask);
+        if (rc == 0 && (attr_mask & IBV_QP_STATE) != 0) {
+            qp->state = attr->qp_state;
+        }
+        return rc;
+    }
+    return fromVerbs(ibv_modify_qp(qp, attr, attr_mask));
+}
+
+int ibvx_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                  struct ibv_qp_init_attr *init_attr) {
+    if (qp == nullptr || qp->context == nullptr || attr == nullptr || init_attr == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(qp->context)) {
+        return brokerQueryQp(qp, attr, attr_mask, init_attr);
+    }
+    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(qp->context->device)) {
+        return v->query_qp != nullptr ? v->query_qp(qp, attr, attr_mask, init_attr) : -EOPNOTSUPP;
+    }
+    return fromVerbs(ibv_query_qp(qp, attr, attr_mask, init_attr));
+}
+
+}  // extern "C"

@@ -1,0 +1,227 @@
+// The north-bound functions of ibv_extend.h with the reference's argument checks and return
+// codes. After open, every call dispatches through context->ops, so a broker context (whose ops
+// forward to the broker) and a direct one behave identically here.
+#include <cerrno>
+
+#include "client/broker_seam.h"
+#include "providers/loader/loader.h"
+
+namespace {
+
+using ibvx::client::brokerClose;
+using ibvx::client::brokerModeActive;
+using ibvx::client::brokerOpen;
+using ibvx::client::brokerOwns;
+
+// For pointer-returning calls: the reference returns NULL; we also say why in errno.
+template <typename T>
+T *fail(int err) {
+    errno = err;
+    return nullptr;
+}
+
+bool opsAtLeast(const ibv_context_extend *context, int version) {
+    return context->ops != nullptr && context->ops->version >= version;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char *ibv_extend_get_version(uint32_t *major, uint32_t *minor, uint32_t *patch) {
+    if (major != nullptr) {
+        *major = IBV_EXTEND_VERSION_MAJOR;
+    }
+    if (minor != nullptr) {
+        *minor = IBV_EXTEND_VERSION_MINOR;
+    }
+    if (patch != nullptr) {
+        *patch = IBV_EXTEND_VERSION_PATCH;
+    }
+    return IBV_EXTEND_VERSION_STRING;
+}
+
+int ibv_extend_check_version(uint32_t driver_major, uint32_t driver_minor, uint32_t driver_patch) {
+    if (driver_major != IBV_EXTEND_VERSION_MAJOR || driver_minor > IBV_EXTEND_VERSION_MINOR) {
+        return -1;
+    }
+    if (driver_minor == IBV_EXTEND_VERSION_MINOR && driver_patch > IBV_EXTEND_VERSION_PATCH) {
+        return -1;
+    }
+    return 0;
+}
+
+struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
+    if (context == nullptr) {
+        return fail<ibv_context_extend>(EINVAL);
+    }
+    if (brokerModeActive()) {
+        return brokerOpen(context);
+    }
+    const verbs_device_extend_ops *drv = ibvx::loader::findDriver(context->device);
+    if (drv == nullptr || drv->alloc_context == nullptr) {
+        ibvx::loader::warn("no available ops for open extend context");
+        return fail<ibv_context_extend>(EOPNOTSUPP);
+    }
+    ibv_context_extend *ext = drv->alloc_context(context);
+    if (ext == nullptr) {
+        return nullptr;
+    }
+    // A context without ops could never do anything; refuse it with the versions we do not know.
+    if (ext->ops == nullptr || ext->ops->version <= IBV_EXTEND_DRIVER_VERSION_UNUSED ||
+        ext->ops->version > IBV_EXTEND_DRIVER_VERSION_MAX) {
+        ibvx::loader::warn("driver '%s' returned ops version %d, supported 1..%d; context refused", drv->name,
+                           ext->ops == nullptr ? 0 : ext->ops->version, IBV_EXTEND_DRIVER_VERSION_MAX);
+        if (drv->free_context != nullptr) {
+            drv->free_context(ext);
+        }
+        return fail<ibv_context_extend>(EOPNOTSUPP);
+    }
+    return ext;
+}
+
+int ibv_close_extend(struct ibv_context_extend *context) {
+    if (context == nullptr || context->context == nullptr) {
+        return -EINVAL;
+    }
+    if (brokerOwns(context->context)) {
+        return brokerClose(context);
+    }
+    const verbs_device_extend_ops *drv = ibvx::loader::findDriver(context->context->device);
+    if (drv == nullptr) {
+        return -ENOENT;
+    }
+    if (drv->free_context != nullptr) {
+        drv->free_context(context);
+    }
+    return 0;
+}
+
+int ibv_query_device_extend(struct ibv_context_extend *context, struct ibv_device_attr_extend *ext_dev_attr) {
+    if (context == nullptr || ext_dev_attr == nullptr) {
+        return -EINVAL;
+    }
+    if (context->ops == nullptr || context->ops->query_device == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    ext_dev_attr->ext_cap = 0;
+    return context->ops->query_device(context->context, ext_dev_attr);
+}
+
+struct ibv_qp_extend *ibv_create_qp_extend(struct ibv_context_extend *context,
+                                           struct ibv_qp_init_attr_extend *qp_init_attr) {
+    if (context == nullptr || qp_init_attr == nullptr) {
+        return fail<ibv_qp_extend>(EINVAL);
+    }
+    if (context->ops == nullptr || context->ops->create_qp == nullptr) {
+        return fail<ibv_qp_extend>(EOPNOTSUPP);
+    }
+    return context->ops->create_qp(context->context, qp_init_attr);
+}
+
+struct ibv_cq_extend *ibv_create_cq_extend(struct ibv_context_extend *context,
+                                           struct ibv_cq_init_attr_extend *cq_init_attr) {
+    if (context == nullptr || cq_init_attr == nullptr) {
+        return fail<ibv_cq_extend>(EINVAL);
+    }
+    if (context->ops == nullptr || context->ops->create_cq == nullptr) {
+        return fail<ibv_cq_extend>(EOPNOTSUPP);
+    }
+    return context->ops->create_cq(context->context, cq_init_attr);
+}
+
+struct ibv_srq_extend *ibv_create_srq_extend(struct ibv_context_extend *context,
+                                             struct ibv_srq_init_attr_extend *srq_init_attr) {
+    if (context == nullptr || srq_init_attr == nullptr) {
+        return fail<ibv_srq_extend>(EINVAL);
+    }
+    if (context->ops == nullptr || context->ops->create_srq == nullptr) {
+        return fail<ibv_srq_extend>(EOPNOTSUPP);
+    }
+    return context->ops->create_srq(context->context, srq_init_attr);
+}
+
+int ibv_destroy_qp_extend(struct ibv_context_extend *context, struct ibv_qp_extend *qp_extend) {
+    if (context == nullptr || qp_extend == nullptr) {
+        return -EINVAL;
+    }
+    if (context->ops == nullptr || context->ops->destroy_qp == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->destroy_qp(qp_extend);
+}
+
+int ibv_destroy_cq_extend(struct ibv_context_extend *context, struct ibv_cq_extend *cq_extend) {
+    if (context == nullptr || cq_extend == nullptr) {
+        return -EINVAL;
+    }
+    if (context->ops == nullptr || context->ops->destroy_cq == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->destroy_cq(cq_extend);
+}
+
+int ibv_destroy_srq_extend(struct ibv_context_extend *context, struct ibv_srq_extend *srq_extend) {
+    if (context == nullptr || srq_extend == nullptr) {
+        return -EINVAL;
+    }
+    if (context->ops == nullptr || context->ops->destroy_srq == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->destroy_srq(srq_extend);
+}
+
+// Mask bits at or above MAX belong to a newer header than this library knows.
+static bool knownExtendMask(int attr_mask) {
+    return (static_cast<unsigned>(attr_mask) & ~(static_cast<unsigned>(IBV_QP_ATTR_EXTEND_MAX) - 1U)) == 0;
+}
+
+int ibv_modify_qp_extend(struct ibv_context_extend *context, struct ibv_qp_attr_extend *attr, int attr_mask) {
+    if (context == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V2) || !knownExtendMask(attr_mask) ||
+        context->ops->modify_qp == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->modify_qp(context->context, attr, attr_mask);
+}
+
+int ibv_query_qp_extend(struct ibv_context_extend *context, struct ibv_qp_attr_extend *attr, int attr_mask) {
+    if (context == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V2) || !knownExtendMask(attr_mask) ||
+        context->ops->query_qp == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->query_qp(context->context, attr, attr_mask);
+}
+
+int ibv_query_qp_supported_hyroce_feature(struct ibv_context_extend *context, struct ibv_qp *qp, uint32_t sl,
+                                          uint32_t tc, struct ibv_hyroce_feature *feature) {
+    if (context == nullptr || qp == nullptr || feature == nullptr) {
+        return -EINVAL;
+    }
+    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V3) ||
+        context->ops->query_qp_supported_hyroce_feature == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->query_qp_supported_hyroce_feature(context->context, qp, sl, tc, feature);
+}
+
+int ibv_nego_qp_hyroce_feature(struct ibv_context_extend *context, struct ibv_qp *qp,
+                               const struct ibv_hyroce_feature *input, struct ibv_hyroce_feature *output,
+                               uint32_t *need_more_nego) {
+    if (context == nullptr || qp == nullptr || input == nullptr || output == nullptr ||
+        need_more_nego == nullptr) {
+        return -EINVAL;
+    }
+    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V3) ||
+        context->ops->nego_qp_hyroce_feature == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return context->ops->nego_qp_hyroce_feature(context->context, qp, input, output, need_more_nego);
+}
+
+}  // extern "C"
