@@ -1,0 +1,661 @@
+#include "providers/mlx5/driver.h"
+
+#include <infiniband/mlx5dv.h>
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+#include <unordered_map>
+
+#include "providers/mlx5/features.h"
+#include "providers/mlx5/queue_memory.h"
+#include "providers/mlx5/translate.h"
+#include "providers/mlx5/warn.h"
+
+namespace ibvx::mlx5 {
+namespace {
+
+// ---- what one extended queue owns besides its verbs object ----------------------------
+
+// Released in reverse order of acquisition by the destructor; the verbs object created on
+// domain() must already be destroyed (rdma-core frees its buffers through memory_ then).
+class QueueResources {
+  public:
+    explicit QueueResources(const ibv_extend_ops *ops) : ops_(ops), memory_(ops) {}
+    ~QueueResources() {
+        if (mapped_ != nullptr) {
+            int rc = ops_->db_unmap(mapped_, &desc_);
+            if (rc != 0) {
+                warn("db_unmap of doorbell page %#llx failed: %d", static_cast<unsigned long long>(desc_.hva),
+                     rc);
+            }
+        }
+        if (domain_ != nullptr && ibv_dealloc_pd(domain_) != 0) {
+            warn("cannot free a queue's parent domain (errno %d)", errno);
+        }
+        if (td_ != nullptr && ibv_dealloc_td(td_) != 0) {
+            warn("cannot free a queue's thread domain (errno %d)", errno);
+        }
+    }
+    QueueResources(const QueueResources &) = delete;
+    QueueResources &operator=(const QueueResources &) = delete;
+
+    // The parent domain the verbs object is created on. dedicated_uar asks for a thread
+    // domain, which makes mlx5 give the QP a BlueFlame register of its own: the device then
+    // writes whole WQEs there without racing other users of a shared register.
+    int makeDomain(ibv_context *ctx, ibv_pd *base, bool dedicated_uar) {
+        if (dedicated_uar) {
+            ibv_td_init_attr td_attr{};
+            td_ = ibv_alloc_td(ctx, &td_attr);
+            if (td_ == nullptr) {
+                warn("no dedicated BlueFlame register for a direct-WQE QP (errno %d); sharing one", errno);
+            }
+        }
+        ibv_parent_domain_init_attr attr{};
+        attr.pd = base;
+        attr.td = td_;
+        attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+        attr.alloc = &QueueMemory::allocCallback;
+        attr.free = &QueueMemory::freeCallback;
+        attr.pd_context = &memory_;
+        domain_ = ibv_alloc_parent_domain(ctx, &attr);
+        if (domain_ == nullptr) {
+            int err = errno != 0 ? errno : ENOMEM;
+            warn("cannot create a parent domain with queue allocators (errno %d)", err);
+            return -err;
+        }
+        return 0;
+    }
+
+    ibv_pd *domain() const { return domain_; }
+
+    int mapDoorbell(const DoorbellWindow &window, iov_addr_desc *db_hw_va) {
+        desc_ = window.desc;
+        errno = 0;
+        void *mapped = ops_->db_mmap(&desc_);
+        if (mapped == nullptr) {
+            int err = errno != 0 ? errno : ENOMEM;
+            warn("db_mmap of doorbell page %#llx (%llu bytes) failed (errno %d)",
+                 static_cast<unsigned long long>(desc_.hva), static_cast<unsigned long long>(desc_.size),
+                 err);
+            return -err;
+        }
+        mapped_ = mapped;
+        *db_hw_va = mappedRegister(mapped, window);
+        return 0;
+    }
+
+  private:
+    const ibv_extend_ops *ops_;
+    QueueMemory memory_;
+    ibv_td *td_ = nullptr;
+    ibv_pd *domain_ = nullptr;
+    void *mapped_ = nullptr;
+    doorbell_map_desc desc_{};
+};
+
+// The handed-out struct comes first so a pointer to it is a pointer to the handle.
+struct QpHandle {
+    ibv_qp_extend ext;
+    QueueResources *res;
+    bool udp_sport_set;  // guarded by the registry mutex, like udp_sport
+    uint16_t udp_sport;
+};
+struct CqHandle {
+    ibv_cq_extend ext;
+    QueueResources *res;
+};
+struct SrqHandle {
+    ibv_srq_extend ext;
+    QueueResources *res;
+};
+static_assert(std::is_standard_layout_v<QpHandle> && offsetof(QpHandle, ext) == 0);
+static_assert(std::is_standard_layout_v<CqHandle> && offsetof(CqHandle, ext) == 0);
+static_assert(std::is_standard_layout_v<SrqHandle> && offsetof(SrqHandle, ext) == 0);
+
+// ---- process-wide registry ---------------------------------------------------------------
+
+struct ContextState {
+    ibv_pd *pd;  // base of the CQs' parent domains (a CQ has no PD of its own)
+    uint32_t ext_cap;
+    int opens;  // alloc_context calls not yet matched by free_context
+};
+
+struct Registry {
+    std::mutex mu;  // guards every map below and QpHandle::udp_sport*
+    std::unordered_map<ibv_context *, ContextState> contexts;
+    std::unordered_map<ibv_qp *, QpHandle *> qps;
+    std::unordered_map<ibv_cq_extend *, CqHandle *> cqs;
+    std::unordered_map<ibv_srq_extend *, SrqHandle *> srqs;
+};
+
+// Never destroyed: a destroy call during process exit must still find a valid registry.
+Registry &registry() {
+    static Registry *r = new Registry;
+    return *r;
+}
+
+template <typename T>
+T *failWith(int negative_errno) {
+    errno = -negative_errno;
+    return nullptr;
+}
+
+bool usableOps(const ibv_extend_ops *ops) {
+    return ops != nullptr && ops->alloc != nullptr && ops->free != nullptr && ops->db_mmap != nullptr &&
+           ops->db_unmap != nullptr;
+}
+
+// Common checks of the three create calls; 0 or a negative errno.
+int checkCreate(ibv_context *ctx, const ibv_extend_ops *ops, queue_buf_dma_mode type, const char *what) {
+    if (!usableOps(ops)) {
+        warn("create_%s: ops must provide alloc, free, db_mmap and db_unmap", what);
+        return -EINVAL;
+    }
+    if (type != QU_BUF_DMA_MODE_DEFAULT) {
+        warn("create_%s: mlx5 NICs reach queue memory over PCIe only (QU_BUF_DMA_MODE_DEFAULT)", what);
+        return -EOPNOTSUPP;
+    }
+    if (ctx == nullptr) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+// ---- device probes -------------------------------------------------------------------------
+
+int probeDmabuf(ibv_pd *pd) {
+    errno = 0;
+    ibv_mr *mr = ibv_reg_dmabuf_mr(pd, 0, kUarPageSize, 0, -1, IBV_ACCESS_LOCAL_WRITE);
+    if (mr != nullptr) {  // cannot happen with fd -1; still, it did register
+        ibv_dereg_mr(mr);
+        return EBADF;
+    }
+    return errno;
+}
+
+bool probeCustomAllocators(ibv_context *ctx, ibv_pd *pd) {
+    ibv_parent_domain_init_attr attr{};
+    attr.pd = pd;
+    attr.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    attr.alloc = &QueueMemory::allocCallback;  // never called: nothing is created on it
+    attr.free = &QueueMemory::freeCallback;
+    attr.pd_context = nullptr;
+    ibv_pd *domain = ibv_alloc_parent_domain(ctx, &attr);
+    if (domain == nullptr) {
+        return false;
+    }
+    ibv_dealloc_pd(domain);
+    return true;
+}
+
+// ---- ops -------------------------------------------------------------------------------------
+
+int queryDevice(ibv_context *ctx, ibv_device_attr_extend *attr) {
+    if (ctx == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    auto it = reg.contexts.find(ctx);
+    if (it == reg.contexts.end()) {
+        return -EINVAL;
+    }
+    attr->ext_cap = it->second.ext_cap;
+    return 0;
+}
+
+ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
+    if (init == nullptr) {
+        return failWith<ibv_qp_extend>(-EINVAL);
+    }
+    if (int rc = checkCreate(ctx, init->ops, init->type, "qp"); rc != 0) {
+        return failWith<ibv_qp_extend>(rc);
+    }
+    if (init->pd == nullptr || init->pd->context != ctx) {
+        warn("create_qp: the PD must belong to the context the QP is created on");
+        return failWith<ibv_qp_extend>(-EINVAL);
+    }
+    bool direct_wqe = (init->qp_cap_flag & QP_ENABLE_DIRECT_WQE) != 0;
+    if ((init->qp_cap_flag & ~uint32_t{QP_ENABLE_DIRECT_WQE}) != 0) {
+        warn("create_qp: unknown qp_cap_flag bits %#x ignored",
+             init->qp_cap_flag & ~uint32_t{QP_ENABLE_DIRECT_WQE});
+    }
+
+    auto res = std::make_unique<QueueResources>(init->ops);
+    if (int rc = res->makeDomain(ctx, init->pd, direct_wqe); rc != 0) {
+        return failWith<ibv_qp_extend>(rc);
+    }
+    ibv_qp_init_attr attr = init->attr;
+    ibv_qp *qp = ibv_create_qp(res->domain(), &attr);
+    if (qp == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        warn("create_qp: ibv_create_qp failed (errno %d)", err);
+        return failWith<ibv_qp_extend>(-err);
+    }
+    // From here on a failure destroys the QP before res goes (it frees through res's memory).
+    auto fail = [&](int rc) {
+        ibv_destroy_qp(qp);
+        res.reset();
+        return failWith<ibv_qp_extend>(rc);
+    };
+
+    mlx5dv_qp dv{};
+    mlx5dv_obj obj{};
+    obj.qp.in = qp;
+    obj.qp.out = &dv;
+    if (int rc = mlx5dv_init_obj(&obj, MLX5DV_OBJ_QP); rc != 0) {
+        warn("create_qp: mlx5dv_init_obj failed (%d)", rc);
+        return fail(rc > 0 ? -rc : -EIO);
+    }
+    QpQueues queues{};
+    if (int rc = translateQp(dv, direct_wqe, &queues); rc != 0) {
+        warn("create_qp: mlx5dv reported an inconsistent QP layout");
+        return fail(rc);
+    }
+    if (direct_wqe && !queues.blueflame) {
+        warn("create_qp: no BlueFlame register for this QP; the SQ doorbell takes 8-byte writes only");
+    }
+    if (queues.has_sq_doorbell) {
+        if (int rc = res->mapDoorbell(queues.sq_doorbell, &queues.sq.db_hw_va); rc != 0) {
+            return fail(rc);
+        }
+    }
+
+    auto *h = new QpHandle{};
+    h->ext.qp = qp;
+    h->ext.sq_info = queues.sq;
+    h->ext.rq_info = queues.rq;
+    h->res = res.release();
+    init->attr.cap = attr.cap;  // as ibv_create_qp does: the capacities actually granted
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    reg.qps.emplace(qp, h);
+    return &h->ext;
+}
+
+ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
+    if (init == nullptr) {
+        return failWith<ibv_cq_extend>(-EINVAL);
+    }
+    if (int rc = checkCreate(ctx, init->ops, init->type, "cq"); rc != 0) {
+        return failWith<ibv_cq_extend>(rc);
+    }
+    if (init->attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
+        warn(
+            "create_cq: the driver owns the CQ's parent domain (it routes the CQ's memory); "
+            "leave IBV_CQ_INIT_ATTR_MASK_PD unset");
+        return failWith<ibv_cq_extend>(-EINVAL);
+    }
+    ibv_pd *base = nullptr;
+    {
+        Registry &reg = registry();
+        std::lock_guard lock(reg.mu);
+        auto it = reg.contexts.find(ctx);
+        if (it != reg.contexts.end()) {
+            base = it->second.pd;
+        }
+    }
+    if (base == nullptr) {
+        warn("create_cq: context was not opened with ibv_open_extend");
+        return failWith<ibv_cq_extend>(-EINVAL);
+    }
+
+    auto res = std::make_unique<QueueResources>(init->ops);
+    if (int rc = res->makeDomain(ctx, base, false); rc != 0) {
+        return failWith<ibv_cq_extend>(rc);
+    }
+    ibv_cq_init_attr_ex attr = init->attr;
+    attr.comp_mask |= IBV_CQ_INIT_ATTR_MASK_PD;
+    attr.parent_domain = res->domain();
+    ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &attr);
+    if (cqx == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        warn("create_cq: ibv_create_cq_ex failed (errno %d)", err);
+        return failWith<ibv_cq_extend>(-err);
+    }
+    ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+    auto fail = [&](int rc) {
+        ibv_destroy_cq(cq);
+        res.reset();
+        return failWith<ibv_cq_extend>(rc);
+    };
+
+    mlx5dv_cq dv{};
+    mlx5dv_obj obj{};
+    obj.cq.in = cq;
+    obj.cq.out = &dv;
+    if (int rc = mlx5dv_init_obj(&obj, MLX5DV_OBJ_CQ); rc != 0) {
+        warn("create_cq: mlx5dv_init_obj failed (%d)", rc);
+        return fail(rc > 0 ? -rc : -EIO);
+    }
+    CqQueue queue{};
+    if (int rc = translateCq(dv, &queue); rc != 0) {
+        warn("create_cq: mlx5dv reported an inconsistent CQ layout");
+        return fail(rc);
+    }
+    if (int rc = res->mapDoorbell(queue.arm_doorbell, &queue.cq.db_hw_va); rc != 0) {
+        return fail(rc);
+    }
+
+    auto *h = new CqHandle{};
+    h->ext.cq = cq;
+    h->ext.cq_info = queue.cq;
+    h->res = res.release();
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    reg.cqs.emplace(&h->ext, h);
+    return &h->ext;
+}
+
+ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
+    if (init == nullptr) {
+        return failWith<ibv_srq_extend>(-EINVAL);
+    }
+    if (int rc = checkCreate(ctx, init->ops, init->type, "srq"); rc != 0) {
+        return failWith<ibv_srq_extend>(rc);
+    }
+    if (init->pd == nullptr || init->pd->context != ctx) {
+        warn("create_srq: the PD must belong to the context the SRQ is created on");
+        return failWith<ibv_srq_extend>(-EINVAL);
+    }
+
+    auto res = std::make_unique<QueueResources>(init->ops);
+    if (int rc = res->makeDomain(ctx, init->pd, false); rc != 0) {
+        return failWith<ibv_srq_extend>(rc);
+    }
+    ibv_srq_init_attr attr = init->attr;
+    ibv_srq *srq = ibv_create_srq(res->domain(), &attr);
+    if (srq == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        warn("create_srq: ibv_create_srq failed (errno %d)", err);
+        return failWith<ibv_srq_extend>(-err);
+    }
+    mlx5dv_srq dv{};
+    mlx5dv_obj obj{};
+    obj.srq.in = srq;
+    obj.srq.out = &dv;
+    int rc = mlx5dv_init_obj(&obj, MLX5DV_OBJ_SRQ);
+    queue_info info{};
+    if (rc != 0 || (rc = translateSrq(dv, &info)) != 0) {
+        warn("create_srq: cannot read the SRQ layout from mlx5dv (%d)", rc);
+        ibv_destroy_srq(srq);
+        res.reset();
+        return failWith<ibv_srq_extend>(rc > 0 ? -rc : (rc < 0 ? rc : -EIO));
+    }
+
+    auto *h = new SrqHandle{};
+    h->ext.srq = srq;
+    h->ext.srq_info = info;  // no doorbell register: the record is the SRQ's doorbell
+    h->res = res.release();
+    init->attr.attr = attr.attr;
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    reg.srqs.emplace(&h->ext, h);
+    return &h->ext;
+}
+
+// Destroys the verbs object first: if that fails (EBUSY: a QP still uses the CQ) nothing else
+// is touched and the object stays usable. Only then the doorbell is unmapped and the memory
+// freed (db_unmap, parent domain, ops->free), the reverse of creation.
+int destroyQp(ibv_qp_extend *ext) {
+    if (ext == nullptr || ext->qp == nullptr) {
+        return -EINVAL;
+    }
+    Registry &reg = registry();
+    QpHandle *h = nullptr;
+    {
+        std::lock_guard lock(reg.mu);
+        auto it = reg.qps.find(ext->qp);
+        if (it == reg.qps.end() || &it->second->ext != ext) {
+            return -EINVAL;
+        }
+        h = it->second;
+        reg.qps.erase(it);
+    }
+    if (int rc = ibv_destroy_qp(h->ext.qp); rc != 0) {
+        std::lock_guard lock(reg.mu);
+        reg.qps.emplace(h->ext.qp, h);
+        return -rc;
+    }
+    delete h->res;
+    delete h;
+    return 0;
+}
+
+int destroyCq(ibv_cq_extend *ext) {
+    if (ext == nullptr) {
+        return -EINVAL;
+    }
+    Registry &reg = registry();
+    CqHandle *h = nullptr;
+    {
+        std::lock_guard lock(reg.mu);
+        auto it = reg.cqs.find(ext);
+        if (it == reg.cqs.end()) {
+            return -EINVAL;
+        }
+        h = it->second;
+        reg.cqs.erase(it);
+    }
+    if (int rc = ibv_destroy_cq(h->ext.cq); rc != 0) {
+        std::lock_guard lock(reg.mu);
+        reg.cqs.emplace(ext, h);
+        return -rc;
+    }
+    delete h->res;
+    delete h;
+    return 0;
+}
+
+int destroySrq(ibv_srq_extend *ext) {
+    if (ext == nullptr) {
+        return -EINVAL;
+    }
+    Registry &reg = registry();
+    SrqHandle *h = nullptr;
+    {
+        std::lock_guard lock(reg.mu);
+        auto it = reg.srqs.find(ext);
+        if (it == reg.srqs.end()) {
+            return -EINVAL;
+        }
+        h = it->second;
+        reg.srqs.erase(it);
+    }
+    if (int rc = ibv_destroy_srq(h->ext.srq); rc != 0) {
+        std::lock_guard lock(reg.mu);
+        reg.srqs.emplace(ext, h);
+        return -rc;
+    }
+    delete h->res;
+    delete h;
+    return 0;
+}
+
+void warnUnsupportedAttrs(const char *op, uint32_t bits) {
+    warn(
+        "%s: extended QP attributes %#x are not supported by mlx5 (supported: UDP_SRC_PORT, "
+        "HYROCE_FEATURE = RoCEv2/V0 without SACK)",
+        op, bits);
+}
+
+int modifyQp(ibv_context *ctx, ibv_qp_attr_extend *attr, int attr_mask) {
+    if (ctx == nullptr || attr == nullptr || attr->qp == nullptr) {
+        return -EINVAL;
+    }
+    ModifyPlan plan{};
+    int rc = planModify(*attr, attr_mask, &plan);
+    if (rc == -EOPNOTSUPP) {
+        warnUnsupportedAttrs("modify_qp", plan.unsupported);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    Registry &reg = registry();
+    {
+        std::lock_guard lock(reg.mu);
+        if (reg.qps.find(attr->qp) == reg.qps.end()) {
+            warn("modify_qp: the QP was not created by this driver");
+            return -EINVAL;
+        }
+    }
+    if (!plan.set_udp_sport) {
+        return 0;
+    }
+    // mlx5 changes the port with the firmware's RTS-to-RTS command only.
+    ibv_qp_attr qattr{};
+    ibv_qp_init_attr qinit{};
+    if (ibv_query_qp(attr->qp, &qattr, IBV_QP_STATE, &qinit) == 0 && qattr.qp_state != IBV_QPS_RTS) {
+        warn("modify_qp: mlx5 sets the UDP source port only in RTS; move the QP to RTS first");
+        return -EINVAL;
+    }
+    rc = mlx5dv_modify_qp_udp_sport(attr->qp, plan.udp_sport);
+    if (rc != 0) {
+        warn("modify_qp: mlx5dv_modify_qp_udp_sport failed (%d)", rc);
+        return rc > 0 ? -rc : rc;
+    }
+    std::lock_guard lock(reg.mu);
+    auto it = reg.qps.find(attr->qp);
+    if (it != reg.qps.end()) {
+        it->second->udp_sport_set = true;
+        it->second->udp_sport = plan.udp_sport;
+    }
+    return 0;
+}
+
+int queryQp(ibv_context *ctx, ibv_qp_attr_extend *attr, int attr_mask) {
+    if (ctx == nullptr || attr == nullptr || attr->qp == nullptr) {
+        return -EINVAL;
+    }
+    bool known = false;
+    uint16_t port = 0;
+    Registry &reg = registry();
+    {
+        std::lock_guard lock(reg.mu);
+        auto it = reg.qps.find(attr->qp);
+        if (it == reg.qps.end()) {
+            warn("query_qp: the QP was not created by this driver");
+            return -EINVAL;
+        }
+        known = it->second->udp_sport_set;
+        port = it->second->udp_sport;
+    }
+    uint32_t unsupported = 0;
+    int rc = planQuery(attr_mask, known, &unsupported);
+    if (rc == -EOPNOTSUPP) {
+        warnUnsupportedAttrs("query_qp", unsupported);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    if (attr_mask & IBV_QP_ATTR_EXTEND_UDP_SRC_PORT) {
+        attr->udp_src_port = port;
+    }
+    if (attr_mask & IBV_QP_ATTR_EXTEND_HYROCE_FEATURE) {
+        roceV2Feature(&attr->feature);
+    }
+    return 0;
+}
+
+// The answer is device-wide (mlx5 speaks RoCEv2 only), so any QP of the context gets it.
+int queryHyroce(ibv_context *ctx, ibv_qp *qp, uint32_t, uint32_t, ibv_hyroce_feature *feature) {
+    if (ctx == nullptr || qp == nullptr || feature == nullptr) {
+        return -EINVAL;
+    }
+    roceV2Feature(feature);
+    return 0;
+}
+
+// Whatever the peer offers, both ends can only meet at plain RoCEv2, in one round.
+int negoHyroce(ibv_context *ctx, ibv_qp *qp, const ibv_hyroce_feature *input, ibv_hyroce_feature *output,
+               uint32_t *need_more_nego) {
+    if (ctx == nullptr || qp == nullptr || input == nullptr || output == nullptr ||
+        need_more_nego == nullptr) {
+        return -EINVAL;
+    }
+    roceV2Feature(output);
+    *need_more_nego = 0;
+    return 0;
+}
+
+ibv_context_extend_ops g_context_ops = {
+    IBV_EXTEND_DRIVER_VERSION_V3,
+    createQp,
+    createCq,
+    createSrq,
+    destroyQp,
+    destroyCq,
+    destroySrq,
+    queryDevice,
+    modifyQp,
+    queryQp,
+    queryHyroce,
+    negoHyroce,
+};
+
+}  // namespace
+
+const ibv_context_extend_ops &contextOps() {
+    return g_context_ops;
+}
+
+ibv_context_extend *allocContext(ibv_context *ctx) {
+    if (ctx == nullptr || ctx->device == nullptr) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (!mlx5dv_is_supported(ctx->device)) {
+        warn("device %s is not driven by rdma-core's mlx5 provider", ibv_get_device_name(ctx->device));
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    auto ext = std::make_unique<ibv_context_extend>();
+    ext->context = ctx;
+    ext->ops = &g_context_ops;
+
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    auto it = reg.contexts.find(ctx);
+    if (it != reg.contexts.end()) {
+        ++it->second.opens;
+        return ext.release();
+    }
+    ibv_pd *pd = ibv_alloc_pd(ctx);
+    if (pd == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        warn("cannot allocate the context's PD (errno %d)", err);
+        errno = err;
+        return nullptr;
+    }
+    DeviceProbe probe{};
+    probe.dmabuf_probe_errno = probeDmabuf(pd);
+    probe.custom_allocators = probeCustomAllocators(ctx, pd);
+    mlx5dv_context dv{};
+    probe.mlx5dv_device = mlx5dv_query_device(ctx, &dv) == 0;
+    reg.contexts.emplace(ctx, ContextState{pd, extCapFor(probe), 1});
+    return ext.release();
+}
+
+void freeContext(ibv_context_extend *ext) {
+    if (ext == nullptr) {
+        return;
+    }
+    std::unique_ptr<ibv_context_extend> owned(ext);
+    Registry &reg = registry();
+    std::lock_guard lock(reg.mu);
+    auto it = reg.contexts.find(ext->context);
+    if (it == reg.contexts.end() || --it->second.opens > 0) {
+        return;
+    }
+    if (int rc = ibv_dealloc_pd(it->second.pd); rc != 0) {
+        // CQs still exist on it: close after destroying them, as the reference's users do.
+        warn("closing a context with live CQs; its PD stays allocated (%d)", rc);
+    }
+    reg.contexts.erase(it);
+}
+
+}  // namespace ibvx::mlx5
