@@ -67,8 +67,12 @@ struct ibv_extend_vdev_ops {
     struct ibv_pd *(*alloc_pd)(struct ibv_context *context);
     int (*dealloc_pd)(struct ibv_pd *pd);
 
-    /* Registers [addr, addr+length) of the calling process's memory. */
-    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, int access);
+    /* Registers [addr, addr+length) of the calling process's memory, addressed by work
+     * requests (local SGEs and remote RDMA addresses alike) as [iova, iova+length), as
+     * ibv_reg_mr_iova() does. Direct mode passes iova == (uintptr_t)addr; a broker passes the
+     * tenant's own address of the same memory, so tenants post the addresses they know.
+     * mr->addr reports iova. */
+    struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
     int (*dereg_mr)(struct ibv_mr *mr);
 
     /* Standard QP state machine (RESET->INIT->RTR->RTS->SQD/SQE/ERR) on QPs created through
