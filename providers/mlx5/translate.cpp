@@ -87,7 +87,14 @@ int translateQp(const mlx5dv_qp &qp, bool direct_wqe, QpQueues *out) {
         out->sq.dbr_pi_va = record(&qp.dbrec[MLX5_SND_DBR]);
         out->blueflame = direct_wqe && qp.bf.size != 0;
         out->has_sq_doorbell = true;
-        out->sq_doorbell = doorbellWindow(qp.bf.reg, out->blueflame ? qp.bf.size : kDoorbellWriteSize);
+        if (out->blueflame) {
+            // Successive BlueFlame writes alternate between two bf.size halves (as rdma-core
+            // does, so write-combining never merges two WQEs): map both, report one.
+            out->sq_doorbell = doorbellWindow(qp.bf.reg, 2 * qp.bf.size);
+            out->sq_doorbell.length = qp.bf.size;
+        } else {
+            out->sq_doorbell = doorbellWindow(qp.bf.reg, kDoorbellWriteSize);
+        }
     }
     if (qp.rq.wqe_cnt != 0) {
         out->rq.dbr_pi_va = record(&qp.dbrec[MLX5_RCV_DBR]);

@@ -62,9 +62,10 @@ struct QpQueues {
 };
 
 // Fills out from a QP's mlx5dv view (db_hw_va left empty: it comes from db_mmap). With
-// direct_wqe and a BlueFlame register, the SQ window covers the BlueFlame buffer (bf.size
-// bytes) instead of the 8-byte doorbell. 0, or -EINVAL when the view is inconsistent (counts
-// not powers of two, strides too small, overlapping rings, missing buffers or records).
+// direct_wqe and a BlueFlame register, the SQ window's length is the BlueFlame buffer (bf.size
+// bytes) instead of the 8-byte doorbell, and its mapping covers both alternating halves. 0, or -EINVAL when
+// the view is inconsistent (counts not powers of two, strides too small, overlapping rings, missing buffers
+// or records).
 int translateQp(const mlx5dv_qp &qp, bool direct_wqe, QpQueues *out);
 
 struct CqQueue {

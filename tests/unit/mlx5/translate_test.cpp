@@ -90,14 +90,23 @@ TEST(Mlx5TranslateQp, DirectWqeUsesBlueFlameBufferWhenThereIsOne) {
     EXPECT_EQ(q.sq_doorbell.length, kDoorbellWriteSize);
 }
 
-TEST(Mlx5TranslateQp, WindowWidensToWholePagesWhenTheRegisterCrossesOne) {
+TEST(Mlx5TranslateQp, BlueFlameMappingCoversBothAlternatingHalves) {
     QpFixture f;
-    f.qp.bf.reg = at(kUarPage + 0xf80);
+    f.qp.bf.reg = at(kUarPage + 0xe00);  // halves at 0xe00 and 0xf00: one page
     QpQueues q{};
+    ASSERT_EQ(translateQp(f.qp, true, &q), 0);
+    EXPECT_EQ(q.sq_doorbell.desc.size, kUarPageSize);
+    EXPECT_EQ(q.sq_doorbell.length, 256u);
+
+    f.qp.bf.reg = at(kUarPage + 0xf00);  // the second half is on the next page: map both
     ASSERT_EQ(translateQp(f.qp, true, &q), 0);
     EXPECT_EQ(q.sq_doorbell.desc.hva, kUarPage);
     EXPECT_EQ(q.sq_doorbell.desc.size, 2 * kUarPageSize);
-    EXPECT_EQ(q.sq_doorbell.offset, 0xf80u);
+    EXPECT_EQ(q.sq_doorbell.offset, 0xf00u);
+    EXPECT_EQ(q.sq_doorbell.length, 256u);
+
+    ASSERT_EQ(translateQp(f.qp, false, &q), 0);  // doorbell-only: 8 bytes, one page
+    EXPECT_EQ(q.sq_doorbell.desc.size, kUarPageSize);
 }
 
 TEST(Mlx5TranslateQp, QpWithoutRqOrSq) {
