@@ -1,0 +1,389 @@
+/*
+ * softnda_device.h - device-side helpers for softnda queues.
+ *
+ * Written only against providers/softnda/SPEC.md and struct queue_info, the way an NPU kernel
+ * is written against a NIC's programming manual: post send and receive WQEs into a mapped
+ * SQ/RQ/SRQ, ring its doorbell, poll a CQ. Nothing here calls the driver; the functions work
+ * in any process that maps the queue memory and the doorbell page (at any address).
+ *
+ * Threading: one queue handle (softnda_sq, softnda_rq, softnda_cq) belongs to one thread at a
+ * time, like a hardware queue's producer. Different handles may be used concurrently, also for
+ * queues whose doorbell registers share a page (ring_summary is updated atomically).
+ *
+ * Header-only, plain C11; compiles on its own in C and C++.
+ */
+#ifndef SOFTNDA_DEVICE_H
+#define SOFTNDA_DEVICE_H
+
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <ibv_extend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- Formats (SPEC.md §2, §3) ------------------------------------------------------ */
+
+enum softnda_opcode {
+    SOFTNDA_OP_NOP = 0,
+    SOFTNDA_OP_SEND = 1,
+    SOFTNDA_OP_SEND_WITH_IMM = 2,
+    SOFTNDA_OP_RDMA_WRITE = 3,
+    SOFTNDA_OP_RDMA_WRITE_WITH_IMM = 4,
+    SOFTNDA_OP_RDMA_READ = 5,
+    SOFTNDA_OP_ATOMIC_CMP_AND_SWP = 6,
+    SOFTNDA_OP_ATOMIC_FETCH_AND_ADD = 7,
+};
+
+enum softnda_wqe_flags {
+    SOFTNDA_WQE_SIGNALED = 1 << 0,
+    SOFTNDA_WQE_FENCE = 1 << 1,
+    SOFTNDA_WQE_INLINE = 1 << 2,
+    SOFTNDA_WQE_SOLICITED = 1 << 3,
+};
+
+enum softnda_cqe_flags {
+    SOFTNDA_CQE_WITH_IMM = 1 << 0,
+    SOFTNDA_CQE_SOLICITED = 1 << 1,
+};
+
+#define SOFTNDA_WQE_HEADER_SIZE 48u
+#define SOFTNDA_RECV_HEADER_SIZE 16u
+#define SOFTNDA_SGE_SIZE 16u
+#define SOFTNDA_CQE_SIZE 32u
+#define SOFTNDA_DBR_CI_OFFSET 64u /* dbr_ci_va - dbr_pi_va inside a doorbell record */
+#define SOFTNDA_DB_PAGE_SIZE 4096u
+#define SOFTNDA_DB_REGS_OFFSET 512u
+#define SOFTNDA_DB_REG_STRIDE 8u
+#define SOFTNDA_DB_REGS_PER_PAGE 64u
+#define SOFTNDA_DB_WAKE_OFFSET 64u     /* u32 wake_seq */
+#define SOFTNDA_DB_SLEEPING_OFFSET 68u /* u32 engine_sleeping */
+
+struct softnda_sge {
+    uint64_t addr;
+    uint32_t length;
+    uint32_t lkey;
+};
+
+struct softnda_wqe {
+    uint8_t opcode;
+    uint8_t flags;
+    uint8_t num_sge;
+    uint8_t resv;
+    uint32_t imm_data;
+    uint64_t wr_id;
+    uint64_t remote_addr;
+    uint32_t rkey;
+    uint32_t inline_len;
+    uint64_t compare_add;
+    uint64_t swap;
+    /* followed by the data segment (SGEs or inline bytes) up to entry_size */
+};
+
+struct softnda_recv_wqe {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    uint32_t resv;
+    /* followed by num_sge struct softnda_sge */
+};
+
+struct softnda_cqe {
+    uint64_t wr_id;
+    uint32_t byte_len;
+    uint32_t imm_data;
+    uint32_t qp_num;
+    uint32_t src_qp;
+    uint8_t opcode; /* enum ibv_wc_opcode values */
+    uint8_t status; /* enum ibv_wc_status values */
+    uint8_t flags;  /* enum softnda_cqe_flags */
+    uint8_t resv;
+    uint32_t owner; /* bit0: phase */
+};
+
+/* ---- Doorbell (SPEC.md §1.2, §4) ------------------------------------------------------ */
+
+struct softnda_doorbell {
+    uint32_t *reg;          /* the register (db_hw_va) */
+    uint64_t *ring_summary; /* word 0 of its page */
+    uint32_t *wake_seq;
+    uint32_t *engine_sleeping;
+    uint64_t bit; /* 1 << slot */
+};
+
+static inline int softnda_doorbell_init(struct softnda_doorbell *db, const struct iov_addr_desc *hw) {
+    uintptr_t reg = (uintptr_t)hw->iov_base;
+    uintptr_t off = reg & (SOFTNDA_DB_PAGE_SIZE - 1);
+    uint8_t *page = (uint8_t *)(reg - off);
+    if (reg == 0 || off < SOFTNDA_DB_REGS_OFFSET ||
+        (off - SOFTNDA_DB_REGS_OFFSET) % SOFTNDA_DB_REG_STRIDE != 0) {
+        return -EINVAL;
+    }
+    db->reg = (uint32_t *)reg;
+    db->ring_summary = (uint64_t *)page;
+    db->wake_seq = (uint32_t *)(page + SOFTNDA_DB_WAKE_OFFSET);
+    db->engine_sleeping = (uint32_t *)(page + SOFTNDA_DB_SLEEPING_OFFSET);
+    db->bit = (uint64_t)1 << ((off - SOFTNDA_DB_REGS_OFFSET) / SOFTNDA_DB_REG_STRIDE);
+    return 0;
+}
+
+/* Steps 4 and 5 of SPEC.md §4: store the register, mark it in the page summary, and wake a
+ * sleeping engine (the only path that may make a system call, and only when it sleeps). */
+static inline void softnda_doorbell_ring(const struct softnda_doorbell *db, uint32_t pi) {
+    __atomic_store_n(db->reg, pi, __ATOMIC_RELEASE);
+    __atomic_fetch_or(db->ring_summary, db->bit, __ATOMIC_SEQ_CST);
+    if (__atomic_load_n(db->engine_sleeping, __ATOMIC_SEQ_CST) != 0) {
+        __atomic_fetch_add(db->wake_seq, 1, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, db->wake_seq, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+    }
+}
+
+/* ---- Send queue -------------------------------------------------------------------- */
+
+struct softnda_sq {
+    uint8_t *buf;
+    uint32_t entry_cnt;
+    uint32_t entry_size;
+    uint32_t *dbr_pi;
+    uint32_t *dbr_ci;
+    uint32_t pi;        /* next index to write (not yet published when > *dbr_pi) */
+    uint32_t ci_cached; /* last CI read from the engine */
+    uint32_t max_sge;
+    uint32_t max_inline;
+    struct softnda_doorbell db;
+};
+
+static inline int softnda_is_pow2(uint32_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+static inline int softnda_sq_init(struct softnda_sq *sq, const struct queue_info *qi) {
+    memset(sq, 0, sizeof(*sq));
+    if (qi->qbuf.base == 0 || !softnda_is_pow2(qi->qbuf.entry_cnt) ||
+        qi->qbuf.entry_size <= SOFTNDA_WQE_HEADER_SIZE || qi->dbr_pi_va.iov_base == NULL ||
+        qi->dbr_ci_va.iov_base == NULL) {
+        return -EINVAL;
+    }
+    sq->buf = (uint8_t *)(uintptr_t)qi->qbuf.base;
+    sq->entry_cnt = qi->qbuf.entry_cnt;
+    sq->entry_size = qi->qbuf.entry_size;
+    sq->dbr_pi = (uint32_t *)qi->dbr_pi_va.iov_base;
+    sq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
+    sq->pi = __atomic_load_n(sq->dbr_pi, __ATOMIC_ACQUIRE);
+    sq->ci_cached = __atomic_load_n(sq->dbr_ci, __ATOMIC_ACQUIRE);
+    sq->max_sge = (sq->entry_size - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    sq->max_inline = sq->entry_size - SOFTNDA_WQE_HEADER_SIZE;
+    return softnda_doorbell_init(&sq->db, &qi->db_hw_va);
+}
+
+/* Free entries, refreshing the engine's CI only when the cached one says "full". */
+static inline uint32_t softnda_sq_space(struct softnda_sq *sq, uint32_t want) {
+    uint32_t space = sq->entry_cnt - (sq->pi - sq->ci_cached);
+    if (space < want) {
+        sq->ci_cached = __atomic_load_n(sq->dbr_ci, __ATOMIC_ACQUIRE);
+        space = sq->entry_cnt - (sq->pi - sq->ci_cached);
+    }
+    return space;
+}
+
+/* A work request in the helper's terms (SPEC.md §2.1). */
+struct softnda_send_wr {
+    uint64_t wr_id;
+    uint8_t opcode; /* enum softnda_opcode */
+    uint8_t flags;  /* enum softnda_wqe_flags; INLINE is set from inline_data */
+    uint32_t imm_data;
+    uint64_t remote_addr;
+    uint32_t rkey;
+    uint64_t compare_add;
+    uint64_t swap;
+    const struct softnda_sge *sg_list;
+    uint32_t num_sge;
+    const void *inline_data; /* non-NULL: inline_len bytes are copied into the WQE */
+    uint32_t inline_len;
+};
+
+/* Writes one WQE without publishing it: -ENOSPC when the SQ is full, -EINVAL when it does not
+ * fit a WQE. Publish with softnda_sq_doorbell() (one doorbell may cover many WQEs). */
+static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_send_wr *wr) {
+    if (softnda_sq_space(sq, 1) == 0) {
+        return -ENOSPC;
+    }
+    uint8_t *slot = sq->buf + (size_t)(sq->pi & (sq->entry_cnt - 1)) * sq->entry_size;
+    struct softnda_wqe *w = (struct softnda_wqe *)slot;
+    uint8_t flags = wr->flags;
+    if (wr->inline_data != NULL) {
+        if (wr->inline_len > sq->max_inline) {
+            return -EINVAL;
+        }
+        memcpy(slot + SOFTNDA_WQE_HEADER_SIZE, wr->inline_data, wr->inline_len);
+        flags |= SOFTNDA_WQE_INLINE;
+        w->num_sge = 0;
+        w->inline_len = wr->inline_len;
+    } else {
+        if (wr->num_sge > sq->max_sge) {
+            return -EINVAL;
+        }
+        if (wr->num_sge > 0) {
+            memcpy(slot + SOFTNDA_WQE_HEADER_SIZE, wr->sg_list, (size_t)wr->num_sge * SOFTNDA_SGE_SIZE);
+        }
+        flags &= (uint8_t)~SOFTNDA_WQE_INLINE;
+        w->num_sge = (uint8_t)wr->num_sge;
+        w->inline_len = 0;
+    }
+    w->opcode = wr->opcode;
+    w->flags = flags;
+    w->resv = 0;
+    w->imm_data = wr->imm_data;
+    w->wr_id = wr->wr_id;
+    w->remote_addr = wr->remote_addr;
+    w->rkey = wr->rkey;
+    w->compare_add = wr->compare_add;
+    w->swap = wr->swap;
+    sq->pi++;
+    return 0;
+}
+
+/* Publishes every WQE written since the last doorbell and rings (SPEC.md §4 steps 3-5). */
+static inline void softnda_sq_doorbell(struct softnda_sq *sq) {
+    __atomic_store_n(sq->dbr_pi, sq->pi, __ATOMIC_RELEASE);
+    softnda_doorbell_ring(&sq->db, sq->pi);
+}
+
+/* ---- Receive queues (RQ and SRQ) --------------------------------------------------- */
+
+struct softnda_rq {
+    uint8_t *buf;
+    uint32_t entry_cnt;
+    uint32_t entry_size;
+    uint32_t *dbr_pi;
+    uint32_t *dbr_ci;
+    uint32_t pi;
+    uint32_t ci_cached;
+    uint32_t max_sge;
+    struct softnda_doorbell db;
+};
+
+static inline int softnda_rq_init(struct softnda_rq *rq, const struct queue_info *qi) {
+    memset(rq, 0, sizeof(*rq));
+    if (qi->qbuf.base == 0 || !softnda_is_pow2(qi->qbuf.entry_cnt) ||
+        qi->qbuf.entry_size < SOFTNDA_RECV_HEADER_SIZE + SOFTNDA_SGE_SIZE || qi->dbr_pi_va.iov_base == NULL ||
+        qi->dbr_ci_va.iov_base == NULL) {
+        return -EINVAL;
+    }
+    rq->buf = (uint8_t *)(uintptr_t)qi->qbuf.base;
+    rq->entry_cnt = qi->qbuf.entry_cnt;
+    rq->entry_size = qi->qbuf.entry_size;
+    rq->dbr_pi = (uint32_t *)qi->dbr_pi_va.iov_base;
+    rq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
+    rq->pi = __atomic_load_n(rq->dbr_pi, __ATOMIC_ACQUIRE);
+    rq->ci_cached = __atomic_load_n(rq->dbr_ci, __ATOMIC_ACQUIRE);
+    rq->max_sge = (rq->entry_size - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    return softnda_doorbell_init(&rq->db, &qi->db_hw_va);
+}
+
+static inline int softnda_rq_post(struct softnda_rq *rq, uint64_t wr_id, const struct softnda_sge *sg_list,
+                                  uint32_t num_sge) {
+    if (num_sge > rq->max_sge) {
+        return -EINVAL;
+    }
+    if (rq->entry_cnt - (rq->pi - rq->ci_cached) == 0) {
+        rq->ci_cached = __atomic_load_n(rq->dbr_ci, __ATOMIC_ACQUIRE);
+        if (rq->entry_cnt - (rq->pi - rq->ci_cached) == 0) {
+            return -ENOSPC;
+        }
+    }
+    uint8_t *slot = rq->buf + (size_t)(rq->pi & (rq->entry_cnt - 1)) * rq->entry_size;
+    struct softnda_recv_wqe *w = (struct softnda_recv_wqe *)slot;
+    w->wr_id = wr_id;
+    w->num_sge = num_sge;
+    w->resv = 0;
+    if (num_sge > 0) {
+        memcpy(slot + SOFTNDA_RECV_HEADER_SIZE, sg_list, (size_t)num_sge * SOFTNDA_SGE_SIZE);
+    }
+    rq->pi++;
+    return 0;
+}
+
+static inline void softnda_rq_doorbell(struct softnda_rq *rq) {
+    __atomic_store_n(rq->dbr_pi, rq->pi, __ATOMIC_RELEASE);
+    softnda_doorbell_ring(&rq->db, rq->pi);
+}
+
+/* SRQ limit (SPEC.md §5.3): arm with a non-zero limit; read how many events fired. */
+static inline void softnda_srq_arm(struct softnda_rq *srq, uint32_t limit) {
+    __atomic_store_n(srq->dbr_pi + 1, limit, __ATOMIC_RELEASE);
+}
+static inline uint32_t softnda_srq_limit(const struct softnda_rq *srq) {
+    return __atomic_load_n(srq->dbr_pi + 1, __ATOMIC_ACQUIRE);
+}
+static inline uint32_t softnda_srq_limit_events(const struct softnda_rq *srq) {
+    return __atomic_load_n(srq->dbr_ci + 1, __ATOMIC_ACQUIRE);
+}
+
+/* ---- Completion queue ---------------------------------------------------------------- */
+
+struct softnda_cq {
+    uint8_t *buf;
+    uint32_t entry_cnt;
+    uint32_t log_cnt;
+    uint32_t *dbr_pi; /* engine's PI; word 1 is the CQ state */
+    uint32_t *dbr_ci;
+    uint32_t ci;
+};
+
+static inline int softnda_cq_init(struct softnda_cq *cq, const struct queue_info *qi) {
+    memset(cq, 0, sizeof(*cq));
+    if (qi->qbuf.base == 0 || !softnda_is_pow2(qi->qbuf.entry_cnt) ||
+        qi->qbuf.entry_size != SOFTNDA_CQE_SIZE || qi->dbr_pi_va.iov_base == NULL ||
+        qi->dbr_ci_va.iov_base == NULL) {
+        return -EINVAL;
+    }
+    cq->buf = (uint8_t *)(uintptr_t)qi->qbuf.base;
+    cq->entry_cnt = qi->qbuf.entry_cnt;
+    while ((1u << cq->log_cnt) < cq->entry_cnt) {
+        cq->log_cnt++;
+    }
+    cq->dbr_pi = (uint32_t *)qi->dbr_pi_va.iov_base;
+    cq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
+    cq->ci = __atomic_load_n(cq->dbr_ci, __ATOMIC_ACQUIRE);
+    return 0;
+}
+
+/* Non-zero once the CQ overflowed (SPEC.md §6.3). */
+static inline uint32_t softnda_cq_state(const struct softnda_cq *cq) {
+    return __atomic_load_n(cq->dbr_pi + 1, __ATOMIC_ACQUIRE);
+}
+
+/* Copies up to max valid CQEs out and returns their slots to the engine. Returns the number
+ * polled (0 when none) or -EOVERFLOW when nothing is left and the CQ is in the error state. */
+static inline int softnda_cq_poll(struct softnda_cq *cq, struct softnda_cqe *out, int max) {
+    int n = 0;
+    while (n < max) {
+        const struct softnda_cqe *e =
+            (const struct softnda_cqe *)(cq->buf + (size_t)(cq->ci & (cq->entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        uint32_t want = ((cq->ci >> cq->log_cnt) & 1u) ^ 1u;
+        if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != want) {
+            break;
+        }
+        out[n++] = *e;
+        cq->ci++;
+    }
+    if (n > 0) {
+        __atomic_store_n(cq->dbr_ci, cq->ci, __ATOMIC_RELEASE);
+        return n;
+    }
+    return softnda_cq_state(cq) != 0 ? -EOVERFLOW : 0;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SOFTNDA_DEVICE_H */
