@@ -1,0 +1,452 @@
+// Devices, contexts and the doorbell BAR: the part of softnda that exists before any queue.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "providers/softnda/src/softnda_internal.h"
+
+namespace softnda {
+namespace {
+
+struct Registry {
+    std::mutex mu;  // everything below
+    Config cfg;
+    bool devices_stale = true;  // cfg changed since the devices were made
+    std::vector<std::unique_ptr<Device>> devices;
+    uint32_t open_contexts = 0;
+};
+
+// Never destroyed: engine threads and other modules may still reach it during exit.
+Registry &registry() {
+    static Registry *r = [] {
+        auto *reg = new Registry;
+        configFromEnv(reg->cfg);
+        return reg;
+    }();
+    return *r;
+}
+
+// Doorbell pages by engine address, for export_mmio (leaf lock).
+struct MmioEntry {
+    int fd;
+    uint64_t off;
+};
+std::mutex &mmioMutex() {
+    static auto *mu = new std::mutex;
+    return *mu;
+}
+std::map<uintptr_t, MmioEntry> &mmioPages() {
+    static auto *m = new std::map<uintptr_t, MmioEntry>;
+    return *m;
+}
+
+void fillAttr(Device &d) {
+    ibv_extend_vdev_attr &a = d.attr;
+    std::memset(&a, 0, sizeof(a));
+    std::snprintf(a.name, sizeof(a.name), "%s", d.name.c_str());
+    a.phys_port_cnt = d.cfg.phys_port_cnt;
+    a.max_pd = d.cfg.max_pd;
+    a.max_mr = d.cfg.max_mr;
+    a.max_qp = d.cfg.max_qp;
+    a.max_cq = d.cfg.max_cq;
+    a.max_srq = d.cfg.max_srq;
+    a.max_qp_wr = d.cfg.max_qp_wr;
+    a.max_cqe = d.cfg.max_cqe;
+    a.max_srq_wr = d.cfg.max_srq_wr;
+    a.max_sge = d.cfg.max_sge;
+    a.max_inline_data = d.cfg.max_inline_data;
+    a.max_msg_sz = d.cfg.max_msg_sz;
+    a.max_mr_size = d.cfg.max_mr_size;
+}
+
+// Caller holds Registry::mu. Rebuilds the device list when the configuration changed and no
+// device is open (devices own nothing then).
+void ensureDevices(Registry &r) {
+    if (!r.devices_stale || r.open_contexts != 0) {
+        return;
+    }
+    r.devices.clear();
+    for (uint32_t i = 0; i < r.cfg.devices; ++i) {
+        auto d = std::make_unique<Device>();
+        d->magic = kMagicDevice;
+        d->name = "softnda" + std::to_string(i);
+        d->index = i;
+        d->guid = 0x02a0c0ffee000000ull | i;
+        d->cfg = r.cfg;
+        d->ib.node_type = IBV_NODE_CA;
+        d->ib.transport_type = IBV_TRANSPORT_IB;
+        std::snprintf(d->ib.name, sizeof(d->ib.name), "%s", d->name.c_str());
+        std::snprintf(d->ib.dev_name, sizeof(d->ib.dev_name), "%s", d->name.c_str());
+        fillAttr(*d);
+        r.devices.push_back(std::move(d));
+    }
+    r.devices_stale = false;
+}
+
+Device *findDevice(Registry &r, const char *name) {
+    for (auto &d : r.devices) {
+        if (d->name == name) {
+            return d.get();
+        }
+    }
+    return nullptr;
+}
+
+// Adds one 4 KiB page to ctx's BAR. Caller holds dev->ctl.
+DbPage *growBar(Context *ctx) {
+    Device *dev = ctx->dev;
+    if (ctx->bar_fd < 0) {
+        ctx->bar_fd = memfd_create("softnda-bar", MFD_CLOEXEC);
+        if (ctx->bar_fd < 0) {
+            return nullptr;
+        }
+    }
+    uint64_t off = static_cast<uint64_t>(ctx->bar_pages) * SOFTNDA_DB_PAGE_SIZE;
+    if (ftruncate(ctx->bar_fd, static_cast<off_t>(off + SOFTNDA_DB_PAGE_SIZE)) < 0) {
+        return nullptr;
+    }
+    void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, ctx->bar_fd,
+                    static_cast<off_t>(off));
+    if (va == MAP_FAILED) {
+        return nullptr;
+    }
+    auto *page = new DbPage;
+    page->va = static_cast<uint8_t *>(va);
+    page->ctx = ctx;
+    page->file_off = off;
+    {
+        std::lock_guard<std::mutex> pl(dev->pages_mu);
+        if (!dev->free_page_nos.empty()) {
+            page->page_no = dev->free_page_nos.back();
+            dev->free_page_nos.pop_back();
+        } else {
+            page->page_no = static_cast<uint32_t>(dev->pages.size());
+            dev->pages.push_back(nullptr);
+        }
+    }
+    ctx->bar_pages++;
+    ctx->pages.push_back(page);
+    {
+        std::lock_guard<std::mutex> ml(mmioMutex());
+        mmioPages()[reinterpret_cast<uintptr_t>(va)] = MmioEntry{ctx->bar_fd, off};
+    }
+    dev->gate.lock();
+    {
+        std::lock_guard<std::mutex> pl(dev->pages_mu);
+        dev->pages[page->page_no] = page;
+    }
+    if (dev->engine) {
+        dev->engine->addPage(page);
+    }
+    dev->gate.unlock();
+    return page;
+}
+
+// Unmaps every page of ctx (no queue may use them any more). Caller holds dev->ctl.
+void dropBar(Context *ctx) {
+    Device *dev = ctx->dev;
+    dev->gate.lock();
+    for (DbPage *page : ctx->pages) {
+        if (dev->engine) {
+            dev->engine->removePage(page);
+        }
+        std::lock_guard<std::mutex> pl(dev->pages_mu);
+        dev->pages[page->page_no] = nullptr;
+        dev->free_page_nos.push_back(page->page_no);
+    }
+    dev->gate.unlock();
+    for (DbPage *page : ctx->pages) {
+        {
+            std::lock_guard<std::mutex> ml(mmioMutex());
+            mmioPages().erase(reinterpret_cast<uintptr_t>(page->va));
+        }
+        munmap(page->va, SOFTNDA_DB_PAGE_SIZE);
+        delete page;
+    }
+    ctx->pages.clear();
+    if (ctx->bar_fd >= 0) {
+        close(ctx->bar_fd);
+        ctx->bar_fd = -1;
+    }
+}
+
+}  // namespace
+
+template <typename T>
+static T *checked(void *p, uint64_t magic) {
+    auto *o = static_cast<T *>(p);
+    return o != nullptr && o->magic == magic ? o : nullptr;
+}
+
+// Each object struct starts with its ibv_* member, so the public pointer is the object's address.
+Context *asContext(ibv_context *ib) {
+    return checked<Context>(ib, kMagicContext);
+}
+Pd *asPd(ibv_pd *ib) {
+    return checked<Pd>(ib, kMagicPd);
+}
+Qp *asQp(ibv_qp *ib) {
+    return checked<Qp>(ib, kMagicQp);
+}
+Cq *asCq(ibv_cq *ib) {
+    return checked<Cq>(ib, kMagicCq);
+}
+Srq *asSrq(ibv_srq *ib) {
+    return checked<Srq>(ib, kMagicSrq);
+}
+
+int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out) {
+    Device *dev = ctx->dev;
+    DbPage *page = nullptr;
+    for (DbPage *p : ctx->pages) {
+        if (p->used != ~0ull) {
+            page = p;
+            break;
+        }
+    }
+    if (page == nullptr) {
+        page = growBar(ctx);
+        if (page == nullptr) {
+            return -ENOMEM;
+        }
+    }
+    unsigned idx = static_cast<unsigned>(__builtin_ctzll(~page->used));
+    uintptr_t reg = reinterpret_cast<uintptr_t>(page->reg(idx));
+    DbSlot s;
+    s.page = page;
+    s.index = idx;
+    std::memset(&s.desc, 0, sizeof(s.desc));
+    s.desc.size = SOFTNDA_DB_REG_STRIDE;
+    if (dma_type == QU_BUF_DMA_MODE_INDEP_UB) {
+        s.desc.type = DB_MAP_MODE_UB_RES;
+        s.desc.ub_res.guid_l = dev->guid;
+        s.desc.ub_res.guid_h = kGuidHigh;
+        s.desc.ub_res.bits.resource_id = SOFTNDA_UB_RESOURCE_DOORBELL;
+        s.desc.ub_res.bits.offset =
+            static_cast<uint64_t>(page->page_no) * SOFTNDA_DB_PAGE_SIZE + (reg & (SOFTNDA_DB_PAGE_SIZE - 1));
+    } else {
+        s.desc.type = DB_MAP_MODE_HOST_VA;
+        s.desc.hva = reg;
+    }
+    // The register starts at the queue's initial PI (0) so a sweep sees no stale ring.
+    __atomic_store_n(page->reg(idx), 0u, __ATOMIC_RELAXED);
+    page->last_seen[idx] = 0;
+    s.mapped = ops->db_mmap(&s.desc);
+    if (s.mapped == nullptr) {
+        return -(errno != 0 ? errno : ENOMEM);
+    }
+    page->used |= 1ull << idx;
+    dev->gate.lock();
+    page->kind[idx] = kind;
+    page->owner[idx] = owner;
+    dev->gate.unlock();
+    *out = s;
+    return 0;
+}
+
+void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot) {
+    if (slot->page == nullptr) {
+        return;
+    }
+    Device *dev = ctx->dev;
+    dev->gate.lock();
+    slot->page->kind[slot->index] = SlotKind::Free;
+    slot->page->owner[slot->index] = nullptr;
+    __atomic_fetch_and(slot->page->summary(), ~(1ull << slot->index), __ATOMIC_RELAXED);
+    dev->gate.unlock();
+    if (slot->mapped != nullptr) {
+        ops->db_unmap(slot->mapped, &slot->desc);
+    }
+    slot->page->used &= ~(1ull << slot->index);
+    slot->page = nullptr;
+}
+
+int vdevConfigure(const char *key, const char *value) {
+    if (key == nullptr || value == nullptr) {
+        return -EINVAL;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    if (r.open_contexts != 0) {
+        return -EBUSY;
+    }
+    int rc = configSet(r.cfg, key, value);
+    if (rc == 0) {
+        r.devices_stale = true;
+    }
+    return rc;
+}
+
+int vdevQueryDevices(ibv_extend_vdev_attr *attrs, int max) {
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    ensureDevices(r);
+    int n = static_cast<int>(r.devices.size());
+    for (int i = 0; i < n && i < max && attrs != nullptr; ++i) {
+        attrs[i] = r.devices[static_cast<size_t>(i)]->attr;
+    }
+    return n;
+}
+
+ibv_context *vdevOpenDevice(const char *name) {
+    if (name == nullptr) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    ensureDevices(r);
+    Device *dev = findDevice(r, name);
+    if (dev == nullptr) {
+        errno = ENODEV;
+        return nullptr;
+    }
+    auto *ctx = new Context;
+    ctx->magic = kMagicContext;
+    ctx->dev = dev;
+    ctx->ib.device = &dev->ib;
+    ctx->ib.cmd_fd = -1;
+    ctx->ib.async_fd = -1;
+    ctx->ib.num_comp_vectors = 0;
+    if (dev->open_contexts++ == 0) {
+        std::lock_guard<std::mutex> ctl(dev->ctl);
+        dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
+    }
+    r.open_contexts++;
+    return &ctx->ib;
+}
+
+int vdevCloseDevice(ibv_context *context) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = ctx->dev;
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    {
+        std::lock_guard<std::mutex> ctl(dev->ctl);
+        if (ctx->objects != 0) {
+            return -EBUSY;
+        }
+        dropBar(ctx);
+    }
+    if (--dev->open_contexts == 0) {
+        std::unique_ptr<Engine> engine;
+        {
+            std::lock_guard<std::mutex> ctl(dev->ctl);
+            engine = std::move(dev->engine);
+        }
+        softnda_counters c{};
+        engine->addCounters(&c);
+        engine.reset();  // joins the threads
+        bump(dev->retired.wqes, c.wqes_executed);
+        bump(dev->retired.bytes, c.bytes);
+        bump(dev->retired.doorbells, c.doorbells);
+        bump(dev->retired.cqes, c.cqes);
+        bump(dev->retired.errors, c.errors);
+        bump(dev->retired.flushed, c.flushed);
+        bump(dev->retired.rnr_naks, c.rnr_naks);
+        bump(dev->retired.cq_overflows, c.cq_overflows);
+        bump(dev->retired.dropped_cqes, c.dropped_cqes);
+        bump(dev->retired.srq_limit_events, c.srq_limit_events);
+        bump(dev->retired.passes, c.passes);
+        bump(dev->retired.sleeps, c.sleeps);
+        bump(dev->retired.wakeups, c.wakeups_by_hint);
+        bump(dev->retired.sweeps, c.sweeps);
+    }
+    r.open_contexts--;
+    ctx->magic = 0;
+    delete ctx;
+    return 0;
+}
+
+int vdevIsOwnDevice(const ibv_device *dev) {
+    if (dev == nullptr) {
+        return 0;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (auto &d : r.devices) {
+        if (&d->ib == dev) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int vdevExportMmio(const void *addr, int *fd, uint64_t *offset) {
+    if (addr == nullptr || fd == nullptr || offset == nullptr) {
+        return -EINVAL;
+    }
+    uintptr_t page = reinterpret_cast<uintptr_t>(addr) & ~static_cast<uintptr_t>(SOFTNDA_DB_PAGE_SIZE - 1);
+    std::lock_guard<std::mutex> ml(mmioMutex());
+    auto it = mmioPages().find(page);
+    if (it == mmioPages().end()) {
+        return -ENOENT;
+    }
+    int dup_fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+    if (dup_fd < 0) {
+        return -errno;
+    }
+    *fd = dup_fd;
+    *offset = it->second.off;
+    return 0;
+}
+
+}  // namespace softnda
+
+using namespace softnda;
+
+extern "C" __attribute__((visibility("default"))) int softnda_query_counters(const char *dev_name,
+                                                                             struct softnda_counters *out) {
+    if (dev_name == nullptr || out == nullptr) {
+        return -EINVAL;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    ensureDevices(r);
+    Device *dev = findDevice(r, dev_name);
+    if (dev == nullptr) {
+        return -ENODEV;
+    }
+    std::memset(out, 0, sizeof(*out));
+    addCounters(dev->retired, out);
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (dev->engine) {
+        dev->engine->addCounters(out);
+    }
+    return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void *softnda_ub_resolve(uint64_t guid_l, uint64_t guid_h,
+                                                                           uint32_t resource_id,
+                                                                           uint64_t offset) {
+    if (guid_h != kGuidHigh || resource_id != SOFTNDA_UB_RESOURCE_DOORBELL) {
+        errno = ENODEV;
+        return nullptr;
+    }
+    // Registry::mu is not taken: this runs inside a db_mmap callback of a create call.
+    // Devices are only rebuilt while no context is open, and a caller resolving a doorbell
+    // has one open.
+    Registry &r = registry();
+    for (auto &d : r.devices) {
+        if (d->guid != guid_l) {
+            continue;
+        }
+        std::lock_guard<std::mutex> pl(d->pages_mu);
+        uint64_t no = offset / SOFTNDA_DB_PAGE_SIZE;
+        if (no >= d->pages.size() || d->pages[no] == nullptr) {
+            errno = ERANGE;
+            return nullptr;
+        }
+        return d->pages[no]->va + (offset % SOFTNDA_DB_PAGE_SIZE);
+    }
+    errno = ENODEV;
+    return nullptr;
+}

@@ -1,0 +1,784 @@
+// The emulated hardware: engine threads that notice doorbells, execute SQ WQEs against
+// registered memory and write CQEs, exactly as SPEC.md says.
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+
+#include "providers/softnda/src/softnda_internal.h"
+
+namespace softnda {
+namespace {
+
+constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
+constexpr uint64_t kRnrIntervalNs = 100'000;
+constexpr size_t kMaxSleepPages = 128;  // FUTEX_WAITV_MAX
+constexpr uint32_t kPsnMask = 0xffffff;
+
+uint64_t nowNs() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+uint8_t wcOpcodeOf(uint8_t op) {
+    switch (op) {
+        case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
+            return IBV_WC_RDMA_WRITE;
+        case SOFTNDA_OP_RDMA_READ:
+            return IBV_WC_RDMA_READ;
+        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
+            return IBV_WC_COMP_SWAP;
+        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
+            return IBV_WC_FETCH_ADD;
+        default:
+            return IBV_WC_SEND;
+    }
+}
+
+// A WQE copied out of the ring once, so a concurrent rewrite by software cannot change it
+// between validation and use.
+struct WqeCopy {
+    softnda_wqe hdr;
+    softnda_sge sge[29];
+    uint8_t inline_data[464];
+};
+
+struct RecvCopy {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    softnda_sge sge[29];
+};
+
+enum class Outcome { Done, RnrWait };
+
+struct ExecResult {
+    uint8_t status = IBV_WC_SUCCESS;
+    uint32_t byte_len = 0;
+    Outcome outcome = Outcome::Done;
+};
+
+// A gather/scatter list already checked against its MRs.
+struct Segment {
+    uint8_t *addr;
+    uint32_t len;
+};
+
+bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
+    std::lock_guard<SpinLock> lk(cq->lock);
+    if (cq->error) {
+        bump(ctr.dropped_cqes);
+        return false;
+    }
+    Ring &r = cq->ring;
+    uint32_t ci = __atomic_load_n(r.ci, __ATOMIC_ACQUIRE);
+    if (r.ci_local - ci >= r.cnt) {
+        cq->error = true;
+        __atomic_store_n(cq->state, 1u, __ATOMIC_RELEASE);
+        bump(ctr.cq_overflows);
+        bump(ctr.dropped_cqes);
+        return false;
+    }
+    auto *e = reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(r.ci_local & (r.cnt - 1)) *
+                                                          SOFTNDA_CQE_SIZE);
+    e->wr_id = in.wr_id;
+    e->byte_len = in.byte_len;
+    e->imm_data = in.imm_data;
+    e->qp_num = in.qp_num;
+    e->src_qp = in.src_qp;
+    e->opcode = in.opcode;
+    e->status = in.status;
+    e->flags = in.flags;
+    e->resv = 0;
+    uint32_t log = static_cast<uint32_t>(__builtin_ctz(r.cnt));
+    __atomic_store_n(&e->owner, ((r.ci_local >> log) & 1u) ^ 1u, __ATOMIC_RELEASE);
+    r.ci_local++;
+    __atomic_store_n(r.pi, r.ci_local, __ATOMIC_RELEASE);
+    bump(ctr.cqes);
+    return true;
+}
+
+}  // namespace
+
+void addCounters(const Counters &c, softnda_counters *out) {
+    auto get = [](const std::atomic<uint64_t> &a) { return a.load(std::memory_order_relaxed); };
+    out->wqes_executed += get(c.wqes);
+    out->bytes += get(c.bytes);
+    out->doorbells += get(c.doorbells);
+    out->cqes += get(c.cqes);
+    out->errors += get(c.errors);
+    out->flushed += get(c.flushed);
+    out->rnr_naks += get(c.rnr_naks);
+    out->cq_overflows += get(c.cq_overflows);
+    out->dropped_cqes += get(c.dropped_cqes);
+    out->srq_limit_events += get(c.srq_limit_events);
+    out->passes += get(c.passes);
+    out->sleeps += get(c.sleeps);
+    out->wakeups_by_hint += get(c.wakeups);
+    out->sweeps += get(c.sweeps);
+}
+
+void setQpError(Device *dev, Qp *qp) {
+    qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+    if (dev->engine && qp->sq_db.page != nullptr) {
+        dev->engine->poke(qp->sq_db.page, qp->sq_db.index);
+    }
+}
+
+class Engine::Thread {
+  public:
+    Thread(Device *dev, uint32_t id) : dev_(dev), id_(id) {
+        thread_ = std::thread([this] { run(); });
+    }
+    ~Thread() {
+        stop_.store(true, std::memory_order_release);
+        kick();
+        thread_.join();
+    }
+
+    void addPage(DbPage *p) { pages_.push_back(p); }
+    void removePage(DbPage *p) {
+        pages_.erase(std::remove(pages_.begin(), pages_.end(), p), pages_.end());
+        hot_.erase(std::remove(hot_.begin(), hot_.end(), p), hot_.end());
+    }
+    void forgetQp(Qp *qp) { rnr_.erase(std::remove(rnr_.begin(), rnr_.end(), qp), rnr_.end()); }
+    void kick() {
+        __atomic_fetch_add(&kick_word_, 1u, __ATOMIC_SEQ_CST);
+        syscall(SYS_futex, &kick_word_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+    }
+    const Counters &counters() const { return ctr_; }
+
+  private:
+    void run();
+    bool pass();
+    bool handleSlot(DbPage *page, unsigned slot);
+    bool processSq(Qp *qp);
+    ExecResult execute(Qp *qp, const WqeCopy &w);
+    ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+                       uint64_t total);
+    bool takeRecv(Qp *peer, RecvCopy *out);
+    void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
+                      uint32_t imm, uint8_t flags, uint32_t src);
+    void flushSq(Qp *qp, uint32_t pi);
+    void flushRq(Qp *qp);
+    Qp *peerOf(Qp *qp);
+    bool checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out);
+    void sleep();
+    void sweep();
+    void touchHot(DbPage *p);
+
+    Device *dev_;
+    uint32_t id_;
+    std::thread thread_;
+    std::atomic<bool> stop_{false};
+    uint32_t kick_word_ = 0;
+    std::vector<DbPage *> pages_;  // gate (exclusive to change, shared to read)
+    std::vector<DbPage *> hot_;    // most recently rung pages first, at most kMaxSleepPages
+    std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive
+    Counters ctr_;
+};
+
+Engine::Engine(Device *dev, uint32_t threads) : dev_(dev) {
+    for (uint32_t i = 0; i < threads; ++i) {
+        threads_.push_back(std::make_unique<Thread>(dev, i));
+    }
+    for (DbPage *p : dev->pages) {
+        if (p != nullptr) {
+            addPage(p);
+        }
+    }
+}
+
+Engine::~Engine() = default;
+
+void Engine::addPage(DbPage *page) {
+    threads_[page->page_no % threads_.size()]->addPage(page);
+}
+void Engine::removePage(DbPage *page) {
+    threads_[page->page_no % threads_.size()]->removePage(page);
+}
+void Engine::forgetQp(Qp *qp) {
+    for (auto &t : threads_) {
+        t->forgetQp(qp);
+    }
+}
+void Engine::poke(DbPage *page, unsigned slot) {
+    __atomic_fetch_or(page->summary(), 1ull << slot, __ATOMIC_SEQ_CST);
+    threads_[page->page_no % threads_.size()]->kick();
+}
+void Engine::addCounters(softnda_counters *out) const {
+    for (auto &t : threads_) {
+        softnda::addCounters(t->counters(), out);
+    }
+}
+
+void Engine::Thread::run() {
+    const uint64_t spin_ns = static_cast<uint64_t>(dev_->cfg.spin_us) * 1000;
+    uint64_t idle_since = 0;
+    uint32_t idle_passes = 0;
+    while (!stop_.load(std::memory_order_acquire)) {
+        dev_->gate.enterShared();
+        bool did = pass();
+        dev_->gate.leaveShared();
+        if (did) {
+            idle_passes = 0;
+            continue;
+        }
+        // Reading the clock every pass would cost more than the pass itself.
+        if (idle_passes++ % 64 == 0) {
+            uint64_t now = nowNs();
+            if (idle_passes == 1) {
+                idle_since = now;
+            } else if (now - idle_since >= spin_ns) {
+                sleep();
+                idle_passes = 0;
+                continue;
+            }
+        }
+        __builtin_ia32_pause();
+    }
+}
+
+bool Engine::Thread::pass() {
+    bump(ctr_.passes);
+    bool did = false;
+    for (DbPage *page : pages_) {
+        uint64_t *sum = page->summary();
+        if (__atomic_load_n(sum, __ATOMIC_RELAXED) == 0) {
+            continue;
+        }
+        uint64_t bits = __atomic_exchange_n(sum, 0ull, __ATOMIC_ACQUIRE);
+        touchHot(page);
+        while (bits != 0) {
+            unsigned slot = static_cast<unsigned>(__builtin_ctzll(bits));
+            bits &= bits - 1;
+            bump(ctr_.doorbells);
+            handleSlot(page, slot);
+            did = true;
+        }
+    }
+    if (!rnr_.empty()) {
+        // Copy: processSq may remove entries.
+        std::vector<Qp *> waiting = rnr_;
+        for (Qp *qp : waiting) {
+            did |= processSq(qp);
+        }
+    }
+    return did;
+}
+
+void Engine::Thread::touchHot(DbPage *p) {
+    if (!hot_.empty() && hot_.front() == p) {
+        return;
+    }
+    auto it = std::find(hot_.begin(), hot_.end(), p);
+    if (it != hot_.end()) {
+        hot_.erase(it);
+    } else if (hot_.size() >= kMaxSleepPages) {
+        hot_.pop_back();
+    }
+    hot_.insert(hot_.begin(), p);
+}
+
+bool Engine::Thread::handleSlot(DbPage *page, unsigned slot) {
+    page->last_seen[slot] = __atomic_load_n(page->reg(slot), __ATOMIC_RELAXED);
+    switch (page->kind[slot]) {
+        case SlotKind::Sq:
+            return processSq(static_cast<Qp *>(page->owner[slot]));
+        case SlotKind::Rq: {
+            auto *qp = static_cast<Qp *>(page->owner[slot]);
+            if (qp->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+                flushRq(qp);
+            }
+            return true;  // RNR waiters retry on their own threads' next pass
+        }
+        default:
+            return false;
+    }
+}
+
+// Full look at every register of this thread's pages: finds bare register stores (no summary
+// bit) and anything a lost hint would have hidden. Runs after each sleep.
+void Engine::Thread::sweep() {
+    bump(ctr_.sweeps);
+    for (DbPage *page : pages_) {
+        for (unsigned i = 0; i < SOFTNDA_DB_REGS_PER_PAGE; ++i) {
+            if (page->kind[i] == SlotKind::Free) {
+                continue;
+            }
+            uint32_t v = __atomic_load_n(page->reg(i), __ATOMIC_ACQUIRE);
+            if (v != page->last_seen[i]) {
+                handleSlot(page, i);
+            }
+        }
+    }
+}
+
+void Engine::Thread::sleep() {
+    bump(ctr_.sleeps);
+    futex_waitv waiters[FUTEX_WAITV_MAX];
+    size_t n = 0;
+    dev_->gate.enterShared();
+    uint32_t kick_seen = __atomic_load_n(&kick_word_, __ATOMIC_SEQ_CST);
+    waiters[n++] =
+        futex_waitv{kick_seen, reinterpret_cast<uintptr_t>(&kick_word_), FUTEX_32 | FUTEX_PRIVATE_FLAG, 0};
+    auto arm = [&](DbPage *p) {
+        if (n >= FUTEX_WAITV_MAX || __atomic_load_n(p->sleeping(), __ATOMIC_RELAXED) != 0) {
+            return;
+        }
+        __atomic_store_n(p->sleeping(), 1u, __ATOMIC_SEQ_CST);
+        // Read before the re-check below: a wake after this read changes the word, so the wait
+        // returns at once (no lost wake-up).
+        uint32_t seq = __atomic_load_n(p->wakeSeq(), __ATOMIC_SEQ_CST);
+        waiters[n++] = futex_waitv{seq, reinterpret_cast<uintptr_t>(p->wakeSeq()), FUTEX_32, 0};
+    };
+    // Recently rung pages first, then the rest while the kernel's limit allows.
+    for (DbPage *p : hot_) {
+        arm(p);
+    }
+    for (DbPage *p : pages_) {
+        arm(p);
+    }
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    bool rung = false;
+    for (DbPage *p : pages_) {
+        rung = rung || __atomic_load_n(p->summary(), __ATOMIC_SEQ_CST) != 0;
+    }
+    uint64_t sleep_ns = rnr_.empty() ? static_cast<uint64_t>(dev_->cfg.sleep_us) * 1000 : kRnrIntervalNs / 4;
+    dev_->gate.leaveShared();
+    int rc = 0;
+    if (!rung && !stop_.load(std::memory_order_acquire)) {
+        uint64_t deadline = nowNs() + sleep_ns;
+        timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull),
+                    static_cast<long>(deadline % 1'000'000'000ull)};
+        rc = static_cast<int>(
+            syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(n), 0u, &ts, CLOCK_MONOTONIC));
+        if (rc < 0 && errno == ENOSYS) {
+            timespec rel{0, static_cast<long>(std::min<uint64_t>(sleep_ns, 999'999'999ull))};
+            nanosleep(&rel, nullptr);
+        }
+    }
+    dev_->gate.enterShared();
+    // Clear through the current page list: a page may have gone away while we slept.
+    for (DbPage *p : pages_) {
+        if (__atomic_load_n(p->sleeping(), __ATOMIC_RELAXED) != 0) {
+            __atomic_store_n(p->sleeping(), 0u, __ATOMIC_RELAXED);
+        }
+    }
+    if (rc > 0) {
+        bump(ctr_.wakeups);
+    }
+    if (rc < 0 && errno == ETIMEDOUT) {
+        sweep();
+    }
+    dev_->gate.leaveShared();
+}
+
+Qp *Engine::Thread::peerOf(Qp *qp) {
+    if (qp->peer_epoch == dev_->qp_epoch && qp->peer != nullptr && qp->peer->qpn == qp->attrs.dest_qpn) {
+        return qp->peer;
+    }
+    auto it = dev_->qps.find(qp->attrs.dest_qpn);
+    qp->peer = it == dev_->qps.end() ? nullptr : it->second;
+    qp->peer_epoch = dev_->qp_epoch;
+    return qp->peer;
+}
+
+bool Engine::Thread::checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out) {
+    for (uint32_t i = 0; i < n; ++i) {
+        Mr *mr = dev_->lookupMr(sges[i].lkey);
+        uint8_t *host = mr != nullptr ? mr->translate(sges[i].addr, sges[i].length) : nullptr;
+        if (host == nullptr || mr->pd != qp->pd ||
+            (need_write && (mr->access & IBV_ACCESS_LOCAL_WRITE) == 0)) {
+            return false;
+        }
+        out[i] = Segment{host, sges[i].length};
+    }
+    return true;
+}
+
+bool Engine::Thread::processSq(Qp *qp) {
+    Ring &sq = qp->sq;
+    uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
+    int state = qp->state.load(std::memory_order_acquire);
+    if (state == IBV_QPS_ERR) {
+        if (qp->rnr_waiting) {
+            qp->rnr_waiting = false;
+            forgetQp(qp);
+        }
+        flushSq(qp, pi);
+        flushRq(qp);
+        return true;
+    }
+    if (state != IBV_QPS_RTS) {
+        return false;
+    }
+    bool did = false;
+    uint32_t budget = kMaxWqesPerVisit;
+    while (sq.ci_local != pi && budget-- > 0) {
+        const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
+        WqeCopy w;
+        std::memcpy(&w.hdr, slot, sizeof(w.hdr));
+        if (w.hdr.flags & SOFTNDA_WQE_INLINE) {
+            std::memcpy(w.inline_data, slot + SOFTNDA_WQE_HEADER_SIZE,
+                        std::min<uint32_t>(w.hdr.inline_len, sq.stride - SOFTNDA_WQE_HEADER_SIZE));
+        } else {
+            std::memcpy(
+                w.sge, slot + SOFTNDA_WQE_HEADER_SIZE,
+                std::min<uint32_t>(w.hdr.num_sge, (sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE) *
+                    sizeof(softnda_sge));
+        }
+        ExecResult res = execute(qp, w);
+        if (res.outcome == Outcome::RnrWait) {
+            bump(ctr_.rnr_naks);
+            uint64_t now = nowNs();
+            if (!qp->rnr_waiting) {
+                qp->rnr_waiting = true;
+                qp->rnr_used = 0;
+                qp->rnr_deadline_ns = now + kRnrIntervalNs;
+                rnr_.push_back(qp);
+            } else if (now >= qp->rnr_deadline_ns) {
+                qp->rnr_used++;
+                qp->rnr_deadline_ns = now + kRnrIntervalNs;
+            }
+            if (qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry) {
+                break;  // keep waiting at the head of the SQ
+            }
+            res = ExecResult{IBV_WC_RNR_RETRY_EXC_ERR, 0, Outcome::Done};
+        }
+        if (qp->rnr_waiting) {
+            qp->rnr_waiting = false;
+            forgetQp(qp);
+        }
+        did = true;
+        sq.ci_local++;
+        bump(ctr_.wqes);
+        bool ok = res.status == IBV_WC_SUCCESS;
+        if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
+            // CI first: a CQE implies its ring slots are free (SPEC.md §4).
+            __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+            softnda_cqe c{};
+            c.wr_id = w.hdr.wr_id;
+            c.byte_len = res.byte_len;
+            c.qp_num = qp->qpn;
+            c.opcode = wcOpcodeOf(w.hdr.opcode);
+            c.status = res.status;
+            if (!writeCqe(qp->scq, ctr_, c)) {
+                ok = false;
+            }
+        }
+        if (!ok) {
+            if (res.status != IBV_WC_SUCCESS) {
+                bump(ctr_.errors);
+            }
+            qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+            flushSq(qp, pi);
+            flushRq(qp);
+            break;
+        }
+    }
+    __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+    if (sq.ci_local != pi && !qp->rnr_waiting && qp->state.load(std::memory_order_relaxed) == IBV_QPS_RTS) {
+        // Budget used up: come back on the next pass.
+        __atomic_fetch_or(qp->sq_db.page->summary(), 1ull << qp->sq_db.index, __ATOMIC_RELAXED);
+    }
+    return did;
+}
+
+void Engine::Thread::flushSq(Qp *qp, uint32_t pi) {
+    Ring &sq = qp->sq;
+    while (sq.ci_local != pi) {
+        const auto *w = reinterpret_cast<const softnda_wqe *>(
+            sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride);
+        softnda_cqe c{};
+        c.wr_id = w->wr_id;
+        c.opcode = wcOpcodeOf(w->opcode);
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.qp_num = qp->qpn;
+        sq.ci_local++;
+        __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+        bump(ctr_.flushed);
+        writeCqe(qp->scq, ctr_, c);
+    }
+}
+
+void Engine::Thread::flushRq(Qp *qp) {
+    if (qp->srq != nullptr) {
+        return;
+    }
+    std::lock_guard<std::mutex> lk(qp->rq_lock);
+    Ring &rq = qp->rq;
+    uint32_t pi = __atomic_load_n(rq.pi, __ATOMIC_ACQUIRE);
+    while (rq.ci_local != pi) {
+        const auto *w = reinterpret_cast<const softnda_recv_wqe *>(
+            rq.buf + static_cast<size_t>(rq.ci_local & (rq.cnt - 1)) * rq.stride);
+        softnda_cqe c{};
+        c.wr_id = w->wr_id;
+        c.opcode = IBV_WC_RECV;
+        c.status = IBV_WC_WR_FLUSH_ERR;
+        c.qp_num = qp->qpn;
+        rq.ci_local++;
+        __atomic_store_n(rq.ci, rq.ci_local, __ATOMIC_RELEASE);
+        bump(ctr_.flushed);
+        writeCqe(qp->rcq, ctr_, c);
+    }
+}
+
+ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
+    const softnda_wqe &h = w.hdr;
+    const uint32_t sge_cap = (qp->sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
+    ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
+    if (h.opcode > SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+        return bad;
+    }
+    if (h.opcode == SOFTNDA_OP_NOP) {
+        return ExecResult{};
+    }
+    if (is_inline) {
+        bool inline_ok = h.opcode == SOFTNDA_OP_SEND || h.opcode == SOFTNDA_OP_SEND_WITH_IMM ||
+                         h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+        if (!inline_ok || h.inline_len > qp->sq.stride - SOFTNDA_WQE_HEADER_SIZE ||
+            h.inline_len > qp->init.cap.max_inline_data) {
+            return bad;
+        }
+    } else if (h.num_sge > sge_cap || h.num_sge > qp->init.cap.max_send_sge) {
+        return bad;
+    }
+    const bool atomic =
+        h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+    uint64_t total = 0;
+    Segment local[29];
+    uint32_t nlocal = 0;
+    if (is_inline) {
+        total = h.inline_len;
+        if (total > 0) {
+            local[0] = Segment{const_cast<uint8_t *>(w.inline_data), h.inline_len};
+            nlocal = 1;
+        }
+    } else {
+        for (uint32_t i = 0; i < h.num_sge; ++i) {
+            total += w.sge[i].length;
+        }
+        nlocal = h.num_sge;
+    }
+    if (total > dev_->cfg.max_msg_sz || (atomic && total != 8)) {
+        return ExecResult{IBV_WC_LOC_LEN_ERR, 0, Outcome::Done};
+    }
+    bool writes_local = h.opcode == SOFTNDA_OP_RDMA_READ || atomic;
+    if (!is_inline && !checkLocal(qp, w.sge, h.num_sge, writes_local, local)) {
+        return ExecResult{IBV_WC_LOC_PROT_ERR, 0, Outcome::Done};
+    }
+    Qp *peer = peerOf(qp);
+    if (peer == nullptr) {
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+    }
+    std::lock_guard<std::mutex> lk(peer->rq_lock);
+    int ps = peer->state.load(std::memory_order_acquire);
+    if (ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) {
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+    }
+    if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
+        return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};
+    }
+    ExecResult res = respond(qp, peer, w, local, nlocal, total);
+    if (res.outcome == Outcome::Done) {
+        peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
+        qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+    }
+    return res;
+}
+
+// The responder half of one WQE; peer->rq_lock is held.
+ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+                                   uint64_t total) {
+    const softnda_wqe &h = w.hdr;
+    auto fail = [&](uint8_t status) {
+        if (status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR ||
+            status == IBV_WC_REM_OP_ERR) {
+            setQpError(dev_, peer);
+        }
+        return ExecResult{status, 0, Outcome::Done};
+    };
+    // Remote range check for WRITE/READ/atomics.
+    uint8_t *remote = nullptr;
+    if (h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM ||
+        h.opcode == SOFTNDA_OP_RDMA_READ || h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP ||
+        h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+        int need = IBV_ACCESS_REMOTE_WRITE;
+        if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+            need = IBV_ACCESS_REMOTE_READ;
+        } else if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+            need = IBV_ACCESS_REMOTE_ATOMIC;
+            if (h.remote_addr % 8 != 0) {
+                return fail(IBV_WC_REM_INV_REQ_ERR);
+            }
+        }
+        Mr *mr = dev_->lookupMr(h.rkey);
+        remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
+        if (remote == nullptr || mr->pd != peer->pd || (mr->access & need) == 0 ||
+            (peer->attrs.access & need) == 0) {
+            return fail(IBV_WC_REM_ACCESS_ERR);
+        }
+    }
+    switch (h.opcode) {
+        case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM: {
+            RecvCopy r;
+            if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM && !takeRecv(peer, &r)) {
+                return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
+            }
+            uint8_t *dst = remote;
+            for (uint32_t i = 0; i < nlocal; ++i) {
+                std::memcpy(dst, local[i].addr, local[i].len);
+                dst += local[i].len;
+            }
+            bump(ctr_.bytes, total);
+            if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
+                completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), IBV_WC_RECV_RDMA_WITH_IMM,
+                             h.imm_data, SOFTNDA_CQE_WITH_IMM, qp->qpn);
+            }
+            return ExecResult{};
+        }
+        case SOFTNDA_OP_RDMA_READ: {
+            const uint8_t *src = remote;
+            for (uint32_t i = 0; i < nlocal; ++i) {
+                std::memcpy(local[i].addr, src, local[i].len);
+                src += local[i].len;
+            }
+            bump(ctr_.bytes, total);
+            return ExecResult{IBV_WC_SUCCESS, static_cast<uint32_t>(total), Outcome::Done};
+        }
+        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
+        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD: {
+            auto *word = reinterpret_cast<uint64_t *>(remote);
+            uint64_t old;
+            if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP) {
+                old = h.compare_add;
+                __atomic_compare_exchange_n(word, &old, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+            } else {
+                old = __atomic_fetch_add(word, h.compare_add, __ATOMIC_SEQ_CST);
+            }
+            const auto *src = reinterpret_cast<const uint8_t *>(&old);
+            for (uint32_t i = 0; i < nlocal; ++i) {
+                std::memcpy(local[i].addr, src, local[i].len);
+                src += local[i].len;
+            }
+            bump(ctr_.bytes, 8);
+            return ExecResult{IBV_WC_SUCCESS, 8, Outcome::Done};
+        }
+        default:
+            break;
+    }
+    // SEND / SEND_WITH_IMM
+    RecvCopy r;
+    if (!takeRecv(peer, &r)) {
+        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
+    }
+    uint8_t op = IBV_WC_RECV;
+    uint8_t flags = h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0;
+    if (h.flags & SOFTNDA_WQE_SOLICITED) {
+        flags |= SOFTNDA_CQE_SOLICITED;
+    }
+    uint32_t recv_cap = peer->srq != nullptr ? peer->srq->max_sge : peer->rq_max_sge;
+    if (r.num_sge > recv_cap) {
+        completeRecv(peer, r, IBV_WC_LOC_QP_OP_ERR, 0, op, 0, 0, qp->qpn);
+        return fail(IBV_WC_REM_OP_ERR);
+    }
+    Segment dst[29];
+    if (!checkLocal(peer, r.sge, r.num_sge, true, dst)) {
+        completeRecv(peer, r, IBV_WC_LOC_PROT_ERR, 0, op, 0, 0, qp->qpn);
+        return fail(IBV_WC_REM_OP_ERR);
+    }
+    uint64_t room = 0;
+    for (uint32_t i = 0; i < r.num_sge; ++i) {
+        room += dst[i].len;
+    }
+    if (total > room) {
+        completeRecv(peer, r, IBV_WC_LOC_LEN_ERR, 0, op, 0, 0, qp->qpn);
+        return fail(IBV_WC_REM_INV_REQ_ERR);
+    }
+    // Scatter the gather list into the receive buffers.
+    uint32_t di = 0;
+    uint64_t doff = 0;
+    for (uint32_t i = 0; i < nlocal; ++i) {
+        uint64_t soff = 0;
+        while (soff < local[i].len) {
+            uint64_t n = std::min<uint64_t>(local[i].len - soff, dst[di].len - doff);
+            std::memcpy(dst[di].addr + doff, local[i].addr + soff, n);
+            soff += n;
+            doff += n;
+            if (doff == dst[di].len) {
+                di++;
+                doff = 0;
+            }
+        }
+    }
+    bump(ctr_.bytes, total);
+    completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), op, h.imm_data, flags, qp->qpn);
+    return ExecResult{};
+}
+
+bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
+    auto copy = [out](const Ring &ring, uint32_t cap) {
+        const uint8_t *slot = ring.buf + static_cast<size_t>(ring.ci_local & (ring.cnt - 1)) * ring.stride;
+        std::memcpy(&out->wr_id, slot, 8);
+        std::memcpy(&out->num_sge, slot + 8, 4);
+        std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE,
+                    std::min(out->num_sge, cap) * sizeof(softnda_sge));
+    };
+    if (Srq *srq = peer->srq; srq != nullptr) {
+        std::lock_guard<SpinLock> lk(srq->lock);
+        Ring &ring = srq->ring;
+        uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
+        if (ring.ci_local == pi) {
+            return false;
+        }
+        copy(ring, srq->max_sge);
+        ring.ci_local++;
+        __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
+        uint32_t limit = __atomic_load_n(srq->limit, __ATOMIC_ACQUIRE);
+        if (limit != 0 && pi - ring.ci_local < limit) {
+            __atomic_store_n(srq->limit, 0u, __ATOMIC_RELAXED);
+            __atomic_fetch_add(srq->limit_events, 1u, __ATOMIC_RELEASE);
+            bump(ctr_.srq_limit_events);
+        }
+        return true;
+    }
+    Ring &ring = peer->rq;
+    uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
+    if (ring.ci_local == pi) {
+        return false;
+    }
+    copy(ring, peer->rq_max_sge);
+    ring.ci_local++;
+    __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
+    return true;
+}
+
+void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
+                                  uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src) {
+    softnda_cqe c{};
+    c.wr_id = r.wr_id;
+    c.byte_len = byte_len;
+    c.imm_data = imm;
+    c.qp_num = peer->qpn;
+    c.src_qp = src;
+    c.opcode = opcode;
+    c.status = status;
+    c.flags = flags;
+    if (status != IBV_WC_SUCCESS) {
+        bump(ctr_.errors);
+    }
+    if (!writeCqe(peer->rcq, ctr_, c) || status != IBV_WC_SUCCESS) {
+        setQpError(dev_, peer);
+    }
+}
+
+}  // namespace softnda

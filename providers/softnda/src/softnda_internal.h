@@ -1,0 +1,366 @@
+// softnda internals: the objects of the emulated NIC and who may touch what.
+//
+// Locking (outermost first):
+//   Registry::mu     configuration, the device list, open-context count.
+//   Device::ctl      serialises control operations on one device (create/destroy/modify/reg).
+//                    Held while calling the caller's ibv_extend_ops (alloc, db_mmap, ...), so
+//                    those callbacks may call export_mmio / softnda_ub_resolve, which only take
+//                    leaf locks (Device::pages_mu, mmioMutex()).
+//   Device::gate     engine passes hold it shared; a control operation takes it exclusive only
+//                    for the short moment it publishes or unpublishes an object the engine can
+//                    reach (tables, doorbell slot owners, QP attributes). So everything the
+//                    engine reads without a lock is stable during a pass.
+//   Qp::rq_lock      the responder side of a QP: its RQ consumption, rq_psn, RQ flush.
+//   Srq::lock, Cq::lock  consumption of an SRQ / production of CQEs (several engine threads).
+// QP state is an atomic: the engine moves a QP to ERR from any thread; only the thread that owns
+// the QP's SQ doorbell page executes or flushes its SQ (page p belongs to thread p mod n).
+#pragma once
+
+#include <ibv_extend.h>
+#include <ibv_extend_vdev.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "providers/softnda/include/softnda.h"
+#include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/include/softnda_ops.h"
+
+namespace softnda {
+
+struct Config {
+    uint32_t devices = 1;
+    uint32_t max_pd = 65536;
+    uint32_t max_mr = 1u << 20;
+    uint32_t max_qp = 1u << 17;
+    uint32_t max_cq = 1u << 17;
+    uint32_t max_srq = 1u << 16;
+    uint32_t max_qp_wr = 1u << 15;
+    uint32_t max_cqe = 1u << 22;
+    uint32_t max_srq_wr = 1u << 15;
+    uint32_t max_sge = 29;           // a 512 B WQE: (512 - 48) / 16
+    uint32_t max_inline_data = 464;  // a 512 B WQE: 512 - 48
+    uint32_t max_msg_sz = 1u << 31;
+    uint64_t max_mr_size = 1ull << 40;
+    uint32_t phys_port_cnt = 1;
+    uint32_t engine_threads = 1;
+    uint32_t spin_us = 50;
+    uint32_t sleep_us = 1000;
+};
+
+// Applies one key=value; -EINVAL for an unknown key or a value out of range.
+int configSet(Config &cfg, const std::string &key, const std::string &value);
+// Applies every SOFTNDA_<KEY> variable (ignored when privileges differ, via secure_getenv).
+void configFromEnv(Config &cfg);
+
+// Engine-side view of queue memory (pointers into the caller's allocation).
+struct Ring {
+    uint8_t *buf = nullptr;
+    uint32_t cnt = 0;
+    uint32_t stride = 0;
+    uint32_t *pi = nullptr;  // doorbell record word 0
+    uint32_t *ci = nullptr;  // doorbell record word 16 (offset 64)
+    uint32_t ci_local = 0;   // the engine's CI (the truth; *ci mirrors it)
+    void *mem = nullptr;     // the allocation (freed with ops->free)
+    size_t mem_size = 0;
+};
+
+enum class SlotKind : uint8_t { Free, Sq, Rq, Srq, Cq };
+
+struct Context;
+struct DbPage {
+    uint8_t *va = nullptr;  // the engine's mapping of the page
+    uint32_t page_no = 0;   // device-wide number (UB_RES offset / 4096)
+    Context *ctx = nullptr;
+    uint64_t file_off = 0;  // offset in ctx->bar_fd
+    uint64_t used = 0;      // control path (Device::ctl)
+    SlotKind kind[SOFTNDA_DB_REGS_PER_PAGE] = {};
+    void *owner[SOFTNDA_DB_REGS_PER_PAGE] = {};
+    uint32_t last_seen[SOFTNDA_DB_REGS_PER_PAGE] = {};  // owning engine thread only
+    uint64_t *summary() const { return reinterpret_cast<uint64_t *>(va); }
+    uint32_t *wakeSeq() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_WAKE_OFFSET); }
+    uint32_t *sleeping() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_SLEEPING_OFFSET); }
+    uint32_t *reg(unsigned i) const {
+        return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_REGS_OFFSET + i * SOFTNDA_DB_REG_STRIDE);
+    }
+};
+
+// One doorbell register handed to a queue, and how it was mapped for the creator.
+struct DbSlot {
+    DbPage *page = nullptr;
+    unsigned index = 0;
+    doorbell_map_desc desc{};
+    void *mapped = nullptr;  // what db_mmap returned
+};
+
+struct Device;
+
+struct Context {
+    ibv_context ib{};  // first: the ibv_context * handed out points here
+    uint64_t magic = 0;
+    Device *dev = nullptr;
+    int bar_fd = -1;
+    uint32_t bar_pages = 0;
+    std::vector<DbPage *> pages;  // Device::ctl
+    uint32_t objects = 0;         // PDs, MRs, CQs, SRQs, QPs alive (Device::ctl)
+};
+
+struct Pd {
+    ibv_pd ib{};
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    uint32_t refs = 0;  // MRs, QPs, SRQs using it (Device::ctl)
+};
+
+struct Mr {
+    ibv_mr ib{};
+    uint64_t magic = 0;
+    Pd *pd = nullptr;
+    uint8_t *addr = nullptr;  // where the bytes are in this process
+    uint64_t iova = 0;        // how work requests address them
+    uint64_t len = 0;
+    int access = 0;
+    uint32_t key = 0;
+    // Host address of [iova, iova+n) when that range lies inside the MR, else nullptr.
+    uint8_t *translate(uint64_t va, uint64_t n) const {
+        if (va < iova || n > len || va - iova > len - n) {
+            return nullptr;
+        }
+        return addr + (va - iova);
+    }
+};
+
+struct SpinLock {
+    std::atomic<bool> locked{false};
+    void lock() {
+        while (locked.exchange(true, std::memory_order_acquire)) {
+            while (locked.load(std::memory_order_relaxed)) {
+                __builtin_ia32_pause();
+            }
+        }
+    }
+    void unlock() { locked.store(false, std::memory_order_release); }
+};
+
+struct Cq {
+    ibv_cq ib{};
+    ibv_cq_extend ext{};
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    ibv_extend_ops *ops = nullptr;
+    Ring ring;  // pi/ci roles reversed: engine produces
+    uint32_t *state = nullptr;
+    DbSlot db;
+    uint32_t refs = 0;
+    SpinLock lock;       // guards ring.ci_local (engine's PI here) and error
+    bool error = false;  // overflowed
+};
+
+struct Srq {
+    ibv_srq ib{};
+    ibv_srq_extend ext{};
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    Pd *pd = nullptr;
+    ibv_extend_ops *ops = nullptr;
+    Ring ring;
+    uint32_t *limit = nullptr;
+    uint32_t *limit_events = nullptr;
+    uint32_t max_sge = 0;
+    DbSlot db;
+    uint32_t refs = 0;
+    SpinLock lock;
+};
+
+// Standard and extended QP attributes, written by control operations under the gate.
+struct QpAttrs {
+    uint32_t dest_qpn = 0;
+    uint32_t sq_psn = 0;
+    uint32_t rq_psn = 0;
+    int access = 0;
+    uint8_t port = 1;
+    uint16_t pkey_index = 0;
+    uint32_t path_mtu = IBV_MTU_1024;
+    uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
+    uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
+    ibv_ah_attr ah{};
+    // extended (V2/V3)
+    uint32_t udp_src_port = 0;
+    ibv_hyroce_feature feature{};
+    bool feature_set = false;
+    uint32_t lb_mode = 0;
+    ibv_mpath_config mpath{};
+    ibv_ar_config ar{};
+    ibv_sack_config sack{};
+    uint32_t lag_port = 0;
+};
+
+struct Qp {
+    ibv_qp ib{};
+    ibv_qp_extend ext{};
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    Pd *pd = nullptr;
+    Cq *scq = nullptr;
+    Cq *rcq = nullptr;
+    Srq *srq = nullptr;
+    ibv_extend_ops *ops = nullptr;
+    ibv_qp_init_attr init{};
+    uint32_t qpn = 0;
+    std::atomic<int> state{IBV_QPS_RESET};
+    QpAttrs attrs;
+    Ring sq;
+    Ring rq;
+    uint32_t rq_max_sge = 0;
+    DbSlot sq_db;
+    DbSlot rq_db;
+    // requester side: only the engine thread owning sq_db.page
+    uint32_t sq_psn = 0;
+    bool rnr_waiting = false;
+    uint32_t rnr_used = 0;
+    uint64_t rnr_deadline_ns = 0;
+    Qp *peer = nullptr;
+    uint64_t peer_epoch = 0;
+    // responder side: rq_lock
+    std::mutex rq_lock;
+    uint32_t rq_psn = 0;
+};
+
+// Per engine thread counters: one writer (its thread), read by softnda_query_counters.
+struct Counters {
+    std::atomic<uint64_t> wqes{0}, bytes{0}, doorbells{0}, cqes{0}, errors{0}, flushed{0}, rnr_naks{0},
+        cq_overflows{0}, dropped_cqes{0}, srq_limit_events{0}, passes{0}, sleeps{0}, wakeups{0}, sweeps{0};
+};
+inline void bump(std::atomic<uint64_t> &c, uint64_t n = 1) {
+    c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+}
+
+// Lets control operations in between engine passes without starving (see the lock list above).
+struct Gate {
+    std::shared_mutex mu;
+    std::atomic<int> writers{0};
+    void enterShared() {
+        while (writers.load(std::memory_order_acquire) != 0) {
+            std::this_thread::yield();
+        }
+        mu.lock_shared();
+    }
+    void leaveShared() { mu.unlock_shared(); }
+    void lock() {
+        writers.fetch_add(1, std::memory_order_acq_rel);
+        mu.lock();
+    }
+    void unlock() {
+        mu.unlock();
+        writers.fetch_sub(1, std::memory_order_acq_rel);
+    }
+};
+
+class Engine;
+
+struct Device {
+    ibv_device ib{};
+    uint64_t magic = 0;
+    std::string name;
+    uint32_t index = 0;
+    uint64_t guid = 0;
+    Config cfg;
+    ibv_extend_vdev_attr attr{};
+
+    std::mutex ctl;
+    Gate gate;
+
+    std::mutex pages_mu;          // leaf: guards pages for softnda_ub_resolve
+    std::vector<DbPage *> pages;  // by page_no (nullptr once freed); also ctl + gate
+    std::vector<uint32_t> free_page_nos;
+
+    std::vector<Mr *> mrs;  // by key >> 8; ctl + gate
+    std::vector<uint32_t> free_mr_slots;
+    uint32_t mr_generation = 0;              // ctl
+    std::unordered_map<uint32_t, Qp *> qps;  // by QPN; ctl + gate
+    uint32_t next_qpn = 1;
+    uint64_t qp_epoch = 1;  // bumped when a QP goes away, invalidating cached peers (gate)
+
+    uint32_t n_pd = 0, n_mr = 0, n_qp = 0, n_cq = 0, n_srq = 0;  // ctl
+    uint32_t open_contexts = 0;                                  // Registry::mu
+
+    std::unique_ptr<Engine> engine;  // while a context is open
+    Counters retired;                // counters of stopped engines
+
+    Mr *lookupMr(uint32_t key) const {
+        uint32_t idx = key >> 8;
+        if (idx >= mrs.size()) {
+            return nullptr;
+        }
+        Mr *mr = mrs[idx];
+        return mr != nullptr && mr->key == key ? mr : nullptr;
+    }
+};
+
+constexpr uint64_t kMagicDevice = 0x736f66746e646130ull;
+constexpr uint64_t kMagicContext = 0x736f66746e646131ull;
+constexpr uint64_t kMagicPd = 0x736f66746e646132ull;
+constexpr uint64_t kMagicMr = 0x736f66746e646133ull;
+constexpr uint64_t kMagicCq = 0x736f66746e646134ull;
+constexpr uint64_t kMagicSrq = 0x736f66746e646135ull;
+constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
+constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
+
+// ---- device.cc ----
+Context *asContext(ibv_context *ib);
+Pd *asPd(ibv_pd *ib);
+Qp *asQp(ibv_qp *ib);
+Cq *asCq(ibv_cq *ib);
+Srq *asSrq(ibv_srq *ib);
+
+// Takes a free doorbell register of ctx (growing its BAR) and maps it through ops->db_mmap.
+// Caller holds dev->ctl. -errno on failure, leaving nothing behind.
+int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out);
+// Publishes / unpublishes the slot owner to the engine (caller holds ctl; takes the gate).
+void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot);
+
+int vdevConfigure(const char *key, const char *value);
+int vdevQueryDevices(ibv_extend_vdev_attr *attrs, int max);
+ibv_context *vdevOpenDevice(const char *name);
+int vdevCloseDevice(ibv_context *context);
+int vdevIsOwnDevice(const ibv_device *dev);
+int vdevExportMmio(const void *addr, int *fd, uint64_t *offset);
+
+// ---- engine.cc ----
+class Engine {
+  public:
+    Engine(Device *dev, uint32_t threads);
+    ~Engine();
+    Engine(const Engine &) = delete;
+    Engine &operator=(const Engine &) = delete;
+
+    // Page membership changes (caller holds the gate exclusively).
+    void addPage(DbPage *page);
+    void removePage(DbPage *page);
+    // A QP is going away (gate held exclusively): forget it in RNR lists.
+    void forgetQp(Qp *qp);
+    // Makes the thread owning page look at register `slot` soon (e.g. a QP moved to ERR).
+    void poke(DbPage *page, unsigned slot);
+
+    void addCounters(softnda_counters *out) const;
+
+    class Thread;
+
+  private:
+    Device *dev_;
+    std::vector<std::unique_ptr<Thread>> threads_;
+};
+
+void addCounters(const Counters &c, softnda_counters *out);
+
+// Moves qp to ERR (any thread) and gets its SQ/RQ flushed by its owner thread.
+void setQpError(Device *dev, Qp *qp);
+
+}  // namespace softnda

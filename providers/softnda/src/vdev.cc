@@ -1,0 +1,330 @@
+// The virtual-device verbs softnda must provide itself (ibv_extend_vdev.h): PD, MR and the
+// standard QP state machine.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "providers/softnda/src/softnda_internal.h"
+
+namespace softnda {
+namespace {
+
+template <typename T>
+T *fail(int err) {
+    errno = err;
+    return nullptr;
+}
+
+ibv_pd *allocPd(ibv_context *context) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr) {
+        return fail<ibv_pd>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (dev->n_pd >= dev->cfg.max_pd) {
+        return fail<ibv_pd>(ENOMEM);
+    }
+    auto *pd = new Pd;
+    pd->magic = kMagicPd;
+    pd->ctx = ctx;
+    pd->ib.context = context;
+    pd->ib.handle = dev->n_pd;
+    dev->n_pd++;
+    ctx->objects++;
+    return &pd->ib;
+}
+
+int deallocPd(ibv_pd *ib) {
+    Pd *pd = asPd(ib);
+    if (pd == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = pd->ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (pd->refs != 0) {
+        return -EBUSY;
+    }
+    dev->n_pd--;
+    pd->ctx->objects--;
+    pd->magic = 0;
+    delete pd;
+    return 0;
+}
+
+constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+
+ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) {
+    Pd *pd = asPd(ib);
+    if (pd == nullptr || addr == nullptr || length == 0 || (access & ~kKnownAccess) != 0 ||
+        reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr) ||
+        iova + length < iova) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    // IB rule: remote write and atomic access need local write.
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
+        (access & IBV_ACCESS_LOCAL_WRITE) == 0) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    Device *dev = pd->ctx->dev;
+    if (length > dev->cfg.max_mr_size) {
+        return fail<ibv_mr>(EINVAL);
+    }
+    // The engine dereferences the range: refuse what is not mapped now (msync reports holes).
+    uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    uintptr_t lo = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+    uintptr_t hi = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
+    if (msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) < 0) {
+        return fail<ibv_mr>(EFAULT);
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (dev->n_mr >= dev->cfg.max_mr) {
+        return fail<ibv_mr>(ENOMEM);
+    }
+    auto *mr = new Mr;
+    mr->magic = kMagicMr;
+    mr->pd = pd;
+    mr->addr = static_cast<uint8_t *>(addr);
+    mr->iova = iova;
+    mr->len = length;
+    mr->access = access;
+    uint32_t idx;
+    if (!dev->free_mr_slots.empty()) {
+        idx = dev->free_mr_slots.back();
+        dev->free_mr_slots.pop_back();
+    } else {
+        idx = static_cast<uint32_t>(dev->mrs.size());
+        dev->gate.lock();
+        dev->mrs.push_back(nullptr);
+        dev->gate.unlock();
+    }
+    // The low byte changes on every registration so a stale key into a reused slot misses.
+    mr->key = (idx << 8) | (++dev->mr_generation & 0xff);
+    mr->ib.context = ib->context;
+    mr->ib.pd = ib;
+    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(iova));
+    mr->ib.length = length;
+    mr->ib.handle = idx;
+    mr->ib.lkey = mr->key;
+    mr->ib.rkey = mr->key;
+    dev->gate.lock();
+    dev->mrs[idx] = mr;
+    dev->gate.unlock();
+    pd->refs++;
+    dev->n_mr++;
+    pd->ctx->objects++;
+    return &mr->ib;
+}
+
+int deregMr(ibv_mr *ib) {
+    auto *mr = reinterpret_cast<Mr *>(ib);
+    if (mr == nullptr || mr->magic != kMagicMr) {
+        return -EINVAL;
+    }
+    Device *dev = mr->pd->ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    uint32_t idx = mr->key >> 8;
+    dev->gate.lock();
+    dev->mrs[idx] = nullptr;
+    dev->gate.unlock();
+    dev->free_mr_slots.push_back(idx);
+    mr->pd->refs--;
+    dev->n_mr--;
+    mr->pd->ctx->objects--;
+    mr->magic = 0;
+    delete mr;
+    return 0;
+}
+
+// RC transitions: the attributes each one requires and allows (IB spec, QP state table).
+struct Transition {
+    ibv_qp_state cur;
+    ibv_qp_state next;
+    int required;
+    int optional;
+};
+
+constexpr int kRtsOptional =
+    IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER;
+const Transition kTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS,
+     IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
+     kRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, kRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0,
+     kRtsOptional | IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+         IBV_QP_MAX_QP_RD_ATOMIC | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_PKEY_INDEX | IBV_QP_PORT},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, kRtsOptional},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
+// 0 when mask is acceptable for cur -> next, else -EINVAL.
+int checkTransition(ibv_qp_state cur, ibv_qp_state next, int mask) {
+    int extra = mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
+    if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
+        return extra == 0 ? 0 : -EINVAL;
+    }
+    for (const Transition &t : kTransitions) {
+        if (t.cur == cur && t.next == next) {
+            if ((mask & t.required) != t.required || (extra & ~(t.required | t.optional)) != 0) {
+                return -EINVAL;
+            }
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
+    Qp *qp = asQp(ib);
+    if (qp == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = qp->ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    auto cur = static_cast<ibv_qp_state>(qp->state.load(std::memory_order_acquire));
+    if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) {
+        return -EINVAL;
+    }
+    ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
+    if (next > IBV_QPS_ERR || checkTransition(cur, next, mask) != 0) {
+        return -EINVAL;
+    }
+    if (((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > dev->cfg.phys_port_cnt)) ||
+        ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) ||
+        ((mask & IBV_QP_DEST_QPN) && attr->dest_qp_num > 0xffffff) ||
+        ((mask & IBV_QP_PATH_MTU) && (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096)) ||
+        ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
+        ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
+        ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kKnownAccess) != 0)) {
+        return -EINVAL;
+    }
+    dev->gate.lock();
+    QpAttrs &q = qp->attrs;
+    if (mask & IBV_QP_ACCESS_FLAGS) {
+        q.access = static_cast<int>(attr->qp_access_flags);
+    }
+    if (mask & IBV_QP_PORT) {
+        q.port = attr->port_num;
+    }
+    if (mask & IBV_QP_PKEY_INDEX) {
+        q.pkey_index = attr->pkey_index;
+    }
+    if (mask & IBV_QP_AV) {
+        q.ah = attr->ah_attr;
+    }
+    if (mask & IBV_QP_PATH_MTU) {
+        q.path_mtu = attr->path_mtu;
+    }
+    if (mask & IBV_QP_DEST_QPN) {
+        q.dest_qpn = attr->dest_qp_num;
+    }
+    if (mask & IBV_QP_RQ_PSN) {
+        q.rq_psn = attr->rq_psn & 0xffffff;
+        qp->rq_psn = q.rq_psn;
+    }
+    if (mask & IBV_QP_SQ_PSN) {
+        q.sq_psn = attr->sq_psn & 0xffffff;
+        qp->sq_psn = q.sq_psn;
+    }
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
+        q.max_dest_rd_atomic = attr->max_dest_rd_atomic;
+    }
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) {
+        q.max_rd_atomic = attr->max_rd_atomic;
+    }
+    if (mask & IBV_QP_MIN_RNR_TIMER) {
+        q.min_rnr_timer = attr->min_rnr_timer;
+    }
+    if (mask & IBV_QP_TIMEOUT) {
+        q.timeout = attr->timeout;
+    }
+    if (mask & IBV_QP_RETRY_CNT) {
+        q.retry_cnt = attr->retry_cnt;
+    }
+    if (mask & IBV_QP_RNR_RETRY) {
+        q.rnr_retry = attr->rnr_retry;
+    }
+    if (next == IBV_QPS_RESET) {
+        // Outstanding WQEs are discarded without completions (SPEC.md §6.2).
+        qp->sq.ci_local = __atomic_load_n(qp->sq.pi, __ATOMIC_ACQUIRE);
+        __atomic_store_n(qp->sq.ci, qp->sq.ci_local, __ATOMIC_RELEASE);
+        if (qp->srq == nullptr) {
+            qp->rq.ci_local = __atomic_load_n(qp->rq.pi, __ATOMIC_ACQUIRE);
+            __atomic_store_n(qp->rq.ci, qp->rq.ci_local, __ATOMIC_RELEASE);
+        }
+        qp->rnr_waiting = false;
+        if (dev->engine) {
+            dev->engine->forgetQp(qp);
+        }
+        uint32_t keep_qpn = q.dest_qpn;
+        q = QpAttrs{};
+        q.dest_qpn = keep_qpn;
+        qp->sq_psn = 0;
+        qp->rq_psn = 0;
+    }
+    qp->state.store(next, std::memory_order_release);
+    dev->gate.unlock();
+    qp->ib.state = next;
+    // WQEs posted before RTS (or during SQD) run now; ERR needs its flush.
+    if ((next == IBV_QPS_RTS || next == IBV_QPS_ERR) && dev->engine) {
+        dev->engine->poke(qp->sq_db.page, qp->sq_db.index);
+    }
+    return 0;
+}
+
+int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
+    (void)mask;  // everything is cheap to report
+    Qp *qp = asQp(ib);
+    if (qp == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = qp->ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    const QpAttrs &q = qp->attrs;
+    std::memset(attr, 0, sizeof(*attr));
+    auto state = static_cast<ibv_qp_state>(qp->state.load(std::memory_order_acquire));
+    attr->qp_state = state;
+    attr->cur_qp_state = state;
+    attr->path_mtu = static_cast<ibv_mtu>(q.path_mtu);
+    attr->qp_access_flags = static_cast<unsigned>(q.access);
+    attr->pkey_index = q.pkey_index;
+    attr->port_num = q.port;
+    attr->ah_attr = q.ah;
+    attr->dest_qp_num = q.dest_qpn;
+    attr->rq_psn = q.rq_psn;
+    attr->sq_psn = q.sq_psn;
+    attr->max_rd_atomic = q.max_rd_atomic;
+    attr->max_dest_rd_atomic = q.max_dest_rd_atomic;
+    attr->min_rnr_timer = q.min_rnr_timer;
+    attr->timeout = q.timeout;
+    attr->retry_cnt = q.retry_cnt;
+    attr->rnr_retry = q.rnr_retry;
+    attr->sq_draining = 0;
+    attr->cap = qp->init.cap;
+    if (init != nullptr) {
+        *init = qp->init;
+    }
+    qp->ib.state = state;
+    return 0;
+}
+
+}  // namespace
+}  // namespace softnda
+
+extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
+    IBV_EXTEND_VDEV_ABI_V1,  SOFTNDA_PROVIDER_NAME,    softnda::vdevConfigure,   softnda::vdevQueryDevices,
+    softnda::vdevOpenDevice, softnda::vdevCloseDevice, softnda::vdevIsOwnDevice, softnda::allocPd,
+    softnda::deallocPd,      softnda::regMr,           softnda::deregMr,         softnda::modifyQp,
+    softnda::queryQp,        softnda::vdevExportMmio,
+};
