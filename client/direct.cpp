@@ -297,7 +297,8 @@ struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acc
         return brokerRegMr(pd, addr, length, access);
     }
     if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
-        return v->reg_mr != nullptr ? v->reg_mr(pd, addr, length, access) : fail<ibv_mr>(EOPNOTSUPP);
+        return v->reg_mr != nullptr ? v->reg_mr(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access)
+                                    : fail<ibv_mr>(EOPNOTSUPP);
     }
     return ibv_reg_mr(pd, addr, length, access);
 }

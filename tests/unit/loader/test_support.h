@@ -67,7 +67,7 @@ inline struct testdrv_control *driverControl(const std::string &lib) {
     if (h == nullptr) {
         return nullptr;
     }
-    auto fn = reinterpret_cast<struct testdrv_control *(*)()>(dlsym(h, "testdrv_control"));
+    auto fn = reinterpret_cast<struct testdrv_control *(*)()>(dlsym(h, "testdrv_get_control"));
     struct testdrv_control *c = fn != nullptr ? fn() : nullptr;
     dlclose(h);
     return c;

@@ -16,7 +16,7 @@ static struct testdrv_control g_ctl = {
 static uint8_t g_doorbells[4096] __attribute__((aligned(4096)));
 static uint32_t g_next_qpn = 0x100;
 
-__attribute__((visibility("default"))) struct testdrv_control *testdrv_control(void) {
+__attribute__((visibility("default"))) struct testdrv_control *testdrv_get_control(void) {
     return &g_ctl;
 }
 

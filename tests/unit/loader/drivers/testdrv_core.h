@@ -1,5 +1,5 @@
 /* A small extension driver for tests: queues carved with the caller's ibv_extend_ops, every
- * call counted in a control block a test reaches with dlsym(handle, "testdrv_control"). */
+ * call counted in a control block a test reaches with dlsym(handle, "testdrv_get_control"). */
 #ifndef IBVX_TESTDRV_CORE_H
 #define IBVX_TESTDRV_CORE_H
 
@@ -34,7 +34,7 @@ struct testdrv_control {
     int live_queues; /* created minus destroyed */
 };
 
-struct testdrv_control *testdrv_control(void);
+struct testdrv_control *testdrv_get_control(void);
 
 /* The driver's alloc/free_context for a provider name (the record is static storage). */
 struct ibv_context_extend *testdrv_alloc_context(struct ibv_context *context);

@@ -89,7 +89,8 @@ static int tv_dealloc_pd(struct ibv_pd *pd) {
     return 0;
 }
 
-static struct ibv_mr *tv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
+static struct ibv_mr *tv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) {
+    (void)addr;
     (void)access;
     struct ibv_mr *mr = calloc(1, sizeof(*mr));
     if (mr == NULL) {
@@ -98,7 +99,7 @@ static struct ibv_mr *tv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, in
     }
     mr->context = pd->context;
     mr->pd = pd;
-    mr->addr = addr;
+    mr->addr = (void *)(uintptr_t)iova;
     mr->length = length;
     mr->lkey = g_next_key++;
     mr->rkey = g_next_key++;
