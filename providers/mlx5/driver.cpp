@@ -165,6 +165,18 @@ int checkCreate(ibv_context *ctx, const ibv_extend_ops *ops, queue_buf_dma_mode 
     return 0;
 }
 
+// A create that fails after its verbs object exists destroys the object, then its resources.
+// Should the destroy itself fail, the hardware may still use that memory: leak it rather than
+// hand it back to ops->free.
+void undoCreate(int destroy_rc, std::unique_ptr<QueueResources> *res) {
+    if (destroy_rc != 0) {
+        warn("cannot destroy a half-created queue (%d); its memory and doorbell stay held", destroy_rc);
+        (void)res->release();
+        return;
+    }
+    res->reset();
+}
+
 // ---- device probes -------------------------------------------------------------------------
 
 int probeDmabuf(ibv_pd *pd) {
@@ -238,8 +250,7 @@ ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
     }
     // From here on a failure destroys the QP before res goes (it frees through res's memory).
     auto fail = [&](int rc) {
-        ibv_destroy_qp(qp);
-        res.reset();
+        undoCreate(ibv_destroy_qp(qp), &res);
         return failWith<ibv_qp_extend>(rc);
     };
 
@@ -319,8 +330,7 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
     }
     ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
     auto fail = [&](int rc) {
-        ibv_destroy_cq(cq);
-        res.reset();
+        undoCreate(ibv_destroy_cq(cq), &res);
         return failWith<ibv_cq_extend>(rc);
     };
 
@@ -382,8 +392,7 @@ ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
     queue_info info{};
     if (rc != 0 || (rc = translateSrq(dv, &info)) != 0) {
         warn("create_srq: cannot read the SRQ layout from mlx5dv (%d)", rc);
-        ibv_destroy_srq(srq);
-        res.reset();
+        undoCreate(ibv_destroy_srq(srq), &res);
         return failWith<ibv_srq_extend>(rc > 0 ? -rc : (rc < 0 ? rc : -EIO));
     }
 
