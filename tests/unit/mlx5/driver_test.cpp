@@ -158,6 +158,29 @@ TEST_F(Mlx5DriverNoDevice, CreateChecksArgumentsBeforeTouchingTheDevice) {
     EXPECT_EQ(errno, EINVAL);
 }
 
+TEST_F(Mlx5DriverNoDevice, CreateWithoutParentDomainSupportFailsCleanly) {
+    // A context libibverbs did not make offers no parent domains: the create stops there,
+    // before any allocation or mapping (completeOps fails the test if one happens).
+    const ibv_context_extend_ops &ops = contextOps();
+    ibv_extend_ops good = completeOps();
+    ibv_qp_init_attr_extend qa{};
+    qa.pd = &pd_;
+    qa.attr.qp_type = IBV_QPT_RC;
+    qa.qp_cap_flag = QP_ENABLE_DIRECT_WQE;
+    qa.ops = &good;
+    errno = 0;
+    EXPECT_EQ(ops.create_qp(&ctx_, &qa), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+
+    ibv_srq_init_attr_extend sa{};
+    sa.pd = &pd_;
+    sa.attr.attr.max_wr = 16;
+    sa.ops = &good;
+    errno = 0;
+    EXPECT_EQ(ops.create_srq(&ctx_, &sa), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
 TEST_F(Mlx5DriverNoDevice, ForeignObjectsAreRefusedNotTouched) {
     const ibv_context_extend_ops &ops = contextOps();
     EXPECT_EQ(ops.destroy_qp(nullptr), -EINVAL);
