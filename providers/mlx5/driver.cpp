@@ -99,6 +99,20 @@ void undoCreate(int destroy_rc, std::unique_ptr<QueueResources> *res) {
     res->reset();
 }
 
+// Makes a created object known to the registry. False only when the map cannot grow (out of
+// memory): the caller then undoes the create rather than hand out an unknown object.
+template <typename Map, typename Key, typename Handle>
+bool publish(Map &map, Key key, Handle *h) {
+    Registry &reg = registry();
+    try {
+        std::lock_guard lock(reg.mu);
+        map.emplace(key, h);
+        return true;
+    } catch (...) {
+        return false;
+    }
+}
+
 // ---- device probes -------------------------------------------------------------------------
 
 int probeDmabuf(ibv_pd *pd) {
@@ -159,6 +173,8 @@ ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
              init->qp_cap_flag & ~uint32_t{QP_ENABLE_DIRECT_WQE});
     }
 
+    // Everything that can run out of memory is allocated before the QP exists.
+    auto h = std::make_unique<QpHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, init->pd, direct_wqe); rc != 0) {
         return failWith<ibv_qp_extend>(rc);
@@ -198,16 +214,16 @@ ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
         }
     }
 
-    auto *h = new QpHandle{};
     h->ext.qp = qp;
     h->ext.sq_info = queues.sq;
     h->ext.rq_info = queues.rq;
-    h->res = res.release();
+    h->res = res.get();
+    if (!publish(registry().qps, qp, h.get())) {
+        return fail(-ENOMEM);
+    }
+    res.release();
     init->attr.cap = attr.cap;  // as ibv_create_qp does: the capacities actually granted
-    Registry &reg = registry();
-    std::lock_guard lock(reg.mu);
-    reg.qps.emplace(qp, h);
-    return &h->ext;
+    return &h.release()->ext;
 }
 
 ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
@@ -237,6 +253,7 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
         return failWith<ibv_cq_extend>(-EINVAL);
     }
 
+    auto h = std::make_unique<CqHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, base, false); rc != 0) {
         return failWith<ibv_cq_extend>(rc);
@@ -273,14 +290,14 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
         return fail(rc);
     }
 
-    auto *h = new CqHandle{};
     h->ext.cq = cq;
     h->ext.cq_info = queue.cq;
-    h->res = res.release();
-    Registry &reg = registry();
-    std::lock_guard lock(reg.mu);
-    reg.cqs.emplace(&h->ext, h);
-    return &h->ext;
+    h->res = res.get();
+    if (!publish(registry().cqs, &h->ext, h.get())) {
+        return fail(-ENOMEM);
+    }
+    res.release();
+    return &h.release()->ext;
 }
 
 ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
@@ -295,6 +312,7 @@ ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
         return failWith<ibv_srq_extend>(-EINVAL);
     }
 
+    auto h = std::make_unique<SrqHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, init->pd, false); rc != 0) {
         return failWith<ibv_srq_extend>(rc);
@@ -317,16 +335,16 @@ ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
         undoCreate(ibv_destroy_srq(srq), &res);
         return failWith<ibv_srq_extend>(rc > 0 ? -rc : (rc < 0 ? rc : -EIO));
     }
-
-    auto *h = new SrqHandle{};
     h->ext.srq = srq;
     h->ext.srq_info = info;  // no doorbell register: the record is the SRQ's doorbell
-    h->res = res.release();
+    h->res = res.get();
+    if (!publish(registry().srqs, &h->ext, h.get())) {
+        undoCreate(ibv_destroy_srq(srq), &res);
+        return failWith<ibv_srq_extend>(-ENOMEM);
+    }
+    res.release();
     init->attr.attr = attr.attr;
-    Registry &reg = registry();
-    std::lock_guard lock(reg.mu);
-    reg.srqs.emplace(&h->ext, h);
-    return &h->ext;
+    return &h.release()->ext;
 }
 
 // Destroys the verbs object first: if that fails (EBUSY: a QP still uses the CQ) nothing else
@@ -348,8 +366,7 @@ int destroyQp(ibv_qp_extend *ext) {
         reg.qps.erase(it);
     }
     if (int rc = ibv_destroy_qp(h->ext.qp); rc != 0) {
-        std::lock_guard lock(reg.mu);
-        reg.qps.emplace(h->ext.qp, h);
+        publish(reg.qps, h->ext.qp, h);
         return -rc;
     }
     delete h->res;
@@ -373,8 +390,7 @@ int destroyCq(ibv_cq_extend *ext) {
         reg.cqs.erase(it);
     }
     if (int rc = ibv_destroy_cq(h->ext.cq); rc != 0) {
-        std::lock_guard lock(reg.mu);
-        reg.cqs.emplace(ext, h);
+        publish(reg.cqs, ext, h);
         return -rc;
     }
     delete h->res;
@@ -398,8 +414,7 @@ int destroySrq(ibv_srq_extend *ext) {
         reg.srqs.erase(it);
     }
     if (int rc = ibv_destroy_srq(h->ext.srq); rc != 0) {
-        std::lock_guard lock(reg.mu);
-        reg.srqs.emplace(ext, h);
+        publish(reg.srqs, ext, h);
         return -rc;
     }
     delete h->res;
@@ -513,20 +528,49 @@ int negoHyroce(ibv_context *ctx, ibv_qp *qp, const ibv_hyroce_feature *input, ib
     return 0;
 }
 
-ibv_context_extend_ops g_context_ops = {
-    IBV_EXTEND_DRIVER_VERSION_V3,
-    createQp,
-    createCq,
-    createSrq,
-    destroyQp,
-    destroyCq,
-    destroySrq,
-    queryDevice,
-    modifyQp,
-    queryQp,
-    queryHyroce,
-    negoHyroce,
+// No exception may cross the C ABI: each op's failure value when one escapes (only
+// std::bad_alloc can; every create publishes or undoes before it returns).
+template <typename R>
+R outOfMemory() {
+    if constexpr (std::is_pointer_v<R>) {
+        errno = ENOMEM;
+        return nullptr;
+    } else {
+        return -ENOMEM;
+    }
+}
+
+template <auto Fn>
+struct CAbi;
+template <typename R, typename... Args, R (*Fn)(Args...)>
+struct CAbi<Fn> {
+    static R call(Args... args) noexcept {
+        try {
+            return Fn(args...);
+        } catch (...) {
+            warn("out of memory");
+            return outOfMemory<R>();
+        }
+    }
 };
+
+ibv_context_extend_ops g_context_ops = {
+    .version = IBV_EXTEND_DRIVER_VERSION_V3,
+    .create_qp = CAbi<createQp>::call,
+    .create_cq = CAbi<createCq>::call,
+    .create_srq = CAbi<createSrq>::call,
+    .destroy_qp = CAbi<destroyQp>::call,
+    .destroy_cq = CAbi<destroyCq>::call,
+    .destroy_srq = CAbi<destroySrq>::call,
+    .query_device = CAbi<queryDevice>::call,
+    .modify_qp = CAbi<modifyQp>::call,
+    .query_qp = CAbi<queryQp>::call,
+    .query_qp_supported_hyroce_feature = CAbi<queryHyroce>::call,
+    .nego_qp_hyroce_feature = CAbi<negoHyroce>::call,
+};
+
+ibv_context_extend *allocContextImpl(ibv_context *ctx);
+void freeContextImpl(ibv_context_extend *ext);
 
 }  // namespace
 
@@ -535,6 +579,17 @@ const ibv_context_extend_ops &contextOps() {
 }
 
 ibv_context_extend *allocContext(ibv_context *ctx) {
+    return CAbi<allocContextImpl>::call(ctx);
+}
+
+void freeContext(ibv_context_extend *ext) {
+    // Only a warning can allocate here, and warn() does not throw.
+    freeContextImpl(ext);
+}
+
+namespace {
+
+ibv_context_extend *allocContextImpl(ibv_context *ctx) {
     if (ctx == nullptr || ctx->device == nullptr) {
         errno = EINVAL;
         return nullptr;
@@ -567,11 +622,17 @@ ibv_context_extend *allocContext(ibv_context *ctx) {
     probe.custom_allocators = probeCustomAllocators(ctx, pd);
     mlx5dv_context dv{};
     probe.mlx5dv_device = mlx5dv_query_device(ctx, &dv) == 0;
-    reg.contexts.emplace(ctx, ContextState{pd, extCapFor(probe), 1});
+    try {
+        reg.contexts.emplace(ctx, ContextState{pd, extCapFor(probe), 1});
+    } catch (...) {
+        ibv_dealloc_pd(pd);
+        errno = ENOMEM;
+        return nullptr;
+    }
     return ext.release();
 }
 
-void freeContext(ibv_context_extend *ext) {
+void freeContextImpl(ibv_context_extend *ext) {
     if (ext == nullptr) {
         return;
     }
@@ -588,5 +649,7 @@ void freeContext(ibv_context_extend *ext) {
     }
     reg.contexts.erase(it);
 }
+
+}  // namespace
 
 }  // namespace ibvx::mlx5

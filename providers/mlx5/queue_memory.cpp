@@ -31,12 +31,13 @@ bool QueueMemory::routes(uint64_t resource_type) {
            resource_type == MLX5DV_RES_TYPE_CQ || resource_type == MLX5DV_RES_TYPE_DBR;
 }
 
+// rdma-core calls these from C: nothing may throw out of them.
 void *QueueMemory::allocCallback(ibv_pd *, void *pd_context, size_t size, size_t alignment,
-                                 uint64_t resource_type) {
+                                 uint64_t resource_type) noexcept {
     return static_cast<QueueMemory *>(pd_context)->allocate(size, alignment, resource_type);
 }
 
-void QueueMemory::freeCallback(ibv_pd *, void *pd_context, void *ptr, uint64_t) {
+void QueueMemory::freeCallback(ibv_pd *, void *pd_context, void *ptr, uint64_t) noexcept {
     static_cast<QueueMemory *>(pd_context)->release(ptr);
 }
 
@@ -88,8 +89,13 @@ void *QueueMemory::allocate(size_t size, size_t alignment, uint64_t resource_typ
     } else {
         std::memset(p, 0, size);
     }
-    std::lock_guard lock(mu_);
-    blocks_.emplace(p, block);
+    try {
+        std::lock_guard lock(mu_);
+        blocks_.emplace(p, block);
+    } catch (...) {  // no room to remember the block: hand it back rather than lose it
+        ops_->free(block.original);
+        return nullptr;
+    }
     return p;
 }
 

@@ -45,8 +45,8 @@ class QueueMemory {
 
     // The parent-domain callbacks; pd_context is a QueueMemory*.
     static void *allocCallback(ibv_pd *pd, void *pd_context, size_t size, size_t alignment,
-                               uint64_t resource_type);
-    static void freeCallback(ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type);
+                               uint64_t resource_type) noexcept;
+    static void freeCallback(ibv_pd *pd, void *pd_context, void *ptr, uint64_t resource_type) noexcept;
 
     // size bytes aligned to `alignment` (a power of two; 0 means 1) from ops->alloc, zeroed;
     // NULL on failure; IBV_ALLOCATOR_USE_DEFAULT for a resource type that is not queue memory.
