@@ -1,0 +1,377 @@
+// The forwarding pseudo-driver: an ibv_context_extend_ops table whose entries turn each
+// ibv_extend.h call into one broker RPC and fill the caller's structs from the reply. The public
+// functions in client/north.cpp already checked NULL arguments and the ops version, exactly as
+// for an in-process driver.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "client/broker/convert.h"
+#include "client/broker/forward_ops.h"
+#include "client/broker/shadow.h"
+
+namespace ibvx::client::broker {
+namespace {
+
+template <typename T>
+T *fail(int rc) {
+    errno = -rc;
+    return nullptr;
+}
+
+int fillQueue(Session *s, const pb::QueueInfo &q, queue_info *out) {
+    *out = queue_info{};
+    void *base = nullptr;
+    int rc = s->resolve(q.base(), q.has_base(), &base);
+    if (rc == 0) {
+        rc = s->resolve(q.dbr_pi(), q.has_dbr_pi(), &out->dbr_pi_va.iov_base);
+    }
+    if (rc == 0) {
+        rc = s->resolve(q.dbr_ci(), q.has_dbr_ci(), &out->dbr_ci_va.iov_base);
+    }
+    if (rc == 0) {
+        rc = s->resolve(q.db_hw(), q.has_db_hw(), &out->db_hw_va.iov_base);
+    }
+    if (rc != 0) {
+        return rc;
+    }
+    out->qbuf.base = reinterpret_cast<uintptr_t>(base);
+    out->qbuf.entry_cnt = q.entry_cnt();
+    out->qbuf.entry_size = q.entry_size();
+    copyBytes(q.qbuf_resv(), out->qbuf.resv, sizeof(out->qbuf.resv));
+    out->dbr_pi_va.iov_len = q.dbr_pi().length();
+    out->dbr_ci_va.iov_len = q.dbr_ci().length();
+    out->db_hw_va.iov_len = q.db_hw().length();
+    copyBytes(q.info_resv(), out->resv, sizeof(out->resv));
+    return 0;
+}
+
+// The live shadow of a public pointer, owned by context c (nullptr: not ours / not this context).
+template <typename Shadow, typename Member>
+Shadow *liveShadow(Member *member, size_t offset, const ShadowContext *c) {
+    if (member == nullptr) {
+        return nullptr;
+    }
+    Shadow *s = shadowOf<Shadow>(member, offset);
+    ShadowContext *owner = ownerOf(s);
+    return owner != nullptr && (c == nullptr || owner == c) ? s : nullptr;
+}
+
+// ---- V1 ------------------------------------------------------------------------------------
+
+ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
+    ShadowContext *c = contextOf(context);
+    if (c == nullptr) {
+        return fail<ibv_cq_extend>(-EINVAL);
+    }
+    pb::CreateCqRequest req;
+    req.set_context(c->handle);
+    req.set_cqe(a->attr.cqe);
+    req.set_comp_vector(a->attr.comp_vector);
+    req.set_wc_flags(a->attr.wc_flags);
+    req.set_cq_cap_flag(a->cq_cap_flag);
+    req.set_dma_mode(toProtoDmaMode(a->type));
+    pb::CreateCqResponse resp;
+    int rc = c->session->call("CreateCq", &pb::Broker::Stub::CreateCq, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_cq_extend>(rc);
+    }
+    auto *s = new ShadowCq{};
+    s->owner = c;
+    s->handle = resp.cq();
+    s->cq.context = &c->ctx;
+    s->cq.cq_context = a->attr.cq_context;
+    s->cq.cqe = static_cast<int>(resp.cqe());
+    s->ext.cq = &s->cq;
+    copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
+    rc = fillQueue(c->session, resp.cq_info(), &s->ext.cq_info);
+    track(s, c);
+    if (rc != 0) {
+        destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+        return fail<ibv_cq_extend>(rc);
+    }
+    return &s->ext;
+}
+
+int destroyCq(ibv_cq_extend *e) {
+    return destroyTracked(shadowOf<ShadowCq>(e, offsetof(ShadowCq, ext)), "DestroyCq",
+                          &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+}
+
+ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
+    ShadowContext *c = contextOf(context);
+    if (c == nullptr) {
+        return fail<ibv_srq_extend>(-EINVAL);
+    }
+    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
+    if (pd == nullptr) {
+        return fail<ibv_srq_extend>(-EINVAL);
+    }
+    pb::CreateSrqRequest req;
+    req.set_context(c->handle);
+    req.set_pd(pd->handle);
+    req.set_max_wr(a->attr.attr.max_wr);
+    req.set_max_sge(a->attr.attr.max_sge);
+    req.set_srq_limit(a->attr.attr.srq_limit);
+    req.set_srq_cap_flag(a->srq_cap_flag);
+    req.set_dma_mode(toProtoDmaMode(a->type));
+    pb::CreateSrqResponse resp;
+    int rc = c->session->call("CreateSrq", &pb::Broker::Stub::CreateSrq, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_srq_extend>(rc);
+    }
+    a->attr.attr.max_wr = resp.max_wr();
+    a->attr.attr.max_sge = resp.max_sge();
+    auto *s = new ShadowSrq{};
+    s->owner = c;
+    s->handle = resp.srq();
+    s->srq.context = &c->ctx;
+    s->srq.srq_context = a->attr.srq_context;
+    s->srq.pd = &pd->pd;
+    s->ext.srq = &s->srq;
+    copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
+    rc = fillQueue(c->session, resp.srq_info(), &s->ext.srq_info);
+    track(s, c);
+    if (rc != 0) {
+        destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+        return fail<ibv_srq_extend>(rc);
+    }
+    return &s->ext;
+}
+
+int destroySrq(ibv_srq_extend *e) {
+    return destroyTracked(shadowOf<ShadowSrq>(e, offsetof(ShadowSrq, ext)), "DestroySrq",
+                          &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+}
+
+ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
+    ShadowContext *c = contextOf(context);
+    if (c == nullptr) {
+        return fail<ibv_qp_extend>(-EINVAL);
+    }
+    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
+    auto *scq = liveShadow<ShadowCq>(a->attr.send_cq, offsetof(ShadowCq, cq), c);
+    auto *rcq = liveShadow<ShadowCq>(a->attr.recv_cq, offsetof(ShadowCq, cq), c);
+    auto *srq = liveShadow<ShadowSrq>(a->attr.srq, offsetof(ShadowSrq, srq), c);
+    if (pd == nullptr || scq == nullptr || rcq == nullptr || (a->attr.srq != nullptr && srq == nullptr)) {
+        warn("create_qp: the PD, CQs and SRQ must come from this broker context");
+        return fail<ibv_qp_extend>(-EINVAL);
+    }
+    pb::CreateQpRequest req;
+    req.set_context(c->handle);
+    req.set_pd(pd->handle);
+    req.set_send_cq(scq->handle);
+    req.set_recv_cq(rcq->handle);
+    req.set_srq(srq != nullptr ? srq->handle : 0);
+    req.set_qp_type(toProtoQpType(a->attr.qp_type));
+    toProto(a->attr.cap, req.mutable_cap());
+    req.set_sq_sig_all(a->attr.sq_sig_all != 0);
+    req.set_qp_cap_flag(a->qp_cap_flag);
+    req.set_dma_mode(toProtoDmaMode(a->type));
+    pb::CreateQpResponse resp;
+    int rc = c->session->call("CreateQp", &pb::Broker::Stub::CreateQp, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_qp_extend>(rc);
+    }
+    auto *s = new ShadowQp{};
+    s->owner = c;
+    s->handle = resp.qp();
+    fromProto(resp.cap(), &s->cap);
+    a->attr.cap = s->cap;  // like ibv_create_qp(): the caller learns what it got
+    s->sq_sig_all = a->attr.sq_sig_all;
+    ibv_qp &qp = s->qp;
+    qp.context = &c->ctx;
+    qp.qp_context = a->attr.qp_context;
+    qp.pd = &pd->pd;
+    qp.send_cq = &scq->cq;
+    qp.recv_cq = &rcq->cq;
+    qp.srq = srq != nullptr ? &srq->srq : nullptr;
+    qp.handle = resp.qp_num();
+    qp.qp_num = resp.qp_num();
+    qp.state = fromProtoState(resp.state());
+    qp.qp_type = a->attr.qp_type;
+    s->ext.qp = &s->qp;
+    copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
+    s->ext.vendor_priv_info.value = resp.vendor_priv_info();
+    rc = fillQueue(c->session, resp.sq_info(), &s->ext.sq_info);
+    if (rc == 0) {
+        rc = fillQueue(c->session, resp.rq_info(), &s->ext.rq_info);
+    }
+    track(s, c);
+    if (rc != 0) {
+        destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+        return fail<ibv_qp_extend>(rc);
+    }
+    return &s->ext;
+}
+
+int destroyQp(ibv_qp_extend *e) {
+    return destroyTracked(shadowOf<ShadowQp>(e, offsetof(ShadowQp, ext)), "DestroyQp",
+                          &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+}
+
+int queryDevice(ibv_context *context, ibv_device_attr_extend *attr) {
+    ShadowContext *c = contextOf(context);
+    if (c == nullptr) {
+        return -EINVAL;
+    }
+    pb::QueryDeviceRequest req;
+    req.set_context(c->handle);
+    pb::QueryDeviceResponse resp;
+    int rc = c->session->call("QueryDevice", &pb::Broker::Stub::QueryDevice, req, &resp);
+    if (rc != 0) {
+        return rc;
+    }
+    attr->ext_cap = resp.ext_cap();
+    copyBytes(resp.resv(), attr->resv, sizeof(attr->resv));
+    return 0;
+}
+
+// ---- V2 / V3 -------------------------------------------------------------------------------
+
+// The QP an extended call names, checked against the context it came with.
+ShadowQp *qpOf(ibv_context *context, ibv_qp *qp, ShadowContext **c) {
+    *c = contextOf(context);
+    if (*c == nullptr) {
+        return nullptr;
+    }
+    return liveShadow<ShadowQp>(qp, offsetof(ShadowQp, qp), *c);
+}
+
+int modifyQpExtend(ibv_context *context, ibv_qp_attr_extend *attr, int attr_mask) {
+    ShadowContext *c;
+    ShadowQp *s = qpOf(context, attr->qp, &c);
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::ModifyQpExtendRequest req;
+    req.set_qp(s->handle);
+    toProto(*attr, req.mutable_attr());
+    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
+    pb::ModifyQpExtendResponse resp;
+    int rc = c->session->call("ModifyQpExtend", &pb::Broker::Stub::ModifyQpExtend, req, &resp);
+    if (rc == 0) {
+        s->ext.vendor_priv_info.value = resp.vendor_priv_info();
+    }
+    return rc;
+}
+
+int queryQpExtend(ibv_context *context, ibv_qp_attr_extend *attr, int attr_mask) {
+    ShadowContext *c;
+    ShadowQp *s = qpOf(context, attr->qp, &c);
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::QueryQpExtendRequest req;
+    req.set_qp(s->handle);
+    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
+    pb::QueryQpExtendResponse resp;
+    int rc = c->session->call("QueryQpExtend", &pb::Broker::Stub::QueryQpExtend, req, &resp);
+    if (rc == 0) {
+        fromProto(resp.attr(), attr);
+    }
+    return rc;
+}
+
+int queryHyroce(ibv_context *context, ibv_qp *qp, uint32_t sl, uint32_t tc, ibv_hyroce_feature *feature) {
+    ShadowContext *c;
+    ShadowQp *s = qpOf(context, qp, &c);
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::QueryQpSupportedHyroceFeatureRequest req;
+    req.set_qp(s->handle);
+    req.set_sl(sl);
+    req.set_tc(tc);
+    pb::QueryQpSupportedHyroceFeatureResponse resp;
+    int rc = c->session->call("QueryQpSupportedHyroceFeature",
+                              &pb::Broker::Stub::QueryQpSupportedHyroceFeature, req, &resp);
+    if (rc == 0) {
+        fromProto(resp.feature(), feature);
+    }
+    return rc;
+}
+
+int negoHyroce(ibv_context *context, ibv_qp *qp, const ibv_hyroce_feature *input, ibv_hyroce_feature *output,
+               uint32_t *need_more_nego) {
+    ShadowContext *c;
+    ShadowQp *s = qpOf(context, qp, &c);
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::NegoQpHyroceFeatureRequest req;
+    req.set_qp(s->handle);
+    toProto(*input, req.mutable_input());
+    pb::NegoQpHyroceFeatureResponse resp;
+    int rc = c->session->call("NegoQpHyroceFeature", &pb::Broker::Stub::NegoQpHyroceFeature, req, &resp);
+    if (rc == 0) {
+        fromProto(resp.output(), output);
+        *need_more_nego = resp.need_more_nego();
+    }
+    return rc;
+}
+
+// Bit i of OpenContextResponse.driver_ops_present = op i of ibv_context_extend_ops, from
+// create_qp; a bit the driver lacks leaves the entry NULL so the caller answers EOPNOTSUPP.
+enum OpBit {
+    kCreateQp,
+    kCreateCq,
+    kCreateSrq,
+    kDestroyQp,
+    kDestroyCq,
+    kDestroySrq,
+    kQueryDevice,
+    kModifyQp,
+    kQueryQp,
+    kQueryHyroce,
+    kNegoHyroce,
+};
+
+template <typename Fn>
+Fn pick(uint32_t present, OpBit bit, Fn fn) {
+    return (present & (1U << bit)) != 0 ? fn : nullptr;
+}
+
+}  // namespace
+
+void fillForwardOps(int driver_version, uint32_t present, ibv_context_extend_ops *ops) {
+    *ops = ibv_context_extend_ops{};
+    ops->version = driver_version;
+    ops->create_qp = pick(present, kCreateQp, &createQp);
+    ops->create_cq = pick(present, kCreateCq, &createCq);
+    ops->create_srq = pick(present, kCreateSrq, &createSrq);
+    ops->destroy_qp = pick(present, kDestroyQp, &destroyQp);
+    ops->destroy_cq = pick(present, kDestroyCq, &destroyCq);
+    ops->destroy_srq = pick(present, kDestroySrq, &destroySrq);
+    ops->query_device = pick(present, kQueryDevice, &queryDevice);
+    if (driver_version >= IBV_EXTEND_DRIVER_VERSION_V2) {
+        ops->modify_qp = pick(present, kModifyQp, &modifyQpExtend);
+        ops->query_qp = pick(present, kQueryQp, &queryQpExtend);
+    }
+    if (driver_version >= IBV_EXTEND_DRIVER_VERSION_V3) {
+        ops->query_qp_supported_hyroce_feature = pick(present, kQueryHyroce, &queryHyroce);
+        ops->nego_qp_hyroce_feature = pick(present, kNegoHyroce, &negoHyroce);
+    }
+}
+
+ShadowContext *makeContext(Session *session, const pb::OpenContextResponse &resp) {
+    auto *c = new ShadowContext;
+    c->session = session;
+    c->handle = resp.context();
+    fromProto(resp.device(), &c->info);
+    const std::string &name = resp.device().name();
+    snprintf(c->dev.name, sizeof(c->dev.name), "%s", name.c_str());
+    snprintf(c->dev.dev_name, sizeof(c->dev.dev_name), "%s", name.c_str());
+    c->dev.node_type = IBV_NODE_UNKNOWN;
+    c->dev.transport_type = IBV_TRANSPORT_UNKNOWN;
+    c->ctx.device = &c->dev;
+    c->ctx.cmd_fd = -1;
+    c->ctx.async_fd = -1;
+    pthread_mutex_init(&c->ctx.mutex, nullptr);
+    fillForwardOps(static_cast<int>(resp.driver_version()), resp.driver_ops_present(), &c->ops);
+    c->ext.context = &c->ctx;
+    c->ext.ops = &c->ops;
+    return c;
+}
+
+}  // namespace ibvx::client::broker

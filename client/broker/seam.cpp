@@ -1,0 +1,338 @@
+// client/broker_seam.h implemented over the broker: mode selection, contexts, devices and the
+// ibv_extend_broker.h objects. Everything after open goes through the forwarding ops table.
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#include "client/broker/convert.h"
+#include "client/broker/shadow.h"
+#include "client/broker_seam.h"
+#include "client/buffers.h"
+
+namespace ibvx::client {
+namespace {
+
+using namespace broker;  // NOLINT: this file is the broker side of the seam
+
+template <typename T>
+T *fail(int rc) {
+    errno = -rc;
+    return nullptr;
+}
+
+// Does anything accept connections on the socket? A refused or missing socket costs one failed
+// connect(), once per process.
+bool socketAnswers(const std::string &path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+        return false;
+    }
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return false;
+    }
+    int rc;
+    do {
+        rc = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
+    } while (rc < 0 && errno == EINTR);
+    ::close(fd);
+    return rc == 0;
+}
+
+bool resolveMode() {
+    const char *mode = getenv("IBV_EXTEND_MODE");
+    if (mode != nullptr && strcmp(mode, "direct") == 0) {
+        return false;
+    }
+    if (mode != nullptr && strcmp(mode, "broker") == 0) {
+        return true;
+    }
+    if (mode != nullptr && mode[0] != '\0' && strcmp(mode, "auto") != 0) {
+        warn("IBV_EXTEND_MODE='%s' is not one of auto, broker, direct; using auto", mode);
+    }
+    return socketAnswers(settings().socket_path);
+}
+
+ShadowContext *contextOfExtend(const ibv_context_extend *ext) {
+    return ext != nullptr ? contextOf(ext->context) : nullptr;
+}
+
+ibv_context_extend *openByName(const char *name, bool from_open_device) {
+    Session *s = nullptr;
+    int rc = currentSession(&s);
+    if (rc != 0) {
+        return fail<ibv_context_extend>(rc);
+    }
+    pb::OpenContextRequest req;
+    req.set_device_name(name);
+    pb::OpenContextResponse resp;
+    rc = s->call("OpenContext", &pb::Broker::Stub::OpenContext, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_context_extend>(rc);
+    }
+    int version = static_cast<int>(resp.driver_version());
+    if (version <= IBV_EXTEND_DRIVER_VERSION_UNUSED || version > IBV_EXTEND_DRIVER_VERSION_MAX) {
+        warn("the broker's driver for '%s' has ops version %d, supported 1..%d; context refused", name,
+             version, IBV_EXTEND_DRIVER_VERSION_MAX);
+        pb::CloseContextRequest creq;
+        creq.set_context(resp.context());
+        pb::CloseContextResponse cresp;
+        (void)s->call("CloseContext", &pb::Broker::Stub::CloseContext, creq, &cresp);
+        return fail<ibv_context_extend>(-EOPNOTSUPP);
+    }
+    ShadowContext *c = makeContext(s, resp);
+    c->from_open_device = from_open_device;
+    registerContext(c);
+    return &c->ext;
+}
+
+int closeContext(ShadowContext *c) {
+    pb::CloseContextRequest req;
+    req.set_context(c->handle);
+    pb::CloseContextResponse resp;
+    int rc = c->session->call("CloseContext", &pb::Broker::Stub::CloseContext, req, &resp);
+    if (rc != 0 && !c->session->gone()) {
+        return rc;
+    }
+    if (rc == 0) {
+        c->session->releaseRegions(resp.released_regions());
+    }
+    unregisterContext(c);
+    {
+        std::lock_guard lock(c->mu);
+        for (ibv_context_extend *alias : c->aliases) {
+            delete alias;
+        }
+    }
+    pthread_mutex_destroy(&c->ctx.mutex);
+    delete c;
+    return rc;
+}
+
+// A PD/MR/QP public pointer -> its live shadow (nullptr when not a live broker object).
+template <typename Shadow, typename Member>
+Shadow *live(Member *m, size_t offset) {
+    Shadow *s = shadowOf<Shadow>(m, offset);
+    return ownerOf(s) != nullptr ? s : nullptr;
+}
+
+ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr) {
+    Session *s = pd->owner->session;
+    uint64_t xfer = 0;
+    int rc = s->sendFd(fd, &xfer);
+    if (rc != 0) {
+        return fail<ibv_mr>(rc);
+    }
+    pb::RegMrRequest req;
+    req.set_pd(pd->handle);
+    req.set_xfer_id(xfer);
+    req.set_offset(offset);
+    req.set_length(length);
+    req.set_access(static_cast<uint32_t>(access));
+    req.set_iova(reinterpret_cast<uintptr_t>(addr));
+    pb::RegMrResponse resp;
+    rc = s->call("RegMr", &pb::Broker::Stub::RegMr, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_mr>(rc);
+    }
+    auto *m = new ShadowMr{};
+    m->owner = pd->owner;
+    m->handle = resp.mr();
+    m->mr.context = &pd->owner->ctx;
+    m->mr.pd = &pd->pd;
+    m->mr.addr = addr;
+    m->mr.length = length;
+    m->mr.handle = static_cast<uint32_t>(resp.mr());
+    m->mr.lkey = resp.lkey();
+    m->mr.rkey = resp.rkey();
+    track(m, pd->owner);
+    return &m->mr;
+}
+
+std::atomic<bool> g_broker_mode{false};
+
+}  // namespace
+
+bool brokerModeActive() {
+    static std::once_flag once;
+    std::call_once(once, [] { g_broker_mode.store(resolveMode(), std::memory_order_release); });
+    return g_broker_mode.load(std::memory_order_acquire);
+}
+
+bool brokerOwns(const ibv_context *context) {
+    return anyContext() && contextOf(context) != nullptr;
+}
+
+ibv_context_extend *brokerOpen(ibv_context *context) {
+    if (ShadowContext *c = contextOf(context)) {
+        // A second extension context on a broker context: the same broker context, its own
+        // ibv_context_extend (closing it leaves the first one alone).
+        auto *alias = new ibv_context_extend{&c->ctx, &c->ops};
+        std::lock_guard lock(c->mu);
+        c->aliases.insert(alias);
+        return alias;
+    }
+    if (context->device == nullptr) {
+        return fail<ibv_context_extend>(-EINVAL);
+    }
+    return openByName(context->device->name, false);
+}
+
+int brokerClose(ibv_context_extend *context) {
+    ShadowContext *c = contextOfExtend(context);
+    if (c == nullptr) {
+        return -EINVAL;
+    }
+    if (context != &c->ext) {
+        std::lock_guard lock(c->mu);
+        if (c->aliases.erase(context) == 0) {
+            return -EINVAL;
+        }
+        delete context;
+        return 0;
+    }
+    return closeContext(c);
+}
+
+int brokerListDevices(ibvx_device_info *devices, int max) {
+    Session *s = nullptr;
+    int rc = currentSession(&s);
+    if (rc != 0) {
+        return rc;
+    }
+    pb::ListDevicesResponse resp;
+    rc = s->call("ListDevices", &pb::Broker::Stub::ListDevices, pb::ListDevicesRequest{}, &resp);
+    if (rc != 0) {
+        return rc;
+    }
+    int n = resp.devices_size();
+    for (int i = 0; i < std::min(n, max); ++i) {
+        fromProto(resp.devices(i), &devices[i]);
+    }
+    return n;
+}
+
+ibv_context_extend *brokerOpenByName(const char *name) {
+    return openByName(name, true);
+}
+
+int brokerCloseDevice(ibv_context_extend *context) {
+    ShadowContext *c = contextOfExtend(context);
+    if (c == nullptr || context != &c->ext) {
+        return -EINVAL;  // only what ibvx_open_device() returned
+    }
+    return closeContext(c);
+}
+
+ibv_pd *brokerAllocPd(ibv_context_extend *context) {
+    ShadowContext *c = contextOfExtend(context);
+    if (c == nullptr) {
+        return fail<ibv_pd>(-EINVAL);
+    }
+    pb::AllocPdRequest req;
+    req.set_context(c->handle);
+    pb::AllocPdResponse resp;
+    int rc = c->session->call("AllocPd", &pb::Broker::Stub::AllocPd, req, &resp);
+    if (rc != 0) {
+        return fail<ibv_pd>(rc);
+    }
+    auto *p = new ShadowPd{};
+    p->owner = c;
+    p->handle = resp.pd();
+    p->pd.context = &c->ctx;
+    p->pd.handle = static_cast<uint32_t>(resp.pd());
+    track(p, c);
+    return &p->pd;
+}
+
+int brokerDeallocPd(ibv_pd *pd) {
+    return destroyTracked(live<ShadowPd>(pd, offsetof(ShadowPd, pd)), "DeallocPd",
+                          &pb::Broker::Stub::DeallocPd, &pb::DeallocPdRequest::set_pd);
+}
+
+ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
+    ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
+    if (p == nullptr) {
+        return fail<ibv_mr>(-EINVAL);
+    }
+    BufferInfo buf;
+    if (!findBuffer(addr, length, &buf)) {
+        warn(
+            "ibvx_reg_mr: [%p, +%zu) is not inside one ibvx_alloc_buf() buffer; in broker mode only such "
+            "memory "
+            "(or an fd, with ibvx_reg_mr_fd) can be registered",
+            addr, length);
+        return fail<ibv_mr>(-EINVAL);
+    }
+    uint64_t offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
+    return registerMr(p, buf.fd, offset, length, access, addr);
+}
+
+ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
+    ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
+    if (p == nullptr) {
+        return fail<ibv_mr>(-EINVAL);
+    }
+    return registerMr(p, fd, offset, length, access, nullptr);
+}
+
+int brokerDeregMr(ibv_mr *mr) {
+    return destroyTracked(live<ShadowMr>(mr, offsetof(ShadowMr, mr)), "DeregMr", &pb::Broker::Stub::DeregMr,
+                          &pb::DeregMrRequest::set_mr);
+}
+
+int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
+    ShadowQp *s = live<ShadowQp>(qp, offsetof(ShadowQp, qp));
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::ModifyQpRequest req;
+    req.set_qp(s->handle);
+    toProto(*attr, attr_mask, req.mutable_attr());
+    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
+    pb::ModifyQpResponse resp;
+    int rc = s->owner->session->call("ModifyQp", &pb::Broker::Stub::ModifyQp, req, &resp);
+    if (rc == 0) {
+        qp->state = fromProtoState(resp.state());
+    }
+    return rc;
+}
+
+int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) {
+    ShadowQp *s = live<ShadowQp>(qp, offsetof(ShadowQp, qp));
+    if (s == nullptr) {
+        return -EINVAL;
+    }
+    pb::QueryQpRequest req;
+    req.set_qp(s->handle);
+    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
+    pb::QueryQpResponse resp;
+    int rc = s->owner->session->call("QueryQp", &pb::Broker::Stub::QueryQp, req, &resp);
+    if (rc != 0) {
+        return rc;
+    }
+    fromProto(resp.attr(), attr);
+    if (resp.attr().qp_state() != pb::QP_STATE_UNSPECIFIED) {
+        qp->state = attr->qp_state;
+    }
+    *init_attr = ibv_qp_init_attr{};
+    init_attr->qp_context = qp->qp_context;
+    init_attr->send_cq = qp->send_cq;
+    init_attr->recv_cq = qp->recv_cq;
+    init_attr->srq = qp->srq;
+    fromProto(resp.init_cap(), &init_attr->cap);
+    init_attr->qp_type = fromProtoQpType(resp.qp_type());
+    init_attr->sq_sig_all = resp.sq_sig_all() ? 1 : 0;
+    return 0;
+}
+
+}  // namespace ibvx::client

@@ -1,0 +1,399 @@
+#include "client/broker/session.h"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <vector>
+
+#include "providers/loader/loader.h"
+
+namespace ibvx::client::broker {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 * 1024;
+
+int errnoForGrpc(grpc::StatusCode code) {
+    switch (code) {
+        case grpc::StatusCode::OK:
+            return 0;
+        case grpc::StatusCode::CANCELLED:
+            return ECANCELED;
+        case grpc::StatusCode::INVALID_ARGUMENT:
+            return EINVAL;
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+            return ETIMEDOUT;
+        case grpc::StatusCode::NOT_FOUND:
+            return ENOENT;
+        case grpc::StatusCode::ALREADY_EXISTS:
+            return EEXIST;
+        case grpc::StatusCode::PERMISSION_DENIED:
+        case grpc::StatusCode::UNAUTHENTICATED:
+            return EPERM;
+        case grpc::StatusCode::RESOURCE_EXHAUSTED:
+            return ENOMEM;
+        case grpc::StatusCode::FAILED_PRECONDITION:
+            return EBUSY;
+        case grpc::StatusCode::OUT_OF_RANGE:
+            return ERANGE;
+        case grpc::StatusCode::UNIMPLEMENTED:
+            return EOPNOTSUPP;
+        case grpc::StatusCode::UNAVAILABLE:
+            return ENOTCONN;
+        default:
+            return EIO;
+    }
+}
+
+int connectUnix(const std::string &path, UniqueFd *out) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
+        return -EINVAL;
+    }
+    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) {
+        return -errno;
+    }
+    for (;;) {
+        if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0) {
+            break;
+        }
+        if (errno != EINTR) {
+            return -errno;
+        }
+    }
+    *out = std::move(fd);
+    return 0;
+}
+
+Settings readSettings() {
+    Settings s;
+    const char *sock = getenv("IBV_EXTEND_SOCKET");
+    s.socket_path = sock != nullptr && sock[0] != '\0' ? sock : kDefaultSocket;
+    if (const char *t = getenv("IBV_EXTEND_TIMEOUT_MS")) {
+        char *end = nullptr;
+        long v = strtol(t, &end, 10);
+        if (end != t && *end == '\0' && v > 0 && v <= 3600 * 1000) {
+            s.timeout_ms = static_cast<int>(v);
+        } else {
+            warn("IBV_EXTEND_TIMEOUT_MS='%s' is not a number of milliseconds in 1..3600000; using %d", t,
+                 s.timeout_ms);
+        }
+    }
+    return s;
+}
+
+// The process-wide session slot. The mutex is re-created in a forked child (another thread of
+// the parent may have held it at fork time).
+struct Registry {
+    std::mutex mu;
+    Session *current = nullptr;                 // guarded by mu
+    std::vector<std::unique_ptr<Session>> all;  // guarded by mu; keeps every session reachable
+};
+
+Registry &registry() {
+    static Registry *r = [] {
+        auto *reg = new Registry;
+        pthread_atfork(nullptr, nullptr, [] { new (&registry().mu) std::mutex; });
+        return reg;
+    }();
+    return *r;
+}
+
+}  // namespace
+
+void warn(const char *fmt, ...) {
+    if (getenv("IBV_EXTEND_SHOW_WARNINGS") == nullptr) {
+        return;
+    }
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    loader::warn("%s", buf);
+}
+
+const Settings &settings() {
+    static const Settings s = readSettings();
+    return s;
+}
+
+int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
+    std::unique_ptr<Session> s(new Session);
+    s->pid_ = getpid();
+    s->timeout_ms_ = settings.timeout_ms;
+
+    // The fd channel connects first: a refused connection is the cheapest "no broker here".
+    UniqueFd fdch;
+    int rc = connectUnix(settings.socket_path, &fdch);
+    if (rc < 0) {
+        warn(
+            "cannot connect to the broker at %s: %s (is ibv-extendd running? IBV_EXTEND_SOCKET selects the "
+            "socket)",
+            settings.socket_path.c_str(), strerror(-rc));
+        return -ENOTCONN;
+    }
+
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    s->channel_ =
+        grpc::CreateCustomChannel("unix:" + settings.socket_path, grpc::InsecureChannelCredentials(), args);
+    s->stub_ = pb::Broker::NewStub(s->channel_);
+
+    pb::HelloRequest req;
+    req.mutable_client_version()->set_major(IBV_EXTEND_VERSION_MAJOR);
+    req.mutable_client_version()->set_minor(IBV_EXTEND_VERSION_MINOR);
+    req.mutable_client_version()->set_patch(IBV_EXTEND_VERSION_PATCH);
+    req.set_client_name(std::string(program_invocation_short_name).substr(0, 64));
+    pb::HelloResponse resp;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(s->timeout_ms_));
+    rc = s->finish("Hello", s->stub_->Hello(&ctx, req, &resp));
+    if (rc != 0) {
+        return rc;
+    }
+    if (resp.broker_version().major() != IBV_EXTEND_VERSION_MAJOR) {
+        warn("broker speaks version %u.%u, this library %d.%d: upgrade one of them",
+             resp.broker_version().major(), resp.broker_version().minor(), IBV_EXTEND_VERSION_MAJOR,
+             IBV_EXTEND_VERSION_MINOR);
+        return -EPROTONOSUPPORT;
+    }
+    SessionToken token{};
+    if (resp.session_token().size() != token.size()) {
+        warn("broker sent a %zu-byte session token, expected %zu", resp.session_token().size(), token.size());
+        return -EPROTO;
+    }
+    memcpy(token.data(), resp.session_token().data(), token.size());
+
+    rc = attachClient(fdch.get(), token, s->timeout_ms_);
+    if (rc < 0) {
+        warn("the broker refused the fd channel: %s", strerror(-rc));
+        return rc == -ETIMEDOUT ? rc : (rc == -ECONNRESET || rc == -EPIPE ? -ENOTCONN : rc);
+    }
+    s->fd_channel_ = std::move(fdch);
+    s->token_hex_ = tokenToHex(token);
+    *out = std::move(s);
+    return 0;
+}
+
+int Session::checkUsable() {
+    if (pid_ != getpid()) {
+        return -ENOTCONN;  // an object of the parent used in a forked child
+    }
+    if (!alive()) {
+        return -ECONNRESET;
+    }
+    std::lock_guard lock(fd_mu_);
+    int rc = pumpLocked(0);
+    return rc == -ECONNRESET ? rc : 0;
+}
+
+void Session::prepare(grpc::ClientContext *ctx) const {
+    ctx->AddMetadata("ibvx-session", token_hex_);
+    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+}
+
+int Session::finish(const char *what, const grpc::Status &status) {
+    if (status.ok()) {
+        return 0;
+    }
+    int err = 0;
+    pb::ErrorDetail detail;
+    if (!status.error_details().empty() && detail.ParseFromString(status.error_details()) &&
+        detail.errno_value() > 0) {
+        err = detail.errno_value();
+    } else {
+        err = errnoForGrpc(status.error_code());
+    }
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE && !token_hex_.empty()) {
+        // Tell "broker restarting" from "our session is gone": the fd channel knows.
+        std::lock_guard lock(fd_mu_);
+        if (pumpLocked(0) == -ECONNRESET) {
+            err = ECONNRESET;
+        }
+    }
+    warn("%s failed: %s (%s)", what, status.error_message().c_str(), strerror(err));
+    return -err;
+}
+
+void Session::markDead() {
+    dead_.store(true, std::memory_order_release);
+}
+
+int Session::handleFrameLocked(Frame &frame) {
+    if (frame.type != FrameType::kRegionAdd || !frame.fd.valid() ||
+        frame.payload.size() != sizeof(RegionPayload)) {
+        warn("unexpected frame (type %u) on the fd channel; dropping the session",
+             static_cast<unsigned>(frame.type));
+        return -EPROTO;
+    }
+    RegionPayload p;
+    memcpy(&p, frame.payload.data(), sizeof(p));
+    if (p.size == 0 || p.size > (uint64_t{1} << 30)) {
+        return -EPROTO;
+    }
+    if (regions_.count(frame.id) != 0) {
+        return 0;  // already mapped; the fd closes with the frame
+    }
+    void *base = mmap(nullptr, p.size, PROT_READ | PROT_WRITE, MAP_SHARED, frame.fd.get(), 0);
+    if (base == MAP_FAILED) {
+        int err = errno;
+        warn("cannot map region %llu (%llu bytes): %s", static_cast<unsigned long long>(frame.id),
+             static_cast<unsigned long long>(p.size), strerror(err));
+        return -err;
+    }
+    // A forked child must not write into the parent's queues by accident.
+    madvise(base, p.size, MADV_DONTFORK);
+    regions_[frame.id].mapping = UniqueMapping(base, p.size);
+    return 0;
+}
+
+int Session::pumpLocked(uint64_t region) {
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms_);
+    for (;;) {
+        if (region != 0 && regions_.count(region) != 0) {
+            return 0;
+        }
+        if (!fd_channel_.valid()) {
+            return -ECONNRESET;
+        }
+        int wait = 0;
+        if (region != 0) {
+            auto left =
+                std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+            if (left <= 0) {
+                warn("the broker referenced region %llu but never sent it",
+                     static_cast<unsigned long long>(region));
+                return -EPROTO;
+            }
+            wait = static_cast<int>(left);
+        }
+        pollfd pfd{fd_channel_.get(), POLLIN, 0};
+        int n = ::poll(&pfd, 1, wait);
+        if (n < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        if (n == 0) {
+            if (region == 0) {
+                return 0;
+            }
+            continue;
+        }
+        Frame frame;
+        int r = recvFrame(fd_channel_.get(), &frame, timeout_ms_);
+        if (r == 0 || r == -ECONNRESET || r == -EPIPE) {
+            // The broker ended the session (shut down, restarted, or dropped us).
+            fd_channel_.reset();
+            markDead();
+            return -ECONNRESET;
+        }
+        if (r < 0 || (r = handleFrameLocked(frame)) == -EPROTO) {
+            markDead();
+            return r < 0 ? r : -EPROTO;
+        }
+        if (r < 0) {
+            return r;
+        }
+    }
+}
+
+int Session::resolve(const pb::RegionRef &ref, bool present, void **addr) {
+    *addr = nullptr;
+    if (!present) {
+        return 0;
+    }
+    std::lock_guard lock(fd_mu_);
+    int rc = pumpLocked(ref.region());
+    if (rc < 0) {
+        return rc;
+    }
+    const UniqueMapping &m = regions_.at(ref.region()).mapping;
+    if (ref.offset() > m.size() || ref.length() > m.size() - ref.offset()) {
+        warn("region %llu is %zu bytes; the broker referenced [%llu, +%llu)",
+             static_cast<unsigned long long>(ref.region()), m.size(),
+             static_cast<unsigned long long>(ref.offset()), static_cast<unsigned long long>(ref.length()));
+        return -EPROTO;
+    }
+    *addr = static_cast<char *>(m.get()) + ref.offset();
+    return 0;
+}
+
+int Session::sendFd(int fd, uint64_t *xfer_id) {
+    std::lock_guard lock(fd_mu_);
+    if (!fd_channel_.valid()) {
+        return -ECONNRESET;
+    }
+    uint64_t id = next_xfer_++;
+    int rc = sendFrame(fd_channel_.get(), FrameType::kFdTransfer, id, nullptr, 0, fd, timeout_ms_);
+    if (rc == -EPIPE || rc == -ECONNRESET) {
+        markDead();
+        return -ECONNRESET;
+    }
+    if (rc < 0) {
+        return rc;
+    }
+    *xfer_id = id;
+    return 0;
+}
+
+void Session::releaseRegions(const google::protobuf::RepeatedField<uint64_t> &ids) {
+    std::lock_guard lock(fd_mu_);
+    for (uint64_t id : ids) {
+        regions_.erase(id);
+    }
+}
+
+size_t Session::mappedRegions() {
+    std::lock_guard lock(fd_mu_);
+    return regions_.size();
+}
+
+void Session::abandonAfterFork() {
+    // The child is single-threaded here, so fd_mu_ (maybe held by a parent thread at fork time)
+    // is not taken. Region mappings were not inherited (MADV_DONTFORK); the fd channel copy is
+    // closed so the parent's session ends when the parent does.
+    fd_channel_.reset();
+    markDead();
+}
+
+int currentSession(Session **out) {
+    Registry &r = registry();
+    std::lock_guard lock(r.mu);
+    if (r.current != nullptr && r.current->pid() == getpid() && r.current->alive()) {
+        *out = r.current;
+        return 0;
+    }
+    if (r.current != nullptr && r.current->pid() != getpid()) {
+        r.current->abandonAfterFork();
+    }
+    std::unique_ptr<Session> s;
+    int rc = Session::open(settings(), &s);
+    if (rc < 0) {
+        return rc;
+    }
+    r.current = s.get();
+    r.all.push_back(std::move(s));
+    *out = r.current;
+    return 0;
+}
+
+}  // namespace ibvx::client::broker

@@ -1,0 +1,123 @@
+// One broker session per process: the gRPC channel for control calls and the fd channel that
+// brings region fds in and sends memory fds out.
+//
+// Threading: a Session is shared by every thread of the process. The gRPC stub is thread-safe on
+// its own. fd_mu_ guards the fd channel socket, the region cache and the xfer id counter; it is
+// held while reading pending frames (bounded by the call deadline) and never across a gRPC call.
+//
+// Lifetime: sessions are never destroyed. A session whose broker went away stays allocated so
+// the shadow objects pointing at it keep answering -ECONNRESET; a session inherited through
+// fork() stays allocated so the child never runs the parent's gRPC destructors (whose threads do
+// not exist in the child). Both are deliberate, bounded leaks: one object per broker restart or
+// fork, kept reachable in a process-wide list.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/fd_channel.h"
+#include "common/unique_fd.h"
+#include "ibv_extend/v1/broker.grpc.pb.h"
+
+namespace ibvx::client::broker {
+
+namespace pb = ::ibv_extend::v1;
+
+// Settings read from the environment once per process.
+struct Settings {
+    std::string socket_path;  // IBV_EXTEND_SOCKET, else the default
+    int timeout_ms = 10000;   // IBV_EXTEND_TIMEOUT_MS: deadline of every call
+};
+const Settings &settings();
+
+inline constexpr const char *kDefaultSocket = "/run/ibv-extend/broker.sock";
+
+class Session {
+  public:
+    // Connects, says Hello and attaches the fd channel. 0 or a negative errno (-ENOTCONN when
+    // nothing answers on the socket).
+    static int open(const Settings &settings, std::unique_ptr<Session> *out);
+
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+
+    pid_t pid() const { return pid_; }
+    // False once the broker closed the fd channel: the session and all its objects are gone.
+    bool alive() const { return !dead_.load(std::memory_order_acquire); }
+    // True when objects of this session can never be used again from this process (the broker
+    // ended it, or this is a forked child holding the parent's objects): free them locally.
+    bool gone() const { return !alive() || pid_ != getpid(); }
+
+    // One unary call with the session token and a deadline. 0 or a negative errno (the
+    // ErrorDetail errno when the broker sent one, else one mapped from the gRPC code).
+    template <typename Req, typename Resp>
+    int call(const char *what,
+             grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
+             const Req &req, Resp *resp) {
+        int rc = checkUsable();
+        if (rc != 0) {
+            return rc;
+        }
+        grpc::ClientContext ctx;
+        prepare(&ctx);
+        return finish(what, (stub_.get()->*method)(&ctx, req, resp));
+    }
+
+    // The local address of a RegionRef, mapping regions the broker sent (pending frames are read
+    // until it is there). *addr = nullptr for an absent ref. 0 or a negative errno.
+    int resolve(const pb::RegionRef &ref, bool present, void **addr);
+    // Sends fd to the broker on the fd channel; *xfer_id names it in RegMr.
+    int sendFd(int fd, uint64_t *xfer_id);
+    // Unmaps regions the broker released.
+    void releaseRegions(const google::protobuf::RepeatedField<uint64_t> &ids);
+    // Number of regions currently mapped (tests).
+    size_t mappedRegions();
+
+    // Called in a forked child on the parent's session: drops what the child may drop without
+    // touching gRPC (its copy of the fd channel), so the parent's session ends with the parent.
+    void abandonAfterFork();
+
+  private:
+    Session() = default;
+    int checkUsable();
+    void prepare(grpc::ClientContext *ctx) const;
+    int finish(const char *what, const grpc::Status &status);
+    // Reads frames until `region` is mapped (region == 0: only what is already pending).
+    // Caller holds fd_mu_.
+    int pumpLocked(uint64_t region);
+    int handleFrameLocked(Frame &frame);
+    void markDead();
+
+    pid_t pid_ = 0;
+    int timeout_ms_ = 10000;
+    std::shared_ptr<grpc::Channel> channel_;
+    std::unique_ptr<pb::Broker::Stub> stub_;
+    std::string token_hex_;
+    std::atomic<bool> dead_{false};
+
+    struct Region {
+        UniqueMapping mapping;
+    };
+    std::mutex fd_mu_;
+    UniqueFd fd_channel_;                 // guarded by fd_mu_
+    std::map<uint64_t, Region> regions_;  // guarded by fd_mu_
+    uint64_t next_xfer_ = 1;              // guarded by fd_mu_
+};
+
+// The process's session, connecting on first use (or after the broker went away, or in a forked
+// child). 0 or a negative errno.
+int currentSession(Session **out);
+
+// Prints "ibv_extend: Warning: ..." when IBV_EXTEND_SHOW_WARNINGS is set.
+void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+}  // namespace ibvx::client::broker
