@@ -1,0 +1,218 @@
+// The broker core: sessions, handles, objects and the calls the tenant-facing service makes.
+// No gRPC here: the edge converts proto <-> these types, and tests call them directly.
+//
+// Threading: every method may be called from any thread.
+//  - sessions_mu_ guards the session maps (by token and id); held only for map operations.
+//  - A call on a session holds Session::mu_ for its duration (see session.h for the order).
+//  - endSession() may run concurrently with calls on that session: it unlinks the session,
+//    marks it ended, then waits for the session's mutex and destroys everything; a call that
+//    gets the mutex afterwards answers UNAVAILABLE.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "daemon/core/device.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/mapping.h"
+#include "daemon/core/session.h"
+
+namespace ibvx::daemon {
+
+struct Version {
+    uint32_t major = 0, minor = 0, patch = 0;
+};
+
+struct QueueResult {
+    RegionRef base;
+    uint32_t entry_cnt = 0;
+    uint32_t entry_size = 0;
+    RegionRef dbr_pi, dbr_ci, db_hw;
+    uint8_t qbuf_resv[32] = {};
+    uint8_t info_resv[32] = {};
+};
+
+struct OpenContextResult {
+    uint64_t context = 0;
+    DeviceInfo device;
+    uint32_t driver_version = 0;
+    uint32_t driver_ops_present = 0;
+};
+
+struct RegMrArgs {
+    uint64_t pd = 0;
+    uint64_t xfer_id = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+    uint32_t access = 0;
+    uint64_t iova = 0;  // 0: the broker's own address of the memory
+};
+
+struct RegMrResult {
+    uint64_t mr = 0;
+    uint32_t lkey = 0, rkey = 0;
+    uint64_t iova = 0;
+};
+
+struct CreateCqArgs {
+    uint64_t context = 0;
+    uint32_t cqe = 0;
+    uint32_t comp_vector = 0;
+    uint64_t wc_flags = 0;
+    uint32_t cq_cap_flag = 0;
+    queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
+};
+
+struct CqResult {
+    uint64_t cq = 0;
+    uint32_t cqe = 0;
+    QueueResult info;
+    uint8_t resv[256] = {};
+};
+
+struct CreateQpArgs {
+    uint64_t context = 0, pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
+    ibv_qp_type qp_type = IBV_QPT_RC;
+    ibv_qp_cap cap{};
+    bool sq_sig_all = false;
+    uint32_t qp_cap_flag = 0;
+    queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
+};
+
+struct QpResult {
+    uint64_t qp = 0;
+    uint32_t qp_num = 0;
+    ibv_qp_state state = IBV_QPS_RESET;
+    ibv_qp_cap cap{};
+    QueueResult sq, rq;
+    uint8_t resv[248] = {};
+    uint64_t vendor_priv_info = 0;
+};
+
+struct CreateSrqArgs {
+    uint64_t context = 0, pd = 0;
+    uint32_t max_wr = 0, max_sge = 0, srq_limit = 0, srq_cap_flag = 0;
+    queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
+};
+
+struct SrqResult {
+    uint64_t srq = 0;
+    uint32_t max_wr = 0, max_sge = 0;
+    QueueResult info;
+    uint8_t resv[256] = {};
+};
+
+struct QueryQpResult {
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+};
+
+struct NegoResult {
+    ibv_hyroce_feature output{};
+    uint32_t need_more_nego = 0;
+};
+
+// Regions the tenant may unmap after a destroy.
+using Released = std::vector<RegionId>;
+
+// Sends regions to the tenant before a reply: the default writes kRegionAdd frames on the
+// session's fd channel. Tests replace it.
+using RegionSender = std::function<Status(Session &, std::vector<RegionToSend> &)>;
+
+// Audit hook: one call per create/destroy (what, handle, the tenant).
+using AuditFn = std::function<void(const Session &, const char *action, ObjectKind, uint64_t handle)>;
+
+class Broker {
+  public:
+    struct Options {
+        std::chrono::milliseconds attach_timeout{5000};
+        std::chrono::milliseconds xfer_wait{2000};
+        std::chrono::milliseconds channel_send_timeout{1000};
+        size_t max_objects_per_session = 1u << 16;
+        size_t max_sessions = 4096;
+        Version version{4, 2, 0};
+    };
+
+    Broker(Options options, DeviceRegistry *devices);
+    ~Broker();
+    Broker(const Broker &) = delete;
+    Broker &operator=(const Broker &) = delete;
+
+    const Options &options() const { return options_; }
+    DeviceRegistry &devices() { return *devices_; }
+    void setRegionSender(RegionSender sender) { sender_ = std::move(sender); }
+    void setAudit(AuditFn audit) { audit_ = std::move(audit); }
+
+    // ---- sessions ----
+    StatusOr<std::shared_ptr<Session>> hello(const PeerIdentity &peer, const Version &client,
+                                             std::string client_name);
+    // The session of a call: the token must name a live session whose process is the caller.
+    StatusOr<std::shared_ptr<Session>> authenticate(const std::string &token_hex, const Credentials &caller);
+    // The fd-channel handshake. Returns 0 or a positive errno for AttachReply (EPERM wrong
+    // peer, ENOENT unknown token, EBUSY already attached); on 0 the session owns fd.
+    int attach(const SessionToken &token, const Credentials &caller, UniqueFd &fd,
+               std::shared_ptr<Session> *out);
+    // Destroys everything the session owns (QPs, SRQs, CQs, MRs, PDs, contexts) and its memory.
+    void endSession(const std::shared_ptr<Session> &session);
+    void endAllSessions();
+    std::vector<std::shared_ptr<Session>> sessions();
+    // Sessions that did not attach their fd channel within the attach timeout.
+    std::vector<std::shared_ptr<Session>> unattachedExpired(std::chrono::steady_clock::time_point now);
+    size_t sessionCount();
+    size_t objectCount();
+
+    // ---- calls ----
+    std::vector<DeviceInfo> listDevices();
+    StatusOr<OpenContextResult> openContext(Session &s, const std::string &device_name);
+    StatusOr<Released> closeContext(Session &s, uint64_t context);
+    StatusOr<ibv_device_attr_extend> queryDevice(Session &s, uint64_t context);
+    StatusOr<uint64_t> allocPd(Session &s, uint64_t context);
+    Status deallocPd(Session &s, uint64_t pd);
+    StatusOr<RegMrResult> regMr(Session &s, const RegMrArgs &args);
+    Status deregMr(Session &s, uint64_t mr);
+    StatusOr<CqResult> createCq(Session &s, const CreateCqArgs &args);
+    StatusOr<Released> destroyCq(Session &s, uint64_t cq);
+    StatusOr<QpResult> createQp(Session &s, const CreateQpArgs &args);
+    StatusOr<Released> destroyQp(Session &s, uint64_t qp);
+    StatusOr<SrqResult> createSrq(Session &s, const CreateSrqArgs &args);
+    StatusOr<Released> destroySrq(Session &s, uint64_t srq);
+    StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
+    StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
+    StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);
+    StatusOr<ibv_qp_attr_extend> queryQpExtend(Session &s, uint64_t qp, int attr_mask);
+    StatusOr<ibv_hyroce_feature> queryQpSupportedHyroceFeature(Session &s, uint64_t qp, uint32_t sl,
+                                                               uint32_t tc);
+    StatusOr<NegoResult> negoQpHyroceFeature(Session &s, uint64_t qp, const ibv_hyroce_feature &input);
+
+  private:
+    template <typename T>
+    StatusOr<T *> lookup(Session &s, uint64_t handle, ObjectKind kind);
+    uint64_t newHandle(Session &s);
+    uint64_t insert(Session &s, std::unique_ptr<Object> obj);
+    Status destroyLocked(Session &s, Object *obj);
+    void eraseLocked(Session &s, Object *obj);
+    Status sendRegions(Session &s);
+    StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
+    void audit(const Session &s, const char *action, ObjectKind kind, uint64_t handle);
+
+    const Options options_;
+    DeviceRegistry *devices_;
+    RegionSender sender_;
+    AuditFn audit_;
+
+    std::mutex sessions_mu_;
+    std::unordered_map<std::string, std::shared_ptr<Session>> by_token_;
+    uint64_t next_session_id_ = 1;
+};
+
+// 8 random bytes from getrandom(); never 0.
+uint64_t randomHandle();
+
+}  // namespace ibvx::daemon

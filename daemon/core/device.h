@@ -1,0 +1,77 @@
+// The devices the broker serves: virtual devices of loaded vdev providers and rdma-core devices
+// an extension driver matched.
+//
+// Threading: the registry's mutex guards the device list; Device objects are never destroyed
+// while the registry lives (a rescan only adds), so Device pointers stay valid. Device::driver_mu
+// serialises every call into a device's driver: the reference does not say drivers are
+// thread-safe, so the broker assumes they are not.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <ibv_extend.h>
+#include <ibv_extend_vdev.h>
+
+namespace ibvx::daemon {
+
+// What ListDevices reports (mirrors ibv_extend.v1.DeviceInfo).
+struct DeviceInfo {
+    std::string name;
+    std::string provider;
+    uint32_t ext_cap = 0;
+    uint32_t driver_version = 0;
+    uint32_t phys_port_cnt = 0;
+    uint32_t max_qp = 0;
+    uint32_t max_cq = 0;
+    uint32_t max_srq = 0;
+    uint32_t max_mr = 0;
+    uint32_t max_qp_wr = 0;
+    uint32_t max_cqe = 0;
+    uint32_t max_srq_wr = 0;
+    uint32_t max_sge = 0;
+    uint32_t max_inline_data = 0;
+    uint32_t max_msg_sz = 0;
+    uint64_t max_mr_size = 0;
+    bool virtual_device = false;
+};
+
+struct Device {
+    DeviceInfo info;
+    const ibv_extend_vdev_ops *vdev = nullptr;        // virtual device: its provider
+    ibv_device *verbs_device = nullptr;               // rdma-core device
+    const verbs_device_extend_ops *driver = nullptr;  // the extension driver serving it
+    std::mutex driver_mu;                             // see the file comment
+};
+
+class DeviceRegistry {
+  public:
+    DeviceRegistry() = default;
+    ~DeviceRegistry();
+    DeviceRegistry(const DeviceRegistry &) = delete;
+    DeviceRegistry &operator=(const DeviceRegistry &) = delete;
+
+    // Adds devices not known yet (from the loader's vdev providers and libibverbs). Returns how
+    // many were added. Safe to call again after more drivers were loaded.
+    int scan();
+
+    Device *find(const std::string &name);
+    std::vector<DeviceInfo> list();
+    size_t size();
+
+  private:
+    void addVirtual();
+    void addVerbs();
+
+    std::mutex mu_;
+    std::vector<std::unique_ptr<Device>> devices_;
+    // libibverbs device lists we took devices from: kept until the end, the ibv_device
+    // pointers live in them.
+    std::vector<ibv_device **> verbs_lists_;
+};
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,367 @@
+#include "daemon/core/mapping.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+namespace ibvx::daemon {
+namespace {
+
+// Doorbell pages are 4 KiB in the reference's db_mmap contract, whatever the host page size.
+constexpr uint64_t kDbPage = 4096;
+
+thread_local SessionMemory *tls_mem = nullptr;
+thread_local const ibv_extend_vdev_ops *tls_vdev = nullptr;
+
+size_t alignUp(size_t n, size_t a) {
+    return (n + a - 1) / a * a;
+}
+
+void *cbAlloc(size_t size) {
+    return MappingManager::instance().alloc(size);
+}
+void cbFree(void *ptr) {
+    MappingManager::instance().free(ptr);
+}
+// All queue memory of the broker is host memory: every direction is a plain copy.
+void cbMemset(void *dst, int value, size_t count) {
+    if (dst != nullptr) {
+        std::memset(dst, value, count);
+    }
+}
+int cbMemcpy(void *dst, size_t dst_max, void *src, size_t size, uint32_t direction) {
+    if (direction > MEMCPY_DIR_DEVICE_TO_DEVICE || dst == nullptr || src == nullptr || size > dst_max) {
+        return -1;
+    }
+    std::memmove(dst, src, size);
+    return 0;
+}
+void *cbDbMmap(doorbell_map_desc *desc) {
+    return MappingManager::instance().dbMmap(desc);
+}
+int cbDbUnmap(void *ptr, doorbell_map_desc *desc) {
+    return MappingManager::instance().dbUnmap(ptr, desc);
+}
+
+ibv_extend_ops g_ops = {cbAlloc, cbFree, cbMemset, cbMemcpy, cbDbMmap, cbDbUnmap};
+
+}  // namespace
+
+MappingManager &MappingManager::instance() {
+    // Leaked on purpose: drivers may call free() from their own static destructors.
+    static MappingManager *m = new MappingManager;
+    return *m;
+}
+
+ibv_extend_ops *MappingManager::ops() {
+    return &g_ops;
+}
+
+ScopedBinding::ScopedBinding(SessionMemory *mem, const ibv_extend_vdev_ops *vdev)
+    : prev_mem_(tls_mem), prev_vdev_(tls_vdev) {
+    tls_mem = mem;
+    tls_vdev = vdev;
+}
+
+ScopedBinding::~ScopedBinding() {
+    tls_mem = prev_mem_;
+    tls_vdev = prev_vdev_;
+}
+
+SessionMemory *ScopedBinding::currentSession() {
+    return tls_mem;
+}
+
+RegionId MappingManager::newRegionId() {
+    return next_region_++;
+}
+
+std::unique_ptr<SessionMemory> MappingManager::createSession(uint64_t session_id) {
+    return std::unique_ptr<SessionMemory>(new SessionMemory(session_id));
+}
+
+void MappingManager::dropSession(SessionMemory *mem) {
+    if (mem == nullptr) {
+        return;
+    }
+    std::lock_guard lock(mu_);
+    for (auto &c : mem->chunks_) {
+        chunk_owner_.erase(reinterpret_cast<uintptr_t>(c->mem.data()));
+    }
+    mem->chunks_.clear();
+    mem->doorbells_.clear();
+    mem->released_.clear();
+}
+
+void *MappingManager::alloc(size_t size) {
+    SessionMemory *mem = tls_mem;
+    if (mem == nullptr) {
+        // A driver allocating outside a broker call: there is no tenant to charge it to.
+        errno = EPERM;
+        return nullptr;
+    }
+    if (size == 0 || size > kMaxAlloc) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    size_t want = alignUp(size, kAlign);
+    std::lock_guard lock(mu_);
+    for (auto &c : mem->chunks_) {
+        for (auto it = c->free_blocks.begin(); it != c->free_blocks.end(); ++it) {
+            if (it->second < want) {
+                continue;
+            }
+            size_t off = it->first;
+            size_t left = it->second - want;
+            c->free_blocks.erase(it);
+            if (left > 0) {
+                c->free_blocks.emplace(off + want, left);
+            }
+            c->used_blocks.emplace(off, want);
+            c->used_bytes += want;
+            return static_cast<uint8_t *>(c->mem.data()) + off;
+        }
+    }
+    auto chunk = std::make_unique<SessionMemory::Chunk>();
+    auto region = MemfdRegion::create("ibvx-arena-" + std::to_string(mem->session_id_),
+                                      std::max(want, kChunkSize), /*try_hugepages=*/true);
+    if (!region.isOk()) {
+        errno = region.status().errnoValue() != 0 ? region.status().errnoValue() : ENOMEM;
+        return nullptr;
+    }
+    chunk->mem = std::move(region).value();
+    chunk->id = newRegionId();
+    if (chunk->mem.size() > want) {
+        chunk->free_blocks.emplace(want, chunk->mem.size() - want);
+    }
+    chunk->used_blocks.emplace(0, want);
+    chunk->used_bytes = want;
+    void *p = chunk->mem.data();
+    chunk_owner_[reinterpret_cast<uintptr_t>(p)] = mem;
+    mem->chunks_.push_back(std::move(chunk));
+    return p;
+}
+
+void MappingManager::releaseChunkLocked(SessionMemory &mem, size_t index) {
+    auto &c = mem.chunks_[index];
+    chunk_owner_.erase(reinterpret_cast<uintptr_t>(c->mem.data()));
+    if (c->sent) {
+        mem.released_.push_back(c->id);
+    }
+    mem.chunks_.erase(mem.chunks_.begin() + static_cast<std::ptrdiff_t>(index));
+}
+
+void MappingManager::free(void *ptr) {
+    if (ptr == nullptr) {
+        return;
+    }
+    auto addr = reinterpret_cast<uintptr_t>(ptr);
+    std::lock_guard lock(mu_);
+    auto it = chunk_owner_.upper_bound(addr);
+    if (it == chunk_owner_.begin()) {
+        return;  // not ours: ignoring beats corrupting another arena
+    }
+    --it;
+    SessionMemory &mem = *it->second;
+    for (size_t i = 0; i < mem.chunks_.size(); ++i) {
+        auto &c = mem.chunks_[i];
+        if (!c->mem.contains(ptr)) {
+            continue;
+        }
+        size_t off = addr - reinterpret_cast<uintptr_t>(c->mem.data());
+        auto used = c->used_blocks.find(off);
+        if (used == c->used_blocks.end()) {
+            return;  // not the start of an allocation
+        }
+        size_t size = used->second;
+        c->used_blocks.erase(used);
+        c->used_bytes -= size;
+        // Coalesce with the neighbours so a long-lived session does not fragment.
+        auto next = c->free_blocks.lower_bound(off);
+        if (next != c->free_blocks.end() && next->first == off + size) {
+            size += next->second;
+            next = c->free_blocks.erase(next);
+        }
+        if (next != c->free_blocks.begin()) {
+            auto prev = std::prev(next);
+            if (prev->first + prev->second == off) {
+                prev->second += size;
+                size = 0;
+            }
+        }
+        if (size != 0) {
+            c->free_blocks.emplace(off, size);
+        }
+        if (c->used_bytes == 0) {
+            releaseChunkLocked(mem, i);
+        }
+        return;
+    }
+}
+
+void *MappingManager::dbMmap(doorbell_map_desc *desc) {
+    if (desc == nullptr) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    if (desc->type == DB_MAP_MODE_UB_RES) {
+        // UB resources need a bus the broker does not drive; softnda queues use HOST_VA in the
+        // default DMA mode.
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    if (desc->type != DB_MAP_MODE_HOST_VA) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    SessionMemory *mem = tls_mem;
+    const ibv_extend_vdev_ops *vdev = tls_vdev;
+    if (mem == nullptr) {
+        errno = EPERM;
+        return nullptr;
+    }
+    uint64_t hva = desc->hva;
+    uint64_t page = hva & ~(kDbPage - 1);
+    if (hva == 0 || desc->size == 0 || (hva - page) + desc->size > kDbPage) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    {
+        std::lock_guard lock(mu_);
+        auto it = mem->doorbells_.find(page);
+        if (it != mem->doorbells_.end()) {
+            ++it->second.refs;
+            return reinterpret_cast<void *>(hva);
+        }
+    }
+    if (vdev == nullptr || vdev->export_mmio == nullptr) {
+        // Without an exporter the page cannot reach the tenant.
+        errno = EOPNOTSUPP;
+        return nullptr;
+    }
+    // Driver code: called without our lock.
+    int fd = -1;
+    uint64_t offset = 0;
+    int rc = vdev->export_mmio(reinterpret_cast<void *>(page), &fd, &offset);
+    if (rc < 0 || fd < 0) {
+        errno = rc < 0 ? -rc : EIO;
+        return nullptr;
+    }
+    UniqueFd owned(fd);
+    if (offset % kDbPage != 0) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    std::lock_guard lock(mu_);
+    auto [it, inserted] = mem->doorbells_.try_emplace(page);
+    if (inserted) {
+        it->second.id = newRegionId();
+        it->second.fd = std::move(owned);
+        it->second.fd_offset = offset;
+        it->second.map_size = offset + kDbPage;
+    }
+    ++it->second.refs;
+    return reinterpret_cast<void *>(hva);
+}
+
+int MappingManager::dbUnmap(void *ptr, doorbell_map_desc *desc) {
+    if (ptr == nullptr || desc == nullptr) {
+        return -EINVAL;
+    }
+    uint64_t page = reinterpret_cast<uint64_t>(ptr) & ~(kDbPage - 1);
+    std::lock_guard lock(mu_);
+    SessionMemory *mem = tls_mem;
+    if (mem == nullptr) {
+        return -ENODEV;
+    }
+    auto it = mem->doorbells_.find(page);
+    if (it == mem->doorbells_.end()) {
+        return -ENODEV;
+    }
+    if (--it->second.refs == 0) {
+        if (it->second.sent) {
+            mem->released_.push_back(it->second.id);
+        }
+        mem->doorbells_.erase(it);
+    }
+    return 0;
+}
+
+StatusOr<RegionRef> MappingManager::resolve(SessionMemory &mem, uint64_t addr, uint64_t length) {
+    if (addr == 0) {
+        return RegionRef{};
+    }
+    std::lock_guard lock(mu_);
+    for (auto &c : mem.chunks_) {
+        auto base = reinterpret_cast<uint64_t>(c->mem.data());
+        if (addr >= base && addr - base < c->mem.size()) {
+            if (length > c->mem.size() - (addr - base)) {
+                return Status(Code::kInternal, EIO,
+                              "driver returned a range past the end of its arena chunk");
+            }
+            return RegionRef{c->id, addr - base, length};
+        }
+    }
+    auto it = mem.doorbells_.find(addr & ~(kDbPage - 1));
+    if (it != mem.doorbells_.end()) {
+        return RegionRef{it->second.id, it->second.fd_offset + (addr & (kDbPage - 1)), length};
+    }
+    return Status(Code::kInternal, EIO, "driver returned an address outside the session's memory");
+}
+
+std::vector<RegionToSend> MappingManager::takeUnsent(SessionMemory &mem) {
+    std::vector<RegionToSend> out;
+    std::lock_guard lock(mu_);
+    for (auto &c : mem.chunks_) {
+        if (!c->sent) {
+            c->sent = true;
+            out.push_back({c->id, UniqueFd(::fcntl(c->mem.fd(), F_DUPFD_CLOEXEC, 0)), c->mem.size()});
+        }
+    }
+    for (auto &[page, db] : mem.doorbells_) {
+        if (!db.sent) {
+            db.sent = true;
+            out.push_back({db.id, UniqueFd(::fcntl(db.fd.get(), F_DUPFD_CLOEXEC, 0)), db.map_size});
+        }
+    }
+    return out;
+}
+
+std::vector<RegionId> MappingManager::takeReleased(SessionMemory &mem) {
+    std::lock_guard lock(mu_);
+    return std::exchange(mem.released_, {});
+}
+
+MemoryStats MappingManager::stats(const SessionMemory &mem) {
+    std::lock_guard lock(mu_);
+    MemoryStats s;
+    for (auto &c : mem.chunks_) {
+        ++s.arena_chunks;
+        s.arena_bytes += c->mem.size();
+        s.allocated_bytes += c->used_bytes;
+    }
+    s.doorbell_pages = mem.doorbells_.size();
+    return s;
+}
+
+MemoryStats MappingManager::totals() {
+    std::lock_guard lock(mu_);
+    MemoryStats s;
+    s.arena_chunks = chunk_owner_.size();
+    for (auto &[base, mem] : chunk_owner_) {
+        for (auto &c : mem->chunks_) {
+            if (reinterpret_cast<uintptr_t>(c->mem.data()) == base) {
+                s.arena_bytes += c->mem.size();
+                s.allocated_bytes += c->used_bytes;
+            }
+        }
+    }
+    return s;
+}
+
+}  // namespace ibvx::daemon

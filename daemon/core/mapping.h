@@ -1,0 +1,150 @@
+// The mapping manager: the broker's own struct ibv_extend_ops, which extension drivers call for
+// queue memory and doorbells while they create and destroy a tenant's queues.
+//
+// The reference callbacks carry no context pointer, so the owner of a call is the
+// SessionMemory bound to the calling thread by a ScopedBinding for the duration of one driver
+// call. Memory comes from the bound session's own arena (chunks of memfd, never shared between
+// sessions); doorbells become regions of the fd the device's vdev provider exports. Every
+// address a driver returns in a queue_info is translated back into (region, offset), and
+// regions not yet sent to the tenant are handed out by takeUnsent() so the caller can put them
+// on the fd channel before replying.
+//
+// Threading: one process-wide mutex (MappingManager::mu_) guards every SessionMemory and the
+// address index. It is a leaf lock: nothing else is taken while holding it and no driver code
+// runs under it. Callbacks may run on any thread, but alloc and db_mmap need a binding.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <ibv_extend.h>
+#include <ibv_extend_vdev.h>
+
+#include "common/memfd_region.h"
+#include "common/status.h"
+#include "common/unique_fd.h"
+
+namespace ibvx::daemon {
+
+using RegionId = uint64_t;
+
+// A place in a region: tenant address = its mapping of `region` + offset. region 0 = absent.
+struct RegionRef {
+    RegionId region = 0;
+    uint64_t offset = 0;
+    uint64_t length = 0;
+};
+
+// A region the tenant has not seen yet: send fd with a kRegionAdd frame of `size` bytes.
+struct RegionToSend {
+    RegionId id = 0;
+    UniqueFd fd;  // a dup: the caller owns it
+    uint64_t size = 0;
+};
+
+struct MemoryStats {
+    uint64_t arena_chunks = 0;
+    uint64_t arena_bytes = 0;      // mapped chunk bytes
+    uint64_t allocated_bytes = 0;  // handed to drivers and not freed
+    uint64_t doorbell_pages = 0;
+};
+
+class SessionMemory;
+
+class MappingManager {
+  public:
+    // Chunks are at least this big, so small queues of one session share a region.
+    static constexpr size_t kChunkSize = 256 * 1024;
+    // Allocations are aligned to this many bytes (drivers put doorbell records at the end).
+    static constexpr size_t kAlign = 64;
+    // Nothing a driver asks for may exceed this (protocol limit on region sizes).
+    static constexpr size_t kMaxAlloc = size_t{1} << 30;
+
+    static MappingManager &instance();
+
+    // The ops table handed to drivers: static, so it outlives every queue that keeps it.
+    static ibv_extend_ops *ops();
+
+    std::unique_ptr<SessionMemory> createSession(uint64_t session_id);
+    // Frees everything the session still holds (a driver that leaked, or a teardown).
+    void dropSession(SessionMemory *mem);
+
+    // Translates a driver-returned address of the session's memory; 0 gives an absent ref.
+    StatusOr<RegionRef> resolve(SessionMemory &mem, uint64_t addr, uint64_t length);
+    // Regions created since the last call, marked sent.
+    std::vector<RegionToSend> takeUnsent(SessionMemory &mem);
+    // Sent regions released since the last call.
+    std::vector<RegionId> takeReleased(SessionMemory &mem);
+
+    MemoryStats stats(const SessionMemory &mem);
+    MemoryStats totals();
+
+    // The callbacks (public for tests; drivers reach them through ops()).
+    void *alloc(size_t size);
+    void free(void *ptr);
+    void *dbMmap(doorbell_map_desc *desc);
+    int dbUnmap(void *ptr, doorbell_map_desc *desc);
+
+  private:
+    friend class ScopedBinding;
+    MappingManager() = default;
+    RegionId newRegionId();
+    void releaseChunkLocked(SessionMemory &mem, size_t index);
+
+    std::mutex mu_;
+    // chunk base address -> owner, for free() of any pointer from any session.
+    std::map<uintptr_t, SessionMemory *> chunk_owner_;
+    RegionId next_region_ = 1;
+};
+
+// Binds the calling thread to a session (and the device a driver call is for) while a driver
+// call runs. Nests: the previous binding comes back on destruction.
+class ScopedBinding {
+  public:
+    ScopedBinding(SessionMemory *mem, const ibv_extend_vdev_ops *vdev);
+    ~ScopedBinding();
+    ScopedBinding(const ScopedBinding &) = delete;
+    ScopedBinding &operator=(const ScopedBinding &) = delete;
+
+    static SessionMemory *currentSession();
+
+  private:
+    SessionMemory *prev_mem_;
+    const ibv_extend_vdev_ops *prev_vdev_;
+};
+
+// One session's arena and doorbell regions. Opaque outside the manager; guarded by its mutex.
+class SessionMemory {
+  public:
+    uint64_t sessionId() const { return session_id_; }
+
+  private:
+    friend class MappingManager;
+    struct Chunk {
+        RegionId id = 0;
+        MemfdRegion mem;
+        std::map<size_t, size_t> free_blocks;  // offset -> size
+        std::map<size_t, size_t> used_blocks;  // offset -> size
+        size_t used_bytes = 0;
+        bool sent = false;
+    };
+    struct Doorbell {
+        RegionId id = 0;
+        UniqueFd fd;
+        uint64_t fd_offset = 0;  // of the page in fd
+        uint64_t map_size = 0;   // fd_offset + one page: what the tenant maps
+        int refs = 0;
+        bool sent = false;
+    };
+
+    explicit SessionMemory(uint64_t id) : session_id_(id) {}
+    uint64_t session_id_;
+    std::vector<std::unique_ptr<Chunk>> chunks_;
+    std::map<uintptr_t, Doorbell> doorbells_;  // by broker page address
+    std::vector<RegionId> released_;
+};
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,60 @@
+#include "daemon/core/session.h"
+
+namespace ibvx::daemon {
+
+const char *kindName(ObjectKind kind) {
+    switch (kind) {
+        case ObjectKind::kContext:
+            return "context";
+        case ObjectKind::kPd:
+            return "pd";
+        case ObjectKind::kMr:
+            return "mr";
+        case ObjectKind::kCq:
+            return "cq";
+        case ObjectKind::kQp:
+            return "qp";
+        case ObjectKind::kSrq:
+            return "srq";
+    }
+    return "object";
+}
+
+Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
+                 UniqueFd pidfd)
+    : id_(id),
+      token_(token),
+      token_hex_(tokenToHex(token)),
+      identity_(std::move(identity)),
+      client_name_(std::move(client_name)),
+      created_(std::chrono::steady_clock::now()),
+      pidfd_(std::move(pidfd)),
+      memory_(MappingManager::instance().createSession(id)) {}
+
+Session::~Session() {
+    MappingManager::instance().dropSession(memory_.get());
+}
+
+bool Session::putXfer(uint64_t xfer_id, UniqueFd fd) {
+    std::lock_guard lock(xfer_mu_);
+    if (xfers_closed_ || xfers_.size() >= kMaxPendingXfers || xfers_.count(xfer_id) != 0) {
+        return false;
+    }
+    xfers_.emplace(xfer_id, std::move(fd));
+    xfer_cv_.notify_all();
+    return true;
+}
+
+UniqueFd Session::takeXfer(uint64_t xfer_id, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(xfer_mu_);
+    xfer_cv_.wait_for(lock, timeout, [&] { return xfers_closed_ || xfers_.count(xfer_id) != 0; });
+    auto it = xfers_.find(xfer_id);
+    if (it == xfers_.end()) {
+        return UniqueFd();
+    }
+    UniqueFd fd = std::move(it->second);
+    xfers_.erase(it);
+    return fd;
+}
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,89 @@
+// A session: one tenant process's connection to the broker, the objects it created and its
+// memory. Created by Broker::hello(), ended by Broker::endSession().
+//
+// Threading:
+//  - mu_ guards objects_, ended_ and writes on the fd channel. Every Broker call on a session
+//    holds it for its whole duration (driver calls included), so the calls of one session run
+//    one at a time; different sessions run in parallel. Lock order: Session::mu_ ->
+//    Device::driver_mu -> MappingManager's mutex.
+//  - xfer_mu_ guards the fds the tenant sent for RegMr (filled by the fd-channel reader, taken
+//    by RegMr); never held together with mu_.
+//  - identity, token and id never change after construction.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "common/fd_channel.h"
+#include "common/unique_fd.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/mapping.h"
+#include "daemon/core/objects.h"
+
+namespace ibvx::daemon {
+
+class Session {
+  public:
+    // At most this many fds may wait for a RegMr (a flood ends the session).
+    static constexpr size_t kMaxPendingXfers = 64;
+
+    Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
+            UniqueFd pidfd);
+    ~Session();
+    Session(const Session &) = delete;
+    Session &operator=(const Session &) = delete;
+
+    uint64_t id() const { return id_; }
+    const SessionToken &token() const { return token_; }
+    const std::string &tokenHex() const { return token_hex_; }
+    const PeerIdentity &identity() const { return identity_; }
+    const std::string &clientName() const { return client_name_; }
+    std::chrono::steady_clock::time_point createdAt() const { return created_; }
+    int pidfd() const { return pidfd_.get(); }
+    // The attached fd channel, -1 before attach. Read by the broker's event loop.
+    int channelFd() const { return channel_fd_.load(); }
+    bool attached() const { return channel_fd_.load() >= 0; }
+    bool ended() const { return ended_.load(); }
+    size_t objectCount() const { return object_count_.load(); }
+    SessionMemory &memory() { return *memory_; }
+
+    // Stores an fd the tenant sent (kFdTransfer). false when the table is full or the id is
+    // already used (the fd is closed either way): a protocol violation.
+    bool putXfer(uint64_t xfer_id, UniqueFd fd);
+    // Takes the fd sent with xfer_id, waiting up to timeout for it (the RPC may overtake the
+    // frame). Invalid fd when it did not come.
+    UniqueFd takeXfer(uint64_t xfer_id, std::chrono::milliseconds timeout);
+
+  private:
+    friend class Broker;
+
+    const uint64_t id_;
+    const SessionToken token_;
+    const std::string token_hex_;
+    const PeerIdentity identity_;
+    const std::string client_name_;
+    const std::chrono::steady_clock::time_point created_;
+    UniqueFd pidfd_;
+
+    mutable std::mutex mu_;
+    UniqueFd channel_;
+    std::atomic<int> channel_fd_{-1};
+    std::atomic<bool> ended_{false};
+    std::unordered_map<uint64_t, std::unique_ptr<Object>> objects_;
+    std::atomic<size_t> object_count_{0};
+    std::unique_ptr<SessionMemory> memory_;
+
+    std::mutex xfer_mu_;
+    std::condition_variable xfer_cv_;
+    std::map<uint64_t, UniqueFd> xfers_;
+    bool xfers_closed_ = false;
+};
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,297 @@
+// The broker core over the real softnda driver, linked in and registered by the test: sessions,
+// handles, dependency errors, teardown order, MR registration from an fd, region hand-out.
+#include "daemon/core/broker.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "softnda_ops.h"
+
+namespace ibvx::daemon {
+namespace {
+
+class BrokerTest : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        verbs_register_driver_extend(&softnda_driver_ops);
+        verbs_register_vdev_extend(&softnda_vdev_ops);
+        devices_ = new DeviceRegistry;
+        devices_->scan();
+    }
+    static void TearDownTestSuite() {
+        delete devices_;
+        devices_ = nullptr;
+    }
+
+    void SetUp() override {
+        Broker::Options opt;
+        opt.xfer_wait = std::chrono::milliseconds(200);
+        broker_ = std::make_unique<Broker>(opt, devices_);
+        broker_->setRegionSender([this](Session &, std::vector<RegionToSend> &regions) {
+            std::lock_guard lock(sent_mu_);
+            for (auto &r : regions) {
+                sent_.push_back(r.id);
+            }
+            return send_status_;
+        });
+        broker_->setAudit([this](const Session &, const char *action, ObjectKind kind, uint64_t) {
+            std::lock_guard lock(sent_mu_);
+            audit_.push_back(std::string(action) + " " + kindName(kind));
+        });
+        session_ = newSession();
+    }
+
+    // The broker ends its sessions on destruction, through hooks that use the members below.
+    void TearDown() override { broker_.reset(); }
+
+    std::shared_ptr<Session> newSession() {
+        PeerIdentity peer;
+        peer.creds = {getpid(), getuid(), getgid()};
+        auto s = broker_->hello(peer, {4, 2, 0}, "unit");
+        EXPECT_TRUE(s.isOk()) << s.status().toString();
+        return *s;
+    }
+
+    // Context + PD + CQ + QP on softnda0.
+    struct Objs {
+        uint64_t ctx = 0, pd = 0, cq = 0, qp = 0;
+    };
+    Objs makeQp(Session &s) {
+        Objs o;
+        auto ctx = broker_->openContext(s, "softnda0");
+        EXPECT_TRUE(ctx.isOk()) << ctx.status().toString();
+        o.ctx = ctx->context;
+        auto pd = broker_->allocPd(s, o.ctx);
+        EXPECT_TRUE(pd.isOk()) << pd.status().toString();
+        o.pd = *pd;
+        CreateCqArgs ca;
+        ca.context = o.ctx;
+        ca.cqe = 64;
+        auto cq = broker_->createCq(s, ca);
+        EXPECT_TRUE(cq.isOk()) << cq.status().toString();
+        o.cq = cq->cq;
+        CreateQpArgs qa;
+        qa.context = o.ctx;
+        qa.pd = o.pd;
+        qa.send_cq = qa.recv_cq = o.cq;
+        qa.cap.max_send_wr = qa.cap.max_recv_wr = 16;
+        qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+        auto qp = broker_->createQp(s, qa);
+        EXPECT_TRUE(qp.isOk()) << qp.status().toString();
+        o.qp = qp->qp;
+        return o;
+    }
+
+    static DeviceRegistry *devices_;
+    std::unique_ptr<Broker> broker_;
+    std::shared_ptr<Session> session_;
+    std::mutex sent_mu_;  // the hooks run on the threads of ConcurrentSessionsStayApart
+    std::vector<RegionId> sent_;
+    std::vector<std::string> audit_;
+    Status send_status_;
+};
+
+DeviceRegistry *BrokerTest::devices_ = nullptr;
+
+TEST_F(BrokerTest, ListsSoftnda) {
+    auto devs = broker_->listDevices();
+    ASSERT_FALSE(devs.empty());
+    EXPECT_EQ(devs[0].name, "softnda0");
+    EXPECT_EQ(devs[0].provider, "softnda");
+    EXPECT_TRUE(devs[0].virtual_device);
+    EXPECT_NE(devs[0].ext_cap & IBV_EXTEND_DEV_NDA, 0u);
+}
+
+TEST_F(BrokerTest, HelloChecksVersionAndTokensDiffer) {
+    PeerIdentity peer;
+    peer.creds = {getpid(), getuid(), getgid()};
+    EXPECT_EQ(broker_->hello(peer, {5, 0, 0}, "x").status().code(), Code::kFailedPrecondition);
+    EXPECT_EQ(broker_->hello(peer, {4, 3, 0}, "x").status().code(), Code::kFailedPrecondition);
+    auto other = newSession();
+    EXPECT_NE(other->tokenHex(), session_->tokenHex());
+    EXPECT_EQ(broker_->sessionCount(), 2u);
+}
+
+TEST_F(BrokerTest, AuthenticateChecksTokenAndCredentials) {
+    Credentials me{getpid(), getuid(), getgid()};
+    EXPECT_TRUE(broker_->authenticate(session_->tokenHex(), me).isOk());
+    Credentials other = me;
+    other.pid += 1;
+    EXPECT_EQ(broker_->authenticate(session_->tokenHex(), other).status().code(), Code::kPermissionDenied);
+    EXPECT_EQ(broker_->authenticate("zz", me).status().code(), Code::kPermissionDenied);
+    EXPECT_EQ(broker_->authenticate(std::string(32, '0'), me).status().code(), Code::kUnavailable);
+}
+
+TEST_F(BrokerTest, HandlesAreNonZeroDistinctAndScopedToTheSession) {
+    Objs o = makeQp(*session_);
+    std::set<uint64_t> handles{o.ctx, o.pd, o.cq, o.qp};
+    EXPECT_EQ(handles.size(), 4u);
+    EXPECT_EQ(handles.count(0), 0u);
+    auto other = newSession();
+    // Another session's handle answers NOT_FOUND, exactly like a made-up one.
+    EXPECT_EQ(broker_->allocPd(*other, o.ctx).status().code(), Code::kNotFound);
+    EXPECT_EQ(broker_->destroyQp(*other, o.qp).status().code(), Code::kNotFound);
+    EXPECT_EQ(broker_->destroyQp(*session_, o.qp + 1).status().code(), Code::kNotFound);
+    // A handle of the wrong kind is not found either.
+    EXPECT_EQ(broker_->destroyCq(*session_, o.qp).status().code(), Code::kNotFound);
+    EXPECT_EQ(broker_->objectCount(), 4u);
+}
+
+TEST_F(BrokerTest, DestroyOfAnObjectInUseIsBusy) {
+    Objs o = makeQp(*session_);
+    auto st = broker_->destroyCq(*session_, o.cq);
+    EXPECT_EQ(st.status().code(), Code::kFailedPrecondition);
+    EXPECT_EQ(st.status().errnoValue(), EBUSY);
+    EXPECT_EQ(broker_->deallocPd(*session_, o.pd).code(), Code::kFailedPrecondition);
+    EXPECT_EQ(broker_->closeContext(*session_, o.ctx).status().errnoValue(), EBUSY);
+    ASSERT_TRUE(broker_->destroyQp(*session_, o.qp).isOk());
+    auto cq = broker_->destroyCq(*session_, o.cq);
+    ASSERT_TRUE(cq.isOk());
+    ASSERT_TRUE(broker_->deallocPd(*session_, o.pd).isOk());
+    ASSERT_TRUE(broker_->closeContext(*session_, o.ctx).isOk());
+    EXPECT_EQ(session_->objectCount(), 0u);
+    EXPECT_EQ(MappingManager::instance().stats(session_->memory()).allocated_bytes, 0u);
+}
+
+TEST_F(BrokerTest, CreateSendsEveryReferencedRegionFirstAndDestroyReleasesThem) {
+    Objs o = makeQp(*session_);
+    ASSERT_FALSE(sent_.empty());
+    std::set<RegionId> sent(sent_.begin(), sent_.end());
+    EXPECT_EQ(sent.size(), sent_.size());  // each region sent once
+    auto qr = broker_->queryQp(*session_, o.qp, IBV_QP_STATE);
+    ASSERT_TRUE(qr.isOk());
+    EXPECT_EQ(qr->attr.qp_state, IBV_QPS_RESET);
+    auto qp_released = broker_->destroyQp(*session_, o.qp);
+    ASSERT_TRUE(qp_released.isOk());
+    auto cq_released = broker_->destroyCq(*session_, o.cq);
+    ASSERT_TRUE(cq_released.isOk());
+    std::set<RegionId> released(qp_released->begin(), qp_released->end());
+    released.insert(cq_released->begin(), cq_released->end());
+    EXPECT_EQ(released, sent);  // nothing left mapped after the last queue is gone
+}
+
+TEST_F(BrokerTest, CreateFailsCleanlyWhenRegionsCannotBeSent) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    send_status_ = Status(Code::kUnavailable, EPIPE, "channel broken");
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 8;
+    auto cq = broker_->createCq(*session_, ca);
+    EXPECT_EQ(cq.status().code(), Code::kUnavailable);
+    EXPECT_EQ(session_->objectCount(), 1u);
+    EXPECT_EQ(MappingManager::instance().stats(session_->memory()).allocated_bytes, 0u);
+}
+
+TEST_F(BrokerTest, QpStateMachineAndExtendCalls) {
+    Objs o = makeQp(*session_);
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.pkey_index = 0;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE;
+    auto st = broker_->modifyQp(*session_, o.qp, a,
+                                IBV_QP_STATE | IBV_QP_PORT | IBV_QP_PKEY_INDEX | IBV_QP_ACCESS_FLAGS);
+    ASSERT_TRUE(st.isOk()) << st.status().toString();
+    EXPECT_EQ(*st, IBV_QPS_INIT);
+    auto q = broker_->queryQp(*session_, o.qp, IBV_QP_STATE);
+    ASSERT_TRUE(q.isOk());
+    EXPECT_EQ(q->attr.qp_state, IBV_QPS_INIT);
+    EXPECT_EQ(q->init.qp_type, IBV_QPT_RC);
+    // Extended calls reach the driver or answer UNIMPLEMENTED, never crash.
+    auto qe = broker_->queryQpExtend(*session_, o.qp, IBV_QP_ATTR_EXTEND_UDP_SRC_PORT);
+    EXPECT_TRUE(qe.isOk() || qe.status().code() == Code::kUnimplemented ||
+                qe.status().code() == Code::kInvalidArgument);
+    EXPECT_EQ(broker_->queryQpExtend(*session_, o.qp, IBV_QP_ATTR_EXTEND_MAX).status().code(),
+              Code::kUnimplemented);
+}
+
+TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
+    Objs o = makeQp(*session_);
+    int fd = memfd_create("mr", MFD_CLOEXEC);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 65536), 0);
+    ASSERT_TRUE(session_->putXfer(7, UniqueFd(fd)));
+    RegMrArgs args;
+    args.pd = o.pd;
+    args.xfer_id = 7;
+    args.offset = 4096;
+    args.length = 8192;
+    args.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    args.iova = 0x7f0000001000;
+    auto mr = broker_->regMr(*session_, args);
+    ASSERT_TRUE(mr.isOk()) << mr.status().toString();
+    EXPECT_NE(mr->mr, 0u);
+    EXPECT_EQ(mr->iova, args.iova);
+    // The fd was taken once.
+    EXPECT_EQ(broker_->regMr(*session_, args).status().errnoValue(), EBADF);
+    // Too long for the fd.
+    int fd2 = memfd_create("mr2", MFD_CLOEXEC);
+    ASSERT_EQ(ftruncate(fd2, 4096), 0);
+    ASSERT_TRUE(session_->putXfer(8, UniqueFd(fd2)));
+    args.xfer_id = 8;
+    EXPECT_EQ(broker_->regMr(*session_, args).status().code(), Code::kInvalidArgument);
+    // Not a memfd.
+    ASSERT_TRUE(session_->putXfer(9, UniqueFd(dup(STDERR_FILENO))));
+    args.xfer_id = 9;
+    args.offset = 0;
+    args.length = 1;
+    EXPECT_EQ(broker_->regMr(*session_, args).status().errnoValue(), EBADF);
+    EXPECT_EQ(broker_->deallocPd(*session_, o.pd).code(), Code::kFailedPrecondition);  // the MR uses it
+    EXPECT_TRUE(broker_->deregMr(*session_, mr->mr).isOk());
+}
+
+TEST_F(BrokerTest, EndSessionDestroysEverythingInDependencyOrder) {
+    Objs o = makeQp(*session_);
+    CreateSrqArgs sa;
+    sa.context = o.ctx;
+    sa.pd = o.pd;
+    sa.max_wr = 16;
+    sa.max_sge = 1;
+    auto srq = broker_->createSrq(*session_, sa);
+    ASSERT_TRUE(srq.isOk()) << srq.status().toString();
+    audit_.clear();
+    broker_->endSession(session_);
+    std::vector<std::string> expected = {"destroy qp", "destroy srq", "destroy cq", "destroy pd",
+                                         "destroy context"};
+    EXPECT_EQ(audit_, expected);
+    EXPECT_EQ(broker_->sessionCount(), 0u);
+    EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
+    // Calls on an ended session answer UNAVAILABLE.
+    EXPECT_EQ(broker_->allocPd(*session_, o.ctx).status().code(), Code::kUnavailable);
+}
+
+TEST_F(BrokerTest, ConcurrentSessionsStayApart) {
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    std::vector<std::shared_ptr<Session>> sessions;
+    for (int i = 0; i < 4; ++i) {
+        sessions.push_back(newSession());
+    }
+    for (auto &s : sessions) {
+        threads.emplace_back([&, s] {
+            for (int i = 0; i < 20; ++i) {
+                Objs o = makeQp(*s);
+                if (!broker_->destroyQp(*s, o.qp).isOk() || !broker_->destroyCq(*s, o.cq).isOk() ||
+                    !broker_->deallocPd(*s, o.pd).isOk() || !broker_->closeContext(*s, o.ctx).isOk()) {
+                    ++failures;
+                }
+            }
+        });
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+    EXPECT_EQ(failures.load(), 0);
+    EXPECT_EQ(broker_->objectCount(), 0u);
+    EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
+}
+
+}  // namespace
+}  // namespace ibvx::daemon
