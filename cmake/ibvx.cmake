@@ -61,8 +61,13 @@ function(ibvx_test name)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
-  gtest_discover_tests(${name}
-    DISCOVERY_MODE PRE_TEST
-    PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}"
-               ENVIRONMENT "IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  set(env "IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  # An empty LABELS value would shift the property list (ENVIRONMENT would become a label).
+  if(A_LABELS)
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
+      PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}" ENVIRONMENT "${env}")
+  else()
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
+      PROPERTIES TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env}")
+  endif()
 endfunction()
