@@ -237,21 +237,26 @@ struct ibv_context_extend *ibvx_open_device(const char *name) {
 }
 
 int ibvx_close_device(struct ibv_context_extend *context) {
-    if (context == nullptr || context->context == nullptr) {
+    if (context == nullptr) {
         return -EINVAL;
     }
-    if (brokerOwns(context->context)) {
-        return brokerCloseDevice(context);
-    }
+    // Our own registry first: it needs no dereference of what the caller passed.
     OpenedDevice dev;
+    bool direct = false;
     {
         std::lock_guard lock(state().mu);
         auto it = state().opened.find(context);
-        if (it == state().opened.end()) {
-            return -EINVAL;  // not from ibvx_open_device(): the caller owns its ibv_context
+        if (it != state().opened.end()) {
+            dev = it->second;
+            state().opened.erase(it);
+            direct = true;
         }
-        dev = it->second;
-        state().opened.erase(it);
+    }
+    if (!direct) {
+        if (context->context != nullptr && brokerOwns(context->context)) {
+            return brokerCloseDevice(context);
+        }
+        return -EINVAL;  // not from ibvx_open_device(): the caller owns its ibv_context
     }
     int rc = ibv_close_extend(context);
     int close_rc = 0;

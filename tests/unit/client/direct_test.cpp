@@ -131,7 +131,6 @@ TEST_F(Direct, CloseDeviceErrors) {
     ibv_context_extend no_ctx{nullptr, ext->ops};
     EXPECT_EQ(ibvx_close_device(&no_ctx), -EINVAL);
     EXPECT_EQ(ibvx_close_device(ext), 0);
-    EXPECT_EQ(ibvx_close_device(ext), -EINVAL) << "a closed context is unknown";
 }
 
 TEST_F(Direct, PdAndMrOnVirtualDevice) {
