@@ -61,13 +61,14 @@ function(ibvx_test name)
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
-  set(env "IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
-  # An empty LABELS value would shift the property list (ENVIRONMENT would become a label).
+  # The environment goes through `cmake -E env` as the test launcher: gtest_discover_tests
+  # re-splits list-valued properties, so a multi-variable ENVIRONMENT property does not survive.
+  set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
+    "${CMAKE_COMMAND};-E;env;IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  # An empty LABELS value would shift the property list.
   if(A_LABELS)
-    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
-      PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}" ENVIRONMENT "${env}")
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}")
   else()
-    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
-      PROPERTIES TIMEOUT ${A_TIMEOUT} ENVIRONMENT "${env}")
+    gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${A_TIMEOUT})
   endif()
 endfunction()
