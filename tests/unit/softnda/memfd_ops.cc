@@ -82,6 +82,18 @@ bool MemfdArena::lookup(const void *addr, int *fd, uint64_t *offset, size_t *reg
     return true;
 }
 
+bool MemfdArena::lookupDb(const void *mapped, int *fd, uint64_t *offset) {
+    std::lock_guard<std::mutex> lk(mu_);
+    for (auto &[page, m] : db_maps_) {
+        if (reinterpret_cast<uintptr_t>(mapped) - reinterpret_cast<uintptr_t>(m.va) < 4096) {
+            *fd = m.fd;
+            *offset = m.off;
+            return true;
+        }
+    }
+    return false;
+}
+
 void *MemfdArena::alloc(size_t size) {
     MemfdArena &a = instance();
     std::lock_guard<std::mutex> lk(a.mu_);
@@ -183,11 +195,11 @@ void *MemfdArena::dbMmap(doorbell_map_desc *desc) {
         return nullptr;
     }
     void *va = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
-    close(fd);
     if (va == MAP_FAILED) {
+        close(fd);
         return nullptr;
     }
-    a.db_maps_[page] = DbMap{va, 1};
+    a.db_maps_[page] = DbMap{va, 1, fd, off};
     return static_cast<uint8_t *>(va) + in_page;
 }
 
@@ -202,6 +214,7 @@ int MemfdArena::dbUnmap(void *ptr, doorbell_map_desc *desc) {
         if (reinterpret_cast<uintptr_t>(ptr) - va < 4096) {
             if (--it->second.refs == 0) {
                 munmap(it->second.va, 4096);
+                close(it->second.fd);
                 a.db_maps_.erase(it);
             }
             return 0;

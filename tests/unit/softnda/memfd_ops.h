@@ -40,6 +40,8 @@ class MemfdArena {
 
     // The memfd and offset holding addr (an address inside an allocation); false if none.
     bool lookup(const void *addr, int *fd, uint64_t *offset, size_t *region_len, const void **region_base);
+    // The exported doorbell-page fd and offset behind a db_mmap result; false if none.
+    bool lookupDb(const void *mapped, int *fd, uint64_t *offset);
 
     // ibv_extend_ops callbacks.
     static void *alloc(size_t size);
@@ -57,6 +59,8 @@ class MemfdArena {
     struct DbMap {
         void *va;  // page mapping at the "device" address
         int refs;
+        int fd;  // from export_mmio, kept so another process can map the page too
+        uint64_t off;
     };
     std::mutex mu_;
     std::map<uintptr_t, Region> regions_;  // by base address

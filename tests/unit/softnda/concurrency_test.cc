@@ -1,0 +1,181 @@
+// Many QPs driven by many threads at once over two engine threads, with control operations and
+// counter reads running alongside (also run under ThreadSanitizer). Plus the idle engine: it
+// goes to sleep, a doorbell's wake hint wakes it, and a thousand idle QPs do not get in the way.
+#include <sys/resource.h>
+
+#include <atomic>
+
+#include "tests/unit/softnda/fixture.h"
+
+namespace softnda_test {
+namespace {
+
+class Concurrency : public SoftndaTest {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override {
+        return {{"engine_threads", "2"}, {"spin_us", "20"}, {"sleep_us", "200"}};
+    }
+};
+
+struct Pair {
+    CqH scq, rcq;
+    QpH a, b;
+    std::vector<uint8_t> src, dst, rbuf;
+    ibv_mr *smr = nullptr, *dmr = nullptr, *rmr = nullptr;
+};
+
+TEST_F(Concurrency, ManyQpsManyThreads) {
+    constexpr int kThreads = 4;
+    constexpr int kPairsPerThread = 2;
+    constexpr int kIters = 400;
+    std::vector<std::unique_ptr<Pair>> pairs;
+    for (int i = 0; i < kThreads * kPairsPerThread; ++i) {
+        auto p = std::make_unique<Pair>();
+        p->scq = makeCq(64);
+        p->rcq = makeCq(64);
+        p->a = makeQp(p->scq, p->rcq);
+        p->b = makeQp(p->scq, p->rcq);
+        connect(p->a, p->b);
+        p->src.resize(256);
+        p->dst.resize(256);
+        p->rbuf.resize(256);
+        p->smr = reg(p->src.data(), 256);
+        p->dmr = reg(p->dst.data(), 256);
+        p->rmr = reg(p->rbuf.data(), 256);
+        pairs.push_back(std::move(p));
+    }
+    std::atomic<int> failures{0};
+    std::atomic<bool> done{false};
+    auto worker = [&](int t) {
+        for (int it = 0; it < kIters; ++it) {
+            for (int k = 0; k < kPairsPerThread; ++k) {
+                Pair &p = *pairs[static_cast<size_t>(t * kPairsPerThread + k)];
+                uint8_t tag = static_cast<uint8_t>(it * 7 + t);
+                std::fill(p.src.begin(), p.src.end(), tag);
+                softnda_sge rs = sge(p.rbuf.data(), 128, p.rmr);
+                softnda_sge s1 = sge(p.src.data(), 128, p.smr);
+                softnda_sge s2 = sge(p.src.data() + 128, 128, p.smr);
+                auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s1, 1);
+                w.remote_addr = reinterpret_cast<uintptr_t>(p.dst.data());
+                w.rkey = p.dmr->rkey;
+                auto s = wr(SOFTNDA_OP_SEND, 2, &s2, 1);
+                if (softnda_rq_post(&p.b.rq, 3, &rs, 1) != 0 || softnda_sq_post(&p.a.sq, &w) != 0 ||
+                    softnda_sq_post(&p.a.sq, &s) != 0) {
+                    failures++;
+                    return;
+                }
+                softnda_rq_doorbell(&p.b.rq);
+                softnda_sq_doorbell(&p.a.sq);
+                auto sc = waitCqes(p.scq.cq, 2);
+                auto rc = waitCqes(p.rcq.cq, 1);
+                if (sc.size() != 2 || rc.size() != 1 || sc[0].status != 0 || sc[1].status != 0 ||
+                    rc[0].status != 0 || p.dst[0] != tag || p.dst[127] != tag || p.rbuf[0] != tag ||
+                    p.rbuf[127] != tag) {
+                    failures++;
+                    return;
+                }
+            }
+        }
+    };
+    // Control operations and counter reads race with the engine on purpose.
+    std::thread control([&] {
+        while (!done.load()) {
+            auto ca = cqAttr(8);
+            ibv_cq_extend *cq = ext_->ops->create_cq(ctx_, &ca);
+            if (cq == nullptr) {
+                failures++;
+                return;
+            }
+            CqH h;
+            h.ext = cq;
+            auto qa = qpAttr(h, h);
+            ibv_qp_extend *qp = ext_->ops->create_qp(ctx_, &qa);
+            softnda_counters c{};
+            if (qp == nullptr || softnda_query_counters("softnda0", &c) != 0 ||
+                ext_->ops->destroy_qp(qp) != 0 || ext_->ops->destroy_cq(cq) != 0) {
+                failures++;
+                return;
+            }
+        }
+    });
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back(worker, t);
+    }
+    for (auto &th : threads) {
+        th.join();
+    }
+    done = true;
+    control.join();
+    EXPECT_EQ(failures.load(), 0);
+    softnda_counters c{};
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    EXPECT_GE(c.wqes_executed, static_cast<uint64_t>(kThreads * kPairsPerThread * kIters * 2));
+}
+
+TEST_F(Concurrency, IdleEngineSleepsAndTheHintWakesIt) {
+    CqH cq = makeCq();
+    QpH a = makeQp(cq, cq);
+    QpH b = makeQp(cq, cq);
+    connect(a, b);
+    uint64_t v = 3, d = 0;
+    ibv_mr *m = reg(&v, 8);
+    ibv_mr *dm = reg(&d, 8);
+    softnda_sge s = sge(&v, 8, m);
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s, 1);
+    w.remote_addr = reinterpret_cast<uintptr_t>(&d);
+    w.rkey = dm->rkey;
+    softnda_counters c{};
+    for (int round = 0; round < 50; ++round) {
+        ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+        uint64_t sleeps = c.sleeps;
+        for (int i = 0; i < 2000 && c.sleeps == sleeps; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+        }
+        ASSERT_GT(c.sleeps, sleeps) << "an idle engine must go to sleep";
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+        ASSERT_EQ(postOne(a, w), 0);
+        ASSERT_EQ(waitOne(cq.cq).status, IBV_WC_SUCCESS);
+        ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+        if (c.wakeups_by_hint > 0) {
+            break;
+        }
+    }
+    EXPECT_GT(c.wakeups_by_hint, 0u);
+}
+
+TEST_F(Concurrency, ThousandIdleQpsDoNotHideARing) {
+    rlimit rl{};
+    ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &rl), 0);
+    if (rl.rlim_cur < 4096 && rl.rlim_max >= 4096) {
+        rl.rlim_cur = 4096;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    CqH cq = makeCq();
+    QpCaps caps;
+    caps.send_wr = 1;
+    caps.recv_wr = 1;
+    for (int i = 0; i < 1000; ++i) {
+        makeQp(cq, cq, caps);
+    }
+    QpH a = makeQp(cq, cq);
+    QpH b = makeQp(cq, cq);
+    connect(a, b);
+    uint64_t v = 9, d = 0;
+    ibv_mr *m = reg(&v, 8);
+    ibv_mr *dm = reg(&d, 8);
+    softnda_sge s = sge(&v, 8, m);
+    for (uint64_t i = 0; i < 100; ++i) {
+        v = i;
+        auto w = wr(SOFTNDA_OP_RDMA_WRITE, i, &s, 1);
+        w.remote_addr = reinterpret_cast<uintptr_t>(&d);
+        w.rkey = dm->rkey;
+        ASSERT_EQ(postOne(a, w), 0);
+        ASSERT_EQ(waitOne(cq.cq).wr_id, i);
+        ASSERT_EQ(d, i);
+    }
+}
+
+}  // namespace
+}  // namespace softnda_test
