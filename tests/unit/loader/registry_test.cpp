@@ -3,6 +3,7 @@
 // with an empty registry.
 #include <dlfcn.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <vector>
@@ -99,6 +100,28 @@ TEST(Registry, EnvListSplitsOnColonAndSemicolon) {
     loadAll();
     EXPECT_THAT(recordNames(), ElementsAre("ibvxtest_alpha", "ibvxtest_beta"));
     EXPECT_THAT(driverNames(), UnorderedElementsAre("alpha", "beta"));
+}
+
+TEST(Registry, EnvListIgnoredWhenPrivilegesDiffer) {
+    DiscoveryEnv env;
+    setenv("IBV_EXTEND_DRIVERS", "ibvxtest_alpha", 1);
+    EXPECT_EXIT(
+        {
+            // Like a setuid program: the caller's list must not be loaded.
+            if (setresuid(static_cast<uid_t>(-1), 65534, static_cast<uid_t>(-1)) < 0) {
+                _exit(2);
+            }
+            loadAll();
+            bool any_env = false;
+            for (const LoadRecord &r : loadRecords()) {
+                any_env = any_env || r.source == "env";
+            }
+            _exit(!any_env && findDriverByName("alpha") == nullptr ? 0 : 1);
+        },
+        testing::ExitedWithCode(0), "");
+    // The same setup with equal ids does load it: the test above is not vacuous.
+    loadAll();
+    EXPECT_NE(findDriverByName("alpha"), nullptr);
 }
 
 TEST(Registry, DriverMatchedByProviderName) {
