@@ -64,14 +64,20 @@ void fillAttr(Device &d) {
     a.max_mr_size = d.cfg.max_mr_size;
 }
 
-// Caller holds Registry::mu. Rebuilds the device list when the configuration changed and no
-// device is open (devices own nothing then).
+// Caller holds Registry::mu. Applies a changed configuration while no device is open (devices
+// own nothing then); devices that stay keep their identity and counters.
 void ensureDevices(Registry &r) {
     if (!r.devices_stale || r.open_contexts != 0) {
         return;
     }
-    r.devices.clear();
-    for (uint32_t i = 0; i < r.cfg.devices; ++i) {
+    if (r.devices.size() > r.cfg.devices) {
+        r.devices.resize(r.cfg.devices);
+    }
+    for (auto &d : r.devices) {
+        d->cfg = r.cfg;
+        fillAttr(*d);
+    }
+    for (auto i = static_cast<uint32_t>(r.devices.size()); i < r.cfg.devices; ++i) {
         auto d = std::make_unique<Device>();
         d->magic = kMagicDevice;
         d->name = "softnda" + std::to_string(i);

@@ -1,0 +1,33 @@
+// Scenario functions of ibv-extend-perf. Each measures one thing and adds its figures to a
+// Results; the broker scenarios (issue 7) join as further functions of the same shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tools/ibv-extend-perf/results.h"
+
+namespace ibvx::perf {
+
+struct Options {
+    bool quick = false;           // seconds-long smoke run; figures are not meaningful
+    uint32_t engine_threads = 1;  // softnda engine threads
+};
+
+// Percentile (0..100) of samples (sorted in place).
+double percentile(std::vector<uint64_t> &samples, double pct);
+
+// floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
+// floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.
+void runFloors(const Options &opt, Results &out);
+
+// In-process softnda ("direct"): 8 B WRITE post->CQE latency, 8 B WRITE message rate with
+// doorbell batching and selective signaling, 1 MiB WRITE bandwidth; and the ratios against
+// the floors measured in the same run.
+void runSoftndaDirect(const Options &opt, Results &out);
+
+// machine.cores, kernel, cpu, date, git_commit.
+void collectMachine(Results &out);
+
+}  // namespace ibvx::perf

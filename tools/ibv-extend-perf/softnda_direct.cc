@@ -1,0 +1,308 @@
+// softnda in this process ("direct"): the driver's and vdev's ops called directly, queue memory
+// from plain host memory with identity doorbell mapping (direct mode on a host-only NPU), and
+// every work request posted and polled through softnda_device.h as a device kernel would.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "providers/softnda/include/softnda.h"
+#include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/include/softnda_ops.h"
+#include "tools/ibv-extend-perf/scenarios.h"
+
+namespace ibvx::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void *hostAlloc(size_t size) {
+    return std::aligned_alloc(4096, (size + 4095) & ~static_cast<size_t>(4095));
+}
+void hostFree(void *p) {
+    std::free(p);
+}
+void hostMemset(void *d, int v, size_t n) {
+    std::memset(d, v, n);
+}
+int hostMemcpy(void *d, size_t max, void *s, size_t n, uint32_t dir) {
+    if (dir > MEMCPY_DIR_DEVICE_TO_DEVICE || n > max) {
+        return -1;
+    }
+    std::memcpy(d, s, n);
+    return 0;
+}
+void *hostDbMmap(doorbell_map_desc *desc) {
+    return desc != nullptr && desc->type == DB_MAP_MODE_HOST_VA ? reinterpret_cast<void *>(desc->hva)
+                                                                : nullptr;
+}
+int hostDbUnmap(void *ptr, doorbell_map_desc *desc) {
+    return ptr != nullptr && desc != nullptr ? 0 : -EINVAL;
+}
+ibv_extend_ops g_host_ops = {hostAlloc, hostFree, hostMemset, hostMemcpy, hostDbMmap, hostDbUnmap};
+
+[[noreturn]] void die(const std::string &what) {
+    throw std::runtime_error("softnda direct: " + what + " failed (errno " + std::to_string(errno) + ")");
+}
+
+// One device context with a connected QP pair, its CQ and two registered buffers.
+class Rig {
+  public:
+    Rig(const Options &opt, uint32_t sq_depth, size_t buf_size) : buf_size_(buf_size) {
+        // The engine must not fall asleep between two measurements.
+        softnda_vdev_ops.configure("spin_us", "2000000");
+        softnda_vdev_ops.configure("engine_threads", std::to_string(opt.engine_threads).c_str());
+        ctx_ = softnda_vdev_ops.open_device("softnda0");
+        if (ctx_ == nullptr) {
+            die("open_device");
+        }
+        ext_ = softnda_driver_ops.alloc_context(ctx_);
+        pd_ = softnda_vdev_ops.alloc_pd(ctx_);
+        ibv_cq_init_attr_extend ca{};
+        ca.attr.cqe = sq_depth;
+        ca.ops = &g_host_ops;
+        cq_ = ext_->ops->create_cq(ctx_, &ca);
+        if (cq_ == nullptr) {
+            die("create_cq");
+        }
+        for (auto **qp : {&a_, &b_}) {
+            ibv_qp_init_attr_extend qa{};
+            qa.pd = pd_;
+            qa.attr.send_cq = cq_->cq;
+            qa.attr.recv_cq = cq_->cq;
+            qa.attr.qp_type = IBV_QPT_RC;
+            qa.attr.cap.max_send_wr = sq_depth;
+            qa.attr.cap.max_recv_wr = 1;
+            qa.attr.cap.max_send_sge = 1;
+            qa.attr.cap.max_recv_sge = 1;
+            qa.ops = &g_host_ops;
+            *qp = ext_->ops->create_qp(ctx_, &qa);
+            if (*qp == nullptr) {
+                die("create_qp");
+            }
+        }
+        connect(a_->qp, b_->qp->qp_num);
+        connect(b_->qp, a_->qp->qp_num);
+        src_ = static_cast<uint8_t *>(hostAlloc(buf_size));
+        dst_ = static_cast<uint8_t *>(hostAlloc(buf_size));
+        std::memset(src_, 0x5a, buf_size);
+        std::memset(dst_, 0, buf_size);
+        int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        smr_ = softnda_vdev_ops.reg_mr(pd_, src_, buf_size, reinterpret_cast<uintptr_t>(src_), acc);
+        dmr_ = softnda_vdev_ops.reg_mr(pd_, dst_, buf_size, reinterpret_cast<uintptr_t>(dst_), acc);
+        if (smr_ == nullptr || dmr_ == nullptr) {
+            die("reg_mr");
+        }
+        if (softnda_sq_init(&sq_, &a_->sq_info) != 0 || softnda_cq_init(&cqh_, &cq_->cq_info) != 0) {
+            die("queue_info");
+        }
+    }
+    ~Rig() {
+        softnda_vdev_ops.dereg_mr(smr_);
+        softnda_vdev_ops.dereg_mr(dmr_);
+        hostFree(src_);
+        hostFree(dst_);
+        ext_->ops->destroy_qp(a_);
+        ext_->ops->destroy_qp(b_);
+        ext_->ops->destroy_cq(cq_);
+        softnda_vdev_ops.dealloc_pd(pd_);
+        softnda_driver_ops.free_context(ext_);
+        softnda_vdev_ops.close_device(ctx_);
+        softnda_vdev_ops.configure("spin_us", "50");
+        softnda_vdev_ops.configure("engine_threads", "1");
+    }
+    Rig(const Rig &) = delete;
+    Rig &operator=(const Rig &) = delete;
+
+    softnda_send_wr write(uint32_t len, uint8_t flags, uint64_t wr_id) {
+        sge_ = softnda_sge{reinterpret_cast<uintptr_t>(src_), len, smr_->lkey};
+        softnda_send_wr w{};
+        w.opcode = SOFTNDA_OP_RDMA_WRITE;
+        w.flags = flags;
+        w.wr_id = wr_id;
+        w.sg_list = &sge_;
+        w.num_sge = 1;
+        w.remote_addr = reinterpret_cast<uintptr_t>(dst_);
+        w.rkey = dmr_->rkey;
+        return w;
+    }
+    // Spins until one CQE; throws on an error completion.
+    void waitCqe() {
+        softnda_cqe e;
+        int n;
+        while ((n = softnda_cq_poll(&cqh_, &e, 1)) == 0) {
+            __builtin_ia32_pause();
+        }
+        if (n < 0 || e.status != IBV_WC_SUCCESS) {
+            die("completion status " + std::to_string(n < 0 ? -1 : e.status));
+        }
+    }
+
+    softnda_sq sq_{};
+    softnda_cq cqh_{};
+    uint8_t *src_ = nullptr;
+    uint8_t *dst_ = nullptr;
+
+  private:
+    static void connect(ibv_qp *qp, uint32_t dest) {
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        if (softnda_vdev_ops.modify_qp(
+                qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+            die("modify INIT");
+        }
+        a = ibv_qp_attr{};
+        a.qp_state = IBV_QPS_RTR;
+        a.dest_qp_num = dest;
+        a.path_mtu = IBV_MTU_4096;
+        if (softnda_vdev_ops.modify_qp(qp, &a,
+                                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                           IBV_QP_MIN_RNR_TIMER) != 0) {
+            die("modify RTR");
+        }
+        a = ibv_qp_attr{};
+        a.qp_state = IBV_QPS_RTS;
+        if (softnda_vdev_ops.modify_qp(qp, &a,
+                                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+            die("modify RTS");
+        }
+    }
+
+    size_t buf_size_;
+    ibv_context *ctx_ = nullptr;
+    ibv_context_extend *ext_ = nullptr;
+    ibv_pd *pd_ = nullptr;
+    ibv_cq_extend *cq_ = nullptr;
+    ibv_qp_extend *a_ = nullptr;
+    ibv_qp_extend *b_ = nullptr;
+    ibv_mr *smr_ = nullptr;
+    ibv_mr *dmr_ = nullptr;
+    softnda_sge sge_{};
+};
+
+uint64_t nsSince(Clock::time_point t0) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// One 8 B WRITE at a time, post + doorbell -> CQE, the same round-trip shape as the ping-pong.
+void write8Latency(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 200 : 200000;
+    const int warmup = opt.quick ? 20 : 1000;
+    Rig rig(opt, 64, 4096);
+    std::vector<uint64_t> ns;
+    ns.reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters + warmup; ++i) {
+        softnda_send_wr w = rig.write(8, SOFTNDA_WQE_SIGNALED, static_cast<uint64_t>(i));
+        auto t0 = Clock::now();
+        softnda_sq_post(&rig.sq_, &w);
+        softnda_sq_doorbell(&rig.sq_);
+        rig.waitCqe();
+        if (i >= warmup) {
+            ns.push_back(nsSince(t0));
+        }
+    }
+    out.add("fastpath", "write8_p50_ns_direct", percentile(ns, 50), "ns",
+            "8 B WRITE post->CQE, in-process softnda");
+    out.add("fastpath", "write8_p99_ns_direct", percentile(ns, 99), "ns");
+}
+
+// 8 B WRITEs, 64 per doorbell, one signaled per batch, up to 8 batches in flight.
+void messageRate(const Options &opt, Results &out) {
+    constexpr uint32_t kBatch = 64;
+    constexpr uint32_t kInFlight = 8;
+    const uint64_t total = opt.quick ? 10'240 : 20'000'000;
+    Rig rig(opt, kBatch * kInFlight, 4096);
+    uint64_t posted = 0, batches_in_flight = 0;
+    softnda_cqe e[16];
+    auto t0 = Clock::now();
+    while (posted < total || batches_in_flight > 0) {
+        while (posted < total && batches_in_flight < kInFlight) {
+            for (uint32_t i = 0; i < kBatch; ++i) {
+                softnda_send_wr w = rig.write(8, i == kBatch - 1 ? SOFTNDA_WQE_SIGNALED : 0, posted + i);
+                softnda_sq_post(&rig.sq_, &w);
+            }
+            softnda_sq_doorbell(&rig.sq_);
+            posted += kBatch;
+            batches_in_flight++;
+        }
+        int n = softnda_cq_poll(&rig.cqh_, e, 16);
+        if (n < 0) {
+            die("message-rate CQ");
+        }
+        for (int i = 0; i < n; ++i) {
+            if (e[i].status != IBV_WC_SUCCESS) {
+                die("message-rate completion");
+            }
+        }
+        batches_in_flight -= static_cast<uint64_t>(n);
+    }
+    double sec = static_cast<double>(nsSince(t0)) / 1e9;
+    out.add("fastpath", "msg_rate_mwrs", static_cast<double>(posted) / sec / 1e6, "M WR/s",
+            "8 B WRITE, 64 per doorbell, 1 engine thread");
+}
+
+// 1 MiB WRITEs, up to 4 in flight.
+void write1m(const Options &opt, Results &out) {
+    constexpr uint32_t kSize = 1 << 20;
+    constexpr int kInFlight = 4;
+    const int total = opt.quick ? 8 : 4000;
+    Rig rig(opt, 16, kSize);
+    int posted = 0, done = 0, in_flight = 0;
+    auto t0 = Clock::now();
+    while (done < total) {
+        while (posted < total && in_flight < kInFlight) {
+            softnda_send_wr w = rig.write(kSize, SOFTNDA_WQE_SIGNALED, static_cast<uint64_t>(posted));
+            softnda_sq_post(&rig.sq_, &w);
+            softnda_sq_doorbell(&rig.sq_);
+            posted++;
+            in_flight++;
+        }
+        rig.waitCqe();
+        done++;
+        in_flight--;
+    }
+    double sec = static_cast<double>(nsSince(t0)) / 1e9;
+    if (std::memcmp(rig.src_, rig.dst_, kSize) != 0) {
+        die("1 MiB WRITE data check");
+    }
+    out.add("fastpath", "write1m_gbps", static_cast<double>(kSize) * total / sec / 1e9, "GB/s",
+            "1 MiB WRITE, 4 in flight");
+}
+
+}  // namespace
+
+void runSoftndaDirect(const Options &opt, Results &out) {
+    write8Latency(opt, out);
+    messageRate(opt, out);
+    write1m(opt, out);
+    const Row *floor = out.find("floors", "shm_pingpong_p50_ns");
+    const Row *w8 = out.find("fastpath", "write8_p50_ns_direct");
+    if (floor != nullptr && w8 != nullptr && floor->value > 0) {
+        out.add("fastpath", "write8_over_shm_floor", w8->value / floor->value, "x",
+                "goal <= 10 (direct figure)");
+    }
+    const Row *mc = out.find("floors", "memcpy_gbps");
+    const Row *w1 = out.find("fastpath", "write1m_gbps");
+    if (mc != nullptr && w1 != nullptr && mc->value > 0) {
+        out.add("fastpath", "write1m_over_memcpy", w1->value / mc->value, "x", "goal >= 0.8");
+    }
+    softnda_counters c{};
+    if (softnda_query_counters("softnda0", &c) == 0) {
+        out.add("softnda", "wqes_executed", static_cast<double>(c.wqes_executed), "WQEs");
+        out.add("softnda", "doorbells", static_cast<double>(c.doorbells), "rings");
+        out.add("softnda", "engine_sleeps", static_cast<double>(c.sleeps), "sleeps");
+    }
+}
+
+}  // namespace ibvx::perf
