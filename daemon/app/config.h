@@ -1,0 +1,44 @@
+// ibv-extendd's configuration: the TOML file (/etc/ibv-extend/ibv-extendd.toml) merged with the
+// command line (flags win). Parsing is strict: an unknown key or a bad value is an error that
+// names the key and its line, so a typo never silently changes what the broker does.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace ibvx::daemon {
+
+// A provider option from a [<provider>] table, passed to its vdev configure(key, value).
+struct ProviderOption {
+    std::string provider;
+    std::string key;
+    std::string value;
+    std::string where;  // "FILE:LINE"
+};
+
+struct DaemonConfig {
+    std::string config_path;  // empty: none
+    std::string socket = "/run/ibv-extend/broker.sock";
+    std::optional<mode_t> socket_mode;  // applied to a socket we create
+    std::string socket_group;           // group owning the socket ("" keeps ours)
+    std::string admin_group;            // may call the Admin service besides root
+    std::string log_level = "info";
+    uint32_t attach_timeout_ms = 5000;
+    uint32_t handshake_timeout_ms = 2000;
+    std::vector<std::string> drivers;  // extra extension drivers to load ([drivers] names)
+    std::vector<ProviderOption> provider_options;
+};
+
+// Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: ..." on error.
+Status parseConfig(const std::string &text, const std::string &path, DaemonConfig *out);
+Status loadConfigFile(const std::string &path, DaemonConfig *out);
+
+bool validLogLevel(const std::string &level);
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,343 @@
+#include "daemon/app/daemon.h"
+
+#include <grp.h>
+#include <signal.h>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/sinks/systemd_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <systemd/sd-daemon.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstring>
+#include <filesystem>
+
+#include "daemon/app/config.h"
+#include "daemon/core/broker.h"
+#include "daemon/edge/server.h"
+#include "providers/loader/discovery.h"
+#include "providers/loader/loader.h"
+
+namespace ibvx::daemon {
+namespace {
+
+void setupLogging(const std::string &level) {
+    std::shared_ptr<spdlog::logger> logger;
+    if (getenv("JOURNAL_STREAM") != nullptr) {
+        logger = std::make_shared<spdlog::logger>("ibv-extendd",
+                                                  std::make_shared<spdlog::sinks::systemd_sink_mt>());
+    } else {
+        logger = std::make_shared<spdlog::logger>("ibv-extendd",
+                                                  std::make_shared<spdlog::sinks::stderr_sink_mt>());
+        logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e ibv-extendd[%P] %l: %v");
+    }
+    logger->set_level(spdlog::level::from_str(level));
+    spdlog::set_default_logger(logger);
+}
+
+// True when some broker answers on path (then we must not steal its socket).
+bool socketAnswers(const std::string &path) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    return fd && ::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+}
+
+StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
+    *created = false;
+    // Socket activation: systemd hands us exactly one listening Unix stream socket.
+    int n = sd_listen_fds(0);
+    if (n == 1 && sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) > 0) {
+        spdlog::info("using the socket passed by systemd");
+        return UniqueFd(SD_LISTEN_FDS_START);
+    }
+    if (n > 1) {
+        return invalidArgument("systemd passed " + std::to_string(n) +
+                               " sockets; expected one Unix stream socket");
+    }
+    const std::string &path = cfg.socket;
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+        return invalidArgument("socket path longer than 107 bytes: " + path);
+    }
+    std::error_code ec;
+    std::filesystem::path parent = std::filesystem::path(path).parent_path();
+    if (!parent.empty()) {
+        std::filesystem::create_directories(parent, ec);
+        if (ec) {
+            return Status::fromErrno(ec.value(), "cannot create " + parent.string() + ": " + ec.message());
+        }
+    }
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0) {
+        if (!S_ISSOCK(st.st_mode)) {
+            return Status(Code::kAlreadyExists, EEXIST, path + " exists and is not a socket");
+        }
+        if (socketAnswers(path)) {
+            return Status(Code::kAlreadyExists, EADDRINUSE, "another broker is serving " + path);
+        }
+        ::unlink(path.c_str());  // a stale socket of a broker that died
+    }
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+    if (!fd) {
+        return Status::fromErrno(errno, "socket failed");
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) < 0) {
+        return Status::fromErrno(errno, "cannot bind " + path + ": " + std::strerror(errno));
+    }
+    *created = true;
+    if (cfg.socket_mode && ::chmod(path.c_str(), *cfg.socket_mode) < 0) {
+        return Status::fromErrno(errno, "cannot chmod " + path);
+    }
+    if (!cfg.socket_group.empty()) {
+        group *g = ::getgrnam(cfg.socket_group.c_str());
+        if (g == nullptr) {
+            return invalidArgument("socket_group '" + cfg.socket_group + "' does not exist");
+        }
+        if (::chown(path.c_str(), static_cast<uid_t>(-1), g->gr_gid) < 0) {
+            return Status::fromErrno(errno, "cannot chown " + path + " to group " + cfg.socket_group);
+        }
+    }
+    if (::listen(fd.get(), 128) < 0) {
+        return Status::fromErrno(errno, "listen failed");
+    }
+    return fd;
+}
+
+void loadDrivers(const DaemonConfig &cfg, bool first) {
+    if (first) {
+        loader::loadAll();  // the reference's discovery: config dir and IBV_EXTEND_DRIVERS
+    }
+    for (const std::string &name : cfg.drivers) {
+        bool known = false;
+        for (const auto &rec : loader::loadRecords()) {
+            known = known || (rec.name == name && rec.loaded);
+        }
+        if (known) {
+            continue;
+        }
+        loader::LoadRecord rec = loader::detail::loadDriverLibrary(name, cfg.config_path);
+        if (rec.loaded) {
+            spdlog::info("loaded extension driver '{}' from {}", name, rec.path);
+        } else {
+            spdlog::error("cannot load extension driver '{}' (from {}): {}", name, cfg.config_path,
+                          rec.error);
+        }
+    }
+}
+
+// softnda is the embedded default: loaded when no rdma-core device has an extension driver.
+void loadDefaultProvider() {
+    int count = 0;
+    ibv_device **list = ibv_get_device_list(&count);
+    bool matched = false;
+    if (list != nullptr) {  // NULL (ENOSYS) without RDMA in the kernel; never free NULL
+        for (int i = 0; i < count && !matched; ++i) {
+            matched = loader::findDriver(list[i]) != nullptr;
+        }
+        ibv_free_device_list(list);
+    }
+    if (matched || loader::findDriverByName("softnda") != nullptr) {
+        return;
+    }
+    loader::LoadRecord rec = loader::detail::loadDriverLibrary("softnda", "default");
+    if (rec.loaded) {
+        spdlog::info("no hardware extension driver matched a device; serving softnda from {}", rec.path);
+    } else {
+        spdlog::warn("no hardware driver matched and softnda could not be loaded: {}", rec.error);
+    }
+}
+
+Status configureProviders(const DaemonConfig &cfg) {
+    for (const ProviderOption &o : cfg.provider_options) {
+        const ibv_extend_vdev_ops *provider = nullptr;
+        for (const ibv_extend_vdev_ops *v : loader::vdevProviders()) {
+            if (o.provider == v->provider) {
+                provider = v;
+            }
+        }
+        if (provider == nullptr) {
+            return invalidArgument(o.where + ": [" + o.provider +
+                                   "] names no loaded virtual-device provider");
+        }
+        if (provider->configure == nullptr) {
+            return invalidArgument(o.where + ": provider " + o.provider + " takes no options");
+        }
+        int rc = provider->configure(o.key.c_str(), o.value.c_str());
+        if (rc == -EBUSY) {
+            spdlog::warn("{}: {}.{} not applied: the provider has open devices", o.where, o.provider, o.key);
+        } else if (rc < 0) {
+            return invalidArgument(o.where + ": " + o.provider + "." + o.key + " = '" + o.value +
+                                   "' rejected by the provider (unknown key or value out of range)");
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+int runDaemon(int argc, char **argv) {
+    CLI::App app{"ibv-extendd: the per-host ibv_extend broker"};
+    std::string socket_flag, config_path, log_level_flag;
+    bool foreground = false;
+    app.add_option("--socket", socket_flag, "Unix socket path (default /run/ibv-extend/broker.sock)");
+    app.add_option("--config", config_path, "TOML configuration file");
+    app.add_flag("--foreground", foreground, "Stay in the foreground (also implied under systemd)");
+    app.add_option("--log-level", log_level_flag, "trace, debug, info, warn, error, critical or off");
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        int rc = app.exit(e);
+        return rc == 0 ? 0 : 2;
+    }
+
+    DaemonConfig cfg;
+    if (!config_path.empty()) {
+        if (Status st = loadConfigFile(config_path, &cfg); !st.isOk()) {
+            fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+            return 2;
+        }
+    }
+    if (!socket_flag.empty()) {
+        cfg.socket = socket_flag;
+    }
+    if (!log_level_flag.empty()) {
+        if (!validLogLevel(log_level_flag)) {
+            fprintf(stderr,
+                    "ibv-extendd: --log-level '%s' is not one of trace, debug, info, warn, error, critical, "
+                    "off\n",
+                    log_level_flag.c_str());
+            return 2;
+        }
+        cfg.log_level = log_level_flag;
+    }
+    long admin_gid = -1;
+    if (!cfg.admin_group.empty()) {
+        group *g = ::getgrnam(cfg.admin_group.c_str());
+        if (g == nullptr) {
+            fprintf(stderr, "ibv-extendd: %s: admin_group '%s' does not exist\n", cfg.config_path.c_str(),
+                    cfg.admin_group.c_str());
+            return 2;
+        }
+        admin_gid = g->gr_gid;
+    }
+    setupLogging(cfg.log_level);
+
+    // Before any thread exists, so every thread inherits the mask and only signalfd sees them.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+    signal(SIGPIPE, SIG_IGN);
+    UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC));
+    if (!sigfd) {
+        spdlog::critical("signalfd failed: {}", std::strerror(errno));
+        return 1;
+    }
+
+    if (!foreground && getenv("NOTIFY_SOCKET") == nullptr && getenv("JOURNAL_STREAM") == nullptr) {
+        if (::daemon(0, 1) < 0) {
+            spdlog::critical("cannot detach: {}", std::strerror(errno));
+            return 1;
+        }
+    }
+
+    loadDrivers(cfg, true);
+    loadDefaultProvider();
+    if (Status st = configureProviders(cfg); !st.isOk()) {
+        spdlog::critical("{}", st.message());
+        return 2;
+    }
+    DeviceRegistry devices;
+    devices.scan();
+    for (const DeviceInfo &d : devices.list()) {
+        spdlog::info("device {} (driver {}, ops v{}, {})", d.name, d.provider, d.driver_version,
+                     d.virtual_device ? "virtual" : "rdma-core");
+    }
+    if (devices.size() == 0) {
+        spdlog::warn("no device to serve: tenants will see an empty device list");
+    }
+
+    bool created = false;
+    auto listen_fd = listenOn(cfg, &created);
+    if (!listen_fd.isOk()) {
+        spdlog::critical("{}", listen_fd.status().message());
+        return listen_fd.status().code() == Code::kInvalidArgument ? 2 : 1;
+    }
+
+    Broker::Options bopt;
+    bopt.attach_timeout = std::chrono::milliseconds(cfg.attach_timeout_ms);
+    Broker broker(bopt, &devices);
+    broker.setAudit([](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
+        const PeerIdentity &id = s.identity();
+        spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action,
+                     kindName(kind), handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
+    });
+    ServerOptions sopt;
+    sopt.handshake_timeout = std::chrono::milliseconds(cfg.handshake_timeout_ms);
+    sopt.admin_gid = admin_gid;
+    auto server = BrokerServer::create(broker, sopt);
+    if (!server.isOk()) {
+        spdlog::critical("{}", server.status().message());
+        return 1;
+    }
+    if (Status st = (*server)->start(std::move(listen_fd).value()); !st.isOk()) {
+        spdlog::critical("{}", st.message());
+        return 1;
+    }
+    spdlog::info("serving on {} ({} device(s))", cfg.socket, devices.size());
+    sd_notifyf(0, "READY=1\nSTATUS=serving %zu device(s) on %s", devices.size(), cfg.socket.c_str());
+
+    int rc = 0;
+    for (;;) {
+        signalfd_siginfo si{};
+        ssize_t n = ::read(sigfd.get(), &si, sizeof(si));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n != static_cast<ssize_t>(sizeof(si))) {
+            spdlog::critical("signalfd read failed: {}", std::strerror(errno));
+            rc = 1;
+            break;
+        }
+        if (si.ssi_signo == SIGHUP) {
+            spdlog::info("SIGHUP: reloading driver configuration");
+            DaemonConfig fresh;
+            if (!cfg.config_path.empty()) {
+                if (Status st = loadConfigFile(cfg.config_path, &fresh); !st.isOk()) {
+                    spdlog::error("reload failed, keeping the old configuration: {}", st.message());
+                    continue;
+                }
+            }
+            loadDrivers(fresh, false);
+            if (Status st = configureProviders(fresh); !st.isOk()) {
+                spdlog::error("reload: {}", st.message());
+            }
+            int added = devices.scan();
+            spdlog::info("reload done: {} new device(s), {} total", added, devices.size());
+            continue;
+        }
+        spdlog::info("{}: stopping (in-flight calls finish, then every session is torn down)",
+                     strsignal(static_cast<int>(si.ssi_signo)));
+        break;
+    }
+    sd_notify(0, "STOPPING=1");
+    (*server)->shutdown(std::chrono::seconds(5));
+    server->reset();
+    if (created) {
+        ::unlink(cfg.socket.c_str());
+    }
+    spdlog::info("stopped");
+    return rc;
+}
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,51 @@
+// Kernel credentials of every connection handed to gRPC, by fd number. gRPC names a connection
+// injected with AddInsecureChannelFromFd "fd:N" in ServerContext::peer(); fd numbers are reused
+// after a close, so the entry is overwritten by the next connection handed over with that
+// number, and a call is bound to its session by token *and* these credentials.
+// Threading: one mutex guards the map.
+#pragma once
+
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+
+#include "daemon/core/identity.h"
+
+namespace ibvx::daemon {
+
+class ConnectionRegistry {
+  public:
+    void set(int fd, PeerIdentity identity) {
+        std::lock_guard lock(mu_);
+        by_fd_[fd] = std::move(identity);
+    }
+    // The identity of the connection gRPC calls `peer` ("fd:N"); nullopt when unknown.
+    std::optional<PeerIdentity> lookup(const std::string &peer) {
+        if (peer.rfind("fd:", 0) != 0) {
+            return std::nullopt;
+        }
+        int fd = 0;
+        for (size_t i = 3; i < peer.size(); ++i) {
+            if (peer[i] < '0' || peer[i] > '9' || fd > 1 << 24) {
+                return std::nullopt;
+            }
+            fd = fd * 10 + (peer[i] - '0');
+        }
+        if (peer.size() == 3) {
+            return std::nullopt;
+        }
+        std::lock_guard lock(mu_);
+        auto it = by_fd_.find(fd);
+        if (it == by_fd_.end()) {
+            return std::nullopt;
+        }
+        return it->second;
+    }
+
+  private:
+    std::mutex mu_;
+    std::unordered_map<int, PeerIdentity> by_fd_;
+};
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,355 @@
+#include "daemon/edge/server.h"
+
+#include <fcntl.h>
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_posix.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+
+#include <cstring>
+
+#include "common/fd_channel.h"
+
+namespace ibvx::daemon {
+namespace {
+
+constexpr char kHttp2Preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+constexpr size_t kHttp2PrefaceLen = sizeof(kHttp2Preface) - 1;
+
+bool isPrefix(const uint8_t *buf, size_t n, const char *magic, size_t magic_len) {
+    return std::memcmp(buf, magic, std::min(n, magic_len)) == 0;
+}
+
+}  // namespace
+
+BrokerServer::BrokerServer(Broker &broker, ServerOptions options) : broker_(broker), options_(options) {}
+
+StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, ServerOptions options) {
+    std::unique_ptr<BrokerServer> s(new BrokerServer(broker, options));
+    s->broker_service_ = std::make_unique<BrokerService>(
+        broker, s->connections_, s->stats_,
+        [raw = s.get()](const std::shared_ptr<Session> &session) { raw->watchSession(session); });
+    s->admin_service_ = std::make_unique<AdminService>(broker, s->connections_, s->stats_, options.admin_gid);
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+    grpc::ServerBuilder builder;
+    builder.RegisterService(s->broker_service_.get());
+    builder.RegisterService(s->admin_service_.get());
+    builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+    builder.SetMaxSendMessageSize(options.max_message_bytes);
+    // No AddListeningPort: connections arrive through AddInsecureChannelFromFd only.
+    s->server_ = builder.BuildAndStart();
+    if (s->server_ == nullptr) {
+        return Status(Code::kInternal, EIO, "cannot start the gRPC server");
+    }
+    s->epoll_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!s->epoll_) {
+        return Status::fromErrno(errno, "epoll_create1 failed");
+    }
+    return s;
+}
+
+BrokerServer::~BrokerServer() {
+    shutdown(std::chrono::milliseconds(0));
+}
+
+Status BrokerServer::start(UniqueFd listen_fd) {
+    int flags = ::fcntl(listen_fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(listen_fd.get(), F_SETFL, flags | O_NONBLOCK) < 0) {
+        return Status::fromErrno(errno, "cannot make the listening socket non-blocking");
+    }
+    UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake) {
+        return Status::fromErrno(errno, "eventfd failed");
+    }
+    wake_fd_ = wake.get();
+    Entry l;
+    l.kind = EntryKind::kListen;
+    l.fd = listen_fd.get();
+    l.owned = std::move(listen_fd);
+    add(std::move(l), EPOLLIN);
+    Entry w;
+    w.kind = EntryKind::kWake;
+    w.fd = wake.get();
+    w.owned = std::move(wake);
+    add(std::move(w), EPOLLIN);
+    thread_ = std::thread([this] { loop(); });
+    return Status::ok();
+}
+
+void BrokerServer::watchSession(const std::shared_ptr<Session> &session) {
+    {
+        std::lock_guard lock(queue_mu_);
+        to_watch_.push_back(session);
+    }
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) {
+        (void)!::write(wake_fd_, &one, sizeof(one));
+    }
+}
+
+void BrokerServer::shutdown(std::chrono::milliseconds grace) {
+    if (shut_down_) {
+        return;
+    }
+    shut_down_ = true;
+    // 1. Stop the loop: no more accepts, handshakes or attaches.
+    stop_ = true;
+    if (thread_.joinable()) {
+        uint64_t one = 1;
+        (void)!::write(wake_fd_, &one, sizeof(one));
+        thread_.join();
+    }
+    // 2. Let in-flight calls finish; after the grace period gRPC cancels the rest.
+    if (server_ != nullptr) {
+        server_->Shutdown(std::chrono::system_clock::now() + grace);
+    }
+    // 3. Every session's objects, memory and fds.
+    broker_.endAllSessions();
+    entries_.clear();
+    wake_fd_ = -1;
+}
+
+uint64_t BrokerServer::add(Entry entry, uint32_t events) {
+    uint64_t id = next_id_++;
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, entry.fd, &ev) < 0) {
+        spdlog::error("epoll_ctl ADD fd {} failed: {}", entry.fd, std::strerror(errno));
+    }
+    if (entry.kind == EntryKind::kHandshake) {
+        ++handshakes_;
+    }
+    entries_.emplace(id, std::move(entry));
+    return id;
+}
+
+void BrokerServer::remove(uint64_t id) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) {
+        return;
+    }
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, it->second.fd, nullptr);
+    if (it->second.kind == EntryKind::kHandshake) {
+        --handshakes_;
+    }
+    entries_.erase(it);
+}
+
+void BrokerServer::loop() {
+    epoll_event events[64];
+    auto last_reap = std::chrono::steady_clock::now();
+    while (!stop_) {
+        int n = ::epoll_wait(epoll_.get(), events, 64, 50);
+        if (n < 0 && errno != EINTR) {
+            spdlog::error("epoll_wait failed: {}", std::strerror(errno));
+            break;
+        }
+        for (int i = 0; i < n && !stop_; ++i) {
+            uint64_t id = events[i].data.u64;
+            auto it = entries_.find(id);
+            if (it == entries_.end()) {
+                continue;  // removed earlier in this batch
+            }
+            switch (it->second.kind) {
+                case EntryKind::kListen:
+                    acceptAll(it->second.fd);
+                    break;
+                case EntryKind::kWake: {
+                    uint64_t v;
+                    (void)!::read(it->second.fd, &v, sizeof(v));
+                    std::vector<std::shared_ptr<Session>> watch;
+                    {
+                        std::lock_guard lock(queue_mu_);
+                        watch.swap(to_watch_);
+                    }
+                    for (auto &s : watch) {
+                        if (s->pidfd() >= 0 && !s->ended()) {
+                            Entry e;
+                            e.kind = EntryKind::kPidfd;
+                            e.fd = s->pidfd();
+                            e.session = s;
+                            add(std::move(e), EPOLLIN);
+                        }
+                    }
+                    break;
+                }
+                case EntryKind::kHandshake:
+                    handshake(id);
+                    break;
+                case EntryKind::kChannel:
+                    readChannel(id);
+                    break;
+                case EntryKind::kPidfd: {
+                    auto s = it->second.session;
+                    endSession(s, "process exited");
+                    break;
+                }
+            }
+        }
+        auto now = std::chrono::steady_clock::now();
+        if (now - last_reap >= std::chrono::milliseconds(50)) {
+            last_reap = now;
+            reap();
+        }
+    }
+}
+
+void BrokerServer::acceptAll(int listen_fd) {
+    for (;;) {
+        // Non-blocking: gRPC's event engine hangs on a blocking fd.
+        UniqueFd fd(::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) {
+            if (errno == EINTR || errno == ECONNABORTED) {
+                continue;
+            }
+            if (errno != EAGAIN && errno != EWOULDBLOCK) {
+                spdlog::warn("accept4 failed: {}", std::strerror(errno));
+            }
+            return;
+        }
+        if (handshakes_ >= options_.max_pending_handshakes) {
+            spdlog::warn("too many connections in handshake ({}); connection dropped", handshakes_);
+            continue;
+        }
+        auto peer = peerIdentity(fd.get());
+        if (!peer.isOk()) {
+            continue;
+        }
+        Entry e;
+        e.kind = EntryKind::kHandshake;
+        e.fd = fd.get();
+        e.owned = std::move(fd);
+        e.peer = std::move(peer).value();
+        e.deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
+        add(std::move(e), EPOLLIN | EPOLLRDHUP);
+    }
+}
+
+void BrokerServer::handshake(uint64_t id) {
+    Entry &e = entries_.at(id);
+    uint8_t buf[sizeof(AttachRequest)];
+    ssize_t n = ::recv(e.fd, buf, sizeof(buf), MSG_PEEK);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        return;
+    }
+    if (n <= 0) {
+        remove(id);  // closed or failed before saying anything useful
+        return;
+    }
+    auto len = static_cast<size_t>(n);
+    bool ibvx = isPrefix(buf, len, kPrefaceMagic, sizeof(kPrefaceMagic));
+    bool http2 = isPrefix(buf, len, kHttp2Preface, kHttp2PrefaceLen);
+    if (!ibvx && !http2) {
+        spdlog::info("connection from pid {} uid {} sent neither HTTP/2 nor IBVX; closed", e.peer.creds.pid,
+                     e.peer.creds.uid);
+        remove(id);
+        return;
+    }
+    if (http2) {
+        if (len < 4) {
+            return;  // wait for more
+        }
+        (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, e.fd, nullptr);
+        connections_.set(e.fd, e.peer);
+        int fd = e.owned.release();
+        --handshakes_;
+        entries_.erase(id);
+        grpc::AddInsecureChannelFromFd(server_.get(), fd);
+        return;
+    }
+    if (len < sizeof(AttachRequest)) {
+        return;
+    }
+    AttachRequest req;
+    if (::recv(e.fd, &req, sizeof(req), 0) != static_cast<ssize_t>(sizeof(req))) {
+        remove(id);
+        return;
+    }
+    int status = 0;
+    std::shared_ptr<Session> session;
+    if (req.version != kFdChannelVersion) {
+        status = EPROTONOSUPPORT;
+    } else {
+        SessionToken token;
+        std::memcpy(token.data(), req.token, token.size());
+        status = broker_.attach(token, e.peer.creds, e.owned, &session);
+    }
+    AttachReply rep{};
+    std::memcpy(rep.magic, kPrefaceMagic, sizeof(rep.magic));
+    rep.status = status;
+    (void)::send(e.fd, &rep, sizeof(rep), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (status != 0) {
+        spdlog::info("fd-channel attach from pid {} refused: {}", e.peer.creds.pid, std::strerror(status));
+        remove(id);
+        return;
+    }
+    // The session owns the fd now; the entry only watches it.
+    e.kind = EntryKind::kChannel;
+    e.session = session;
+    --handshakes_;
+    spdlog::debug("session {} attached its fd channel", session->id());
+}
+
+void BrokerServer::readChannel(uint64_t id) {
+    std::shared_ptr<Session> s = entries_.at(id).session;
+    Frame f;
+    int r = recvFrame(s->channelFd(), &f, 100);
+    if (r == 0) {
+        endSession(s, "fd channel closed");
+        return;
+    }
+    if (r < 0) {
+        endSession(s, "malformed fd-channel frame");
+        return;
+    }
+    if (f.type != FrameType::kFdTransfer || !f.fd) {
+        endSession(s, "unexpected fd-channel frame");
+        return;
+    }
+    if (!s->putXfer(f.id, std::move(f.fd))) {
+        endSession(s, "fd transfer refused (duplicate id or too many pending)");
+    }
+}
+
+void BrokerServer::endSession(const std::shared_ptr<Session> &session, const char *why) {
+    std::vector<uint64_t> ids;
+    for (auto &[id, e] : entries_) {
+        if (e.session == session) {
+            ids.push_back(id);
+        }
+    }
+    for (uint64_t id : ids) {
+        remove(id);
+    }
+    size_t objects = session->objectCount();
+    broker_.endSession(session);
+    const auto &c = session->identity().creds;
+    spdlog::info("session {} ended ({}): pid {} uid {}, {} object(s) destroyed", session->id(), why, c.pid,
+                 c.uid, objects);
+}
+
+void BrokerServer::reap() {
+    auto now = std::chrono::steady_clock::now();
+    std::vector<uint64_t> expired;
+    for (auto &[id, e] : entries_) {
+        if (e.kind == EntryKind::kHandshake && now > e.deadline) {
+            expired.push_back(id);
+        }
+    }
+    for (uint64_t id : expired) {
+        spdlog::info("connection from pid {} said nothing within the handshake timeout; closed",
+                     entries_.at(id).peer.creds.pid);
+        remove(id);
+    }
+    for (auto &s : broker_.unattachedExpired(now)) {
+        endSession(s, "fd channel not attached in time");
+    }
+}
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,100 @@
+// The broker's socket and its gRPC server. The broker owns the listening socket: it accepts
+// every connection non-blocking, records the peer's kernel identity, peeks at the preface and
+// hands HTTP/2 connections to a gRPC server that has no listening port of its own
+// (AddInsecureChannelFromFd), keeps IBVX connections as session fd channels, and drops
+// anything else or anything silent for longer than the handshake timeout.
+//
+// Threading: one event-loop thread owns the epoll set and every entry in it (listening socket,
+// connections in handshake, fd channels, session pidfds). Other threads reach it only through
+// watchSession() (queued under queue_mu_, then the loop is woken through an eventfd). The loop
+// ends sessions itself (fd-channel EOF, malformed frame, pidfd exit, attach timeout), so a
+// session's fds are never closed while the loop still polls them.
+#pragma once
+
+#include <grpcpp/server.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "daemon/core/broker.h"
+#include "daemon/edge/connections.h"
+#include "daemon/edge/rpc_stats.h"
+#include "daemon/edge/services.h"
+
+namespace ibvx::daemon {
+
+struct ServerOptions {
+    std::chrono::milliseconds handshake_timeout{2000};
+    size_t max_pending_handshakes = 256;
+    int max_message_bytes = 64 * 1024;
+    long admin_gid = -1;  // < 0: Admin is root-only
+};
+
+class BrokerServer {
+  public:
+    static StatusOr<std::unique_ptr<BrokerServer>> create(Broker &broker, ServerOptions options);
+    ~BrokerServer();
+    BrokerServer(const BrokerServer &) = delete;
+    BrokerServer &operator=(const BrokerServer &) = delete;
+
+    // Starts serving on a bound, listening Unix socket (made non-blocking here).
+    Status start(UniqueFd listen_fd);
+    // Stops accepting, lets in-flight calls finish (up to grace), ends every session. Idempotent.
+    void shutdown(std::chrono::milliseconds grace);
+
+    RpcStats &stats() { return stats_; }
+    // Called by Hello: the loop starts watching the session's pidfd and attach deadline.
+    void watchSession(const std::shared_ptr<Session> &session);
+
+  private:
+    enum class EntryKind { kListen, kWake, kHandshake, kChannel, kPidfd };
+    struct Entry {
+        EntryKind kind = EntryKind::kHandshake;
+        int fd = -1;
+        UniqueFd owned;  // kListen, kWake and kHandshake own their fd; sessions own theirs
+        PeerIdentity peer;
+        std::chrono::steady_clock::time_point deadline{};
+        std::shared_ptr<Session> session;
+    };
+
+    BrokerServer(Broker &broker, ServerOptions options);
+    void loop();
+    uint64_t add(Entry entry, uint32_t events);
+    void remove(uint64_t id);
+    void acceptAll(int listen_fd);
+    void handshake(uint64_t id);
+    void readChannel(uint64_t id);
+    void endSession(const std::shared_ptr<Session> &session, const char *why);
+    void reap();
+
+    Broker &broker_;
+    const ServerOptions options_;
+    ConnectionRegistry connections_;
+    RpcStats stats_;
+    std::unique_ptr<BrokerService> broker_service_;
+    std::unique_ptr<AdminService> admin_service_;
+    std::unique_ptr<grpc::Server> server_;
+
+    UniqueFd epoll_;
+    std::thread thread_;
+    std::atomic<bool> stop_{false};
+    bool shut_down_ = false;
+    int wake_fd_ = -1;
+
+    // Loop-thread only.
+    std::unordered_map<uint64_t, Entry> entries_;
+    uint64_t next_id_ = 1;
+    size_t handshakes_ = 0;
+
+    std::mutex queue_mu_;  // guards to_watch_
+    std::vector<std::shared_ptr<Session>> to_watch_;
+};
+
+}  // namespace ibvx::daemon

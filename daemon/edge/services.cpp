@@ -1,0 +1,493 @@
+#include "daemon/edge/services.h"
+
+#include <spdlog/spdlog.h>
+
+#include "daemon/edge/convert.h"
+#include "daemon/edge/grpc_status.h"
+
+namespace ibvx::daemon {
+namespace {
+
+const char *const kMethodNames[] = {"Hello",
+                                    "ListDevices",
+                                    "OpenContext",
+                                    "CloseContext",
+                                    "QueryDevice",
+                                    "AllocPd",
+                                    "DeallocPd",
+                                    "RegMr",
+                                    "DeregMr",
+                                    "CreateCq",
+                                    "DestroyCq",
+                                    "CreateQp",
+                                    "DestroyQp",
+                                    "CreateSrq",
+                                    "DestroySrq",
+                                    "ModifyQp",
+                                    "QueryQp",
+                                    "ModifyQpExtend",
+                                    "QueryQpExtend",
+                                    "QueryQpSupportedHyroceFeature",
+                                    "NegoQpHyroceFeature"};
+static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
+
+void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out) {
+    for (RegionId id : in) {
+        out->Add(id);
+    }
+}
+
+}  // namespace
+
+const char *methodName(Method m) {
+    auto i = static_cast<size_t>(m);
+    return i < std::size(kMethodNames) ? kMethodNames[i] : "?";
+}
+
+BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
+                             std::function<void(const std::shared_ptr<Session> &)> on_session)
+    : broker_(broker), connections_(connections), stats_(stats), on_session_(std::move(on_session)) {}
+
+grpc::ServerUnaryReactor *BrokerService::finish(grpc::CallbackServerContext *ctx, Method m,
+                                                const Status &st) {
+    stats_.record(m, st.isOk());
+    if (!st.isOk()) {
+        uint64_t suppressed = 0;
+        if (error_log_.allow(&suppressed)) {
+            spdlog::info("{} from {} failed: {}{}", methodName(m), ctx->peer(), st.toString(),
+                         suppressed != 0 ? fmt::format(" ({} similar lines suppressed)", suppressed) : "");
+        }
+    }
+    auto *reactor = ctx->DefaultReactor();
+    reactor->Finish(toGrpc(st));
+    return reactor;
+}
+
+StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServerContext *ctx) {
+    auto peer = connections_.lookup(ctx->peer());
+    if (!peer) {
+        return permissionDenied("unknown connection");
+    }
+    const auto &md = ctx->client_metadata();
+    auto it = md.find(kSessionMetadataKey);
+    if (it == md.end()) {
+        return Status(Code::kPermissionDenied, EACCES, "missing ibvx-session metadata (call Hello first)");
+    }
+    return broker_.authenticate(std::string(it->second.data(), it->second.size()), peer->creds);
+}
+
+template <typename Fn>
+grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn) {
+    auto s = sessionOf(ctx);
+    if (!s.isOk()) {
+        return finish(ctx, m, s.status());
+    }
+    return finish(ctx, m, fn(**s));
+}
+
+grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
+                                               pb::HelloResponse *resp) {
+    auto peer = connections_.lookup(ctx->peer());
+    if (!peer) {
+        return finish(ctx, Method::kHello, permissionDenied("unknown connection"));
+    }
+    Version v{req->client_version().major(), req->client_version().minor(), req->client_version().patch()};
+    auto s = broker_.hello(*peer, v, req->client_name());
+    if (!s.isOk()) {
+        return finish(ctx, Method::kHello, s.status());
+    }
+    const Session &session = **s;
+    spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'", session.id(),
+                 peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session.clientName());
+    if (on_session_) {
+        on_session_(*s);
+    }
+    const Version &bv = broker_.options().version;
+    resp->mutable_broker_version()->set_major(bv.major);
+    resp->mutable_broker_version()->set_minor(bv.minor);
+    resp->mutable_broker_version()->set_patch(bv.patch);
+    resp->set_session_token(session.token().data(), session.token().size());
+    auto *id = resp->mutable_identity();
+    id->set_pid(peer->creds.pid);
+    id->set_uid(peer->creds.uid);
+    id->set_gid(peer->creds.gid);
+    id->set_cgroup(peer->cgroup);
+    id->set_container_id(peer->container_id);
+    resp->set_attach_timeout_ms(static_cast<uint32_t>(broker_.options().attach_timeout.count()));
+    return finish(ctx, Method::kHello, Status::ok());
+}
+
+grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
+                                                     const pb::ListDevicesRequest *,
+                                                     pb::ListDevicesResponse *resp) {
+    return serve(ctx, Method::kListDevices, [&](Session &) {
+        for (const DeviceInfo &d : broker_.listDevices()) {
+            if (resp->devices_size() >= 1024) {
+                break;
+            }
+            toProto(d, resp->add_devices());
+        }
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::OpenContext(grpc::CallbackServerContext *ctx,
+                                                     const pb::OpenContextRequest *req,
+                                                     pb::OpenContextResponse *resp) {
+    return serve(ctx, Method::kOpenContext, [&](Session &s) {
+        auto r = broker_.openContext(s, req->device_name());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_context(r->context);
+        toProto(r->device, resp->mutable_device());
+        resp->set_driver_version(r->driver_version);
+        resp->set_driver_ops_present(r->driver_ops_present);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CloseContext(grpc::CallbackServerContext *ctx,
+                                                      const pb::CloseContextRequest *req,
+                                                      pb::CloseContextResponse *resp) {
+    return serve(ctx, Method::kCloseContext, [&](Session &s) {
+        auto r = broker_.closeContext(s, req->context());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        released(*r, resp->mutable_released_regions());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext *ctx,
+                                                     const pb::QueryDeviceRequest *req,
+                                                     pb::QueryDeviceResponse *resp) {
+    return serve(ctx, Method::kQueryDevice, [&](Session &s) {
+        auto r = broker_.queryDevice(s, req->context());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_ext_cap(r->ext_cap);
+        resp->set_resv(r->resv, sizeof(r->resv));
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ctx,
+                                                 const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) {
+    return serve(ctx, Method::kAllocPd, [&](Session &s) {
+        auto r = broker_.allocPd(s, req->context());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_pd(*r);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DeallocPd(grpc::CallbackServerContext *ctx,
+                                                   const pb::DeallocPdRequest *req, pb::DeallocPdResponse *) {
+    return serve(ctx, Method::kDeallocPd, [&](Session &s) { return broker_.deallocPd(s, req->pd()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
+                                               pb::RegMrResponse *resp) {
+    return serve(ctx, Method::kRegMr, [&](Session &s) {
+        RegMrArgs a;
+        a.pd = req->pd();
+        a.xfer_id = req->xfer_id();
+        a.offset = req->offset();
+        a.length = req->length();
+        a.access = req->access();
+        a.iova = req->iova();
+        auto r = broker_.regMr(s, a);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_mr(r->mr);
+        resp->set_lkey(r->lkey);
+        resp->set_rkey(r->rkey);
+        resp->set_iova(r->iova);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DeregMr(grpc::CallbackServerContext *ctx,
+                                                 const pb::DeregMrRequest *req, pb::DeregMrResponse *) {
+    return serve(ctx, Method::kDeregMr, [&](Session &s) { return broker_.deregMr(s, req->mr()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *ctx,
+                                                  const pb::CreateCqRequest *req,
+                                                  pb::CreateCqResponse *resp) {
+    return serve(ctx, Method::kCreateCq, [&](Session &s) {
+        auto mode = fromProto(req->dma_mode());
+        if (!mode.isOk()) {
+            return mode.status();
+        }
+        CreateCqArgs a;
+        a.context = req->context();
+        a.cqe = req->cqe();
+        a.comp_vector = req->comp_vector();
+        a.wc_flags = req->wc_flags();
+        a.cq_cap_flag = req->cq_cap_flag();
+        a.dma_mode = *mode;
+        auto r = broker_.createCq(s, a);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_cq(r->cq);
+        resp->set_cqe(r->cqe);
+        toProto(r->info, resp->mutable_cq_info());
+        resp->set_resv(r->resv, sizeof(r->resv));
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DestroyCq(grpc::CallbackServerContext *ctx,
+                                                   const pb::DestroyCqRequest *req,
+                                                   pb::DestroyCqResponse *resp) {
+    return serve(ctx, Method::kDestroyCq, [&](Session &s) {
+        auto r = broker_.destroyCq(s, req->cq());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        released(*r, resp->mutable_released_regions());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CreateQp(grpc::CallbackServerContext *ctx,
+                                                  const pb::CreateQpRequest *req,
+                                                  pb::CreateQpResponse *resp) {
+    return serve(ctx, Method::kCreateQp, [&](Session &s) {
+        auto mode = fromProto(req->dma_mode());
+        if (!mode.isOk()) {
+            return mode.status();
+        }
+        auto type = fromProto(req->qp_type());
+        if (!type.isOk()) {
+            return type.status();
+        }
+        CreateQpArgs a;
+        a.context = req->context();
+        a.pd = req->pd();
+        a.send_cq = req->send_cq();
+        a.recv_cq = req->recv_cq();
+        a.srq = req->srq();
+        a.qp_type = *type;
+        a.cap = fromProto(req->cap());
+        a.sq_sig_all = req->sq_sig_all();
+        a.qp_cap_flag = req->qp_cap_flag();
+        a.dma_mode = *mode;
+        auto r = broker_.createQp(s, a);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_qp(r->qp);
+        resp->set_qp_num(r->qp_num);
+        resp->set_state(toProto(r->state));
+        toProto(r->cap, resp->mutable_cap());
+        toProto(r->sq, resp->mutable_sq_info());
+        toProto(r->rq, resp->mutable_rq_info());
+        resp->set_resv(r->resv, sizeof(r->resv));
+        resp->set_vendor_priv_info(r->vendor_priv_info);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DestroyQp(grpc::CallbackServerContext *ctx,
+                                                   const pb::DestroyQpRequest *req,
+                                                   pb::DestroyQpResponse *resp) {
+    return serve(ctx, Method::kDestroyQp, [&](Session &s) {
+        auto r = broker_.destroyQp(s, req->qp());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        released(*r, resp->mutable_released_regions());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CreateSrq(grpc::CallbackServerContext *ctx,
+                                                   const pb::CreateSrqRequest *req,
+                                                   pb::CreateSrqResponse *resp) {
+    return serve(ctx, Method::kCreateSrq, [&](Session &s) {
+        auto mode = fromProto(req->dma_mode());
+        if (!mode.isOk()) {
+            return mode.status();
+        }
+        CreateSrqArgs a;
+        a.context = req->context();
+        a.pd = req->pd();
+        a.max_wr = req->max_wr();
+        a.max_sge = req->max_sge();
+        a.srq_limit = req->srq_limit();
+        a.srq_cap_flag = req->srq_cap_flag();
+        a.dma_mode = *mode;
+        auto r = broker_.createSrq(s, a);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_srq(r->srq);
+        resp->set_max_wr(r->max_wr);
+        resp->set_max_sge(r->max_sge);
+        toProto(r->info, resp->mutable_srq_info());
+        resp->set_resv(r->resv, sizeof(r->resv));
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DestroySrq(grpc::CallbackServerContext *ctx,
+                                                    const pb::DestroySrqRequest *req,
+                                                    pb::DestroySrqResponse *resp) {
+    return serve(ctx, Method::kDestroySrq, [&](Session &s) {
+        auto r = broker_.destroySrq(s, req->srq());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        released(*r, resp->mutable_released_regions());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *ctx,
+                                                  const pb::ModifyQpRequest *req,
+                                                  pb::ModifyQpResponse *resp) {
+    return serve(ctx, Method::kModifyQp, [&](Session &s) {
+        ibv_qp_attr attr;
+        int mask = static_cast<int>(req->attr_mask());
+        if (Status st = fromProto(req->attr(), mask, &attr); !st.isOk()) {
+            return st;
+        }
+        auto r = broker_.modifyQp(s, req->qp(), attr, mask);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_state(toProto(*r));
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::QueryQp(grpc::CallbackServerContext *ctx,
+                                                 const pb::QueryQpRequest *req, pb::QueryQpResponse *resp) {
+    return serve(ctx, Method::kQueryQp, [&](Session &s) {
+        auto r = broker_.queryQp(s, req->qp(), static_cast<int>(req->attr_mask()));
+        if (!r.isOk()) {
+            return r.status();
+        }
+        toProto(r->attr, resp->mutable_attr());
+        toProto(r->init.cap, resp->mutable_init_cap());
+        resp->set_qp_type(toProto(r->init.qp_type));
+        resp->set_sq_sig_all(r->init.sq_sig_all != 0);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::ModifyQpExtend(grpc::CallbackServerContext *ctx,
+                                                        const pb::ModifyQpExtendRequest *req,
+                                                        pb::ModifyQpExtendResponse *resp) {
+    return serve(ctx, Method::kModifyQpExtend, [&](Session &s) {
+        ibv_qp_attr_extend attr;
+        if (Status st = fromProto(req->attr(), &attr); !st.isOk()) {
+            return st;
+        }
+        auto r = broker_.modifyQpExtend(s, req->qp(), attr, static_cast<int>(req->attr_mask()));
+        if (!r.isOk()) {
+            return r.status();
+        }
+        resp->set_vendor_priv_info(*r);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::QueryQpExtend(grpc::CallbackServerContext *ctx,
+                                                       const pb::QueryQpExtendRequest *req,
+                                                       pb::QueryQpExtendResponse *resp) {
+    return serve(ctx, Method::kQueryQpExtend, [&](Session &s) {
+        auto r = broker_.queryQpExtend(s, req->qp(), static_cast<int>(req->attr_mask()));
+        if (!r.isOk()) {
+            return r.status();
+        }
+        toProto(*r, resp->mutable_attr());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::QueryQpSupportedHyroceFeature(
+    grpc::CallbackServerContext *ctx, const pb::QueryQpSupportedHyroceFeatureRequest *req,
+    pb::QueryQpSupportedHyroceFeatureResponse *resp) {
+    return serve(ctx, Method::kQueryQpSupportedHyroceFeature, [&](Session &s) {
+        auto r = broker_.queryQpSupportedHyroceFeature(s, req->qp(), req->sl(), req->tc());
+        if (!r.isOk()) {
+            return r.status();
+        }
+        toProto(*r, resp->mutable_feature());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::NegoQpHyroceFeature(grpc::CallbackServerContext *ctx,
+                                                             const pb::NegoQpHyroceFeatureRequest *req,
+                                                             pb::NegoQpHyroceFeatureResponse *resp) {
+    return serve(ctx, Method::kNegoQpHyroceFeature, [&](Session &s) {
+        ibv_hyroce_feature in;
+        if (Status st = fromProto(req->input(), &in); !st.isOk()) {
+            return st;
+        }
+        auto r = broker_.negoQpHyroceFeature(s, req->qp(), in);
+        if (!r.isOk()) {
+            return r.status();
+        }
+        toProto(r->output, resp->mutable_output());
+        resp->set_need_more_nego(r->need_more_nego);
+        return Status::ok();
+    });
+}
+
+// ---- Admin ---------------------------------------------------------------------------------
+
+AdminService::AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, long admin_gid)
+    : broker_(broker), connections_(connections), stats_(stats), admin_gid_(admin_gid) {}
+
+Status AdminService::authorize(grpc::CallbackServerContext *ctx) {
+    auto peer = connections_.lookup(ctx->peer());
+    if (!peer) {
+        return permissionDenied("unknown connection");
+    }
+    if (peer->creds.uid == 0) {
+        return Status::ok();
+    }
+    if (admin_gid_ >= 0 && processInGroup(peer->creds, static_cast<gid_t>(admin_gid_))) {
+        return Status::ok();
+    }
+    return permissionDenied("the Admin service needs root or membership of the admin group (gid " +
+                            std::to_string(admin_gid_) + ")");
+}
+
+grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ctx,
+                                                 const pb::GetStatsRequest *, pb::GetStatsResponse *resp) {
+    Status st = authorize(ctx);
+    if (st.isOk()) {
+        for (size_t i = 0; i < static_cast<size_t>(Method::kCount); ++i) {
+            auto m = static_cast<Method>(i);
+            auto *r = resp->add_rpcs();
+            r->set_method(methodName(m));
+            r->set_calls(stats_.calls(m));
+            r->set_errors(stats_.errors(m));
+        }
+        resp->set_total_calls(stats_.total());
+        resp->set_sessions(static_cast<uint32_t>(broker_.sessionCount()));
+        resp->set_objects(broker_.objectCount());
+        resp->set_uptime_ms(static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_)
+                .count()));
+        resp->set_arena_bytes(MappingManager::instance().totals().arena_bytes);
+    }
+    auto *reactor = ctx->DefaultReactor();
+    reactor->Finish(toGrpc(st));
+    return reactor;
+}
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,108 @@
+// The gRPC edge: ibv_extend.v1.Broker and ibv_extend.v1.Admin on the callback API. Each method
+// authenticates the call (token + connection credentials), converts proto -> core, calls the
+// core and converts back. No state of its own beyond counters.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "daemon/core/broker.h"
+#include "daemon/edge/connections.h"
+#include "daemon/edge/rate_limit.h"
+#include "daemon/edge/rpc_stats.h"
+#include "ibv_extend/v1/admin.grpc.pb.h"
+#include "ibv_extend/v1/broker.grpc.pb.h"
+
+namespace ibvx::daemon {
+
+namespace pb = ::ibv_extend::v1;
+
+inline constexpr char kSessionMetadataKey[] = "ibvx-session";
+
+class BrokerService final : public pb::Broker::CallbackService {
+  public:
+    // on_session runs after Hello created a session (the listener watches its pidfd).
+    BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
+                  std::function<void(const std::shared_ptr<Session> &)> on_session);
+
+    grpc::ServerUnaryReactor *Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
+                                    pb::HelloResponse *resp) override;
+    grpc::ServerUnaryReactor *ListDevices(grpc::CallbackServerContext *ctx, const pb::ListDevicesRequest *req,
+                                          pb::ListDevicesResponse *resp) override;
+    grpc::ServerUnaryReactor *OpenContext(grpc::CallbackServerContext *ctx, const pb::OpenContextRequest *req,
+                                          pb::OpenContextResponse *resp) override;
+    grpc::ServerUnaryReactor *CloseContext(grpc::CallbackServerContext *ctx,
+                                           const pb::CloseContextRequest *req,
+                                           pb::CloseContextResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryDevice(grpc::CallbackServerContext *ctx, const pb::QueryDeviceRequest *req,
+                                          pb::QueryDeviceResponse *resp) override;
+    grpc::ServerUnaryReactor *AllocPd(grpc::CallbackServerContext *ctx, const pb::AllocPdRequest *req,
+                                      pb::AllocPdResponse *resp) override;
+    grpc::ServerUnaryReactor *DeallocPd(grpc::CallbackServerContext *ctx, const pb::DeallocPdRequest *req,
+                                        pb::DeallocPdResponse *resp) override;
+    grpc::ServerUnaryReactor *RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
+                                    pb::RegMrResponse *resp) override;
+    grpc::ServerUnaryReactor *DeregMr(grpc::CallbackServerContext *ctx, const pb::DeregMrRequest *req,
+                                      pb::DeregMrResponse *resp) override;
+    grpc::ServerUnaryReactor *CreateCq(grpc::CallbackServerContext *ctx, const pb::CreateCqRequest *req,
+                                       pb::CreateCqResponse *resp) override;
+    grpc::ServerUnaryReactor *DestroyCq(grpc::CallbackServerContext *ctx, const pb::DestroyCqRequest *req,
+                                        pb::DestroyCqResponse *resp) override;
+    grpc::ServerUnaryReactor *CreateQp(grpc::CallbackServerContext *ctx, const pb::CreateQpRequest *req,
+                                       pb::CreateQpResponse *resp) override;
+    grpc::ServerUnaryReactor *DestroyQp(grpc::CallbackServerContext *ctx, const pb::DestroyQpRequest *req,
+                                        pb::DestroyQpResponse *resp) override;
+    grpc::ServerUnaryReactor *CreateSrq(grpc::CallbackServerContext *ctx, const pb::CreateSrqRequest *req,
+                                        pb::CreateSrqResponse *resp) override;
+    grpc::ServerUnaryReactor *DestroySrq(grpc::CallbackServerContext *ctx, const pb::DestroySrqRequest *req,
+                                         pb::DestroySrqResponse *resp) override;
+    grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,
+                                       pb::ModifyQpResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryQp(grpc::CallbackServerContext *ctx, const pb::QueryQpRequest *req,
+                                      pb::QueryQpResponse *resp) override;
+    grpc::ServerUnaryReactor *ModifyQpExtend(grpc::CallbackServerContext *ctx,
+                                             const pb::ModifyQpExtendRequest *req,
+                                             pb::ModifyQpExtendResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryQpExtend(grpc::CallbackServerContext *ctx,
+                                            const pb::QueryQpExtendRequest *req,
+                                            pb::QueryQpExtendResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryQpSupportedHyroceFeature(
+        grpc::CallbackServerContext *ctx, const pb::QueryQpSupportedHyroceFeatureRequest *req,
+        pb::QueryQpSupportedHyroceFeatureResponse *resp) override;
+    grpc::ServerUnaryReactor *NegoQpHyroceFeature(grpc::CallbackServerContext *ctx,
+                                                  const pb::NegoQpHyroceFeatureRequest *req,
+                                                  pb::NegoQpHyroceFeatureResponse *resp) override;
+
+  private:
+    // Authenticates, runs fn(session), counts and finishes the call.
+    template <typename Fn>
+    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn);
+    grpc::ServerUnaryReactor *finish(grpc::CallbackServerContext *ctx, Method m, const Status &st);
+    StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
+
+    Broker &broker_;
+    ConnectionRegistry &connections_;
+    RpcStats &stats_;
+    std::function<void(const std::shared_ptr<Session> &)> on_session_;
+    RateLimiter error_log_{20};
+};
+
+class AdminService final : public pb::Admin::CallbackService {
+  public:
+    // admin_gid < 0: root only.
+    AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, long admin_gid);
+
+    grpc::ServerUnaryReactor *GetStats(grpc::CallbackServerContext *ctx, const pb::GetStatsRequest *req,
+                                       pb::GetStatsResponse *resp) override;
+
+  private:
+    Status authorize(grpc::CallbackServerContext *ctx);
+
+    Broker &broker_;
+    ConnectionRegistry &connections_;
+    RpcStats &stats_;
+    long admin_gid_;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+};
+
+}  // namespace ibvx::daemon
