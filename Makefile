@@ -46,5 +46,9 @@ test-tsan: build-tsan
 
 test: test-plain test-asan
 
+# libFuzzer runs of every fuzz target (clang build in build-fuzz); FUZZ_SECONDS per target.
+fuzz: deps
+	@bash tests/fuzz/run-fuzz.sh
+
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(TSAN_BUILD)
