@@ -74,7 +74,7 @@ inline struct testdrv_control *driverControl(const std::string &lib) {
 }
 
 // Discovery sees only what a test puts in place: an empty config dir of its own, the test
-// drivers as provider dir, no driver list, no warnings.
+// drivers as provider dir, no driver list, no warnings, direct mode.
 class DiscoveryEnv {
   public:
     DiscoveryEnv() : config_dir_(dir_.path() + "/conf") {
@@ -83,7 +83,8 @@ class DiscoveryEnv {
         setenv("IBV_EXTEND_PROVIDER_DIR", driverDir().c_str(), 1);
         unsetenv("IBV_EXTEND_DRIVERS");
         unsetenv("IBV_EXTEND_SHOW_WARNINGS");
-        unsetenv("IBV_EXTEND_MODE");
+        // These tests are about direct mode: never let a broker on this host answer instead.
+        setenv("IBV_EXTEND_MODE", "direct", 1);
     }
     const std::string &configDir() const { return config_dir_; }
     const TempDir &tmp() const { return dir_; }
