@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <system_error>
 
 #include "providers/softnda/src/softnda_internal.h"
 
@@ -183,15 +184,34 @@ void dropBar(Context *ctx) {
 
 }  // namespace
 
-template <typename T>
-static T *checked(void *p, uint64_t magic) {
-    auto *o = static_cast<T *>(p);
-    return o != nullptr && o->magic == magic ? o : nullptr;
+// A pointer is trusted only once the ibv_context it names is one of ours (its device is one of
+// our devices, checked by address), so a foreign object is never read beyond its public struct.
+// Each object struct starts with its ibv_* member, so the public pointer is the object's address.
+static bool ownContext(ibv_context *ib) {
+    if (ib == nullptr) {
+        return false;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    for (auto &d : r.devices) {
+        if (&d->ib == ib->device) {
+            return reinterpret_cast<Context *>(ib)->magic == kMagicContext;
+        }
+    }
+    return false;
 }
 
-// Each object struct starts with its ibv_* member, so the public pointer is the object's address.
+template <typename T, typename Ib>
+static T *checked(Ib *ib, uint64_t magic) {
+    if (ib == nullptr || !ownContext(ib->context)) {
+        return nullptr;
+    }
+    auto *o = reinterpret_cast<T *>(ib);
+    return o->magic == magic ? o : nullptr;
+}
+
 Context *asContext(ibv_context *ib) {
-    return checked<Context>(ib, kMagicContext);
+    return ownContext(ib) ? reinterpret_cast<Context *>(ib) : nullptr;
 }
 Pd *asPd(ibv_pd *ib) {
     return checked<Pd>(ib, kMagicPd);
@@ -204,6 +224,9 @@ Cq *asCq(ibv_cq *ib) {
 }
 Srq *asSrq(ibv_srq *ib) {
     return checked<Srq>(ib, kMagicSrq);
+}
+Mr *asMr(ibv_mr *ib) {
+    return checked<Mr>(ib, kMagicMr);
 }
 
 int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out) {
@@ -312,19 +335,25 @@ ibv_context *vdevOpenDevice(const char *name) {
         errno = ENODEV;
         return nullptr;
     }
-    auto *ctx = new Context;
+    auto ctx = std::make_unique<Context>();
     ctx->magic = kMagicContext;
     ctx->dev = dev;
     ctx->ib.device = &dev->ib;
     ctx->ib.cmd_fd = -1;
     ctx->ib.async_fd = -1;
     ctx->ib.num_comp_vectors = 0;
-    if (dev->open_contexts++ == 0) {
+    if (dev->open_contexts == 0) {
         std::lock_guard<std::mutex> ctl(dev->ctl);
-        dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
+        try {
+            dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
+        } catch (const std::system_error &) {
+            errno = EAGAIN;  // no thread for the engine
+            return nullptr;
+        }
     }
+    dev->open_contexts++;
     r.open_contexts++;
-    return &ctx->ib;
+    return &ctx.release()->ib;
 }
 
 int vdevCloseDevice(ibv_context *context) {

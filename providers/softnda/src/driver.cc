@@ -482,17 +482,17 @@ int negoFeature(ibv_context *context, ibv_qp *ibqp, const ibv_hyroce_feature *in
 
 ibv_context_extend_ops g_ext_ops = {
     IBV_EXTEND_DRIVER_VERSION_V3,
-    createQp,
-    createCq,
-    createSrq,
-    destroyQp,
-    destroyCq,
-    destroySrq,
-    queryDevice,
-    modifyQpExt,
-    queryQpExt,
-    querySupportedFeature,
-    negoFeature,
+    CEntry<createQp>::call,
+    CEntry<createCq>::call,
+    CEntry<createSrq>::call,
+    CEntry<destroyQp>::call,
+    CEntry<destroyCq>::call,
+    CEntry<destroySrq>::call,
+    CEntry<queryDevice>::call,
+    CEntry<modifyQpExt>::call,
+    CEntry<queryQpExt>::call,
+    CEntry<querySupportedFeature>::call,
+    CEntry<negoFeature>::call,
 };
 
 ibv_context_extend *allocContext(ibv_context *context) {
@@ -514,6 +514,6 @@ void freeContext(ibv_context_extend *ext) {
 
 extern "C" const struct verbs_device_extend_ops softnda_driver_ops = {
     SOFTNDA_PROVIDER_NAME,
-    softnda::allocContext,
-    softnda::freeContext,
+    softnda::CEntry<softnda::allocContext>::call,
+    softnda::CEntry<softnda::freeContext>::call,
 };

@@ -167,6 +167,7 @@ class Engine::Thread {
                       uint32_t imm, uint8_t flags, uint32_t src);
     void flushSq(Qp *qp, uint32_t pi);
     void flushRq(Qp *qp);
+    bool overflowed(Qp *qp, Ring &ring, uint32_t pi);
     Qp *peerOf(Qp *qp);
     bool checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out);
     void sleep();
@@ -403,9 +404,26 @@ bool Engine::Thread::checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, boo
     return true;
 }
 
+// A producer index more than a ring ahead of the consumer is a doorbell overflow (SPEC.md
+// §6.4): the queue is discarded and, for an SQ or RQ, its QP moved to ERR. Bounding it here also
+// bounds every loop over [ci, pi).
+bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
+    if (pi - ring.ci_local <= ring.cnt) {
+        return false;
+    }
+    ring.ci_local = pi;
+    __atomic_store_n(ring.ci, pi, __ATOMIC_RELEASE);
+    bump(ctr_.errors);
+    if (qp != nullptr) {
+        setQpError(dev_, qp);
+    }
+    return true;
+}
+
 bool Engine::Thread::processSq(Qp *qp) {
     Ring &sq = qp->sq;
     uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
+    overflowed(qp, sq, pi);
     int state = qp->state.load(std::memory_order_acquire);
     if (state == IBV_QPS_ERR) {
         if (qp->rnr_waiting) {
@@ -515,6 +533,7 @@ void Engine::Thread::flushRq(Qp *qp) {
     std::lock_guard<std::mutex> lk(qp->rq_lock);
     Ring &rq = qp->rq;
     uint32_t pi = __atomic_load_n(rq.pi, __ATOMIC_ACQUIRE);
+    overflowed(qp, rq, pi);
     while (rq.ci_local != pi) {
         const auto *w = reinterpret_cast<const softnda_recv_wqe *>(
             rq.buf + static_cast<size_t>(rq.ci_local & (rq.cnt - 1)) * rq.stride);
@@ -737,7 +756,7 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
         std::lock_guard<SpinLock> lk(srq->lock);
         Ring &ring = srq->ring;
         uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
-        if (ring.ci_local == pi) {
+        if (ring.ci_local == pi || overflowed(nullptr, ring, pi)) {
             return false;
         }
         copy(ring, srq->max_sge);
@@ -753,7 +772,7 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
     }
     Ring &ring = peer->rq;
     uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
-    if (ring.ci_local == pi) {
+    if (ring.ci_local == pi || overflowed(peer, ring, pi)) {
         return false;
     }
     copy(ring, peer->rq_max_sge);

@@ -20,12 +20,14 @@
 #include <ibv_extend_vdev.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -304,6 +306,28 @@ struct Device {
     }
 };
 
+// Wraps a function for a C ops table: nothing thrown inside (std::bad_alloc from a container)
+// crosses into a C caller; it becomes the reference's ENOMEM convention instead.
+template <auto Fn>
+struct CEntry;
+template <typename R, typename... A, R (*Fn)(A...)>
+struct CEntry<Fn> {
+    static R call(A... a) noexcept {
+        try {
+            return Fn(a...);
+        } catch (...) {
+            if constexpr (std::is_void_v<R>) {
+                return;
+            } else if constexpr (std::is_pointer_v<R>) {
+                errno = ENOMEM;
+                return nullptr;
+            } else {
+                return -ENOMEM;
+            }
+        }
+    }
+};
+
 constexpr uint64_t kMagicDevice = 0x736f66746e646130ull;
 constexpr uint64_t kMagicContext = 0x736f66746e646131ull;
 constexpr uint64_t kMagicPd = 0x736f66746e646132ull;
@@ -319,6 +343,7 @@ Pd *asPd(ibv_pd *ib);
 Qp *asQp(ibv_qp *ib);
 Cq *asCq(ibv_cq *ib);
 Srq *asSrq(ibv_srq *ib);
+Mr *asMr(ibv_mr *ib);
 
 // Takes a free doorbell register of ctx (growing its BAR) and maps it through ops->db_mmap.
 // Caller holds dev->ctl. -errno on failure, leaving nothing behind.

@@ -120,8 +120,8 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
 }
 
 int deregMr(ibv_mr *ib) {
-    auto *mr = reinterpret_cast<Mr *>(ib);
-    if (mr == nullptr || mr->magic != kMagicMr) {
+    Mr *mr = asMr(ib);
+    if (mr == nullptr) {
         return -EINVAL;
     }
     Device *dev = mr->pd->ctx->dev;
@@ -192,18 +192,29 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     }
     Device *dev = qp->ctx->dev;
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    auto cur = static_cast<ibv_qp_state>(qp->state.load(std::memory_order_acquire));
-    if ((mask & IBV_QP_CUR_STATE) && attr->cur_qp_state != cur) {
+    // Enum fields come from the caller: read them as integers before trusting their range.
+    auto raw = [](const auto &field) {
+        int v;
+        std::memcpy(&v, &field, sizeof(v));
+        return v;
+    };
+    int cur = qp->state.load(std::memory_order_acquire);
+    if ((mask & IBV_QP_CUR_STATE) && raw(attr->cur_qp_state) != cur) {
         return -EINVAL;
     }
-    ibv_qp_state next = (mask & IBV_QP_STATE) ? attr->qp_state : cur;
-    if (next > IBV_QPS_ERR || checkTransition(cur, next, mask) != 0) {
+    int next_raw = (mask & IBV_QP_STATE) ? raw(attr->qp_state) : cur;
+    if (next_raw < IBV_QPS_RESET || next_raw > IBV_QPS_ERR ||
+        ((mask & IBV_QP_PATH_MTU) &&
+         (raw(attr->path_mtu) < IBV_MTU_256 || raw(attr->path_mtu) > IBV_MTU_4096))) {
+        return -EINVAL;
+    }
+    auto next = static_cast<ibv_qp_state>(next_raw);
+    if (checkTransition(static_cast<ibv_qp_state>(cur), next, mask) != 0) {
         return -EINVAL;
     }
     if (((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > dev->cfg.phys_port_cnt)) ||
         ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) ||
         ((mask & IBV_QP_DEST_QPN) && attr->dest_qp_num > 0xffffff) ||
-        ((mask & IBV_QP_PATH_MTU) && (attr->path_mtu < IBV_MTU_256 || attr->path_mtu > IBV_MTU_4096)) ||
         ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
         ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
         ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kKnownAccess) != 0)) {
@@ -323,8 +334,18 @@ int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    IBV_EXTEND_VDEV_ABI_V1,  SOFTNDA_PROVIDER_NAME,    softnda::vdevConfigure,   softnda::vdevQueryDevices,
-    softnda::vdevOpenDevice, softnda::vdevCloseDevice, softnda::vdevIsOwnDevice, softnda::allocPd,
-    softnda::deallocPd,      softnda::regMr,           softnda::deregMr,         softnda::modifyQp,
-    softnda::queryQp,        softnda::vdevExportMmio,
+    .abi = IBV_EXTEND_VDEV_ABI_V1,
+    .provider = SOFTNDA_PROVIDER_NAME,
+    .configure = softnda::CEntry<softnda::vdevConfigure>::call,
+    .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
+    .open_device = softnda::CEntry<softnda::vdevOpenDevice>::call,
+    .close_device = softnda::CEntry<softnda::vdevCloseDevice>::call,
+    .is_own_device = softnda::CEntry<softnda::vdevIsOwnDevice>::call,
+    .alloc_pd = softnda::CEntry<softnda::allocPd>::call,
+    .dealloc_pd = softnda::CEntry<softnda::deallocPd>::call,
+    .reg_mr = softnda::CEntry<softnda::regMr>::call,
+    .dereg_mr = softnda::CEntry<softnda::deregMr>::call,
+    .modify_qp = softnda::CEntry<softnda::modifyQp>::call,
+    .query_qp = softnda::CEntry<softnda::queryQp>::call,
+    .export_mmio = softnda::CEntry<softnda::vdevExportMmio>::call,
 };
