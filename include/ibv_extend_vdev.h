@@ -12,6 +12,9 @@
  * reference functions (ibv_open_extend() on such a context, ibv_create_qp_extend(), ...) work
  * unchanged. Nothing in ibv_extend.h changes: this addition is purely additive.
  *
+ * Every ibv_pd, ibv_mr, ibv_qp, ibv_cq and ibv_srq a provider returns for such a context must have
+ * its `context` member set: the library dispatches calls on them by it.
+ *
  * Return conventions follow ibv_extend.h: negative errno from int functions, NULL + errno from
  * pointer functions. Plain C; compiles on its own in C and C++.
  */
