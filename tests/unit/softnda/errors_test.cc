@@ -407,3 +407,22 @@ TEST_F(Errors, SrqLimitEventFiresOnceAndDisarms) {
 
 }  // namespace
 }  // namespace softnda_test
+
+namespace softnda_test {
+namespace {
+
+TEST_F(Errors, DoorbellOverflowDiscardsTheQueue) {
+    connect(a_, b_);
+    ASSERT_EQ(a_.sq.entry_cnt, 64u);
+    __atomic_store_n(a_.sq.dbr_pi, 1000u, __ATOMIC_RELEASE);  // 1000 ahead of a 64-entry ring
+    softnda_doorbell_ring(&a_.sq.db, 1000);
+    for (int i = 0; i < 2000 && qpState(a_) != IBV_QPS_ERR; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    EXPECT_EQ(qpState(a_), IBV_QPS_ERR);
+    EXPECT_EQ(__atomic_load_n(a_.sq.dbr_ci, __ATOMIC_ACQUIRE), 1000u);
+    EXPECT_TRUE(staysEmpty(scq_.cq));  // discarded, not a flood of flushes
+}
+
+}  // namespace
+}  // namespace softnda_test
