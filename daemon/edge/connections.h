@@ -5,6 +5,8 @@
 // Threading: one mutex guards the map.
 #pragma once
 
+#include <sys/socket.h>
+
 #include <mutex>
 #include <optional>
 #include <string>
@@ -41,6 +43,17 @@ class ConnectionRegistry {
             return std::nullopt;
         }
         return it->second;
+    }
+
+    // At shutdown, once no call is in flight: EOF on every connection handed to gRPC, so the
+    // server does not wait out its deadline for idle clients to hang up. An entry may name an fd
+    // gRPC already closed and the number reused; shutdown() on that is harmless at exit (a
+    // non-socket answers ENOTSOCK, any other socket of ours is about to be closed anyway).
+    void shutdownAll() {
+        std::lock_guard lock(mu_);
+        for (auto &[fd, id] : by_fd_) {
+            (void)::shutdown(fd, SHUT_RDWR);
+        }
     }
 
   private:

@@ -106,7 +106,16 @@ void BrokerServer::shutdown(std::chrono::milliseconds grace) {
     }
     // 2. Let in-flight calls finish; after the grace period gRPC cancels the rest.
     if (server_ != nullptr) {
+        auto deadline = std::chrono::steady_clock::now() + grace;
+        std::thread closer([&] {
+            while (std::chrono::steady_clock::now() < deadline && broker_service_->inflight() > 0) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the last replies leave
+            connections_.shutdownAll();
+        });
         server_->Shutdown(std::chrono::system_clock::now() + grace);
+        closer.join();
     }
     // 3. Every session's objects, memory and fds.
     broker_.endAllSessions();

@@ -78,11 +78,12 @@ StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServer
 
 template <typename Fn>
 grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn) {
+    ++inflight_;
     auto s = sessionOf(ctx);
-    if (!s.isOk()) {
-        return finish(ctx, m, s.status());
-    }
-    return finish(ctx, m, fn(**s));
+    Status st = s.isOk() ? fn(**s) : s.status();
+    auto *reactor = finish(ctx, m, st);
+    --inflight_;
+    return reactor;
 }
 
 grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,

@@ -3,6 +3,7 @@
 // core and converts back. No state of its own beyond counters.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 
@@ -73,6 +74,9 @@ class BrokerService final : public pb::Broker::CallbackService {
                                                   const pb::NegoQpHyroceFeatureRequest *req,
                                                   pb::NegoQpHyroceFeatureResponse *resp) override;
 
+    // Calls currently inside a handler (for a graceful shutdown).
+    int inflight() const { return inflight_.load(); }
+
   private:
     // Authenticates, runs fn(session), counts and finishes the call.
     template <typename Fn>
@@ -85,6 +89,7 @@ class BrokerService final : public pb::Broker::CallbackService {
     RpcStats &stats_;
     std::function<void(const std::shared_ptr<Session> &)> on_session_;
     RateLimiter error_log_{20};
+    std::atomic<int> inflight_{0};
 };
 
 class AdminService final : public pb::Admin::CallbackService {

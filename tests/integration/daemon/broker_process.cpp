@@ -1,0 +1,143 @@
+#include "broker_process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+namespace ibvx::test {
+namespace {
+
+bool answers(const std::string &path) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+    ::close(fd);
+    return ok;
+}
+
+}  // namespace
+
+BrokerProcess::BrokerProcess(const std::string &config) {
+    char tmpl[] = "/tmp/ibvx.XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+        return;
+    }
+    dir_ = tmpl;
+    socket_ = dir_ + "/b.sock";
+    std::string config_path;
+    if (!config.empty()) {
+        config_path = dir_ + "/ibv-extendd.toml";
+        std::ofstream(config_path) << config;
+    }
+    const char *build = std::getenv("IBVX_BUILD_DIR");
+    std::string binary = std::string(build != nullptr ? build : ".") + "/daemon/ibv-extendd";
+    std::string log_path = dir_ + "/log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+        int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        ::dup2(log, STDOUT_FILENO);
+        ::dup2(log, STDERR_FILENO);
+        std::vector<const char *> argv = {binary.c_str(), "--socket",    socket_.c_str(),
+                                          "--foreground", "--log-level", "debug"};
+        if (!config_path.empty()) {
+            argv.push_back("--config");
+            argv.push_back(config_path.c_str());
+        }
+        argv.push_back(nullptr);
+        ::execv(binary.c_str(), const_cast<char *const *>(argv.data()));
+        _exit(127);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (answers(socket_)) {
+            started_ = true;
+            return;
+        }
+        int st;
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+            reaped_ = true;
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+BrokerProcess::~BrokerProcess() {
+    if (pid_ > 0 && !reaped_) {
+        terminate();
+    }
+    if (!dir_.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+}
+
+std::string BrokerProcess::log() const {
+    std::ifstream in(dir_ + "/log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+int BrokerProcess::terminate(int timeout_ms) {
+    if (pid_ <= 0 || reaped_) {
+        return -1;
+    }
+    ::kill(pid_, SIGTERM);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    int st = 0;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+            reaped_ = true;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &st, 0);
+    reaped_ = true;
+    return -1;
+}
+
+int BrokerProcess::fdCount() const {
+    std::string path = "/proc/" + std::to_string(pid_) + "/fd";
+    DIR *d = ::opendir(path.c_str());
+    if (d == nullptr) {
+        return -1;
+    }
+    int n = 0;
+    while (dirent *e = ::readdir(d)) {
+        if (e->d_name[0] != '.') {
+            ++n;
+        }
+    }
+    ::closedir(d);
+    return n;
+}
+
+long BrokerProcess::rssKiB() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("VmRSS:", 0) == 0) {
+            return std::strtol(line.c_str() + 6, nullptr, 10);
+        }
+    }
+    return -1;
+}
+
+}  // namespace ibvx::test

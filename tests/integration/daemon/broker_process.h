@@ -1,0 +1,41 @@
+// The real ibv-extendd as a child process on a short temp socket.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ibvx::test {
+
+class BrokerProcess {
+  public:
+    // config: TOML text written next to the socket and passed with --config ("" = none).
+    explicit BrokerProcess(const std::string &config = "");
+    ~BrokerProcess();
+    BrokerProcess(const BrokerProcess &) = delete;
+    BrokerProcess &operator=(const BrokerProcess &) = delete;
+
+    bool started() const { return started_; }
+    pid_t pid() const { return pid_; }
+    const std::string &socket() const { return socket_; }
+    const std::string &dir() const { return dir_; }
+    std::string log() const;
+
+    // SIGTERM, then waits up to timeout_ms. Returns the exit code, 128+signal, or -1 on timeout
+    // (the process is then killed).
+    int terminate(int timeout_ms = 10000);
+
+    // Open fds and resident set size (KiB) of the broker, from /proc.
+    int fdCount() const;
+    long rssKiB() const;
+
+  private:
+    std::string dir_;
+    std::string socket_;
+    pid_t pid_ = -1;
+    bool started_ = false;
+    bool reaped_ = false;
+};
+
+}  // namespace ibvx::test

@@ -1,0 +1,775 @@
+// ibv-extendd end to end: the real binary on a temp socket, real processes, real sockets.
+#include <grpcpp/generic/generic_stub.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "broker_process.h"
+#include "softnda_device.h"
+#include "test_client.h"
+
+namespace ibvx::test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr char kSuiteConfig[] =
+    "[broker]\n"
+    "handshake_timeout_ms = 300\n"
+    "attach_timeout_ms = 1000\n";
+
+constexpr int kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+struct Handles {
+    uint64_t ctx = 0, pd = 0;
+};
+
+Handles openDevice(TestClient &c) {
+    Handles h;
+    pb::OpenContextRequest oreq;
+    oreq.set_device_name("softnda0");
+    pb::OpenContextResponse oresp;
+    EXPECT_TRUE(c.call(&pb::Broker::Stub::OpenContext, oreq, &oresp).ok());
+    h.ctx = oresp.context();
+    pb::AllocPdRequest preq;
+    preq.set_context(h.ctx);
+    pb::AllocPdResponse presp;
+    EXPECT_TRUE(c.call(&pb::Broker::Stub::AllocPd, preq, &presp).ok());
+    h.pd = presp.pd();
+    return h;
+}
+
+grpc::Status createCq(TestClient &c, uint64_t ctx, uint32_t cqe, pb::CreateCqResponse *resp) {
+    pb::CreateCqRequest req;
+    req.set_context(ctx);
+    req.set_cqe(cqe);
+    req.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    return c.call(&pb::Broker::Stub::CreateCq, req, resp);
+}
+
+grpc::Status createQp(TestClient &c, const Handles &h, uint64_t cq, uint64_t srq,
+                      pb::CreateQpResponse *resp) {
+    pb::CreateQpRequest req;
+    req.set_context(h.ctx);
+    req.set_pd(h.pd);
+    req.set_send_cq(cq);
+    req.set_recv_cq(cq);
+    req.set_srq(srq);
+    req.set_qp_type(pb::QP_TYPE_RC);
+    req.mutable_cap()->set_max_send_wr(16);
+    req.mutable_cap()->set_max_recv_wr(srq != 0 ? 0 : 16);
+    req.mutable_cap()->set_max_send_sge(1);
+    req.mutable_cap()->set_max_recv_sge(1);
+    req.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    return c.call(&pb::Broker::Stub::CreateQp, req, resp);
+}
+
+// queue_info with the client's own addresses, as the client library fills it.
+queue_info localQueue(const TestClient &c, const pb::QueueInfo &q) {
+    queue_info qi{};
+    qi.qbuf.base = reinterpret_cast<uint64_t>(c.address(q.base()));
+    qi.qbuf.entry_cnt = q.entry_cnt();
+    qi.qbuf.entry_size = q.entry_size();
+    qi.dbr_pi_va = {c.address(q.dbr_pi()), q.dbr_pi().length()};
+    qi.dbr_ci_va = {c.address(q.dbr_ci()), q.dbr_ci().length()};
+    qi.db_hw_va = {c.address(q.db_hw()), q.db_hw().length()};
+    return qi;
+}
+
+grpc::Status modifyQp(TestClient &c, uint64_t qp, const pb::QpAttr &attr, int mask,
+                      pb::ModifyQpResponse *resp) {
+    pb::ModifyQpRequest req;
+    req.set_qp(qp);
+    *req.mutable_attr() = attr;
+    req.set_attr_mask(static_cast<uint32_t>(mask));
+    return c.call(&pb::Broker::Stub::ModifyQp, req, resp);
+}
+
+void connectQp(TestClient &c, uint64_t qp, uint32_t dest) {
+    pb::ModifyQpResponse r;
+    pb::QpAttr init;
+    init.set_qp_state(pb::QP_STATE_INIT);
+    init.set_port_num(1);
+    init.set_qp_access_flags(kAllAccess);
+    ASSERT_TRUE(
+        modifyQp(c, qp, init, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, &r).ok());
+    EXPECT_EQ(r.state(), pb::QP_STATE_INIT);
+    pb::QpAttr rtr;
+    rtr.set_qp_state(pb::QP_STATE_RTR);
+    rtr.set_path_mtu(IBV_MTU_4096);
+    rtr.set_dest_qp_num(dest);
+    rtr.set_max_dest_rd_atomic(16);
+    rtr.set_min_rnr_timer(1);
+    rtr.mutable_ah_attr()->set_port_num(1);
+    ASSERT_TRUE(modifyQp(c, qp, rtr,
+                         IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER,
+                         &r)
+                    .ok());
+    pb::QpAttr rts;
+    rts.set_qp_state(pb::QP_STATE_RTS);
+    rts.set_timeout(14);
+    rts.set_retry_cnt(7);
+    rts.set_rnr_retry(7);
+    rts.set_max_rd_atomic(16);
+    ASSERT_TRUE(modifyQp(c, qp, rts,
+                         IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                             IBV_QP_MAX_QP_RD_ATOMIC,
+                         &r)
+                    .ok());
+    EXPECT_EQ(r.state(), pb::QP_STATE_RTS);
+}
+
+// Waits until pred() or timeout; returns pred().
+template <typename Pred>
+bool waitFor(Pred pred, std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+        if (pred()) {
+            return true;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    return pred();
+}
+
+template <typename Field>
+uint64_t statValue(const std::string &sock, Field field) {
+    pb::GetStatsResponse s;
+    EXPECT_TRUE(getStats(sock, &s).ok());
+    return static_cast<uint64_t>((s.*field)());
+}
+
+// Runs this test binary again as a separate tenant process (a fresh process: no gRPC state
+// inherited across fork). mode selects what Helper.Tenant does.
+pid_t spawnHelper(const std::string &mode, const std::string &socket, const std::string &token_hex,
+                  int *ready_fd) {
+    int p[2];
+    if (::pipe2(p, 0) < 0) {
+        return -1;
+    }
+    pid_t pid = ::fork();
+    if (pid == 0) {
+        ::close(p[0]);
+        ::setenv("IBVX_HELPER_MODE", mode.c_str(), 1);
+        ::setenv("IBVX_HELPER_SOCKET", socket.c_str(), 1);
+        ::setenv("IBVX_HELPER_TOKEN", token_hex.c_str(), 1);
+        ::setenv("IBVX_HELPER_FD", std::to_string(p[1]).c_str(), 1);
+        const char *argv[] = {"/proc/self/exe", "--gtest_filter=Helper.Tenant", nullptr};
+        ::execv("/proc/self/exe", const_cast<char *const *>(argv));
+        _exit(127);
+    }
+    ::close(p[1]);
+    *ready_fd = p[0];
+    return pid;
+}
+
+// Reads the helper's one-int report (or -1000 on EOF/timeout).
+int readReport(int fd, int timeout_ms) {
+    pollfd pfd{fd, POLLIN, 0};
+    int v = -1000;
+    if (::poll(&pfd, 1, timeout_ms) == 1 && ::read(fd, &v, sizeof(v)) == static_cast<ssize_t>(sizeof(v))) {
+        return v;
+    }
+    return -1000;
+}
+
+class DaemonTest : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() { broker_ = new BrokerProcess(kSuiteConfig); }
+    static void TearDownTestSuite() {
+        delete broker_;
+        broker_ = nullptr;
+    }
+    void SetUp() override { ASSERT_TRUE(broker_->started()) << broker_->log(); }
+    static BrokerProcess *broker_;
+};
+BrokerProcess *DaemonTest::broker_ = nullptr;
+
+TEST_F(DaemonTest, HelloReportsKernelIdentityAndListDevicesShowsSoftnda) {
+    TestClient c(broker_->socket());
+    pb::HelloResponse hello;
+    ASSERT_TRUE(c.hello(&hello).ok());
+    EXPECT_EQ(hello.session_token().size(), 16u);
+    EXPECT_EQ(hello.identity().pid(), getpid());
+    EXPECT_EQ(hello.identity().uid(), getuid());
+    EXPECT_EQ(hello.broker_version().major(), 4u);
+    EXPECT_EQ(hello.attach_timeout_ms(), 1000u);
+    pb::ListDevicesResponse devs;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    bool found = false;
+    for (const auto &d : devs.devices()) {
+        if (d.name() == "softnda0") {
+            found = true;
+            EXPECT_EQ(d.provider(), "softnda");
+            EXPECT_TRUE(d.virtual_device());
+            EXPECT_NE(d.ext_cap() & IBV_EXTEND_DEV_NDA, 0u);
+            EXPECT_EQ(d.driver_version(), 3u);
+        }
+    }
+    EXPECT_TRUE(found);
+}
+
+TEST_F(DaemonTest, CallsNeedAValidTokenFromTheSameProcess) {
+    TestClient c(broker_->socket());
+    // No Hello yet: no token.
+    pb::ListDevicesResponse devs;
+    grpc::Status st = c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_EQ(errnoOf(st), EACCES);
+    ASSERT_TRUE(c.connect());
+    EXPECT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    // Another process presenting this token on the fd channel is refused (EPERM).
+    int report = 0;
+    pid_t pid = spawnHelper("attach", broker_->socket(), c.tokenHex(), &report);
+    ASSERT_GT(pid, 0);
+    EXPECT_EQ(readReport(report, 20000), -EPERM);
+    int st2;
+    ::waitpid(pid, &st2, 0);
+    ::close(report);
+}
+
+TEST_F(DaemonTest, AttachRules) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.hello().ok());
+    // Unknown token.
+    UniqueFd raw = connectUnix(broker_->socket());
+    SessionToken bogus{};
+    EXPECT_EQ(attachClient(raw.get(), bogus, 5000), -ENOENT);
+    ASSERT_EQ(c.attach(), 0);
+    // A second attach of the same session.
+    UniqueFd again = connectUnix(broker_->socket());
+    EXPECT_EQ(attachClient(again.get(), c.token(), 5000), -EBUSY);
+}
+
+TEST_F(DaemonTest, GarbagePrefaceIsClosedAndTheBrokerKeepsServing) {
+    UniqueFd raw = connectUnix(broker_->socket());
+    ASSERT_TRUE(raw);
+    ASSERT_EQ(::send(raw.get(), "GARBAGE!", 8, MSG_NOSIGNAL), 8);
+    pollfd pfd{raw.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+    char b;
+    EXPECT_LE(::recv(raw.get(), &b, 1, 0), 0);  // EOF or reset, never data
+    // A connection that says nothing is dropped after the handshake timeout (300 ms here).
+    UniqueFd silent = connectUnix(broker_->socket());
+    pollfd spfd{silent.get(), POLLIN, 0};
+    ASSERT_EQ(::poll(&spfd, 1, 10000), 1);
+    EXPECT_LE(::recv(silent.get(), &b, 1, 0), 0);
+    TestClient c(broker_->socket());
+    EXPECT_TRUE(c.connect());
+}
+
+TEST_F(DaemonTest, HealthAndReflectionOnTheSameSocket) {
+    auto channel = grpc::CreateChannel("unix:" + broker_->socket(), grpc::InsecureChannelCredentials());
+    grpc::GenericStub stub(channel);
+    grpc::CompletionQueue cq;
+    void *tag;
+    bool ok;
+    auto next = [&] { return cq.Next(&tag, &ok) && ok; };
+    {
+        // grpc.health.v1.Health/Check with service "" -> status SERVING (field 1 = 1).
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        grpc::Slice req_slice(std::string("\x0a\x00", 2));  // HealthCheckRequest{service: ""}
+        grpc::ByteBuffer req(&req_slice, 1);
+        auto call = stub.PrepareUnaryCall(&ctx, "/grpc.health.v1.Health/Check", req, &cq);
+        call->StartCall();
+        grpc::ByteBuffer resp;
+        grpc::Status st;
+        call->Finish(&resp, &st, reinterpret_cast<void *>(1));
+        ASSERT_TRUE(next());
+        ASSERT_TRUE(st.ok()) << st.error_message();
+        std::vector<grpc::Slice> slices;
+        ASSERT_TRUE(resp.Dump(&slices).ok());
+        std::string bytes;
+        for (auto &s : slices) {
+            bytes.append(reinterpret_cast<const char *>(s.begin()), s.size());
+        }
+        EXPECT_EQ(bytes, std::string("\x08\x01", 2));
+    }
+    {
+        // grpc.reflection.v1alpha list_services (field 7, empty string).
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        auto call =
+            stub.PrepareCall(&ctx, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &cq);
+        call->StartCall(reinterpret_cast<void *>(1));
+        ASSERT_TRUE(next());
+        grpc::Slice req_slice(std::string("\x3a\x00", 2));
+        grpc::ByteBuffer req(&req_slice, 1);
+        call->Write(req, reinterpret_cast<void *>(2));
+        ASSERT_TRUE(next());
+        grpc::ByteBuffer resp;
+        call->Read(&resp, reinterpret_cast<void *>(3));
+        ASSERT_TRUE(next());
+        call->WritesDone(reinterpret_cast<void *>(4));
+        ASSERT_TRUE(next());
+        grpc::Status st;
+        call->Finish(&st, reinterpret_cast<void *>(5));
+        ASSERT_TRUE(next());
+        EXPECT_TRUE(st.ok()) << st.error_message();
+        std::vector<grpc::Slice> slices;
+        ASSERT_TRUE(resp.Dump(&slices).ok());
+        std::string bytes;
+        for (auto &s : slices) {
+            bytes.append(reinterpret_cast<const char *>(s.begin()), s.size());
+        }
+        EXPECT_NE(bytes.find("ibv_extend.v1.Broker"), std::string::npos);
+        EXPECT_NE(bytes.find("ibv_extend.v1.Admin"), std::string::npos);
+        EXPECT_NE(bytes.find("grpc.health.v1.Health"), std::string::npos);
+    }
+}
+
+TEST_F(DaemonTest, EveryRpcThroughTheBroker) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    pb::OpenContextRequest oreq;
+    oreq.set_device_name("softnda0");
+    pb::OpenContextResponse octx;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::OpenContext, oreq, &octx).ok());
+    EXPECT_NE(octx.context(), 0u);
+    EXPECT_EQ(octx.driver_version(), 3u);
+    EXPECT_EQ(octx.device().name(), "softnda0");
+    EXPECT_NE(octx.driver_ops_present() & 0x7, 0u);  // create_qp/cq/srq
+    oreq.set_device_name("nosuchdev");
+    pb::OpenContextResponse bad;
+    grpc::Status st = c.call(&pb::Broker::Stub::OpenContext, oreq, &bad);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(errnoOf(st), ENODEV);
+
+    pb::QueryDeviceRequest qd;
+    qd.set_context(octx.context());
+    pb::QueryDeviceResponse qdr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::QueryDevice, qd, &qdr).ok());
+    EXPECT_NE(qdr.ext_cap() & IBV_EXTEND_DEV_NDA, 0u);
+    EXPECT_EQ(qdr.resv().size(), 128u);
+
+    Handles h{octx.context(), 0};
+    pb::AllocPdRequest pdreq;
+    pdreq.set_context(h.ctx);
+    pb::AllocPdResponse pdr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::AllocPd, pdreq, &pdr).ok());
+    h.pd = pdr.pd();
+
+    // MR from a memfd passed on the fd channel.
+    int mfd = memfd_create("mr", MFD_CLOEXEC);
+    ASSERT_EQ(ftruncate(mfd, 65536), 0);
+    ASSERT_EQ(c.sendFd(42, mfd), 0);
+    close(mfd);
+    pb::RegMrRequest mreq;
+    mreq.set_pd(h.pd);
+    mreq.set_xfer_id(42);
+    mreq.set_length(65536);
+    mreq.set_access(kAllAccess);
+    mreq.set_iova(0x10000000);
+    pb::RegMrResponse mr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::RegMr, mreq, &mr).ok());
+    EXPECT_EQ(mr.iova(), 0x10000000u);
+    // The fd is taken once.
+    pb::RegMrResponse mr2;
+    st = c.call(&pb::Broker::Stub::RegMr, mreq, &mr2);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(errnoOf(st), EBADF);
+
+    pb::CreateCqResponse cq;
+    ASSERT_TRUE(createCq(c, h.ctx, 64, &cq).ok());
+    EXPECT_GE(cq.cqe(), 64u);
+    EXPECT_EQ(cq.resv().size(), 256u);
+    pb::CreateCqRequest badcq;
+    badcq.set_context(h.ctx);
+    badcq.set_cqe(8);  // dma_mode left UNSPECIFIED
+    pb::CreateCqResponse badcqr;
+    EXPECT_EQ(c.call(&pb::Broker::Stub::CreateCq, badcq, &badcqr).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+
+    pb::CreateSrqRequest sreq;
+    sreq.set_context(h.ctx);
+    sreq.set_pd(h.pd);
+    sreq.set_max_wr(32);
+    sreq.set_max_sge(1);
+    sreq.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    pb::CreateSrqResponse srq;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::CreateSrq, sreq, &srq).ok());
+    EXPECT_TRUE(srq.srq_info().has_base());
+
+    pb::CreateQpResponse qp;
+    ASSERT_TRUE(createQp(c, h, cq.cq(), srq.srq(), &qp).ok());
+    EXPECT_NE(qp.qp_num(), 0u);
+    EXPECT_EQ(qp.state(), pb::QP_STATE_RESET);
+    EXPECT_TRUE(qp.sq_info().has_base());
+    EXPECT_TRUE(qp.sq_info().has_db_hw());
+    EXPECT_EQ(qp.resv().size(), 248u);
+    ASSERT_GT(c.drainRegions(), 0);
+
+    pb::ModifyQpResponse mresp;
+    pb::QpAttr init;
+    init.set_qp_state(pb::QP_STATE_INIT);
+    init.set_port_num(1);
+    init.set_qp_access_flags(kAllAccess);
+    ASSERT_TRUE(modifyQp(c, qp.qp(), init,
+                         IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, &mresp)
+                    .ok());
+    EXPECT_EQ(mresp.state(), pb::QP_STATE_INIT);
+    pb::QpAttr unspecified;  // state UNSPECIFIED with IBV_QP_STATE in the mask
+    EXPECT_EQ(modifyQp(c, qp.qp(), unspecified, IBV_QP_STATE, &mresp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+    pb::QueryQpRequest qq;
+    qq.set_qp(qp.qp());
+    qq.set_attr_mask(IBV_QP_STATE | IBV_QP_CAP);
+    pb::QueryQpResponse qqr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::QueryQp, qq, &qqr).ok());
+    EXPECT_EQ(qqr.attr().qp_state(), pb::QP_STATE_INIT);
+    EXPECT_EQ(qqr.qp_type(), pb::QP_TYPE_RC);
+
+    // V2/V3 calls reach the driver: success or the driver's own refusal, never a transport error.
+    auto driverAnswered = [](const grpc::Status &s) {
+        return s.ok() || s.error_code() == grpc::StatusCode::UNIMPLEMENTED ||
+               s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+               s.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+    };
+    pb::ModifyQpExtendRequest mx;
+    mx.set_qp(qp.qp());
+    mx.mutable_attr()->set_udp_src_port(49152);
+    mx.set_attr_mask(IBV_QP_ATTR_EXTEND_UDP_SRC_PORT);
+    pb::ModifyQpExtendResponse mxr;
+    EXPECT_TRUE(driverAnswered(c.call(&pb::Broker::Stub::ModifyQpExtend, mx, &mxr)));
+    pb::QueryQpExtendRequest qx;
+    qx.set_qp(qp.qp());
+    qx.set_attr_mask(IBV_QP_ATTR_EXTEND_UDP_SRC_PORT);
+    pb::QueryQpExtendResponse qxr;
+    EXPECT_TRUE(driverAnswered(c.call(&pb::Broker::Stub::QueryQpExtend, qx, &qxr)));
+    qx.set_attr_mask(IBV_QP_ATTR_EXTEND_MAX);
+    EXPECT_EQ(c.call(&pb::Broker::Stub::QueryQpExtend, qx, &qxr).error_code(),
+              grpc::StatusCode::UNIMPLEMENTED);
+    pb::QueryQpSupportedHyroceFeatureRequest hq;
+    hq.set_qp(qp.qp());
+    pb::QueryQpSupportedHyroceFeatureResponse hqr;
+    EXPECT_TRUE(driverAnswered(c.call(&pb::Broker::Stub::QueryQpSupportedHyroceFeature, hq, &hqr)));
+    pb::NegoQpHyroceFeatureRequest nq;
+    nq.set_qp(qp.qp());
+    pb::NegoQpHyroceFeatureResponse nqr;
+    EXPECT_TRUE(driverAnswered(c.call(&pb::Broker::Stub::NegoQpHyroceFeature, nq, &nqr)));
+
+    // Dependency errors carry FAILED_PRECONDITION + EBUSY.
+    pb::DestroyCqRequest dcq;
+    dcq.set_cq(cq.cq());
+    pb::DestroyCqResponse dcqr;
+    st = c.call(&pb::Broker::Stub::DestroyCq, dcq, &dcqr);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(errnoOf(st), EBUSY);
+
+    pb::DestroyQpRequest dqp;
+    dqp.set_qp(qp.qp());
+    pb::DestroyQpResponse dqpr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::DestroyQp, dqp, &dqpr).ok());
+    st = c.call(&pb::Broker::Stub::DestroyQp, dqp, &dqpr);  // double destroy
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    pb::DestroySrqRequest dsrq;
+    dsrq.set_srq(srq.srq());
+    pb::DestroySrqResponse dsrqr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::DestroySrq, dsrq, &dsrqr).ok());
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::DestroyCq, dcq, &dcqr).ok());
+    pb::DeregMrRequest dmr;
+    dmr.set_mr(mr.mr());
+    pb::DeregMrResponse dmrr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::DeregMr, dmr, &dmrr).ok());
+    pb::DeallocPdRequest dpd;
+    dpd.set_pd(h.pd);
+    pb::DeallocPdResponse dpdr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::DeallocPd, dpd, &dpdr).ok());
+    pb::CloseContextRequest cc;
+    cc.set_context(h.ctx);
+    pb::CloseContextResponse ccr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::CloseContext, cc, &ccr).ok());
+    // Everything the client mapped was released by one of the destroys.
+    size_t released = dqpr.released_regions_size() + dsrqr.released_regions_size() +
+                      dcqr.released_regions_size() + ccr.released_regions_size();
+    EXPECT_EQ(released, c.mappedRegions());
+}
+
+TEST_F(DaemonTest, ForeignHandlesAnswerNotFound) {
+    TestClient a(broker_->socket());
+    TestClient b(broker_->socket());
+    ASSERT_TRUE(a.connect());
+    ASSERT_TRUE(b.connect());
+    Handles h = openDevice(a);
+    pb::AllocPdRequest req;
+    req.set_context(h.ctx);
+    pb::AllocPdResponse resp;
+    grpc::Status st = b.call(&pb::Broker::Stub::AllocPd, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND);
+    pb::DeallocPdRequest d;
+    d.set_pd(h.pd);
+    pb::DeallocPdResponse dr;
+    EXPECT_EQ(b.call(&pb::Broker::Stub::DeallocPd, d, &dr).error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_TRUE(a.call(&pb::Broker::Stub::DeallocPd, d, &dr).ok());
+}
+
+TEST_F(DaemonTest, RegionsArriveBeforeTheReplyAndTheDataPathBypassesTheBroker) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    Handles h = openDevice(c);
+    pb::CreateCqResponse cq;
+    ASSERT_TRUE(createCq(c, h.ctx, 64, &cq).ok());
+    // The broker sent every region before replying: they are already waiting, no wait needed.
+    ASSERT_GT(c.drainRegions(), 0);
+    ASSERT_NE(c.address(cq.cq_info().base()), nullptr);
+    ASSERT_NE(c.address(cq.cq_info().dbr_pi()), nullptr);
+    pb::CreateQpResponse qa, qb;
+    ASSERT_TRUE(createQp(c, h, cq.cq(), 0, &qa).ok());
+    ASSERT_GE(c.drainRegions(), 0);
+    ASSERT_TRUE(createQp(c, h, cq.cq(), 0, &qb).ok());
+    ASSERT_GE(c.drainRegions(), 0);
+    for (const auto *q : {&qa.sq_info(), &qa.rq_info(), &qb.sq_info(), &qb.rq_info()}) {
+        ASSERT_NE(c.address(q->base()), nullptr);
+        ASSERT_NE(c.address(q->dbr_pi()), nullptr);
+        ASSERT_NE(c.address(q->db_hw()), nullptr);
+    }
+    connectQp(c, qa.qp(), qb.qp_num());
+    connectQp(c, qb.qp(), qa.qp_num());
+
+    // Tenant memory registered through an fd, addressed by the tenant's own addresses.
+    const size_t len = 65536;
+    int mfd = memfd_create("data", MFD_CLOEXEC);
+    ASSERT_EQ(ftruncate(mfd, len), 0);
+    auto *buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0));
+    ASSERT_NE(buf, MAP_FAILED);
+    ASSERT_EQ(c.sendFd(7, mfd), 0);
+    close(mfd);
+    pb::RegMrRequest mreq;
+    mreq.set_pd(h.pd);
+    mreq.set_xfer_id(7);
+    mreq.set_length(len);
+    mreq.set_access(kAllAccess);
+    mreq.set_iova(reinterpret_cast<uint64_t>(buf));
+    pb::RegMrResponse mr;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::RegMr, mreq, &mr).ok());
+    for (size_t i = 0; i < 4096; ++i) {
+        buf[i] = static_cast<uint8_t>(i * 7 + 3);
+    }
+
+    queue_info sqi = localQueue(c, qa.sq_info());
+    queue_info cqi = localQueue(c, cq.cq_info());
+    softnda_sq sq;
+    softnda_cq dcq;
+    ASSERT_EQ(softnda_sq_init(&sq, &sqi), 0);
+    ASSERT_EQ(softnda_cq_init(&dcq, &cqi), 0);
+
+    uint64_t rpcs_before = statValue(broker_->socket(), &pb::GetStatsResponse::total_calls);
+    // ---- data phase: loads and stores only ----
+    softnda_sge sge{reinterpret_cast<uint64_t>(buf), 4096, mr.lkey()};
+    softnda_send_wr wr{};
+    wr.wr_id = 99;
+    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
+    wr.flags = SOFTNDA_WQE_SIGNALED;
+    wr.remote_addr = reinterpret_cast<uint64_t>(buf) + 8192;
+    wr.rkey = mr.rkey();
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ASSERT_EQ(softnda_sq_post(&sq, &wr), 0);
+    softnda_sq_doorbell(&sq);
+    softnda_cqe cqe{};
+    ASSERT_TRUE(waitFor([&] { return softnda_cq_poll(&dcq, &cqe, 1) == 1; }, std::chrono::seconds(10)));
+    // ---- end of data phase ----
+    uint64_t rpcs_after = statValue(broker_->socket(), &pb::GetStatsResponse::total_calls);
+    EXPECT_EQ(cqe.wr_id, 99u);
+    EXPECT_EQ(cqe.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(buf, buf + 8192, 4096), 0);
+    EXPECT_EQ(rpcs_after, rpcs_before) << "the fast path must not call the broker";
+    munmap(buf, len);
+}
+
+TEST_F(DaemonTest, SessionEndsOnFdChannelCloseAndEverythingIsDestroyed) {
+    uint64_t objects_before = statValue(broker_->socket(), &pb::GetStatsResponse::objects);
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    Handles h = openDevice(c);
+    pb::CreateCqResponse cq;
+    ASSERT_TRUE(createCq(c, h.ctx, 16, &cq).ok());
+    pb::CreateQpResponse qp;
+    ASSERT_TRUE(createQp(c, h, cq.cq(), 0, &qp).ok());
+    EXPECT_EQ(statValue(broker_->socket(), &pb::GetStatsResponse::objects), objects_before + 4);
+    c.closeChannel();
+    EXPECT_TRUE(waitFor(
+        [&] { return statValue(broker_->socket(), &pb::GetStatsResponse::objects) == objects_before; },
+        std::chrono::seconds(5)));
+    pb::ListDevicesResponse devs;
+    grpc::Status st = c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(errnoOf(st), ENOTCONN);
+}
+
+TEST_F(DaemonTest, UnattachedSessionIsDroppedAfterTheAttachTimeout) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.hello().ok());
+    pb::ListDevicesResponse devs;
+    EXPECT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    EXPECT_TRUE(waitFor(
+        [&] {
+            return c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).error_code() ==
+                   grpc::StatusCode::UNAVAILABLE;
+        },
+        std::chrono::seconds(10)));
+}
+
+TEST_F(DaemonTest, KilledTenantIsReclaimedQuickly) {
+    uint64_t sessions_before = statValue(broker_->socket(), &pb::GetStatsResponse::sessions);
+    int report = -1;
+    pid_t pid = spawnHelper("tenant", broker_->socket(), "", &report);
+    ASSERT_GT(pid, 0);
+    ASSERT_EQ(readReport(report, 20000), 0) << "helper tenant failed to set up";
+    EXPECT_EQ(statValue(broker_->socket(), &pb::GetStatsResponse::sessions), sessions_before + 1);
+    auto t0 = Clock::now();
+    ::kill(pid, SIGKILL);
+    int st;
+    ::waitpid(pid, &st, 0);
+    ASSERT_TRUE(waitFor(
+        [&] {
+            pb::GetStatsResponse s;
+            return getStats(broker_->socket(), &s).ok() && s.sessions() == sessions_before &&
+                   s.objects() == 0;
+        },
+        std::chrono::seconds(5)));
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    std::printf("reclaim after kill -9: %lld ms (includes GetStats polling)\n", static_cast<long long>(ms));
+    ::close(report);
+}
+
+TEST_F(DaemonTest, FdCountAndRssBackToBaselineAfter1000Cycles) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    Handles h = openDevice(c);
+    auto cycle = [&] {
+        pb::CreateCqResponse cq;
+        if (!createCq(c, h.ctx, 16, &cq).ok()) {
+            return false;
+        }
+        pb::CreateQpResponse qp;
+        if (!createQp(c, h, cq.cq(), 0, &qp).ok() || c.drainRegions() < 0) {
+            return false;
+        }
+        pb::DestroyQpRequest dq;
+        dq.set_qp(qp.qp());
+        pb::DestroyQpResponse dqr;
+        pb::DestroyCqRequest dc;
+        dc.set_cq(cq.cq());
+        pb::DestroyCqResponse dcr;
+        if (!c.call(&pb::Broker::Stub::DestroyQp, dq, &dqr).ok() ||
+            !c.call(&pb::Broker::Stub::DestroyCq, dc, &dcr).ok()) {
+            return false;
+        }
+        for (uint64_t r : dqr.released_regions()) {
+            c.unmap(r);
+        }
+        for (uint64_t r : dcr.released_regions()) {
+            c.unmap(r);
+        }
+        return true;
+    };
+    for (int i = 0; i < 50; ++i) {
+        ASSERT_TRUE(cycle());
+    }
+    int fds0 = broker_->fdCount();
+    long rss0 = broker_->rssKiB();
+    auto t0 = Clock::now();
+    for (int i = 0; i < 1000; ++i) {
+        ASSERT_TRUE(cycle()) << "cycle " << i;
+    }
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
+    int fds1 = broker_->fdCount();
+    long rss1 = broker_->rssKiB();
+    std::printf("1000 cycles (4 RPCs each) in %lld ms; broker fds %d -> %d, RSS %ld -> %ld KiB\n",
+                static_cast<long long>(ms), fds0, fds1, rss0, rss1);
+    EXPECT_EQ(fds1, fds0);
+    EXPECT_EQ(c.mappedRegions(), 0u);
+    // Allocator caches may keep a little; a leak of one region per cycle would be > 250 MiB.
+    EXPECT_LT(rss1 - rss0, 4096);
+}
+
+TEST(DaemonLifecycle, SigtermWithAClientAttachedExitsZero) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    TestClient c(broker.socket());
+    ASSERT_TRUE(c.connect());
+    Handles h = openDevice(c);
+    pb::CreateCqResponse cq;
+    ASSERT_TRUE(createCq(c, h.ctx, 16, &cq).ok());
+    ASSERT_GT(c.drainRegions(), 0);
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+    // The tenant sees its fd channel close and calls fail instead of hanging.
+    char b;
+    pollfd pfd{c.channelFd(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+    EXPECT_LE(::recv(c.channelFd(), &b, 1, MSG_DONTWAIT), 0);
+    pb::ListDevicesResponse devs;
+    EXPECT_FALSE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    std::string log = broker.log();
+    EXPECT_NE(log.find("audit: destroy cq"), std::string::npos) << log;
+}
+
+TEST(DaemonLifecycle, BadConfigIsRejectedWithKeyAndLine) {
+    BrokerProcess broker("[broker]\nsocket_mode = \"0660\"\nno_such_key = 1\n");
+    EXPECT_FALSE(broker.started());
+    std::string log = broker.log();
+    EXPECT_NE(log.find("ibv-extendd.toml:3"), std::string::npos) << log;
+    EXPECT_NE(log.find("broker.no_such_key"), std::string::npos) << log;
+}
+
+TEST(DaemonLifecycle, ProviderOptionsReachSoftnda) {
+    BrokerProcess broker("[softnda]\ndevices = 2\n");
+    ASSERT_TRUE(broker.started()) << broker.log();
+    TestClient c(broker.socket());
+    ASSERT_TRUE(c.connect());
+    pb::ListDevicesResponse devs;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    EXPECT_EQ(devs.devices_size(), 2);
+    BrokerProcess bad("[softnda]\nmax_qp = \"lots\"\n");
+    EXPECT_FALSE(bad.started());
+    EXPECT_NE(bad.log().find("softnda.max_qp"), std::string::npos) << bad.log();
+}
+
+// Not a test on its own: the tenant process other tests spawn (IBVX_HELPER_MODE set).
+TEST(Helper, Tenant) {
+    const char *mode = std::getenv("IBVX_HELPER_MODE");
+    if (mode == nullptr) {
+        GTEST_SKIP() << "only runs as a helper process";
+    }
+    int out = std::atoi(std::getenv("IBVX_HELPER_FD"));
+    std::string socket = std::getenv("IBVX_HELPER_SOCKET");
+    auto report = [out](int v) { (void)!::write(out, &v, sizeof(v)); };
+    if (std::string(mode) == "attach") {
+        SessionToken token{};
+        tokenFromHex(std::getenv("IBVX_HELPER_TOKEN"), &token);
+        UniqueFd fd = connectUnix(socket);
+        report(attachClient(fd.get(), token, 5000));
+        return;
+    }
+    TestClient c(socket);
+    if (!c.connect()) {
+        report(-1);
+        return;
+    }
+    Handles h = openDevice(c);
+    pb::CreateCqResponse cq;
+    pb::CreateQpResponse qp;
+    if (!createCq(c, h.ctx, 16, &cq).ok() || !createQp(c, h, cq.cq(), 0, &qp).ok()) {
+        report(-2);
+        return;
+    }
+    report(0);
+    for (;;) {
+        ::pause();  // until kill -9
+    }
+}
+
+}  // namespace
+}  // namespace ibvx::test
