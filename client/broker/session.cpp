@@ -147,10 +147,17 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
         return -ENOTCONN;
     }
 
+    // gRPC's polling engine survives fork() only with its fork support on, which it reads once,
+    // at its first initialisation in the process. Turn it on unless the program chose already.
+    setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    // A private connection per session: the global subchannel pool would hand a new session
+    // (after a broker restart, or in a forked child) the old session's connection or its
+    // reconnect back-off.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     s->channel_ =
         grpc::CreateCustomChannel("unix:" + settings.socket_path, grpc::InsecureChannelCredentials(), args);
     s->stub_ = pb::Broker::NewStub(s->channel_);
@@ -163,6 +170,8 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
     pb::HelloResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(s->timeout_ms_));
+    // The socket just accepted our fd channel, so waiting for the connection is bounded.
+    ctx.set_wait_for_ready(true);
     rc = s->finish("Hello", s->stub_->Hello(&ctx, req, &resp));
     if (rc != 0) {
         return rc;
