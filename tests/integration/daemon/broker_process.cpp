@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -32,6 +33,17 @@ bool answers(const std::string &path) {
 }  // namespace
 
 BrokerProcess::BrokerProcess(const std::string &config) {
+    BrokerOptions o;
+    o.config = config;
+    start(o);
+}
+
+BrokerProcess::BrokerProcess(const BrokerOptions &options) {
+    start(options);
+}
+
+void BrokerProcess::start(const BrokerOptions &options) {
+    const std::string &config = options.config;
     char tmpl[] = "/tmp/ibvx.XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) {
         return;
@@ -46,11 +58,34 @@ BrokerProcess::BrokerProcess(const std::string &config) {
     const char *build = std::getenv("IBVX_BUILD_DIR");
     std::string binary = std::string(build != nullptr ? build : ".") + "/daemon/ibv-extendd";
     std::string log_path = dir_ + "/log";
+    // Everything the child needs is prepared before fork(): the parent may have threads.
+    std::vector<std::string> env_store;
+    for (char **e = environ; *e != nullptr; ++e) {
+        env_store.emplace_back(*e);
+    }
+    for (const std::string &e : options.env) {
+        env_store.push_back(e);
+    }
+    if (options.activated_fd >= 0) {
+        env_store.push_back("LISTEN_FDS=1");
+        env_store.push_back("LISTEN_PID=0000000000");  // patched with the child's pid below
+    }
+    std::vector<char *> envp;
+    for (std::string &e : env_store) {
+        envp.push_back(e.data());
+    }
+    envp.push_back(nullptr);
     pid_ = ::fork();
     if (pid_ == 0) {
         int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(log, STDOUT_FILENO);
         ::dup2(log, STDERR_FILENO);
+        if (options.activated_fd >= 0) {
+            ::dup2(options.activated_fd, 3);
+            char *pid_entry = envp[envp.size() - 2];
+            std::snprintf(pid_entry, std::strlen(pid_entry) + 1, "LISTEN_PID=%d",
+                          static_cast<int>(::getpid()));
+        }
         std::vector<const char *> argv = {binary.c_str(), "--socket",    socket_.c_str(),
                                           "--foreground", "--log-level", "debug"};
         if (!config_path.empty()) {
@@ -58,12 +93,12 @@ BrokerProcess::BrokerProcess(const std::string &config) {
             argv.push_back(config_path.c_str());
         }
         argv.push_back(nullptr);
-        ::execv(binary.c_str(), const_cast<char *const *>(argv.data()));
+        ::execve(binary.c_str(), const_cast<char *const *>(argv.data()), envp.data());
         _exit(127);
     }
     auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     while (std::chrono::steady_clock::now() < deadline) {
-        if (answers(socket_)) {
+        if (answers(options.activated_path.empty() ? socket_ : options.activated_path)) {
             started_ = true;
             return;
         }

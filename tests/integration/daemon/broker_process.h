@@ -8,10 +8,18 @@
 
 namespace ibvx::test {
 
+struct BrokerOptions {
+    std::string config;            // TOML text written next to the socket, passed with --config
+    std::vector<std::string> env;  // extra "NAME=value" entries for the daemon
+    int activated_fd = -1;         // a listening socket handed over as systemd does (fd 3)
+    std::string activated_path;    // where activated_fd is bound (what clients connect to)
+};
+
 class BrokerProcess {
   public:
     // config: TOML text written next to the socket and passed with --config ("" = none).
     explicit BrokerProcess(const std::string &config = "");
+    explicit BrokerProcess(const BrokerOptions &options);
     ~BrokerProcess();
     BrokerProcess(const BrokerProcess &) = delete;
     BrokerProcess &operator=(const BrokerProcess &) = delete;
@@ -31,6 +39,8 @@ class BrokerProcess {
     long rssKiB() const;
 
   private:
+    void start(const BrokerOptions &options);
+
     std::string dir_;
     std::string socket_;
     pid_t pid_ = -1;

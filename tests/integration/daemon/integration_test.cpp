@@ -5,11 +5,13 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "broker_process.h"
@@ -735,6 +737,60 @@ TEST(DaemonLifecycle, ProviderOptionsReachSoftnda) {
     BrokerProcess bad("[softnda]\nmax_qp = \"lots\"\n");
     EXPECT_FALSE(bad.started());
     EXPECT_NE(bad.log().find("softnda.max_qp"), std::string::npos) << bad.log();
+}
+
+TEST(DaemonLifecycle, SighupReloadsAndKeepsServing) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    TestClient c(broker.socket());
+    ASSERT_TRUE(c.connect());
+    ASSERT_EQ(::kill(broker.pid(), SIGHUP), 0);
+    EXPECT_TRUE(waitFor([&] { return broker.log().find("reload done") != std::string::npos; },
+                        std::chrono::seconds(10)))
+        << broker.log();
+    pb::ListDevicesResponse devs;
+    EXPECT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    EXPECT_EQ(broker.terminate(), 0);
+}
+
+TEST(DaemonLifecycle, NotifiesReadyAndServesAnActivatedSocket) {
+    char tmpl[] = "/tmp/ibvx.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    std::string dir = tmpl;
+    // The notify socket systemd would own.
+    std::string notify_path = dir + "/notify";
+    UniqueFd notify(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    sockaddr_un naddr{};
+    naddr.sun_family = AF_UNIX;
+    std::strncpy(naddr.sun_path, notify_path.c_str(), sizeof(naddr.sun_path) - 1);
+    ASSERT_EQ(::bind(notify.get(), reinterpret_cast<sockaddr *>(&naddr), sizeof(naddr)), 0);
+    // The listening socket systemd would pass.
+    std::string act_path = dir + "/act.sock";
+    UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM, 0));
+    sockaddr_un laddr{};
+    laddr.sun_family = AF_UNIX;
+    std::strncpy(laddr.sun_path, act_path.c_str(), sizeof(laddr.sun_path) - 1);
+    ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr *>(&laddr), sizeof(laddr)), 0);
+    ASSERT_EQ(::listen(listener.get(), 16), 0);
+    {
+        BrokerOptions o;
+        o.env = {"NOTIFY_SOCKET=" + notify_path};
+        o.activated_fd = listener.get();
+        o.activated_path = act_path;
+        BrokerProcess broker(o);
+        ASSERT_TRUE(broker.started()) << broker.log();
+        pollfd pfd{notify.get(), POLLIN, 0};
+        ASSERT_EQ(::poll(&pfd, 1, 20000), 1) << broker.log();
+        char msg[512] = {};
+        ASSERT_GT(::recv(notify.get(), msg, sizeof(msg) - 1, 0), 0);
+        EXPECT_EQ(std::string(msg).rfind("READY=1", 0), 0u) << msg;
+        TestClient c(act_path);
+        EXPECT_TRUE(c.connect()) << broker.log();
+        EXPECT_NE(broker.log().find("using the socket passed by systemd"), std::string::npos) << broker.log();
+        EXPECT_EQ(broker.terminate(), 0);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
 }
 
 // Not a test on its own: the tenant process other tests spawn (IBVX_HELPER_MODE set).
