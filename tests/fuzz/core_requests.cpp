@@ -1,0 +1,366 @@
+// Fuzz target: the broker's request handlers, proto -> core, as a hostile tenant reaches them.
+// The real BrokerService (daemon/edge) over the real core (daemon/core) and softnda, in this
+// process: one gRPC connection over a socketpair, handed to the server exactly as the broker's
+// accept loop hands over a tenant's connection, so every request goes through gRPC's own
+// deserialisation, the edge's checks and conversions, and the core.
+//
+// Input: a list of records `u8 op, u16 length (LE), bytes[length]`.
+//   op % 32 < 21  the Broker method with that index in broker.proto; the bytes are its request,
+//                 sent as they are when they do not parse (gRPC must reject them), otherwise
+//                 re-serialised after handle substitution: a fixed64 handle field holding 1..255
+//                 becomes the handle created (n-1) % count-th in this input, so requests can name
+//                 real objects, including other sessions' ones; 0 and large values stay (absent
+//                 or forged).
+//   op % 32 == 21 an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
+//                 of that size is queued on the current session as the fd channel would.
+//   op % 32 == 22 the current session's process "goes away": the broker ends the session.
+//   op % 32 == 23 switch to the session opened (byte 0)-th in this input.
+// Each input starts with a Hello; a successful Hello record opens and switches to a new session.
+//
+// Invariants: no crash, no hang (every call answers within its deadline); no status outside what
+// the API documents (UNKNOWN, CANCELLED, ABORTED, DATA_LOSS and DEADLINE_EXCEEDED never occur);
+// a request naming a handle of another session never succeeds; and once every session of the
+// input has ended, the broker holds no session, no object, no arena memory and no extra fd.
+
+#include <fcntl.h>
+#include <grpcpp/create_channel_posix.h>
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/server_builder.h>
+#include <grpcpp/server_posix.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/fd_channel.h"
+#include "daemon/core/broker.h"
+#include "daemon/core/device.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/mapping.h"
+#include "daemon/edge/connections.h"
+#include "daemon/edge/rpc_stats.h"
+#include "daemon/edge/services.h"
+#include "ibv_extend/v1/broker.pb.h"
+#include "softnda_ops.h"
+#include "tests/fuzz/fuzz_support.h"
+
+namespace {
+
+namespace gpb = google::protobuf;
+using namespace ibvx::daemon;  // NOLINT: the harness touches most of the daemon's names
+
+constexpr int kOpFdTransfer = 21;
+constexpr int kOpEndSession = 22;
+constexpr int kOpSwitchSession = 23;
+constexpr size_t kMaxRecords = 48;
+constexpr uint32_t kMaxXferBytes = 1u << 20;
+// Fixed64 request fields that carry something other than a handle.
+const std::set<std::string> kNotHandles = {"xfer_id", "iova"};
+// Response fields that name a new object.
+const std::set<std::string> kCreatedHandles = {"context", "pd", "mr", "cq", "qp", "srq"};
+
+// Everything a broker has, built once per process: gRPC servers are far too slow to start per
+// input, and a real broker serves many sessions in one process anyway.
+class Harness {
+  public:
+    Harness() {
+        // The broker logs every failed call; a fuzzer makes little else.
+        spdlog::set_level(spdlog::level::off);
+        gpb::SetLogHandler(nullptr);  // invalid UTF-8 in a string field is an expected input
+        verbs_register_driver_extend(&softnda_driver_ops);
+        verbs_register_vdev_extend(&softnda_vdev_ops);
+        devices_.scan();
+        Broker::Options opt;
+        opt.xfer_wait = std::chrono::milliseconds(1);  // RegMr without a queued fd fails at once
+        opt.max_objects_per_session = 64;
+        broker_ = std::make_unique<Broker>(opt, &devices_);
+        // Region fds are dups the sender owns: dropping them is what a dead channel does.
+        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return ibvx::Status::ok(); });
+        service_ = std::make_unique<BrokerService>(*broker_, connections_, stats_,
+                                                   [this](const std::shared_ptr<Session> &s) {
+                                                       std::lock_guard lock(mu_);
+                                                       opened_.push_back(s);
+                                                   });
+        grpc::ServerBuilder builder;
+        builder.RegisterService(service_.get());
+        server_ = builder.BuildAndStart();
+        FUZZ_CHECK(server_ != nullptr, "cannot start the gRPC server");
+
+        int sv[2];
+        FUZZ_CHECK(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv) == 0,
+                   "socketpair: %s", std::strerror(errno));
+        auto peer = peerIdentity(sv[0]);
+        FUZZ_CHECK(peer.isOk(), "peerIdentity: %s", peer.status().toString().c_str());
+        connections_.set(sv[0], *peer);
+        grpc::AddInsecureChannelFromFd(server_.get(), sv[0]);
+        channel_ = grpc::CreateInsecureChannelFromFd("core_requests", sv[1]);
+        stub_ = std::make_unique<grpc::GenericStub>(channel_);
+
+        service_desc_ = gpb::DescriptorPool::generated_pool()->FindServiceByName("ibv_extend.v1.Broker");
+        FUZZ_CHECK(service_desc_ != nullptr && service_desc_->method_count() == kOpFdTransfer,
+                   "broker.proto has %d methods; the input format assumes %d",
+                   service_desc_ ? service_desc_->method_count() : -1, kOpFdTransfer);
+    }
+
+    // Stops gRPC before static destructors run: its threads must not outlive what they use.
+    ~Harness() {
+        stub_.reset();
+        channel_.reset();
+        server_->Shutdown(std::chrono::system_clock::now());
+        server_->Wait();
+        broker_->endAllSessions();
+    }
+
+    Broker &broker() { return *broker_; }
+    const gpb::ServiceDescriptor &service() const { return *service_desc_; }
+
+    std::vector<std::shared_ptr<Session>> takeOpened() {
+        std::lock_guard lock(mu_);
+        return std::exchange(opened_, {});
+    }
+
+    grpc::Status call(const gpb::MethodDescriptor &m, const std::string &token_hex,
+                      const std::string &request, std::string *response) {
+        grpc::ClientContext ctx;
+        // Generous: the point is "answers at all", and sanitizers are slow.
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        if (!token_hex.empty()) {
+            ctx.AddMetadata(kSessionMetadataKey, token_hex);
+        }
+        grpc::Slice slice(request);
+        grpc::ByteBuffer req(&slice, 1);
+        grpc::ByteBuffer resp;
+        std::promise<grpc::Status> done;
+        const std::string path = "/" + service_desc_->full_name() + "/" + m.name();
+        stub_->UnaryCall(&ctx, path, grpc::StubOptions(), &req, &resp,
+                         [&done](grpc::Status s) { done.set_value(std::move(s)); });
+        grpc::Status st = done.get_future().get();
+        response->clear();
+        if (st.ok()) {
+            std::vector<grpc::Slice> slices;
+            if (resp.Dump(&slices).ok()) {
+                for (const grpc::Slice &s : slices) {
+                    response->append(reinterpret_cast<const char *>(s.begin()), s.size());
+                }
+            }
+        }
+        return st;
+    }
+
+  private:
+    DeviceRegistry devices_;
+    std::unique_ptr<Broker> broker_;
+    ConnectionRegistry connections_;
+    RpcStats stats_;
+    std::unique_ptr<BrokerService> service_;
+    std::unique_ptr<grpc::Server> server_;
+    std::shared_ptr<grpc::Channel> channel_;
+    std::unique_ptr<grpc::GenericStub> stub_;
+    const gpb::ServiceDescriptor *service_desc_ = nullptr;
+    std::mutex mu_;
+    std::vector<std::shared_ptr<Session>> opened_;
+};
+
+Harness *g_harness = nullptr;
+
+void destroyHarness() {
+    delete g_harness;
+    g_harness = nullptr;
+}
+
+Harness &harness() {
+    if (g_harness == nullptr) {
+        g_harness = new Harness;
+        std::atexit(destroyHarness);
+    }
+    return *g_harness;
+}
+
+struct Handle {
+    uint64_t value;
+    size_t session;  // index into State::sessions
+};
+
+// What one input built so far.
+struct State {
+    std::vector<std::shared_ptr<Session>> sessions;
+    size_t current = 0;
+    std::vector<Handle> handles;
+};
+
+const gpb::Message &prototype(const gpb::Descriptor *d) {
+    const gpb::Message *p = gpb::MessageFactory::generated_factory()->GetPrototype(d);
+    FUZZ_CHECK(p != nullptr, "no generated type for %s", d->full_name().c_str());
+    return *p;
+}
+
+// Rewrites small handle values into handles of this input; returns the sessions they belong to.
+void substituteHandles(gpb::Message *msg, const State &st, std::set<size_t> *owners) {
+    const gpb::Reflection *r = msg->GetReflection();
+    std::vector<const gpb::FieldDescriptor *> fields;
+    r->ListFields(*msg, &fields);
+    for (const gpb::FieldDescriptor *f : fields) {
+        if (f->type() == gpb::FieldDescriptor::TYPE_MESSAGE && !f->is_repeated()) {
+            substituteHandles(r->MutableMessage(msg, f), st, owners);
+            continue;
+        }
+        if (f->type() != gpb::FieldDescriptor::TYPE_FIXED64 || f->is_repeated() ||
+            kNotHandles.count(f->name())) {
+            continue;
+        }
+        uint64_t v = r->GetUInt64(*msg, f);
+        if (v == 0 || v > 255 || st.handles.empty()) {
+            continue;
+        }
+        const Handle &h = st.handles[(v - 1) % st.handles.size()];
+        r->SetUInt64(msg, f, h.value);
+        owners->insert(h.session);
+    }
+}
+
+void collectHandles(const gpb::Message &msg, size_t session, State *st) {
+    const gpb::Reflection *r = msg.GetReflection();
+    std::vector<const gpb::FieldDescriptor *> fields;
+    r->ListFields(msg, &fields);
+    for (const gpb::FieldDescriptor *f : fields) {
+        if (f->type() == gpb::FieldDescriptor::TYPE_FIXED64 && !f->is_repeated() &&
+            kCreatedHandles.count(f->name())) {
+            uint64_t v = r->GetUInt64(msg, f);
+            FUZZ_CHECK(v != 0, "a successful call returned handle 0 in %s", f->full_name().c_str());
+            st->handles.push_back({v, session});
+        }
+    }
+}
+
+bool documentedCode(grpc::StatusCode c) {
+    switch (c) {
+        case grpc::StatusCode::UNKNOWN:
+        case grpc::StatusCode::CANCELLED:
+        case grpc::StatusCode::ABORTED:
+        case grpc::StatusCode::DATA_LOSS:
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+            return false;
+        default:
+            return true;
+    }
+}
+
+void openSession(Harness &h, State *st, const std::string &request) {
+    const gpb::MethodDescriptor &hello = *h.service().FindMethodByName("Hello");
+    std::string resp;
+    grpc::Status s = h.call(hello, "", request, &resp);
+    FUZZ_CHECK(documentedCode(s.error_code()), "Hello answered %d: %s", s.error_code(),
+               s.error_message().c_str());
+    for (auto &session : h.takeOpened()) {
+        st->sessions.push_back(std::move(session));
+    }
+    if (s.ok()) {
+        st->current = st->sessions.size() - 1;
+    }
+}
+
+void fdTransfer(State *st, const uint8_t *p, size_t n) {
+    if (st->sessions.empty() || n < 5) {
+        return;
+    }
+    uint64_t xfer_id = p[0];
+    uint32_t size;
+    std::memcpy(&size, p + 1, sizeof(size));
+    ibvx::UniqueFd fd(::memfd_create("ibvx-fuzz-mr", MFD_CLOEXEC));
+    FUZZ_CHECK(fd.valid(), "memfd_create: %s", std::strerror(errno));
+    FUZZ_CHECK(::ftruncate(fd.get(), size % (kMaxXferBytes + 1)) == 0, "ftruncate: %s", std::strerror(errno));
+    // A refusal (duplicate id, too many pending) closes the fd; the broker would end the session.
+    (void)st->sessions[st->current]->putXfer(xfer_id, std::move(fd));
+}
+
+void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
+    const gpb::MethodDescriptor &m = *h.service().method(index);
+    std::unique_ptr<gpb::Message> req(prototype(m.input_type()).New());
+    std::string wire(reinterpret_cast<const char *>(p), n);
+    std::set<size_t> owners;
+    bool parsed = req->ParseFromString(wire);
+    if (parsed) {
+        substituteHandles(req.get(), *st, &owners);
+        wire = req->SerializeAsString();
+    }
+    if (m.name() == "Hello") {
+        openSession(h, st, wire);
+        return;
+    }
+    const std::string token = st->sessions.empty() ? "" : st->sessions[st->current]->tokenHex();
+    std::string resp;
+    grpc::Status s = h.call(m, token, wire, &resp);
+    FUZZ_CHECK(documentedCode(s.error_code()), "%s answered %d: %s", m.name().c_str(), s.error_code(),
+               s.error_message().c_str());
+    if (!s.ok()) {
+        return;
+    }
+    for (size_t owner : owners) {
+        FUZZ_CHECK(owner == st->current, "%s succeeded in session %zu with a handle of session %zu",
+                   m.name().c_str(), st->current, owner);
+    }
+    std::unique_ptr<gpb::Message> out(prototype(m.output_type()).New());
+    FUZZ_CHECK(out->ParseFromString(resp), "%s answered bytes that do not parse", m.name().c_str());
+    collectHandles(*out, st->current, st);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    Harness &h = harness();
+    const int fds_before = ibvx::fuzz::countOpenFds();
+    const uint64_t arena_before = MappingManager::instance().totals().arena_bytes;
+    {
+        State st;
+        ibv_extend::v1::HelloRequest hello;
+        hello.mutable_client_version()->set_major(4);
+        hello.mutable_client_version()->set_minor(2);
+        hello.set_client_name("fuzz");
+        openSession(h, &st, hello.SerializeAsString());
+        FUZZ_CHECK(!st.sessions.empty(), "the harness's own Hello failed");
+
+        size_t off = 0;
+        for (size_t records = 0; off + 3 <= size && records < kMaxRecords; ++records) {
+            const int op = data[off] % 32;
+            size_t len = data[off + 1] | static_cast<size_t>(data[off + 2]) << 8;
+            off += 3;
+            len = std::min(len, size - off);
+            const uint8_t *p = data + off;
+            off += len;
+            if (op < kOpFdTransfer) {
+                callMethod(h, &st, op, p, len);
+            } else if (op == kOpFdTransfer) {
+                fdTransfer(&st, p, len);
+            } else if (op == kOpEndSession) {
+                h.broker().endSession(st.sessions[st.current]);
+            } else if (op == kOpSwitchSession && len > 0) {
+                st.current = p[0] % st.sessions.size();
+            }
+        }
+        for (const auto &s : st.sessions) {
+            h.broker().endSession(s);
+        }
+        FUZZ_CHECK(h.broker().sessionCount() == 0, "%zu sessions left after all ended",
+                   h.broker().sessionCount());
+        FUZZ_CHECK(h.broker().objectCount() == 0, "%zu objects left after all sessions ended",
+                   h.broker().objectCount());
+    }
+    const uint64_t arena_after = MappingManager::instance().totals().arena_bytes;
+    FUZZ_CHECK(arena_after == arena_before, "arena bytes %llu before, %llu after",
+               static_cast<unsigned long long>(arena_before), static_cast<unsigned long long>(arena_after));
+    const int fds_after = ibvx::fuzz::countOpenFds();
+    FUZZ_CHECK(fds_after == fds_before, "fd leak: %d open before, %d after", fds_before, fds_after);
+    return 0;
+}
