@@ -236,7 +236,9 @@ void BrokerServer::acceptAll(int listen_fd) {
         e.owned = std::move(fd);
         e.peer = std::move(peer).value();
         e.deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
-        add(std::move(e), EPOLLIN | EPOLLRDHUP);
+        // Edge-triggered while in handshake: a partial preface stays unread in the socket, and a
+        // level-triggered entry would spin until the rest (or the timeout) arrives.
+        add(std::move(e), EPOLLIN | EPOLLRDHUP | EPOLLET);
     }
 }
 
@@ -298,7 +300,12 @@ void BrokerServer::handshake(uint64_t id) {
         remove(id);
         return;
     }
-    // The session owns the fd now; the entry only watches it.
+    // The session owns the fd now; the entry only watches it, level-triggered: one frame is
+    // read per wake-up.
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = id;
+    (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, e.fd, &ev);
     e.kind = EntryKind::kChannel;
     e.session = session;
     --handshakes_;
