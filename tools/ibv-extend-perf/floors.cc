@@ -85,8 +85,12 @@ void memcpyBandwidth(const Options &opt, Results &out) {
 }  // namespace
 
 void runFloors(const Options &opt, Results &out) {
-    shmPingPong(opt, out);
-    memcpyBandwidth(opt, out);
+    if (opt.wants("pingpong")) {
+        shmPingPong(opt, out);
+    }
+    if (opt.wants("memcpy")) {
+        memcpyBandwidth(opt, out);
+    }
 }
 
 }  // namespace ibvx::perf

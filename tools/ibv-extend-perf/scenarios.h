@@ -11,12 +11,26 @@
 namespace ibvx::perf {
 
 struct Options {
-    bool quick = false;           // seconds-long smoke run; figures are not meaningful
-    uint32_t engine_threads = 1;  // softnda engine threads
+    bool quick = false;             // seconds-long smoke run; figures are not meaningful
+    uint32_t engine_threads = 1;    // softnda engine threads
+    std::vector<std::string> only;  // scenario names to run; empty = all
+    bool wants(const std::string &name) const {
+        if (only.empty()) {
+            return true;
+        }
+        for (const auto &o : only) {
+            if (o == name) {
+                return true;
+            }
+        }
+        return false;
+    }
 };
 
 // Percentile (0..100) of samples (sorted in place).
 double percentile(std::vector<uint64_t> &samples, double pct);
+
+// Scenario names (for --only): pingpong, memcpy, write8, msgrate, write1m.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.

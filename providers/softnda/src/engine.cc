@@ -346,7 +346,8 @@ void Engine::Thread::sleep() {
     for (DbPage *p : pages_) {
         arm(p);
     }
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    // The seq_cst stores of engine_sleeping above and the seq_cst loads of the summaries below
+    // pair with the helper's seq_cst OR then load (Dekker): one side always sees the other.
     bool rung = false;
     for (DbPage *p : pages_) {
         rung = rung || __atomic_load_n(p->summary(), __ATOMIC_SEQ_CST) != 0;
