@@ -5,10 +5,12 @@
 // parent reads the broker's RPC counters (Admin/GetStats) before and after the data phase: the
 // difference must be 0. Exit 0 only when everything verified.
 //
-//   ibvx-demo [--device NAME] [--bytes N]          (the parent; starts the two tenants)
+//   ibvx-demo [--device NAME] [--bytes N] [--wait MS]  (the parent; starts the two tenants;
+//                                                       --wait: give the broker MS to answer)
 //   ibvx-demo --tenant A|B --ctl FD --peer FD ...  (internal: one tenant, exec'd by the parent)
 #include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -246,10 +248,31 @@ bool pump(Child *c, const std::string &until, std::string *last) {
     return false;
 }
 
-int runParent(const std::string &device, size_t bytes) {
+bool socketAnswers(const std::string &path) {
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+    if (fd >= 0) {
+        close(fd);
+    }
+    return ok;
+}
+
+int runParent(const std::string &device, size_t bytes, int wait_ms) {
     const char *env = getenv("IBV_EXTEND_SOCKET");
     std::string socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
     setvbuf(stdout, nullptr, _IOLBF, 0);
+    auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+    while (!socketAnswers(socket)) {
+        if (std::chrono::steady_clock::now() >= give_up) {
+            printf("ibvx-demo: no broker answers at %s (start ibv-extendd, or set IBV_EXTEND_SOCKET)\n",
+                   socket.c_str());
+            return 1;
+        }
+        usleep(20 * 1000);
+    }
     printf("ibvx-demo: two tenants on %s through the broker at %s\n", device.c_str(), socket.c_str());
 
     // CLOEXEC everywhere; each tenant clears it on exactly its own two ends before exec.
@@ -369,6 +392,7 @@ int main(int argc, char **argv) {
     TenantArgs t;
     std::string device = "softnda0";
     size_t bytes = 256 * 1024;
+    int wait_ms = 0;
     for (int i = 1; i < argc; ++i) {
         std::string a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
@@ -386,8 +410,10 @@ int main(int argc, char **argv) {
             device = v;
         } else if (a == "--bytes") {
             bytes = strtoull(v, nullptr, 10);
+        } else if (a == "--wait") {
+            wait_ms = atoi(v);
         } else {
-            fprintf(stderr, "usage: ibvx-demo [--device NAME] [--bytes N]\n");
+            fprintf(stderr, "usage: ibvx-demo [--device NAME] [--bytes N] [--wait MS]\n");
             return 2;
         }
         ++i;
@@ -401,5 +427,5 @@ int main(int argc, char **argv) {
         t.bytes = bytes;
         return runTenant(t);
     }
-    return runParent(device, bytes);
+    return runParent(device, bytes, wait_ms);
 }
