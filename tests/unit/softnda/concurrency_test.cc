@@ -15,6 +15,18 @@ class Concurrency : public SoftndaTest {
     std::vector<std::pair<std::string, std::string>> options() override {
         return {{"engine_threads", "2"}, {"spin_us", "20"}, {"sleep_us", "200"}};
     }
+    // Doorbell pages are split between engine threads by page; fills the current page with CQ
+    // registers so the next queues land on the next page (the other engine thread).
+    void fillDoorbellPage() {
+        for (int i = 0; i < 64; ++i) {
+            CqH c = makeCq(2);
+            auto reg = reinterpret_cast<uintptr_t>(c.ext->cq_info.db_hw_va.iov_base);
+            if (((reg & 4095) - SOFTNDA_DB_REGS_OFFSET) / SOFTNDA_DB_REG_STRIDE ==
+                SOFTNDA_DB_REGS_PER_PAGE - 1) {
+                return;
+            }
+        }
+    }
 };
 
 struct Pair {
@@ -30,6 +42,9 @@ TEST_F(Concurrency, ManyQpsManyThreads) {
     constexpr int kIters = 400;
     std::vector<std::unique_ptr<Pair>> pairs;
     for (int i = 0; i < kThreads * kPairsPerThread; ++i) {
+        if (i == kThreads * kPairsPerThread / 2) {
+            fillDoorbellPage();  // half the pairs on each engine thread
+        }
         auto p = std::make_unique<Pair>();
         p->scq = makeCq(64);
         p->rcq = makeCq(64);
@@ -111,6 +126,99 @@ TEST_F(Concurrency, ManyQpsManyThreads) {
     softnda_counters c{};
     ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
     EXPECT_GE(c.wqes_executed, static_cast<uint64_t>(kThreads * kPairsPerThread * kIters * 2));
+}
+
+TEST_F(Concurrency, SrqSharedByManyQpsAcrossEngineThreads) {
+    constexpr int kPairs = 8;
+    constexpr int kPerSender = 200;
+    constexpr uint32_t kSlot = 16;
+    SrqH srq = makeSrq(256, 1);
+    CqH scq = makeCq(4096);
+    CqH rcq = makeCq(4096);
+    std::vector<QpH> senders, receivers;
+    for (int i = 0; i < kPairs; ++i) {
+        if (i == kPairs / 2) {
+            fillDoorbellPage();  // the SRQ is consumed from both engine threads
+        }
+        senders.push_back(makeQp(scq, rcq));
+        receivers.push_back(makeQp(scq, rcq, QpCaps{}, srq.ext));
+        connect(senders.back(), receivers.back());
+    }
+    const size_t total = static_cast<size_t>(kPairs) * kPerSender;
+    std::vector<uint8_t> rbuf(total * kSlot, 0);
+    std::vector<uint8_t> sbuf(kPairs * kSlot);
+    ibv_mr *rm = reg(rbuf.data(), rbuf.size());
+    ibv_mr *sm = reg(sbuf.data(), sbuf.size());
+    // One producer keeps the SRQ stocked (wr_id = receive slot) while every sender sends.
+    std::atomic<bool> stop{false};
+    std::thread stocker([&] {
+        size_t next = 0;
+        while (next < total && !stop.load()) {
+            softnda_sge rs = sge(rbuf.data() + next * kSlot, kSlot, rm);
+            if (softnda_rq_post(&srq.rq, next, &rs, 1) == 0) {
+                next++;
+                softnda_rq_doorbell(&srq.rq);
+            } else {
+                std::this_thread::yield();
+            }
+        }
+    });
+    std::vector<std::thread> threads;
+    std::atomic<int> failures{0};
+    for (int t = 0; t < 4; ++t) {
+        threads.emplace_back([&, t] {
+            for (int i = 0; i < kPerSender; ++i) {
+                for (int p = t * 2; p < t * 2 + 2; ++p) {
+                    uint8_t *msg = sbuf.data() + p * kSlot;
+                    std::memset(msg, p + 1, kSlot);
+                    softnda_sge s = sge(msg, kSlot, sm);
+                    auto w = wr(SOFTNDA_OP_SEND, static_cast<uint64_t>(p), &s, 1, 0);
+                    QpH &q = senders[static_cast<size_t>(p)];
+                    while (softnda_sq_post(&q.sq, &w) == -ENOSPC) {
+                        std::this_thread::yield();
+                    }
+                    softnda_sq_doorbell(&q.sq);
+                    // The send buffer is reused: wait until the engine has consumed this WQE.
+                    while (__atomic_load_n(q.sq.dbr_ci, __ATOMIC_ACQUIRE) != q.sq.pi) {
+                        std::this_thread::yield();
+                    }
+                }
+            }
+            (void)failures;
+        });
+    }
+    for (auto &th : threads) {
+        th.join();
+    }
+    auto cqes = waitCqes(rcq.cq, total);
+    stop = true;
+    stocker.join();
+    ASSERT_EQ(cqes.size(), total);
+    std::vector<int> per_receiver(kPairs, 0);
+    std::vector<bool> slot_seen(total, false);
+    for (const auto &c : cqes) {
+        ASSERT_EQ(c.status, IBV_WC_SUCCESS);
+        ASSERT_LT(c.wr_id, total);
+        ASSERT_FALSE(slot_seen[c.wr_id]) << "receive consumed twice";
+        slot_seen[c.wr_id] = true;
+        int pair = -1;
+        for (int p = 0; p < kPairs; ++p) {
+            if (receivers[static_cast<size_t>(p)].qpn() == c.qp_num) {
+                pair = p;
+            }
+        }
+        ASSERT_GE(pair, 0);
+        EXPECT_EQ(c.src_qp, senders[static_cast<size_t>(pair)].qpn());
+        per_receiver[static_cast<size_t>(pair)]++;
+        const uint8_t *got = rbuf.data() + c.wr_id * kSlot;
+        for (uint32_t b = 0; b < kSlot; ++b) {
+            ASSERT_EQ(got[b], pair + 1);
+        }
+    }
+    for (int n : per_receiver) {
+        EXPECT_EQ(n, kPerSender);
+    }
+    EXPECT_EQ(__atomic_load_n(srq.rq.dbr_ci, __ATOMIC_ACQUIRE), total);
 }
 
 TEST_F(Concurrency, IdleEngineSleepsAndTheHintWakesIt) {
