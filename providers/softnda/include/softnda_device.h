@@ -30,6 +30,11 @@
 extern "C" {
 #endif
 
+#if !defined(__cplusplus) && !defined(__USE_MISC)
+/* Strict ISO C modes hide syscall(); the wake hint below needs it. */
+extern long syscall(long number, ...);
+#endif
+
 /* ---- Formats (SPEC.md §2, §3) ------------------------------------------------------ */
 
 enum softnda_opcode {
