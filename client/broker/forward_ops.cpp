@@ -157,6 +157,11 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
         warn("create_qp: the PD, CQs and SRQ must come from this broker context");
         return fail<ibv_qp_extend>(-EINVAL);
     }
+    if (toProtoQpType(a->attr.qp_type) == pb::QP_TYPE_UNSPECIFIED) {
+        // The wire carries RC, UC and UD only; no broker driver can be asked for anything else.
+        warn("create_qp: QP type %d cannot be created through the broker (RC, UC, UD only)", a->attr.qp_type);
+        return fail<ibv_qp_extend>(-EOPNOTSUPP);
+    }
     pb::CreateQpRequest req;
     req.set_context(c->handle);
     req.set_pd(pd->handle);

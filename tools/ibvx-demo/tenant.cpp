@@ -174,6 +174,15 @@ int Tenant::tearDown() {
 }
 
 int Tenant::waitCompletion(softnda_cqe *cqe, int timeout_ms) {
+    if (!stash_.empty()) {
+        *cqe = stash_.front();
+        stash_.pop_front();
+        return 0;
+    }
+    return pollOne(cqe, timeout_ms);
+}
+
+int Tenant::pollOne(softnda_cqe *cqe, int timeout_ms) {
     uint64_t deadline = nowNs() + static_cast<uint64_t>(timeout_ms) * 1000000ULL;
     for (uint32_t spins = 0;; ++spins) {
         int n = softnda_cq_poll(&cqh_, cqe, 1);
@@ -205,12 +214,17 @@ int Tenant::postAndWait(uint8_t opcode, const PeerInfo *peer, size_t local_off, 
         return rc;
     }
     softnda_sq_doorbell(&sq_);
-    softnda_cqe cqe{};
-    rc = waitCompletion(&cqe, timeout_ms);
-    if (rc != 0) {
-        return rc;
+    for (;;) {
+        softnda_cqe cqe{};
+        rc = pollOne(&cqe, timeout_ms);
+        if (rc != 0) {
+            return rc;
+        }
+        if (cqe.wr_id == wr.wr_id) {
+            return cqe.status;
+        }
+        stash_.push_back(cqe);  // someone else's (a receive): waitCompletion() hands it out
     }
-    return cqe.wr_id == wr.wr_id ? cqe.status : -EPROTO;
 }
 
 int Tenant::write(const PeerInfo &peer, size_t local_off, size_t remote_off, uint32_t len, int timeout_ms) {

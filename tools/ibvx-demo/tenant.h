@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <string>
 
 #include <ibv_extend.h>
@@ -54,7 +55,9 @@ class Tenant {
     int send(size_t local_off, uint32_t len, int timeout_ms = 5000);
     // Posts one receive of [off, off+len) without waiting.
     int postRecv(size_t off, uint32_t len, uint64_t wr_id);
-    // Waits for the next completion; fills *cqe. 0, or -ETIMEDOUT / -EOVERFLOW.
+    // Waits for the next completion not consumed by a send-side call (a QP connected to itself
+    // sees its receive completions interleaved with its own); fills *cqe. 0, or -ETIMEDOUT /
+    // -EOVERFLOW.
     int waitCompletion(softnda_cqe *cqe, int timeout_ms = 5000);
 
   private:
@@ -72,7 +75,10 @@ class Tenant {
     softnda_sq sq_{};
     softnda_rq rq_{};
     softnda_cq cqh_{};
+    int pollOne(softnda_cqe *cqe, int timeout_ms);
+
     uint64_t next_wr_id_ = 1;
+    std::deque<softnda_cqe> stash_;  // completions polled while waiting for another one
     std::string error_;
 };
 
