@@ -49,7 +49,8 @@ bool socketAnswers(const std::string &path) {
 }
 
 bool resolveMode() {
-    const char *mode = getenv("IBV_EXTEND_MODE");
+    // secure_getenv: a set-uid program must not be pointed at another broker by its caller.
+    const char *mode = secure_getenv("IBV_EXTEND_MODE");
     if (mode != nullptr && strcmp(mode, "direct") == 0) {
         return false;
     }

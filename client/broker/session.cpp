@@ -78,11 +78,13 @@ int connectUnix(const std::string &path, UniqueFd *out) {
     return 0;
 }
 
+// secure_getenv: in a set-uid/set-gid program the caller's environment must not choose the
+// broker (a fake one could hand it memory), as libibverbs ignores its variables there.
 Settings readSettings() {
     Settings s;
-    const char *sock = getenv("IBV_EXTEND_SOCKET");
+    const char *sock = secure_getenv("IBV_EXTEND_SOCKET");
     s.socket_path = sock != nullptr && sock[0] != '\0' ? sock : kDefaultSocket;
-    if (const char *t = getenv("IBV_EXTEND_TIMEOUT_MS")) {
+    if (const char *t = secure_getenv("IBV_EXTEND_TIMEOUT_MS")) {
         char *end = nullptr;
         long v = strtol(t, &end, 10);
         if (end != t && *end == '\0' && v > 0 && v <= 3600 * 1000) {
