@@ -14,8 +14,10 @@ seconds=${FUZZ_SECONDS:-60}
 jobs=${JOBS:-$(nproc)}
 case $build in /*) ;; *) build=$src/$build ;; esac
 
+# Warnings stay errors in the gcc builds of `make test`; clang warns about other things in code
+# the fuzzers merely link, and that must not stop a fuzzing run. The warnings still print.
 CC=${FUZZ_CC:-clang} CXX=${FUZZ_CXX:-clang++} cmake -S "$src" -B "$build" -G Ninja \
-  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIBVX_FUZZ=ON -DIBVX_ASAN=ON >/dev/null
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DIBVX_FUZZ=ON -DIBVX_ASAN=ON -DIBVX_WERROR=OFF >/dev/null
 cmake --build "$build" --target fuzzers -j "$jobs"
 
 mapfile -t all < <(grep -v '^$' "$build/tests/fuzz/fuzz-targets.txt")
