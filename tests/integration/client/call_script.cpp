@@ -121,6 +121,20 @@ int main(int argc, char **argv) {
     line("query_device.ext_cap", attr.ext_cap);
     rc("query_device.null", ibv_query_device_extend(ctx, nullptr));
 
+    ibv_context_extend *second = ptr("open_extend.again", ibv_open_extend(ctx->context));
+    if (second != nullptr) {
+        ibv_device_attr_extend attr2{};
+        rc("open_extend.again.query_device", ibv_query_device_extend(second, &attr2));
+        line("open_extend.again.version", second->ops->version);
+        rc("close_extend.again", ibv_close_extend(second));
+    }
+    ptr("open_extend.null", ibv_open_extend(nullptr));
+    rc("close_extend.null", ibv_close_extend(nullptr));
+    uint32_t major = 0;
+    ibv_extend_get_version(&major, nullptr, nullptr);
+    line("version.major", major);
+    line("check_version.newer_minor", ibv_extend_check_version(4, 3, 0));
+
     ibv_pd *pd = ptr("alloc_pd", ibvx_alloc_pd(ctx));
     ptr("alloc_pd.null", ibvx_alloc_pd(nullptr));
     ptr("create_cq.null_attr", ibv_create_cq_extend(ctx, nullptr));
