@@ -241,9 +241,9 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
             }
         }
         for (Object *obj : victims) {
-            (void)destroyLocked(*s, obj);
+            uint64_t handle = obj->handle;  // obj is freed once destroyed
             // A driver that refuses the destroy still loses the object: the tenant is gone.
-            if (s->objects_.count(obj->handle) != 0) {
+            if (!destroyLocked(*s, obj).isOk() && s->objects_.count(handle) != 0) {
                 eraseLocked(*s, obj);
             }
         }

@@ -64,6 +64,9 @@ void BrokerProcess::start(const BrokerOptions &options) {
         env_store.emplace_back(*e);
     }
     for (const std::string &e : options.env) {
+        // An entry replaces an inherited variable of the same name.
+        std::string name = e.substr(0, e.find('=') + 1);
+        std::erase_if(env_store, [&](const std::string &have) { return have.rfind(name, 0) == 0; });
         env_store.push_back(e);
     }
     if (options.activated_fd >= 0) {

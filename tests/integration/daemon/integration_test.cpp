@@ -188,7 +188,15 @@ int readReport(int fd, int timeout_ms) {
 
 class DaemonTest : public ::testing::Test {
   protected:
-    static void SetUpTestSuite() { broker_ = new BrokerProcess(kSuiteConfig); }
+    static void SetUpTestSuite() {
+        BrokerOptions o;
+        o.config = kSuiteConfig;
+        // Under ASan, freed memory sits in a quarantine (256 MiB by default) and RSS would only
+        // say how full it is; without it RSS tracks what the broker really keeps.
+        const char *asan = std::getenv("ASAN_OPTIONS");
+        o.env = {std::string("ASAN_OPTIONS=") + (asan != nullptr ? asan : "") + ":quarantine_size_mb=0"};
+        broker_ = new BrokerProcess(o);
+    }
     static void TearDownTestSuite() {
         delete broker_;
         broker_ = nullptr;
