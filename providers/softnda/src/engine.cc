@@ -17,7 +17,7 @@ namespace {
 
 constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
 constexpr uint64_t kRnrIntervalNs = 100'000;
-constexpr size_t kMaxSleepPages = 128;  // FUTEX_WAITV_MAX
+constexpr size_t kMaxSleepPages = FUTEX_WAITV_MAX - 1;  // one waiter is the private kick word
 constexpr uint32_t kPsnMask = 0xffffff;
 
 uint64_t nowNs() {
@@ -322,7 +322,6 @@ void Engine::Thread::sweep() {
 }
 
 void Engine::Thread::sleep() {
-    bump(ctr_.sleeps);
     futex_waitv waiters[FUTEX_WAITV_MAX];
     size_t n = 0;
     dev_->gate.enterShared();
@@ -356,6 +355,7 @@ void Engine::Thread::sleep() {
     dev_->gate.leaveShared();
     int rc = 0;
     if (!rung && !stop_.load(std::memory_order_acquire)) {
+        bump(ctr_.sleeps);
         uint64_t deadline = nowNs() + sleep_ns;
         timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull),
                     static_cast<long>(deadline % 1'000'000'000ull)};
