@@ -20,8 +20,8 @@ int main(int argc, char **argv) {
     app.add_option("--engine-threads", opt.engine_threads, "softnda engine threads")
         ->check(CLI::Range(1, 64));
     app.add_option("--only", opt.only,
-                   "run only these scenarios (pingpong, memcpy, write8, msgrate, write1m)")
-        ->check(CLI::IsMember({"pingpong", "memcpy", "write8", "msgrate", "write1m"}));
+                   "run only these scenarios (pingpong, memcpy, write8, idle10k, msgrate, write1m)")
+        ->check(CLI::IsMember({"pingpong", "memcpy", "write8", "idle10k", "msgrate", "write1m"}));
     int fifo = 0;
     app.add_option("--sched-fifo", fifo,
                    "run under SCHED_FIFO at this priority (threads inherit it), so a loaded machine "

@@ -30,7 +30,7 @@ struct Options {
 // Percentile (0..100) of samples (sorted in place).
 double percentile(std::vector<uint64_t> &samples, double pct);
 
-// Scenario names (for --only): pingpong, memcpy, write8, msgrate, write1m.
+// Scenario names (for --only): pingpong, memcpy, write8, idle10k, msgrate, write1m.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.

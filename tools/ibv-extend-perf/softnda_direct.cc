@@ -59,7 +59,7 @@ uint64_t nsSince(Clock::time_point t0) {
 // One device context with a connected QP pair, its CQ and two registered buffers.
 class Rig {
   public:
-    Rig(const Options &opt, uint32_t sq_depth, size_t buf_size) : buf_size_(buf_size) {
+    Rig(const Options &opt, uint32_t sq_depth, size_t buf_size, uint32_t idle_qps = 0) : buf_size_(buf_size) {
         // The engine must not fall asleep between two measurements.
         softnda_vdev_ops.configure("spin_us", "2000000");
         softnda_vdev_ops.configure("engine_threads", std::to_string(opt.engine_threads).c_str());
@@ -92,6 +92,21 @@ class Rig {
                 die("create_qp");
             }
         }
+        for (uint32_t i = 0; i < idle_qps; ++i) {
+            ibv_qp_init_attr_extend qa{};
+            qa.pd = pd_;
+            qa.attr.send_cq = cq_->cq;
+            qa.attr.recv_cq = cq_->cq;
+            qa.attr.qp_type = IBV_QPT_RC;
+            qa.attr.cap.max_send_wr = 1;
+            qa.attr.cap.max_recv_wr = 1;
+            qa.ops = &g_host_ops;
+            ibv_qp_extend *q = ext_->ops->create_qp(ctx_, &qa);
+            if (q == nullptr) {
+                die("create_qp (idle)");
+            }
+            idle_.push_back(q);
+        }
         connect(a_->qp, b_->qp->qp_num);
         connect(b_->qp, a_->qp->qp_num);
         src_ = static_cast<uint8_t *>(hostAlloc(buf_size));
@@ -113,6 +128,9 @@ class Rig {
         softnda_vdev_ops.dereg_mr(dmr_);
         hostFree(src_);
         hostFree(dst_);
+        for (ibv_qp_extend *q : idle_) {
+            ext_->ops->destroy_qp(q);
+        }
         ext_->ops->destroy_qp(a_);
         ext_->ops->destroy_qp(b_);
         ext_->ops->destroy_cq(cq_);
@@ -193,13 +211,16 @@ class Rig {
     ibv_mr *smr_ = nullptr;
     ibv_mr *dmr_ = nullptr;
     softnda_sge sge_{};
+    std::vector<ibv_qp_extend *> idle_;
 };
 
 // One 8 B WRITE at a time, post + doorbell -> CQE, the same round-trip shape as the ping-pong.
-void write8Latency(const Options &opt, Results &out) {
+// With idle_qps > 0 that many QPs (never rung) exist on the same device first, the case the
+// doorbell summary design is for: their registers must not slow down the one being rung.
+void write8Latency(const Options &opt, Results &out, uint32_t idle_qps = 0) {
     const int iters = opt.quick ? 200 : 200000;
     const int warmup = opt.quick ? 20 : 1000;
-    Rig rig(opt, 64, 4096);
+    Rig rig(opt, 64, 4096, idle_qps);
     std::vector<uint64_t> ns;
     ns.reserve(static_cast<size_t>(iters));
     for (int i = 0; i < iters + warmup; ++i) {
@@ -211,6 +232,11 @@ void write8Latency(const Options &opt, Results &out) {
         if (i >= warmup) {
             ns.push_back(nsSince(t0));
         }
+    }
+    if (idle_qps > 0) {
+        out.add("fastpath", "write8_p50_ns_direct_idle" + std::to_string(idle_qps), percentile(ns, 50), "ns",
+                std::to_string(idle_qps) + " idle QPs on the device");
+        return;
     }
     out.add("fastpath", "write8_p50_ns_direct", percentile(ns, 50), "ns",
             "8 B WRITE post->CQE, in-process softnda");
@@ -295,6 +321,9 @@ void write1m(const Options &opt, Results &out) {
 void runSoftndaDirect(const Options &opt, Results &out) {
     if (opt.wants("write8")) {
         write8Latency(opt, out);
+    }
+    if (opt.wants("idle10k")) {
+        write8Latency(opt, out, opt.quick ? 100 : 10000);
     }
     if (opt.wants("msgrate")) {
         messageRate(opt, out);
