@@ -82,7 +82,20 @@ RegionId MappingManager::newRegionId() {
 }
 
 std::unique_ptr<SessionMemory> MappingManager::createSession(uint64_t session_id) {
-    return std::unique_ptr<SessionMemory>(new SessionMemory(session_id));
+    std::unique_ptr<SessionMemory> mem(new SessionMemory(session_id));
+    std::lock_guard lock(mu_);
+    live_.insert(mem.get());
+    return mem;
+}
+
+SessionMemory::~SessionMemory() {
+    MappingManager::instance().forget(this);
+}
+
+void MappingManager::forget(SessionMemory *mem) {
+    dropSession(mem);
+    std::lock_guard lock(mu_);
+    live_.erase(mem);
 }
 
 void MappingManager::dropSession(SessionMemory *mem) {
@@ -277,7 +290,16 @@ int MappingManager::dbUnmap(void *ptr, doorbell_map_desc *desc) {
     std::lock_guard lock(mu_);
     SessionMemory *mem = tls_mem;
     if (mem == nullptr) {
-        return -ENODEV;
+        // Outside a broker call: the owner is whoever mapped this page.
+        for (SessionMemory *m : live_) {
+            if (m->doorbells_.count(page) != 0) {
+                mem = m;
+                break;
+            }
+        }
+        if (mem == nullptr) {
+            return -ENODEV;
+        }
     }
     auto it = mem->doorbells_.find(page);
     if (it == mem->doorbells_.end()) {

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include <ibv_extend.h>
@@ -90,13 +91,17 @@ class MappingManager {
 
   private:
     friend class ScopedBinding;
+    friend class SessionMemory;
     MappingManager() = default;
     RegionId newRegionId();
     void releaseChunkLocked(SessionMemory &mem, size_t index);
+    void forget(SessionMemory *mem);
 
     std::mutex mu_;
     // chunk base address -> owner, for free() of any pointer from any session.
     std::map<uintptr_t, SessionMemory *> chunk_owner_;
+    // Every live SessionMemory, for a db_unmap that arrives without a binding.
+    std::set<SessionMemory *> live_;
     RegionId next_region_ = 1;
 };
 
@@ -119,6 +124,9 @@ class ScopedBinding {
 // One session's arena and doorbell regions. Opaque outside the manager; guarded by its mutex.
 class SessionMemory {
   public:
+    ~SessionMemory();
+    SessionMemory(const SessionMemory &) = delete;
+    SessionMemory &operator=(const SessionMemory &) = delete;
     uint64_t sessionId() const { return session_id_; }
 
   private:
