@@ -264,7 +264,6 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
     }
     // The register starts at the queue's initial PI (0) so a sweep sees no stale ring.
     __atomic_store_n(page->reg(idx), 0u, __ATOMIC_RELAXED);
-    page->last_seen[idx] = 0;
     s.mapped = ops->db_mmap(&s.desc);
     if (s.mapped == nullptr) {
         return -(errno != 0 ? errno : ENOMEM);
@@ -273,6 +272,7 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
     dev->gate.lock();
     page->kind[idx] = kind;
     page->owner[idx] = owner;
+    page->last_seen[idx] = 0;  // engine-owned otherwise; no pass runs while the gate is held
     dev->gate.unlock();
     *out = s;
     return 0;

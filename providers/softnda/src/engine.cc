@@ -311,6 +311,9 @@ void Engine::Thread::touchHot(DbPage *p) {
 }
 
 bool Engine::Thread::handleSlot(DbPage *page, unsigned slot) {
+    if (page->kind[slot] == SlotKind::Free) {
+        return false;  // a stray bit (a stale or misbehaving ringer): nothing lives there
+    }
     page->last_seen[slot] = __atomic_load_n(page->reg(slot), __ATOMIC_RELAXED);
     switch (page->kind[slot]) {
         case SlotKind::Sq:
