@@ -324,3 +324,73 @@ TEST_F(Opcodes, CountersReflectTheWork) {
 
 }  // namespace
 }  // namespace softnda_test
+
+namespace softnda_test {
+namespace {
+
+// Two tenants: a second context on the same device, its own PD, CQ and QP, connected by QPN.
+TEST_F(Opcodes, LoopbackAcrossContexts) {
+    ibv_context *ctx2 = softnda_vdev_ops.open_device("softnda0");
+    ASSERT_NE(ctx2, nullptr);
+    ibv_context_extend *ext2 = softnda_driver_ops.alloc_context(ctx2);
+    ibv_pd *pd2 = softnda_vdev_ops.alloc_pd(ctx2);
+    ASSERT_TRUE(ext2 && pd2);
+    auto ca = cqAttr(16);
+    ibv_cq_extend *cq2 = ext2->ops->create_cq(ctx2, &ca);
+    ASSERT_NE(cq2, nullptr);
+    // Objects of one context are refused in the other.
+    CqH foreign;
+    foreign.ext = cq2;
+    auto bad = qpAttr(foreign, foreign);
+    errno = 0;
+    EXPECT_EQ(ext_->ops->create_qp(ctx_, &bad), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    auto qa = qpAttr(foreign, foreign);
+    qa.pd = pd2;
+    ibv_qp_extend *q2 = ext2->ops->create_qp(ctx2, &qa);
+    ASSERT_NE(q2, nullptr);
+    // Each context has its own doorbell pages.
+    auto page = [](const queue_info &qi) {
+        return reinterpret_cast<uintptr_t>(qi.db_hw_va.iov_base) & ~uintptr_t{4095};
+    };
+    EXPECT_NE(page(q2->sq_info), page(a_.ext->sq_info));
+
+    QpH t2;
+    t2.ext = q2;
+    ASSERT_EQ(softnda_sq_init(&t2.sq, &q2->sq_info), 0);
+    ASSERT_EQ(toInit(q2->qp, kAllAccess), 0);
+    ASSERT_EQ(toRtr(q2->qp, a_.qpn()), 0);
+    ASSERT_EQ(toRts(q2->qp), 0);
+    // Re-point a_ at the other tenant's QP.
+    ibv_qp_attr r{};
+    r.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(softnda_vdev_ops.modify_qp(a_.ext->qp, &r, IBV_QP_STATE), 0);
+    ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
+    ASSERT_EQ(toRtr(a_.ext->qp, q2->qp->qp_num), 0);
+    ASSERT_EQ(toRts(a_.ext->qp), 0);
+
+    uint64_t src = 0x7e11a7, dst = 0;
+    ibv_mr *sm = softnda_vdev_ops.reg_mr(pd2, &src, 8, reinterpret_cast<uintptr_t>(&src), kAllAccess);
+    ibv_mr *dm = reg(&dst, 8);
+    ASSERT_NE(sm, nullptr);
+    softnda_sge s{reinterpret_cast<uintptr_t>(&src), 8, sm->lkey};
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s, 1);
+    w.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+    w.rkey = dm->rkey;
+    ASSERT_EQ(postOne(t2, w), 0);
+    softnda_cq c2;
+    ASSERT_EQ(softnda_cq_init(&c2, &cq2->cq_info), 0);
+    EXPECT_EQ(waitOne(c2).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(dst, 0x7e11a7u);
+
+    EXPECT_EQ(softnda_vdev_ops.close_device(ctx2), -EBUSY);
+    EXPECT_EQ(softnda_vdev_ops.dereg_mr(sm), 0);
+    EXPECT_EQ(ext2->ops->destroy_qp(q2), 0);
+    EXPECT_EQ(ext2->ops->destroy_cq(cq2), 0);
+    EXPECT_EQ(softnda_vdev_ops.dealloc_pd(pd2), 0);
+    softnda_driver_ops.free_context(ext2);
+    EXPECT_EQ(softnda_vdev_ops.close_device(ctx2), 0);
+}
+
+}  // namespace
+}  // namespace softnda_test
