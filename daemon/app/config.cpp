@@ -17,7 +17,7 @@ Status bad(const std::string &path, const toml::node &n, const std::string &msg)
 }
 
 Status getString(const std::string &path, const std::string &key, const toml::node &n, std::string *out) {
-    auto v = n.value<std::string>();
+    auto v = n.value_exact<std::string>();
     if (!v) {
         return bad(path, n, key + " must be a string");
     }
@@ -27,7 +27,7 @@ Status getString(const std::string &path, const std::string &key, const toml::no
 
 Status getU32(const std::string &path, const std::string &key, const toml::node &n, uint32_t min,
               uint32_t max, uint32_t *out) {
-    auto v = n.value<int64_t>();
+    auto v = n.value_exact<int64_t>();
     if (!v || *v < min || *v > max) {
         return bad(path, n,
                    key + " must be an integer in " + std::to_string(min) + ".." + std::to_string(max));
@@ -49,7 +49,7 @@ Status parseBroker(const std::string &path, const toml::table &t, DaemonConfig *
         } else if (key == "socket_mode") {
             // "0660" (string, octal) or 432 (integer).
             std::string s;
-            if (auto i = node.value<int64_t>()) {
+            if (auto i = node.value_exact<int64_t>()) {
                 s = std::to_string(*i);
                 if (*i < 0 || *i > 07777) {
                     return bad(path, node, full + " must be an octal mode such as \"0660\"");
@@ -98,7 +98,7 @@ Status parseDrivers(const std::string &path, const toml::table &t, DaemonConfig 
             return bad(path, node, "drivers.names must be an array of strings");
         }
         for (const toml::node &n : *arr) {
-            auto v = n.value<std::string>();
+            auto v = n.value_exact<std::string>();
             if (!v || v->empty()) {
                 return bad(path, n, "drivers.names entries must be non-empty strings");
             }
@@ -136,6 +136,17 @@ bool validLogLevel(const std::string &level) {
 }
 
 Status parseConfig(const std::string &text, const std::string &path, DaemonConfig *out) {
+    // The file is ASCII (keys, paths, group names). Refusing anything else up front also keeps
+    // toml++ 3.3.0 away from code points where it reaches __builtin_unreachable.
+    size_t line = 1;
+    for (char c : text) {
+        if (c == '\n') {
+            ++line;
+        } else if (static_cast<unsigned char>(c) >= 0x80 || c == '\0') {
+            return invalidArgument(path + ":" + std::to_string(line) +
+                                   ": the configuration must be ASCII text (found a byte outside it)");
+        }
+    }
     toml::table root;
     try {
         root = toml::parse(text, path);

@@ -55,6 +55,10 @@ TEST(DaemonConfig, ErrorsNameKeyAndLine) {
         {"top = 1\n", "t.toml:1: unknown top-level key 'top'"},
         {"[softnda]\nmax_qp = 1.5\n", "softnda.max_qp"},
         {"[broker\n", "t.toml:1"},
+        {"[broker]\nattach_timeout_ms = 1e300\n", "broker.attach_timeout_ms must be an integer"},
+        {"[broker]\nsocket_mode = 1e300\n", "broker.socket_mode"},
+        {"[broker]\n# caf\xc3\xa9\n", "t.toml:2: the configuration must be ASCII"},
+        {"\xcc\xaa", "must be ASCII"},
     };
     for (const Case &c : cases) {
         DaemonConfig cfg;
