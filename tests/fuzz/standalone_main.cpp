@@ -171,7 +171,7 @@ void mutateOnce(Bytes &b, const std::vector<Bytes> &pool, Rng &rng, size_t max_l
 // rather than a read of the driver's spare capacity.
 void runOne(const Bytes &input, const std::string &name) {
     std::unique_ptr<uint8_t[]> copy(new uint8_t[std::max<size_t>(input.size(), 1)]);
-    std::memcpy(copy.get(), input.data(), input.size());
+    std::copy(input.begin(), input.end(), copy.get());  // memcpy may not take an empty vector's nullptr
     g_current = copy.get();
     g_current_size = input.size();
     std::snprintf(g_current_name, sizeof(g_current_name), "%s", name.c_str());
