@@ -1,6 +1,7 @@
 # The two commands of the README, plus the targets they are built from.
 #   make demo   install what is missing, build, run the end-to-end demo
-#   make test   install what is missing, build, run the whole suite (plain and ASan+UBSan)
+#   make test   install what is missing, build, run the whole suite: plain, under ASan+UBSan,
+#               and the threaded tests (label tsan) under ThreadSanitizer
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -44,7 +45,7 @@ test-tsan: build-tsan
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L tsan $(CTEST_ARGS)
 
-test: test-plain test-asan
+test: test-plain test-asan test-tsan
 
 # libFuzzer runs of every fuzz target (clang build in build-fuzz); FUZZ_SECONDS per target.
 fuzz: deps
