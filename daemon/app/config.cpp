@@ -1,5 +1,7 @@
 #include "daemon/app/config.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <toml++/toml.h>
 #include <fstream>
 #include <set>
@@ -127,6 +129,192 @@ Status parseProvider(const std::string &path, const std::string &provider, const
     return Status::ok();
 }
 
+// An array of ids: integers or names (resolved with getpwnam/getgrnam when the file is read).
+Status getIds(const std::string &path, const std::string &key, const toml::node &node, bool groups,
+              std::vector<uint32_t> *out) {
+    const toml::array *arr = node.as_array();
+    if (arr == nullptr) {
+        return bad(path, node,
+                   key + " must be an array of " + (groups ? "gids or group names" : "uids or user names"));
+    }
+    for (const toml::node &n : *arr) {
+        if (auto i = n.value_exact<int64_t>()) {
+            if (*i < 0 || *i > 0xfffffffe) {
+                return bad(path, n, key + ": id out of range");
+            }
+            out->push_back(static_cast<uint32_t>(*i));
+        } else if (auto name = n.value_exact<std::string>()) {
+            if (groups) {
+                group *g = name->empty() ? nullptr : ::getgrnam(name->c_str());
+                if (g == nullptr) {
+                    return bad(path, n, key + ": no group named '" + *name + "'");
+                }
+                out->push_back(g->gr_gid);
+            } else {
+                passwd *pw = name->empty() ? nullptr : ::getpwnam(name->c_str());
+                if (pw == nullptr) {
+                    return bad(path, n, key + ": no user named '" + *name + "'");
+                }
+                out->push_back(pw->pw_uid);
+            }
+        } else {
+            return bad(path, n, key + " entries must be integers or names");
+        }
+    }
+    return Status::ok();
+}
+
+Status getStrings(const std::string &path, const std::string &key, const toml::node &node,
+                  std::vector<std::string> *out) {
+    const toml::array *arr = node.as_array();
+    if (arr == nullptr) {
+        return bad(path, node, key + " must be an array of strings");
+    }
+    for (const toml::node &n : *arr) {
+        auto v = n.value_exact<std::string>();
+        if (!v || v->empty()) {
+            return bad(path, n, key + " entries must be non-empty strings");
+        }
+        out->push_back(*v);
+    }
+    return Status::ok();
+}
+
+Status parsePolicyClass(const std::string &path, const std::string &name, const toml::table &t,
+                        TenantClass *out) {
+    out->name = name;
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        std::string full = "policy.class." + name + "." + key;
+        Status st;
+        if (key == "uids") {
+            st = getIds(path, full, node, false, &out->uids);
+        } else if (key == "gids") {
+            st = getIds(path, full, node, true, &out->gids);
+        } else if (key == "devices") {
+            st = getStrings(path, full, node, &out->devices);
+        } else {
+            st = bad(path, node, "unknown key '" + full + "' (expected uids, gids, devices)");
+        }
+        if (!st.isOk()) {
+            return st;
+        }
+    }
+    return Status::ok();
+}
+
+Status parsePolicy(const std::string &path, const toml::table &t, DaemonConfig *out) {
+    out->policy.enabled = true;
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        std::string full = "policy." + key;
+        Status st;
+        if (key == "allow_uids") {
+            st = getIds(path, full, node, false, &out->policy.allow_uids);
+        } else if (key == "allow_gids") {
+            st = getIds(path, full, node, true, &out->policy.allow_gids);
+        } else if (key == "default_devices") {
+            st = getStrings(path, full, node, &out->policy.default_devices);
+        } else if (key == "admin_group") {
+            std::string g;
+            st = getString(path, full, node, &g);
+            if (st.isOk() && !out->admin_group.empty() && out->admin_group != g) {
+                st = bad(path, node, "policy.admin_group differs from broker.admin_group");
+            }
+            if (st.isOk()) {
+                out->admin_group = g;
+            }
+        } else if (key == "class") {
+            const toml::table *classes = node.as_table();
+            if (classes == nullptr) {
+                return bad(path, node, "policy.class must be a table of [policy.class.<name>] tables");
+            }
+            for (auto &&[ck, cnode] : *classes) {
+                const toml::table *ct = cnode.as_table();
+                if (ct == nullptr) {
+                    return bad(path, cnode, "policy.class." + std::string(ck.str()) + " must be a table");
+                }
+                TenantClass c;
+                if (Status cs = parsePolicyClass(path, std::string(ck.str()), *ct, &c); !cs.isOk()) {
+                    return cs;
+                }
+                out->policy.classes.push_back(std::move(c));
+            }
+        } else {
+            st = bad(path, node,
+                     "unknown key '" + full +
+                         "' (expected allow_uids, allow_gids, default_devices, admin_group, class)");
+        }
+        if (!st.isOk()) {
+            return st;
+        }
+    }
+    return Status::ok();
+}
+
+// quota = integer >= 0 (0: nothing may be created).
+Status parseQuotaValues(const std::string &path, const std::string &prefix, const toml::table &t,
+                        QuotaValues *defaults, QuotaOverride *over) {
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        if (defaults != nullptr && (key == "uid" || key == "container")) {
+            continue;
+        }
+        auto q = quotaFromName(key);
+        if (!q) {
+            return bad(
+                path, node,
+                "unknown quota '" + prefix + key +
+                    "' (expected contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions)");
+        }
+        auto v = node.value_exact<int64_t>();
+        if (!v || *v < 0) {
+            return bad(path, node, prefix + key + " must be an integer >= 0");
+        }
+        if (defaults != nullptr) {
+            (*defaults)[static_cast<size_t>(*q)] = static_cast<uint64_t>(*v);
+        } else {
+            over->max[static_cast<size_t>(*q)] = static_cast<uint64_t>(*v);
+        }
+    }
+    return Status::ok();
+}
+
+Status parseQuotas(const std::string &path, const toml::table &t, DaemonConfig *out) {
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        if (key != "uid" && key != "container") {
+            continue;  // a default, parsed below
+        }
+        const toml::table *sub = node.as_table();
+        if (sub == nullptr) {
+            return bad(path, node, "quotas." + key + " must be a table of [quotas." + key + ".<id>] tables");
+        }
+        for (auto &&[id, inode] : *sub) {
+            std::string name(id.str());
+            std::string prefix = "quotas." + key + "." + name + ".";
+            const toml::table *it = inode.as_table();
+            if (it == nullptr || name.empty()) {
+                return bad(path, inode, "quotas." + key + "." + name + " must be a table");
+            }
+            QuotaOverride over;
+            if (Status st = parseQuotaValues(path, prefix, *it, nullptr, &over); !st.isOk()) {
+                return st;
+            }
+            if (key == "uid") {
+                if (name.size() > 10 || name.find_first_not_of("0123456789") != std::string::npos ||
+                    std::stoull(name) > 0xfffffffeULL) {
+                    return bad(path, inode, "quotas.uid." + name + ": the key must be a numeric uid");
+                }
+                out->quotas.uids[static_cast<uid_t>(std::stoul(name))] = over;
+            } else {
+                out->quotas.containers[name] = over;
+            }
+        }
+    }
+    return parseQuotaValues(path, "quotas.", t, &out->quotas.defaults, nullptr);
+}
+
 }  // namespace
 
 bool validLogLevel(const std::string &level) {
@@ -168,6 +356,10 @@ Status parseConfig(const std::string &text, const std::string &path, DaemonConfi
             st = parseBroker(path, *t, out);
         } else if (key == "drivers") {
             st = parseDrivers(path, *t, out);
+        } else if (key == "policy") {
+            st = parsePolicy(path, *t, out);
+        } else if (key == "quotas") {
+            st = parseQuotas(path, *t, out);
         } else {
             st = parseProvider(path, key, *t, out);
         }

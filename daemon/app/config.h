@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "common/status.h"
+#include "daemon/core/policy.h"
+#include "daemon/core/quota.h"
 
 namespace ibvx::daemon {
 
@@ -33,6 +35,8 @@ struct DaemonConfig {
     uint32_t handshake_timeout_ms = 2000;
     std::vector<std::string> drivers;  // extra extension drivers to load ([drivers] names)
     std::vector<ProviderOption> provider_options;
+    PolicyConfig policy;  // [policy]; policy.enabled when the section exists (see docs/security.md)
+    QuotaConfig quotas;   // [quotas] defaults, [quotas.uid.<uid>], [quotas.container.<id>]
 };
 
 // Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: ..." on error.

@@ -277,6 +277,12 @@ int runDaemon(int argc, char **argv) {
     Broker::Options bopt;
     bopt.attach_timeout = std::chrono::milliseconds(cfg.attach_timeout_ms);
     Broker broker(bopt, &devices);
+    broker.setPolicy(std::make_shared<const Policy>(cfg.policy));
+    broker.quotas().configure(cfg.quotas);
+    if (cfg.policy.enabled) {
+        spdlog::info("policy: deny by default; {} allowed uid(s), {} allowed gid(s), {} tenant class(es)",
+                     cfg.policy.allow_uids.size(), cfg.policy.allow_gids.size(), cfg.policy.classes.size());
+    }
     broker.setAudit([](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
         const PeerIdentity &id = s.identity();
         spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action,
@@ -318,6 +324,8 @@ int runDaemon(int argc, char **argv) {
                     continue;
                 }
             }
+            broker.setPolicy(std::make_shared<const Policy>(fresh.policy));
+            broker.quotas().configure(fresh.quotas);
             loadDrivers(fresh, false);
             if (Status st = configureProviders(fresh); !st.isOk()) {
                 spdlog::error("reload: {}", st.message());

@@ -130,6 +130,40 @@ Broker::~Broker() {
     endAllSessions();
 }
 
+void Broker::setPolicy(std::shared_ptr<const Policy> policy) {
+    std::lock_guard lock(policy_mu_);
+    policy_ = policy != nullptr ? std::move(policy) : std::make_shared<const Policy>();
+}
+
+std::shared_ptr<const Policy> Broker::policy() const {
+    std::lock_guard lock(policy_mu_);
+    return policy_;
+}
+
+StatusOr<QuotaCharge> Broker::charge(const Session &s,
+                                     std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+    return quotas_.reserve(TenantKey{s.identity().creds.uid, s.identity().container_id}, amounts);
+}
+
+Status Broker::chargeQueueBytes(const Session &s, Object &obj,
+                                std::initializer_list<const queue_info *> queues) {
+    // Known only once the driver sized the rings: charged after the create, and a refusal rolls
+    // the driver object back like any other failure after it.
+    uint64_t bytes = 0;
+    for (const queue_info *q : queues) {
+        bytes += uint64_t{q->qbuf.entry_cnt} * q->qbuf.entry_size;
+    }
+    if (bytes == 0) {
+        return Status::ok();
+    }
+    auto more = charge(s, {{Quota::kQueueBytes, bytes}});
+    if (!more.isOk()) {
+        return more.status();
+    }
+    obj.quota.merge(std::move(*more));
+    return Status::ok();
+}
+
 void Broker::audit(const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
     if (audit_) {
         audit_(s, action, kind, handle);
@@ -149,6 +183,13 @@ StatusOr<std::shared_ptr<Session>> Broker::hello(const PeerIdentity &peer, const
     if (client_name.size() > 64) {
         return invalidArgument("client_name longer than 64 bytes");
     }
+    if (Status st = policy()->admitConnect(peer); !st.isOk()) {
+        return st;
+    }
+    auto quota = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id}, {{Quota::kSessions, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     SessionToken token;
     if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
         return Status::fromErrno(errno, "getrandom failed");
@@ -161,6 +202,7 @@ StatusOr<std::shared_ptr<Session>> Broker::hello(const PeerIdentity &peer, const
     }
     auto s =
         std::make_shared<Session>(next_session_id_++, token, peer, std::move(client_name), std::move(pidfd));
+    s->quota_ = std::move(*quota);
     by_token_[s->tokenHex()] = s;
     return s;
 }
@@ -249,6 +291,7 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
         }
     }
     MappingManager::instance().dropSession(s->memory_.get());
+    s->quota_.release();
     s->channel_fd_ = -1;
     s->channel_.reset();
 }
@@ -471,9 +514,17 @@ StatusOr<OpenContextResult> Broker::openContext(Session &s, const std::string &d
     if (dev->driver == nullptr || dev->driver->alloc_context == nullptr) {
         return unimplemented("no extension driver serves '" + device_name + "'");
     }
+    if (Status st = policy()->admitDevice(s.identity(), device_name); !st.isOk()) {
+        return st;
+    }
     IBVX_LOCK_SESSION(s);
     IBVX_CHECK_ROOM(s);
+    auto quota = charge(s, {{Quota::kContexts, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     auto obj = std::make_unique<ContextObject>();
+    obj->quota = std::move(*quota);
     obj->device = dev;
     {
         DriverCall call(s.memory_.get(), dev);
@@ -557,7 +608,12 @@ StatusOr<uint64_t> Broker::allocPd(Session &s, uint64_t context) {
     if (!c.isOk()) {
         return c.status();
     }
+    auto quota = charge(s, {{Quota::kPds, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     auto obj = std::make_unique<PdObject>();
+    obj->quota = std::move(*quota);
     obj->context = *c;
     {
         DriverCall call(s.memory_.get(), obj->context->device);
@@ -623,6 +679,10 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     if (dev->info.max_mr_size != 0 && args.length > dev->info.max_mr_size) {
         return invalidArgument("MR length exceeds the device's max_mr_size");
     }
+    auto quota = charge(s, {{Quota::kMrs, 1}, {Quota::kMrBytes, args.length}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     const uint64_t page = pageSize();
     const uint64_t delta = args.offset % page;
     const size_t map_len = static_cast<size_t>(args.length + delta);
@@ -632,6 +692,7 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
         return Status::fromErrno(errno, "cannot map the MR's memory in the broker");
     }
     auto obj = std::make_unique<MrObject>();
+    obj->quota = std::move(*quota);
     obj->mapping = UniqueMapping(base, map_len);
     obj->pd = *p;
     obj->length = args.length;
@@ -696,7 +757,12 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     attr.cq_cap_flag = args.cq_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
+    auto quota = charge(s, {{Quota::kCqs, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     auto obj = std::make_unique<CqObject>();
+    obj->quota = std::move(*quota);
     obj->context = ctx;
     {
         DriverCall call(s.memory_.get(), ctx->device);
@@ -714,9 +780,10 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
         std::memcpy(r.resv, obj->cq->resv, sizeof(r.resv));
     }
     obj->uses = {ctx};
+    Status qst = chargeQueueBytes(s, *obj, {&obj->cq->cq_info});
     Object *raw = obj.get();
     r.cq = insert(s, std::move(obj));
-    Status st = info.isOk() ? sendRegions(s) : info.status();
+    Status st = !qst.isOk() ? qst : info.isOk() ? sendRegions(s) : info.status();
     if (!st.isOk()) {
         (void)destroyLocked(s, raw);
         (void)MappingManager::instance().takeReleased(*s.memory_);
@@ -799,7 +866,12 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     attr.qp_cap_flag = args.qp_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
+    auto quota = charge(s, {{Quota::kQps, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     auto obj = std::make_unique<QpObject>();
+    obj->quota = std::move(*quota);
     obj->context = ctx;
     {
         DriverCall call(s.memory_.get(), ctx->device);
@@ -828,6 +900,9 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     obj->uses = {ctx, *p, *scq, *rcq};
     if (srq != nullptr) {
         obj->uses.push_back(srq);
+    }
+    if (st.isOk()) {
+        st = chargeQueueBytes(s, *obj, {&obj->qp->sq_info, &obj->qp->rq_info});
     }
     Object *raw = obj.get();
     r.qp = insert(s, std::move(obj));
@@ -893,7 +968,12 @@ StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
     attr.srq_cap_flag = args.srq_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
+    auto quota = charge(s, {{Quota::kSrqs, 1}});
+    if (!quota.isOk()) {
+        return quota.status();
+    }
     auto obj = std::make_unique<SrqObject>();
+    obj->quota = std::move(*quota);
     obj->context = ctx;
     {
         DriverCall call(s.memory_.get(), ctx->device);
@@ -912,9 +992,10 @@ StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
         std::memcpy(r.resv, obj->srq->resv, sizeof(r.resv));
     }
     obj->uses = {ctx, *p};
+    Status qst = chargeQueueBytes(s, *obj, {&obj->srq->srq_info});
     Object *raw = obj.get();
     r.srq = insert(s, std::move(obj));
-    Status st = info.isOk() ? sendRegions(s) : info.status();
+    Status st = !qst.isOk() ? qst : info.isOk() ? sendRegions(s) : info.status();
     if (!st.isOk()) {
         (void)destroyLocked(s, raw);
         (void)MappingManager::instance().takeReleased(*s.memory_);

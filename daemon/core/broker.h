@@ -22,6 +22,8 @@
 #include "daemon/core/device.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/mapping.h"
+#include "daemon/core/policy.h"
+#include "daemon/core/quota.h"
 #include "daemon/core/session.h"
 
 namespace ibvx::daemon {
@@ -149,6 +151,13 @@ class Broker {
     DeviceRegistry &devices() { return *devices_; }
     void setRegionSender(RegionSender sender) { sender_ = std::move(sender); }
     void setAudit(AuditFn audit) { audit_ = std::move(audit); }
+    // Tenant policy ([policy], policy.h): checked by hello() and openContext(). Replaceable at
+    // runtime (config reload); calls in flight keep the policy they started with.
+    void setPolicy(std::shared_ptr<const Policy> policy);
+    std::shared_ptr<const Policy> policy() const;
+    // Per-tenant quotas ([quotas], quota.h): sessions, objects, registered and queue bytes. The
+    // Admin API reads and overrides them here (snapshot(), setOverride()).
+    QuotaManager &quotas() { return quotas_; }
 
     // ---- sessions ----
     StatusOr<std::shared_ptr<Session>> hello(const PeerIdentity &peer, const Version &client,
@@ -201,11 +210,16 @@ class Broker {
     Status sendRegions(Session &s);
     StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
     void audit(const Session &s, const char *action, ObjectKind kind, uint64_t handle);
+    StatusOr<QuotaCharge> charge(const Session &s, std::initializer_list<std::pair<Quota, uint64_t>> amounts);
+    Status chargeQueueBytes(const Session &s, Object &obj, std::initializer_list<const queue_info *> queues);
 
     const Options options_;
     DeviceRegistry *devices_;
     RegionSender sender_;
     AuditFn audit_;
+    QuotaManager quotas_;
+    mutable std::mutex policy_mu_;
+    std::shared_ptr<const Policy> policy_ = std::make_shared<const Policy>();
 
     std::mutex sessions_mu_;
     std::unordered_map<std::string, std::shared_ptr<Session>> by_token_;

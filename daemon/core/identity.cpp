@@ -1,10 +1,14 @@
 #include "daemon/core/identity.h"
 
 #include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <cctype>
 #include <fstream>
 #include <sstream>
+
+#include "common/unique_fd.h"
 
 namespace ibvx::daemon {
 
@@ -24,8 +28,26 @@ StatusOr<PeerIdentity> peerIdentity(int sock) {
     }
     PeerIdentity id;
     id.creds = *creds;
+    if (id.creds.pid <= 0) {
+        // The peer's pid is not visible in our pid namespace: no /proc to read.
+        return id;
+    }
+    // Pin the process before reading /proc: if the pid is recycled after this, the pidfd still
+    // names the original (dead) process and the liveness check below fails.
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, id.creds.pid, 0)));
+    if (!pidfd && errno == ESRCH) {
+        return Status(Code::kUnavailable, ESRCH, "the peer exited before it could be identified");
+    }
     id.cgroup = readCgroup(id.creds.pid);
-    id.container_id = containerIdFromCgroup(id.cgroup);
+    id.groups = readGroups(id.creds.pid);
+    if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) < 0) {
+        return Status(Code::kUnavailable, ESRCH, "the peer exited while it was being identified");
+    }
+    CgroupOwner owner = classifyCgroup(id.cgroup);
+    id.runtime = owner.runtime;
+    if (owner.container()) {
+        id.container_id = owner.id;
+    }
     return id;
 }
 
@@ -51,44 +73,9 @@ std::string readCgroup(pid_t pid) {
     return first;
 }
 
-namespace {
-
-bool isIdChar(char c) {
-    return std::isxdigit(static_cast<unsigned char>(c)) != 0;
-}
-
-// The run of hex digits starting at pos if it is at least 12 long (short docker ids).
-std::string hexRun(const std::string &s, size_t pos) {
-    size_t end = pos;
-    while (end < s.size() && isIdChar(s[end])) {
-        ++end;
-    }
-    return end - pos >= 12 ? s.substr(pos, end - pos) : std::string();
-}
-
-}  // namespace
-
-std::string containerIdFromCgroup(const std::string &cgroup) {
-    static const char *const kPrefixes[] = {"docker-",  "cri-containerd-", "crio-",     "libpod-",
-                                            "/docker/", "/containerd/",    "/kubepods/"};
-    for (const char *prefix : kPrefixes) {
-        size_t at = cgroup.rfind(prefix);
-        if (at == std::string::npos) {
-            continue;
-        }
-        std::string id = hexRun(cgroup, at + std::char_traits<char>::length(prefix));
-        if (!id.empty()) {
-            return id;
-        }
-    }
-    return {};
-}
-
-bool processInGroup(const Credentials &creds, gid_t gid) {
-    if (creds.uid == 0 || creds.gid == gid) {
-        return true;
-    }
-    std::ifstream in("/proc/" + std::to_string(creds.pid) + "/status");
+std::vector<gid_t> readGroups(pid_t pid) {
+    std::vector<gid_t> out;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
     std::string line;
     while (std::getline(in, line)) {
         if (line.rfind("Groups:", 0) != 0) {
@@ -97,9 +84,150 @@ bool processInGroup(const Credentials &creds, gid_t gid) {
         std::istringstream groups(line.substr(7));
         unsigned long g;
         while (groups >> g) {
-            if (g == gid) {
-                return true;
+            out.push_back(static_cast<gid_t>(g));
+        }
+        break;
+    }
+    return out;
+}
+
+namespace {
+
+bool isHex(const std::string &s) {
+    if (s.empty()) {
+        return false;
+    }
+    for (char c : s) {
+        if (std::isxdigit(static_cast<unsigned char>(c)) == 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// A container id: at least 12 hex digits (docker's short form) and at most 64.
+bool isContainerId(const std::string &s) {
+    return s.size() >= 12 && s.size() <= 64 && isHex(s);
+}
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// "<prefix><id>.scope" (systemd cgroup driver) or "<prefix><id>" (cgroupfs driver).
+bool scopedId(const std::string &component, const std::string &prefix, std::string *id) {
+    if (component.rfind(prefix, 0) != 0) {
+        return false;
+    }
+    std::string rest = component.substr(prefix.size());
+    if (endsWith(rest, ".scope")) {
+        rest.resize(rest.size() - 6);
+    }
+    if (!isContainerId(rest)) {
+        return false;
+    }
+    *id = rest;
+    return true;
+}
+
+std::vector<std::string> components(const std::string &path) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (char c : path) {
+        if (c == '/') {
+            if (!cur.empty()) {
+                out.push_back(cur);
             }
+            cur.clear();
+        } else {
+            cur += c;
+        }
+    }
+    if (!cur.empty()) {
+        out.push_back(cur);
+    }
+    return out;
+}
+
+}  // namespace
+
+bool CgroupOwner::container() const {
+    return runtime == "docker" || runtime == "containerd" || runtime == "cri-o" || runtime == "podman" ||
+           runtime == "kubernetes";
+}
+
+CgroupOwner classifyCgroup(const std::string &cgroup) {
+    std::vector<std::string> parts = components(cgroup);
+    bool kubepods = false;
+    for (const std::string &p : parts) {
+        if (p == "kubepods" || p.rfind("kubepods.slice", 0) == 0 || p.rfind("kubepods-", 0) == 0) {
+            kubepods = true;
+        }
+    }
+    // The deepest component that names a container wins: runtimes nest helper cgroups (podman's
+    // ".../libpod-<id>.scope/container") below the container's own.
+    for (size_t i = parts.size(); i-- > 0;) {
+        const std::string &c = parts[i];
+        const std::string parent = i > 0 ? parts[i - 1] : std::string();
+        std::string id;
+        // Runtime monitors (conmon) sit next to the container but are not it.
+        if (c.rfind("libpod-conmon-", 0) == 0 || c.rfind("crio-conmon-", 0) == 0) {
+            continue;
+        }
+        if (scopedId(c, "docker-", &id)) {
+            return {"docker", id};
+        }
+        if (scopedId(c, "cri-containerd-", &id)) {
+            return {"containerd", id};
+        }
+        if (scopedId(c, "crio-", &id)) {
+            return {"cri-o", id};
+        }
+        if (scopedId(c, "libpod-", &id)) {
+            return {"podman", id};
+        }
+        if (isContainerId(c)) {
+            if (parent == "docker") {
+                return {"docker", c};
+            }
+            if (parent == "libpod_parent" || parent == "machine.slice") {
+                return {"podman", c};
+            }
+            if (parent == "containerd" || parent == "k8s.io") {
+                return {"containerd", c};
+            }
+            if (kubepods) {
+                return {"kubernetes", c};
+            }
+        }
+    }
+    if (!parts.empty()) {
+        const std::string &last = parts.back();
+        if (endsWith(last, ".scope")) {
+            return {"systemd-scope", last};
+        }
+        if (endsWith(last, ".service")) {
+            return {"systemd-service", last};
+        }
+        if (endsWith(last, ".slice")) {
+            return {"systemd-slice", last};
+        }
+    }
+    return {"", cgroup};
+}
+
+std::string containerIdFromCgroup(const std::string &cgroup) {
+    CgroupOwner owner = classifyCgroup(cgroup);
+    return owner.container() ? owner.id : std::string();
+}
+
+bool processInGroup(const Credentials &creds, gid_t gid) {
+    if (creds.uid == 0 || creds.gid == gid) {
+        return true;
+    }
+    for (gid_t g : readGroups(creds.pid)) {
+        if (g == gid) {
+            return true;
         }
     }
     return false;

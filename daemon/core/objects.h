@@ -13,6 +13,7 @@
 
 #include "common/unique_fd.h"
 #include "daemon/core/mapping.h"
+#include "daemon/core/quota.h"
 
 namespace ibvx::daemon {
 
@@ -29,6 +30,7 @@ struct Object {
     uint64_t handle = 0;
     uint32_t users = 0;
     std::vector<Object *> uses;  // every object here has users incremented for us
+    QuotaCharge quota;           // what the object holds against its tenant's quotas
 };
 
 struct ContextObject : Object {

@@ -26,6 +26,7 @@
 #include "daemon/core/identity.h"
 #include "daemon/core/mapping.h"
 #include "daemon/core/objects.h"
+#include "daemon/core/quota.h"
 
 namespace ibvx::daemon {
 
@@ -71,6 +72,7 @@ class Session {
     const std::string client_name_;
     const std::chrono::steady_clock::time_point created_;
     UniqueFd pidfd_;
+    QuotaCharge quota_;  // the session itself (Quota::kSessions); released by Broker::endSession
 
     mutable std::mutex mu_;
     UniqueFd channel_;

@@ -1,0 +1,273 @@
+#include "daemon/core/quota.h"
+
+#include <mutex>
+
+namespace ibvx::daemon {
+
+namespace {
+
+const char *const kNames[] = {"contexts", "pds",  "mrs",         "mr_bytes", "cqs",
+                              "qps",      "srqs", "queue_bytes", "sessions"};
+static_assert(std::size(kNames) == kQuotaCount);
+
+std::string limitText(uint64_t v) {
+    return v == kUnlimited ? std::string("unlimited") : std::to_string(v);
+}
+
+}  // namespace
+
+struct QuotaCharge::State {
+    mutable std::mutex mu;
+    QuotaConfig config;
+    std::map<uid_t, QuotaValues> uid_used;
+    std::map<std::string, QuotaValues> container_used;
+
+    uint64_t limit(const QuotaOverride *o, size_t i) const {
+        if (o != nullptr && o->max[i].has_value()) {
+            return *o->max[i];
+        }
+        return config.defaults[i];
+    }
+    QuotaValues limits(const QuotaOverride *o) const {
+        QuotaValues v{};
+        for (size_t i = 0; i < kQuotaCount; ++i) {
+            v[i] = limit(o, i);
+        }
+        return v;
+    }
+    const QuotaOverride *uidOverride(uid_t uid) const {
+        auto it = config.uids.find(uid);
+        return it == config.uids.end() ? nullptr : &it->second;
+    }
+    const QuotaOverride *containerOverride(const std::string &c) const {
+        auto it = config.containers.find(c);
+        return it == config.containers.end() ? nullptr : &it->second;
+    }
+
+    // Subtracts amounts; drops accounts that reach zero. Called with mu held.
+    void give(const TenantKey &t, const QuotaValues &amounts) {
+        auto sub = [&](QuotaValues &used) {
+            bool zero = true;
+            for (size_t i = 0; i < kQuotaCount; ++i) {
+                used[i] -= std::min(used[i], amounts[i]);
+                zero = zero && used[i] == 0;
+            }
+            return zero;
+        };
+        if (auto it = uid_used.find(t.uid); it != uid_used.end() && sub(it->second)) {
+            uid_used.erase(it);
+        }
+        if (!t.container.empty()) {
+            if (auto it = container_used.find(t.container); it != container_used.end() && sub(it->second)) {
+                container_used.erase(it);
+            }
+        }
+    }
+};
+
+const char *quotaName(Quota q) {
+    auto i = static_cast<size_t>(q);
+    return i < kQuotaCount ? kNames[i] : "?";
+}
+
+std::optional<Quota> quotaFromName(const std::string &name) {
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        if (name == kNames[i]) {
+            return static_cast<Quota>(i);
+        }
+    }
+    return std::nullopt;
+}
+
+bool QuotaOverride::empty() const {
+    for (const auto &m : max) {
+        if (m.has_value()) {
+            return false;
+        }
+    }
+    return true;
+}
+
+QuotaValues QuotaConfig::unlimited() {
+    QuotaValues v;
+    v.fill(kUnlimited);
+    return v;
+}
+
+// ---- QuotaCharge ----------------------------------------------------------------------------
+
+QuotaCharge::QuotaCharge(QuotaCharge &&o) noexcept
+    : state_(std::move(o.state_)), tenant_(std::move(o.tenant_)), amounts_(o.amounts_) {
+    o.amounts_ = {};
+}
+
+QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
+    if (this != &o) {
+        release();
+        state_ = std::move(o.state_);
+        tenant_ = std::move(o.tenant_);
+        amounts_ = o.amounts_;
+        o.amounts_ = {};
+    }
+    return *this;
+}
+
+void QuotaCharge::release() {
+    if (state_ != nullptr) {
+        std::lock_guard lock(state_->mu);
+        state_->give(tenant_, amounts_);
+    }
+    state_.reset();
+    amounts_ = {};
+}
+
+void QuotaCharge::merge(QuotaCharge &&other) {
+    if (other.state_ == nullptr) {
+        return;
+    }
+    if (state_ == nullptr) {
+        *this = std::move(other);
+        return;
+    }
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        amounts_[i] += other.amounts_[i];
+    }
+    other.state_.reset();
+    other.amounts_ = {};
+}
+
+bool QuotaCharge::empty() const {
+    for (uint64_t a : amounts_) {
+        if (a != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// ---- QuotaManager ---------------------------------------------------------------------------
+
+QuotaManager::QuotaManager(QuotaConfig config) : state_(std::make_shared<QuotaCharge::State>()) {
+    state_->config = std::move(config);
+}
+
+QuotaManager::~QuotaManager() = default;
+
+StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
+                                            std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+    QuotaValues want{};
+    for (auto [q, n] : amounts) {
+        want[static_cast<size_t>(q)] += n;
+    }
+    std::lock_guard lock(state_->mu);
+    QuotaCharge::State &st = *state_;
+    struct Account {
+        const char *scope;
+        std::string name;
+        QuotaValues *used;  // may be null: nothing charged yet
+        QuotaValues limits;
+    };
+    QuotaValues zero{};
+    auto uid_it = st.uid_used.find(tenant.uid);
+    Account accounts[2] = {
+        {"uid", std::to_string(tenant.uid), uid_it == st.uid_used.end() ? &zero : &uid_it->second,
+         st.limits(st.uidOverride(tenant.uid))},
+        {"container", tenant.container, &zero, {}},
+    };
+    size_t n_accounts = 1;
+    if (!tenant.container.empty()) {
+        auto it = st.container_used.find(tenant.container);
+        accounts[1].used = it == st.container_used.end() ? &zero : &it->second;
+        accounts[1].limits = st.limits(st.containerOverride(tenant.container));
+        n_accounts = 2;
+    }
+    for (size_t a = 0; a < n_accounts; ++a) {
+        const Account &acc = accounts[a];
+        for (size_t i = 0; i < kQuotaCount; ++i) {
+            if (want[i] == 0) {
+                continue;
+            }
+            uint64_t used = (*acc.used)[i];
+            uint64_t lim = acc.limits[i];
+            // used <= lim always holds for charges made here, but a lowered limit can be below it.
+            if (used > lim || want[i] > lim - used) {
+                return Status(Code::kResourceExhausted, EDQUOT,
+                              std::string("quota '") + kNames[i] + "' exceeded for " + acc.scope + " " +
+                                  acc.name + ": limit " + limitText(lim) + ", in use " +
+                                  std::to_string(used) + ", asked " + std::to_string(want[i]));
+            }
+        }
+    }
+    QuotaValues &u = st.uid_used[tenant.uid];
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        u[i] += want[i];
+    }
+    if (!tenant.container.empty()) {
+        QuotaValues &c = st.container_used[tenant.container];
+        for (size_t i = 0; i < kQuotaCount; ++i) {
+            c[i] += want[i];
+        }
+    }
+    QuotaCharge charge;
+    charge.state_ = state_;
+    charge.tenant_ = tenant;
+    charge.amounts_ = want;
+    return charge;
+}
+
+QuotaSnapshot QuotaManager::snapshot() const {
+    std::lock_guard lock(state_->mu);
+    const QuotaCharge::State &st = *state_;
+    QuotaSnapshot s;
+    s.defaults = st.config.defaults;
+    for (const auto &[uid, used] : st.uid_used) {
+        s.uids[uid] = {used, st.limits(st.uidOverride(uid))};
+    }
+    for (const auto &[c, used] : st.container_used) {
+        s.containers[c] = {used, st.limits(st.containerOverride(c))};
+    }
+    s.uid_overrides = st.config.uids;
+    s.container_overrides = st.config.containers;
+    return s;
+}
+
+QuotaValues QuotaManager::usage(QuotaScope scope, uid_t uid, const std::string &container) const {
+    std::lock_guard lock(state_->mu);
+    if (scope == QuotaScope::kUid) {
+        auto it = state_->uid_used.find(uid);
+        return it == state_->uid_used.end() ? QuotaValues{} : it->second;
+    }
+    auto it = state_->container_used.find(container);
+    return it == state_->container_used.end() ? QuotaValues{} : it->second;
+}
+
+void QuotaManager::setOverride(QuotaScope scope, uid_t uid, const std::string &container, Quota q,
+                               std::optional<uint64_t> limit) {
+    std::lock_guard lock(state_->mu);
+    auto i = static_cast<size_t>(q);
+    if (scope == QuotaScope::kUid) {
+        auto &o = state_->config.uids[uid];
+        o.max[i] = limit;
+        if (o.empty()) {
+            state_->config.uids.erase(uid);
+        }
+    } else {
+        auto &o = state_->config.containers[container];
+        o.max[i] = limit;
+        if (o.empty()) {
+            state_->config.containers.erase(container);
+        }
+    }
+}
+
+void QuotaManager::setDefault(Quota q, uint64_t limit) {
+    std::lock_guard lock(state_->mu);
+    state_->config.defaults[static_cast<size_t>(q)] = limit;
+}
+
+void QuotaManager::configure(QuotaConfig config) {
+    std::lock_guard lock(state_->mu);
+    state_->config = std::move(config);
+}
+
+}  // namespace ibvx::daemon

@@ -1,0 +1,150 @@
+// Per-tenant quotas: like the RDMA cgroup's rdma.max, but per uid and per container, because the
+// kernel charges every object to the broker that creates it.
+//
+// Accounts: every charge goes to the tenant's uid account and, when the tenant runs in a
+// recognised container (PeerIdentity::container_id), to that container's account too; it must
+// fit both. A limit comes from the per-uid (or per-container) override when one is set for that
+// quota, else from the defaults ([quotas] in the daemon config). kUnlimited means no limit.
+//
+// Exactness: reserve() checks and adds under one mutex, so N threads racing past a limit never
+// overshoot; a reservation is a QuotaCharge that gives its amounts back when destroyed (or
+// release()d), so an object that is never created (driver failure, rollback) or is destroyed
+// returns exactly what it took. Accounts with nothing charged are dropped: when every session has
+// ended the snapshot has no usage left.
+//
+// Runtime changes (for the Admin API): setOverride()/setDefault() take effect for the next
+// reserve(); lowering a limit below the current usage keeps existing objects and refuses new
+// ones until usage drops below it.
+//
+// Threading: every method is thread-safe. A QuotaCharge may outlive the QuotaManager (it keeps
+// the shared state alive).
+#pragma once
+
+#include <sys/types.h>
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "common/status.h"
+
+namespace ibvx::daemon {
+
+enum class Quota : int {
+    kContexts,
+    kPds,
+    kMrs,
+    kMrBytes,  // bytes of registered memory
+    kCqs,
+    kQps,
+    kSrqs,
+    kQueueBytes,  // bytes of queue buffers (CQ, SQ/RQ, SRQ rings) the driver allocated
+    kSessions,
+    kCount
+};
+inline constexpr size_t kQuotaCount = static_cast<size_t>(Quota::kCount);
+inline constexpr uint64_t kUnlimited = UINT64_MAX;
+
+// The config/API name: "contexts", "pds", "mrs", "mr_bytes", "cqs", "qps", "srqs",
+// "queue_bytes", "sessions".
+const char *quotaName(Quota q);
+std::optional<Quota> quotaFromName(const std::string &name);
+
+using QuotaValues = std::array<uint64_t, kQuotaCount>;
+
+// Limits with "unset" per quota (an override falls back to the default where unset).
+struct QuotaOverride {
+    std::array<std::optional<uint64_t>, kQuotaCount> max{};
+    bool empty() const;
+};
+
+struct QuotaConfig {
+    QuotaValues defaults = unlimited();
+    std::map<uid_t, QuotaOverride> uids;
+    std::map<std::string, QuotaOverride> containers;
+    static QuotaValues unlimited();
+};
+
+// Who is charged.
+struct TenantKey {
+    uid_t uid = 0;
+    std::string container;  // "" when not in a recognised container
+};
+
+enum class QuotaScope { kUid, kContainer };
+
+struct QuotaAccount {
+    QuotaValues used{};
+    QuotaValues limit{};  // the effective limits (override or default)
+};
+
+struct QuotaSnapshot {
+    QuotaValues defaults{};
+    std::map<uid_t, QuotaAccount> uids;              // accounts with something charged
+    std::map<std::string, QuotaAccount> containers;  // idem
+    std::map<uid_t, QuotaOverride> uid_overrides;
+    std::map<std::string, QuotaOverride> container_overrides;
+};
+
+class QuotaManager;
+
+// What one object (or session) holds against the quotas. Move-only; gives everything back when
+// destroyed or release()d.
+class QuotaCharge {
+  public:
+    QuotaCharge() = default;
+    QuotaCharge(QuotaCharge &&o) noexcept;
+    QuotaCharge &operator=(QuotaCharge &&o) noexcept;
+    QuotaCharge(const QuotaCharge &) = delete;
+    QuotaCharge &operator=(const QuotaCharge &) = delete;
+    ~QuotaCharge() { release(); }
+
+    void release();
+    // Takes over other's amounts (same tenant); other becomes empty.
+    void merge(QuotaCharge &&other);
+    uint64_t amount(Quota q) const { return amounts_[static_cast<size_t>(q)]; }
+    bool empty() const;
+
+  private:
+    friend class QuotaManager;
+    struct State;
+    std::shared_ptr<State> state_;
+    TenantKey tenant_;
+    QuotaValues amounts_{};
+};
+
+class QuotaManager {
+  public:
+    explicit QuotaManager(QuotaConfig config = {});
+    ~QuotaManager();
+    QuotaManager(const QuotaManager &) = delete;
+    QuotaManager &operator=(const QuotaManager &) = delete;
+
+    // All-or-nothing: every amount fits in the tenant's uid and container accounts, or nothing is
+    // charged and RESOURCE_EXHAUSTED names the quota, the account, the limit and the usage.
+    StatusOr<QuotaCharge> reserve(const TenantKey &tenant,
+                                  std::initializer_list<std::pair<Quota, uint64_t>> amounts);
+
+    // Usage, effective limits, defaults and overrides, copied under the lock.
+    QuotaSnapshot snapshot() const;
+    // Usage of one account (zeros when nothing is charged).
+    QuotaValues usage(QuotaScope scope, uid_t uid, const std::string &container = {}) const;
+
+    // Runtime overrides (Admin API). scope kUid uses uid, kContainer uses container.
+    // limit nullopt removes the override of that quota (the default applies again).
+    void setOverride(QuotaScope scope, uid_t uid, const std::string &container, Quota q,
+                     std::optional<uint64_t> limit);
+    void setDefault(Quota q, uint64_t limit);
+    // Replaces defaults and every override (config reload); usage is kept.
+    void configure(QuotaConfig config);
+
+  private:
+    std::shared_ptr<QuotaCharge::State> state_;
+};
+
+}  // namespace ibvx::daemon

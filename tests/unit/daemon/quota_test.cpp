@@ -1,0 +1,358 @@
+// Per-tenant quotas: the QuotaManager alone (limits, overrides, all-or-nothing, exact under
+// racing threads, nothing left after release), and through the broker core over the real softnda
+// driver (RESOURCE_EXHAUSTED naming the quota, rollback of the driver object, zero at the end).
+#include "daemon/core/quota.h"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+#include <vector>
+
+#include "daemon/core/broker.h"
+#include "softnda_ops.h"
+
+namespace ibvx::daemon {
+namespace {
+
+size_t idx(Quota q) {
+    return static_cast<size_t>(q);
+}
+
+TEST(QuotaManager, NamesRoundTrip) {
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        auto q = static_cast<Quota>(i);
+        EXPECT_EQ(quotaFromName(quotaName(q)), q);
+    }
+    EXPECT_FALSE(quotaFromName("qp").has_value());
+}
+
+TEST(QuotaManager, LimitsAndReleases) {
+    QuotaConfig cfg;
+    cfg.defaults[idx(Quota::kQps)] = 2;
+    QuotaManager m(cfg);
+    TenantKey t{1000, ""};
+    auto a = m.reserve(t, {{Quota::kQps, 1}});
+    auto b = m.reserve(t, {{Quota::kQps, 1}});
+    ASSERT_TRUE(a.isOk() && b.isOk());
+    auto c = m.reserve(t, {{Quota::kQps, 1}});
+    ASSERT_EQ(c.status().code(), Code::kResourceExhausted);
+    EXPECT_NE(c.status().message().find("quota 'qps' exceeded for uid 1000: limit 2, in use 2, asked 1"),
+              std::string::npos)
+        << c.status().message();
+    // Another uid has its own account.
+    EXPECT_TRUE(m.reserve({1001, ""}, {{Quota::kQps, 2}}).isOk());
+    a->release();
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1000)[idx(Quota::kQps)], 1u);
+    EXPECT_TRUE(m.reserve(t, {{Quota::kQps, 1}}).isOk());  // released again at once (temporary)
+    b = Status(Code::kInternal, 0, "drop");                // the charge goes with the StatusOr
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1000)[idx(Quota::kQps)], 0u);
+    EXPECT_TRUE(m.snapshot().uids.empty());
+}
+
+TEST(QuotaManager, AllOrNothingAcrossQuotasAndAccounts) {
+    QuotaConfig cfg;
+    cfg.defaults[idx(Quota::kMrBytes)] = 100;
+    cfg.containers["c1"].max[idx(Quota::kMrs)] = 1;
+    QuotaManager m(cfg);
+    TenantKey t{7, "c1"};
+    // bytes over the limit: the MR count is not charged either
+    EXPECT_EQ(m.reserve(t, {{Quota::kMrs, 1}, {Quota::kMrBytes, 101}}).status().code(),
+              Code::kResourceExhausted);
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 7)[idx(Quota::kMrs)], 0u);
+    auto one = m.reserve(t, {{Quota::kMrs, 1}, {Quota::kMrBytes, 60}});
+    ASSERT_TRUE(one.isOk());
+    EXPECT_EQ(m.usage(QuotaScope::kContainer, 0, "c1")[idx(Quota::kMrBytes)], 60u);
+    // The container allows one MR: a second uid in the same container is refused by it.
+    auto two = m.reserve({8, "c1"}, {{Quota::kMrs, 1}, {Quota::kMrBytes, 10}});
+    ASSERT_EQ(two.status().code(), Code::kResourceExhausted);
+    EXPECT_NE(two.status().message().find("for container c1"), std::string::npos);
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 8)[idx(Quota::kMrBytes)], 0u);
+    // Overflowing amounts are refused, not wrapped.
+    EXPECT_EQ(m.reserve(t, {{Quota::kMrBytes, UINT64_MAX}}).status().code(), Code::kResourceExhausted);
+    one->release();
+    QuotaSnapshot s = m.snapshot();
+    EXPECT_TRUE(s.uids.empty());
+    EXPECT_TRUE(s.containers.empty());
+    ASSERT_EQ(s.container_overrides.count("c1"), 1u);
+}
+
+TEST(QuotaManager, RuntimeOverridesAndMerge) {
+    QuotaManager m;
+    TenantKey t{5, ""};
+    m.setOverride(QuotaScope::kUid, 5, "", Quota::kCqs, 1);
+    auto a = m.reserve(t, {{Quota::kCqs, 1}});
+    ASSERT_TRUE(a.isOk());
+    EXPECT_EQ(m.reserve(t, {{Quota::kCqs, 1}}).status().code(), Code::kResourceExhausted);
+    QuotaSnapshot s = m.snapshot();
+    EXPECT_EQ(s.uids.at(5).limit[idx(Quota::kCqs)], 1u);
+    EXPECT_EQ(s.uids.at(5).used[idx(Quota::kCqs)], 1u);
+    m.setOverride(QuotaScope::kUid, 5, "", Quota::kCqs, std::nullopt);  // back to the default
+    EXPECT_TRUE(m.snapshot().uid_overrides.empty());
+    auto b = m.reserve(t, {{Quota::kCqs, 1}, {Quota::kQueueBytes, 4096}});
+    ASSERT_TRUE(b.isOk());
+    // Lowering a limit below the usage keeps the objects and refuses new ones.
+    m.setDefault(Quota::kQueueBytes, 100);
+    EXPECT_EQ(m.reserve(t, {{Quota::kQueueBytes, 1}}).status().code(), Code::kResourceExhausted);
+    a->merge(std::move(*b));
+    EXPECT_TRUE(b->empty());
+    EXPECT_EQ(a->amount(Quota::kCqs), 2u);
+    EXPECT_EQ(a->amount(Quota::kQueueBytes), 4096u);
+    a->release();
+    EXPECT_TRUE(m.snapshot().uids.empty());
+}
+
+TEST(QuotaManager, ChargeOutlivesTheManager) {
+    StatusOr<QuotaCharge> c = Status(Code::kInternal, 0, "");
+    {
+        QuotaManager m;
+        c = m.reserve({1, ""}, {{Quota::kPds, 1}});
+        ASSERT_TRUE(c.isOk());
+    }
+    c->release();  // must not touch freed memory (ASan would say)
+    EXPECT_TRUE(c->empty());
+}
+
+TEST(QuotaManager, RacingThreadsNeverOvershoot) {
+    constexpr int kThreads = 8, kLimit = 37, kTries = 2000;
+    QuotaConfig cfg;
+    cfg.defaults[idx(Quota::kQps)] = kLimit;
+    QuotaManager m(cfg);
+    std::atomic<int> held{0}, max_held{0}, granted{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kThreads; ++i) {
+        threads.emplace_back([&] {
+            std::vector<QuotaCharge> mine;
+            for (int k = 0; k < kTries; ++k) {
+                auto c = m.reserve({42, "ctr"}, {{Quota::kQps, 1}});
+                if (c.isOk()) {
+                    int now = ++held;
+                    int prev = max_held.load();
+                    while (now > prev && !max_held.compare_exchange_weak(prev, now)) {
+                    }
+                    ++granted;
+                    mine.push_back(std::move(*c));
+                }
+                if (mine.size() > 3 || (k % 7 == 0 && !mine.empty())) {
+                    --held;
+                    mine.pop_back();  // released by its destructor
+                }
+            }
+            held -= static_cast<int>(mine.size());
+        });
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+    EXPECT_LE(max_held.load(), kLimit);
+    EXPECT_GT(granted.load(), kLimit);  // the limit was reached and space reused
+    EXPECT_EQ(held.load(), 0);
+    QuotaSnapshot s = m.snapshot();
+    EXPECT_TRUE(s.uids.empty());
+    EXPECT_TRUE(s.containers.empty());
+}
+
+// ---- through the broker core ----------------------------------------------------------------
+
+class BrokerQuotaTest : public ::testing::Test {
+  protected:
+    static void SetUpTestSuite() {
+        verbs_register_driver_extend(&softnda_driver_ops);
+        verbs_register_vdev_extend(&softnda_vdev_ops);
+        devices_ = new DeviceRegistry;
+        devices_->scan();
+    }
+    static void TearDownTestSuite() {
+        delete devices_;
+        devices_ = nullptr;
+    }
+    void SetUp() override {
+        Broker::Options opt;
+        opt.xfer_wait = std::chrono::milliseconds(200);
+        broker_ = std::make_unique<Broker>(opt, devices_);
+        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
+    }
+    void TearDown() override { broker_.reset(); }
+
+    StatusOr<std::shared_ptr<Session>> hello(const std::string &container = "") {
+        PeerIdentity peer;
+        peer.creds = {getpid(), getuid(), getgid()};
+        peer.container_id = container;
+        return broker_->hello(peer, {4, 2, 0}, "quota");
+    }
+    uint64_t used(Quota q) { return broker_->quotas().usage(QuotaScope::kUid, getuid())[idx(q)]; }
+
+    static DeviceRegistry *devices_;
+    std::unique_ptr<Broker> broker_;
+};
+
+DeviceRegistry *BrokerQuotaTest::devices_ = nullptr;
+
+TEST_F(BrokerQuotaTest, EveryQuotaIsEnforcedAndNamed) {
+    QuotaConfig cfg;
+    for (Quota q : {Quota::kContexts, Quota::kPds, Quota::kCqs, Quota::kQps, Quota::kSrqs, Quota::kMrs,
+                    Quota::kSessions}) {
+        cfg.defaults[idx(q)] = 1;
+    }
+    broker_->quotas().configure(cfg);
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    Status st = hello().status();
+    EXPECT_EQ(st.code(), Code::kResourceExhausted);
+    EXPECT_NE(st.message().find("'sessions'"), std::string::npos) << st.message();
+    Session &ss = **s;
+    auto ctx = broker_->openContext(ss, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    st = broker_->openContext(ss, "softnda0").status();
+    EXPECT_EQ(st.code(), Code::kResourceExhausted);
+    EXPECT_NE(st.message().find("'contexts'"), std::string::npos);
+    auto pd = broker_->allocPd(ss, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    EXPECT_NE(broker_->allocPd(ss, ctx->context).status().message().find("'pds'"), std::string::npos);
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 16;
+    auto cq = broker_->createCq(ss, ca);
+    ASSERT_TRUE(cq.isOk());
+    EXPECT_NE(broker_->createCq(ss, ca).status().message().find("'cqs'"), std::string::npos);
+    CreateSrqArgs sa;
+    sa.context = ctx->context;
+    sa.pd = *pd;
+    sa.max_wr = 16;
+    sa.max_sge = 1;
+    ASSERT_TRUE(broker_->createSrq(ss, sa).isOk());
+    EXPECT_NE(broker_->createSrq(ss, sa).status().message().find("'srqs'"), std::string::npos);
+    CreateQpArgs qa;
+    qa.context = ctx->context;
+    qa.pd = *pd;
+    qa.send_cq = qa.recv_cq = cq->cq;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    ASSERT_TRUE(broker_->createQp(ss, qa).isOk());
+    EXPECT_NE(broker_->createQp(ss, qa).status().message().find("'qps'"), std::string::npos);
+    for (uint64_t xfer : {1, 2}) {
+        int fd = memfd_create("mr", MFD_CLOEXEC);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(ftruncate(fd, 8192), 0);
+        ASSERT_TRUE(ss.putXfer(xfer, UniqueFd(fd)));
+        RegMrArgs ma;
+        ma.pd = *pd;
+        ma.xfer_id = xfer;
+        ma.length = 8192;
+        ma.access = IBV_ACCESS_LOCAL_WRITE;
+        auto mr = broker_->regMr(ss, ma);
+        if (xfer == 1) {
+            ASSERT_TRUE(mr.isOk()) << mr.status().toString();
+        } else {
+            EXPECT_NE(mr.status().message().find("'mrs'"), std::string::npos);
+        }
+    }
+    EXPECT_EQ(used(Quota::kQps), 1u);
+    EXPECT_EQ(used(Quota::kMrBytes), 8192u);
+    EXPECT_GT(used(Quota::kQueueBytes), 0u);
+    EXPECT_EQ(ss.objectCount(), 6u);  // nothing half-created by the refusals
+    broker_->endSession(*s);
+    EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
+}
+
+TEST_F(BrokerQuotaTest, QueueBytesOverTheLimitRollTheDriverObjectBack) {
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    Session &ss = **s;
+    auto ctx = broker_->openContext(ss, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 64;
+    auto cq = broker_->createCq(ss, ca);
+    ASSERT_TRUE(cq.isOk());
+    uint64_t one_cq = used(Quota::kQueueBytes);
+    ASSERT_GT(one_cq, 0u);
+    // Room for exactly one more CQ of this size, and not two.
+    broker_->quotas().setDefault(Quota::kQueueBytes, 2 * one_cq + one_cq / 2);
+    auto second = broker_->createCq(ss, ca);
+    ASSERT_TRUE(second.isOk()) << second.status().toString();
+    size_t objects = ss.objectCount();
+    uint64_t regions = MappingManager::instance().stats(ss.memory()).allocated_bytes;
+    auto third = broker_->createCq(ss, ca);
+    ASSERT_EQ(third.status().code(), Code::kResourceExhausted);
+    EXPECT_NE(third.status().message().find("'queue_bytes'"), std::string::npos) << third.status().message();
+    EXPECT_EQ(ss.objectCount(), objects);
+    EXPECT_EQ(MappingManager::instance().stats(ss.memory()).allocated_bytes, regions);
+    EXPECT_EQ(used(Quota::kQueueBytes), 2 * one_cq);
+    EXPECT_EQ(used(Quota::kCqs), 2u);
+    // Freed room is usable again.
+    ASSERT_TRUE(broker_->destroyCq(ss, second->cq).isOk());
+    EXPECT_TRUE(broker_->createCq(ss, ca).isOk());
+    broker_->endSession(*s);
+    EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
+}
+
+TEST_F(BrokerQuotaTest, ConcurrentSessionsRacingPastAContainerLimit) {
+    constexpr int kSessions = 6, kLimit = 10;
+    broker_->quotas().setOverride(QuotaScope::kContainer, 0, "0123456789ab", Quota::kPds, kLimit);
+    std::vector<std::shared_ptr<Session>> sessions;
+    std::vector<uint64_t> ctxs;
+    for (int i = 0; i < kSessions; ++i) {
+        auto s = hello("0123456789ab");
+        ASSERT_TRUE(s.isOk());
+        sessions.push_back(*s);
+        auto c = broker_->openContext(**s, "softnda0");
+        ASSERT_TRUE(c.isOk());
+        ctxs.push_back(c->context);
+    }
+    std::atomic<int> ok{0}, exhausted{0}, other{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < kSessions; ++i) {
+        threads.emplace_back([&, i] {
+            for (int k = 0; k < 5; ++k) {
+                auto pd = broker_->allocPd(*sessions[i], ctxs[i]);
+                if (pd.isOk()) {
+                    ++ok;
+                } else if (pd.status().code() == Code::kResourceExhausted) {
+                    ++exhausted;
+                } else {
+                    ++other;
+                }
+            }
+        });
+    }
+    for (auto &t : threads) {
+        t.join();
+    }
+    EXPECT_EQ(ok.load(), kLimit);
+    EXPECT_EQ(exhausted.load(), kSessions * 5 - kLimit);
+    EXPECT_EQ(other.load(), 0);
+    EXPECT_EQ(broker_->quotas().usage(QuotaScope::kContainer, 0, "0123456789ab")[idx(Quota::kPds)],
+              static_cast<uint64_t>(kLimit));
+    for (auto &s : sessions) {
+        broker_->endSession(s);
+    }
+    QuotaSnapshot snap = broker_->quotas().snapshot();
+    EXPECT_TRUE(snap.uids.empty());
+    EXPECT_TRUE(snap.containers.empty());
+}
+
+TEST_F(BrokerQuotaTest, PolicyGatesHelloAndDevices) {
+    PolicyConfig pc;
+    pc.enabled = true;
+    broker_->setPolicy(std::make_shared<const Policy>(pc));
+    Status st = hello().status();
+    EXPECT_EQ(st.code(), Code::kPermissionDenied);
+    EXPECT_NE(st.message().find("policy.allow_uids"), std::string::npos);
+    EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());  // the refused Hello charged nothing
+    pc.allow_uids = {getuid()};
+    pc.default_devices = {"softnda1"};
+    broker_->setPolicy(std::make_shared<const Policy>(pc));
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    st = broker_->openContext(**s, "softnda0").status();
+    EXPECT_EQ(st.code(), Code::kPermissionDenied);
+    EXPECT_NE(st.message().find("policy.default_devices"), std::string::npos);
+    EXPECT_EQ((*s)->objectCount(), 0u);
+}
+
+}  // namespace
+}  // namespace ibvx::daemon
