@@ -15,9 +15,11 @@
 #include <CLI/CLI.hpp>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "daemon/app/config.h"
 #include "daemon/core/broker.h"
+#include "daemon/edge/admin_events.h"
 #include "daemon/edge/server.h"
 #include "providers/loader/discovery.h"
 #include "providers/loader/loader.h"
@@ -283,14 +285,87 @@ int runDaemon(int argc, char **argv) {
         spdlog::info("policy: deny by default; {} allowed uid(s), {} allowed gid(s), {} tenant class(es)",
                      cfg.policy.allow_uids.size(), cfg.policy.allow_gids.size(), cfg.policy.classes.size());
     }
-    broker.setAudit([](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
+    auto events = std::make_shared<AdminEvents>();
+    broker.setAudit([events](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
         const PeerIdentity &id = s.identity();
         spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action,
                      kindName(kind), handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
+        auto e =
+            AdminEvents::aboutSession(std::strcmp(action, "create") == 0 ? AdminEvents::Event::OBJECT_CREATE
+                                                                         : AdminEvents::Event::OBJECT_DESTROY,
+                                      s);
+        e.set_object_kind(kindName(kind));
+        e.set_handle(handle);
+        events->publish(std::move(e));
     });
     ServerOptions sopt;
     sopt.handshake_timeout = std::chrono::milliseconds(cfg.handshake_timeout_ms);
     sopt.admin_gid = admin_gid;
+    sopt.events = events;
+    sopt.admin.admin_group = cfg.admin_group;
+    sopt.admin.config_path = cfg.config_path;
+    sopt.admin.socket_activated = sd_listen_fds(0) == 1;
+    sopt.admin.socket_path = sopt.admin.socket_activated ? std::string() : cfg.socket;
+    // SIGHUP (main thread) and Admin.ReloadDrivers (a gRPC thread) share it.
+    std::mutex reload_mu;
+    auto reload = [&]() {
+        std::lock_guard lock(reload_mu);
+        ReloadReport report;
+        size_t known = loader::loadRecords().size();
+        DaemonConfig fresh;
+        if (!cfg.config_path.empty()) {
+            if (Status st = loadConfigFile(cfg.config_path, &fresh); !st.isOk()) {
+                spdlog::error("reload failed, keeping the old configuration: {}", st.message());
+                report.errors.push_back(st.message());
+                events->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, st.message()));
+                report.devices = static_cast<uint32_t>(devices.size());
+                return report;
+            }
+        }
+        broker.setPolicy(std::make_shared<const Policy>(fresh.policy));
+        broker.quotas().configure(fresh.quotas);
+        loadDrivers(fresh, false);
+        if (Status st = configureProviders(fresh); !st.isOk()) {
+            spdlog::error("reload: {}", st.message());
+            report.errors.push_back(st.message());
+        }
+        std::vector<loader::LoadRecord> records = loader::loadRecords();
+        for (size_t i = known; i < records.size(); ++i) {
+            if (records[i].loaded) {
+                report.loaded.push_back(records[i].name);
+            } else {
+                report.errors.push_back("cannot load driver '" + records[i].name + "': " + records[i].error);
+            }
+        }
+        for (const std::string &e : report.errors) {
+            events->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, e));
+        }
+        report.new_devices = static_cast<uint32_t>(devices.scan());
+        report.devices = static_cast<uint32_t>(devices.size());
+        spdlog::info("reload done: {} new device(s), {} total", report.new_devices, report.devices);
+        events->publish(
+            AdminEvents::simple(AdminEvents::Event::RELOAD,
+                                fmt::format("{} new device(s), {} total, {} error(s)", report.new_devices,
+                                            report.devices, report.errors.size())));
+        return report;
+    };
+    sopt.admin.reload = reload;
+    // systemd: WATCHDOG=1 at half of WatchdogSec= and a STATUS= line when the counts change,
+    // from the serving loop, so a wedged loop gets the broker restarted.
+    uint64_t watchdog_usec = 0;
+    bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0;
+    sopt.heartbeat_period = watchdog ? std::chrono::milliseconds(std::max<uint64_t>(watchdog_usec / 2000, 1))
+                                     : std::chrono::milliseconds(1000);
+    sopt.heartbeat = [&broker, &devices, watchdog, last = std::string()]() mutable {
+        std::string status = fmt::format("STATUS=serving {} session(s), {} object(s) on {} device(s)",
+                                         broker.sessionCount(), broker.objectCount(), devices.size());
+        if (status != last) {
+            last = status;
+            sd_notify(0, watchdog ? ("WATCHDOG=1\n" + status).c_str() : status.c_str());
+        } else if (watchdog) {
+            sd_notify(0, "WATCHDOG=1");
+        }
+    };
     auto server = BrokerServer::create(broker, sopt);
     if (!server.isOk()) {
         spdlog::critical("{}", server.status().message());
@@ -301,7 +376,7 @@ int runDaemon(int argc, char **argv) {
         return 1;
     }
     spdlog::info("serving on {} ({} device(s))", cfg.socket, devices.size());
-    sd_notifyf(0, "READY=1\nSTATUS=serving %zu device(s) on %s", devices.size(), cfg.socket.c_str());
+    sd_notifyf(0, "READY=1\nSTATUS=serving 0 session(s), 0 object(s) on %zu device(s)", devices.size());
 
     int rc = 0;
     for (;;) {
@@ -317,21 +392,7 @@ int runDaemon(int argc, char **argv) {
         }
         if (si.ssi_signo == SIGHUP) {
             spdlog::info("SIGHUP: reloading driver configuration");
-            DaemonConfig fresh;
-            if (!cfg.config_path.empty()) {
-                if (Status st = loadConfigFile(cfg.config_path, &fresh); !st.isOk()) {
-                    spdlog::error("reload failed, keeping the old configuration: {}", st.message());
-                    continue;
-                }
-            }
-            broker.setPolicy(std::make_shared<const Policy>(fresh.policy));
-            broker.quotas().configure(fresh.quotas);
-            loadDrivers(fresh, false);
-            if (Status st = configureProviders(fresh); !st.isOk()) {
-                spdlog::error("reload: {}", st.message());
-            }
-            int added = devices.scan();
-            spdlog::info("reload done: {} new device(s), {} total", added, devices.size());
+            (void)reload();
             continue;
         }
         spdlog::info("{}: stopping (in-flight calls finish, then every session is torn down)",

@@ -64,6 +64,7 @@ class Session {
 
   private:
     friend class Broker;
+    friend class SessionInspector;  // admin_inspect.h: read-only snapshots
 
     const uint64_t id_;
     const SessionToken token_;

@@ -30,16 +30,28 @@ BrokerServer::BrokerServer(Broker &broker, ServerOptions options) : broker_(brok
 
 StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, ServerOptions options) {
     std::unique_ptr<BrokerServer> s(new BrokerServer(broker, options));
+    if (options.events != nullptr) {
+        s->events_ = options.events;
+    }
     s->broker_service_ = std::make_unique<BrokerService>(
-        broker, s->connections_, s->stats_,
-        [raw = s.get()](const std::shared_ptr<Session> &session) { raw->watchSession(session); });
-    s->admin_service_ = std::make_unique<AdminService>(broker, s->connections_, s->stats_, options.admin_gid);
+        broker, s->connections_, s->stats_, [raw = s.get()](const std::shared_ptr<Session> &session) {
+            raw->watchSession(session);
+            raw->admin_service_->countSessionOpened();
+            raw->events_->publish(AdminEvents::aboutSession(AdminEvents::Event::SESSION_OPEN, *session,
+                                                            "client '" + session->clientName() + "'"));
+        });
+    AdminHooks hooks = options.admin;
+    hooks.admin_gid = options.admin_gid;
+    s->admin_service_ = std::make_unique<AdminService>(
+        broker, s->connections_, s->stats_, s->events_, std::move(hooks),
+        [raw = s.get()](const std::shared_ptr<Session> &session) { return raw->evictSession(session); });
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
     grpc::ServerBuilder builder;
     builder.RegisterService(s->broker_service_.get());
     builder.RegisterService(s->admin_service_.get());
     builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_calls_per_connection);
     builder.SetMaxSendMessageSize(options.max_message_bytes);
     // No AddListeningPort: connections arrive through AddInsecureChannelFromFd only.
     s->server_ = builder.BuildAndStart();
@@ -92,6 +104,20 @@ void BrokerServer::watchSession(const std::shared_ptr<Session> &session) {
     }
 }
 
+std::shared_future<void> BrokerServer::evictSession(const std::shared_ptr<Session> &session) {
+    auto done = std::make_shared<std::promise<void>>();
+    std::shared_future<void> f = done->get_future().share();
+    {
+        std::lock_guard lock(queue_mu_);
+        to_evict_.emplace_back(session, std::move(done));
+    }
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) {
+        (void)!::write(wake_fd_, &one, sizeof(one));
+    }
+    return f;
+}
+
 void BrokerServer::shutdown(std::chrono::milliseconds grace) {
     if (shut_down_) {
         return;
@@ -104,7 +130,17 @@ void BrokerServer::shutdown(std::chrono::milliseconds grace) {
         (void)!::write(wake_fd_, &one, sizeof(one));
         thread_.join();
     }
-    // 2. Let in-flight calls finish; after the grace period gRPC cancels the rest.
+    // Pending evictions: the loop is gone, the sessions end below.
+    {
+        std::lock_guard lock(queue_mu_);
+        for (auto &[session, done] : to_evict_) {
+            done->set_value();
+        }
+        to_evict_.clear();
+    }
+    // 2. Let in-flight calls finish; after the grace period gRPC cancels the rest. Watch streams
+    // end now, or they would hold the server until the deadline.
+    events_->closeAll();
     if (server_ != nullptr) {
         auto deadline = std::chrono::steady_clock::now() + grace;
         std::thread closer([&] {
@@ -153,6 +189,7 @@ void BrokerServer::remove(uint64_t id) {
 void BrokerServer::loop() {
     epoll_event events[64];
     auto last_reap = std::chrono::steady_clock::now();
+    auto last_beat = last_reap;
     while (!stop_) {
         int n = ::epoll_wait(epoll_.get(), events, 64, 50);
         if (n < 0 && errno != EINTR) {
@@ -173,9 +210,12 @@ void BrokerServer::loop() {
                     uint64_t v;
                     (void)!::read(it->second.fd, &v, sizeof(v));
                     std::vector<std::shared_ptr<Session>> watch;
+                    std::vector<std::pair<std::shared_ptr<Session>, std::shared_ptr<std::promise<void>>>>
+                        evict;
                     {
                         std::lock_guard lock(queue_mu_);
                         watch.swap(to_watch_);
+                        evict.swap(to_evict_);
                     }
                     for (auto &s : watch) {
                         if (s->pidfd() >= 0 && !s->ended()) {
@@ -185,6 +225,14 @@ void BrokerServer::loop() {
                             e.session = s;
                             add(std::move(e), EPOLLIN);
                         }
+                    }
+                    for (auto &[session, done] : evict) {
+                        if (!session->ended()) {
+                            events_->publish(AdminEvents::aboutSession(AdminEvents::Event::EVICTION, *session,
+                                                                       "evicted by an administrator"));
+                            endSession(session, "evicted by an administrator");
+                        }
+                        done->set_value();
                     }
                     break;
                 }
@@ -205,6 +253,11 @@ void BrokerServer::loop() {
         if (now - last_reap >= std::chrono::milliseconds(50)) {
             last_reap = now;
             reap();
+        }
+        if (options_.heartbeat && options_.heartbeat_period.count() > 0 &&
+            now - last_beat >= options_.heartbeat_period) {
+            last_beat = now;
+            options_.heartbeat();
         }
     }
 }
@@ -228,6 +281,17 @@ void BrokerServer::acceptAll(int listen_fd) {
         }
         auto peer = peerIdentity(fd.get());
         if (!peer.isOk()) {
+            continue;
+        }
+        size_t mine = 0;
+        for (const auto &[eid, other] : entries_) {
+            if (other.kind == EntryKind::kHandshake && other.peer.creds.uid == peer->creds.uid) {
+                ++mine;
+            }
+        }
+        if (mine >= options_.max_handshakes_per_uid) {
+            spdlog::debug("uid {} already has {} connections in handshake; connection dropped", peer->creds.uid,
+                          mine);
             continue;
         }
         Entry e;
@@ -263,7 +327,9 @@ void BrokerServer::handshake(uint64_t id) {
         return;
     }
     if (http2) {
-        if (len < 4) {
+        // The whole preface before gRPC gets the connection: gRPC has no deadline for a peer that
+        // stops mid-preface, ours (handshake_timeout) applies until then.
+        if (len < kHttp2PrefaceLen) {
             return;  // wait for more
         }
         (void)::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, e.fd, nullptr);
@@ -345,6 +411,8 @@ void BrokerServer::endSession(const std::shared_ptr<Session> &session, const cha
     }
     size_t objects = session->objectCount();
     broker_.endSession(session);
+    stats_.forgetSession(session->id());
+    events_->publish(AdminEvents::aboutSession(AdminEvents::Event::SESSION_CLOSE, *session, why));
     const auto &c = session->identity().creds;
     spdlog::info("session {} ended ({}): pid {} uid {}, {} object(s) destroyed", session->id(), why, c.pid,
                  c.uid, objects);

@@ -15,6 +15,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -24,6 +26,8 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "daemon/core/broker.h"
+#include "daemon/edge/admin_events.h"
+#include "daemon/edge/admin_service.h"
 #include "daemon/edge/connections.h"
 #include "daemon/edge/rpc_stats.h"
 #include "daemon/edge/services.h"
@@ -33,8 +37,18 @@ namespace ibvx::daemon {
 struct ServerOptions {
     std::chrono::milliseconds handshake_timeout{2000};
     size_t max_pending_handshakes = 256;
+    // One uid may hold at most this many of those, so it cannot starve the others.
+    size_t max_handshakes_per_uid = 32;
+    // HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: calls in flight per connection.
+    int max_calls_per_connection = 64;
     int max_message_bytes = 64 * 1024;
     long admin_gid = -1;  // < 0: Admin is root-only
+    AdminHooks admin;     // what the Admin service reports and runs (admin.admin_gid is ignored)
+    std::shared_ptr<AdminEvents> events;  // Watch events hub (nullptr: the server makes its own)
+    // Called from the event loop every heartbeat_period (0: never): the daemon's systemd
+    // watchdog ping and STATUS= line, so a wedged loop stops the pings.
+    std::function<void()> heartbeat;
+    std::chrono::milliseconds heartbeat_period{0};
 };
 
 class BrokerServer {
@@ -50,6 +64,9 @@ class BrokerServer {
     void shutdown(std::chrono::milliseconds grace);
 
     RpcStats &stats() { return stats_; }
+    std::shared_ptr<AdminEvents> events() { return events_; }
+    // Ends a session from the event loop (Admin.EvictSession); ready once it is torn down.
+    std::shared_future<void> evictSession(const std::shared_ptr<Session> &session);
     // Called by Hello: the loop starts watching the session's pidfd and attach deadline.
     void watchSession(const std::shared_ptr<Session> &session);
 
@@ -78,6 +95,7 @@ class BrokerServer {
     const ServerOptions options_;
     ConnectionRegistry connections_;
     RpcStats stats_;
+    std::shared_ptr<AdminEvents> events_ = std::make_shared<AdminEvents>();
     std::unique_ptr<BrokerService> broker_service_;
     std::unique_ptr<AdminService> admin_service_;
     std::unique_ptr<grpc::Server> server_;
@@ -93,8 +111,9 @@ class BrokerServer {
     uint64_t next_id_ = 1;
     size_t handshakes_ = 0;
 
-    std::mutex queue_mu_;  // guards to_watch_
+    std::mutex queue_mu_;  // guards to_watch_ and to_evict_
     std::vector<std::shared_ptr<Session>> to_watch_;
+    std::vector<std::pair<std::shared_ptr<Session>, std::shared_ptr<std::promise<void>>>> to_evict_;
 };
 
 }  // namespace ibvx::daemon

@@ -48,9 +48,12 @@ BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, Rp
                              std::function<void(const std::shared_ptr<Session> &)> on_session)
     : broker_(broker), connections_(connections), stats_(stats), on_session_(std::move(on_session)) {}
 
-grpc::ServerUnaryReactor *BrokerService::finish(grpc::CallbackServerContext *ctx, Method m,
-                                                const Status &st) {
-    stats_.record(m, st.isOk());
+grpc::ServerUnaryReactor *BrokerService::finish(grpc::CallbackServerContext *ctx, Method m, const Status &st,
+                                                std::chrono::steady_clock::time_point start,
+                                                uint64_t session_id) {
+    grpc::Status reply = toGrpc(st);
+    stats_.record(m, static_cast<int>(reply.error_code()), std::chrono::steady_clock::now() - start,
+                  session_id);
     if (!st.isOk()) {
         uint64_t suppressed = 0;
         if (error_log_.allow(&suppressed)) {
@@ -59,7 +62,7 @@ grpc::ServerUnaryReactor *BrokerService::finish(grpc::CallbackServerContext *ctx
         }
     }
     auto *reactor = ctx->DefaultReactor();
-    reactor->Finish(toGrpc(st));
+    reactor->Finish(reply);
     return reactor;
 }
 
@@ -79,23 +82,25 @@ StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServer
 template <typename Fn>
 grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn) {
     ++inflight_;
+    auto start = std::chrono::steady_clock::now();
     auto s = sessionOf(ctx);
     Status st = s.isOk() ? fn(**s) : s.status();
-    auto *reactor = finish(ctx, m, st);
+    auto *reactor = finish(ctx, m, st, start, s.isOk() ? (*s)->id() : 0);
     --inflight_;
     return reactor;
 }
 
 grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
                                                pb::HelloResponse *resp) {
+    auto start = std::chrono::steady_clock::now();
     auto peer = connections_.lookup(ctx->peer());
     if (!peer) {
-        return finish(ctx, Method::kHello, permissionDenied("unknown connection"));
+        return finish(ctx, Method::kHello, permissionDenied("unknown connection"), start);
     }
     Version v{req->client_version().major(), req->client_version().minor(), req->client_version().patch()};
     auto s = broker_.hello(*peer, v, req->client_name());
     if (!s.isOk()) {
-        return finish(ctx, Method::kHello, s.status());
+        return finish(ctx, Method::kHello, s.status(), start);
     }
     const Session &session = **s;
     spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'", session.id(),
@@ -115,7 +120,7 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
     id->set_cgroup(peer->cgroup);
     id->set_container_id(peer->container_id);
     resp->set_attach_timeout_ms(static_cast<uint32_t>(broker_.options().attach_timeout.count()));
-    return finish(ctx, Method::kHello, Status::ok());
+    return finish(ctx, Method::kHello, Status::ok(), start, session.id());
 }
 
 grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
@@ -445,50 +450,6 @@ grpc::ServerUnaryReactor *BrokerService::NegoQpHyroceFeature(grpc::CallbackServe
         resp->set_need_more_nego(r->need_more_nego);
         return Status::ok();
     });
-}
-
-// ---- Admin ---------------------------------------------------------------------------------
-
-AdminService::AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, long admin_gid)
-    : broker_(broker), connections_(connections), stats_(stats), admin_gid_(admin_gid) {}
-
-Status AdminService::authorize(grpc::CallbackServerContext *ctx) {
-    auto peer = connections_.lookup(ctx->peer());
-    if (!peer) {
-        return permissionDenied("unknown connection");
-    }
-    if (peer->creds.uid == 0) {
-        return Status::ok();
-    }
-    if (admin_gid_ >= 0 && processInGroup(peer->creds, static_cast<gid_t>(admin_gid_))) {
-        return Status::ok();
-    }
-    return permissionDenied("the Admin service needs root or membership of the admin group (gid " +
-                            std::to_string(admin_gid_) + ")");
-}
-
-grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ctx,
-                                                 const pb::GetStatsRequest *, pb::GetStatsResponse *resp) {
-    Status st = authorize(ctx);
-    if (st.isOk()) {
-        for (size_t i = 0; i < static_cast<size_t>(Method::kCount); ++i) {
-            auto m = static_cast<Method>(i);
-            auto *r = resp->add_rpcs();
-            r->set_method(methodName(m));
-            r->set_calls(stats_.calls(m));
-            r->set_errors(stats_.errors(m));
-        }
-        resp->set_total_calls(stats_.total());
-        resp->set_sessions(static_cast<uint32_t>(broker_.sessionCount()));
-        resp->set_objects(broker_.objectCount());
-        resp->set_uptime_ms(static_cast<uint64_t>(
-            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_)
-                .count()));
-        resp->set_arena_bytes(MappingManager::instance().totals().arena_bytes);
-    }
-    auto *reactor = ctx->DefaultReactor();
-    reactor->Finish(toGrpc(st));
-    return reactor;
 }
 
 }  // namespace ibvx::daemon

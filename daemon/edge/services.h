@@ -1,9 +1,10 @@
-// The gRPC edge: ibv_extend.v1.Broker and ibv_extend.v1.Admin on the callback API. Each method
+// The gRPC edge: ibv_extend.v1.Broker on the callback API (Admin: admin_service.h). Each method
 // authenticates the call (token + connection credentials), converts proto -> core, calls the
 // core and converts back. No state of its own beyond counters.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 
@@ -11,7 +12,6 @@
 #include "daemon/edge/connections.h"
 #include "daemon/edge/rate_limit.h"
 #include "daemon/edge/rpc_stats.h"
-#include "ibv_extend/v1/admin.grpc.pb.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
 
 namespace ibvx::daemon {
@@ -81,7 +81,8 @@ class BrokerService final : public pb::Broker::CallbackService {
     // Authenticates, runs fn(session), counts and finishes the call.
     template <typename Fn>
     grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn);
-    grpc::ServerUnaryReactor *finish(grpc::CallbackServerContext *ctx, Method m, const Status &st);
+    grpc::ServerUnaryReactor *finish(grpc::CallbackServerContext *ctx, Method m, const Status &st,
+                                     std::chrono::steady_clock::time_point start, uint64_t session_id = 0);
     StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
 
     Broker &broker_;
@@ -90,24 +91,6 @@ class BrokerService final : public pb::Broker::CallbackService {
     std::function<void(const std::shared_ptr<Session> &)> on_session_;
     RateLimiter error_log_{20};
     std::atomic<int> inflight_{0};
-};
-
-class AdminService final : public pb::Admin::CallbackService {
-  public:
-    // admin_gid < 0: root only.
-    AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, long admin_gid);
-
-    grpc::ServerUnaryReactor *GetStats(grpc::CallbackServerContext *ctx, const pb::GetStatsRequest *req,
-                                       pb::GetStatsResponse *resp) override;
-
-  private:
-    Status authorize(grpc::CallbackServerContext *ctx);
-
-    Broker &broker_;
-    ConnectionRegistry &connections_;
-    RpcStats &stats_;
-    long admin_gid_;
-    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
 };
 
 }  // namespace ibvx::daemon

@@ -1,0 +1,90 @@
+// ibv_extend.v1.Admin on the callback API: status, drivers, sessions, objects, stats, eviction,
+// reload and the Watch event stream. Every method first checks the caller (root or the admin
+// group, from the connection's SO_PEERCRED). Reads go through the core's locks; eviction is
+// handed to the server's event loop, which alone ends sessions.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "daemon/core/broker.h"
+#include "daemon/edge/admin_events.h"
+#include "daemon/edge/connections.h"
+#include "daemon/edge/rpc_stats.h"
+#include "ibv_extend/v1/admin.grpc.pb.h"
+
+namespace ibvx::daemon {
+
+namespace pb = ::ibv_extend::v1;
+
+// What a driver reload did (SIGHUP and Admin.ReloadDrivers share it).
+struct ReloadReport {
+    uint32_t new_devices = 0;
+    uint32_t devices = 0;
+    std::vector<std::string> loaded;
+    std::vector<std::string> errors;
+};
+
+// What the daemon tells the Admin service about itself.
+struct AdminHooks {
+    long admin_gid = -1;      // < 0: root only
+    std::string admin_group;  // its name, for messages and GetStatus
+    std::string config_path;
+    std::string socket_path;
+    bool socket_activated = false;
+    std::function<ReloadReport()> reload;  // nullptr: ReloadDrivers answers UNIMPLEMENTED
+};
+
+// Ends a session from the event loop; the future is ready once everything is destroyed.
+using EvictFn = std::function<std::shared_future<void>(const std::shared_ptr<Session> &)>;
+
+class AdminService final : public pb::Admin::CallbackService {
+  public:
+    AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
+                 std::shared_ptr<AdminEvents> events, AdminHooks hooks, EvictFn evict);
+
+    grpc::ServerUnaryReactor *GetStats(grpc::CallbackServerContext *ctx, const pb::GetStatsRequest *req,
+                                       pb::GetStatsResponse *resp) override;
+    grpc::ServerUnaryReactor *GetStatus(grpc::CallbackServerContext *ctx, const pb::GetStatusRequest *req,
+                                        pb::GetStatusResponse *resp) override;
+    grpc::ServerUnaryReactor *ListDrivers(grpc::CallbackServerContext *ctx, const pb::ListDriversRequest *req,
+                                          pb::ListDriversResponse *resp) override;
+    grpc::ServerUnaryReactor *ListSessions(grpc::CallbackServerContext *ctx,
+                                           const pb::ListSessionsRequest *req,
+                                           pb::ListSessionsResponse *resp) override;
+    grpc::ServerUnaryReactor *ListObjects(grpc::CallbackServerContext *ctx, const pb::ListObjectsRequest *req,
+                                          pb::ListObjectsResponse *resp) override;
+    grpc::ServerUnaryReactor *EvictSession(grpc::CallbackServerContext *ctx,
+                                           const pb::EvictSessionRequest *req,
+                                           pb::EvictSessionResponse *resp) override;
+    grpc::ServerUnaryReactor *ReloadDrivers(grpc::CallbackServerContext *ctx,
+                                            const pb::ReloadDriversRequest *req,
+                                            pb::ReloadDriversResponse *resp) override;
+    grpc::ServerWriteReactor<pb::AdminEvent> *Watch(grpc::CallbackServerContext *ctx,
+                                                    const pb::WatchRequest *req) override;
+
+    uint64_t sessionsOpened() const { return sessions_opened_.load(); }
+    void countSessionOpened() { ++sessions_opened_; }
+
+  private:
+    Status authorize(grpc::CallbackServerContext *ctx);
+    grpc::ServerUnaryReactor *reply(grpc::CallbackServerContext *ctx, const Status &st);
+    uint64_t uptimeMs() const;
+
+    Broker &broker_;
+    ConnectionRegistry &connections_;
+    RpcStats &stats_;
+    std::shared_ptr<AdminEvents> events_;
+    const AdminHooks hooks_;
+    EvictFn evict_;
+    std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+    std::atomic<uint64_t> sessions_opened_{0};
+    std::atomic<uint64_t> sessions_evicted_{0};
+};
+
+}  // namespace ibvx::daemon

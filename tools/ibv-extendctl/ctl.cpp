@@ -1,0 +1,649 @@
+#include "tools/ibv-extendctl/ctl.h"
+
+#include <grpcpp/grpcpp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "common/fd_channel.h"
+#include "common/unique_fd.h"
+#include "ibv_extend/v1/admin.grpc.pb.h"
+#include "ibv_extend/v1/broker.grpc.pb.h"
+#include "tools/ibv-extendctl/format.h"
+
+namespace ibvx::ctl {
+namespace {
+
+namespace pb = ::ibv_extend::v1;
+
+constexpr const char *kDefaultSocket = "/run/ibv-extend/broker.sock";
+constexpr uint32_t kMajor = 4, kMinor = 2, kPatch = 0;  // the protocol this CLI speaks
+
+struct Options {
+    std::string socket;
+    bool json = false;
+    int timeout_s = 10;
+};
+
+// Connects once with a raw socket first: gRPC would only say "unavailable", and an operator
+// needs to know whether the broker is down or the socket is closed to them.
+int probe(const std::string &path) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    if (path.size() >= sizeof(addr.sun_path)) {
+        std::fprintf(stderr, "ibv-extendctl: socket path too long (max 107 bytes): %s\n", path.c_str());
+        return kExitUsage;
+    }
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0) {
+        return kExitOk;
+    }
+    int err = errno;
+    if (err == EACCES || err == EPERM) {
+        std::fprintf(stderr,
+                     "ibv-extendctl: permission denied on the broker socket %s: it is open to root and the "
+                     "socket group (SocketGroup= of ibv-extendd.socket, 'ibv-extend' by default)\n",
+                     path.c_str());
+        return kExitDenied;
+    }
+    std::fprintf(stderr,
+                 "ibv-extendctl: the broker is not running: cannot connect to %s: %s\n"
+                 "  check it with: systemctl status ibv-extendd\n"
+                 "  (--socket or IBV_EXTEND_SOCKET select another socket)\n",
+                 path.c_str(), std::strerror(err));
+    return kExitUnreachable;
+}
+
+// Maps a failed call to a message and an exit code.
+int failed(const char *what, const grpc::Status &st, const std::string &socket) {
+    switch (st.error_code()) {
+        case grpc::StatusCode::PERMISSION_DENIED:
+            std::fprintf(stderr,
+                         "ibv-extendctl: permission denied: %s\n"
+                         "  operator commands need root or membership of the broker's admin group "
+                         "([broker] admin_group, 'ibv-extend-admin' in the shipped configuration)\n",
+                         st.error_message().c_str());
+            return kExitDenied;
+        case grpc::StatusCode::UNIMPLEMENTED:
+            std::fprintf(
+                stderr,
+                "ibv-extendctl: version mismatch: the broker on %s does not implement %s (it is older "
+                "than this ibv-extendctl, protocol %u.%u.%u)\n",
+                socket.c_str(), what, kMajor, kMinor, kPatch);
+            return kExitVersion;
+        case grpc::StatusCode::UNAVAILABLE:
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+            std::fprintf(stderr,
+                         "ibv-extendctl: the broker on %s did not answer %s: %s\n"
+                         "  check it with: systemctl status ibv-extendd\n",
+                         socket.c_str(), what, st.error_message().c_str());
+            return kExitUnreachable;
+        default:
+            std::fprintf(stderr, "ibv-extendctl: %s failed: %s\n", what, st.error_message().c_str());
+            return kExitFailed;
+    }
+}
+
+class Client {
+  public:
+    explicit Client(const Options &o) : opt_(o) {
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(64 * 1024 * 1024);
+        channel_ = grpc::CreateCustomChannel("unix:" + o.socket, grpc::InsecureChannelCredentials(), args);
+        admin_ = pb::Admin::NewStub(channel_);
+        broker_ = pb::Broker::NewStub(channel_);
+    }
+    void deadline(grpc::ClientContext &ctx) const {
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(opt_.timeout_s));
+    }
+    pb::Admin::Stub &admin() { return *admin_; }
+    pb::Broker::Stub &broker() { return *broker_; }
+
+  private:
+    Options opt_;
+    std::shared_ptr<grpc::Channel> channel_;
+    std::unique_ptr<pb::Admin::Stub> admin_;
+    std::unique_ptr<pb::Broker::Stub> broker_;
+};
+
+template <typename Req, typename Resp>
+int call(Client &c, const Options &o, const char *name,
+         grpc::Status (pb::Admin::Stub::*method)(grpc::ClientContext *, const Req &, Resp *), const Req &req,
+         Resp *resp) {
+    grpc::ClientContext ctx;
+    c.deadline(ctx);
+    grpc::Status st = (c.admin().*method)(&ctx, req, resp);
+    return st.ok() ? kExitOk : failed(name, st, o.socket);
+}
+
+std::string version(const pb::Version &v) {
+    return std::to_string(v.major()) + "." + std::to_string(v.minor()) + "." + std::to_string(v.patch());
+}
+
+int cmdStatus(Client &c, const Options &o) {
+    pb::GetStatusResponse r;
+    if (int rc = call(c, o, "Admin.GetStatus", &pb::Admin::Stub::GetStatus, pb::GetStatusRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    std::cout << "broker:     ibv-extendd " << version(r.broker_version()) << ", pid " << r.pid() << ", up "
+              << humanDuration(r.uptime_ms()) << '\n'
+              << "socket:     "
+              << (r.socket_activated() ? "passed by systemd (ibv-extendd.socket)" : r.socket_path()) << '\n'
+              << "config:     " << (r.config_path().empty() ? "(none: defaults)" : r.config_path()) << '\n'
+              << "admin:      root" << (r.admin_group().empty() ? "" : " and group " + r.admin_group())
+              << '\n'
+              << "sessions:   " << r.sessions() << '\n'
+              << "objects:    " << r.objects() << '\n'
+              << "memory:     " << humanBytes(r.arena_bytes()) << " in " << r.arena_chunks()
+              << " arena chunk(s), " << humanBytes(r.allocated_bytes()) << " allocated, "
+              << r.doorbell_pages() << " doorbell page(s)\n"
+              << "calls:      " << r.total_calls() << '\n'
+              << "devices:    " << r.devices_size() << '\n';
+    if (r.devices_size() > 0) {
+        Table t({"DEVICE", "DRIVER", "KIND", "OPS", "CAPS", "MAX_QP", "MAX_CQ", "MAX_QP_WR", "MAX_CQE"});
+        for (const auto &d : r.devices()) {
+            t.add({d.name(), d.provider(), d.virtual_device() ? "virtual" : "rdma-core",
+                   std::to_string(d.driver_version()), extCapNames(d.ext_cap()), std::to_string(d.max_qp()),
+                   std::to_string(d.max_cq()), std::to_string(d.max_qp_wr()), std::to_string(d.max_cqe())});
+        }
+        std::cout << '\n' << t.render();
+    }
+    return kExitOk;
+}
+
+int cmdDrivers(Client &c, const Options &o) {
+    pb::ListDriversResponse r;
+    if (int rc =
+            call(c, o, "Admin.ListDrivers", &pb::Admin::Stub::ListDrivers, pb::ListDriversRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    Table t({"DRIVER", "KIND", "OPS", "DEVICES", "LIBRARY"});
+    for (const auto &d : r.drivers()) {
+        std::string devs;
+        for (const auto &n : d.devices()) {
+            devs += devs.empty() ? n : "," + n;
+        }
+        t.add({d.name(), d.virtual_provider() ? "vdev" : "rdma-core", std::to_string(d.ops_version()),
+               devs.empty() ? "-" : devs, d.library().empty() ? "(built in)" : d.library()});
+    }
+    std::cout << t.render();
+    Table errors({"FAILED", "SOURCE", "ERROR"});
+    for (const auto &a : r.load_attempts()) {
+        if (!a.loaded()) {
+            errors.add({a.name(), a.source(), a.error()});
+        }
+    }
+    if (errors.rows() > 0) {
+        std::cout << '\n' << errors.render();
+    }
+    return kExitOk;
+}
+
+int cmdSessions(Client &c, const Options &o) {
+    pb::ListSessionsResponse r;
+    if (int rc =
+            call(c, o, "Admin.ListSessions", &pb::Admin::Stub::ListSessions, pb::ListSessionsRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    Table t({"SESSION", "PID", "UID", "GID", "CLIENT", "CONTAINER", "AGE", "OBJECTS", "ARENA", "CALLS",
+             "ERRORS"});
+    for (const auto &s : r.sessions()) {
+        t.add({std::to_string(s.id()), std::to_string(s.pid()), std::to_string(s.uid()),
+               std::to_string(s.gid()), s.client_name().empty() ? "-" : s.client_name(),
+               s.container_id().empty() ? "-" : s.container_id().substr(0, 12),
+               humanDuration(s.connected_ms()), std::to_string(s.objects()), humanBytes(s.arena_bytes()),
+               std::to_string(s.rpc_calls()), std::to_string(s.rpc_errors())});
+    }
+    std::cout << t.render();
+    return kExitOk;
+}
+
+std::string objectDetails(const pb::ObjectInfo &o) {
+    if (o.has_qp()) {
+        const auto &q = o.qp();
+        return "qpn=" + std::to_string(q.qp_num()) + " " + q.qp_type() + " " + q.state() +
+               " sq=" + std::to_string(q.max_send_wr()) + "x" + std::to_string(q.max_send_sge()) +
+               " rq=" + std::to_string(q.max_recv_wr()) + "x" + std::to_string(q.max_recv_sge()) +
+               (q.has_srq() ? " srq" : "");
+    }
+    if (o.has_cq()) {
+        return "cqe=" + std::to_string(o.cq().cqe()) + " queue=" + humanBytes(o.cq().queue_bytes());
+    }
+    if (o.has_srq()) {
+        return "wr=" + std::to_string(o.srq().max_wr()) + " entry=" + std::to_string(o.srq().entry_size()) +
+               "B";
+    }
+    if (o.has_mr()) {
+        char keys[64];
+        std::snprintf(keys, sizeof(keys), " lkey=0x%x rkey=0x%x", o.mr().lkey(), o.mr().rkey());
+        return "length=" + humanBytes(o.mr().length()) + keys;
+    }
+    return "-";
+}
+
+int cmdObjects(Client &c, const Options &o, const pb::ListObjectsRequest &req) {
+    pb::ListObjectsResponse r;
+    if (int rc = call(c, o, "Admin.ListObjects", &pb::Admin::Stub::ListObjects, req, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    Table t({"HANDLE", "KIND", "SESSION", "PID", "UID", "DEVICE", "USERS", "DETAILS"});
+    for (const auto &x : r.objects()) {
+        t.add({hex64(x.handle()), x.kind(), std::to_string(x.session()), std::to_string(x.pid()),
+               std::to_string(x.uid()), x.device().empty() ? "-" : x.device(), std::to_string(x.users()),
+               objectDetails(x)});
+    }
+    std::cout << t.render();
+    if (r.truncated()) {
+        std::cout << "(truncated: narrow the listing with --session, --uid, --device or --kind)\n";
+    }
+    return kExitOk;
+}
+
+int cmdStats(Client &c, const Options &o) {
+    pb::GetStatsResponse r;
+    if (int rc = call(c, o, "Admin.GetStats", &pb::Admin::Stub::GetStats, pb::GetStatsRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    std::cout << "uptime " << humanDuration(r.uptime_ms()) << ", " << r.sessions() << " session(s), "
+              << r.objects() << " object(s), " << r.total_calls() << " call(s), " << r.total_errors()
+              << " error(s), " << r.sessions_opened() << " session(s) opened, " << r.sessions_evicted()
+              << " evicted\n\n";
+    Table t({"METHOD", "CALLS", "ERRORS", "P50_US", "P99_US", "ERROR_CODES"});
+    for (const auto &m : r.rpcs()) {
+        std::string codes;
+        for (const auto &e : m.errors_by_code()) {
+            codes += (codes.empty() ? "" : ",") + e.code() + "=" + std::to_string(e.count());
+        }
+        t.add({m.method(), std::to_string(m.calls()), std::to_string(m.errors()),
+               m.calls() ? std::to_string(latencyQuantileUs(m.latency(), 0.5)) : "-",
+               m.calls() ? std::to_string(latencyQuantileUs(m.latency(), 0.99)) : "-",
+               codes.empty() ? "-" : codes});
+    }
+    std::cout << t.render();
+    for (const auto &e : r.engines()) {
+        std::cout << "\nengine " << e.device() << " (" << e.provider() << ")\n";
+        Table et({"COUNTER", "VALUE"});
+        for (const auto &ctr : e.counters()) {
+            et.add({ctr.name(), std::to_string(ctr.value())});
+        }
+        std::cout << et.render();
+    }
+    return kExitOk;
+}
+
+int cmdMetrics(Client &c, const Options &o, const std::string &format) {
+    pb::GetStatsResponse r;
+    if (int rc = call(c, o, "Admin.GetStats", &pb::Admin::Stub::GetStats, pb::GetStatsRequest{}, &r)) {
+        return rc;
+    }
+    if (format == "json" || o.json) {
+        std::cout << toJson(r) << '\n';
+    } else {
+        std::cout << prometheusText(r);
+    }
+    return kExitOk;
+}
+
+int cmdEvict(Client &c, const Options &o, uint64_t session) {
+    pb::EvictSessionRequest req;
+    req.set_session(session);
+    pb::EvictSessionResponse r;
+    if (int rc = call(c, o, "Admin.EvictSession", &pb::Admin::Stub::EvictSession, req, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+    } else {
+        std::cout << "session " << session << " evicted, " << r.objects_destroyed()
+                  << " object(s) destroyed\n";
+    }
+    return kExitOk;
+}
+
+int cmdReload(Client &c, const Options &o) {
+    pb::ReloadDriversResponse r;
+    if (int rc = call(c, o, "Admin.ReloadDrivers", &pb::Admin::Stub::ReloadDrivers,
+                      pb::ReloadDriversRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return r.errors_size() == 0 ? kExitOk : kExitFailed;
+    }
+    std::cout << "reloaded: " << r.new_devices() << " new device(s), " << r.devices() << " total";
+    for (const auto &l : r.loaded()) {
+        std::cout << "; loaded " << l;
+    }
+    std::cout << '\n';
+    for (const auto &e : r.errors()) {
+        std::cerr << "ibv-extendctl: reload error: " << e << '\n';
+    }
+    return r.errors_size() == 0 ? kExitOk : kExitFailed;
+}
+
+const char *eventKind(pb::AdminEvent::Kind k) {
+    switch (k) {
+        case pb::AdminEvent::SESSION_OPEN:
+            return "session-open";
+        case pb::AdminEvent::SESSION_CLOSE:
+            return "session-close";
+        case pb::AdminEvent::OBJECT_CREATE:
+            return "object-create";
+        case pb::AdminEvent::OBJECT_DESTROY:
+            return "object-destroy";
+        case pb::AdminEvent::EVICTION:
+            return "eviction";
+        case pb::AdminEvent::DRIVER_ERROR:
+            return "driver-error";
+        case pb::AdminEvent::QUOTA_DENIAL:
+            return "quota-denial";
+        case pb::AdminEvent::RELOAD:
+            return "reload";
+        default:
+            return "unknown";
+    }
+}
+
+int cmdWatch(Client &c, const Options &o, int count) {
+    grpc::ClientContext ctx;  // no deadline: runs until interrupted or the broker stops
+    auto reader = c.admin().Watch(&ctx, pb::WatchRequest{});
+    pb::AdminEvent e;
+    int seen = 0;
+    if (!o.json) {
+        std::cout << "watching " << o.socket << " (Ctrl-C to stop)" << std::endl;
+    }
+    while ((count <= 0 || seen < count) && reader->Read(&e)) {
+        ++seen;
+        if (o.json) {
+            google::protobuf::util::JsonPrintOptions jo;
+            jo.preserve_proto_field_names = true;
+            std::string line;
+            (void)google::protobuf::util::MessageToJsonString(e, &line, jo);
+            std::cout << line << std::endl;
+            continue;
+        }
+        time_t t = static_cast<time_t>(e.time_unix_ms() / 1000);
+        char when[32];
+        std::strftime(when, sizeof(when), "%H:%M:%S", std::localtime(&t));
+        std::cout << when << '.' << std::to_string(1000 + e.time_unix_ms() % 1000).substr(1) << "  #"
+                  << e.seq() << "  " << eventKind(e.kind());
+        if (e.session() != 0) {
+            std::cout << "  session " << e.session() << " pid " << e.pid() << " uid " << e.uid();
+        }
+        if (!e.object_kind().empty()) {
+            std::cout << "  " << e.object_kind() << ' ' << hex64(e.handle());
+        }
+        if (!e.message().empty()) {
+            std::cout << "  " << e.message();
+        }
+        std::cout << std::endl;
+    }
+    if (count > 0 && seen >= count) {
+        ctx.TryCancel();
+        (void)reader->Finish();
+        return kExitOk;
+    }
+    grpc::Status st = reader->Finish();
+    if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
+        return failed("Admin.Watch", st, o.socket);
+    }
+    return kExitOk;
+}
+
+int cmdDevinfo(Client &c, const Options &o) {
+    pb::HelloRequest hello;
+    hello.mutable_client_version()->set_major(kMajor);
+    hello.mutable_client_version()->set_minor(kMinor);
+    hello.mutable_client_version()->set_patch(kPatch);
+    hello.set_client_name("ibv-extendctl devinfo");
+    pb::HelloResponse hr;
+    {
+        grpc::ClientContext ctx;
+        c.deadline(ctx);
+        grpc::Status st = c.broker().Hello(&ctx, hello, &hr);
+        if (!st.ok()) {
+            return failed("Broker.Hello", st, o.socket);
+        }
+    }
+    if (hr.broker_version().major() != kMajor) {
+        std::fprintf(stderr,
+                     "ibv-extendctl: version mismatch: the broker speaks protocol %s, this tool %u.%u.%u\n",
+                     version(hr.broker_version()).c_str(), kMajor, kMinor, kPatch);
+        return kExitVersion;
+    }
+    // Attach the fd channel so the session is complete (and ends the moment we close it).
+    UniqueFd channel(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, o.socket.c_str(), sizeof(addr.sun_path) - 1);
+    SessionToken token{};
+    if (hr.session_token().size() == token.size()) {
+        std::memcpy(token.data(), hr.session_token().data(), token.size());
+    }
+    if (::connect(channel.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) < 0 ||
+        attachClient(channel.get(), token, 5000) != 0) {
+        std::fprintf(stderr, "ibv-extendctl: cannot attach the session's fd channel on %s\n",
+                     o.socket.c_str());
+        return kExitFailed;
+    }
+    static const char kHex[] = "0123456789abcdef";
+    std::string token_hex;
+    for (unsigned char b : hr.session_token()) {
+        token_hex += kHex[b >> 4];
+        token_hex += kHex[b & 15];
+    }
+    auto session = [&](grpc::ClientContext &ctx) {
+        c.deadline(ctx);
+        ctx.AddMetadata("ibvx-session", token_hex);
+    };
+    pb::ListDevicesResponse devices;
+    {
+        grpc::ClientContext ctx;
+        session(ctx);
+        grpc::Status st = c.broker().ListDevices(&ctx, pb::ListDevicesRequest{}, &devices);
+        if (!st.ok()) {
+            return failed("Broker.ListDevices", st, o.socket);
+        }
+    }
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto &d : devices.devices()) {
+        uint32_t ext_cap = d.ext_cap();
+        bool queried = false;
+        pb::OpenContextRequest oreq;
+        oreq.set_device_name(d.name());
+        pb::OpenContextResponse oresp;
+        grpc::ClientContext octx;
+        session(octx);
+        if (c.broker().OpenContext(&octx, oreq, &oresp).ok()) {
+            pb::QueryDeviceRequest qreq;
+            qreq.set_context(oresp.context());
+            pb::QueryDeviceResponse qresp;
+            grpc::ClientContext qctx;
+            session(qctx);
+            if (c.broker().QueryDevice(&qctx, qreq, &qresp).ok()) {
+                ext_cap = qresp.ext_cap();
+                queried = true;
+            }
+            pb::CloseContextRequest creq;
+            creq.set_context(oresp.context());
+            pb::CloseContextResponse cresp;
+            grpc::ClientContext cctx;
+            session(cctx);
+            (void)c.broker().CloseContext(&cctx, creq, &cresp);
+        }
+        if (o.json) {
+            out.push_back({{"name", d.name()},
+                           {"driver", d.provider()},
+                           {"virtual_device", d.virtual_device()},
+                           {"driver_version", d.driver_version()},
+                           {"ext_cap", ext_cap},
+                           {"ext_cap_names", extCapNames(ext_cap)},
+                           {"queried", queried},
+                           {"phys_port_cnt", d.phys_port_cnt()},
+                           {"max_qp", d.max_qp()},
+                           {"max_cq", d.max_cq()},
+                           {"max_srq", d.max_srq()},
+                           {"max_mr", d.max_mr()},
+                           {"max_qp_wr", d.max_qp_wr()},
+                           {"max_cqe", d.max_cqe()},
+                           {"max_srq_wr", d.max_srq_wr()},
+                           {"max_sge", d.max_sge()},
+                           {"max_inline_data", d.max_inline_data()},
+                           {"max_msg_sz", d.max_msg_sz()},
+                           {"max_mr_size", d.max_mr_size()}});
+            continue;
+        }
+        char caps[64];
+        std::snprintf(caps, sizeof(caps), "0x%08x (%s)", ext_cap, extCapNames(ext_cap).c_str());
+        std::cout << "hca_id:\t" << d.name() << '\n'
+                  << "\tdriver:\t\t\t" << d.provider() << (d.virtual_device() ? " (virtual device)" : "")
+                  << '\n'
+                  << "\tdriver_version:\t\t" << d.driver_version() << '\n'
+                  << "\text_cap:\t\t" << caps << (queried ? "" : " (from the device list)") << '\n'
+                  << "\tphys_port_cnt:\t\t" << d.phys_port_cnt() << '\n'
+                  << "\tmax_qp:\t\t\t" << d.max_qp() << '\n'
+                  << "\tmax_qp_wr:\t\t" << d.max_qp_wr() << '\n'
+                  << "\tmax_sge:\t\t" << d.max_sge() << '\n'
+                  << "\tmax_cq:\t\t\t" << d.max_cq() << '\n'
+                  << "\tmax_cqe:\t\t" << d.max_cqe() << '\n'
+                  << "\tmax_srq:\t\t" << d.max_srq() << '\n'
+                  << "\tmax_srq_wr:\t\t" << d.max_srq_wr() << '\n'
+                  << "\tmax_mr:\t\t\t" << d.max_mr() << '\n'
+                  << "\tmax_mr_size:\t\t" << d.max_mr_size() << '\n'
+                  << "\tmax_inline_data:\t" << d.max_inline_data() << '\n'
+                  << "\tmax_msg_sz:\t\t" << d.max_msg_sz() << "\n\n";
+    }
+    if (o.json) {
+        std::cout << out.dump(2) << '\n';
+    } else if (devices.devices_size() == 0) {
+        std::cout << "No devices found (broker " << version(hr.broker_version()) << " on " << o.socket
+                  << ")\n";
+    }
+    return kExitOk;
+}
+
+}  // namespace
+
+int run(int argc, char **argv) {
+    CLI::App app{"ibv-extendctl: inspect and steer the ibv-extend broker (ibv-extendd)"};
+    app.require_subcommand(1);
+    Options o;
+    const char *env = std::getenv("IBV_EXTEND_SOCKET");
+    o.socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
+    app.add_option("--socket", o.socket,
+                   "Broker socket (default: IBV_EXTEND_SOCKET, else " + std::string(kDefaultSocket) + ")");
+    app.add_flag("--json", o.json, "Machine-readable JSON output");
+    app.add_option("--timeout", o.timeout_s, "Seconds to wait for each answer")->check(CLI::Range(1, 3600));
+    app.footer(
+        "Exit codes: 0 ok, 1 the broker refused or failed the operation, 2 usage error, 3 broker not "
+        "running or not answering, 4 permission denied, 5 version mismatch.");
+
+    auto *status = app.add_subcommand("status", "Broker version, uptime, devices, sessions, memory");
+    auto *drivers = app.add_subcommand("drivers", "Loaded extension drivers and failed loads");
+    auto *sessions = app.add_subcommand("sessions", "Tenant sessions (pid, uid, container, objects, calls)");
+    auto *objects = app.add_subcommand("objects", "Objects of all sessions, with QPN, state, depths, sizes");
+    pb::ListObjectsRequest filter;
+    uint64_t f_session = 0;
+    int64_t f_uid = -1;
+    std::string f_device, f_kind;
+    objects->add_option("--session", f_session, "Only this session");
+    objects->add_option("--uid", f_uid, "Only sessions of this uid")
+        ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
+    objects->add_option("--device", f_device, "Only objects on this device");
+    objects->add_option("--kind", f_kind, "Only this kind")
+        ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq"}));
+    auto *stats = app.add_subcommand("stats", "Per-method calls, errors and latency; engine counters");
+    auto *metrics = app.add_subcommand("metrics", "Counters for monitoring (Prometheus text by default)");
+    std::string format = "prometheus";
+    metrics->add_option("--format", format, "prometheus or json")
+        ->check(CLI::IsMember({"prometheus", "json"}));
+    auto *evict = app.add_subcommand("evict", "End a session and destroy everything it owns");
+    uint64_t evict_id = 0;
+    evict->add_option("session", evict_id, "Session id (from 'sessions')")->required();
+    auto *reload = app.add_subcommand("reload", "Re-read the configuration and load new drivers (as SIGHUP)");
+    auto *watch = app.add_subcommand("watch", "Stream events: sessions, objects, evictions, driver errors");
+    int count = 0;
+    watch->add_option("--count", count, "Stop after this many events");
+    auto *devinfo =
+        app.add_subcommand("devinfo", "Devices and extended capabilities your session sees (no admin)");
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError &e) {
+        int rc = app.exit(e);
+        return rc == 0 ? kExitOk : kExitUsage;
+    }
+    if (int rc = probe(o.socket); rc != kExitOk) {
+        return rc;
+    }
+    Client c(o);
+    if (status->parsed()) {
+        return cmdStatus(c, o);
+    }
+    if (drivers->parsed()) {
+        return cmdDrivers(c, o);
+    }
+    if (sessions->parsed()) {
+        return cmdSessions(c, o);
+    }
+    if (objects->parsed()) {
+        filter.set_session(f_session);
+        if (f_uid >= 0) {
+            filter.set_uid(static_cast<uint32_t>(f_uid));
+            filter.set_has_uid(true);
+        }
+        filter.set_device(f_device);
+        filter.set_kind(f_kind);
+        return cmdObjects(c, o, filter);
+    }
+    if (stats->parsed()) {
+        return cmdStats(c, o);
+    }
+    if (metrics->parsed()) {
+        return cmdMetrics(c, o, format);
+    }
+    if (evict->parsed()) {
+        return cmdEvict(c, o, evict_id);
+    }
+    if (reload->parsed()) {
+        return cmdReload(c, o);
+    }
+    if (watch->parsed()) {
+        return cmdWatch(c, o, count);
+    }
+    if (devinfo->parsed()) {
+        return cmdDevinfo(c, o);
+    }
+    return kExitUsage;
+}
+
+}  // namespace ibvx::ctl

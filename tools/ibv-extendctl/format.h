@@ -1,0 +1,40 @@
+// Output of ibv-extendctl: aligned tables for people, Prometheus text exposition for scrapers.
+// Pure functions of the Admin replies, so tests check them without a broker.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ibv_extend/v1/admin.pb.h"
+
+namespace ibvx::ctl {
+
+// Columns padded to their widest cell, two spaces apart; numeric-looking columns right-aligned.
+class Table {
+  public:
+    explicit Table(std::vector<std::string> header) : header_(std::move(header)) {}
+    void add(std::vector<std::string> row) { rows_.push_back(std::move(row)); }
+    std::string render() const;
+    size_t rows() const { return rows_.size(); }
+
+  private:
+    std::vector<std::string> header_;
+    std::vector<std::vector<std::string>> rows_;
+};
+
+std::string humanBytes(uint64_t bytes);     // "0 B", "256.0 KiB", "1.5 GiB"
+std::string humanDuration(uint64_t ms);     // "850ms", "12s", "3m04s", "2h05m", "3d04h"
+std::string hex64(uint64_t v);              // 16 lower-case hex digits
+std::string extCapNames(uint32_t ext_cap);  // "NDA_DIRECT_WQE|..." or "none"
+// The latency (µs) below which q (0..1) of the calls finished, from the histogram's bucket
+// bounds (an upper estimate); 0 when there were no calls.
+uint64_t latencyQuantileUs(const ::ibv_extend::v1::LatencyHistogram &h, double q);
+
+// Prometheus text exposition format 0.0.4 of a GetStats reply.
+std::string prometheusText(const ::ibv_extend::v1::GetStatsResponse &stats);
+
+// The reply as JSON (proto field names, defaults included).
+std::string toJson(const google::protobuf::Message &m);
+
+}  // namespace ibvx::ctl
