@@ -4,6 +4,9 @@
 # per target. Inputs libFuzzer finds interesting go to <build>/fuzz-corpus/<name> (kept between
 # runs), never into the checked-in corpus; crashes go to <build>/fuzz-artifacts/<name>/.
 #
+# Per target, tests/fuzz/<name>.dict is passed as a dictionary and tests/fuzz/<name>.options
+# holds extra libFuzzer flags ('#' comments).
+#
 # Environment: FUZZ_SECONDS (default 60), FUZZ_BUILD (default build-fuzz),
 # FUZZ_TARGETS (space-separated subset, default all), JOBS (build parallelism, default nproc).
 set -euo pipefail
@@ -45,6 +48,10 @@ for t in "${targets[@]}"; do
   args=(-max_total_time="$seconds" -print_final_stats=1 -timeout=10 -artifact_prefix="$artifacts/")
   if [ -f "$src/tests/fuzz/$t.dict" ]; then
     args+=(-dict="$src/tests/fuzz/$t.dict")
+  fi
+  if [ -f "$src/tests/fuzz/$t.options" ]; then
+    read -r -a extra < <(sed 's/#.*//' "$src/tests/fuzz/$t.options" | tr '\n' ' ')
+    args+=("${extra[@]}")
   fi
   echo "== fuzzing $t for ${seconds}s (log: $log)"
   set +e
