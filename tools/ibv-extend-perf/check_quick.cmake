@@ -1,17 +1,32 @@
-# ctest helper: runs `ibv-extend-perf --quick --json OUT` and checks only that it exits 0 and
-# writes valid JSON with the stable keys other tools read. Nothing about speed.
+# ctest helper: runs `ibv-extend-perf --quick --json OUT` (direct and brokered scenarios at tiny
+# sizes, against a broker the tool starts itself) and checks only that it exits 0 and writes valid
+# JSON in which every stable key other tools read is present and numeric. Nothing about speed.
+cmake_minimum_required(VERSION 3.19)
 execute_process(COMMAND ${PERF} --quick --json ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "ibv-extend-perf --quick exited with ${rc}: ${err}")
+  message(FATAL_ERROR "ibv-extend-perf --quick exited with ${rc}: ${err}\n${log}")
 endif()
 file(READ ${OUT} json)
-foreach(key floors.shm_pingpong_p50_ns floors.memcpy_gbps fastpath.write8_p50_ns_direct fastpath.msg_rate_mwrs
-            fastpath.write1m_gbps fastpath.write1m_over_memcpy fastpath.write8_over_shm_floor machine.cores
-            machine.kernel machine.cpu machine.date machine.git_commit)
+set(numeric
+  floors.shm_pingpong_p50_ns floors.uds_pingpong_p50_us floors.null_rpc_p50_us floors.null_rpc_p99_us
+  floors.memcpy_gbps
+  fastpath.write8_p50_ns_direct fastpath.write8_p50_ns_broker fastpath.write8_p99_ns_broker
+  fastpath.fastpath_ratio_broker_over_direct fastpath.write8_over_shm_floor fastpath.msg_rate_mwrs
+  fastpath.write1m_gbps fastpath.write1m_over_memcpy fastpath.broker_rpcs_during_fastpath
+  fastpath.client_syscalls_per_wr
+  control.create_qp_p50_us_direct control.create_qp_p50_us_broker control.create_qp_p99_us_broker
+  control.create_qp_over_null_rpc control.bringup_p50_us_broker control.ops_per_s_32clients
+  control.p99_us_32clients
+  scale.live_qps scale.sessions scale.broker_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms)
+foreach(key ${numeric} machine.cores machine.kernel machine.cpu machine.date machine.git_commit)
   string(REPLACE "." ";" path ${key})
   string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})
   if(jerr)
     message(FATAL_ERROR "key ${key} missing from ${OUT}: ${jerr}")
+  endif()
+  string(JSON type ERROR_VARIABLE jerr TYPE "${json}" ${path})
+  if(key IN_LIST numeric AND NOT type STREQUAL "NUMBER")
+    message(FATAL_ERROR "key ${key} in ${OUT} is ${type}, not a number")
   endif()
 endforeach()
 message(STATUS "ibv-extend-perf --quick wrote every expected key")

@@ -8,6 +8,9 @@ void Results::add(std::string section, std::string key, double value, std::strin
     for (Row &r : rows_) {
         if (r.section == section && r.key == key) {
             r.value = value;
+            if (!note.empty()) {
+                r.note = std::move(note);
+            }
             return;
         }
     }

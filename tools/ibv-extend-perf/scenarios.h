@@ -11,9 +11,14 @@
 namespace ibvx::perf {
 
 struct Options {
-    bool quick = false;             // seconds-long smoke run; figures are not meaningful
-    uint32_t engine_threads = 1;    // softnda engine threads
-    std::vector<std::string> only;  // scenario names to run; empty = all
+    bool quick = false;              // seconds-long smoke run; figures are not meaningful
+    uint32_t engine_threads = 1;     // softnda engine threads
+    std::vector<std::string> only;   // scenario names to run; empty = all
+    std::string daemon;              // ibv-extendd to start ("" = found next to the tool)
+    std::string socket;              // a running broker to use instead ("" = start one)
+    uint32_t clients = 32;           // tenant processes of the concurrency scenario
+    uint32_t scale_sessions = 1000;  // tenant processes of the scale scenario
+    uint32_t scale_qps = 100000;     // QPs over all of them
     bool wants(const std::string &name) const {
         if (only.empty()) {
             return true;
@@ -30,7 +35,8 @@ struct Options {
 // Percentile (0..100) of samples (sorted in place).
 double percentile(std::vector<uint64_t> &samples, double pct);
 
-// Scenario names (for --only): pingpong, memcpy, write8, idle10k, msgrate, write1m.
+// Scenario names (for --only): pingpong, memcpy, uds, write8, idle10k, msgrate, write1m, nullrpc,
+// write8broker, createqp, bringup, clients, reclaim, teardown, scale.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.
@@ -40,6 +46,19 @@ void runFloors(const Options &opt, Results &out);
 // doorbell batching and selective signaling, 1 MiB WRITE bandwidth; and the ratios against
 // the floors measured in the same run.
 void runSoftndaDirect(const Options &opt, Results &out);
+
+// floors.uds_pingpong_p50_us / _p99_us: one byte there and back over a Unix socket pair.
+void runFloorsUds(const Options &opt, Results &out);
+
+// control.create_qp_p50_us_direct: the driver's create_qp in this process.
+void runControlDirect(const Options &opt, Results &out);
+
+// Everything through a broker (started on a temp socket, or opt.socket): null RPC floor,
+// write8 with broker-made queues (+ RPCs and syscalls during it), create_qp and bring-up,
+// concurrent tenant processes, scale, teardown and reclaim; then the broker/direct ratios.
+// Switches this process's client library to broker mode.
+void runBrokered(const Options &opt, Results &out);
+bool wantsBroker(const Options &opt);
 
 // machine.cores, kernel, cpu, date, git_commit.
 void collectMachine(Results &out);

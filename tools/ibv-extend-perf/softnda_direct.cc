@@ -167,6 +167,27 @@ class Rig {
         }
     }
 
+    // One QP with the write8 rig's attributes created (timed) and destroyed (not timed); ns.
+    uint64_t createQpNs() {
+        ibv_qp_init_attr_extend qa{};
+        qa.pd = pd_;
+        qa.attr.send_cq = cq_->cq;
+        qa.attr.recv_cq = cq_->cq;
+        qa.attr.qp_type = IBV_QPT_RC;
+        qa.attr.cap.max_send_wr = 64;
+        qa.attr.cap.max_recv_wr = 1;
+        qa.attr.cap.max_send_sge = 1;
+        qa.attr.cap.max_recv_sge = 1;
+        qa.ops = &g_host_ops;
+        auto t0 = Clock::now();
+        ibv_qp_extend *q = ext_->ops->create_qp(ctx_, &qa);
+        uint64_t ns = nsSince(t0);
+        if (q == nullptr || ext_->ops->destroy_qp(q) != 0) {
+            die("create_qp/destroy_qp");
+        }
+        return ns;
+    }
+
     softnda_sq sq_{};
     softnda_cq cqh_{};
     uint8_t *src_ = nullptr;
@@ -316,7 +337,29 @@ void write1m(const Options &opt, Results &out) {
             "1 MiB WRITE, 4 in flight");
 }
 
+// The control-path baseline: the driver's create_qp called in this process, no broker.
+void createQpDirect(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 20 : 3000;
+    const int warmup = opt.quick ? 2 : 100;
+    Rig rig(opt, 64, 4096);
+    std::vector<uint64_t> ns;
+    for (int i = 0; i < iters + warmup; ++i) {
+        uint64_t t = rig.createQpNs();
+        if (i >= warmup) {
+            ns.push_back(t);
+        }
+    }
+    out.add("control", "create_qp_p50_us_direct", percentile(ns, 50) / 1e3, "us",
+            "softnda create_qp in-process");
+}
+
 }  // namespace
+
+void runControlDirect(const Options &opt, Results &out) {
+    if (opt.wants("createqp")) {
+        createQpDirect(opt, out);
+    }
+}
 
 void runSoftndaDirect(const Options &opt, Results &out) {
     if (opt.wants("write8")) {

@@ -1,0 +1,231 @@
+#include "tools/ibv-extend-perf/broker_harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/client_unary_call.h>
+
+#include "ibv_extend/v1/admin.grpc.pb.h"
+
+namespace ibvx::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool answers(const std::string &path, pid_t *peer) {
+    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return false;
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
+    bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+    if (ok && peer != nullptr) {
+        ucred cred{};
+        socklen_t len = sizeof(cred);
+        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+            *peer = cred.pid;
+        }
+    }
+    ::close(fd);
+    return ok;
+}
+
+std::string findDaemon(const std::string &given) {
+    if (!given.empty()) {
+        return given;
+    }
+    std::filesystem::path self = std::filesystem::path(selfExe()).parent_path();
+    for (const auto &cand :
+         {self / "ibv-extendd", self / "../../daemon/ibv-extendd", self / "../daemon/ibv-extendd"}) {
+        if (::access(cand.c_str(), X_OK) == 0) {
+            return std::filesystem::weakly_canonical(cand).string();
+        }
+    }
+    throw std::runtime_error(
+        "ibv-extendd not found next to the tool or in the build tree: pass --daemon PATH");
+}
+
+}  // namespace
+
+std::string selfExe() {
+    std::error_code ec;
+    auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+    return ec ? std::string() : p.string();
+}
+
+struct BrokerHarness::Rpc {
+    std::shared_ptr<grpc::Channel> admin_channel;
+    std::unique_ptr<ibv_extend::v1::Admin::Stub> admin;
+    std::shared_ptr<grpc::Channel> health_channel;
+};
+
+BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socket, uint32_t engine_threads,
+                             uint32_t spin_us) {
+    if (!socket.empty()) {
+        socket_ = socket;
+        if (!answers(socket_, &pid_)) {
+            throw std::runtime_error("no broker answers on " + socket_);
+        }
+    } else {
+        std::string binary = findDaemon(daemon);
+        char tmpl[] = "/tmp/ibvx.XXXXXX";
+        if (::mkdtemp(tmpl) == nullptr) {
+            throw std::runtime_error("mkdtemp failed");
+        }
+        dir_ = tmpl;
+        socket_ = dir_ + "/b.sock";
+        std::string config = dir_ + "/ibv-extendd.toml";
+        // max_qp leaves room for the scale scenario's 100,000 QPs plus the other scenarios'.
+        std::ofstream(config) << "[broker]\nlog_level = \"warn\"\nattach_timeout_ms = 60000\n\n[softnda]\n"
+                              << "engine_threads = " << engine_threads << "\nspin_us = " << spin_us
+                              << "\nmax_qp = 262144\nmax_cq = 262144\n";
+        if (std::getenv("IBV_EXTEND_PROVIDER_DIR") == nullptr) {
+            auto prov = std::filesystem::path(binary).parent_path() / "../providers-out";
+            if (std::filesystem::exists(prov)) {
+                ::setenv("IBV_EXTEND_PROVIDER_DIR", std::filesystem::weakly_canonical(prov).c_str(), 1);
+            }
+        }
+        // 1,000 tenant sessions are 2,000 connections: the broker inherits this limit.
+        rlimit rl{};
+        if (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+            rl.rlim_cur = rl.rlim_max;
+            ::setrlimit(RLIMIT_NOFILE, &rl);
+        }
+        std::string log_path = dir_ + "/log";
+        std::vector<const char *> argv = {binary.c_str(), "--socket",     socket_.c_str(), "--foreground",
+                                          "--config",     config.c_str(), nullptr};
+        pid_ = ::fork();
+        if (pid_ < 0) {
+            throw std::runtime_error("fork failed");
+        }
+        if (pid_ == 0) {
+            int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            if (log >= 0) {
+                ::dup2(log, STDOUT_FILENO);
+                ::dup2(log, STDERR_FILENO);
+            }
+            ::execv(binary.c_str(), const_cast<char *const *>(argv.data()));
+            _exit(127);
+        }
+        own_ = true;
+        auto deadline = Clock::now() + std::chrono::seconds(30);
+        for (;;) {
+            if (answers(socket_, nullptr)) {
+                break;
+            }
+            int st;
+            if (::waitpid(pid_, &st, WNOHANG) == pid_ || Clock::now() > deadline) {
+                own_ = false;
+                throw std::runtime_error("ibv-extendd did not start: " + log());
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    }
+    rpc_ = std::make_unique<Rpc>();
+    grpc::ChannelArguments args;
+    args.SetInt("grpc.use_local_subchannel_pool", 1);
+    rpc_->admin_channel =
+        grpc::CreateCustomChannel("unix:" + socket_, grpc::InsecureChannelCredentials(), args);
+    rpc_->admin = ibv_extend::v1::Admin::NewStub(rpc_->admin_channel);
+    grpc::ChannelArguments hargs;
+    hargs.SetInt("grpc.use_local_subchannel_pool", 1);
+    rpc_->health_channel =
+        grpc::CreateCustomChannel("unix:" + socket_, grpc::InsecureChannelCredentials(), hargs);
+}
+
+BrokerHarness::~BrokerHarness() {
+    rpc_.reset();
+    if (own_ && pid_ > 0) {
+        ::kill(pid_, SIGTERM);
+        auto deadline = Clock::now() + std::chrono::seconds(10);
+        int st;
+        while (::waitpid(pid_, &st, WNOHANG) != pid_) {
+            if (Clock::now() > deadline) {
+                ::kill(pid_, SIGKILL);
+                ::waitpid(pid_, &st, 0);
+                break;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    }
+    if (!dir_.empty()) {
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
+    }
+}
+
+BrokerStats BrokerHarness::stats() {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    ibv_extend::v1::GetStatsRequest req;
+    ibv_extend::v1::GetStatsResponse resp;
+    grpc::Status s = rpc_->admin->GetStats(&ctx, req, &resp);
+    if (!s.ok()) {
+        throw std::runtime_error("Admin/GetStats: " + s.error_message());
+    }
+    BrokerStats out;
+    out.total_calls = resp.total_calls();
+    out.sessions = resp.sessions();
+    out.objects = resp.objects();
+    out.arena_bytes = resp.arena_bytes();
+    return out;
+}
+
+uint64_t BrokerHarness::healthCheckNs() {
+    // The sync path generated stubs use, with an empty (valid) HealthCheckRequest, so the figure
+    // is the transport and the server's dispatch and nothing else.
+    static const grpc::internal::RpcMethod kCheck("/grpc.health.v1.Health/Check",
+                                                  grpc::internal::RpcMethod::NORMAL_RPC);
+    grpc::ByteBuffer req, resp;
+    grpc::Slice empty;
+    req = grpc::ByteBuffer(&empty, 1);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    auto t0 = Clock::now();
+    grpc::Status s = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+        rpc_->health_channel.get(), kCheck, &ctx, req, &resp);
+    uint64_t ns = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    if (!s.ok()) {
+        throw std::runtime_error("grpc.health.v1.Health/Check: " + s.error_message());
+    }
+    return ns;
+}
+
+long BrokerHarness::statusKiB(const char *field) const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/status");
+    std::string line, key = std::string(field) + ":";
+    while (std::getline(in, line)) {
+        if (line.rfind(key, 0) == 0) {
+            return std::strtol(line.c_str() + key.size(), nullptr, 10);
+        }
+    }
+    return -1;
+}
+
+std::string BrokerHarness::log() const {
+    std::ifstream in(dir_ + "/log");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+}  // namespace ibvx::perf

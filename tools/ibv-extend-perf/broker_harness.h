@@ -1,0 +1,59 @@
+// The broker the brokered scenarios talk to: an ibv-extendd the tool starts on a temp socket
+// (with a softnda configuration matching the direct scenarios), or one already running
+// (--socket). Also the broker-side counters the figures need: Admin/GetStats (RPC counter,
+// sessions, objects) and the daemon's memory from /proc.
+//
+// Threading: one thread uses a BrokerHarness at a time.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace ibvx::perf {
+
+struct BrokerStats {
+    uint64_t total_calls = 0;  // Broker-service calls since start (Admin calls not counted)
+    uint32_t sessions = 0;
+    uint64_t objects = 0;
+    uint64_t arena_bytes = 0;
+};
+
+class BrokerHarness {
+  public:
+    // daemon: path of ibv-extendd ("" = next to this executable, then <build>/daemon/).
+    // socket: use a running broker instead ("" = start one). engine_threads/spin_us go to
+    // the started broker's [softnda] table.
+    BrokerHarness(const std::string &daemon, const std::string &socket, uint32_t engine_threads,
+                  uint32_t spin_us);
+    ~BrokerHarness();
+    BrokerHarness(const BrokerHarness &) = delete;
+    BrokerHarness &operator=(const BrokerHarness &) = delete;
+
+    const std::string &socket() const { return socket_; }
+    // The broker's pid (ours, or from the socket's peer credentials for --socket).
+    pid_t pid() const { return pid_; }
+    // Throws when the Admin call fails.
+    BrokerStats stats();
+    // A field of /proc/<broker>/status in KiB ("RssAnon", "VmRSS", ...); -1 when unreadable.
+    long statusKiB(const char *field) const;
+    // One grpc.health.v1.Health/Check round trip on a dedicated channel; ns, or throws.
+    uint64_t healthCheckNs();
+    // The daemon's log (started broker only).
+    std::string log() const;
+
+  private:
+    struct Rpc;
+    std::string dir_;
+    std::string socket_;
+    pid_t pid_ = -1;
+    bool own_ = false;
+    std::unique_ptr<Rpc> rpc_;
+};
+
+// Directory holding this executable (for finding ibv-extendd and re-executing workers).
+std::string selfExe();
+
+}  // namespace ibvx::perf

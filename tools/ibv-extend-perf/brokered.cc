@@ -1,0 +1,651 @@
+// The brokered scenarios: the same measurements as the direct ones, but with every object made
+// by ibv-extendd through libibv_extend.so in broker mode, plus what only a broker has (a control
+// path over a socket, tenants as processes, sessions to tear down).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <ibv_extend.h>
+#include <ibv_extend_broker.h>
+
+#include "providers/softnda/include/softnda_device.h"
+#include "tools/ibv-extend-perf/broker_harness.h"
+#include "tools/ibv-extend-perf/scenarios.h"
+#include "tools/ibv-extend-perf/workers.h"
+
+extern char **environ;
+
+namespace ibvx::perf {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t nsSince(Clock::time_point t0) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+[[noreturn]] void die(const std::string &what) {
+    throw std::runtime_error("broker: " + what + " failed (errno " + std::to_string(errno) + ")");
+}
+
+// ---- floors -------------------------------------------------------------------------------
+
+// One byte there and back over a Unix socket pair, two threads: the kernel's share of any RPC.
+void udsPingPong(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 200 : 50000;
+    const int warmup = opt.quick ? 20 : 1000;
+    int sv[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0) {
+        die("socketpair");
+    }
+    std::thread echo([&] {
+        char c;
+        while (::read(sv[1], &c, 1) == 1) {
+            if (::write(sv[1], &c, 1) != 1) {
+                break;
+            }
+        }
+    });
+    std::vector<uint64_t> ns;
+    ns.reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters + warmup; ++i) {
+        char c = 'x';
+        auto t0 = Clock::now();
+        if (::write(sv[0], &c, 1) != 1 || ::read(sv[0], &c, 1) != 1) {
+            die("uds ping-pong");
+        }
+        if (i >= warmup) {
+            ns.push_back(nsSince(t0));
+        }
+    }
+    ::shutdown(sv[0], SHUT_RDWR);
+    echo.join();
+    ::close(sv[0]);
+    ::close(sv[1]);
+    out.add("floors", "uds_pingpong_p50_us", percentile(ns, 50) / 1e3, "us",
+            "1 B round trip, Unix socket pair");
+    out.add("floors", "uds_pingpong_p99_us", percentile(ns, 99) / 1e3, "us");
+}
+
+void nullRpc(const Options &opt, Results &out, BrokerHarness &broker) {
+    const int iters = opt.quick ? 50 : 5000;
+    const int warmup = opt.quick ? 5 : 200;
+    std::vector<uint64_t> ns;
+    for (int i = 0; i < iters + warmup; ++i) {
+        uint64_t t = broker.healthCheckNs();
+        if (i >= warmup) {
+            ns.push_back(t);
+        }
+    }
+    out.add("floors", "null_rpc_p50_us", percentile(ns, 50) / 1e3, "us",
+            "grpc.health.v1.Health/Check on the broker socket");
+    out.add("floors", "null_rpc_p99_us", percentile(ns, 99) / 1e3, "us");
+}
+
+// ---- one process's broker objects -----------------------------------------------------------
+
+struct BrokerBase {
+    ibv_context_extend *ctx = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_cq_extend *cq = nullptr;
+    BrokerBase() {
+        ctx = ibvx_open_device("softnda0");
+        if (ctx == nullptr) {
+            die("ibvx_open_device(softnda0)");
+        }
+        pd = ibvx_alloc_pd(ctx);
+        if (pd == nullptr) {
+            die("ibvx_alloc_pd");
+        }
+        cq = createCq(512);
+    }
+    ~BrokerBase() {
+        ibv_destroy_cq_extend(ctx, cq);
+        ibvx_dealloc_pd(pd);
+        ibvx_close_device(ctx);
+    }
+    BrokerBase(const BrokerBase &) = delete;
+    BrokerBase &operator=(const BrokerBase &) = delete;
+    ibv_cq_extend *createCq(uint32_t cqe) {
+        ibv_cq_init_attr_extend ca{};
+        ca.attr.cqe = static_cast<int>(cqe);
+        ca.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_cq_extend *c = ibv_create_cq_extend(ctx, &ca);
+        if (c == nullptr) {
+            die("ibv_create_cq_extend");
+        }
+        return c;
+    }
+    // Same attributes as the direct scenarios' QPs.
+    ibv_qp_extend *createQp(ibv_cq_extend *on, uint32_t sq_depth) {
+        ibv_qp_init_attr_extend qa{};
+        qa.pd = pd;
+        qa.attr.send_cq = on->cq;
+        qa.attr.recv_cq = on->cq;
+        qa.attr.qp_type = IBV_QPT_RC;
+        qa.attr.cap.max_send_wr = sq_depth;
+        qa.attr.cap.max_recv_wr = 1;
+        qa.attr.cap.max_send_sge = 1;
+        qa.attr.cap.max_recv_sge = 1;
+        qa.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_qp_extend *q = ibv_create_qp_extend(ctx, &qa);
+        if (q == nullptr) {
+            die("ibv_create_qp_extend");
+        }
+        return q;
+    }
+};
+
+void toRts(ibv_qp *qp, uint32_t dest) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    if (ibvx_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+        die("modify INIT");
+    }
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTR;
+    a.dest_qp_num = dest;
+    a.path_mtu = IBV_MTU_4096;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.port_num = 1;
+    if (ibvx_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+        die("modify RTR");
+    }
+    a = ibv_qp_attr{};
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 1;
+    if (ibvx_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                           IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+        die("modify RTS");
+    }
+}
+
+// ---- syscall counting of one thread ---------------------------------------------------------
+
+// Counts the system calls of the calling thread between start() and stop() with
+// `perf stat -e raw_syscalls:sys_enter -t <tid>` run by a helper thread, so starting and
+// stopping perf costs the measured thread nothing; the measured thread only spins on atomics.
+// Without perf, the thread's own counters: read()/write() calls (/proc/thread-self/io syscr +
+// syscw) plus voluntary context switches (every blocking call), which miss non-blocking
+// syscalls other than read/write.
+class SyscallCounter {
+  public:
+    void start() {
+        tid_ = static_cast<pid_t>(::gettid());
+        if (perfAvailable()) {
+            helper_ = std::thread([this] { runPerf(); });
+            while (!attached_.load(std::memory_order_acquire)) {
+                __builtin_ia32_pause();
+            }
+            if (perf_pid_ > 0) {
+                return;
+            }
+            helper_.join();
+        }
+        method_ = "thread read/write calls + voluntary context switches";
+        base_ = threadCounters();
+    }
+    // Syscalls since start().
+    double stop() {
+        if (perf_pid_ > 0) {
+            done_.store(true, std::memory_order_release);
+            while (!stopped_.load(std::memory_order_acquire)) {
+                __builtin_ia32_pause();
+            }
+            helper_.join();
+            return count_;
+        }
+        // The counters are read with read(): one read() of the second sample is ours.
+        return threadCounters() - base_ - 1;
+    }
+    const std::string &method() const { return method_; }
+
+  private:
+    static bool perfAvailable() { return ::access("/usr/bin/perf", X_OK) == 0; }
+    static double threadCounters() {
+        double n = 0;
+        std::ifstream io("/proc/thread-self/io");
+        std::string k;
+        double v;
+        while (io >> k >> v) {
+            if (k == "syscr:" || k == "syscw:") {
+                n += v;
+            }
+        }
+        rusage ru{};
+        ::getrusage(RUSAGE_THREAD, &ru);
+        return n + static_cast<double>(ru.ru_nvcsw);
+    }
+    void runPerf() {
+        out_ = "/tmp/ibvx-perf-syscalls." + std::to_string(::getpid());
+        std::string tid = std::to_string(tid_);
+        std::vector<std::string> store = {"/usr/bin/perf",          "stat", "-x", ",",  "-e",
+                                          "raw_syscalls:sys_enter", "-t",   tid,  "-o", out_};
+        std::vector<char *> argv;
+        for (auto &s : store) {
+            argv.push_back(s.data());
+        }
+        argv.push_back(nullptr);
+        posix_spawn_file_actions_t fa;
+        posix_spawn_file_actions_init(&fa);
+        posix_spawn_file_actions_addopen(&fa, STDERR_FILENO, "/dev/null", O_WRONLY, 0);
+        pid_t pid = -1;
+        if (posix_spawn(&pid, store[0].c_str(), &fa, nullptr, argv.data(), environ) != 0) {
+            pid = -1;
+        }
+        posix_spawn_file_actions_destroy(&fa);
+        // perf gives no sign when its counter is attached; it takes well under this.
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        int st;
+        if (pid > 0 && ::waitpid(pid, &st, WNOHANG) == pid) {
+            pid = -1;  // perf refused (no permission, no tracepoint)
+        }
+        perf_pid_ = pid;
+        method_ = "perf stat -e raw_syscalls:sys_enter -t <data thread>";
+        attached_.store(true, std::memory_order_release);
+        if (pid <= 0) {
+            return;
+        }
+        while (!done_.load(std::memory_order_acquire)) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ::kill(pid, SIGINT);
+        ::waitpid(pid, &st, 0);
+        std::ifstream in(out_);
+        std::string line;
+        count_ = -1;
+        while (std::getline(in, line)) {
+            if (line.find("raw_syscalls:sys_enter") != std::string::npos) {
+                count_ = std::strtod(line.c_str(), nullptr);
+            }
+        }
+        ::unlink(out_.c_str());
+        stopped_.store(true, std::memory_order_release);
+    }
+
+    pid_t tid_ = 0;
+    std::thread helper_;
+    std::atomic<bool> attached_{false}, done_{false}, stopped_{false};
+    pid_t perf_pid_ = -1;
+    double count_ = 0;
+    double base_ = 0;
+    std::string out_;
+    std::string method_;
+};
+
+// ---- fast path through the broker -----------------------------------------------------------
+
+// The direct scenario's write8 again, with the QP pair, CQ and MRs made by the broker and mapped
+// into this process. The data phase is also watched: broker RPCs (its own counter) and this
+// thread's system calls.
+void write8Broker(const Options &opt, Results &out, BrokerHarness &broker) {
+    const int iters = opt.quick ? 200 : 200000;
+    const int warmup = opt.quick ? 20 : 1000;
+    BrokerBase base;
+    ibv_qp_extend *a = base.createQp(base.cq, 64);
+    ibv_qp_extend *b = base.createQp(base.cq, 64);
+    toRts(a->qp, b->qp->qp_num);
+    toRts(b->qp, a->qp->qp_num);
+    auto *src = static_cast<uint8_t *>(ibvx_alloc_buf(4096));
+    auto *dst = static_cast<uint8_t *>(ibvx_alloc_buf(4096));
+    if (src == nullptr || dst == nullptr) {
+        die("ibvx_alloc_buf");
+    }
+    int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    ibv_mr *smr = ibvx_reg_mr(base.pd, src, 4096, acc);
+    ibv_mr *dmr = ibvx_reg_mr(base.pd, dst, 4096, acc);
+    if (smr == nullptr || dmr == nullptr) {
+        die("ibvx_reg_mr");
+    }
+    softnda_sq sq{};
+    softnda_cq cqh{};
+    if (softnda_sq_init(&sq, &a->sq_info) != 0 || softnda_cq_init(&cqh, &base.cq->cq_info) != 0) {
+        die("queue_info");
+    }
+    std::vector<uint64_t> ns;
+    ns.reserve(static_cast<size_t>(iters));
+    softnda_sge sge{reinterpret_cast<uintptr_t>(src), 8, smr->lkey};
+    auto one = [&](uint64_t id) {
+        softnda_send_wr w{};
+        w.opcode = SOFTNDA_OP_RDMA_WRITE;
+        w.flags = SOFTNDA_WQE_SIGNALED;
+        w.wr_id = id;
+        w.sg_list = &sge;
+        w.num_sge = 1;
+        w.remote_addr = reinterpret_cast<uintptr_t>(dst);
+        w.rkey = dmr->rkey;
+        auto t0 = Clock::now();
+        softnda_sq_post(&sq, &w);
+        softnda_sq_doorbell(&sq);
+        softnda_cqe e;
+        int n;
+        while ((n = softnda_cq_poll(&cqh, &e, 1)) == 0) {
+            __builtin_ia32_pause();
+        }
+        if (n < 0 || e.status != IBV_WC_SUCCESS) {
+            die("completion status " + std::to_string(n < 0 ? -1 : e.status));
+        }
+        return nsSince(t0);
+    };
+    for (int i = 0; i < warmup; ++i) {
+        one(static_cast<uint64_t>(i));
+    }
+    BrokerStats before = broker.stats();
+    SyscallCounter sys;
+    sys.start();
+    for (int i = 0; i < iters; ++i) {
+        ns.push_back(one(static_cast<uint64_t>(i)));
+    }
+    double syscalls = sys.stop();
+    BrokerStats after = broker.stats();
+    out.add("fastpath", "write8_p50_ns_broker", percentile(ns, 50), "ns",
+            "8 B WRITE post->CQE, queues from the broker");
+    out.add("fastpath", "write8_p99_ns_broker", percentile(ns, 99), "ns");
+    out.add("fastpath", "broker_rpcs_during_fastpath",
+            static_cast<double>(after.total_calls - before.total_calls), "calls",
+            "Admin/GetStats total_calls over the data phase");
+    out.add("fastpath", "client_syscalls_per_wr", syscalls / iters, "calls/WR", sys.method());
+    ibvx_dereg_mr(smr);
+    ibvx_dereg_mr(dmr);
+    ibvx_free_buf(src);
+    ibvx_free_buf(dst);
+    ibv_destroy_qp_extend(base.ctx, a);
+    ibv_destroy_qp_extend(base.ctx, b);
+}
+
+// ---- control path -------------------------------------------------------------------------
+
+void createQpBroker(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 20 : 3000;
+    const int warmup = opt.quick ? 2 : 100;
+    BrokerBase base;
+    std::vector<uint64_t> ns;
+    for (int i = 0; i < iters + warmup; ++i) {
+        auto t0 = Clock::now();
+        ibv_qp_extend *q = base.createQp(base.cq, 64);
+        uint64_t t = nsSince(t0);
+        if (ibv_destroy_qp_extend(base.ctx, q) != 0) {
+            die("ibv_destroy_qp_extend");
+        }
+        if (i >= warmup) {
+            ns.push_back(t);
+        }
+    }
+    out.add("control", "create_qp_p50_us_broker", percentile(ns, 50) / 1e3, "us",
+            "one CreateQp through the broker");
+    out.add("control", "create_qp_p99_us_broker", percentile(ns, 99) / 1e3, "us");
+}
+
+// CQ + QP + INIT/RTR/RTS: what a tenant pays before its first work request.
+void bringupBroker(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 10 : 1000;
+    const int warmup = opt.quick ? 1 : 50;
+    BrokerBase base;
+    std::vector<uint64_t> ns;
+    for (int i = 0; i < iters + warmup; ++i) {
+        auto t0 = Clock::now();
+        ibv_cq_extend *cq = base.createCq(64);
+        ibv_qp_extend *q = base.createQp(cq, 64);
+        toRts(q->qp, q->qp->qp_num);
+        uint64_t t = nsSince(t0);
+        if (ibv_destroy_qp_extend(base.ctx, q) != 0 || ibv_destroy_cq_extend(base.ctx, cq) != 0) {
+            die("bring-up teardown");
+        }
+        if (i >= warmup) {
+            ns.push_back(t);
+        }
+    }
+    out.add("control", "bringup_p50_us_broker", percentile(ns, 50) / 1e3, "us", "CQ + QP + modify to RTS");
+    out.add("control", "bringup_p99_us_broker", percentile(ns, 99) / 1e3, "us");
+}
+
+// N tenant processes creating and destroying QPs at once; every call is one op.
+void clients(const Options &opt, Results &out, BrokerHarness &broker) {
+    const uint32_t n = opt.quick ? 4 : opt.clients;
+    const uint64_t ms = opt.quick ? 200 : 5000;
+    char tmpl[] = "/tmp/ibvx.XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+        die("mkdtemp");
+    }
+    std::string dir = tmpl;
+    std::vector<Worker> ws;
+    for (uint32_t i = 0; i < n; ++i) {
+        ws.push_back(spawnWorker({"churn", std::to_string(ms), dir + "/w" + std::to_string(i)}));
+    }
+    for (auto &w : ws) {
+        if (readByte(w, 60000) != 'R') {
+            die("a churn worker did not start: " + broker.log());
+        }
+    }
+    for (auto &w : ws) {
+        sendByte(w, 'G');
+    }
+    std::vector<uint64_t> ns;
+    for (uint32_t i = 0; i < n; ++i) {
+        if (readByte(ws[i], static_cast<int>(ms) + 60000) != 'D') {
+            die("a churn worker failed");
+        }
+        std::ifstream f(dir + "/w" + std::to_string(i), std::ios::binary);
+        uint64_t v;
+        while (f.read(reinterpret_cast<char *>(&v), sizeof(v))) {
+            ns.push_back(v);
+        }
+        reapWorker(ws[i]);
+        ::unlink((dir + "/w" + std::to_string(i)).c_str());
+    }
+    ::rmdir(dir.c_str());
+    std::string tag = std::to_string(opt.clients) + "clients";
+    out.add("control", "ops_per_s_" + tag, static_cast<double>(ns.size()) / (static_cast<double>(ms) / 1e3),
+            "ops/s", std::to_string(n) + " processes, CreateQp + DestroyQp, " + std::to_string(ms) + " ms");
+    out.add("control", "p99_us_" + tag, percentile(ns, 99) / 1e3, "us");
+    out.add("control", "p50_us_" + tag, percentile(ns, 50) / 1e3, "us");
+}
+
+// Polls the broker until it holds at most `objects` objects and `sessions` sessions; ms.
+double waitReclaimed(BrokerHarness &broker, uint64_t objects, uint32_t sessions, Clock::time_point t0) {
+    for (;;) {
+        BrokerStats s = broker.stats();
+        if (s.objects <= objects && s.sessions <= sessions) {
+            return static_cast<double>(nsSince(t0)) / 1e6;
+        }
+        if (nsSince(t0) > 120'000'000'000ull) {
+            die("the broker did not reclaim a session within 120 s");
+        }
+    }
+}
+
+// ---- scale ----------------------------------------------------------------------------------
+
+// `sessions` tenant processes, each with context, PD, CQ and qps/sessions QPs, all live at once.
+void scale(const Options &opt, Results &out, BrokerHarness &broker) {
+    const uint32_t sessions = opt.quick ? 4 : opt.scale_sessions;
+    const uint32_t qps = opt.quick ? 40 : opt.scale_qps;
+    const uint32_t per = (qps + sessions - 1) / sessions;
+    BrokerStats base = broker.stats();
+    long anon0 = broker.statusKiB("RssAnon");
+    std::vector<Worker> ws;
+    ws.reserve(sessions);
+    auto t0 = Clock::now();
+    // A few spawns in flight: 1,000 at once would only thrash two cores.
+    constexpr size_t kWindow = 8;
+    size_t confirmed = 0;
+    for (uint32_t i = 0; i < sessions; ++i) {
+        ws.push_back(spawnWorker({"hold", std::to_string(per)}));
+        while (ws.size() - confirmed > kWindow || (i + 1 == sessions && confirmed < ws.size())) {
+            if (readByte(ws[confirmed], 120000) != 'S') {
+                die("scale worker " + std::to_string(confirmed) + " did not open its session");
+            }
+            ++confirmed;
+        }
+    }
+    double open_ms = static_cast<double>(nsSince(t0)) / 1e6;
+    long anon1 = broker.statusKiB("RssAnon");
+    BrokerStats opened = broker.stats();
+    t0 = Clock::now();
+    confirmed = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+        sendByte(ws[i], 'C');
+        while (i + 1 - confirmed > kWindow || (i + 1 == ws.size() && confirmed < ws.size())) {
+            if (readByte(ws[confirmed], 120000) != 'R') {
+                die("scale worker " + std::to_string(confirmed) + " could not create its QPs");
+            }
+            ++confirmed;
+        }
+    }
+    double create_ms = static_cast<double>(nsSince(t0)) / 1e6;
+    long anon2 = broker.statusKiB("RssAnon");
+    BrokerStats full = broker.stats();
+    uint64_t live = full.objects - opened.objects;
+    out.add("scale", "live_qps", static_cast<double>(live), "QPs",
+            std::to_string(per) + " per session, created in " + std::to_string(static_cast<int>(create_ms)) +
+                " ms");
+    out.add("scale", "sessions", static_cast<double>(full.sessions - base.sessions), "sessions",
+            "tenant processes, opened in " + std::to_string(static_cast<int>(open_ms)) + " ms");
+    out.add("scale", "broker_bytes_per_qp",
+            static_cast<double>(anon2 - anon1) * 1024.0 / static_cast<double>(live), "B",
+            "broker RssAnon growth / QPs (queue buffers are memfd, not anon)");
+    out.add("scale", "broker_bytes_per_session",
+            static_cast<double>(anon1 - anon0) * 1024.0 / static_cast<double>(sessions), "B",
+            "broker RssAnon growth / session (context, PD, CQ, two connections)");
+    out.add("scale", "broker_arena_bytes_per_qp",
+            static_cast<double>(full.arena_bytes - opened.arena_bytes) / static_cast<double>(live), "B",
+            "queue buffers (session arenas), for reference");
+    t0 = Clock::now();
+    for (auto &w : ws) {
+        sendByte(w, 'Q');
+    }
+    double all_ms = waitReclaimed(broker, base.objects, base.sessions, t0);
+    out.add("scale", "teardown_all_ms", all_ms, "ms", "every scale session ends at once");
+    for (auto &w : ws) {
+        reapWorker(w);
+    }
+}
+
+// One session with 10,000 QPs ends (its process exits); until the broker holds none of them.
+void teardown(const Options &opt, Results &out, BrokerHarness &broker) {
+    const uint32_t n = opt.quick ? 100 : 10000;
+    BrokerStats base = broker.stats();
+    Worker w = spawnWorker({"hold", std::to_string(n)});
+    if (readByte(w, 60000) != 'S' || !sendByte(w, 'C') || readByte(w, 600000) != 'R') {
+        die("teardown worker");
+    }
+    auto t0 = Clock::now();
+    sendByte(w, 'Q');
+    out.add("scale", "teardown_10k_ms", waitReclaimed(broker, base.objects, base.sessions, t0), "ms",
+            std::to_string(n) + " QPs of one session, from its exit to the broker holding none");
+    reapWorker(w);
+}
+
+// A tenant with a brought-up QP and an MR is SIGKILLed; until the broker holds nothing of it.
+void reclaim(const Options &opt, Results &out, BrokerHarness &broker) {
+    const int reps = opt.quick ? 1 : 20;
+    std::vector<uint64_t> us;
+    for (int i = 0; i < reps; ++i) {
+        BrokerStats base = broker.stats();
+        Worker w = spawnWorker({"bringup"});
+        if (readByte(w, 60000) != 'R') {
+            die("reclaim worker");
+        }
+        auto t0 = Clock::now();
+        ::kill(w.pid, SIGKILL);
+        us.push_back(static_cast<uint64_t>(waitReclaimed(broker, base.objects, base.sessions, t0) * 1e3));
+        reapWorker(w);
+    }
+    out.add("scale", "reclaim_after_kill_ms", percentile(us, 50) / 1e3, "ms",
+            "SIGKILL of a tenant to its objects gone (median of " + std::to_string(reps) + ")");
+}
+
+void ratio(Results &out, const char *sec, const char *key, const char *num_sec, const char *num,
+           const char *den_sec, const char *den, const char *note) {
+    const Row *a = out.find(num_sec, num);
+    const Row *b = out.find(den_sec, den);
+    if (a != nullptr && b != nullptr && b->value > 0) {
+        out.add(sec, key, a->value / b->value, "x", note);
+    }
+}
+
+}  // namespace
+
+bool wantsBroker(const Options &opt) {
+    for (const char *s :
+         {"nullrpc", "write8broker", "createqp", "bringup", "clients", "scale", "teardown", "reclaim"}) {
+        if (opt.wants(s)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+void runFloorsUds(const Options &opt, Results &out) {
+    if (opt.wants("uds")) {
+        udsPingPong(opt, out);
+    }
+}
+
+void runBrokered(const Options &opt, Results &out) {
+    if (!wantsBroker(opt)) {
+        return;
+    }
+    BrokerHarness broker(opt.daemon, opt.socket, opt.engine_threads, opt.quick ? 50'000 : 200'000);
+    // The client library decides its mode once, on its first call: from here on, broker mode.
+    ::setenv("IBV_EXTEND_MODE", "broker", 1);
+    ::setenv("IBV_EXTEND_SOCKET", broker.socket().c_str(), 1);
+    if (opt.wants("nullrpc")) {
+        nullRpc(opt, out, broker);
+    }
+    if (opt.wants("write8broker")) {
+        write8Broker(opt, out, broker);
+    }
+    if (opt.wants("createqp")) {
+        createQpBroker(opt, out);
+    }
+    if (opt.wants("bringup")) {
+        bringupBroker(opt, out);
+    }
+    if (opt.wants("clients")) {
+        clients(opt, out, broker);
+    }
+    if (opt.wants("reclaim")) {
+        reclaim(opt, out, broker);
+    }
+    if (opt.wants("teardown")) {
+        teardown(opt, out, broker);
+    }
+    if (opt.wants("scale")) {
+        scale(opt, out, broker);
+    }
+    ratio(out, "fastpath", "fastpath_ratio_broker_over_direct", "fastpath", "write8_p50_ns_broker",
+          "fastpath", "write8_p50_ns_direct", "goal 1.00 +- 0.05");
+    ratio(out, "fastpath", "write8_over_shm_floor", "fastpath", "write8_p50_ns_broker", "floors",
+          "shm_pingpong_p50_ns", "goal <= 10 (broker figure)");
+    ratio(out, "control", "create_qp_over_null_rpc", "control", "create_qp_p50_us_broker", "floors",
+          "null_rpc_p50_us", "goal <= 1.5");
+}
+
+}  // namespace ibvx::perf

@@ -1,0 +1,36 @@
+// Tenant processes of the brokered scenarios: this executable re-executed with --worker, one
+// broker session each (libibv_extend.so in broker mode). The parent drives them with single
+// bytes on a pipe (their stdin) and they answer with single bytes (their stdout):
+//   churn <ms> <file>: context, PD, CQ; 'R'; waits 'G'; creates and destroys QPs for <ms>,
+//                      writing every call's latency (uint64 ns) to <file>; 'D'.
+//   hold <n>:          context, PD, CQ; 'S'; waits 'C'; creates <n> QPs; 'R'; exits on 'Q' or EOF.
+//   bringup:           context, PD, CQ, QP in RTS, registered buffer; 'R'; exits on 'Q' or EOF
+//                      (the reclaim scenario SIGKILLs it instead).
+// A worker that fails writes 'F' and exits 1.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+namespace ibvx::perf {
+
+struct Worker {
+    pid_t pid = -1;
+    int to = -1;    // the worker's stdin
+    int from = -1;  // the worker's stdout
+};
+
+// Starts this executable as a worker (SCHED_OTHER, whatever the parent runs under).
+Worker spawnWorker(const std::vector<std::string> &args);
+bool sendByte(const Worker &w, char c);
+// The next byte from the worker, or 0 on EOF/timeout.
+char readByte(const Worker &w, int timeout_ms);
+// Closes the pipes and reaps the process (SIGKILL after timeout_ms).
+void reapWorker(Worker &w, int timeout_ms = 10000);
+
+// main() of a worker; args are what follows --worker.
+int workerMain(const std::vector<std::string> &args);
+
+}  // namespace ibvx::perf
