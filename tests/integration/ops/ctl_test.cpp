@@ -1,0 +1,432 @@
+// ibv-extendctl against the real ibv-extendd (softnda) on a short temp socket: every subcommand's
+// table and JSON, the error messages and exit codes, and the Prometheus text format.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "run_process.h"
+#include "tests/integration/daemon/broker_process.h"
+#include "tests/integration/daemon/test_client.h"
+
+namespace ibvx::test {
+namespace {
+
+using nlohmann::json;
+
+// proto3 JSON writes 64-bit integers as strings.
+uint64_t u64(const json &j) {
+    return j.is_string() ? std::stoull(j.get<std::string>()) : j.get<uint64_t>();
+}
+
+struct Tenant {
+    explicit Tenant(const std::string &sock) : client(sock) {}
+    TestClient client;
+    uint64_t ctx = 0, pd = 0, cq = 0, qp = 0;
+    uint32_t qp_num = 0;
+
+    bool open() {
+        if (!client.connect()) {
+            return false;
+        }
+        pb::OpenContextRequest oreq;
+        oreq.set_device_name("softnda0");
+        pb::OpenContextResponse oresp;
+        if (!client.call(&pb::Broker::Stub::OpenContext, oreq, &oresp).ok()) {
+            return false;
+        }
+        ctx = oresp.context();
+        pb::AllocPdRequest preq;
+        preq.set_context(ctx);
+        pb::AllocPdResponse presp;
+        if (!client.call(&pb::Broker::Stub::AllocPd, preq, &presp).ok()) {
+            return false;
+        }
+        pd = presp.pd();
+        pb::CreateCqRequest creq;
+        creq.set_context(ctx);
+        creq.set_cqe(64);
+        creq.set_dma_mode(pb::DMA_MODE_DEFAULT);
+        pb::CreateCqResponse cresp;
+        if (!client.call(&pb::Broker::Stub::CreateCq, creq, &cresp).ok()) {
+            return false;
+        }
+        cq = cresp.cq();
+        pb::CreateQpRequest qreq;
+        qreq.set_context(ctx);
+        qreq.set_pd(pd);
+        qreq.set_send_cq(cq);
+        qreq.set_recv_cq(cq);
+        qreq.set_qp_type(pb::QP_TYPE_RC);
+        qreq.mutable_cap()->set_max_send_wr(16);
+        qreq.mutable_cap()->set_max_recv_wr(8);
+        qreq.mutable_cap()->set_max_send_sge(1);
+        qreq.mutable_cap()->set_max_recv_sge(1);
+        qreq.set_dma_mode(pb::DMA_MODE_DEFAULT);
+        pb::CreateQpResponse qresp;
+        if (!client.call(&pb::Broker::Stub::CreateQp, qreq, &qresp).ok()) {
+            return false;
+        }
+        qp = qresp.qp();
+        qp_num = qresp.qp_num();
+        return client.drainRegions() >= 0;
+    }
+};
+
+class CtlTest : public ::testing::Test {
+  protected:
+    void SetUp() override { ASSERT_TRUE(broker_.started()) << broker_.log(); }
+
+    ProcessResult ctl(std::vector<std::string> args, RunOptions o = {}) {
+        std::vector<std::string> argv = {ctlBinary(), "--socket", broker_.socket()};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return runProcess(argv, o);
+    }
+    json ctlJson(std::vector<std::string> args) {
+        args.insert(args.begin(), "--json");
+        ProcessResult r = ctl(args);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return json::parse(r.out, nullptr, false);
+    }
+
+    BrokerProcess broker_;
+};
+
+TEST_F(CtlTest, StatusShowsVersionDevicesAndCounts) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    ProcessResult r = ctl({"status"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("ibv-extendd 4.2.0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("sessions:   1\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("objects:    4\n"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("softnda0  softnda  virtual"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find(broker_.socket()), std::string::npos) << r.out;
+
+    json j = ctlJson({"status"});
+    ASSERT_FALSE(j.is_discarded());
+    EXPECT_EQ(j["sessions"].get<uint32_t>(), 1u);
+    EXPECT_EQ(u64(j["objects"]), 4u);
+    EXPECT_EQ(j["pid"].get<int>(), broker_.pid());
+    ASSERT_EQ(j["devices"].size(), 1u);
+    EXPECT_EQ(j["devices"][0]["name"], "softnda0");
+    EXPECT_GT(u64(j["arena_bytes"]), 0u);
+}
+
+TEST_F(CtlTest, SessionsListTheTenantWithItsObjectsAndCalls) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    json j = ctlJson({"sessions"});
+    ASSERT_EQ(j["sessions"].size(), 1u) << j.dump();
+    const json &s = j["sessions"][0];
+    EXPECT_EQ(s["pid"].get<int>(), ::getpid());
+    EXPECT_EQ(s["uid"].get<uint32_t>(), ::getuid());
+    EXPECT_EQ(u64(s["objects"]), 4u);
+    EXPECT_TRUE(s["attached"].get<bool>());
+    EXPECT_EQ(u64(s["rpc_calls"]), 5u);  // Hello, OpenContext, AllocPd, CreateCq, CreateQp
+    EXPECT_GT(u64(s["arena_bytes"]), 0u);
+
+    ProcessResult r = ctl({"sessions"});
+    ASSERT_EQ(r.exit_code, 0);
+    std::istringstream lines(r.out);
+    std::string header, row;
+    std::getline(lines, header);
+    std::getline(lines, row);
+    EXPECT_EQ(header.rfind("SESSION", 0), 0u) << r.out;
+    EXPECT_NE(row.find(" " + std::to_string(::getpid()) + " "), std::string::npos) << r.out;
+    // Aligned: the OBJECTS column ends where its header ends.
+    size_t end = header.find("OBJECTS") + std::string("OBJECTS").size();
+    EXPECT_EQ(row.substr(end - 1, 1), "4") << r.out;
+}
+
+TEST_F(CtlTest, ObjectsShowQpDetailsAndFilter) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    json j = ctlJson({"objects", "--kind", "qp"});
+    ASSERT_EQ(j["objects"].size(), 1u) << j.dump();
+    const json &q = j["objects"][0];
+    EXPECT_EQ(u64(q["handle"]), t.qp);
+    EXPECT_EQ(q["device"], "softnda0");
+    EXPECT_EQ(q["qp"]["qp_num"].get<uint32_t>(), t.qp_num);
+    EXPECT_EQ(q["qp"]["state"], "RESET");
+    EXPECT_EQ(q["qp"]["max_send_wr"].get<uint32_t>(), 16u);
+
+    json all = ctlJson({"objects"});
+    std::set<std::string> kinds;
+    for (const auto &o : all["objects"]) {
+        kinds.insert(o["kind"].get<std::string>());
+    }
+    EXPECT_EQ(kinds, (std::set<std::string>{"context", "pd", "cq", "qp"}));
+    json cq = ctlJson({"objects", "--kind", "cq"});
+    ASSERT_EQ(cq["objects"].size(), 1u);
+    EXPECT_GE(cq["objects"][0]["cq"]["cqe"].get<uint32_t>(), 64u);
+    EXPECT_EQ(cq["objects"][0]["users"].get<uint32_t>(), 2u);  // the QP, as send and as recv CQ
+
+    EXPECT_EQ(ctlJson({"objects", "--uid", "4242"})["objects"].size(), 0u);
+    EXPECT_EQ(ctlJson({"objects", "--device", "nope0"})["objects"].size(), 0u);
+    EXPECT_EQ(ctlJson({"objects", "--session", "999999"})["objects"].size(), 0u);
+
+    ProcessResult r = ctl({"objects", "--kind", "qp"});
+    ASSERT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("qpn=" + std::to_string(t.qp_num) + " RC RESET sq=16x1 rq=8x1"), std::string::npos)
+        << r.out;
+}
+
+TEST_F(CtlTest, DriversListSoftnda) {
+    json j = ctlJson({"drivers"});
+    bool found = false;
+    for (const auto &d : j["drivers"]) {
+        if (d["name"] == "softnda") {
+            found = true;
+            EXPECT_TRUE(d["virtual_provider"].get<bool>());
+            EXPECT_EQ(d["devices"][0], "softnda0");
+            EXPECT_NE(d["library"].get<std::string>().find("libsoftnda.so"), std::string::npos);
+        }
+    }
+    EXPECT_TRUE(found) << j.dump();
+    ProcessResult r = ctl({"drivers"});
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("softnda  vdev"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlTest, StatsCountErrorsByCodeLatencyAndEngineCounters) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    pb::DestroyQpRequest bad;
+    bad.set_qp(0x1234);
+    pb::DestroyQpResponse resp;
+    EXPECT_EQ(t.client.call(&pb::Broker::Stub::DestroyQp, bad, &resp).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    json j = ctlJson({"stats"});
+    bool seen = false;
+    for (const auto &m : j["rpcs"]) {
+        EXPECT_EQ(u64(m["latency"]["count"]), u64(m["calls"])) << m.dump();
+        if (m["method"] == "DestroyQp") {
+            seen = true;
+            EXPECT_EQ(u64(m["errors"]), 1u);
+            ASSERT_EQ(m["errors_by_code"].size(), 1u);
+            EXPECT_EQ(m["errors_by_code"][0]["code"], "NOT_FOUND");
+        }
+    }
+    EXPECT_TRUE(seen);
+    ASSERT_GE(j["engines"].size(), 1u);
+    EXPECT_EQ(j["engines"][0]["device"], "softnda0");
+    EXPECT_GE(j["engines"][0]["counters"].size(), 10u);
+    ProcessResult r = ctl({"stats"});
+    EXPECT_EQ(r.exit_code, 0);
+    EXPECT_NE(r.out.find("NOT_FOUND=1"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("engine softnda0 (softnda)"), std::string::npos) << r.out;
+}
+
+// Every line is a comment (# HELP/# TYPE) or a sample of a family whose TYPE came first;
+// histogram buckets are cumulative and end with le="+Inf" equal to _count.
+TEST_F(CtlTest, MetricsAreValidPrometheusText) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    ProcessResult r = ctl({"metrics", "--format", "prometheus"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::regex help(R"(^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$)");
+    const std::regex type(R"(^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram)$)");
+    const std::regex sample(
+        R"(^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")(,[a-zA-Z_][a-zA-Z0-9_]*="([^"\\]|\\.)*")*\})? ([0-9.eE+-]+|\+Inf)$)");
+    std::map<std::string, std::string> types;
+    std::map<std::string, double> last_bucket;  // series without le -> last cumulative value
+    std::istringstream in(r.out);
+    std::string line;
+    int samples = 0;
+    bool saw_inf_equal_count = false;
+    std::map<std::string, double> inf_of;
+    while (std::getline(in, line)) {
+        std::smatch m;
+        if (std::regex_match(line, m, help)) {
+            continue;
+        }
+        if (std::regex_match(line, m, type)) {
+            EXPECT_EQ(types.count(m[1]), 0u) << "TYPE twice: " << line;
+            types[m[1]] = m[2];
+            continue;
+        }
+        ASSERT_TRUE(std::regex_match(line, m, sample)) << "not a valid sample line: '" << line << "'";
+        ++samples;
+        std::string name = m[1];
+        std::string base = name;
+        for (const char *suffix : {"_bucket", "_sum", "_count"}) {
+            std::string s(suffix);
+            if (base.size() > s.size() && base.compare(base.size() - s.size(), s.size(), s) == 0 &&
+                types.count(base.substr(0, base.size() - s.size())) != 0) {
+                base = base.substr(0, base.size() - s.size());
+            }
+        }
+        ASSERT_EQ(types.count(base), 1u) << "sample before its TYPE: " << line;
+        double v = std::stod(m[m.size() - 1]);
+        if (name.size() > 7 && name.compare(name.size() - 7, 7, "_bucket") == 0) {
+            std::string labels = m[2];
+            std::string series = labels.substr(0, labels.find(",le="));
+            EXPECT_GE(v, last_bucket[series]) << "buckets not cumulative: " << line;
+            last_bucket[series] = v;
+            if (labels.find("le=\"+Inf\"") != std::string::npos) {
+                inf_of[series.substr(1)] = v;
+            }
+        }
+        if (name == "ibv_extend_rpc_duration_seconds_count") {
+            std::string labels = m[2];
+            std::string key = labels.substr(1, labels.size() - 2);
+            ASSERT_EQ(inf_of.count(key), 1u) << line;
+            EXPECT_EQ(inf_of[key], v) << line;
+            saw_inf_equal_count = true;
+        }
+    }
+    EXPECT_GT(samples, 50);
+    EXPECT_TRUE(saw_inf_equal_count);
+    EXPECT_EQ(types["ibv_extend_rpc_duration_seconds"], "histogram");
+    EXPECT_NE(r.out.find("ibv_extend_sessions 1\n"), std::string::npos);
+    EXPECT_NE(r.out.find("ibv_extend_rpc_calls_total{method=\"CreateQp\"} 1\n"), std::string::npos);
+    EXPECT_NE(r.out.find("ibv_extend_engine_events_total{device=\"softnda0\""), std::string::npos);
+}
+
+TEST_F(CtlTest, EvictEndsTheSessionAndTheTenantGetsErrors) {
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());
+    json s = ctlJson({"sessions"});
+    ASSERT_EQ(s["sessions"].size(), 1u);
+    std::string id = std::to_string(u64(s["sessions"][0]["id"]));
+    ProcessResult r = ctl({"evict", id});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("session " + id + " evicted, 4 object(s) destroyed"), std::string::npos) << r.out;
+    EXPECT_EQ(ctlJson({"sessions"})["sessions"].size(), 0u);
+    EXPECT_EQ(u64(ctlJson({"status"})["objects"]), 0u);
+    pb::AllocPdRequest preq;
+    preq.set_context(t.ctx);
+    pb::AllocPdResponse presp;
+    EXPECT_EQ(t.client.call(&pb::Broker::Stub::AllocPd, preq, &presp).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+    ProcessResult again = ctl({"evict", id});
+    EXPECT_EQ(again.exit_code, 1);
+    EXPECT_NE(again.err.find("no live session"), std::string::npos) << again.err;
+    EXPECT_EQ(u64(ctlJson({"stats"})["sessions_evicted"]), 1u);
+}
+
+TEST_F(CtlTest, WatchStreamsSessionAndObjectEvents) {
+    Background bg =
+        startBackground({ctlBinary(), "--socket", broker_.socket(), "--json", "watch", "--count", "4"},
+                        broker_.dir() + "/watch.out");
+    // The watcher subscribes asynchronously: make events until it has seen four.
+    int rc = -2;
+    for (int i = 0; i < 100 && rc == -2; ++i) {
+        {
+            TestClient c(broker_.socket());
+            ASSERT_TRUE(c.connect());
+            pb::OpenContextRequest oreq;
+            oreq.set_device_name("softnda0");
+            pb::OpenContextResponse oresp;
+            ASSERT_TRUE(c.call(&pb::Broker::Stub::OpenContext, oreq, &oresp).ok());
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (int st; ::waitpid(bg.pid, &st, WNOHANG) == bg.pid) {
+            bg.pid = -1;
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+    }
+    if (bg.pid > 0) {
+        rc = waitBackground(bg, 1000);
+    }
+    ASSERT_EQ(rc, 0) << readFile(broker_.dir() + "/watch.out");
+    std::istringstream in(readFile(broker_.dir() + "/watch.out"));
+    std::string line;
+    std::set<std::string> kinds;
+    uint64_t last_seq = 0;
+    int n = 0;
+    while (std::getline(in, line)) {
+        json e = json::parse(line, nullptr, false);
+        ASSERT_FALSE(e.is_discarded()) << line;
+        uint64_t seq = u64(e["seq"]);
+        EXPECT_GT(seq, last_seq);
+        last_seq = seq;
+        kinds.insert(e["kind"].get<std::string>());
+        ++n;
+    }
+    EXPECT_EQ(n, 4);
+    // A session's life is open, context create, (context destroy,) close: four events include
+    // at least two kinds.
+    EXPECT_GE(kinds.size(), 2u);
+    for (const auto &k : kinds) {
+        EXPECT_TRUE(k == "SESSION_OPEN" || k == "SESSION_CLOSE" || k == "OBJECT_CREATE" ||
+                    k == "OBJECT_DESTROY")
+            << k;
+    }
+}
+
+TEST_F(CtlTest, ReloadReportsDevices) {
+    ProcessResult r = ctl({"reload"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("reloaded: 0 new device(s), 1 total"), std::string::npos) << r.out;
+}
+
+TEST_F(CtlTest, DevinfoNeedsNoAdminAndShowsCapabilities) {
+    ProcessResult r = ctl({"devinfo"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("hca_id:\tsoftnda0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("(NDR|NDA)"), std::string::npos) << r.out;
+    json j = ctlJson({"devinfo"});
+    ASSERT_EQ(j.size(), 1u);
+    EXPECT_TRUE(j[0]["queried"].get<bool>());
+    EXPECT_EQ(j[0]["ext_cap_names"], "NDR|NDA");
+}
+
+TEST_F(CtlTest, EnvironmentSelectsTheSocket) {
+    RunOptions o;
+    o.env = {"IBV_EXTEND_SOCKET=" + broker_.socket()};
+    ProcessResult r = runProcess({ctlBinary(), "status"}, o);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST(CtlErrors, BrokerNotRunningNamesTheSocketAndSystemctl) {
+    char tmpl[] = "/tmp/ibvx.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    std::string sock = std::string(tmpl) + "/none.sock";
+    ProcessResult r = runProcess({ctlBinary(), "--socket", sock, "status"});
+    ::rmdir(tmpl);
+    EXPECT_EQ(r.exit_code, 3);
+    EXPECT_NE(r.err.find("the broker is not running"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(sock), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("systemctl status ibv-extendd"), std::string::npos) << r.err;
+}
+
+TEST(CtlErrors, UsageErrorsExitTwo) {
+    EXPECT_EQ(runProcess({ctlBinary()}).exit_code, 2);
+    EXPECT_EQ(runProcess({ctlBinary(), "no-such-command"}).exit_code, 2);
+    EXPECT_EQ(runProcess({ctlBinary(), "objects", "--kind", "banana"}).exit_code, 2);
+    ProcessResult help = runProcess({ctlBinary(), "--help"});
+    EXPECT_EQ(help.exit_code, 0);
+    EXPECT_NE(help.out.find("Exit codes"), std::string::npos);
+}
+
+TEST(CtlPermissions, NonAdminIsDeniedAndToldAboutTheAdminGroup) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a child as uid 65534";
+    }
+    BrokerProcess broker("[broker]\nsocket_mode = \"0666\"\n");
+    ASSERT_TRUE(broker.started()) << broker.log();
+    ASSERT_EQ(::chmod(broker.dir().c_str(), 0755), 0);
+    RunOptions nobody;
+    nobody.uid = 65534;
+    ProcessResult r = runProcess({ctlBinary(), "--socket", broker.socket(), "sessions"}, nobody);
+    EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+    EXPECT_NE(r.err.find("permission denied"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("admin group"), std::string::npos) << r.err;
+    ProcessResult w = runProcess({ctlBinary(), "--socket", broker.socket(), "watch", "--count", "1"}, nobody);
+    EXPECT_EQ(w.exit_code, 4) << w.err;
+    // devinfo is a tenant command: no admin needed.
+    ProcessResult d = runProcess({ctlBinary(), "--socket", broker.socket(), "devinfo"}, nobody);
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find("softnda0"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace ibvx::test
