@@ -42,8 +42,8 @@ int main(int argc, char **argv) {
         ->check(CLI::Range(1, 1000000));
     int fifo = 0;
     app.add_option("--sched-fifo", fifo,
-                   "run under SCHED_FIFO at this priority (threads and the started broker inherit it; "
-                   "tenant processes do not), so a loaded machine does not deschedule the spinning "
+                   "run under SCHED_FIFO at this priority (threads and the started broker inherit it, tenant "
+                   "processes get one below), so a loaded machine does not deschedule the spinning "
                    "threads mid-measurement")
         ->check(CLI::Range(1, 99));
     CLI11_PARSE(app, argc, argv);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,16 @@ void runSoftndaDirect(const Options &opt, Results &out);
 
 // floors.uds_pingpong_p50_us / _p99_us: one byte there and back over a Unix socket pair.
 void runFloorsUds(const Options &opt, Results &out);
+
+// One 8 B RDMA WRITE, post + doorbell -> CQE, per call; ns. The paired fast-path comparison
+// alternates blocks of a direct and a brokered probe so both see the same machine state.
+class Write8Probe {
+  public:
+    virtual ~Write8Probe() = default;
+    virtual uint64_t once() = 0;
+};
+// In-process softnda, its engine idle after spin_us.
+std::unique_ptr<Write8Probe> makeDirectWrite8Probe(const Options &opt, uint32_t spin_us);
 
 // control.create_qp_p50_us_direct: the driver's create_qp in this process.
 void runControlDirect(const Options &opt, Results &out);

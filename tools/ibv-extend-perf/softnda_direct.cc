@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -59,9 +60,12 @@ uint64_t nsSince(Clock::time_point t0) {
 // One device context with a connected QP pair, its CQ and two registered buffers.
 class Rig {
   public:
-    Rig(const Options &opt, uint32_t sq_depth, size_t buf_size, uint32_t idle_qps = 0) : buf_size_(buf_size) {
-        // The engine must not fall asleep between two measurements.
-        softnda_vdev_ops.configure("spin_us", "2000000");
+    // spin_us: the engine must not fall asleep between two measurements, unless (paired runs)
+    // it must leave the CPU to the broker's engine while the other half is measured.
+    Rig(const Options &opt, uint32_t sq_depth, size_t buf_size, uint32_t idle_qps = 0,
+        uint32_t spin_us = 2000000)
+        : buf_size_(buf_size) {
+        softnda_vdev_ops.configure("spin_us", std::to_string(spin_us).c_str());
         softnda_vdev_ops.configure("engine_threads", std::to_string(opt.engine_threads).c_str());
         ctx_ = softnda_vdev_ops.open_device("softnda0");
         if (ctx_ == nullptr) {
@@ -353,7 +357,28 @@ void createQpDirect(const Options &opt, Results &out) {
             "softnda create_qp in-process");
 }
 
+class DirectProbe : public Write8Probe {
+  public:
+    DirectProbe(const Options &opt, uint32_t spin_us) : rig_(opt, 64, 4096, 0, spin_us) {}
+    uint64_t once() override {
+        softnda_send_wr w = rig_.write(8, SOFTNDA_WQE_SIGNALED, id_++);
+        auto t0 = Clock::now();
+        softnda_sq_post(&rig_.sq_, &w);
+        softnda_sq_doorbell(&rig_.sq_);
+        rig_.waitCqe();
+        return nsSince(t0);
+    }
+
+  private:
+    Rig rig_;
+    uint64_t id_ = 0;
+};
+
 }  // namespace
+
+std::unique_ptr<Write8Probe> makeDirectWrite8Probe(const Options &opt, uint32_t spin_us) {
+    return std::make_unique<DirectProbe>(opt, spin_us);
+}
 
 void runControlDirect(const Options &opt, Results &out) {
     if (opt.wants("createqp")) {

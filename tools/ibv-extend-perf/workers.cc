@@ -184,11 +184,21 @@ Worker spawnWorker(const std::vector<std::string> &args) {
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, to[0], STDIN_FILENO);
     posix_spawn_file_actions_adddup2(&fa, from[1], STDOUT_FILENO);
+    // Under --sched-fifo the tenants run SCHED_FIFO one priority below the tool and the broker:
+    // other users of a shared machine do not deschedule them (and a SIGKILLed one exits at once
+    // instead of waiting for RT throttling), yet the broker always preempts them, as 32 tenants
+    // starting at once would otherwise starve it at an equal priority.
     posix_spawnattr_t attr;
     posix_spawnattr_init(&attr);
-    // Tenants are ordinary processes even when the tool runs SCHED_FIFO for its own spinning.
     sched_param sp{};
-    posix_spawnattr_setschedpolicy(&attr, SCHED_OTHER);
+    int policy = sched_getscheduler(0);
+    if (policy == SCHED_FIFO && sched_getparam(0, &sp) == 0 && sp.sched_priority > 1) {
+        sp.sched_priority -= 1;
+    } else {
+        policy = SCHED_OTHER;
+        sp.sched_priority = 0;
+    }
+    posix_spawnattr_setschedpolicy(&attr, policy);
     posix_spawnattr_setschedparam(&attr, &sp);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSCHEDULER);
     Worker w;

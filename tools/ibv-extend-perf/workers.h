@@ -22,7 +22,7 @@ struct Worker {
     int from = -1;  // the worker's stdout
 };
 
-// Starts this executable as a worker (SCHED_OTHER, whatever the parent runs under).
+// Starts this executable as a worker (SCHED_FIFO one below the tool when it runs SCHED_FIFO).
 Worker spawnWorker(const std::vector<std::string> &args);
 bool sendByte(const Worker &w, char c);
 // The next byte from the worker, or 0 on EOF/timeout.
