@@ -290,8 +290,8 @@ void BrokerServer::acceptAll(int listen_fd) {
             }
         }
         if (mine >= options_.max_handshakes_per_uid) {
-            spdlog::debug("uid {} already has {} connections in handshake; connection dropped", peer->creds.uid,
-                          mine);
+            spdlog::debug("uid {} already has {} connections in handshake; connection dropped",
+                          peer->creds.uid, mine);
             continue;
         }
         Entry e;
