@@ -3,12 +3,14 @@
 // through the mapped queues without a single broker RPC; a tenant killed with SIGKILL is reclaimed
 // promptly while another keeps working; a broker stopped under its clients fails their calls
 // instead of hanging them; a forked child gets its own session.
+#include <dirent.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -133,6 +135,62 @@ TEST_F(RealBrokerTest, RpcCounterDoesNotMoveWhileTheFastPathRuns) {
     EXPECT_EQ(bad, 0);
     EXPECT_EQ(after, before);
     EXPECT_EQ(t.tearDown(), 0);
+}
+
+int countFds() {
+    int n = 0;
+    if (DIR *d = opendir("/proc/self/fd")) {
+        while (readdir(d) != nullptr) {
+            ++n;
+        }
+        closedir(d);
+    }
+    return n;
+}
+
+// Broker-sent regions: queue arenas and device doorbell pages (memfds named by the broker).
+int countRegionMappings() {
+    return ibvx::test::countMappings("memfd:ibvx-arena") + ibvx::test::countMappings("memfd:softnda-bar");
+}
+
+TEST_F(RealBrokerTest, CreateDestroyCyclesLeaveNoMappingsOrFdsBehind) {
+    ibv_context_extend *ctx = ibvx_open_device("softnda0");
+    ASSERT_NE(ctx, nullptr) << strerror(errno);
+    ibv_pd *pd = ibvx_alloc_pd(ctx);
+    ASSERT_NE(pd, nullptr);
+    int peak = 0;  // region mappings seen while a CQ and a QP exist
+    auto cycle = [&] {
+        ibv_cq_init_attr_extend ca{};
+        ca.attr.cqe = 32;
+        ca.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_cq_extend *cq = ibv_create_cq_extend(ctx, &ca);
+        if (cq == nullptr) {
+            return false;
+        }
+        ibv_qp_init_attr_extend qa{};
+        qa.pd = pd;
+        qa.attr.send_cq = cq->cq;
+        qa.attr.recv_cq = cq->cq;
+        qa.attr.qp_type = IBV_QPT_RC;
+        qa.attr.cap = {16, 16, 1, 1, 0};
+        qa.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_qp_extend *qp = ibv_create_qp_extend(ctx, &qa);
+        peak = std::max(peak, countRegionMappings());
+        bool ok = qp != nullptr && ibv_destroy_qp_extend(ctx, qp) == 0;
+        return ibv_destroy_cq_extend(ctx, cq) == 0 && ok;
+    };
+    ASSERT_TRUE(cycle());  // warm-up (lazily created client state)
+    int fds = countFds(), maps = countRegionMappings();
+    int failures = 0;
+    for (int i = 0; i < 300; ++i) {
+        failures += cycle() ? 0 : 1;
+    }
+    EXPECT_EQ(failures, 0);
+    EXPECT_GT(peak, maps);                   // the queues' regions were mapped (and are counted by this name)
+    EXPECT_EQ(countFds(), fds);              // every region fd closed after mapping
+    EXPECT_EQ(countRegionMappings(), maps);  // released regions are unmapped
+    EXPECT_EQ(ibvx_dealloc_pd(pd), 0);
+    EXPECT_EQ(ibvx_close_device(ctx), 0);
 }
 
 // A tenant process running loopback RDMA WRITEs until told to stop; it reports how many failed.
