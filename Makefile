@@ -47,6 +47,10 @@ test-tsan: build-tsan
 
 test: test-plain test-asan test-tsan
 
+# The full ibv-extend-perf run (minutes): bench/results.json and docs/BENCHMARKS.md.
+bench: build
+	@bash bench/run.sh $(BUILD)
+
 # libFuzzer runs of every fuzz target (clang build in build-fuzz); FUZZ_SECONDS per target.
 fuzz: deps
 	@bash tests/fuzz/run-fuzz.sh

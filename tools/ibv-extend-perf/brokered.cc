@@ -505,11 +505,13 @@ void clients(const Options &opt, Results &out, BrokerHarness &broker) {
     out.add("control", "p50_us_" + tag, percentile(ns, 50) / 1e3, "us");
 }
 
-// Polls the broker until it holds at most `objects` objects and `sessions` sessions; ms.
-double waitReclaimed(BrokerHarness &broker, uint64_t objects, uint32_t sessions, Clock::time_point t0) {
+// Polls the broker until it holds no more objects, sessions and arena bytes than `base`; ms.
+// The arena condition matters: GetStats stops counting a session's objects as soon as its end
+// begins, while its queues (arena memory) are only released as they are destroyed, CQs after QPs.
+double waitReclaimed(BrokerHarness &broker, const BrokerStats &base, Clock::time_point t0) {
     for (;;) {
         BrokerStats s = broker.stats();
-        if (s.objects <= objects && s.sessions <= sessions) {
+        if (s.objects <= base.objects && s.sessions <= base.sessions && s.arena_bytes <= base.arena_bytes) {
             return static_cast<double>(nsSince(t0)) / 1e6;
         }
         if (nsSince(t0) > 120'000'000'000ull) {
@@ -580,7 +582,7 @@ void scale(const Options &opt, Results &out, BrokerHarness &broker) {
     for (auto &w : ws) {
         sendByte(w, 'Q');
     }
-    double all_ms = waitReclaimed(broker, base.objects, base.sessions, t0);
+    double all_ms = waitReclaimed(broker, base, t0);
     out.add("scale", "teardown_all_ms", all_ms, "ms", "every scale session ends at once");
     for (auto &w : ws) {
         reapWorker(w);
@@ -597,7 +599,7 @@ void teardown(const Options &opt, Results &out, BrokerHarness &broker) {
     }
     auto t0 = Clock::now();
     sendByte(w, 'Q');
-    out.add("scale", "teardown_10k_ms", waitReclaimed(broker, base.objects, base.sessions, t0), "ms",
+    out.add("scale", "teardown_10k_ms", waitReclaimed(broker, base, t0), "ms",
             std::to_string(n) + " QPs of one session, from its exit to the broker holding none");
     reapWorker(w);
 }
@@ -614,7 +616,7 @@ void reclaim(const Options &opt, Results &out, BrokerHarness &broker) {
         }
         auto t0 = Clock::now();
         ::kill(w.pid, SIGKILL);
-        us.push_back(static_cast<uint64_t>(waitReclaimed(broker, base.objects, base.sessions, t0) * 1e3));
+        us.push_back(static_cast<uint64_t>(waitReclaimed(broker, base, t0) * 1e3));
         reapWorker(w);
     }
     out.add("scale", "reclaim_after_kill_ms", percentile(us, 50) / 1e3, "ms",

@@ -24,6 +24,8 @@ int main(int argc, char **argv) {
     std::string json_path;
     app.add_flag("--quick", opt.quick, "seconds-long smoke run (figures not meaningful)");
     app.add_option("--json", json_path, "write the results as one JSON object to FILE");
+    std::string md_path;
+    app.add_option("--markdown", md_path, "also write the table as Markdown to FILE");
     app.add_option("--engine-threads", opt.engine_threads, "softnda engine threads (direct and broker)")
         ->check(CLI::Range(1, 64));
     app.add_option("--only", opt.only, "run only these scenarios")
@@ -76,6 +78,14 @@ int main(int argc, char **argv) {
         f << results.toJson().dump(2) << "\n";
         if (!f) {
             std::cerr << "ibv-extend-perf: cannot write " << json_path << "\n";
+            return 1;
+        }
+    }
+    if (!md_path.empty()) {
+        std::ofstream f(md_path);
+        results.printMarkdown(f);
+        if (!f) {
+            std::cerr << "ibv-extend-perf: cannot write " << md_path << "\n";
             return 1;
         }
     }

@@ -52,4 +52,17 @@ void Results::printTable(std::ostream &out) const {
     }
 }
 
+void Results::printMarkdown(std::ostream &out) const {
+    out << "| figure | value | unit | note |\n|---|---:|---|---|\n";
+    char v[64];
+    for (const Row &r : rows_) {
+        std::snprintf(v, sizeof(v), "%.3f", r.value);
+        out << "| `" << r.section << "." << r.key << "` | " << v << " | " << r.unit << " | " << r.note
+            << " |\n";
+    }
+    for (auto &[k, val] : machine_.items()) {
+        out << "| `machine." << k << "` | " << val.get<std::string>() << " | | |\n";
+    }
+}
+
 }  // namespace ibvx::perf

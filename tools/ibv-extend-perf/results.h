@@ -27,6 +27,8 @@ class Results {
     // section -> key -> value; strings for the "machine" section.
     nlohmann::json toJson() const;
     void printTable(std::ostream &out) const;
+    // The same rows as a Markdown table (for docs/BENCHMARKS.md).
+    void printMarkdown(std::ostream &out) const;
     void setMachine(const std::string &key, const std::string &value) { machine_[key] = value; }
 
   private:

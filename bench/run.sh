@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# make bench: the full ibv-extend-perf run (minutes). Writes bench/results.json (the tool's JSON,
+# stable keys) and regenerates docs/BENCHMARKS.md from bench/BENCHMARKS.md.in with the figures,
+# the targets and the exact command that produced them.
+#   bench/run.sh [BUILD_DIR] [extra ibv-extend-perf flags...]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${1:-build}
+shift || true
+[[ $build = /* ]] || build="$root/$build"
+perf="$build/tools/ibv-extend-perf/ibv-extend-perf"
+[[ -x $perf ]] || { echo "bench: $perf not built (make build)" >&2; exit 1; }
+
+args=(--json "$root/bench/results.json")
+# On a shared machine the spinning threads are descheduled mid-measurement unless they run
+# SCHED_FIFO (root only); without it the in-process figures are noise.
+if [[ $(id -u) = 0 ]]; then args+=(--sched-fifo 10); fi
+args+=("$@")
+tmp=$(mktemp -d /tmp/ibvx-bench.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+echo "bench: ibv-extend-perf ${args[*]}" >&2
+"$perf" "${args[@]}" --markdown "$tmp/table.md" | tee "$tmp/table.txt"
+
+python3 - "$root" "$tmp/table.md" "ibv-extend-perf ${args[*]/#$root\//}" <<'PY'
+import json, sys, datetime
+root, table, cmd = sys.argv[1], sys.argv[2], sys.argv[3]
+r = json.load(open(f"{root}/bench/results.json"))
+def get(k):
+    s, key = k.split(".", 1)
+    return r.get(s, {}).get(key)
+targets = [
+    ("fastpath.fastpath_ratio_broker_over_direct", "within 1.00 +- 0.05", lambda v: abs(v - 1) <= 0.05),
+    ("fastpath.broker_rpcs_during_fastpath", "= 0", lambda v: v == 0),
+    ("fastpath.client_syscalls_per_wr", "= 0", lambda v: v == 0),
+    ("fastpath.write8_over_shm_floor", "<= 10", lambda v: v <= 10),
+    ("fastpath.msg_rate_mwrs", ">= 5", lambda v: v >= 5),
+    ("fastpath.write1m_over_memcpy", ">= 0.8", lambda v: v >= 0.8),
+    ("control.create_qp_over_null_rpc", "<= 1.5", lambda v: v <= 1.5),
+    ("control.ops_per_s_32clients", ">= 20000", lambda v: v >= 20000),
+    ("control.p99_us_32clients", "<= 2000", lambda v: v <= 2000),
+    ("scale.live_qps", ">= 100000", lambda v: v >= 100000),
+    ("scale.sessions", ">= 1000", lambda v: v >= 1000),
+    ("scale.broker_bytes_per_qp", "<= 2048", lambda v: v <= 2048),
+    ("scale.teardown_10k_ms", "<= 100", lambda v: v <= 100),
+    ("scale.reclaim_after_kill_ms", "<= 50", lambda v: v <= 50),
+]
+lines = ["| target | goal | measured | holds |", "|---|---|---:|---|"]
+for k, goal, ok in targets:
+    v = get(k)
+    lines.append(f"| `{k}` | {goal} | {'-' if v is None else f'{v:.3f}'} | "
+                 f"{'not measured' if v is None else ('yes' if ok(v) else '**no**')} |")
+m = r.get("machine", {})
+figures = (f"Measured {m.get('date', '?')} at commit `{m.get('git_commit', '?')}` on "
+           f"{m.get('cores', '?')} cores ({m.get('cpu', '?')}, kernel {m.get('kernel', '?')}), with:\n\n"
+           f"```sh\nmake bench   # = bench/run.sh build, which runs:\n{cmd}\n```\n\n"
+           "### Targets\n\n" + "\n".join(lines) + "\n\n### Every figure\n\n" + open(table).read())
+doc = open(f"{root}/bench/BENCHMARKS.md.in").read().replace("@FIGURES@", figures)
+open(f"{root}/docs/BENCHMARKS.md", "w").write(doc)
+PY
+echo "bench: wrote bench/results.json and docs/BENCHMARKS.md" >&2
