@@ -50,7 +50,7 @@ for t in "${targets[@]}"; do
     args+=(-dict="$src/tests/fuzz/$t.dict")
   fi
   if [ -f "$src/tests/fuzz/$t.options" ]; then
-    read -r -a extra < <(sed 's/#.*//' "$src/tests/fuzz/$t.options" | tr '\n' ' ')
+    read -r -a extra <<<"$(sed 's/#.*//' "$src/tests/fuzz/$t.options" | tr '\n' ' ')"
     args+=("${extra[@]}")
   fi
   echo "== fuzzing $t for ${seconds}s (log: $log)"
