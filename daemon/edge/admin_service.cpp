@@ -174,6 +174,29 @@ class WatchReactor final : public grpc::ServerWriteReactor<pb::AdminEvent>, publ
     bool finished_ = false;
 };
 
+void quotaValues(const QuotaValues *used, const QuotaValues &limit,
+                 google::protobuf::RepeatedPtrField<pb::QuotaValue> *out) {
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        auto *v = out->Add();
+        v->set_name(quotaName(static_cast<Quota>(i)));
+        v->set_used(used != nullptr ? (*used)[i] : 0);
+        v->set_unlimited(limit[i] == kUnlimited);
+        v->set_limit(limit[i] == kUnlimited ? 0 : limit[i]);
+    }
+}
+
+void overrideValues(const QuotaOverride &o, google::protobuf::RepeatedPtrField<pb::QuotaValue> *out) {
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        if (!o.max[i]) {
+            continue;
+        }
+        auto *v = out->Add();
+        v->set_name(quotaName(static_cast<Quota>(i)));
+        v->set_unlimited(*o.max[i] == kUnlimited);
+        v->set_limit(*o.max[i] == kUnlimited ? 0 : *o.max[i]);
+    }
+}
+
 }  // namespace
 
 AdminService::AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
@@ -499,6 +522,82 @@ grpc::ServerUnaryReactor *AdminService::ReloadDrivers(grpc::CallbackServerContex
     for (auto &l : r.loaded) {
         resp->add_loaded(l);
     }
+    return reply(ctx, Status::ok());
+}
+
+grpc::ServerUnaryReactor *AdminService::GetQuotas(grpc::CallbackServerContext *ctx,
+                                                  const pb::GetQuotasRequest *, pb::GetQuotasResponse *resp) {
+    Status st = authorize(ctx);
+    if (!st.isOk()) {
+        return reply(ctx, st);
+    }
+    QuotaSnapshot snap = broker_.quotas().snapshot();
+    quotaValues(nullptr, snap.defaults, resp->mutable_defaults());
+    for (const auto &[uid, account] : snap.uids) {
+        auto *a = resp->add_accounts();
+        a->set_scope("uid");
+        a->set_uid(uid);
+        quotaValues(&account.used, account.limit, a->mutable_quotas());
+    }
+    for (const auto &[container, account] : snap.containers) {
+        auto *a = resp->add_accounts();
+        a->set_scope("container");
+        a->set_container(container);
+        quotaValues(&account.used, account.limit, a->mutable_quotas());
+    }
+    for (const auto &[uid, o] : snap.uid_overrides) {
+        auto *a = resp->add_overrides();
+        a->set_scope("uid");
+        a->set_uid(uid);
+        overrideValues(o, a->mutable_quotas());
+    }
+    for (const auto &[container, o] : snap.container_overrides) {
+        auto *a = resp->add_overrides();
+        a->set_scope("container");
+        a->set_container(container);
+        overrideValues(o, a->mutable_quotas());
+    }
+    return reply(ctx, Status::ok());
+}
+
+grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ctx,
+                                                 const pb::SetQuotaRequest *req, pb::SetQuotaResponse *) {
+    Status st = authorize(ctx);
+    if (!st.isOk()) {
+        return reply(ctx, st);
+    }
+    std::optional<Quota> q = quotaFromName(req->quota());
+    if (!q) {
+        return reply(
+            ctx, invalidArgument("unknown quota '" + req->quota() +
+                                 "' (contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions)"));
+    }
+    std::optional<uint64_t> limit;
+    if (!req->clear()) {
+        limit = req->unlimited() ? kUnlimited : req->limit();
+    }
+    if (req->scope() == "default") {
+        if (!limit) {
+            return reply(ctx, invalidArgument("a default cannot be cleared; set it to unlimited"));
+        }
+        broker_.quotas().setDefault(*q, *limit);
+    } else if (req->scope() == "uid") {
+        broker_.quotas().setOverride(QuotaScope::kUid, req->uid(), "", *q, limit);
+    } else if (req->scope() == "container") {
+        if (req->container().empty()) {
+            return reply(ctx, invalidArgument("container scope needs a container id"));
+        }
+        broker_.quotas().setOverride(QuotaScope::kContainer, 0, req->container(), *q, limit);
+    } else {
+        return reply(ctx, invalidArgument("scope must be default, uid or container"));
+    }
+    auto peer = connections_.lookup(ctx->peer());
+    spdlog::info("quota {} {} {} set to {} by uid {}", req->scope(),
+                 req->scope() == "container" ? req->container() : std::to_string(req->uid()), req->quota(),
+                 !limit                 ? std::string("default")
+                 : *limit == kUnlimited ? std::string("unlimited")
+                                        : std::to_string(*limit),
+                 peer ? peer->creds.uid : 0);
     return reply(ctx, Status::ok());
 }
 

@@ -68,6 +68,11 @@ class AdminService final : public pb::Admin::CallbackService {
     grpc::ServerWriteReactor<pb::AdminEvent> *Watch(grpc::CallbackServerContext *ctx,
                                                     const pb::WatchRequest *req) override;
 
+    grpc::ServerUnaryReactor *GetQuotas(grpc::CallbackServerContext *ctx, const pb::GetQuotasRequest *req,
+                                        pb::GetQuotasResponse *resp) override;
+    grpc::ServerUnaryReactor *SetQuota(grpc::CallbackServerContext *ctx, const pb::SetQuotaRequest *req,
+                                       pb::SetQuotaResponse *resp) override;
+
     uint64_t sessionsOpened() const { return sessions_opened_.load(); }
     void countSessionOpened() { ++sessions_opened_; }
 

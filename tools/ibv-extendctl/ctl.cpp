@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
@@ -551,6 +552,84 @@ int cmdDevinfo(Client &c, const Options &o) {
     return kExitOk;
 }
 
+std::string quotaLimit(const pb::QuotaValue &v) {
+    return v.unlimited() ? "-" : std::to_string(v.limit());
+}
+
+int cmdQuotas(Client &c, const Options &o) {
+    pb::GetQuotasResponse r;
+    if (int rc = call(c, o, "Admin.GetQuotas", &pb::Admin::Stub::GetQuotas, pb::GetQuotasRequest{}, &r)) {
+        return rc;
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    // One row per account, one column per quota: "used/limit" ("-" is unlimited).
+    std::vector<std::string> header = {"ACCOUNT"};
+    for (const auto &d : r.defaults()) {
+        header.push_back(d.name());
+    }
+    Table t(header);
+    std::vector<std::string> defaults = {"default"};
+    for (const auto &d : r.defaults()) {
+        defaults.push_back(quotaLimit(d));
+    }
+    t.add(defaults);
+    for (const auto &a : r.accounts()) {
+        std::vector<std::string> row = {a.scope() == "uid" ? "uid " + std::to_string(a.uid())
+                                                           : "container " + a.container().substr(0, 12)};
+        for (const auto &q : a.quotas()) {
+            row.push_back(std::to_string(q.used()) + "/" + quotaLimit(q));
+        }
+        t.add(row);
+    }
+    std::cout << t.render();
+    if (r.overrides_size() > 0) {
+        Table ot({"OVERRIDE", "QUOTA", "LIMIT"});
+        for (const auto &a : r.overrides()) {
+            for (const auto &q : a.quotas()) {
+                ot.add({a.scope() == "uid" ? "uid " + std::to_string(a.uid()) : "container " + a.container(),
+                        q.name(), q.unlimited() ? "unlimited" : std::to_string(q.limit())});
+            }
+        }
+        std::cout << '\n' << ot.render();
+    }
+    return kExitOk;
+}
+
+int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std::string &value) {
+    if (value == "unlimited") {
+        req.set_unlimited(true);
+    } else if (value == "clear") {
+        req.set_clear(true);
+    } else {
+        try {
+            size_t used = 0;
+            req.set_limit(std::stoull(value, &used));
+            if (used != value.size()) {
+                throw std::invalid_argument(value);
+            }
+        } catch (const std::exception &) {
+            std::fprintf(stderr, "ibv-extendctl: quota value '%s' is not a number, 'unlimited' or 'clear'\n",
+                         value.c_str());
+            return kExitUsage;
+        }
+    }
+    pb::SetQuotaResponse r;
+    if (int rc = call(c, o, "Admin.SetQuota", &pb::Admin::Stub::SetQuota, req, &r)) {
+        return rc;
+    }
+    if (!o.json) {
+        std::cout << "quota " << req.quota() << " of " << req.scope()
+                  << (req.scope() == "uid"         ? " " + std::to_string(req.uid())
+                      : req.scope() == "container" ? " " + req.container()
+                                                   : "")
+                  << " set to " << value << '\n';
+    }
+    return kExitOk;
+}
+
 }  // namespace
 
 int run(int argc, char **argv) {
@@ -593,6 +672,23 @@ int run(int argc, char **argv) {
     auto *watch = app.add_subcommand("watch", "Stream events: sessions, objects, evictions, driver errors");
     int count = 0;
     watch->add_option("--count", count, "Stop after this many events");
+    auto *quotas = app.add_subcommand("quotas", "Quota defaults, usage per uid and container, overrides");
+    auto *quota_set = quotas->add_subcommand("set", "Set a runtime quota override (or a default)");
+    pb::SetQuotaRequest qreq;
+    int64_t q_uid = -1;
+    std::string q_container, q_name, q_value;
+    bool q_default = false;
+    auto *q_uid_opt = quota_set->add_option("--uid", q_uid, "Override for this uid")
+                          ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
+    auto *q_cont_opt = quota_set->add_option("--container", q_container, "Override for this container id");
+    auto *q_def_opt = quota_set->add_flag("--default", q_default, "Change the default for everyone");
+    q_uid_opt->excludes(q_cont_opt)->excludes(q_def_opt);
+    q_cont_opt->excludes(q_def_opt);
+    quota_set
+        ->add_option("quota", q_name, "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions")
+        ->required();
+    quota_set->add_option("value", q_value, "A number, 'unlimited', or 'clear' (drop the override)")
+        ->required();
     auto *devinfo =
         app.add_subcommand("devinfo", "Devices and extended capabilities your session sees (no admin)");
 
@@ -639,6 +735,20 @@ int run(int argc, char **argv) {
     }
     if (watch->parsed()) {
         return cmdWatch(c, o, count);
+    }
+    if (quota_set->parsed()) {
+        if (q_uid < 0 && q_container.empty() && !q_default) {
+            std::fprintf(stderr, "ibv-extendctl: quotas set needs --uid, --container or --default\n");
+            return kExitUsage;
+        }
+        qreq.set_scope(q_default ? "default" : q_uid >= 0 ? "uid" : "container");
+        qreq.set_uid(q_uid >= 0 ? static_cast<uint32_t>(q_uid) : 0);
+        qreq.set_container(q_container);
+        qreq.set_quota(q_name);
+        return cmdSetQuota(c, o, qreq, q_value);
+    }
+    if (quotas->parsed()) {
+        return cmdQuotas(c, o);
     }
     if (devinfo->parsed()) {
         return cmdDevinfo(c, o);

@@ -362,6 +362,52 @@ TEST_F(CtlTest, WatchStreamsSessionAndObjectEvents) {
     }
 }
 
+TEST_F(CtlTest, QuotaOverrideLimitsTheTenantAndShowsUsage) {
+    std::string uid = std::to_string(::getuid());
+    ProcessResult set = ctl({"quotas", "set", "--uid", uid, "qps", "1"});
+    ASSERT_EQ(set.exit_code, 0) << set.err;
+    EXPECT_NE(set.out.find("quota qps of uid " + uid + " set to 1"), std::string::npos) << set.out;
+    Tenant t(broker_.socket());
+    ASSERT_TRUE(t.open());  // its one QP
+    pb::CreateQpRequest qreq;
+    qreq.set_context(t.ctx);
+    qreq.set_pd(t.pd);
+    qreq.set_send_cq(t.cq);
+    qreq.set_recv_cq(t.cq);
+    qreq.set_qp_type(pb::QP_TYPE_RC);
+    qreq.mutable_cap()->set_max_send_wr(4);
+    qreq.mutable_cap()->set_max_recv_wr(4);
+    qreq.mutable_cap()->set_max_send_sge(1);
+    qreq.mutable_cap()->set_max_recv_sge(1);
+    qreq.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    pb::CreateQpResponse qresp;
+    EXPECT_EQ(t.client.call(&pb::Broker::Stub::CreateQp, qreq, &qresp).error_code(),
+              grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+    json q = ctlJson({"quotas"});
+    bool account = false;
+    for (const auto &a : q["accounts"]) {
+        if (a["scope"] == "uid" && a["uid"].get<uint32_t>() == ::getuid()) {
+            for (const auto &v : a["quotas"]) {
+                if (v["name"] == "qps") {
+                    account = true;
+                    EXPECT_EQ(u64(v["used"]), 1u);
+                    EXPECT_EQ(u64(v["limit"]), 1u);
+                }
+            }
+        }
+    }
+    EXPECT_TRUE(account) << q.dump();
+    ASSERT_EQ(q["overrides"].size(), 1u);
+    ProcessResult table = ctl({"quotas"});
+    EXPECT_EQ(table.exit_code, 0);
+    EXPECT_NE(table.out.find("uid " + uid), std::string::npos) << table.out;
+    EXPECT_EQ(ctl({"quotas", "set", "--uid", uid, "qps", "clear"}).exit_code, 0);
+    EXPECT_EQ(ctlJson({"quotas"})["overrides"].size(), 0u);
+    EXPECT_EQ(ctl({"quotas", "set", "--uid", uid, "no_such_quota", "1"}).exit_code, 1);
+    EXPECT_EQ(ctl({"quotas", "set", "qps", "1"}).exit_code, 2);
+}
+
 TEST_F(CtlTest, ReloadReportsDevices) {
     ProcessResult r = ctl({"reload"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
