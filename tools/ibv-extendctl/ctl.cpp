@@ -229,7 +229,9 @@ std::string objectDetails(const pb::ObjectInfo &o) {
                (q.has_srq() ? " srq" : "");
     }
     if (o.has_cq()) {
-        return "cqe=" + std::to_string(o.cq().cqe()) + " queue=" + humanBytes(o.cq().queue_bytes());
+        // queue_bytes is 0 when the broker does not know the ring's size: say nothing then.
+        return "cqe=" + std::to_string(o.cq().cqe()) +
+               (o.cq().queue_bytes() != 0 ? " queue=" + humanBytes(o.cq().queue_bytes()) : "");
     }
     if (o.has_srq()) {
         return "wr=" + std::to_string(o.srq().max_wr()) + " entry=" + std::to_string(o.srq().entry_size()) +
