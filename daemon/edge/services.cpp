@@ -126,10 +126,14 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
 grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
                                                      const pb::ListDevicesRequest *,
                                                      pb::ListDevicesResponse *resp) {
-    return serve(ctx, Method::kListDevices, [&](Session &) {
+    return serve(ctx, Method::kListDevices, [&](Session &s) {
+        std::shared_ptr<const Policy> policy = broker_.policy();
         for (const DeviceInfo &d : broker_.listDevices()) {
             if (resp->devices_size() >= 1024) {
                 break;
+            }
+            if (!policy->admitDevice(s.identity(), d.name).isOk()) {
+                continue;  // a tenant sees only the devices [policy] lets it open
             }
             toProto(d, resp->add_devices());
         }

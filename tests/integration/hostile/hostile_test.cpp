@@ -834,6 +834,28 @@ int runContained() {
     return 0;
 }
 
+// ---- a tenant whose class allows no device --------------------------------------------------
+
+int runPolicyProbe() {
+    if (!dropToNobody()) {
+        return 100;
+    }
+    TestClient c(env("IBVX_SOCKET"));
+    if (!c.connect()) {
+        report("-1");
+        return 1;
+    }
+    pb::ListDevicesResponse devs;
+    grpc::Status ls = c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs);
+    pb::OpenContextRequest oreq;
+    oreq.set_device_name("softnda0");
+    pb::OpenContextResponse oresp;
+    grpc::Status os = c.call(&pb::Broker::Stub::OpenContext, oreq, &oresp);
+    report(std::to_string(ls.ok() ? devs.devices_size() : -1) + " " +
+           std::to_string(static_cast<int>(os.error_code())) + " " + os.error_message());
+    return 0;
+}
+
 TEST(HostileHelper, Run) {
     std::string mode = env("IBVX_HOSTILE_MODE");
     if (mode.empty()) {
@@ -842,6 +864,7 @@ TEST(HostileHelper, Run) {
     int rc = mode == "attack"      ? runAttacker()
              : mode == "race"      ? runRacer()
              : mode == "contained" ? runContained()
+             : mode == "probe"     ? runPolicyProbe()
                                    : 120;
     std::fflush(stdout);
     _exit(rc);
@@ -1040,6 +1063,35 @@ TEST(HostilePolicy, AUidOutsideThePolicyIsRefusedByRule) {
         << line;
     EXPECT_NE(line.find("policy.allow_uids"), std::string::npos) << line;
     EXPECT_NE(line.find("uid 65534"), std::string::npos) << line;
+}
+
+TEST(HostilePolicy, AClassWithoutDevicesSeesAndOpensNone) {
+    if (::geteuid() != 0) {
+        GTEST_SKIP() << "needs root to run a second uid";
+    }
+    BrokerOptions o;
+    o.config =
+        "[broker]\nsocket_mode = \"0666\"\n"
+        "[policy]\nallow_uids = [0]\ndefault_devices = [\"*\"]\n"
+        "[policy.class.guests]\nuids = [65534]\ndevices = []\n";
+    BrokerProcess broker(o);
+    ASSERT_TRUE(broker.started()) << broker.log();
+    ASSERT_EQ(::chmod(broker.dir().c_str(), 0755), 0);
+    TestClient root(broker.socket());
+    ASSERT_TRUE(root.connect());
+    pb::ListDevicesResponse devs;
+    ASSERT_TRUE(root.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    EXPECT_GE(devs.devices_size(), 1);  // root is in no class: default_devices = ["*"]
+    int rep = -1;
+    pid_t pid = spawn("probe", {"IBVX_SOCKET=" + broker.socket()}, &rep);
+    ASSERT_GT(pid, 0);
+    std::string line = readLine(rep, 30000);
+    ::close(rep);
+    EXPECT_EQ(waitExit(pid), 0);
+    // The class admits uid 65534 (Hello works) but lists and opens no device.
+    EXPECT_EQ(line.rfind("0 " + std::to_string(static_cast<int>(StatusCode::PERMISSION_DENIED)) + " ", 0), 0u)
+        << line;
+    EXPECT_NE(line.find("policy.class.guests.devices"), std::string::npos) << line;
 }
 
 TEST(HostileContainer, ClientInNewPidAndMountNamespacesSeesOnlyTheSocket) {
