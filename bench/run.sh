@@ -5,7 +5,8 @@
 #   bench/run.sh [BUILD_DIR] [extra ibv-extend-perf flags...]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-build=${1:-build}
+build_arg=${1:-build}
+build=$build_arg
 shift || true
 [[ $build = /* ]] || build="$root/$build"
 perf="$build/tools/ibv-extend-perf/ibv-extend-perf"
@@ -21,9 +22,9 @@ trap 'rm -rf "$tmp"' EXIT
 echo "bench: ibv-extend-perf ${args[*]}" >&2
 "$perf" "${args[@]}" --markdown "$tmp/table.md" | tee "$tmp/table.txt"
 
-python3 - "$root" "$tmp/table.md" "ibv-extend-perf ${args[*]/#$root\//}" <<'PY'
-import json, sys, datetime
-root, table, cmd = sys.argv[1], sys.argv[2], sys.argv[3]
+python3 - "$root" "$tmp/table.md" "ibv-extend-perf ${args[*]/#$root\//}" "$build_arg" <<'PY'
+import json, sys
+root, table, cmd, build_arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 r = json.load(open(f"{root}/bench/results.json"))
 def get(k):
     s, key = k.split(".", 1)
@@ -52,7 +53,7 @@ for k, goal, ok in targets:
 m = r.get("machine", {})
 figures = (f"Measured {m.get('date', '?')} at commit `{m.get('git_commit', '?')}` on "
            f"{m.get('cores', '?')} cores ({m.get('cpu', '?')}, kernel {m.get('kernel', '?')}), with:\n\n"
-           f"```sh\nmake bench   # = bench/run.sh build, which runs:\n{cmd}\n```\n\n"
+           f"```sh\nbash bench/run.sh {build_arg}   # what `make bench` runs (BUILD=build); it runs:\n{cmd}\n```\n\n"
            "### Targets\n\n" + "\n".join(lines) + "\n\n### Every figure\n\n" + open(table).read())
 doc = open(f"{root}/bench/BENCHMARKS.md.in").read().replace("@FIGURES@", figures)
 open(f"{root}/docs/BENCHMARKS.md", "w").write(doc)
