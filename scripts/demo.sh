@@ -1,40 +1,18 @@
 #!/usr/bin/env bash
-# make demo: runs the end-to-end demo against a build tree ($1, default "build").
-#
-# Direct mode: ibvx-direct-example opens a virtual device in-process, creates a CQ and a QP with
-# queue memory from ibvx_alloc_buf() and prints the queue_info a device kernel would drive.
-# Drivers come from the build tree: softnda when it is built, else the test virtual device.
+# make demo: the end-to-end demo against a build tree ($1, default "build").
+#   1. brokered (the main job): ibv-extendd on a temporary socket with the embedded softnda NIC,
+#      two tenant processes creating queues through it and moving data on the fast path only;
+#   2. direct mode: the same library running the extension driver in-process, as the
+#      reference does.
+# Exit 0 only when both verified everything.
 set -euo pipefail
-
+here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-build}
-build=$(cd "$build" && pwd)
-example=$build/tools/examples/ibvx-direct-example
-test_vdev=$build/tests/drivers-out/libibvxtest_vdev.so
 
-if [ ! -x "$example" ]; then
-  echo "demo: $example is missing; build first (make build)" >&2
-  exit 1
-fi
-
-drivers=()
-[ -f "$build/providers-out/libsoftnda.so" ] && drivers+=(softnda)
-[ -f "$test_vdev" ] && drivers+=("$test_vdev")
-if [ ${#drivers[@]} -eq 0 ]; then
-  echo "demo: no virtual-device driver in $build (neither softnda nor the test vdev)" >&2
-  exit 1
-fi
-
-# Only the build tree's drivers, never the host's /etc/libibverbs_extend.d.
-no_config=$(mktemp -d /tmp/ibvx-demo.XXXXXX)
-trap 'rm -rf "$no_config"' EXIT
-
-export IBV_EXTEND_MODE=direct
-export IBV_EXTEND_PROVIDER_DIR=$build/providers-out
-export IBV_EXTEND_CONFIG_DIR=$no_config
-export IBV_EXTEND_DRIVERS
-IBV_EXTEND_DRIVERS=$(IFS=:; echo "${drivers[*]}")
-export IBV_EXTEND_SHOW_WARNINGS=1
-
-echo "== direct mode: IBV_EXTEND_DRIVERS=$IBV_EXTEND_DRIVERS"
-"$example"
-echo "== demo passed"
+echo "==== ibv-extend demo 1/2: brokered (ibv-extendd + softnda0, two tenants)"
+bash "$here/demo-broker.sh" "$build"
+echo
+echo "==== ibv-extend demo 2/2: direct mode (driver in-process)"
+bash "$here/demo-direct.sh" "$build"
+echo
+echo "==== demo passed"
