@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -193,6 +194,34 @@ TEST_F(CtlTest, DriversListSoftnda) {
     ProcessResult r = ctl({"drivers"});
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("softnda  vdev"), std::string::npos) << r.out;
+}
+
+// The mlx5 extension driver is loaded and listed although this machine has no mlx5 device, and
+// softnda still comes up as the default.
+TEST(CtlDrivers, BrokerLoadsTheMlx5DriverWithoutAMatchingDevice) {
+    const char *dir = std::getenv("IBV_EXTEND_PROVIDER_DIR");
+    ASSERT_NE(dir, nullptr);
+    struct stat st;
+    if (::stat((std::string(dir) + "/libibvx_mlx5.so").c_str(), &st) != 0) {
+        GTEST_SKIP() << "libibvx_mlx5.so not built (IBVX_WITH_MLX5=OFF or no mlx5dv)";
+    }
+    BrokerProcess broker("[drivers]\nnames = [\"ibvx_mlx5\"]\n");
+    ASSERT_TRUE(broker.started()) << broker.log();
+    ProcessResult r = runProcess({ctlBinary(), "--socket", broker.socket(), "--json", "drivers"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    json j = json::parse(r.out, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << r.out;
+    bool mlx5 = false, softnda = false;
+    for (const auto &d : j["drivers"]) {
+        if (d["name"] == "mlx5") {
+            mlx5 = true;
+            EXPECT_EQ(d.value("devices", json::array()).size(), 0u) << d.dump();
+            EXPECT_NE(d["library"].get<std::string>().find("libibvx_mlx5.so"), std::string::npos) << d.dump();
+        }
+        softnda = softnda || d["name"] == "softnda";
+    }
+    EXPECT_TRUE(mlx5) << j.dump();
+    EXPECT_TRUE(softnda) << j.dump();
 }
 
 TEST_F(CtlTest, StatsCountErrorsByCodeLatencyAndEngineCounters) {
