@@ -569,17 +569,20 @@ StatusOr<OpenContextResult> Broker::openContext(Session &s, const std::string &d
     return r;
 }
 
-StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
+StatusOr<Released> Broker::destroyByHandle(Session &s, uint64_t handle, ObjectKind kind) {
     IBVX_LOCK_SESSION(s);
-    auto c = lookup<ContextObject>(s, context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
+    auto obj = lookup<Object>(s, handle, kind);
+    if (!obj.isOk()) {
+        return obj.status();
     }
-    Status st = destroyLocked(s, *c);
-    if (!st.isOk()) {
+    if (Status st = destroyLocked(s, *obj); !st.isOk()) {
         return st;
     }
     return MappingManager::instance().takeReleased(*s.memory_);
+}
+
+StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
+    return destroyByHandle(s, context, ObjectKind::kContext);
 }
 
 StatusOr<ibv_device_attr_extend> Broker::queryDevice(Session &s, uint64_t context) {
@@ -793,15 +796,7 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
 }
 
 StatusOr<Released> Broker::destroyCq(Session &s, uint64_t cq) {
-    IBVX_LOCK_SESSION(s);
-    auto c = lookup<CqObject>(s, cq, ObjectKind::kCq);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    if (Status st = destroyLocked(s, *c); !st.isOk()) {
-        return st;
-    }
-    return MappingManager::instance().takeReleased(*s.memory_);
+    return destroyByHandle(s, cq, ObjectKind::kCq);
 }
 
 StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
@@ -918,15 +913,7 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
 }
 
 StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    if (Status st = destroyLocked(s, *q); !st.isOk()) {
-        return st;
-    }
-    return MappingManager::instance().takeReleased(*s.memory_);
+    return destroyByHandle(s, qp, ObjectKind::kQp);
 }
 
 StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
@@ -1005,15 +992,7 @@ StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
 }
 
 StatusOr<Released> Broker::destroySrq(Session &s, uint64_t srq) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<SrqObject>(s, srq, ObjectKind::kSrq);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    if (Status st = destroyLocked(s, *q); !st.isOk()) {
-        return st;
-    }
-    return MappingManager::instance().takeReleased(*s.memory_);
+    return destroyByHandle(s, srq, ObjectKind::kSrq);
 }
 
 StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask) {

@@ -206,6 +206,8 @@ class Broker {
     uint64_t newHandle(Session &s);
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
     Status destroyLocked(Session &s, Object *obj);
+    // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
+    StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
     void eraseLocked(Session &s, Object *obj);
     Status sendRegions(Session &s);
     StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
