@@ -298,6 +298,18 @@ int runDaemon(int argc, char **argv) {
         e.set_handle(handle);
         events->publish(std::move(e));
     });
+    broker.setQuotaDenied([events](const PeerIdentity &peer, uint64_t session, const std::string &message) {
+        // Debug level: a tenant hammering its limit must not flood the log; watchers see each one.
+        spdlog::debug("quota: session {} pid {} uid {}: {}", session, peer.creds.pid, peer.creds.uid,
+                      message);
+        AdminEvents::Event e;
+        e.set_kind(AdminEvents::Event::QUOTA_DENIAL);
+        e.set_session(session);
+        e.set_pid(peer.creds.pid);
+        e.set_uid(peer.creds.uid);
+        e.set_message(message);
+        events->publish(std::move(e));
+    });
     ServerOptions sopt;
     sopt.handshake_timeout = std::chrono::milliseconds(cfg.handshake_timeout_ms);
     sopt.admin_gid = admin_gid;

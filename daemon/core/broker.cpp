@@ -142,7 +142,11 @@ std::shared_ptr<const Policy> Broker::policy() const {
 
 StatusOr<QuotaCharge> Broker::charge(const Session &s,
                                      std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
-    return quotas_.reserve(TenantKey{s.identity().creds.uid, s.identity().container_id}, amounts);
+    auto charged = quotas_.reserve(TenantKey{s.identity().creds.uid, s.identity().container_id}, amounts);
+    if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && quota_denied_) {
+        quota_denied_(s.identity(), s.id(), charged.status().message());
+    }
+    return charged;
 }
 
 Status Broker::chargeQueueBytes(const Session &s, Object &obj,
@@ -188,6 +192,9 @@ StatusOr<std::shared_ptr<Session>> Broker::hello(const PeerIdentity &peer, const
     }
     auto quota = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id}, {{Quota::kSessions, 1}});
     if (!quota.isOk()) {
+        if (quota.status().code() == Code::kResourceExhausted && quota_denied_) {
+            quota_denied_(peer, 0, quota.status().message());
+        }
         return quota.status();
     }
     SessionToken token;

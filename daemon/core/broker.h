@@ -131,6 +131,10 @@ using RegionSender = std::function<Status(Session &, std::vector<RegionToSend> &
 // Audit hook: one call per create/destroy (what, handle, the tenant).
 using AuditFn = std::function<void(const Session &, const char *action, ObjectKind, uint64_t handle)>;
 
+// Called when a quota refuses a tenant (session is 0 when the refused thing is the session
+// itself); the message names the quota. Operators watch these (Admin Watch, QUOTA_DENIAL).
+using QuotaDeniedFn = std::function<void(const PeerIdentity &, uint64_t session, const std::string &message)>;
+
 class Broker {
   public:
     struct Options {
@@ -151,6 +155,7 @@ class Broker {
     DeviceRegistry &devices() { return *devices_; }
     void setRegionSender(RegionSender sender) { sender_ = std::move(sender); }
     void setAudit(AuditFn audit) { audit_ = std::move(audit); }
+    void setQuotaDenied(QuotaDeniedFn fn) { quota_denied_ = std::move(fn); }
     // Tenant policy ([policy], policy.h): checked by hello() and openContext(). Replaceable at
     // runtime (config reload); calls in flight keep the policy they started with.
     void setPolicy(std::shared_ptr<const Policy> policy);
@@ -219,6 +224,7 @@ class Broker {
     DeviceRegistry *devices_;
     RegionSender sender_;
     AuditFn audit_;
+    QuotaDeniedFn quota_denied_;
     QuotaManager quotas_;
     mutable std::mutex policy_mu_;
     std::shared_ptr<const Policy> policy_ = std::make_shared<const Policy>();

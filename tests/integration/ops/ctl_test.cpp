@@ -437,6 +437,44 @@ TEST_F(CtlTest, QuotaOverrideLimitsTheTenantAndShowsUsage) {
     EXPECT_EQ(ctl({"quotas", "set", "qps", "1"}).exit_code, 2);
 }
 
+TEST_F(CtlTest, WatchReportsQuotaDenialsNamingTheQuota) {
+    std::string uid = std::to_string(::getuid());
+    ASSERT_EQ(ctl({"quotas", "set", "--uid", uid, "pds", "0"}).exit_code, 0);
+    Background bg = startBackground({ctlBinary(), "--socket", broker_.socket(), "--json", "watch"},
+                                    broker_.dir() + "/watch-quota.out");
+    // The watcher subscribes asynchronously: keep being refused until it has seen a denial.
+    bool seen = false;
+    for (int i = 0; i < 50 && !seen; ++i) {
+        TestClient c(broker_.socket());
+        ASSERT_TRUE(c.connect());
+        pb::OpenContextRequest oreq;
+        oreq.set_device_name("softnda0");
+        pb::OpenContextResponse oresp;
+        ASSERT_TRUE(c.call(&pb::Broker::Stub::OpenContext, oreq, &oresp).ok());
+        pb::AllocPdRequest preq;
+        preq.set_context(oresp.context());
+        pb::AllocPdResponse presp;
+        ASSERT_EQ(c.call(&pb::Broker::Stub::AllocPd, preq, &presp).error_code(),
+                  grpc::StatusCode::RESOURCE_EXHAUSTED);
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::istringstream in(readFile(broker_.dir() + "/watch-quota.out"));
+        for (std::string line; std::getline(in, line);) {
+            json e = json::parse(line, nullptr, false);
+            if (!e.is_discarded() && e["kind"] == "QUOTA_DENIAL") {
+                seen = true;
+                EXPECT_NE(e["message"].get<std::string>().find("pds"), std::string::npos) << line;
+                // proto3 JSON leaves out zero values (uid 0 when the tests run as root).
+                EXPECT_EQ(e.value("uid", 0u), ::getuid()) << line;
+                EXPECT_EQ(e.value("pid", 0), ::getpid()) << line;
+                EXPECT_NE(u64(e["session"]), 0u) << line;
+            }
+        }
+    }
+    (void)waitBackground(bg, 0);
+    EXPECT_TRUE(seen) << readFile(broker_.dir() + "/watch-quota.out");
+    EXPECT_EQ(ctl({"quotas", "set", "--uid", uid, "pds", "clear"}).exit_code, 0);
+}
+
 TEST_F(CtlTest, ReloadReportsDevices) {
     ProcessResult r = ctl({"reload"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
