@@ -790,6 +790,7 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
         std::memcpy(r.resv, obj->cq->resv, sizeof(r.resv));
     }
     obj->uses = {ctx};
+    obj->queue_bytes = uint64_t{obj->cq->cq_info.qbuf.entry_cnt} * obj->cq->cq_info.qbuf.entry_size;
     Status qst = chargeQueueBytes(s, *obj, {&obj->cq->cq_info});
     Object *raw = obj.get();
     r.cq = insert(s, std::move(obj));

@@ -167,6 +167,8 @@ TEST_F(CtlTest, ObjectsShowQpDetailsAndFilter) {
     json cq = ctlJson({"objects", "--kind", "cq"});
     ASSERT_EQ(cq["objects"].size(), 1u);
     EXPECT_GE(cq["objects"][0]["cq"]["cqe"].get<uint32_t>(), 64u);
+    // The ring the driver made: at least cqe entries of a non-zero size.
+    EXPECT_GE(u64(cq["objects"][0]["cq"]["queue_bytes"]), 64u * 8u) << cq.dump();
     EXPECT_EQ(cq["objects"][0]["users"].get<uint32_t>(), 2u);  // the QP, as send and as recv CQ
 
     EXPECT_EQ(ctlJson({"objects", "--uid", "4242"})["objects"].size(), 0u);
