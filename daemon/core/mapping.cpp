@@ -383,6 +383,9 @@ MemoryStats MappingManager::totals() {
             }
         }
     }
+    for (const SessionMemory *mem : live_) {
+        s.doorbell_pages += mem->doorbells_.size();
+    }
     return s;
 }
 

@@ -118,6 +118,8 @@ TEST_F(CtlTest, StatusShowsVersionDevicesAndCounts) {
     ASSERT_EQ(j["devices"].size(), 1u);
     EXPECT_EQ(j["devices"][0]["name"], "softnda0");
     EXPECT_GT(u64(j["arena_bytes"]), 0u);
+    // The tenant's CQ and QP rang through softnda's per-context doorbell page.
+    EXPECT_GT(u64(j["doorbell_pages"]), 0u) << j.dump();
 }
 
 TEST_F(CtlTest, SessionsListTheTenantWithItsObjectsAndCalls) {
