@@ -63,8 +63,7 @@ class Rig {
     // spin_us: the engine must not fall asleep between two measurements, unless (paired runs)
     // it must leave the CPU to the broker's engine while the other half is measured.
     Rig(const Options &opt, uint32_t sq_depth, size_t buf_size, uint32_t idle_qps = 0,
-        uint32_t spin_us = 2000000)
-        : buf_size_(buf_size) {
+        uint32_t spin_us = 2000000) {
         softnda_vdev_ops.configure("spin_us", std::to_string(spin_us).c_str());
         softnda_vdev_ops.configure("engine_threads", std::to_string(opt.engine_threads).c_str());
         ctx_ = softnda_vdev_ops.open_device("softnda0");
@@ -226,7 +225,6 @@ class Rig {
         }
     }
 
-    size_t buf_size_;
     ibv_context *ctx_ = nullptr;
     ibv_context_extend *ext_ = nullptr;
     ibv_pd *pd_ = nullptr;
