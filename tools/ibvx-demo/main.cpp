@@ -393,7 +393,8 @@ int main(int argc, char **argv) {
     std::string device = "softnda0";
     size_t bytes = 256 * 1024;
     int wait_ms = 0;
-    for (int i = 1; i < argc; ++i) {
+    // Every option takes exactly one value.
+    for (int i = 1; i < argc; i += 2) {
         std::string a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : nullptr;
         if (v == nullptr) {
@@ -416,7 +417,6 @@ int main(int argc, char **argv) {
             fprintf(stderr, "usage: ibvx-demo [--device NAME] [--bytes N] [--wait MS]\n");
             return 2;
         }
-        ++i;
     }
     if (bytes < 64 || bytes > (64u << 20)) {
         fprintf(stderr, "ibvx-demo: --bytes must be in 64..67108864\n");
