@@ -12,6 +12,10 @@
 #include <memory>
 #include <string>
 
+namespace grpc {
+class Channel;
+}
+
 namespace ibvx::perf {
 
 struct BrokerStats {
@@ -39,6 +43,12 @@ class BrokerHarness {
     BrokerStats stats();
     // A field of /proc/<broker>/status in KiB ("RssAnon", "VmRSS", ...); -1 when unreadable.
     long statusKiB(const char *field) const;
+    // When this tool runs SCHED_FIFO: gives the started broker's softnda engine threads the same
+    // policy and priority, so the brokered fast path spins under the scheduler the direct one
+    // does. Returns how many threads were raised.
+    int raiseEngineThreads() const;
+    // CPU time the broker has used (user + system, all threads; /proc/<broker>/stat); ns, or -1.
+    double cpuNs() const;
     // One grpc.health.v1.Health/Check round trip on a dedicated channel; ns, or throws.
     uint64_t healthCheckNs();
     // The daemon's log (started broker only).
@@ -52,6 +62,11 @@ class BrokerHarness {
     bool own_ = false;
     std::unique_ptr<Rpc> rpc_;
 };
+
+// A channel of its own to the broker at `socket`, for health checks.
+std::shared_ptr<grpc::Channel> healthChannel(const std::string &socket);
+// One grpc.health.v1.Health/Check round trip (the null RPC); ns, or throws.
+uint64_t healthCheckNs(grpc::Channel *channel);
 
 // Directory holding this executable (for finding ibv-extendd and re-executing workers).
 std::string selfExe();

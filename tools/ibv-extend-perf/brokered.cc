@@ -2,6 +2,7 @@
 // by ibv-extendd through libibv_extend.so in broker mode, plus what only a broker has (a control
 // path over a socket, tenants as processes, sessions to tear down).
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/resource.h>
@@ -302,8 +303,10 @@ class SyscallCounter {
 class BrokerProbe : public Write8Probe {
   public:
     BrokerProbe() {
-        a_ = base_.createQp(base_.cq, 64);
-        b_ = base_.createQp(base_.cq, 64);
+        // The direct probe's shapes: a 64-entry CQ shared by two QPs with 64-entry SQs.
+        cq_ = base_.createCq(64);
+        a_ = base_.createQp(cq_, 64);
+        b_ = base_.createQp(cq_, 64);
         toRts(a_->qp, b_->qp->qp_num);
         toRts(b_->qp, a_->qp->qp_num);
         src_ = static_cast<uint8_t *>(ibvx_alloc_buf(4096));
@@ -317,7 +320,7 @@ class BrokerProbe : public Write8Probe {
         if (smr_ == nullptr || dmr_ == nullptr) {
             die("ibvx_reg_mr");
         }
-        if (softnda_sq_init(&sq_, &a_->sq_info) != 0 || softnda_cq_init(&cqh_, &base_.cq->cq_info) != 0) {
+        if (softnda_sq_init(&sq_, &a_->sq_info) != 0 || softnda_cq_init(&cqh_, &cq_->cq_info) != 0) {
             die("queue_info");
         }
         sge_ = softnda_sge{reinterpret_cast<uintptr_t>(src_), 8, smr_->lkey};
@@ -329,6 +332,7 @@ class BrokerProbe : public Write8Probe {
         ibvx_free_buf(dst_);
         ibv_destroy_qp_extend(base_.ctx, a_);
         ibv_destroy_qp_extend(base_.ctx, b_);
+        ibv_destroy_cq_extend(base_.ctx, cq_);
     }
     uint64_t once() override {
         softnda_send_wr w{};
@@ -355,6 +359,7 @@ class BrokerProbe : public Write8Probe {
 
   private:
     BrokerBase base_;
+    ibv_cq_extend *cq_ = nullptr;
     ibv_qp_extend *a_ = nullptr;
     ibv_qp_extend *b_ = nullptr;
     uint8_t *src_ = nullptr;
@@ -370,10 +375,29 @@ class BrokerProbe : public Write8Probe {
 // write8 through broker-made queues, one contiguous data phase watched for broker RPCs (its own
 // counter) and this thread's system calls; then the ratio against direct from alternating
 // blocks of both probes, so a shared machine's changing state hits both halves alike.
+// Under SCHED_FIFO the kernel stops a CPU's real-time threads for the rest of a period once
+// they used sched_rt_runtime_us of it (RT throttling: 50 ms of every second by default). A
+// client stopped that long lets the engine fall asleep, and its next doorbell then pays a futex
+// wake: a cost of the throttling, not of the fast path. Sleeping one period first gives the data
+// phase (perf attaching plus the work requests: well under a period) a whole budget.
+void freshRtBudget() {
+    if (::sched_getscheduler(0) != SCHED_FIFO) {
+        return;
+    }
+    long period_us = 0;
+    std::ifstream("/proc/sys/kernel/sched_rt_period_us") >> period_us;
+    std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(period_us, 0L, 2'000'000L) * 11 / 10));
+}
+
 void write8Broker(const Options &opt, Results &out, BrokerHarness &broker) {
     const int iters = opt.quick ? 200 : 200000;
     const int warmup = opt.quick ? 20 : 1000;
     BrokerProbe probe;
+    // The probe's device is open now, so its engine threads exist.
+    broker.raiseEngineThreads();
+    if (!opt.quick) {
+        freshRtBudget();
+    }
     for (int i = 0; i < warmup; ++i) {
         probe.once();
     }
@@ -482,10 +506,17 @@ void bringupBroker(const Options &opt, Results &out) {
     out.add("control", "bringup_p99_us_broker", percentile(ns, 99) / 1e3, "us");
 }
 
-// N tenant processes creating and destroying QPs at once; every call is one op.
-void clients(const Options &opt, Results &out, BrokerHarness &broker) {
-    const uint32_t n = opt.quick ? 4 : opt.clients;
-    const uint64_t ms = opt.quick ? 200 : 5000;
+// What one run of N calling processes gave.
+struct ChurnRun {
+    std::vector<uint64_t> ns;  // every call's latency
+    double client_cpu_ns = 0;  // the processes' CPU time (all threads)
+    double broker_cpu_ns = -1;
+    double ops_per_s = 0;
+};
+
+// N tenant processes making calls at once for `ms`: CreateQp + DestroyQp (every call is one op),
+// or with `null` the null RPC. They run SCHED_OTHER, as tenants do, even under --sched-fifo.
+ChurnRun churnRun(uint32_t n, uint64_t ms, bool null, BrokerHarness &broker) {
     char tmpl[] = "/tmp/ibvx.XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) {
         die("mkdtemp");
@@ -493,35 +524,77 @@ void clients(const Options &opt, Results &out, BrokerHarness &broker) {
     std::string dir = tmpl;
     std::vector<Worker> ws;
     for (uint32_t i = 0; i < n; ++i) {
-        ws.push_back(spawnWorker({"churn", std::to_string(ms), dir + "/w" + std::to_string(i)}));
+        std::vector<std::string> args = {"churn", std::to_string(ms), dir + "/w" + std::to_string(i)};
+        if (null) {
+            args.emplace_back("null");
+        }
+        ws.push_back(spawnWorker(args, false));
     }
     for (auto &w : ws) {
         if (readByte(w, 60000) != 'R') {
             die("a churn worker did not start: " + broker.log());
         }
     }
+    ChurnRun run;
+    double broker_cpu0 = broker.cpuNs();
     for (auto &w : ws) {
         sendByte(w, 'G');
     }
-    std::vector<uint64_t> ns;
-    for (uint32_t i = 0; i < n; ++i) {
-        if (readByte(ws[i], static_cast<int>(ms) + 60000) != 'D') {
+    for (auto &w : ws) {
+        if (readByte(w, static_cast<int>(ms) + 60000) != 'D') {
             die("a churn worker failed");
         }
+    }
+    // Before the tenants exit, so their sessions' ends are not charged to the calls.
+    if (broker_cpu0 >= 0) {
+        run.broker_cpu_ns = broker.cpuNs() - broker_cpu0;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
         std::ifstream f(dir + "/w" + std::to_string(i), std::ios::binary);
+        std::vector<uint64_t> mine;
         uint64_t v;
         while (f.read(reinterpret_cast<char *>(&v), sizeof(v))) {
-            ns.push_back(v);
+            mine.push_back(v);
         }
+        if (mine.empty()) {
+            die("a churn worker wrote no samples");
+        }
+        run.client_cpu_ns += static_cast<double>(mine.back());
+        run.ns.insert(run.ns.end(), mine.begin(), mine.end() - 1);
         reapWorker(ws[i]);
         ::unlink((dir + "/w" + std::to_string(i)).c_str());
     }
     ::rmdir(dir.c_str());
-    std::string tag = std::to_string(opt.clients) + "clients";
-    out.add("control", "ops_per_s_" + tag, static_cast<double>(ns.size()) / (static_cast<double>(ms) / 1e3),
-            "ops/s", std::to_string(n) + " processes, CreateQp + DestroyQp, " + std::to_string(ms) + " ms");
-    out.add("control", "p99_us_" + tag, percentile(ns, 99) / 1e3, "us");
-    out.add("control", "p50_us_" + tag, percentile(ns, 50) / 1e3, "us");
+    run.ops_per_s = static_cast<double>(run.ns.size()) / (static_cast<double>(ms) / 1e3);
+    return run;
+}
+
+// The concurrency target next to its floor: the same processes making null RPCs.
+void clients(const Options &opt, Results &out, BrokerHarness &broker) {
+    const uint32_t n = opt.quick ? 4 : opt.clients;
+    const uint64_t ms = opt.quick ? 200 : 5000;
+    const std::string tag = std::to_string(opt.clients) + "clients";
+    const std::string what = std::to_string(n) + " processes, " + std::to_string(ms) + " ms";
+    ChurnRun floor = churnRun(n, ms, true, broker);
+    ChurnRun run = churnRun(n, ms, false, broker);
+    out.add("floors", "null_rpc_ops_per_s_" + tag, floor.ops_per_s, "ops/s", what + ", Health/Check");
+    out.add("floors", "null_rpc_p99_us_" + tag, percentile(floor.ns, 99) / 1e3, "us");
+    out.add("control", "ops_per_s_" + tag, run.ops_per_s, "ops/s", what + ", CreateQp + DestroyQp");
+    out.add("control", "p99_us_" + tag, percentile(run.ns, 99) / 1e3, "us");
+    out.add("control", "p50_us_" + tag, percentile(run.ns, 50) / 1e3, "us");
+    out.add("control", "ops_over_null_rpc_" + tag, floor.ops_per_s > 0 ? run.ops_per_s / floor.ops_per_s : 0,
+            "x", "share of the null-RPC throughput of the same processes");
+    // Where the CPU goes, per call: a busy shared machine lowers the throughputs above more
+    // than these.
+    for (auto [r, name] : {std::pair{&floor, "null_rpc"}, std::pair{&run, "op"}}) {
+        double calls = static_cast<double>(std::max<size_t>(r->ns.size(), 1));
+        out.add("control", std::string("client_cpu_us_per_") + name + "_" + tag,
+                r->client_cpu_ns / calls / 1e3, "us", "tenant processes' CPU time (all threads) / calls");
+        if (r->broker_cpu_ns >= 0) {
+            out.add("control", std::string("broker_cpu_us_per_") + name + "_" + tag,
+                    r->broker_cpu_ns / calls / 1e3, "us", "broker CPU time over the run / calls");
+        }
+    }
 }
 
 // Polls the broker until it holds no more objects, sessions and arena bytes than `base`; ms.

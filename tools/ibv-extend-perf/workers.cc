@@ -15,6 +15,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
+
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
@@ -91,9 +93,19 @@ int fail(const char *what) {
     return 1;
 }
 
-int churn(uint64_t ms, const std::string &file) {
+// null: health checks instead of CreateQp/DestroyQp, on a channel of the worker's own and with
+// no broker session: the floor of the same many-process load.
+int churn(uint64_t ms, const std::string &file, bool null) {
     Base b;
-    if (!openBase(b)) {
+    std::shared_ptr<grpc::Channel> channel;
+    if (null) {
+        const char *socket = std::getenv("IBV_EXTEND_SOCKET");
+        if (socket == nullptr) {
+            return fail("IBV_EXTEND_SOCKET unset");
+        }
+        channel = healthChannel(socket);
+        healthCheckNs(channel.get());  // connected before the start
+    } else if (!openBase(b)) {
         return fail("open");
     }
     std::vector<uint64_t> ns;
@@ -102,8 +114,14 @@ int churn(uint64_t ms, const std::string &file) {
     if (get(STDIN_FILENO) != 'G') {
         return 1;
     }
+    timespec cpu0{}, cpu1{};
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu0);
     auto start = Clock::now();
     while (nsSince(start) < ms * 1'000'000ull) {
+        if (null) {
+            ns.push_back(healthCheckNs(channel.get()));
+            continue;
+        }
         auto t0 = Clock::now();
         ibv_qp_extend *qp = createQp(b, 16);
         if (qp == nullptr) {
@@ -116,6 +134,10 @@ int churn(uint64_t ms, const std::string &file) {
         }
         ns.push_back(nsSince(t0));
     }
+    ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu1);
+    // The last word is the CPU time the loop took in this process (all its threads: gRPC's too).
+    ns.push_back(
+        static_cast<uint64_t>((cpu1.tv_sec - cpu0.tv_sec) * 1'000'000'000ll + (cpu1.tv_nsec - cpu0.tv_nsec)));
     FILE *f = std::fopen(file.c_str(), "wb");
     if (f == nullptr || std::fwrite(ns.data(), sizeof(uint64_t), ns.size(), f) != ns.size() ||
         std::fclose(f) != 0) {
@@ -162,7 +184,7 @@ int bringup() {
 
 }  // namespace
 
-Worker spawnWorker(const std::vector<std::string> &args) {
+Worker spawnWorker(const std::vector<std::string> &args, bool realtime) {
     int to[2], from[2];
     if (::pipe2(to, O_CLOEXEC) < 0) {
         throw std::runtime_error("pipe2 failed");
@@ -192,7 +214,7 @@ Worker spawnWorker(const std::vector<std::string> &args) {
     posix_spawnattr_init(&attr);
     sched_param sp{};
     int policy = sched_getscheduler(0);
-    if (policy == SCHED_FIFO && sched_getparam(0, &sp) == 0 && sp.sched_priority > 1) {
+    if (realtime && policy == SCHED_FIFO && sched_getparam(0, &sp) == 0 && sp.sched_priority > 1) {
         sp.sched_priority -= 1;
     } else {
         policy = SCHED_OTHER;
@@ -265,8 +287,8 @@ void reapWorker(Worker &w, int timeout_ms) {
 
 int workerMain(const std::vector<std::string> &args) {
     ::signal(SIGPIPE, SIG_IGN);
-    if (args.size() == 3 && args[0] == "churn") {
-        return churn(std::strtoull(args[1].c_str(), nullptr, 10), args[2]);
+    if ((args.size() == 3 || (args.size() == 4 && args[3] == "null")) && args[0] == "churn") {
+        return churn(std::strtoull(args[1].c_str(), nullptr, 10), args[2], args.size() == 4);
     }
     if (args.size() == 2 && args[0] == "hold") {
         return hold(static_cast<uint32_t>(std::strtoul(args[1].c_str(), nullptr, 10)));

@@ -2,7 +2,10 @@
 // broker session each (libibv_extend.so in broker mode). The parent drives them with single
 // bytes on a pipe (their stdin) and they answer with single bytes (their stdout):
 //   churn <ms> <file>: context, PD, CQ; 'R'; waits 'G'; creates and destroys QPs for <ms>,
-//                      writing every call's latency (uint64 ns) to <file>; 'D'.
+//                      writing every call's latency (uint64 ns) to <file>, then the process's
+//                      CPU time over the loop (uint64 ns); 'D'.
+//   churn <ms> <file> null: the same with grpc.health.v1.Health/Check calls (the null RPC),
+//                      without a broker session.
 //   hold <n>:          context, PD, CQ; 'S'; waits 'C'; creates <n> QPs; 'R'; exits on 'Q' or EOF.
 //   bringup:           context, PD, CQ, QP in RTS, registered buffer; 'R'; exits on 'Q' or EOF
 //                      (the reclaim scenario SIGKILLs it instead).
@@ -22,8 +25,10 @@ struct Worker {
     int from = -1;  // the worker's stdout
 };
 
-// Starts this executable as a worker (SCHED_FIFO one below the tool when it runs SCHED_FIFO).
-Worker spawnWorker(const std::vector<std::string> &args);
+// Starts this executable as a worker: SCHED_FIFO one below the tool when it runs SCHED_FIFO and
+// `realtime`, else SCHED_OTHER (tenants that only make calls, as real tenants are: at one FIFO
+// priority a woken tenant waits for the running ones to block, with no time slices).
+Worker spawnWorker(const std::vector<std::string> &args, bool realtime = true);
 bool sendByte(const Worker &w, char c);
 // The next byte from the worker, or 0 on EOF/timeout.
 char readByte(const Worker &w, int timeout_ms);
