@@ -245,26 +245,15 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
         }
     }
     unsigned idx = static_cast<unsigned>(__builtin_ctzll(~page->used));
-    uintptr_t reg = reinterpret_cast<uintptr_t>(page->reg(idx));
+    static_assert(SOFTNDA_DB_REGS_PER_PAGE <= 256, "DbSlot::index is a byte");
     DbSlot s;
     s.page = page;
-    s.index = idx;
-    std::memset(&s.desc, 0, sizeof(s.desc));
-    s.desc.size = SOFTNDA_DB_REG_STRIDE;
-    if (dma_type == QU_BUF_DMA_MODE_INDEP_UB) {
-        s.desc.type = DB_MAP_MODE_UB_RES;
-        s.desc.ub_res.guid_l = dev->guid;
-        s.desc.ub_res.guid_h = kGuidHigh;
-        s.desc.ub_res.bits.resource_id = SOFTNDA_UB_RESOURCE_DOORBELL;
-        s.desc.ub_res.bits.offset =
-            static_cast<uint64_t>(page->page_no) * SOFTNDA_DB_PAGE_SIZE + (reg & (SOFTNDA_DB_PAGE_SIZE - 1));
-    } else {
-        s.desc.type = DB_MAP_MODE_HOST_VA;
-        s.desc.hva = reg;
-    }
+    s.index = static_cast<uint8_t>(idx);
+    s.ub_res = dma_type == QU_BUF_DMA_MODE_INDEP_UB;
+    doorbell_map_desc desc = slotDesc(s);
     // The register starts at the queue's initial PI (0) so a sweep sees no stale ring.
     __atomic_store_n(page->reg(idx), 0u, __ATOMIC_RELAXED);
-    s.mapped = ops->db_mmap(&s.desc);
+    s.mapped = ops->db_mmap(&desc);
     if (s.mapped == nullptr) {
         return -(errno != 0 ? errno : ENOMEM);
     }
@@ -278,6 +267,25 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
     return 0;
 }
 
+doorbell_map_desc slotDesc(const DbSlot &slot) {
+    doorbell_map_desc desc;
+    std::memset(&desc, 0, sizeof(desc));
+    desc.size = SOFTNDA_DB_REG_STRIDE;
+    uintptr_t reg = reinterpret_cast<uintptr_t>(slot.page->reg(slot.index));
+    if (slot.ub_res) {
+        desc.type = DB_MAP_MODE_UB_RES;
+        desc.ub_res.guid_l = slot.page->ctx->dev->guid;
+        desc.ub_res.guid_h = kGuidHigh;
+        desc.ub_res.bits.resource_id = SOFTNDA_UB_RESOURCE_DOORBELL;
+        desc.ub_res.bits.offset = static_cast<uint64_t>(slot.page->page_no) * SOFTNDA_DB_PAGE_SIZE +
+                                  (reg & (SOFTNDA_DB_PAGE_SIZE - 1));
+    } else {
+        desc.type = DB_MAP_MODE_HOST_VA;
+        desc.hva = reg;
+    }
+    return desc;
+}
+
 void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot) {
     if (slot->page == nullptr) {
         return;
@@ -289,7 +297,8 @@ void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot) {
     __atomic_fetch_and(slot->page->summary(), ~(1ull << slot->index), __ATOMIC_RELAXED);
     dev->gate.unlock();
     if (slot->mapped != nullptr) {
-        ops->db_unmap(slot->mapped, &slot->desc);
+        doorbell_map_desc desc = slotDesc(*slot);
+        ops->db_unmap(slot->mapped, &desc);
     }
     slot->page->used &= ~(1ull << slot->index);
     slot->page = nullptr;

@@ -37,8 +37,6 @@ int allocRing(ibv_extend_ops *ops, uint32_t cnt, uint32_t stride, Ring *r) {
         return -EINVAL;
     }
     ops->memset_s(mem, 0, size);
-    r->mem = mem;
-    r->mem_size = size;
     r->buf = static_cast<uint8_t *>(mem);
     r->cnt = cnt;
     r->stride = stride;
@@ -49,9 +47,9 @@ int allocRing(ibv_extend_ops *ops, uint32_t cnt, uint32_t stride, Ring *r) {
 }
 
 void freeRing(ibv_extend_ops *ops, Ring *r) {
-    if (r->mem != nullptr) {
-        ops->free(r->mem);
-        r->mem = nullptr;
+    if (r->buf != nullptr) {
+        ops->free(r->buf);
+        r->buf = nullptr;
     }
 }
 
@@ -354,6 +352,10 @@ int queryDevice(ibv_context *context, ibv_device_attr_extend *attr) {
 }
 
 constexpr int kExtMaskAll = IBV_QP_ATTR_EXTEND_MAX - 1;
+// The attributes a QP keeps in QpAttrs::ext.
+constexpr int kExtMaskApart = IBV_QP_ATTR_EXTEND_HYROCE_FEATURE | IBV_QP_ATTR_EXTEND_MPATH_CONFIG |
+                              IBV_QP_ATTR_EXTEND_AR_CONFIG | IBV_QP_ATTR_EXTEND_SACK_CONFIG;
+const QpExtAttrs kNoExtAttrs{};
 
 int modifyQpExt(ibv_context *context, ibv_qp_attr_extend *attr, int mask) {
     Context *ctx = asContext(context);
@@ -372,24 +374,27 @@ int modifyQpExt(ibv_context *context, ibv_qp_attr_extend *attr, int mask) {
     Device *dev = ctx->dev;
     std::lock_guard<std::mutex> ctl(dev->ctl);
     QpAttrs &q = qp->attrs;
+    if ((mask & kExtMaskApart) != 0 && !q.ext) {
+        q.ext = std::make_unique<QpExtAttrs>();  // before any change: all or nothing on ENOMEM
+    }
     if (mask & IBV_QP_ATTR_EXTEND_UDP_SRC_PORT) {
         q.udp_src_port = attr->udp_src_port;
     }
     if (mask & IBV_QP_ATTR_EXTEND_HYROCE_FEATURE) {
-        q.feature = attr->feature;
-        q.feature_set = true;
+        q.ext->feature = attr->feature;
+        q.ext->feature_set = true;
     }
     if (mask & IBV_QP_ATTR_EXTEND_LB_MODE) {
         q.lb_mode = attr->lb_mode;
     }
     if (mask & IBV_QP_ATTR_EXTEND_MPATH_CONFIG) {
-        q.mpath = attr->mpath;
+        q.ext->mpath = attr->mpath;
     }
     if (mask & IBV_QP_ATTR_EXTEND_AR_CONFIG) {
-        q.ar = attr->ar;
+        q.ext->ar = attr->ar;
     }
     if (mask & IBV_QP_ATTR_EXTEND_SACK_CONFIG) {
-        q.sack = attr->sack;
+        q.ext->sack = attr->sack;
     }
     if (mask & IBV_QP_ATTR_EXTEND_LAG_PORT) {
         q.lag_port = attr->lag_port;
@@ -407,23 +412,24 @@ int queryQpExt(ibv_context *context, ibv_qp_attr_extend *attr, int mask) {
     }
     std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
     const QpAttrs &q = qp->attrs;
+    const QpExtAttrs &x = q.ext ? *q.ext : kNoExtAttrs;
     if (mask & IBV_QP_ATTR_EXTEND_UDP_SRC_PORT) {
         attr->udp_src_port = q.udp_src_port;
     }
     if (mask & IBV_QP_ATTR_EXTEND_HYROCE_FEATURE) {
-        attr->feature = q.feature;
+        attr->feature = x.feature;
     }
     if (mask & IBV_QP_ATTR_EXTEND_LB_MODE) {
         attr->lb_mode = q.lb_mode;
     }
     if (mask & IBV_QP_ATTR_EXTEND_MPATH_CONFIG) {
-        attr->mpath = q.mpath;
+        attr->mpath = x.mpath;
     }
     if (mask & IBV_QP_ATTR_EXTEND_AR_CONFIG) {
-        attr->ar = q.ar;
+        attr->ar = x.ar;
     }
     if (mask & IBV_QP_ATTR_EXTEND_SACK_CONFIG) {
-        attr->sack = q.sack;
+        attr->sack = x.sack;
     }
     if (mask & IBV_QP_ATTR_EXTEND_LAG_PORT) {
         attr->lag_port = q.lag_port;
@@ -467,7 +473,8 @@ int negoFeature(ibv_context *context, ibv_qp *ibqp, const ibv_hyroce_feature *in
     ibv_hyroce_feature local;
     {
         std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
-        local = qp->attrs.feature_set ? qp->attrs.feature : supportedFeature();
+        const QpExtAttrs *x = qp->attrs.ext.get();
+        local = x != nullptr && x->feature_set ? x->feature : supportedFeature();
     }
     ibv_hyroce_feature r{};
     r.version = std::min(local.version, in->version);

@@ -136,12 +136,12 @@ void setQpError(Device *dev, Qp *qp) {
 
 class Engine::Thread {
   public:
-    Thread(Device *dev, uint32_t id) : dev_(dev), id_(id) {
+    Thread(Device *dev, uint32_t id) : dev_(dev) {
         thread_ = std::thread([this] { run(); });
         // Named, so operators (top -H) and tools (a benchmark raising the emulated NIC's
         // priority) can tell the engine from the host process's own threads.
         char name[16];
-        snprintf(name, sizeof(name), "softnda-eng%u", id_ % 1000);
+        snprintf(name, sizeof(name), "softnda-eng%u", id % 1000);
         pthread_setname_np(thread_.native_handle(), name);
     }
     ~Thread() {
@@ -184,7 +184,6 @@ class Engine::Thread {
     void touchHot(DbPage *p);
 
     Device *dev_;
-    uint32_t id_;
     std::thread thread_;
     std::atomic<bool> stop_{false};
     uint32_t kick_word_ = 0;
@@ -196,7 +195,7 @@ class Engine::Thread {
     Counters ctr_;
 };
 
-Engine::Engine(Device *dev, uint32_t threads) : dev_(dev) {
+Engine::Engine(Device *dev, uint32_t threads) {
     for (uint32_t i = 0; i < threads; ++i) {
         threads_.push_back(std::make_unique<Thread>(dev, i));
     }

@@ -70,8 +70,7 @@ struct Ring {
     uint32_t *pi = nullptr;  // doorbell record word 0
     uint32_t *ci = nullptr;  // doorbell record word 16 (offset 64)
     uint32_t ci_local = 0;   // the engine's CI (the truth; *ci mirrors it)
-    void *mem = nullptr;     // the allocation (freed with ops->free)
-    size_t mem_size = 0;
+    // buf is also the allocation (freed with ops->free): ring then doorbell record, one block.
 };
 
 enum class SlotKind : uint8_t { Free, Sq, Rq, Srq, Cq };
@@ -94,12 +93,14 @@ struct DbPage {
     }
 };
 
-// One doorbell register handed to a queue, and how it was mapped for the creator.
+// One doorbell register handed to a queue, and how it was mapped for the creator. The
+// doorbell_map_desc given to db_mmap is not kept (40 bytes a queue): slotDesc() rebuilds the
+// same one from the page, the index and the mode for db_unmap.
 struct DbSlot {
     DbPage *page = nullptr;
-    unsigned index = 0;
-    doorbell_map_desc desc{};
     void *mapped = nullptr;  // what db_mmap returned
+    uint8_t index = 0;
+    bool ub_res = false;  // mapped as DB_MAP_MODE_UB_RES (else DB_MAP_MODE_HOST_VA)
 };
 
 struct Device;
@@ -181,7 +182,19 @@ struct Srq {
     SpinLock lock;
 };
 
-// Standard and extended QP attributes, written by control operations under the gate.
+// The big V2/V3 extended attributes. Few QPs ever set them and they are 480 bytes, more than a
+// third of a QP, so a QP holds them apart, allocated by the first modify_qp_extend that sets
+// one; until then they read as zeros (and the hyroce feature as not set).
+struct QpExtAttrs {
+    ibv_hyroce_feature feature{};
+    bool feature_set = false;
+    ibv_mpath_config mpath{};
+    ibv_ar_config ar{};
+    ibv_sack_config sack{};
+};
+
+// Standard and extended QP attributes, written by control operations under the gate (`ext`:
+// under Device::ctl, which every control operation holds; the engine never reads it).
 struct QpAttrs {
     uint32_t dest_qpn = 0;
     uint32_t sq_psn = 0;
@@ -195,13 +208,9 @@ struct QpAttrs {
     ibv_ah_attr ah{};
     // extended (V2/V3)
     uint32_t udp_src_port = 0;
-    ibv_hyroce_feature feature{};
-    bool feature_set = false;
     uint32_t lb_mode = 0;
-    ibv_mpath_config mpath{};
-    ibv_ar_config ar{};
-    ibv_sack_config sack{};
     uint32_t lag_port = 0;
+    std::unique_ptr<QpExtAttrs> ext;
 };
 
 struct Qp {
@@ -350,6 +359,8 @@ Mr *asMr(ibv_mr *ib);
 int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out);
 // Publishes / unpublishes the slot owner to the engine (caller holds ctl; takes the gate).
 void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot);
+// The doorbell_map_desc the slot was mapped with.
+doorbell_map_desc slotDesc(const DbSlot &slot);
 
 int vdevConfigure(const char *key, const char *value);
 int vdevQueryDevices(ibv_extend_vdev_attr *attrs, int max);
@@ -379,7 +390,6 @@ class Engine {
     class Thread;
 
   private:
-    Device *dev_;
     std::vector<std::unique_ptr<Thread>> threads_;
 };
 

@@ -277,6 +277,110 @@ TEST_F(Driver, RegMrValidation) {
     EXPECT_EQ(softnda_vdev_ops.dereg_mr(nullptr), -EINVAL);
 }
 
+// The big extended attributes live apart from the QP until set: unset they read as zeros (not
+// stale memory), and a move to RESET zeroes them again, as it does the standard attributes.
+TEST_F(Driver, ExtendedAttributesReadZeroUntilSetAndAfterReset) {
+    CqH cq = makeCq();
+    QpH q = makeQp(cq, cq);
+    constexpr int kBig = IBV_QP_ATTR_EXTEND_HYROCE_FEATURE | IBV_QP_ATTR_EXTEND_MPATH_CONFIG |
+                         IBV_QP_ATTR_EXTEND_AR_CONFIG | IBV_QP_ATTR_EXTEND_SACK_CONFIG;
+    auto queryZeroed = [&] {
+        ibv_qp_attr_extend out;
+        std::memset(&out, 0xa5, sizeof(out));
+        out.qp = q.ext->qp;
+        EXPECT_EQ(ext_->ops->query_qp(ctx_, &out, kBig), 0);
+        ibv_qp_attr_extend zero{};
+        EXPECT_EQ(std::memcmp(&out.feature, &zero.feature, sizeof(zero.feature)), 0);
+        EXPECT_EQ(std::memcmp(&out.mpath, &zero.mpath, sizeof(zero.mpath)), 0);
+        EXPECT_EQ(std::memcmp(&out.ar, &zero.ar, sizeof(zero.ar)), 0);
+        EXPECT_EQ(std::memcmp(&out.sack, &zero.sack, sizeof(zero.sack)), 0);
+    };
+    auto negotiatedVersion = [&] {
+        ibv_hyroce_feature peer{}, out{};
+        uint32_t more = 0;
+        peer.type = IBV_HYPER_FEAT_HYPER_ROCE;
+        peer.version = IBV_HYPER_FEAT_V3;
+        EXPECT_EQ(ext_->ops->nego_qp_hyroce_feature(ctx_, q.ext->qp, &peer, &out, &more), 0);
+        return out.version;
+    };
+    queryZeroed();
+    EXPECT_EQ(negotiatedVersion(), IBV_HYPER_FEAT_V2);  // the supported feature: none was set
+
+    ibv_qp_attr_extend in{};
+    in.qp = q.ext->qp;
+    in.feature.type = IBV_HYPER_FEAT_HYPER_ROCE;
+    in.feature.version = IBV_HYPER_FEAT_V1;
+    ASSERT_EQ(ext_->ops->modify_qp(ctx_, &in, IBV_QP_ATTR_EXTEND_HYROCE_FEATURE), 0);
+    EXPECT_EQ(negotiatedVersion(), IBV_HYPER_FEAT_V1);
+    ibv_qp_attr_extend out{};
+    out.qp = q.ext->qp;
+    out.mpath.path_num = 99;
+    ASSERT_EQ(ext_->ops->query_qp(ctx_, &out, kBig), 0);
+    EXPECT_EQ(out.feature.version, IBV_HYPER_FEAT_V1);
+    EXPECT_EQ(out.mpath.path_num, 0u);  // set apart from the feature, never written
+
+    in.mpath.path_num = 4;
+    in.sack.oor_range = 10;
+    ASSERT_EQ(
+        ext_->ops->modify_qp(ctx_, &in, IBV_QP_ATTR_EXTEND_MPATH_CONFIG | IBV_QP_ATTR_EXTEND_SACK_CONFIG), 0);
+    ASSERT_EQ(toInit(q.ext->qp, 0), 0);
+    ibv_qp_attr reset{};
+    reset.qp_state = IBV_QPS_RESET;
+    ASSERT_EQ(softnda_vdev_ops.modify_qp(q.ext->qp, &reset, IBV_QP_STATE), 0);
+    queryZeroed();
+    EXPECT_EQ(negotiatedVersion(), IBV_HYPER_FEAT_V2);
+}
+
+// db_unmap gets the very descriptor db_mmap got, in both mapping modes (softnda rebuilds it).
+TEST_F(Driver, DoorbellUnmapGetsTheDescriptorOfItsMap) {
+    struct Recorder {
+        static std::vector<std::vector<uint8_t>> &mapped() {
+            static std::vector<std::vector<uint8_t>> v;
+            return v;
+        }
+        static std::vector<std::vector<uint8_t>> &unmapped() {
+            static std::vector<std::vector<uint8_t>> v;
+            return v;
+        }
+        static std::vector<uint8_t> bytes(const doorbell_map_desc *d) {
+            auto *p = reinterpret_cast<const uint8_t *>(d);
+            return {p, p + sizeof(*d)};
+        }
+        static void *dbMmap(doorbell_map_desc *d) {
+            mapped().push_back(bytes(d));
+            return MemfdArena::dbMmap(d);
+        }
+        static int dbUnmap(void *ptr, doorbell_map_desc *d) {
+            unmapped().push_back(bytes(d));
+            return MemfdArena::dbUnmap(ptr, d);
+        }
+    };
+    static ibv_extend_ops ops = *arena().ops();
+    ops.db_mmap = Recorder::dbMmap;
+    ops.db_unmap = Recorder::dbUnmap;
+    CqH cq = makeCq();
+    for (queue_buf_dma_mode mode : {QU_BUF_DMA_MODE_DEFAULT, QU_BUF_DMA_MODE_INDEP_UB}) {
+        Recorder::mapped().clear();
+        Recorder::unmapped().clear();
+        auto a = qpAttr(cq, cq);
+        a.type = mode;
+        a.ops = &ops;
+        ibv_qp_extend *qp = ext_->ops->create_qp(ctx_, &a);
+        ASSERT_NE(qp, nullptr);
+        ASSERT_EQ(Recorder::mapped().size(), 2u);  // SQ and RQ doorbells
+        ASSERT_EQ(ext_->ops->destroy_qp(qp), 0);
+        ASSERT_EQ(Recorder::unmapped().size(), 2u);
+        // Released RQ first, then SQ.
+        EXPECT_EQ(Recorder::unmapped()[0], Recorder::mapped()[1]);
+        EXPECT_EQ(Recorder::unmapped()[1], Recorder::mapped()[0]);
+        doorbell_map_desc first;
+        std::memcpy(&first, Recorder::mapped()[0].data(), sizeof(first));
+        EXPECT_EQ(first.type, mode == QU_BUF_DMA_MODE_INDEP_UB ? uint32_t{DB_MAP_MODE_UB_RES}
+                                                               : uint32_t{DB_MAP_MODE_HOST_VA});
+        EXPECT_EQ(first.size, uint64_t{SOFTNDA_DB_REG_STRIDE});
+    }
+}
+
 TEST_F(Driver, ExtendedAttributesAreStoredAndReturned) {
     CqH cq = makeCq();
     QpH q = makeQp(cq, cq);
