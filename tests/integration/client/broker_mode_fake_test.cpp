@@ -411,6 +411,11 @@ TEST_F(FakeBrokerTest, ForkedChildNeverUsesTheParentsSession) {
 
 TEST_F(FakeBrokerTest, HungBrokerHitsTheDeadline) {
     ASSERT_EQ(kill(broker_.pid(), SIGSTOP), 0);
+    // kill() returns before the group stop completes: a broker thread already running could
+    // still answer. The parent hears of the stop once every thread has stopped.
+    int st = 0;
+    ASSERT_EQ(waitpid(broker_.pid(), &st, WUNTRACED), broker_.pid());
+    ASSERT_TRUE(WIFSTOPPED(st));
     errno = 0;
     ibv_cq_extend *cq = createCq();  // IBV_EXTEND_TIMEOUT_MS=6000
     int err = errno;

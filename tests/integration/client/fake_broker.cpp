@@ -541,13 +541,22 @@ void serveFdChannel(FakeBroker *broker, int fd) {
     memcpy(t.data(), req.token, t.size());
     auto s = broker->byToken(t);
     ibvx::AttachReply rep{{'I', 'B', 'V', 'X'}, s != nullptr ? 0 : ENOENT};
-    if (send(fd, &rep, sizeof(rep), MSG_NOSIGNAL) != sizeof(rep) || s == nullptr) {
+    if (s == nullptr) {
+        (void)send(fd, &rep, sizeof(rep), MSG_NOSIGNAL);
         return;
     }
     int reader = dup(fd);
+    // The channel belongs to the session before the client hears it is attached, as in the real
+    // broker: its next call may need a region sent on it at once.
     {
         std::lock_guard lock(s->mu);
         s->fd_channel = std::move(sock);
+    }
+    if (reader < 0 || send(fd, &rep, sizeof(rep), MSG_NOSIGNAL) != sizeof(rep)) {
+        if (reader >= 0) {
+            close(reader);
+        }
+        return;
     }
     for (;;) {
         ibvx::Frame f;
