@@ -22,6 +22,9 @@ size_t alignUp(size_t n, size_t a) {
     return (n + a - 1) / a * a;
 }
 
+// Orders a chunk's blocks (sorted by offset) against an offset, for std::lower_bound.
+constexpr auto blockBefore = [](const auto &block, uint32_t offset) { return block.offset < offset; };
+
 void *cbAlloc(size_t size) {
     return MappingManager::instance().alloc(size);
 }
@@ -123,19 +126,24 @@ void *MappingManager::alloc(size_t size) {
         return nullptr;
     }
     size_t want = alignUp(size, kAlign);
+    static_assert(kMaxAlloc <= UINT32_MAX, "Block holds chunk offsets and sizes in 32 bits");
+    auto want32 = static_cast<uint32_t>(want);
     std::lock_guard lock(mu_);
     for (auto &c : mem->chunks_) {
         for (auto it = c->free_blocks.begin(); it != c->free_blocks.end(); ++it) {
-            if (it->second < want) {
+            if (it->size < want32) {
                 continue;
             }
-            size_t off = it->first;
-            size_t left = it->second - want;
-            c->free_blocks.erase(it);
-            if (left > 0) {
-                c->free_blocks.emplace(off + want, left);
+            uint32_t off = it->offset;
+            // Reserve first: a throwing insert must leave the free list as it was.
+            auto used = std::lower_bound(c->used_blocks.begin(), c->used_blocks.end(), off, blockBefore);
+            c->used_blocks.insert(used, {off, want32});
+            if (it->size > want32) {
+                it->offset += want32;
+                it->size -= want32;
+            } else {
+                c->free_blocks.erase(it);
             }
-            c->used_blocks.emplace(off, want);
             c->used_bytes += want;
             return static_cast<uint8_t *>(c->mem.data()) + off;
         }
@@ -150,9 +158,9 @@ void *MappingManager::alloc(size_t size) {
     chunk->mem = std::move(region).value();
     chunk->id = newRegionId();
     if (chunk->mem.size() > want) {
-        chunk->free_blocks.emplace(want, chunk->mem.size() - want);
+        chunk->free_blocks.push_back({want32, static_cast<uint32_t>(chunk->mem.size() - want)});
     }
-    chunk->used_blocks.emplace(0, want);
+    chunk->used_blocks.push_back({0, want32});
     chunk->used_bytes = want;
     void *p = chunk->mem.data();
     chunk_owner_[reinterpret_cast<uintptr_t>(p)] = mem;
@@ -186,30 +194,32 @@ void MappingManager::free(void *ptr) {
         if (!c->mem.contains(ptr)) {
             continue;
         }
-        size_t off = addr - reinterpret_cast<uintptr_t>(c->mem.data());
-        auto used = c->used_blocks.find(off);
-        if (used == c->used_blocks.end()) {
+        auto off = static_cast<uint32_t>(addr - reinterpret_cast<uintptr_t>(c->mem.data()));
+        auto used = std::lower_bound(c->used_blocks.begin(), c->used_blocks.end(), off, blockBefore);
+        if (used == c->used_blocks.end() || used->offset != off) {
             return;  // not the start of an allocation
         }
-        size_t size = used->second;
+        uint32_t size = used->size;
+        // Coalesce with the neighbours so a long-lived session does not fragment. Only the
+        // last step may grow the free list (and throw): the block is used until it succeeds.
+        auto next = std::lower_bound(c->free_blocks.begin(), c->free_blocks.end(), off, blockBefore);
+        bool joins_next = next != c->free_blocks.end() && next->offset == off + size;
+        bool joins_prev =
+            next != c->free_blocks.begin() && std::prev(next)->offset + std::prev(next)->size == off;
+        if (!joins_next && !joins_prev) {
+            c->free_blocks.insert(next, {off, size});
+        } else if (joins_prev) {
+            auto prev = std::prev(next);
+            prev->size += size + (joins_next ? next->size : 0);
+            if (joins_next) {
+                c->free_blocks.erase(next);
+            }
+        } else {
+            next->offset = off;
+            next->size += size;
+        }
         c->used_blocks.erase(used);
         c->used_bytes -= size;
-        // Coalesce with the neighbours so a long-lived session does not fragment.
-        auto next = c->free_blocks.lower_bound(off);
-        if (next != c->free_blocks.end() && next->first == off + size) {
-            size += next->second;
-            next = c->free_blocks.erase(next);
-        }
-        if (next != c->free_blocks.begin()) {
-            auto prev = std::prev(next);
-            if (prev->first + prev->second == off) {
-                prev->second += size;
-                size = 0;
-            }
-        }
-        if (size != 0) {
-            c->free_blocks.emplace(off, size);
-        }
         if (c->used_bytes == 0) {
             releaseChunkLocked(mem, i);
         }

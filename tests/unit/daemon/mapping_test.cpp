@@ -102,6 +102,44 @@ TEST_F(MappingTest, CarvesOneChunkAndFreesBackToZero) {
     EXPECT_EQ(mm.totals().arena_chunks, 0u);
 }
 
+// Freed blocks merge with free neighbours on either side, so the space of a chunk comes back
+// whole: after freeing a pattern of blocks, one allocation of their joint size fits where they
+// were, and a stray or interior pointer frees nothing.
+TEST_F(MappingTest, FreedNeighboursCoalesceAndTheirSpaceIsReused) {
+    auto mem = mm.createSession(7);
+    ScopedBinding bind(mem.get(), &vdev);
+    constexpr size_t kBlock = 4096;
+    const size_t n = MappingManager::kChunkSize / kBlock;
+    std::vector<uint8_t *> p;
+    for (size_t i = 0; i < n; ++i) {
+        p.push_back(static_cast<uint8_t *>(ops->alloc(kBlock)));
+        ASSERT_NE(p.back(), nullptr);
+    }
+    ASSERT_EQ(mm.stats(*mem).arena_chunks, 1u);  // exactly full
+    ops->free(p[3] + 64);                        // inside an allocation: ignored
+    EXPECT_EQ(mm.stats(*mem).allocated_bytes, n * kBlock);
+    // Free 2, 4, 3 (joins both sides), then 6 and 5 (joins the left run and the right block).
+    for (size_t i : {2, 4, 3, 6, 5}) {
+        ops->free(p[i]);
+    }
+    EXPECT_EQ(mm.stats(*mem).allocated_bytes, (n - 5) * kBlock);
+    void *run = ops->alloc(5 * kBlock);
+    EXPECT_EQ(run, p[2]);  // the five blocks are one free run again
+    EXPECT_EQ(mm.stats(*mem).arena_chunks, 1u);
+    ops->free(p[n - 1]);
+    ops->free(p[n - 2]);
+    void *tail = ops->alloc(2 * kBlock);
+    EXPECT_EQ(tail, p[n - 2]);
+    ops->free(run);
+    ops->free(tail);
+    for (size_t i = 0; i < n; ++i) {
+        if ((i < 2 || i > 6) && i < n - 2) {
+            ops->free(p[i]);
+        }
+    }
+    EXPECT_EQ(mm.stats(*mem).arena_chunks, 0u);
+}
+
 TEST_F(MappingTest, ResolveGivesRegionAndOffsetAndUnsentOnce) {
     auto mem = mm.createSession(2);
     void *a;
