@@ -103,9 +103,9 @@ std::vector<ObjectSnapshot> SessionInspector::objects(Session &s) {
             case ObjectKind::kQp: {
                 auto *qp = static_cast<const QpObject *>(obj.get());
                 o.device = deviceOf(qp->context);
-                o.qp_type = qp->init.qp_type;
-                o.qp_cap = qp->init.cap;
-                o.qp_has_srq = qp->init.srq != nullptr;
+                o.qp_type = qp->qp_type;
+                o.qp_cap = qp->cap;
+                o.qp_has_srq = qp->has_srq;
                 if (qp->qp != nullptr && qp->qp->qp != nullptr) {
                     o.qp_num = qp->qp->qp->qp_num;
                     o.qp_state = qp->qp->qp->state;

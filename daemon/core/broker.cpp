@@ -884,7 +884,10 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
             return fromDriver(errno != 0 ? errno : ENOMEM, "create_qp failed");
         }
     }
-    obj->init = attr.attr;
+    obj->cap = attr.attr.cap;
+    obj->qp_type = attr.attr.qp_type;
+    obj->sq_sig_all = attr.attr.sq_sig_all != 0;
+    obj->has_srq = srq != nullptr;
     QpResult r;
     auto sq = translate(s, obj->qp->sq_info);
     auto rq = translate(s, obj->qp->rq_info);
@@ -1055,8 +1058,8 @@ StatusOr<QueryQpResult> Broker::queryQp(Session &s, uint64_t qp, int attr_mask) 
     if (rc != 0) {
         return fromDriver(driverErr(rc), "query_qp failed");
     }
-    r.init.qp_type = o->init.qp_type;
-    r.init.sq_sig_all = o->init.sq_sig_all;
+    r.init.qp_type = o->qp_type;
+    r.init.sq_sig_all = o->sq_sig_all ? 1 : 0;
     return r;
 }
 

@@ -5,8 +5,10 @@
 
 #include <infiniband/verbs.h>
 
+#include <cstddef>
 #include <cstdint>
-#include <vector>
+#include <cstdlib>
+#include <initializer_list>
 
 #include <ibv_extend.h>
 #include <ibv_extend_vdev.h>
@@ -23,14 +25,44 @@ enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq };
 
 const char *kindName(ObjectKind kind);
 
+struct Object;
+
+// The objects one object uses. There are at most five (a QP's context, PD, two CQs and SRQ), so
+// they are held inline: a heap vector would cost every QP a 48-byte allocation.
+class ObjectUses {
+  public:
+    static constexpr size_t kMax = 5;
+
+    ObjectUses &operator=(std::initializer_list<Object *> list) {
+        size_ = 0;
+        for (Object *o : list) {
+            push_back(o);
+        }
+        return *this;
+    }
+    void push_back(Object *o) {
+        if (size_ == kMax) {
+            std::abort();  // cannot happen: no kind of object uses more
+        }
+        items_[size_++] = o;
+    }
+    size_t size() const { return size_; }
+    Object *const *begin() const { return items_; }
+    Object *const *end() const { return items_ + size_; }
+
+  private:
+    Object *items_[kMax] = {};
+    uint8_t size_ = 0;
+};
+
 struct Object {
     explicit Object(ObjectKind k) : kind(k) {}
     virtual ~Object() = default;
     const ObjectKind kind;
+    uint32_t users = 0;  // next to kind: one word for both (a broker holds 100,000s of objects)
     uint64_t handle = 0;
-    uint32_t users = 0;
-    std::vector<Object *> uses;  // every object here has users incremented for us
-    QuotaCharge quota;           // what the object holds against its tenant's quotas
+    ObjectUses uses;    // every object here has users incremented for us
+    QuotaCharge quota;  // what the object holds against its tenant's quotas
 };
 
 struct ContextObject : Object {
@@ -71,7 +103,11 @@ struct QpObject : Object {
     QpObject() : Object(ObjectKind::kQp) {}
     ContextObject *context = nullptr;
     ibv_qp_extend *qp = nullptr;
-    ibv_qp_init_attr init{};
+    // What the QP was created with (the rest of ibv_qp_init_attr is in `uses` or the driver).
+    ibv_qp_cap cap{};  // as the driver granted it
+    ibv_qp_type qp_type = IBV_QPT_RC;
+    bool sq_sig_all = false;
+    bool has_srq = false;
 };
 
 }  // namespace ibvx::daemon
