@@ -515,7 +515,7 @@ struct ChurnRun {
 };
 
 // N tenant processes making calls at once for `ms`: CreateQp + DestroyQp (every call is one op),
-// or with `null` the null RPC. They run SCHED_OTHER, as tenants do, even under --sched-fifo.
+// or with `null` the null RPC.
 ChurnRun churnRun(uint32_t n, uint64_t ms, bool null, BrokerHarness &broker) {
     char tmpl[] = "/tmp/ibvx.XXXXXX";
     if (::mkdtemp(tmpl) == nullptr) {
@@ -528,7 +528,7 @@ ChurnRun churnRun(uint32_t n, uint64_t ms, bool null, BrokerHarness &broker) {
         if (null) {
             args.emplace_back("null");
         }
-        ws.push_back(spawnWorker(args, false));
+        ws.push_back(spawnWorker(args));
     }
     for (auto &w : ws) {
         if (readByte(w, 60000) != 'R') {

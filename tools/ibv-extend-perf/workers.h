@@ -25,10 +25,8 @@ struct Worker {
     int from = -1;  // the worker's stdout
 };
 
-// Starts this executable as a worker: SCHED_FIFO one below the tool when it runs SCHED_FIFO and
-// `realtime`, else SCHED_OTHER (tenants that only make calls, as real tenants are: at one FIFO
-// priority a woken tenant waits for the running ones to block, with no time slices).
-Worker spawnWorker(const std::vector<std::string> &args, bool realtime = true);
+// Starts this executable as a worker, SCHED_OTHER whatever the tool runs at.
+Worker spawnWorker(const std::vector<std::string> &args);
 bool sendByte(const Worker &w, char c);
 // The next byte from the worker, or 0 on EOF/timeout.
 char readByte(const Worker &w, int timeout_ms);
