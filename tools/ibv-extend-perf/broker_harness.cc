@@ -23,11 +23,10 @@
 #include <grpcpp/impl/client_unary_call.h>
 
 #include "ibv_extend/v1/admin.grpc.pb.h"
+#include "tools/ibv-extend-perf/scenarios.h"
 
 namespace ibvx::perf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 bool answers(const std::string &path, pid_t *peer) {
     int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);

@@ -30,18 +30,12 @@
 #include "tools/ibv-extend-perf/broker_harness.h"
 #include "tools/ibv-extend-perf/scenarios.h"
 #include "tools/ibv-extend-perf/workers.h"
+#include "tools/ibv-extend-perf/wr.h"
 
 extern char **environ;
 
 namespace ibvx::perf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-uint64_t nsSince(Clock::time_point t0) {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
 
 [[noreturn]] void die(const std::string &what) {
     throw std::runtime_error("broker: " + what + " failed (errno " + std::to_string(errno) + ")");
@@ -65,18 +59,14 @@ void udsPingPong(const Options &opt, Results &out) {
             }
         }
     });
-    std::vector<uint64_t> ns;
-    ns.reserve(static_cast<size_t>(iters));
-    for (int i = 0; i < iters + warmup; ++i) {
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
         char c = 'x';
         auto t0 = Clock::now();
         if (::write(sv[0], &c, 1) != 1 || ::read(sv[0], &c, 1) != 1) {
             die("uds ping-pong");
         }
-        if (i >= warmup) {
-            ns.push_back(nsSince(t0));
-        }
-    }
+        return nsSince(t0);
+    });
     ::shutdown(sv[0], SHUT_RDWR);
     echo.join();
     ::close(sv[0]);
@@ -89,13 +79,7 @@ void udsPingPong(const Options &opt, Results &out) {
 void nullRpc(const Options &opt, Results &out, BrokerHarness &broker) {
     const int iters = opt.quick ? 50 : 5000;
     const int warmup = opt.quick ? 5 : 200;
-    std::vector<uint64_t> ns;
-    for (int i = 0; i < iters + warmup; ++i) {
-        uint64_t t = broker.healthCheckNs();
-        if (i >= warmup) {
-            ns.push_back(t);
-        }
-    }
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] { return broker.healthCheckNs(); });
     out.add("floors", "null_rpc_p50_us", percentile(ns, 50) / 1e3, "us",
             "grpc.health.v1.Health/Check on the broker socket");
     out.add("floors", "null_rpc_p99_us", percentile(ns, 99) / 1e3, "us");
@@ -137,15 +121,7 @@ struct BrokerBase {
     }
     // Same attributes as the direct scenarios' QPs.
     ibv_qp_extend *createQp(ibv_cq_extend *on, uint32_t sq_depth) {
-        ibv_qp_init_attr_extend qa{};
-        qa.pd = pd;
-        qa.attr.send_cq = on->cq;
-        qa.attr.recv_cq = on->cq;
-        qa.attr.qp_type = IBV_QPT_RC;
-        qa.attr.cap.max_send_wr = sq_depth;
-        qa.attr.cap.max_recv_wr = 1;
-        qa.attr.cap.max_send_sge = 1;
-        qa.attr.cap.max_recv_sge = 1;
+        ibv_qp_init_attr_extend qa = rcQpAttr(pd, on->cq, sq_depth);
         qa.type = QU_BUF_DMA_MODE_DEFAULT;
         ibv_qp_extend *q = ibv_create_qp_extend(ctx, &qa);
         if (q == nullptr) {
@@ -335,24 +311,13 @@ class BrokerProbe : public Write8Probe {
         ibv_destroy_cq_extend(base_.ctx, cq_);
     }
     uint64_t once() override {
-        softnda_send_wr w{};
-        w.opcode = SOFTNDA_OP_RDMA_WRITE;
-        w.flags = SOFTNDA_WQE_SIGNALED;
-        w.wr_id = id_++;
-        w.sg_list = &sge_;
-        w.num_sge = 1;
-        w.remote_addr = reinterpret_cast<uintptr_t>(dst_);
-        w.rkey = dmr_->rkey;
+        softnda_send_wr w =
+            rdmaWrite(&sge_, reinterpret_cast<uintptr_t>(dst_), dmr_->rkey, SOFTNDA_WQE_SIGNALED, id_++);
         auto t0 = Clock::now();
         softnda_sq_post(&sq_, &w);
         softnda_sq_doorbell(&sq_);
-        softnda_cqe e;
-        int n;
-        while ((n = softnda_cq_poll(&cqh_, &e, 1)) == 0) {
-            __builtin_ia32_pause();
-        }
-        if (n < 0 || e.status != IBV_WC_SUCCESS) {
-            die("completion status " + std::to_string(n < 0 ? -1 : e.status));
+        if (int st = waitOneCqe(&cqh_); st != IBV_WC_SUCCESS) {
+            die("completion status " + std::to_string(st));
         }
         return nsSince(t0);
     }
@@ -488,8 +453,7 @@ void bringupBroker(const Options &opt, Results &out) {
     const int iters = opt.quick ? 10 : 1000;
     const int warmup = opt.quick ? 1 : 50;
     BrokerBase base;
-    std::vector<uint64_t> ns;
-    for (int i = 0; i < iters + warmup; ++i) {
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
         auto t0 = Clock::now();
         ibv_cq_extend *cq = base.createCq(64);
         ibv_qp_extend *q = base.createQp(cq, 64);
@@ -498,10 +462,8 @@ void bringupBroker(const Options &opt, Results &out) {
         if (ibv_destroy_qp_extend(base.ctx, q) != 0 || ibv_destroy_cq_extend(base.ctx, cq) != 0) {
             die("bring-up teardown");
         }
-        if (i >= warmup) {
-            ns.push_back(t);
-        }
-    }
+        return t;
+    });
     out.add("control", "bringup_p50_us_broker", percentile(ns, 50) / 1e3, "us", "CQ + QP + modify to RTS");
     out.add("control", "bringup_p99_us_broker", percentile(ns, 99) / 1e3, "us");
 }

@@ -21,13 +21,6 @@ double percentile(std::vector<uint64_t> &samples, double pct) {
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-uint64_t nsSince(Clock::time_point t0) {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
-
 // Two cache lines: ping written by the initiator, pong by the responder.
 struct alignas(64) Line {
     std::atomic<uint64_t> v{0};

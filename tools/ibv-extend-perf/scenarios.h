@@ -2,10 +2,13 @@
 // Results; the broker scenarios (issue 7) join as further functions of the same shape.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <ibv_extend.h>
 
 #include "tools/ibv-extend-perf/results.h"
 
@@ -35,6 +38,42 @@ struct Options {
 
 // Percentile (0..100) of samples (sorted in place).
 double percentile(std::vector<uint64_t> &samples, double pct);
+
+using Clock = std::chrono::steady_clock;
+
+inline uint64_t nsSince(Clock::time_point t0) {
+    return static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// The QP every scenario uses: RC, one CQ for both queues, sq_depth send WRs, one receive WR,
+// one SGE each way. Callers add the queue-memory mode or ops table.
+inline ibv_qp_init_attr_extend rcQpAttr(ibv_pd *pd, ibv_cq *cq, uint32_t sq_depth) {
+    ibv_qp_init_attr_extend qa{};
+    qa.pd = pd;
+    qa.attr.send_cq = cq;
+    qa.attr.recv_cq = cq;
+    qa.attr.qp_type = IBV_QPT_RC;
+    qa.attr.cap.max_send_wr = sq_depth;
+    qa.attr.cap.max_recv_wr = 1;
+    qa.attr.cap.max_send_sge = 1;
+    qa.attr.cap.max_recv_sge = 1;
+    return qa;
+}
+
+// Calls one_ns() warmup + iters times and keeps the last iters figures it returns.
+template <typename F>
+std::vector<uint64_t> timedSamples(int iters, int warmup, F one_ns) {
+    std::vector<uint64_t> ns;
+    ns.reserve(static_cast<size_t>(iters));
+    for (int i = 0; i < iters + warmup; ++i) {
+        uint64_t t = one_ns();
+        if (i >= warmup) {
+            ns.push_back(t);
+        }
+    }
+    return ns;
+}
 
 // Scenario names (for --only): pingpong, memcpy, uds, write8, idle10k, msgrate, write1m, nullrpc,
 // write8broker, createqp, bringup, clients, reclaim, teardown, scale.

@@ -17,11 +17,10 @@
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
 #include "tools/ibv-extend-perf/scenarios.h"
+#include "tools/ibv-extend-perf/wr.h"
 
 namespace ibvx::perf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 void *hostAlloc(size_t size) {
     return std::aligned_alloc(4096, (size + 4095) & ~static_cast<size_t>(4095));
@@ -47,11 +46,6 @@ int hostDbUnmap(void *ptr, doorbell_map_desc *desc) {
     return ptr != nullptr && desc != nullptr ? 0 : -EINVAL;
 }
 ibv_extend_ops g_host_ops = {hostAlloc, hostFree, hostMemset, hostMemcpy, hostDbMmap, hostDbUnmap};
-
-uint64_t nsSince(Clock::time_point t0) {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
 
 [[noreturn]] void die(const std::string &what) {
     throw std::runtime_error("softnda direct: " + what + " failed (errno " + std::to_string(errno) + ")");
@@ -80,15 +74,7 @@ class Rig {
             die("create_cq");
         }
         for (auto **qp : {&a_, &b_}) {
-            ibv_qp_init_attr_extend qa{};
-            qa.pd = pd_;
-            qa.attr.send_cq = cq_->cq;
-            qa.attr.recv_cq = cq_->cq;
-            qa.attr.qp_type = IBV_QPT_RC;
-            qa.attr.cap.max_send_wr = sq_depth;
-            qa.attr.cap.max_recv_wr = 1;
-            qa.attr.cap.max_send_sge = 1;
-            qa.attr.cap.max_recv_sge = 1;
+            ibv_qp_init_attr_extend qa = rcQpAttr(pd_, cq_->cq, sq_depth);
             qa.ops = &g_host_ops;
             *qp = ext_->ops->create_qp(ctx_, &qa);
             if (*qp == nullptr) {
@@ -96,13 +82,7 @@ class Rig {
             }
         }
         for (uint32_t i = 0; i < idle_qps; ++i) {
-            ibv_qp_init_attr_extend qa{};
-            qa.pd = pd_;
-            qa.attr.send_cq = cq_->cq;
-            qa.attr.recv_cq = cq_->cq;
-            qa.attr.qp_type = IBV_QPT_RC;
-            qa.attr.cap.max_send_wr = 1;
-            qa.attr.cap.max_recv_wr = 1;
+            ibv_qp_init_attr_extend qa = rcQpAttr(pd_, cq_->cq, 1);
             qa.ops = &g_host_ops;
             ibv_qp_extend *q = ext_->ops->create_qp(ctx_, &qa);
             if (q == nullptr) {
@@ -148,39 +128,18 @@ class Rig {
 
     softnda_send_wr write(uint32_t len, uint8_t flags, uint64_t wr_id) {
         sge_ = softnda_sge{reinterpret_cast<uintptr_t>(src_), len, smr_->lkey};
-        softnda_send_wr w{};
-        w.opcode = SOFTNDA_OP_RDMA_WRITE;
-        w.flags = flags;
-        w.wr_id = wr_id;
-        w.sg_list = &sge_;
-        w.num_sge = 1;
-        w.remote_addr = reinterpret_cast<uintptr_t>(dst_);
-        w.rkey = dmr_->rkey;
-        return w;
+        return rdmaWrite(&sge_, reinterpret_cast<uintptr_t>(dst_), dmr_->rkey, flags, wr_id);
     }
     // Spins until one CQE; throws on an error completion.
     void waitCqe() {
-        softnda_cqe e;
-        int n;
-        while ((n = softnda_cq_poll(&cqh_, &e, 1)) == 0) {
-            __builtin_ia32_pause();
-        }
-        if (n < 0 || e.status != IBV_WC_SUCCESS) {
-            die("completion status " + std::to_string(n < 0 ? -1 : e.status));
+        if (int st = waitOneCqe(&cqh_); st != IBV_WC_SUCCESS) {
+            die("completion status " + std::to_string(st));
         }
     }
 
     // One QP with the write8 rig's attributes created (timed) and destroyed (not timed); ns.
     uint64_t createQpNs() {
-        ibv_qp_init_attr_extend qa{};
-        qa.pd = pd_;
-        qa.attr.send_cq = cq_->cq;
-        qa.attr.recv_cq = cq_->cq;
-        qa.attr.qp_type = IBV_QPT_RC;
-        qa.attr.cap.max_send_wr = 64;
-        qa.attr.cap.max_recv_wr = 1;
-        qa.attr.cap.max_send_sge = 1;
-        qa.attr.cap.max_recv_sge = 1;
+        ibv_qp_init_attr_extend qa = rcQpAttr(pd_, cq_->cq, 64);
         qa.ops = &g_host_ops;
         auto t0 = Clock::now();
         ibv_qp_extend *q = ext_->ops->create_qp(ctx_, &qa);
@@ -244,18 +203,15 @@ void write8Latency(const Options &opt, Results &out, uint32_t idle_qps = 0) {
     const int iters = opt.quick ? 200 : 200000;
     const int warmup = opt.quick ? 20 : 1000;
     Rig rig(opt, 64, 4096, idle_qps);
-    std::vector<uint64_t> ns;
-    ns.reserve(static_cast<size_t>(iters));
-    for (int i = 0; i < iters + warmup; ++i) {
-        softnda_send_wr w = rig.write(8, SOFTNDA_WQE_SIGNALED, static_cast<uint64_t>(i));
+    uint64_t id = 0;
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
+        softnda_send_wr w = rig.write(8, SOFTNDA_WQE_SIGNALED, id++);
         auto t0 = Clock::now();
         softnda_sq_post(&rig.sq_, &w);
         softnda_sq_doorbell(&rig.sq_);
         rig.waitCqe();
-        if (i >= warmup) {
-            ns.push_back(nsSince(t0));
-        }
-    }
+        return nsSince(t0);
+    });
     if (idle_qps > 0) {
         out.add("fastpath", "write8_p50_ns_direct_idle" + std::to_string(idle_qps), percentile(ns, 50), "ns",
                 std::to_string(idle_qps) + " idle QPs on the device");
@@ -344,13 +300,7 @@ void createQpDirect(const Options &opt, Results &out) {
     const int iters = opt.quick ? 20 : 3000;
     const int warmup = opt.quick ? 2 : 100;
     Rig rig(opt, 64, 4096);
-    std::vector<uint64_t> ns;
-    for (int i = 0; i < iters + warmup; ++i) {
-        uint64_t t = rig.createQpNs();
-        if (i >= warmup) {
-            ns.push_back(t);
-        }
-    }
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] { return rig.createQpNs(); });
     out.add("control", "create_qp_p50_us_direct", percentile(ns, 50) / 1e3, "us",
             "softnda create_qp in-process");
 }

@@ -21,18 +21,12 @@
 #include <ibv_extend_broker.h>
 
 #include "tools/ibv-extend-perf/broker_harness.h"
+#include "tools/ibv-extend-perf/scenarios.h"
 
 extern char **environ;
 
 namespace ibvx::perf {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-uint64_t nsSince(Clock::time_point t0) {
-    return static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-}
 
 // The objects every worker starts with.
 struct Base {
@@ -58,15 +52,7 @@ bool openBase(Base &b) {
 }
 
 ibv_qp_extend *createQp(const Base &b, uint32_t depth) {
-    ibv_qp_init_attr_extend qa{};
-    qa.pd = b.pd;
-    qa.attr.send_cq = b.cq->cq;
-    qa.attr.recv_cq = b.cq->cq;
-    qa.attr.qp_type = IBV_QPT_RC;
-    qa.attr.cap.max_send_wr = depth;
-    qa.attr.cap.max_recv_wr = 1;
-    qa.attr.cap.max_send_sge = 1;
-    qa.attr.cap.max_recv_sge = 1;
+    ibv_qp_init_attr_extend qa = rcQpAttr(b.pd, b.cq->cq, depth);
     qa.type = QU_BUF_DMA_MODE_DEFAULT;
     return ibv_create_qp_extend(b.ctx, &qa);
 }
