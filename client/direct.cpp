@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "client/broker_seam.h"
+#include "common/device_limits.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::client {
@@ -82,18 +83,7 @@ ibvx_device_info vdevInfo(const loader::VdevDevice &d) {
     ibvx_device_info info{};
     copyName(info.name, d.attr.name);
     copyName(info.provider, d.provider->provider);
-    info.phys_port_cnt = d.attr.phys_port_cnt;
-    info.max_qp = d.attr.max_qp;
-    info.max_cq = d.attr.max_cq;
-    info.max_srq = d.attr.max_srq;
-    info.max_mr = d.attr.max_mr;
-    info.max_qp_wr = d.attr.max_qp_wr;
-    info.max_cqe = d.attr.max_cqe;
-    info.max_srq_wr = d.attr.max_srq_wr;
-    info.max_sge = d.attr.max_sge;
-    info.max_inline_data = d.attr.max_inline_data;
-    info.max_msg_sz = d.attr.max_msg_sz;
-    info.max_mr_size = d.attr.max_mr_size;
+    copyDeviceLimits(d.attr, info);
     if (d.provider->open_device != nullptr) {
         if (ibv_context *ctx = d.provider->open_device(d.attr.name)) {
             fillExtendCaps(ctx, &info);
@@ -114,16 +104,7 @@ ibvx_device_info verbsInfo(ibv_device *dev) {
     if (ibv_context *ctx = ibv_open_device(dev)) {
         ibv_device_attr attr{};
         if (ibv_query_device(ctx, &attr) == 0) {
-            info.phys_port_cnt = attr.phys_port_cnt;
-            info.max_qp = static_cast<uint32_t>(attr.max_qp);
-            info.max_cq = static_cast<uint32_t>(attr.max_cq);
-            info.max_srq = static_cast<uint32_t>(attr.max_srq);
-            info.max_mr = static_cast<uint32_t>(attr.max_mr);
-            info.max_qp_wr = static_cast<uint32_t>(attr.max_qp_wr);
-            info.max_cqe = static_cast<uint32_t>(attr.max_cqe);
-            info.max_srq_wr = static_cast<uint32_t>(attr.max_srq_wr);
-            info.max_sge = static_cast<uint32_t>(attr.max_sge);
-            info.max_mr_size = attr.max_mr_size;
+            copyDeviceLimits(attr, info);
         }
         if (info.provider[0] != '\0') {
             fillExtendCaps(ctx, &info);

@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstring>
 
+#include "common/device_limits.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::daemon {
@@ -64,18 +65,7 @@ void DeviceRegistry::addVirtual() {
         i.name = name;
         i.provider = d.provider->provider;
         i.virtual_device = true;
-        i.phys_port_cnt = d.attr.phys_port_cnt;
-        i.max_qp = d.attr.max_qp;
-        i.max_cq = d.attr.max_cq;
-        i.max_srq = d.attr.max_srq;
-        i.max_mr = d.attr.max_mr;
-        i.max_qp_wr = d.attr.max_qp_wr;
-        i.max_cqe = d.attr.max_cqe;
-        i.max_srq_wr = d.attr.max_srq_wr;
-        i.max_sge = d.attr.max_sge;
-        i.max_inline_data = d.attr.max_inline_data;
-        i.max_msg_sz = d.attr.max_msg_sz;
-        i.max_mr_size = d.attr.max_mr_size;
+        copyDeviceLimits(d.attr, i);
         if (dev->driver == nullptr || d.provider->open_device == nullptr) {
             continue;  // a device nobody can open is not worth listing
         }
@@ -116,17 +106,7 @@ void DeviceRegistry::addVerbs() {
         if (ibv_context *ctx = ibv_open_device(vd)) {
             ibv_device_attr attr{};
             if (ibv_query_device(ctx, &attr) == 0) {
-                DeviceInfo &d = dev->info;
-                d.phys_port_cnt = attr.phys_port_cnt;
-                d.max_qp = static_cast<uint32_t>(attr.max_qp);
-                d.max_cq = static_cast<uint32_t>(attr.max_cq);
-                d.max_srq = static_cast<uint32_t>(attr.max_srq);
-                d.max_mr = static_cast<uint32_t>(attr.max_mr);
-                d.max_qp_wr = static_cast<uint32_t>(attr.max_qp_wr);
-                d.max_cqe = static_cast<uint32_t>(attr.max_cqe);
-                d.max_srq_wr = static_cast<uint32_t>(attr.max_srq_wr);
-                d.max_sge = static_cast<uint32_t>(attr.max_sge);
-                d.max_mr_size = attr.max_mr_size;
+                copyDeviceLimits(attr, dev->info);
             }
             fillExtendCaps(*dev, ctx);
             ibv_close_device(ctx);
