@@ -50,22 +50,8 @@ int sendAll(int sock, const uint8_t *data, size_t len, int fd, int timeout_ms) {
                 return w;
             }
         }
-        iovec iov{const_cast<uint8_t *>(data + off), len - off};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))];
-        if (!fd_sent) {
-            std::memset(ctrl, 0, sizeof(ctrl));
-            msg.msg_control = ctrl;
-            msg.msg_controllen = sizeof(ctrl);
-            cmsghdr *c = CMSG_FIRSTHDR(&msg);
-            c->cmsg_level = SOL_SOCKET;
-            c->cmsg_type = SCM_RIGHTS;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-        }
-        ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+        std::span<const int> fds = fd_sent ? std::span<const int>() : std::span<const int>(&fd, 1);
+        ssize_t n = sendmsgWithFds(sock, data + off, len - off, fds, MSG_NOSIGNAL);
         if (n < 0) {
             if (errno == EINTR) {
                 continue;
@@ -142,6 +128,29 @@ int recvAll(int sock, uint8_t *data, size_t len, std::vector<int> *fds, int time
 }
 
 }  // namespace
+
+ssize_t sendmsgWithFds(int sock, const void *data, size_t len, std::span<const int> fds, int flags) {
+    if (fds.size() > kMaxFdsPerSendmsg) {
+        errno = EINVAL;
+        return -1;
+    }
+    iovec iov{const_cast<void *>(data), len};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerSendmsg)];
+    if (!fds.empty()) {
+        std::memset(ctrl, 0, sizeof(ctrl));
+        msg.msg_control = ctrl;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    }
+    return ::sendmsg(sock, &msg, flags);
+}
 
 int sendFrame(int sock, FrameType type, uint64_t id, const void *payload, uint32_t length, int fd,
               int timeout_ms) {

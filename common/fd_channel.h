@@ -9,8 +9,11 @@
 //   (length <= kMaxFramePayload), with at most kMaxFdsPerFrame fds attached to the header bytes.
 #pragma once
 
+#include <sys/types.h>
+
 #include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +75,12 @@ struct Frame {
 // blocking or non-blocking socket (waits with poll up to timeout_ms for writability).
 int sendFrame(int sock, FrameType type, uint64_t id, const void *payload, uint32_t length, int fd,
               int timeout_ms);
+
+// One sendmsg() of len bytes with fds attached (SCM_RIGHTS), or none when fds is empty. Returns
+// what sendmsg() returns; -1 with errno EINVAL for more than kMaxFdsPerSendmsg fds. A frame
+// carries one fd at most, but tests and fuzzers also send what a hostile peer would.
+inline constexpr size_t kMaxFdsPerSendmsg = 8;
+ssize_t sendmsgWithFds(int sock, const void *data, size_t len, std::span<const int> fds, int flags);
 
 // Receives one frame. Returns 1 with *out filled, 0 on orderly EOF before a frame, or -errno:
 // -EPROTO for a malformed frame (oversized length, more fds than allowed, fd with a truncated

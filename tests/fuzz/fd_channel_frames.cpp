@@ -17,9 +17,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
+#include <span>
 #include <vector>
 
 #include "common/fd_channel.h"
@@ -35,6 +37,7 @@ using ibvx::kMaxFramePayload;
 // socket buffer far from full so every write succeeds.
 constexpr size_t kMaxSegments = 64;
 constexpr size_t kMaxFdsPerSegment = 7;
+static_assert(kMaxFdsPerSegment <= ibvx::kMaxFdsPerSendmsg);
 
 // One memfd for the whole run, sent as often as inputs ask: each copy the reader keeps is a new
 // descriptor of the same file, which is how the test recognises it.
@@ -83,25 +86,10 @@ void sendSegment(int sock, const Segment &s) {
     if (s.bytes.empty()) {
         return;  // a stream socket carries no descriptors without at least one byte
     }
-    iovec iov{const_cast<uint8_t *>(s.bytes.data()), s.bytes.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int) * kMaxFdsPerSegment)];
-    if (s.fds > 0) {
-        std::memset(ctrl, 0, sizeof(ctrl));
-        msg.msg_control = ctrl;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * s.fds);
-        cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * s.fds);
-        for (size_t i = 0; i < s.fds; ++i) {
-            int fd = sharedMemfd();
-            std::memcpy(CMSG_DATA(c) + i * sizeof(int), &fd, sizeof(int));
-        }
-    }
-    ssize_t n = ::sendmsg(sock, &msg, MSG_NOSIGNAL);
+    std::array<int, kMaxFdsPerSegment> fds;
+    fds.fill(sharedMemfd());
+    ssize_t n =
+        ibvx::sendmsgWithFds(sock, s.bytes.data(), s.bytes.size(), std::span(fds).first(s.fds), MSG_NOSIGNAL);
     FUZZ_CHECK(n == static_cast<ssize_t>(s.bytes.size()), "sendmsg of %zu bytes returned %zd (%s)",
                s.bytes.size(), n, std::strerror(errno));
 }

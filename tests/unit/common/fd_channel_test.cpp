@@ -71,20 +71,8 @@ TEST(FdChannel, OversizedLengthIsRejectedAndItsFdClosed) {
         ASSERT_TRUE(region.isOk());
         FrameHeader h{1, kMaxFramePayload + 1, 1};
         // Hand-craft a frame with an fd and a hostile length.
-        iovec iov{&h, sizeof(h)};
-        msghdr msg{};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        alignas(cmsghdr) char ctrl[CMSG_SPACE(sizeof(int))] = {};
-        msg.msg_control = ctrl;
-        msg.msg_controllen = sizeof(ctrl);
-        cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
         int fd = region->fd();
-        std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-        ASSERT_EQ(::sendmsg(sp.a.get(), &msg, 0), static_cast<ssize_t>(sizeof(h)));
+        ASSERT_EQ(sendmsgWithFds(sp.a.get(), &h, sizeof(h), {&fd, 1}, 0), static_cast<ssize_t>(sizeof(h)));
     }
     Frame f;
     EXPECT_EQ(recvFrame(sp.b.get(), &f, 1000), -EPROTO);

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/fd_channel.h"
 #include "daemon/app/config.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/policy.h"
@@ -91,19 +92,7 @@ TEST(PeerIdentity, APeerThatExitedIsNotIdentified) {
             _exit(1);
         }
         char c = 0;
-        msghdr msg{};
-        iovec iov{&c, 1};
-        msg.msg_iov = &iov;
-        msg.msg_iovlen = 1;
-        alignas(cmsghdr) char buf[CMSG_SPACE(sizeof(int))];
-        msg.msg_control = buf;
-        msg.msg_controllen = sizeof(buf);
-        cmsghdr *cm = CMSG_FIRSTHDR(&msg);
-        cm->cmsg_level = SOL_SOCKET;
-        cm->cmsg_type = SCM_RIGHTS;
-        cm->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(cm), &pair[0], sizeof(int));
-        _exit(::sendmsg(lsock[1], &msg, 0) == 1 ? 0 : 1);
+        _exit(ibvx::sendmsgWithFds(lsock[1], &c, 1, {&pair[0], 1}, 0) == 1 ? 0 : 1);
     }
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
