@@ -173,21 +173,6 @@ class Harness {
     std::vector<std::shared_ptr<Session>> opened_;
 };
 
-Harness *g_harness = nullptr;
-
-void destroyHarness() {
-    delete g_harness;
-    g_harness = nullptr;
-}
-
-Harness &harness() {
-    if (g_harness == nullptr) {
-        g_harness = new Harness;
-        std::atexit(destroyHarness);
-    }
-    return *g_harness;
-}
-
 struct Handle {
     uint64_t value;
     size_t session;  // index into State::sessions
@@ -319,7 +304,7 @@ void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    Harness &h = harness();
+    Harness &h = ibvx::fuzz::processFixture<Harness>();
     const int fds_before = ibvx::fuzz::countOpenFds();
     const uint64_t arena_before = MappingManager::instance().totals().arena_bytes;
     {

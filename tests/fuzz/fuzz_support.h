@@ -36,4 +36,19 @@ inline int countOpenFds() {
     return n - 1;
 }
 
+// The costly setup a target builds once per process (a broker, a server): made by the first
+// input, torn down at exit so LeakSanitizer finds nothing of it still allocated.
+template <typename Fixture>
+Fixture &processFixture() {
+    static Fixture *fixture = nullptr;
+    if (fixture == nullptr) {
+        fixture = new Fixture;
+        std::atexit([] {
+            delete fixture;
+            fixture = nullptr;
+        });
+    }
+    return *fixture;
+}
+
 }  // namespace ibvx::fuzz

@@ -115,21 +115,6 @@ class Harness {
     std::unique_ptr<BrokerServer> server_;
 };
 
-Harness *g_harness = nullptr;
-
-void destroyHarness() {
-    delete g_harness;
-    g_harness = nullptr;
-}
-
-Harness &harness() {
-    if (g_harness == nullptr) {
-        g_harness = new Harness;
-        std::atexit(destroyHarness);
-    }
-    return *g_harness;
-}
-
 void writeAll(int fd, const uint8_t *p, size_t n) {
     while (n > 0) {
         ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
@@ -218,7 +203,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size == 0) {
         return 0;
     }
-    Harness &h = harness();
+    Harness &h = ibvx::fuzz::processFixture<Harness>();
     const size_t sessions_before = h.broker().sessionCount();
     const int fds_before = ibvx::fuzz::countOpenFds();
     const uint8_t flags = data[0];
