@@ -18,6 +18,7 @@
 #include "broker_process.h"
 #include "softnda_device.h"
 #include "test_client.h"
+#include "wait_for.h"
 
 namespace ibvx::test {
 namespace {
@@ -130,19 +131,6 @@ void connectQp(TestClient &c, uint64_t qp, uint32_t dest) {
                          &r)
                     .ok());
     EXPECT_EQ(r.state(), pb::QP_STATE_RTS);
-}
-
-// Waits until pred() or timeout; returns pred().
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-        if (pred()) {
-            return true;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return pred();
 }
 
 template <typename Field>
@@ -649,7 +637,7 @@ TEST_F(DaemonTest, KilledTenantIsReclaimedQuickly) {
             return getStats(broker_->socket(), &s).ok() && s.sessions() == sessions_before &&
                    s.objects() == 0;
         },
-        std::chrono::seconds(5)));
+        std::chrono::seconds(5), std::chrono::milliseconds(2)));  // fine-grained: the time is printed
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0).count();
     std::printf("reclaim after kill -9: %lld ms (includes GetStats polling)\n", static_cast<long long>(ms));
     ::close(report);

@@ -33,6 +33,7 @@
 
 #include "broker_process.h"
 #include "test_client.h"
+#include "wait_for.h"
 
 namespace ibvx::test {
 namespace {
@@ -52,18 +53,6 @@ constexpr char kConfig[] =
     "cqs = 4\n"
     "pds = 10\n"
     "sessions = 12\n";
-
-template <typename Pred>
-bool waitFor(Pred pred, std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-        if (pred()) {
-            return true;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return pred();
-}
 
 std::string env(const char *name) {
     const char *v = std::getenv(name);
