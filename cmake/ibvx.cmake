@@ -12,6 +12,13 @@ endif()
 if(IBVX_ASAN)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  if(CMAKE_C_COMPILER_ID STREQUAL "Clang")
+    # clang links the sanitizer runtimes into executables only, and its C driver leaves out their
+    # C++ half (UBSan's vptr and function-type checks), which a C program loading our C++
+    # libraries (libibv_extend.so, drivers) needs; that half in turn needs libstdc++.
+    set(_ibvx_c_exe "$<AND:$<LINK_LANGUAGE:C>,$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>>")
+    add_link_options("$<${_ibvx_c_exe}:-fsanitize-link-c++-runtime>" "$<${_ibvx_c_exe}:-lstdc++>")
+  endif()
 endif()
 if(IBVX_TSAN)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
