@@ -1,6 +1,7 @@
 #include "daemon/core/quota.h"
 
 #include <mutex>
+#include <utility>
 
 namespace ibvx::daemon {
 
@@ -16,11 +17,33 @@ std::string limitText(uint64_t v) {
 
 }  // namespace
 
+struct QuotaCharge::Tenant {
+    TenantKey key;
+    size_t charges = 0;  // live QuotaCharges pointing here
+};
+
 struct QuotaCharge::State {
     mutable std::mutex mu;
     QuotaConfig config;
     std::map<uid_t, QuotaValues> uid_used;
     std::map<std::string, QuotaValues> container_used;
+    // The tenants of live charges, each held once (node addresses are stable).
+    std::map<std::pair<uid_t, std::string>, Tenant> tenants;
+
+    // Called with mu held.
+    Tenant *acquireTenant(const TenantKey &t) {
+        auto [it, inserted] = tenants.try_emplace({t.uid, t.container});
+        if (inserted) {
+            it->second.key = t;
+        }
+        ++it->second.charges;
+        return &it->second;
+    }
+    void releaseTenant(Tenant *t) {
+        if (--t->charges == 0) {
+            tenants.erase({t->key.uid, t->key.container});
+        }
+    }
 
     uint64_t limit(const QuotaOverride *o, size_t i) const {
         if (o != nullptr && o->max[i].has_value()) {
@@ -97,7 +120,7 @@ QuotaValues QuotaConfig::unlimited() {
 // ---- QuotaCharge ----------------------------------------------------------------------------
 
 QuotaCharge::QuotaCharge(QuotaCharge &&o) noexcept
-    : state_(std::move(o.state_)), tenant_(std::move(o.tenant_)), amounts_(o.amounts_) {
+    : state_(std::move(o.state_)), tenant_(std::exchange(o.tenant_, nullptr)), amounts_(o.amounts_) {
     o.amounts_ = {};
 }
 
@@ -105,7 +128,7 @@ QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
     if (this != &o) {
         release();
         state_ = std::move(o.state_);
-        tenant_ = std::move(o.tenant_);
+        tenant_ = std::exchange(o.tenant_, nullptr);
         amounts_ = o.amounts_;
         o.amounts_ = {};
     }
@@ -115,9 +138,11 @@ QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
 void QuotaCharge::release() {
     if (state_ != nullptr) {
         std::lock_guard lock(state_->mu);
-        state_->give(tenant_, amounts_);
+        state_->give(tenant_->key, amounts_);
+        state_->releaseTenant(tenant_);
     }
     state_.reset();
+    tenant_ = nullptr;
     amounts_ = {};
 }
 
@@ -132,7 +157,13 @@ void QuotaCharge::merge(QuotaCharge &&other) {
     for (size_t i = 0; i < kQuotaCount; ++i) {
         amounts_[i] += other.amounts_[i];
     }
+    {
+        // The amounts are ours now; only other's hold on the (same) tenant goes.
+        std::lock_guard lock(other.state_->mu);
+        other.state_->releaseTenant(other.tenant_);
+    }
     other.state_.reset();
+    other.tenant_ = nullptr;
     other.amounts_ = {};
 }
 
@@ -198,19 +229,18 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
             }
         }
     }
+    // Everything that may throw (map nodes) before anything is charged.
     QuotaValues &u = st.uid_used[tenant.uid];
+    QuotaValues *c = tenant.container.empty() ? nullptr : &st.container_used[tenant.container];
+    QuotaCharge charge;
+    charge.tenant_ = st.acquireTenant(tenant);
+    charge.state_ = state_;
     for (size_t i = 0; i < kQuotaCount; ++i) {
         u[i] += want[i];
-    }
-    if (!tenant.container.empty()) {
-        QuotaValues &c = st.container_used[tenant.container];
-        for (size_t i = 0; i < kQuotaCount; ++i) {
-            c[i] += want[i];
+        if (c != nullptr) {
+            (*c)[i] += want[i];
         }
     }
-    QuotaCharge charge;
-    charge.state_ = state_;
-    charge.tenant_ = tenant;
     charge.amounts_ = want;
     return charge;
 }

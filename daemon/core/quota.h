@@ -113,8 +113,11 @@ class QuotaCharge {
   private:
     friend class QuotaManager;
     struct State;
+    struct Tenant;
     std::shared_ptr<State> state_;
-    TenantKey tenant_;
+    // Interned in state_ and refcounted under its mutex: a broker holds a charge per object,
+    // and a copy of the tenant (its container id is up to 64 characters) in each was most of it.
+    Tenant *tenant_ = nullptr;
     QuotaValues amounts_{};
 };
 

@@ -104,6 +104,50 @@ TEST(QuotaManager, RuntimeOverridesAndMerge) {
     EXPECT_TRUE(m.snapshot().uids.empty());
 }
 
+// Many charges of two container tenants (the tenant is held once per tenant, not per charge):
+// moved, merged and released in any order, each gives back to its own accounts only.
+TEST(QuotaManager, ChargesOfManyObjectsGiveBackToTheirOwnTenant) {
+    QuotaManager m;
+    const std::string long_id(64, 'a');  // a container id as runtimes write them
+    TenantKey a{1, long_id};
+    TenantKey b{2, "c2"};
+    std::vector<QuotaCharge> charges;
+    for (int i = 0; i < 100; ++i) {  // the vector moves them as it grows
+        auto ca = m.reserve(a, {{Quota::kQps, 1}, {Quota::kQueueBytes, 100}});
+        auto cb = m.reserve(b, {{Quota::kQps, 1}});
+        ASSERT_TRUE(ca.isOk());
+        ASSERT_TRUE(cb.isOk());
+        charges.push_back(std::move(*ca));
+        charges.push_back(std::move(*cb));
+    }
+    EXPECT_EQ(m.usage(QuotaScope::kContainer, 0, long_id)[idx(Quota::kQps)], 100u);
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 2)[idx(Quota::kQps)], 100u);
+    // Merge every other charge of a into the previous one of a (same tenant).
+    for (size_t i = 2; i < charges.size(); i += 4) {
+        charges[i - 2].merge(std::move(charges[i]));
+        EXPECT_TRUE(charges[i].empty());
+    }
+    EXPECT_EQ(m.usage(QuotaScope::kContainer, 0, long_id)[idx(Quota::kQueueBytes)], 10000u);
+    for (size_t i = 1; i < charges.size(); i += 2) {
+        charges[i].release();  // all of b
+    }
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 2)[idx(Quota::kQps)], 0u);
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1)[idx(Quota::kQps)], 100u);
+    QuotaCharge moved = std::move(charges[0]);
+    charges[0].release();  // moved from: gives nothing
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1)[idx(Quota::kQps)], 100u);
+    moved.release();
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1)[idx(Quota::kQps)], 98u);  // it held a merged pair
+    charges.clear();
+    QuotaSnapshot s = m.snapshot();
+    EXPECT_TRUE(s.uids.empty());
+    EXPECT_TRUE(s.containers.empty());
+    // A tenant whose charges all went can be charged again.
+    auto again = m.reserve(a, {{Quota::kQps, 1}});
+    ASSERT_TRUE(again.isOk());
+    EXPECT_EQ(m.usage(QuotaScope::kContainer, 0, long_id)[idx(Quota::kQps)], 1u);
+}
+
 TEST(QuotaManager, ChargeOutlivesTheManager) {
     StatusOr<QuotaCharge> c = Status(Code::kInternal, 0, "");
     {
