@@ -33,8 +33,12 @@ bool remapQueue(const queue_info &in, queue_info *out) {
     }
     auto delta = reinterpret_cast<uintptr_t>(ring) - in.qbuf.base;
     out->qbuf.base += delta;
-    out->dbr_pi_va.iov_base = static_cast<uint8_t *>(in.dbr_pi_va.iov_base) + delta;
-    out->dbr_ci_va.iov_base = static_cast<uint8_t *>(in.dbr_ci_va.iov_base) + delta;
+    // Moved as integers: the child's mapping may lie below the parent's, and a pointer plus a
+    // wrapped-around unsigned delta is undefined (UBSan under clang says so).
+    out->dbr_pi_va.iov_base =
+        reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(in.dbr_pi_va.iov_base) + delta);
+    out->dbr_ci_va.iov_base =
+        reinterpret_cast<void *>(reinterpret_cast<uintptr_t>(in.dbr_ci_va.iov_base) + delta);
     return true;
 }
 
