@@ -11,24 +11,13 @@
 #include <set>
 #include <thread>
 
-#include "softnda_ops.h"
+#include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
 namespace {
 
-class BrokerTest : public ::testing::Test {
+class BrokerTest : public SoftndaDevicesTest {
   protected:
-    static void SetUpTestSuite() {
-        verbs_register_driver_extend(&softnda_driver_ops);
-        verbs_register_vdev_extend(&softnda_vdev_ops);
-        devices_ = new DeviceRegistry;
-        devices_->scan();
-    }
-    static void TearDownTestSuite() {
-        delete devices_;
-        devices_ = nullptr;
-    }
-
     void SetUp() override {
         Broker::Options opt;
         opt.xfer_wait = std::chrono::milliseconds(200);
@@ -88,7 +77,6 @@ class BrokerTest : public ::testing::Test {
         return o;
     }
 
-    static DeviceRegistry *devices_;
     std::unique_ptr<Broker> broker_;
     std::shared_ptr<Session> session_;
     std::mutex sent_mu_;  // the hooks run on the threads of ConcurrentSessionsStayApart
@@ -96,8 +84,6 @@ class BrokerTest : public ::testing::Test {
     std::vector<std::string> audit_;
     Status send_status_;
 };
-
-DeviceRegistry *BrokerTest::devices_ = nullptr;
 
 TEST_F(BrokerTest, ListsSoftnda) {
     auto devs = broker_->listDevices();

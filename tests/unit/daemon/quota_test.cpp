@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "daemon/core/broker.h"
-#include "softnda_ops.h"
+#include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
 namespace {
@@ -200,18 +200,8 @@ TEST(QuotaManager, RacingThreadsNeverOvershoot) {
 
 // ---- through the broker core ----------------------------------------------------------------
 
-class BrokerQuotaTest : public ::testing::Test {
+class BrokerQuotaTest : public SoftndaDevicesTest {
   protected:
-    static void SetUpTestSuite() {
-        verbs_register_driver_extend(&softnda_driver_ops);
-        verbs_register_vdev_extend(&softnda_vdev_ops);
-        devices_ = new DeviceRegistry;
-        devices_->scan();
-    }
-    static void TearDownTestSuite() {
-        delete devices_;
-        devices_ = nullptr;
-    }
     void SetUp() override {
         Broker::Options opt;
         opt.xfer_wait = std::chrono::milliseconds(200);
@@ -228,11 +218,8 @@ class BrokerQuotaTest : public ::testing::Test {
     }
     uint64_t used(Quota q) { return broker_->quotas().usage(QuotaScope::kUid, getuid())[idx(q)]; }
 
-    static DeviceRegistry *devices_;
     std::unique_ptr<Broker> broker_;
 };
-
-DeviceRegistry *BrokerQuotaTest::devices_ = nullptr;
 
 TEST_F(BrokerQuotaTest, EveryQuotaIsEnforcedAndNamed) {
     QuotaConfig cfg;
