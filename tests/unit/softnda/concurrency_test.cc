@@ -227,12 +227,8 @@ TEST_F(Concurrency, IdleEngineSleepsAndTheHintWakesIt) {
     QpH b = makeQp(cq, cq);
     connect(a, b);
     uint64_t v = 3, d = 0;
-    ibv_mr *m = reg(&v, 8);
-    ibv_mr *dm = reg(&d, 8);
-    softnda_sge s = sge(&v, 8, m);
-    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s, 1);
-    w.remote_addr = reinterpret_cast<uintptr_t>(&d);
-    w.rkey = dm->rkey;
+    softnda_sge s;
+    softnda_send_wr w = write8(&v, &d, &s);
     softnda_counters c{};
     for (int round = 0; round < 50; ++round) {
         ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);

@@ -186,12 +186,8 @@ TEST_F(Driver, UbModeQueuesCarryData) {
     ASSERT_EQ(softnda_sq_init(&a.sq, &a.ext->sq_info), 0);
     connect(a, b);
     uint64_t v = 77, d = 0;
-    ibv_mr *m = reg(&v, 8);
-    ibv_mr *dm = reg(&d, 8);
-    softnda_sge s = sge(&v, 8, m);
-    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s, 1);
-    w.remote_addr = reinterpret_cast<uintptr_t>(&d);
-    w.rkey = dm->rkey;
+    softnda_sge s;
+    softnda_send_wr w = write8(&v, &d, &s);
     ASSERT_EQ(postOne(a, w), 0);
     EXPECT_EQ(waitOne(cq.cq).status, IBV_WC_SUCCESS);
     EXPECT_EQ(d, 77u);

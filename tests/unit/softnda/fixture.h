@@ -310,6 +310,16 @@ class SoftndaTest : public ::testing::Test {
         return softnda_sge{reinterpret_cast<uintptr_t>(addr), len, mr->lkey};
     }
 
+    // A signalled RDMA WRITE (wr_id 1) of the 8 bytes at *src into *dst, both registered here.
+    // *s receives its SGE, which must outlive the post.
+    softnda_send_wr write8(uint64_t *src, uint64_t *dst, softnda_sge *s) {
+        *s = sge(src, 8, reg(src, 8));
+        softnda_send_wr w = wr(SOFTNDA_OP_RDMA_WRITE, 1, s, 1);
+        w.remote_addr = reinterpret_cast<uintptr_t>(dst);
+        w.rkey = reg(dst, 8)->rkey;
+        return w;
+    }
+
     static int postOne(QpH &q, const softnda_send_wr &w) {
         int rc = softnda_sq_post(&q.sq, &w);
         if (rc == 0) {

@@ -305,12 +305,8 @@ TEST_F(Opcodes, CountersReflectTheWork) {
     softnda_counters before{}, after{};
     ASSERT_EQ(softnda_query_counters("softnda0", &before), 0);
     uint64_t v = 1, d = 0;
-    ibv_mr *m = reg(&v, 8);
-    ibv_mr *dm = reg(&d, 8);
-    softnda_sge s = sge(&v, 8, m);
-    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, &s, 1);
-    w.remote_addr = reinterpret_cast<uintptr_t>(&d);
-    w.rkey = dm->rkey;
+    softnda_sge s;
+    softnda_send_wr w = write8(&v, &d, &s);
     ASSERT_EQ(postOne(a_, w), 0);
     waitOne(scq_.cq);
     ASSERT_EQ(softnda_query_counters("softnda0", &after), 0);
