@@ -188,6 +188,13 @@ BrokerStats BrokerHarness::stats() {
     out.sessions = resp.sessions();
     out.objects = resp.objects();
     out.arena_bytes = resp.arena_bytes();
+    for (const auto &e : resp.engines()) {
+        for (const auto &c : e.counters()) {
+            if (c.name() == "wakeups_by_hint") {
+                out.engine_wakeups += c.value();
+            }
+        }
+    }
     return out;
 }
 

@@ -23,6 +23,8 @@ struct BrokerStats {
     uint32_t sessions = 0;
     uint64_t objects = 0;
     uint64_t arena_bytes = 0;
+    // softnda engines' wakeups_by_hint, summed over devices: each one is a tenant's futex().
+    uint64_t engine_wakeups = 0;
 };
 
 class BrokerHarness {
