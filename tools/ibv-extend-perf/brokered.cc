@@ -347,9 +347,6 @@ class BrokerProbe : public Write8Probe {
     uint64_t id_ = 0;
 };
 
-// write8 through broker-made queues, one contiguous data phase watched for broker RPCs (its own
-// counter) and this thread's system calls; then the ratio against direct from alternating
-// blocks of both probes, so a shared machine's changing state hits both halves alike.
 // Under SCHED_FIFO the kernel stops a CPU's real-time threads for the rest of a period once
 // they used sched_rt_runtime_us of it (RT throttling: 50 ms of every second by default). A
 // client stopped that long lets the engine fall asleep, and its next doorbell then pays a futex
@@ -364,6 +361,9 @@ void freshRtBudget() {
     std::this_thread::sleep_for(std::chrono::microseconds(std::clamp(period_us, 0L, 2'000'000L) * 11 / 10));
 }
 
+// write8 through broker-made queues, one contiguous data phase watched for broker RPCs (its own
+// counter) and this thread's system calls; then the ratio against direct from alternating
+// blocks of both probes, so a shared machine's changing state hits both halves alike.
 void write8Broker(const Options &opt, Results &out, BrokerHarness &broker) {
     const int iters = opt.quick ? 200 : 200000;
     const int warmup = opt.quick ? 20 : 1000;
