@@ -43,10 +43,11 @@ int main(int argc, char **argv) {
     app.add_option("--scale-qps", opt.scale_qps, "live QPs of the scale scenario, over all sessions")
         ->check(CLI::Range(1, 1000000));
     int fifo = 0;
-    app.add_option("--sched-fifo", fifo,
-                   "run under SCHED_FIFO at this priority (threads and the started broker inherit it, tenant "
-                   "processes get one below), so a loaded machine does not deschedule the spinning "
-                   "threads mid-measurement")
+    app.add_option(
+           "--sched-fifo", fifo,
+           "run under SCHED_FIFO at this priority (this tool's threads and the started broker's "
+           "softnda engine threads; the broker's other threads and tenant processes run SCHED_OTHER), "
+           "so a loaded machine does not deschedule the spinning threads mid-measurement")
         ->check(CLI::Range(1, 99));
     CLI11_PARSE(app, argc, argv);
     if (fifo > 0) {
