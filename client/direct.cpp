@@ -13,17 +13,14 @@
 #include <vector>
 
 #include "client/broker_seam.h"
+#include "common/c_abi.h"
 #include "common/device_limits.h"
 #include "providers/loader/loader.h"
 
+using ibvx::failNull;
+
 namespace ibvx::client {
 namespace {
-
-template <typename T>
-T *fail(int err) {
-    errno = err;
-    return nullptr;
-}
 
 // libibverbs returns a positive errno from int calls (or -1 with errno on old paths); ours are
 // negative.
@@ -144,14 +141,14 @@ ibv_context_extend *openDirect(const char *name) {
             if (vdev.provider->close_device != nullptr) {
                 vdev.provider->close_device(vdev.context);
             }
-            return fail<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
+            return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
         }
         std::lock_guard lock(state().mu);
         state().opened[ext] = {vdev.context, vdev.provider};
         return ext;
     }
     if (rc != -ENODEV) {
-        return fail<ibv_context_extend>(-rc);
+        return failNull<ibv_context_extend>(-rc);
     }
     VerbsDeviceList devices;
     for (int i = 0; i < devices.size(); ++i) {
@@ -166,14 +163,14 @@ ibv_context_extend *openDirect(const char *name) {
         if (ext == nullptr) {
             int err = errno;
             ibv_close_device(ctx);
-            return fail<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
+            return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
         }
         std::lock_guard lock(state().mu);
         state().opened[ext] = {ctx, nullptr};
         return ext;
     }
     loader::warn("no device named '%s' (neither a virtual device nor an rdma-core device)", name);
-    return fail<ibv_context_extend>(ENODEV);
+    return failNull<ibv_context_extend>(ENODEV);
 }
 
 }  // namespace
@@ -209,7 +206,7 @@ int ibvx_list_devices(struct ibvx_device_info *devices, int max) {
 
 struct ibv_context_extend *ibvx_open_device(const char *name) {
     if (name == nullptr || name[0] == '\0') {
-        return fail<ibv_context_extend>(EINVAL);
+        return failNull<ibv_context_extend>(EINVAL);
     }
     if (brokerModeActive()) {
         return brokerOpenByName(name);
@@ -251,13 +248,13 @@ int ibvx_close_device(struct ibv_context_extend *context) {
 
 struct ibv_pd *ibvx_alloc_pd(struct ibv_context_extend *context) {
     if (context == nullptr || context->context == nullptr) {
-        return fail<ibv_pd>(EINVAL);
+        return failNull<ibv_pd>(EINVAL);
     }
     if (brokerOwns(context->context)) {
         return brokerAllocPd(context);
     }
     if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(context->context->device)) {
-        return v->alloc_pd != nullptr ? v->alloc_pd(context->context) : fail<ibv_pd>(EOPNOTSUPP);
+        return v->alloc_pd != nullptr ? v->alloc_pd(context->context) : failNull<ibv_pd>(EOPNOTSUPP);
     }
     return ibv_alloc_pd(context->context);
 }
@@ -277,21 +274,21 @@ int ibvx_dealloc_pd(struct ibv_pd *pd) {
 
 struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
     if (pd == nullptr || pd->context == nullptr || addr == nullptr || length == 0) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     if (brokerOwns(pd->context)) {
         return brokerRegMr(pd, addr, length, access);
     }
     if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
         return v->reg_mr != nullptr ? v->reg_mr(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access)
-                                    : fail<ibv_mr>(EOPNOTSUPP);
+                                    : failNull<ibv_mr>(EOPNOTSUPP);
     }
     return ibv_reg_mr(pd, addr, length, access);
 }
 
 struct ibv_mr *ibvx_reg_mr_fd(struct ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
     if (pd == nullptr || pd->context == nullptr || fd < 0 || length == 0) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     if (brokerOwns(pd->context)) {
         return brokerRegMrFd(pd, fd, offset, length, access);
@@ -300,7 +297,7 @@ struct ibv_mr *ibvx_reg_mr_fd(struct ibv_pd *pd, int fd, uint64_t offset, size_t
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     const uint64_t delta = offset % page;
     if (length > SIZE_MAX - delta) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     const size_t map_size = length + delta;
     void *base =
@@ -312,7 +309,7 @@ struct ibv_mr *ibvx_reg_mr_fd(struct ibv_pd *pd, int fd, uint64_t offset, size_t
     if (mr == nullptr) {
         int err = errno;
         munmap(base, map_size);
-        return fail<ibv_mr>(err);
+        return failNull<ibv_mr>(err);
     }
     std::lock_guard lock(state().mu);
     state().fd_mrs[mr] = {base, map_size};

@@ -4,7 +4,10 @@
 #include <cerrno>
 
 #include "client/broker_seam.h"
+#include "common/c_abi.h"
 #include "providers/loader/loader.h"
+
+using ibvx::failNull;
 
 namespace {
 
@@ -12,13 +15,6 @@ using ibvx::client::brokerClose;
 using ibvx::client::brokerModeActive;
 using ibvx::client::brokerOpen;
 using ibvx::client::brokerOwns;
-
-// For pointer-returning calls: the reference returns NULL; we also say why in errno.
-template <typename T>
-T *fail(int err) {
-    errno = err;
-    return nullptr;
-}
 
 bool opsAtLeast(const ibv_context_extend *context, int version) {
     return context->ops != nullptr && context->ops->version >= version;
@@ -53,7 +49,7 @@ int ibv_extend_check_version(uint32_t driver_major, uint32_t driver_minor, uint3
 
 struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
     if (context == nullptr) {
-        return fail<ibv_context_extend>(EINVAL);
+        return failNull<ibv_context_extend>(EINVAL);
     }
     if (brokerModeActive()) {
         return brokerOpen(context);
@@ -61,7 +57,7 @@ struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
     const verbs_device_extend_ops *drv = ibvx::loader::findDriver(context->device);
     if (drv == nullptr || drv->alloc_context == nullptr) {
         ibvx::loader::warn("no available ops for open extend context");
-        return fail<ibv_context_extend>(EOPNOTSUPP);
+        return failNull<ibv_context_extend>(EOPNOTSUPP);
     }
     ibv_context_extend *ext = drv->alloc_context(context);
     if (ext == nullptr) {
@@ -75,7 +71,7 @@ struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
         if (drv->free_context != nullptr) {
             drv->free_context(ext);
         }
-        return fail<ibv_context_extend>(EOPNOTSUPP);
+        return failNull<ibv_context_extend>(EOPNOTSUPP);
     }
     return ext;
 }
@@ -111,10 +107,10 @@ int ibv_query_device_extend(struct ibv_context_extend *context, struct ibv_devic
 struct ibv_qp_extend *ibv_create_qp_extend(struct ibv_context_extend *context,
                                            struct ibv_qp_init_attr_extend *qp_init_attr) {
     if (context == nullptr || qp_init_attr == nullptr) {
-        return fail<ibv_qp_extend>(EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     if (context->ops == nullptr || context->ops->create_qp == nullptr) {
-        return fail<ibv_qp_extend>(EOPNOTSUPP);
+        return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
     return context->ops->create_qp(context->context, qp_init_attr);
 }
@@ -122,10 +118,10 @@ struct ibv_qp_extend *ibv_create_qp_extend(struct ibv_context_extend *context,
 struct ibv_cq_extend *ibv_create_cq_extend(struct ibv_context_extend *context,
                                            struct ibv_cq_init_attr_extend *cq_init_attr) {
     if (context == nullptr || cq_init_attr == nullptr) {
-        return fail<ibv_cq_extend>(EINVAL);
+        return failNull<ibv_cq_extend>(EINVAL);
     }
     if (context->ops == nullptr || context->ops->create_cq == nullptr) {
-        return fail<ibv_cq_extend>(EOPNOTSUPP);
+        return failNull<ibv_cq_extend>(EOPNOTSUPP);
     }
     return context->ops->create_cq(context->context, cq_init_attr);
 }
@@ -133,10 +129,10 @@ struct ibv_cq_extend *ibv_create_cq_extend(struct ibv_context_extend *context,
 struct ibv_srq_extend *ibv_create_srq_extend(struct ibv_context_extend *context,
                                              struct ibv_srq_init_attr_extend *srq_init_attr) {
     if (context == nullptr || srq_init_attr == nullptr) {
-        return fail<ibv_srq_extend>(EINVAL);
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     if (context->ops == nullptr || context->ops->create_srq == nullptr) {
-        return fail<ibv_srq_extend>(EOPNOTSUPP);
+        return failNull<ibv_srq_extend>(EOPNOTSUPP);
     }
     return context->ops->create_srq(context->context, srq_init_attr);
 }

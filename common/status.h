@@ -82,4 +82,36 @@ class [[nodiscard]] StatusOr {
     std::optional<T> value_;
 };
 
+// What RETURN_IF_ERROR tests: a Status, or the status of a StatusOr.
+inline const Status &toStatus(const Status &s) {
+    return s;
+}
+template <typename T>
+const Status &toStatus(const StatusOr<T> &s) {
+    return s.status();
+}
+
 }  // namespace ibvx
+
+// Early return of a failed Status or StatusOr, the Abseil/Envoy shape; each names the return it
+// hides, so a reader sees the exit at the call site.
+//   RETURN_IF_ERROR(checkLimit(...));          // returns the Status if it is not OK
+//   ASSIGN_OR_RETURN(Object *o, lookup(...));  // declares o from the StatusOr's value
+#define IBVX_STATUS_CONCAT_INNER(a, b) a##b
+#define IBVX_STATUS_CONCAT(a, b) IBVX_STATUS_CONCAT_INNER(a, b)
+
+#define RETURN_IF_ERROR(expr)                                                             \
+    do {                                                                                  \
+        if (::ibvx::Status ibvx_status_ = ::ibvx::toStatus(expr); !ibvx_status_.isOk()) { \
+            return ibvx_status_;                                                          \
+        }                                                                                 \
+    } while (false)
+
+#define ASSIGN_OR_RETURN(lhs, expr) \
+    IBVX_ASSIGN_OR_RETURN_IMPL(IBVX_STATUS_CONCAT(ibvx_statusor_, __LINE__), lhs, expr)
+#define IBVX_ASSIGN_OR_RETURN_IMPL(tmp, lhs, expr) \
+    auto tmp = (expr);                             \
+    if (!tmp.isOk()) {                             \
+        return tmp.status();                       \
+    }                                              \
+    lhs = std::move(tmp).value()

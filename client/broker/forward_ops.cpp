@@ -9,6 +9,7 @@
 #include "client/broker/convert.h"
 #include "client/broker/forward_ops.h"
 #include "client/broker/shadow.h"
+#include "common/driver_ops.h"
 
 namespace ibvx::client::broker {
 namespace {
@@ -316,25 +317,11 @@ int negoHyroce(ibv_context *context, ibv_qp *qp, const ibv_hyroce_feature *input
     return rc;
 }
 
-// Bit i of OpenContextResponse.driver_ops_present = op i of ibv_context_extend_ops, from
-// create_qp; a bit the driver lacks leaves the entry NULL so the caller answers EOPNOTSUPP.
-enum OpBit {
-    kCreateQp,
-    kCreateCq,
-    kCreateSrq,
-    kDestroyQp,
-    kDestroyCq,
-    kDestroySrq,
-    kQueryDevice,
-    kModifyQp,
-    kQueryQp,
-    kQueryHyroce,
-    kNegoHyroce,
-};
-
+// A bit the driver lacks (common/driver_ops.h) leaves the entry NULL, so the caller answers
+// EOPNOTSUPP without a round trip.
 template <typename Fn>
-Fn pick(uint32_t present, OpBit bit, Fn fn) {
-    return (present & (1U << bit)) != 0 ? fn : nullptr;
+Fn pick(uint32_t present, ibvx::DriverOp op, Fn fn) {
+    return ibvx::hasDriverOp(present, op) ? fn : nullptr;
 }
 
 }  // namespace
@@ -342,20 +329,21 @@ Fn pick(uint32_t present, OpBit bit, Fn fn) {
 void fillForwardOps(int driver_version, uint32_t present, ibv_context_extend_ops *ops) {
     *ops = ibv_context_extend_ops{};
     ops->version = driver_version;
-    ops->create_qp = pick(present, kCreateQp, &createQp);
-    ops->create_cq = pick(present, kCreateCq, &createCq);
-    ops->create_srq = pick(present, kCreateSrq, &createSrq);
-    ops->destroy_qp = pick(present, kDestroyQp, &destroyQp);
-    ops->destroy_cq = pick(present, kDestroyCq, &destroyCq);
-    ops->destroy_srq = pick(present, kDestroySrq, &destroySrq);
-    ops->query_device = pick(present, kQueryDevice, &queryDevice);
+    ops->create_qp = pick(present, ibvx::DriverOp::kCreateQp, &createQp);
+    ops->create_cq = pick(present, ibvx::DriverOp::kCreateCq, &createCq);
+    ops->create_srq = pick(present, ibvx::DriverOp::kCreateSrq, &createSrq);
+    ops->destroy_qp = pick(present, ibvx::DriverOp::kDestroyQp, &destroyQp);
+    ops->destroy_cq = pick(present, ibvx::DriverOp::kDestroyCq, &destroyCq);
+    ops->destroy_srq = pick(present, ibvx::DriverOp::kDestroySrq, &destroySrq);
+    ops->query_device = pick(present, ibvx::DriverOp::kQueryDevice, &queryDevice);
     if (driver_version >= IBV_EXTEND_DRIVER_VERSION_V2) {
-        ops->modify_qp = pick(present, kModifyQp, &modifyQpExtend);
-        ops->query_qp = pick(present, kQueryQp, &queryQpExtend);
+        ops->modify_qp = pick(present, ibvx::DriverOp::kModifyQp, &modifyQpExtend);
+        ops->query_qp = pick(present, ibvx::DriverOp::kQueryQp, &queryQpExtend);
     }
     if (driver_version >= IBV_EXTEND_DRIVER_VERSION_V3) {
-        ops->query_qp_supported_hyroce_feature = pick(present, kQueryHyroce, &queryHyroce);
-        ops->nego_qp_hyroce_feature = pick(present, kNegoHyroce, &negoHyroce);
+        ops->query_qp_supported_hyroce_feature =
+            pick(present, ibvx::DriverOp::kQueryHyroceFeature, &queryHyroce);
+        ops->nego_qp_hyroce_feature = pick(present, ibvx::DriverOp::kNegoHyroceFeature, &negoHyroce);
     }
 }
 

@@ -16,6 +16,7 @@
 #include <new>
 #include <vector>
 
+#include "common/warn.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::client::broker {
@@ -117,15 +118,10 @@ Registry &registry() {
 }  // namespace
 
 void warn(const char *fmt, ...) {
-    if (getenv("IBV_EXTEND_SHOW_WARNINGS") == nullptr) {
-        return;
-    }
-    char buf[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
+    vwarn("", fmt, ap);
     va_end(ap);
-    loader::warn("%s", buf);
 }
 
 const Settings &settings() {

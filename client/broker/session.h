@@ -24,6 +24,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/build_config.h"
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
@@ -39,7 +40,7 @@ struct Settings {
 };
 const Settings &settings();
 
-inline constexpr const char *kDefaultSocket = "/run/ibv-extend/broker.sock";
+inline constexpr const char *kDefaultSocket = IBVX_DEFAULT_SOCKET;
 
 class Session {
   public:

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/build_config.h"
 #include "common/status.h"
 #include "daemon/core/policy.h"
 #include "daemon/core/quota.h"
@@ -26,7 +27,7 @@ struct ProviderOption {
 
 struct DaemonConfig {
     std::string config_path;  // empty: none
-    std::string socket = "/run/ibv-extend/broker.sock";
+    std::string socket = IBVX_DEFAULT_SOCKET;
     std::optional<mode_t> socket_mode;  // applied to a socket we create
     std::string socket_group;           // group owning the socket ("" keeps ours)
     std::string admin_group;            // may call the Admin service besides root

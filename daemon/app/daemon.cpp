@@ -17,6 +17,8 @@
 #include <filesystem>
 #include <mutex>
 
+#include "common/build_config.h"
+#include "common/unix_socket.h"
 #include "daemon/app/config.h"
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
@@ -43,11 +45,7 @@ void setupLogging(const std::string &level) {
 
 // True when some broker answers on path (then we must not steal its socket).
 bool socketAnswers(const std::string &path) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    return fd && ::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
+    return connectUnix(path).isOk();
 }
 
 StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
@@ -63,8 +61,9 @@ StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
                                " sockets; expected one Unix stream socket");
     }
     const std::string &path = cfg.socket;
-    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
-        return invalidArgument("socket path longer than 107 bytes: " + path);
+    auto addr = unixAddress(path);
+    if (!addr.isOk()) {
+        return addr.status();
     }
     std::error_code ec;
     std::filesystem::path parent = std::filesystem::path(path).parent_path();
@@ -88,10 +87,7 @@ StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
     if (!fd) {
         return Status::fromErrno(errno, "socket failed");
     }
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (::bind(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) < 0) {
+    if (::bind(fd.get(), addr->get(), addr->len) < 0) {
         return Status::fromErrno(errno, "cannot bind " + path + ": " + std::strerror(errno));
     }
     *created = true;
@@ -189,7 +185,7 @@ int runDaemon(int argc, char **argv) {
     CLI::App app{"ibv-extendd: the per-host ibv_extend broker"};
     std::string socket_flag, config_path, log_level_flag;
     bool foreground = false;
-    app.add_option("--socket", socket_flag, "Unix socket path (default /run/ibv-extend/broker.sock)");
+    app.add_option("--socket", socket_flag, "Unix socket path (default " IBVX_DEFAULT_SOCKET ")");
     app.add_option("--config", config_path, "TOML configuration file");
     app.add_flag("--foreground", foreground, "Stay in the foreground (also implied under systemd)");
     app.add_option("--log-level", log_level_flag, "trace, debug, info, warn, error, critical or off");

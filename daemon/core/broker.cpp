@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/driver_ops.h"
+
 namespace ibvx::daemon {
 namespace {
 
@@ -52,27 +54,6 @@ Status checkLimit(uint64_t value, uint32_t max, const char *what) {
                                " exceeds the device's limit " + std::to_string(max));
     }
     return Status::ok();
-}
-
-uint32_t opsPresent(const ibv_context_extend_ops *o) {
-    const void *ops[] = {reinterpret_cast<const void *>(o->create_qp),
-                         reinterpret_cast<const void *>(o->create_cq),
-                         reinterpret_cast<const void *>(o->create_srq),
-                         reinterpret_cast<const void *>(o->destroy_qp),
-                         reinterpret_cast<const void *>(o->destroy_cq),
-                         reinterpret_cast<const void *>(o->destroy_srq),
-                         reinterpret_cast<const void *>(o->query_device),
-                         reinterpret_cast<const void *>(o->modify_qp),
-                         reinterpret_cast<const void *>(o->query_qp),
-                         reinterpret_cast<const void *>(o->query_qp_supported_hyroce_feature),
-                         reinterpret_cast<const void *>(o->nego_qp_hyroce_feature)};
-    uint32_t bits = 0;
-    for (size_t i = 0; i < std::size(ops); ++i) {
-        if (ops[i] != nullptr) {
-            bits |= 1u << i;
-        }
-    }
-    return bits;
 }
 
 // memfd or dma-buf, by what the kernel calls the file.
@@ -571,7 +552,7 @@ StatusOr<OpenContextResult> Broker::openContext(Session &s, const std::string &d
     OpenContextResult r;
     r.device = dev->info;
     r.driver_version = static_cast<uint32_t>(obj->ext->ops->version);
-    r.driver_ops_present = opsPresent(obj->ext->ops);
+    r.driver_ops_present = driverOpsPresent(obj->ext->ops);
     r.context = insert(s, std::move(obj));
     return r;
 }

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/build_config.h"
 #include "common/status.h"
 #include "daemon/core/device.h"
 #include "daemon/core/identity.h"
@@ -143,7 +144,7 @@ class Broker {
         std::chrono::milliseconds channel_send_timeout{1000};
         size_t max_objects_per_session = 1u << 16;
         size_t max_sessions = 4096;
-        Version version{4, 2, 0};
+        Version version{IBVX_PROJECT_VERSION_MAJOR, IBVX_PROJECT_VERSION_MINOR, IBVX_PROJECT_VERSION_PATCH};
     };
 
     Broker(Options options, DeviceRegistry *devices);

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "common/warn.h"
 #include "providers/loader/device_match.h"
 #include "providers/loader/discovery.h"
 #include "providers/loader/loader.h"
@@ -94,15 +95,10 @@ std::string libraryOf(const void *p) {
 }  // namespace
 
 void warn(const char *fmt, ...) {
-    if (getenv("IBV_EXTEND_SHOW_WARNINGS") == nullptr) {
-        return;
-    }
-    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
+    vwarn("", fmt, ap);
     va_end(ap);
-    fprintf(stderr, "ibv_extend: Warning: %s\n", msg);
 }
 
 const verbs_device_extend_ops *findDriverByName(std::string_view name) {

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <unordered_map>
 
+#include "common/c_abi.h"
 #include "providers/mlx5/features.h"
 #include "providers/mlx5/queue_memory.h"
 #include "providers/mlx5/queue_resources.h"
@@ -58,12 +59,6 @@ struct Registry {
 Registry &registry() {
     static Registry *r = new Registry;
     return *r;
-}
-
-template <typename T>
-T *failWith(int negative_errno) {
-    errno = -negative_errno;
-    return nullptr;
 }
 
 bool usableOps(const ibv_extend_ops *ops) {
@@ -158,14 +153,14 @@ int queryDevice(ibv_context *ctx, ibv_device_attr_extend *attr) {
 
 ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
     if (init == nullptr) {
-        return failWith<ibv_qp_extend>(-EINVAL);
+        return ibvx::failNull<ibv_qp_extend>(EINVAL);
     }
     if (int rc = checkCreate(ctx, init->ops, init->type, "qp"); rc != 0) {
-        return failWith<ibv_qp_extend>(rc);
+        return ibvx::failNull<ibv_qp_extend>(-rc);
     }
     if (init->pd == nullptr || init->pd->context != ctx) {
         warn("create_qp: the PD must belong to the context the QP is created on");
-        return failWith<ibv_qp_extend>(-EINVAL);
+        return ibvx::failNull<ibv_qp_extend>(EINVAL);
     }
     bool direct_wqe = (init->qp_cap_flag & QP_ENABLE_DIRECT_WQE) != 0;
     if ((init->qp_cap_flag & ~uint32_t{QP_ENABLE_DIRECT_WQE}) != 0) {
@@ -177,19 +172,19 @@ ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
     auto h = std::make_unique<QpHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, init->pd, direct_wqe); rc != 0) {
-        return failWith<ibv_qp_extend>(rc);
+        return ibvx::failNull<ibv_qp_extend>(-rc);
     }
     ibv_qp_init_attr attr = init->attr;
     ibv_qp *qp = ibv_create_qp(res->domain(), &attr);
     if (qp == nullptr) {
         int err = errno != 0 ? errno : ENOMEM;
         warn("create_qp: ibv_create_qp failed (errno %d)", err);
-        return failWith<ibv_qp_extend>(-err);
+        return ibvx::failNull<ibv_qp_extend>(err);
     }
     // From here on a failure destroys the QP before res goes (it frees through res's memory).
     auto fail = [&](int rc) {
         undoCreate(ibv_destroy_qp(qp), &res);
-        return failWith<ibv_qp_extend>(rc);
+        return ibvx::failNull<ibv_qp_extend>(-rc);
     };
 
     mlx5dv_qp dv{};
@@ -228,16 +223,16 @@ ibv_qp_extend *createQp(ibv_context *ctx, ibv_qp_init_attr_extend *init) {
 
 ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
     if (init == nullptr) {
-        return failWith<ibv_cq_extend>(-EINVAL);
+        return ibvx::failNull<ibv_cq_extend>(EINVAL);
     }
     if (int rc = checkCreate(ctx, init->ops, init->type, "cq"); rc != 0) {
-        return failWith<ibv_cq_extend>(rc);
+        return ibvx::failNull<ibv_cq_extend>(-rc);
     }
     if (init->attr.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) {
         warn(
             "create_cq: the driver owns the CQ's parent domain (it routes the CQ's memory); "
             "leave IBV_CQ_INIT_ATTR_MASK_PD unset");
-        return failWith<ibv_cq_extend>(-EINVAL);
+        return ibvx::failNull<ibv_cq_extend>(EINVAL);
     }
     ibv_pd *base = nullptr;
     {
@@ -250,13 +245,13 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
     }
     if (base == nullptr) {
         warn("create_cq: context was not opened with ibv_open_extend");
-        return failWith<ibv_cq_extend>(-EINVAL);
+        return ibvx::failNull<ibv_cq_extend>(EINVAL);
     }
 
     auto h = std::make_unique<CqHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, base, false); rc != 0) {
-        return failWith<ibv_cq_extend>(rc);
+        return ibvx::failNull<ibv_cq_extend>(-rc);
     }
     ibv_cq_init_attr_ex attr = init->attr;
     attr.comp_mask |= IBV_CQ_INIT_ATTR_MASK_PD;
@@ -265,12 +260,12 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
     if (cqx == nullptr) {
         int err = errno != 0 ? errno : ENOMEM;
         warn("create_cq: ibv_create_cq_ex failed (errno %d)", err);
-        return failWith<ibv_cq_extend>(-err);
+        return ibvx::failNull<ibv_cq_extend>(err);
     }
     ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
     auto fail = [&](int rc) {
         undoCreate(ibv_destroy_cq(cq), &res);
-        return failWith<ibv_cq_extend>(rc);
+        return ibvx::failNull<ibv_cq_extend>(-rc);
     };
 
     mlx5dv_cq dv{};
@@ -302,27 +297,27 @@ ibv_cq_extend *createCq(ibv_context *ctx, ibv_cq_init_attr_extend *init) {
 
 ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
     if (init == nullptr) {
-        return failWith<ibv_srq_extend>(-EINVAL);
+        return ibvx::failNull<ibv_srq_extend>(EINVAL);
     }
     if (int rc = checkCreate(ctx, init->ops, init->type, "srq"); rc != 0) {
-        return failWith<ibv_srq_extend>(rc);
+        return ibvx::failNull<ibv_srq_extend>(-rc);
     }
     if (init->pd == nullptr || init->pd->context != ctx) {
         warn("create_srq: the PD must belong to the context the SRQ is created on");
-        return failWith<ibv_srq_extend>(-EINVAL);
+        return ibvx::failNull<ibv_srq_extend>(EINVAL);
     }
 
     auto h = std::make_unique<SrqHandle>();
     auto res = std::make_unique<QueueResources>(init->ops);
     if (int rc = res->makeDomain(ctx, init->pd, false); rc != 0) {
-        return failWith<ibv_srq_extend>(rc);
+        return ibvx::failNull<ibv_srq_extend>(-rc);
     }
     ibv_srq_init_attr attr = init->attr;
     ibv_srq *srq = ibv_create_srq(res->domain(), &attr);
     if (srq == nullptr) {
         int err = errno != 0 ? errno : ENOMEM;
         warn("create_srq: ibv_create_srq failed (errno %d)", err);
-        return failWith<ibv_srq_extend>(-err);
+        return ibvx::failNull<ibv_srq_extend>(err);
     }
     mlx5dv_srq dv{};
     mlx5dv_obj obj{};
@@ -333,14 +328,14 @@ ibv_srq_extend *createSrq(ibv_context *ctx, ibv_srq_init_attr_extend *init) {
     if (rc != 0 || (rc = translateSrq(dv, &info)) != 0) {
         warn("create_srq: cannot read the SRQ layout from mlx5dv (%d)", rc);
         undoCreate(ibv_destroy_srq(srq), &res);
-        return failWith<ibv_srq_extend>(rc > 0 ? -rc : (rc < 0 ? rc : -EIO));
+        return ibvx::failNull<ibv_srq_extend>(rc > 0 ? rc : (rc < 0 ? -rc : EIO));
     }
     h->ext.srq = srq;
     h->ext.srq_info = info;  // no doorbell register: the record is the SRQ's doorbell
     h->res = res.get();
     if (!publish(registry().srqs, &h->ext, h.get())) {
         undoCreate(ibv_destroy_srq(srq), &res);
-        return failWith<ibv_srq_extend>(-ENOMEM);
+        return ibvx::failNull<ibv_srq_extend>(ENOMEM);
     }
     res.release();
     init->attr.attr = attr.attr;
@@ -528,31 +523,14 @@ int negoHyroce(ibv_context *ctx, ibv_qp *qp, const ibv_hyroce_feature *input, ib
     return 0;
 }
 
-// No exception may cross the C ABI: each op's failure value when one escapes (only
-// std::bad_alloc can; every create publishes or undoes before it returns).
-template <typename R>
-R outOfMemory() {
-    if constexpr (std::is_pointer_v<R>) {
-        errno = ENOMEM;
-        return nullptr;
-    } else {
-        return -ENOMEM;
-    }
+// Every entry point is wrapped: nothing thrown inside (std::bad_alloc from a container) crosses
+// into the C caller, and the warning says why the call failed.
+void warnOutOfMemory() {
+    warn("out of memory");
 }
 
 template <auto Fn>
-struct CAbi;
-template <typename R, typename... Args, R (*Fn)(Args...)>
-struct CAbi<Fn> {
-    static R call(Args... args) noexcept {
-        try {
-            return Fn(args...);
-        } catch (...) {
-            warn("out of memory");
-            return outOfMemory<R>();
-        }
-    }
-};
+using CAbi = ibvx::CEntry<Fn, warnOutOfMemory>;
 
 ibv_context_extend_ops g_context_ops = {
     .version = IBV_EXTEND_DRIVER_VERSION_V3,

@@ -1,5 +1,7 @@
 #include "providers/mlx5/warn.h"
 
+#include "common/warn.h"
+
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -7,20 +9,14 @@
 namespace ibvx::mlx5 {
 
 bool warningsEnabled() {
-    return secure_getenv("IBV_EXTEND_SHOW_WARNINGS") != nullptr;
+    return ibvx::warningsEnabled();
 }
 
 void warn(const char *fmt, ...) {
-    if (!warningsEnabled()) {
-        return;
-    }
-    char line[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(line, sizeof(line), fmt, ap);
+    vwarn("mlx5: ", fmt, ap);
     va_end(ap);
-    // One fprintf so concurrent warnings do not interleave mid-line.
-    fprintf(stderr, "ibv_extend: Warning: mlx5: %s\n", line);
 }
 
 }  // namespace ibvx::mlx5

@@ -14,8 +14,10 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
+#include "common/build_config.h"
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
+#include "common/unix_socket.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
 #include "tools/ibv-extendctl/format.h"
@@ -25,8 +27,10 @@ namespace {
 
 namespace pb = ::ibv_extend::v1;
 
-constexpr const char *kDefaultSocket = "/run/ibv-extend/broker.sock";
-constexpr uint32_t kMajor = 4, kMinor = 2, kPatch = 0;  // the protocol this CLI speaks
+constexpr const char *kDefaultSocket = IBVX_DEFAULT_SOCKET;
+// The protocol this CLI speaks: the project's version.
+constexpr uint32_t kMajor = IBVX_PROJECT_VERSION_MAJOR, kMinor = IBVX_PROJECT_VERSION_MINOR,
+                   kPatch = IBVX_PROJECT_VERSION_PATCH;
 
 struct Options {
     std::string socket;
@@ -37,18 +41,15 @@ struct Options {
 // Connects once with a raw socket first: gRPC would only say "unavailable", and an operator
 // needs to know whether the broker is down or the socket is closed to them.
 int probe(const std::string &path) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.size() >= sizeof(addr.sun_path)) {
-        std::fprintf(stderr, "ibv-extendctl: socket path too long (max 107 bytes): %s\n", path.c_str());
+    if (auto addr = unixAddress(path); !addr.isOk()) {
+        std::fprintf(stderr, "ibv-extendctl: %s\n", addr.status().message().c_str());
         return kExitUsage;
     }
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0) {
+    auto fd = connectUnix(path);
+    if (fd.isOk()) {
         return kExitOk;
     }
-    int err = errno;
+    int err = fd.status().errnoValue();
     if (err == EACCES || err == EPERM) {
         std::fprintf(stderr,
                      "ibv-extendctl: permission denied on the broker socket %s: it is open to root and the "
@@ -444,16 +445,12 @@ int cmdDevinfo(Client &c, const Options &o) {
         return kExitVersion;
     }
     // Attach the fd channel so the session is complete (and ends the moment we close it).
-    UniqueFd channel(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, o.socket.c_str(), sizeof(addr.sun_path) - 1);
     SessionToken token{};
     if (hr.session_token().size() == token.size()) {
         std::memcpy(token.data(), hr.session_token().data(), token.size());
     }
-    if (::connect(channel.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) < 0 ||
-        attachClient(channel.get(), token, 5000) != 0) {
+    auto channel = connectUnix(o.socket);
+    if (!channel.isOk() || attachClient(channel->get(), token, 5000) != 0) {
         std::fprintf(stderr, "ibv-extendctl: cannot attach the session's fd channel on %s\n",
                      o.socket.c_str());
         return kExitFailed;

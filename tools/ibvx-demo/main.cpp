@@ -26,6 +26,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "common/build_config.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "tools/ibvx-demo/tenant.h"
 
@@ -34,7 +35,7 @@ namespace {
 using ibvx::demo::PeerInfo;
 using ibvx::demo::Tenant;
 
-constexpr const char *kDefaultSocket = "/run/ibv-extend/broker.sock";
+constexpr const char *kDefaultSocket = IBVX_DEFAULT_SOCKET;
 
 // ---- tiny line/byte protocol on the control and peer sockets --------------------------------
 

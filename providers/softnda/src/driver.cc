@@ -63,24 +63,18 @@ void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
     qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
 }
 
-template <typename T>
-T *fail(int err) {
-    errno = err;
-    return nullptr;
-}
-
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
-        return fail<ibv_cq_extend>(EINVAL);
+        return failNull<ibv_cq_extend>(EINVAL);
     }
     Device *dev = ctx->dev;
     if (a->attr.cqe == 0 || a->attr.cqe > dev->cfg.max_cqe) {
-        return fail<ibv_cq_extend>(EINVAL);
+        return failNull<ibv_cq_extend>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_cq >= dev->cfg.max_cq) {
-        return fail<ibv_cq_extend>(ENOMEM);
+        return failNull<ibv_cq_extend>(ENOMEM);
     }
     auto *cq = new Cq;
     cq->magic = kMagicCq;
@@ -94,7 +88,7 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     if (rc != 0) {
         freeRing(a->ops, &cq->ring);
         delete cq;
-        return fail<ibv_cq_extend>(-rc);
+        return failNull<ibv_cq_extend>(-rc);
     }
     cq->ib.context = context;
     cq->ib.cq_context = a->attr.cq_context;
@@ -129,18 +123,18 @@ int destroyCq(ibv_cq_extend *ext) {
 ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
-        return fail<ibv_srq_extend>(EINVAL);
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     Device *dev = ctx->dev;
     Pd *pd = asPd(a->pd);
     const ibv_srq_attr &sa = a->attr.attr;
     if (pd == nullptr || pd->ctx != ctx || sa.max_wr == 0 || sa.max_wr > dev->cfg.max_srq_wr ||
         sa.max_sge == 0 || sa.max_sge > dev->cfg.max_sge || sa.srq_limit > sa.max_wr) {
-        return fail<ibv_srq_extend>(EINVAL);
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_srq >= dev->cfg.max_srq) {
-        return fail<ibv_srq_extend>(ENOMEM);
+        return failNull<ibv_srq_extend>(ENOMEM);
     }
     auto *srq = new Srq;
     srq->magic = kMagicSrq;
@@ -166,7 +160,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (rc != 0) {
         freeRing(a->ops, &srq->ring);
         delete srq;
-        return fail<ibv_srq_extend>(-rc);
+        return failNull<ibv_srq_extend>(-rc);
     }
     srq->ib.context = context;
     srq->ib.srq_context = a->attr.srq_context;
@@ -212,7 +206,7 @@ void undoQp(Qp *qp) {
 ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
-        return fail<ibv_qp_extend>(EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     Device *dev = ctx->dev;
     const Config &cfg = dev->cfg;
@@ -222,21 +216,21 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     Cq *rcq = asCq(ia.recv_cq);
     Srq *srq = ia.srq != nullptr ? asSrq(ia.srq) : nullptr;
     if (ia.qp_type != IBV_QPT_RC) {
-        return fail<ibv_qp_extend>(EOPNOTSUPP);
+        return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
     if (pd == nullptr || pd->ctx != ctx || scq == nullptr || scq->ctx != ctx || rcq == nullptr ||
         rcq->ctx != ctx || (ia.srq != nullptr && (srq == nullptr || srq->ctx != ctx))) {
-        return fail<ibv_qp_extend>(EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     ibv_qp_cap &cap = ia.cap;
     if (cap.max_send_wr == 0 || cap.max_send_wr > cfg.max_qp_wr || cap.max_send_sge > cfg.max_sge ||
         cap.max_inline_data > cfg.max_inline_data ||
         (srq == nullptr && (cap.max_recv_wr > cfg.max_qp_wr || cap.max_recv_sge > cfg.max_sge))) {
-        return fail<ibv_qp_extend>(EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_qp >= cfg.max_qp) {
-        return fail<ibv_qp_extend>(ENOMEM);
+        return failNull<ibv_qp_extend>(ENOMEM);
     }
     auto *qp = new Qp;
     qp->magic = kMagicQp;
@@ -265,7 +259,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (rc != 0) {
         undoQp(qp);
         delete qp;
-        return fail<ibv_qp_extend>(-rc);
+        return failNull<ibv_qp_extend>(-rc);
     }
     // What the QP really got, as rdma-core providers report it back.
     cap.max_send_wr = qp->sq.cnt;

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/c_abi.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -315,27 +316,10 @@ struct Device {
     }
 };
 
-// Wraps a function for a C ops table: nothing thrown inside (std::bad_alloc from a container)
-// crosses into a C caller; it becomes the reference's ENOMEM convention instead.
-template <auto Fn>
-struct CEntry;
-template <typename R, typename... A, R (*Fn)(A...)>
-struct CEntry<Fn> {
-    static R call(A... a) noexcept {
-        try {
-            return Fn(a...);
-        } catch (...) {
-            if constexpr (std::is_void_v<R>) {
-                return;
-            } else if constexpr (std::is_pointer_v<R>) {
-                errno = ENOMEM;
-                return nullptr;
-            } else {
-                return -ENOMEM;
-            }
-        }
-    }
-};
+// Every entry of a C ops table is wrapped (common/c_abi.h): nothing thrown inside crosses into a
+// C caller; it becomes the reference's ENOMEM convention instead.
+using ibvx::CEntry;
+using ibvx::failNull;
 
 constexpr uint64_t kMagicDevice = 0x736f66746e646130ull;
 constexpr uint64_t kMagicContext = 0x736f66746e646131ull;

@@ -11,21 +11,15 @@
 namespace softnda {
 namespace {
 
-template <typename T>
-T *fail(int err) {
-    errno = err;
-    return nullptr;
-}
-
 ibv_pd *allocPd(ibv_context *context) {
     Context *ctx = asContext(context);
     if (ctx == nullptr) {
-        return fail<ibv_pd>(EINVAL);
+        return failNull<ibv_pd>(EINVAL);
     }
     Device *dev = ctx->dev;
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_pd >= dev->cfg.max_pd) {
-        return fail<ibv_pd>(ENOMEM);
+        return failNull<ibv_pd>(ENOMEM);
     }
     auto *pd = new Pd;
     pd->magic = kMagicPd;
@@ -62,27 +56,27 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     if (pd == nullptr || addr == nullptr || length == 0 || (access & ~kKnownAccess) != 0 ||
         reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr) ||
         iova + length < iova) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     // IB rule: remote write and atomic access need local write.
     if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
         (access & IBV_ACCESS_LOCAL_WRITE) == 0) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     Device *dev = pd->ctx->dev;
     if (length > dev->cfg.max_mr_size) {
-        return fail<ibv_mr>(EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     // The engine dereferences the range: refuse what is not mapped now (msync reports holes).
     uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     uintptr_t lo = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
     uintptr_t hi = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
     if (msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) < 0) {
-        return fail<ibv_mr>(EFAULT);
+        return failNull<ibv_mr>(EFAULT);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_mr >= dev->cfg.max_mr) {
-        return fail<ibv_mr>(ENOMEM);
+        return failNull<ibv_mr>(ENOMEM);
     }
     auto *mr = new Mr;
     mr->magic = kMagicMr;
