@@ -1,6 +1,7 @@
 // The ibv_extend_broker.h functions: devices, PDs, MRs and QP state. Each one sends a
-// broker-owned object to the broker seam; otherwise a virtual device's objects go to its
-// provider's ops and an rdma-core device's to libibverbs (direct mode, in-process).
+// broker-owned object to the broker seam; otherwise (direct mode, in-process) to the device's
+// verbs table (providers/loader/device_verbs.h): a virtual device's provider or libibverbs,
+// decided once per device.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -15,30 +16,14 @@
 #include "client/broker_seam.h"
 #include "common/c_abi.h"
 #include "common/device_limits.h"
+#include "providers/loader/device_verbs.h"
 #include "providers/loader/loader.h"
 
 using ibvx::failNull;
+using ibvx::loader::deviceVerbsFor;
 
 namespace ibvx::client {
 namespace {
-
-// libibverbs returns a positive errno from int calls (or -1 with errno on old paths); ours are
-// negative.
-int fromVerbs(int rc) {
-    if (rc > 0) {
-        return -rc;
-    }
-    if (rc < 0) {
-        return errno != 0 ? -errno : -EIO;
-    }
-    return 0;
-}
-
-// How a context from ibvx_open_device() must be closed after its extension context.
-struct OpenedDevice {
-    ibv_context *context = nullptr;
-    const ibv_extend_vdev_ops *vdev = nullptr;  // nullptr: an rdma-core device
-};
 
 // ibvx_reg_mr_fd() in direct mode maps the fd; the mapping goes away with the MR.
 struct FdMapping {
@@ -48,7 +33,8 @@ struct FdMapping {
 
 struct DirectState {
     std::mutex mu;  // guards opened and fd_mrs
-    std::map<const ibv_context_extend *, OpenedDevice> opened;
+    // Extension contexts ibvx_open_device() made, with the device context it opened for them.
+    std::map<const ibv_context_extend *, ibv_context *> opened;
     std::map<const ibv_mr *, FdMapping> fd_mrs;
 };
 
@@ -144,7 +130,7 @@ ibv_context_extend *openDirect(const char *name) {
             return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
         }
         std::lock_guard lock(state().mu);
-        state().opened[ext] = {vdev.context, vdev.provider};
+        state().opened[ext] = vdev.context;
         return ext;
     }
     if (rc != -ENODEV) {
@@ -166,7 +152,7 @@ ibv_context_extend *openDirect(const char *name) {
             return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
         }
         std::lock_guard lock(state().mu);
-        state().opened[ext] = {ctx, nullptr};
+        state().opened[ext] = ctx;
         return ext;
     }
     loader::warn("no device named '%s' (neither a virtual device nor an rdma-core device)", name);
@@ -219,30 +205,23 @@ int ibvx_close_device(struct ibv_context_extend *context) {
         return -EINVAL;
     }
     // Our own registry first: it needs no dereference of what the caller passed.
-    OpenedDevice dev;
-    bool direct = false;
+    ibv_context *device_context = nullptr;
     {
         std::lock_guard lock(state().mu);
         auto it = state().opened.find(context);
         if (it != state().opened.end()) {
-            dev = it->second;
+            device_context = it->second;
             state().opened.erase(it);
-            direct = true;
         }
     }
-    if (!direct) {
+    if (device_context == nullptr) {
         if (context->context != nullptr && brokerOwns(context->context)) {
             return brokerCloseDevice(context);
         }
         return -EINVAL;  // not from ibvx_open_device(): the caller owns its ibv_context
     }
     int rc = ibv_close_extend(context);
-    int close_rc = 0;
-    if (dev.vdev != nullptr) {
-        close_rc = dev.vdev->close_device != nullptr ? dev.vdev->close_device(dev.context) : 0;
-    } else {
-        close_rc = fromVerbs(ibv_close_device(dev.context));
-    }
+    int close_rc = deviceVerbsFor(device_context->device).closeDevice(device_context);
     return rc != 0 ? rc : close_rc;
 }
 
@@ -253,10 +232,7 @@ struct ibv_pd *ibvx_alloc_pd(struct ibv_context_extend *context) {
     if (brokerOwns(context->context)) {
         return brokerAllocPd(context);
     }
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(context->context->device)) {
-        return v->alloc_pd != nullptr ? v->alloc_pd(context->context) : failNull<ibv_pd>(EOPNOTSUPP);
-    }
-    return ibv_alloc_pd(context->context);
+    return deviceVerbsFor(context->context->device).allocPd(context->context);
 }
 
 int ibvx_dealloc_pd(struct ibv_pd *pd) {
@@ -266,10 +242,7 @@ int ibvx_dealloc_pd(struct ibv_pd *pd) {
     if (brokerOwns(pd->context)) {
         return brokerDeallocPd(pd);
     }
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
-        return v->dealloc_pd != nullptr ? v->dealloc_pd(pd) : -EOPNOTSUPP;
-    }
-    return fromVerbs(ibv_dealloc_pd(pd));
+    return deviceVerbsFor(pd->context->device).deallocPd(pd);
 }
 
 struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
@@ -279,11 +252,9 @@ struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int acc
     if (brokerOwns(pd->context)) {
         return brokerRegMr(pd, addr, length, access);
     }
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(pd->context->device)) {
-        return v->reg_mr != nullptr ? v->reg_mr(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access)
-                                    : failNull<ibv_mr>(EOPNOTSUPP);
-    }
-    return ibv_reg_mr(pd, addr, length, access);
+    // In-process, the memory is addressed where this process sees it.
+    return deviceVerbsFor(pd->context->device)
+        .regMr(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access);
 }
 
 struct ibv_mr *ibvx_reg_mr_fd(struct ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
@@ -331,12 +302,7 @@ int ibvx_dereg_mr(struct ibv_mr *mr) {
             mapping = it->second;
         }
     }
-    int rc;
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(mr->context->device)) {
-        rc = v->dereg_mr != nullptr ? v->dereg_mr(mr) : -EOPNOTSUPP;
-    } else {
-        rc = fromVerbs(ibv_dereg_mr(mr));
-    }
+    int rc = deviceVerbsFor(mr->context->device).deregMr(mr);
     if (rc == 0 && mapping.base != nullptr) {
         {
             std::lock_guard lock(state().mu);
@@ -354,17 +320,7 @@ int ibvx_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask) {
     if (brokerOwns(qp->context)) {
         return brokerModifyQp(qp, attr, attr_mask);
     }
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(qp->context->device)) {
-        if (v->modify_qp == nullptr) {
-            return -EOPNOTSUPP;
-        }
-        int rc = v->modify_qp(qp, attr, attr_mask);
-        if (rc == 0 && (attr_mask & IBV_QP_STATE) != 0) {
-            qp->state = attr->qp_state;
-        }
-        return rc;
-    }
-    return fromVerbs(ibv_modify_qp(qp, attr, attr_mask));
+    return deviceVerbsFor(qp->context->device).modifyQp(qp, attr, attr_mask);
 }
 
 int ibvx_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
@@ -375,10 +331,7 @@ int ibvx_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
     if (brokerOwns(qp->context)) {
         return brokerQueryQp(qp, attr, attr_mask, init_attr);
     }
-    if (const ibv_extend_vdev_ops *v = loader::findVdevProvider(qp->context->device)) {
-        return v->query_qp != nullptr ? v->query_qp(qp, attr, attr_mask, init_attr) : -EOPNOTSUPP;
-    }
-    return fromVerbs(ibv_query_qp(qp, attr, attr_mask, init_attr));
+    return deviceVerbsFor(qp->context->device).queryQp(qp, attr, attr_mask, init_attr);
 }
 
 }  // extern "C"

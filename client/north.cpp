@@ -5,9 +5,15 @@
 
 #include "client/broker_seam.h"
 #include "common/c_abi.h"
+#include "common/driver_ops.h"
+#include "providers/loader/create_rules.h"
+#include "providers/loader/extend_open.h"
 #include "providers/loader/loader.h"
 
+using ibvx::DriverOp;
+using ibvx::driverOpAvailable;
 using ibvx::failNull;
+using ibvx::knownExtendMask;
 
 namespace {
 
@@ -16,8 +22,59 @@ using ibvx::client::brokerModeActive;
 using ibvx::client::brokerOpen;
 using ibvx::client::brokerOwns;
 
-bool opsAtLeast(const ibv_context_extend *context, int version) {
-    return context->ops != nullptr && context->ops->version >= version;
+// The broker's create rules (providers/loader/create_rules.h) where direct mode knows the
+// device's limits: a virtual device's contexts. The reference hands any values to the driver;
+// a refusal here is the reference's answer for a bad argument, NULL + EINVAL. Broker contexts are
+// checked by the broker itself. The QP type is the driver's to judge: a type it does not serve
+// answers EOPNOTSUPP from the driver, as the broker's client answers it.
+const ibvx::loader::QueueLimits *directLimits(const ibv_context_extend *context) {
+    ibv_context *ctx = context->context;
+    if (ctx == nullptr || ctx->device == nullptr || brokerOwns(ctx)) {
+        return nullptr;
+    }
+    return ibvx::loader::knownQueueLimits(ctx->device);
+}
+
+bool refuse(const ibvx::loader::RuleError &error) {
+    if (!error) {
+        return false;
+    }
+    ibvx::loader::warn("%s", error->c_str());
+    return true;
+}
+
+bool badQpRequest(const ibv_context_extend *context, const ibv_qp_init_attr_extend &a) {
+    using namespace ibvx::loader;
+    const QueueLimits *limits = directLimits(context);
+    if (limits == nullptr) {
+        return false;
+    }
+    ibv_context *ctx = context->context;
+    bool members = a.pd != nullptr && a.pd->context == ctx && a.attr.send_cq != nullptr &&
+                   a.attr.send_cq->context == ctx && a.attr.recv_cq != nullptr &&
+                   a.attr.recv_cq->context == ctx && (a.attr.srq == nullptr || a.attr.srq->context == ctx);
+    return refuse(checkDmaMode(a.type)) || refuse(members ? RuleError() : RuleError(kQpMembership)) ||
+           refuse(checkQpLimits(a.attr.cap, *limits));
+}
+
+bool badCqRequest(const ibv_context_extend *context, const ibv_cq_init_attr_extend &a) {
+    using namespace ibvx::loader;
+    const QueueLimits *limits = directLimits(context);
+    return limits != nullptr && (refuse(checkDmaMode(a.type)) || refuse(checkCqRequest(a.attr.cqe)) ||
+                                 refuse(checkCqLimits(a.attr.cqe, *limits)));
+}
+
+bool badSrqRequest(const ibv_context_extend *context, const ibv_srq_init_attr_extend &a) {
+    using namespace ibvx::loader;
+    const QueueLimits *limits = directLimits(context);
+    if (limits == nullptr) {
+        return false;
+    }
+    bool members = a.pd != nullptr && a.pd->context == context->context;
+    const ibv_srq_attr &sa = a.attr.attr;
+    return refuse(checkDmaMode(a.type)) || refuse(checkSrqRequest(sa.max_wr)) ||
+           refuse(members ? RuleError() : RuleError(kSrqMembership)) ||
+           refuse(checkSrqLimits(sa.max_wr, sa.max_sge, *limits));
 }
 
 }  // namespace
@@ -55,25 +112,22 @@ struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
         return brokerOpen(context);
     }
     const verbs_device_extend_ops *drv = ibvx::loader::findDriver(context->device);
-    if (drv == nullptr || drv->alloc_context == nullptr) {
-        ibvx::loader::warn("no available ops for open extend context");
-        return failNull<ibv_context_extend>(EOPNOTSUPP);
+    ibvx::loader::ExtendOpen open = ibvx::loader::openExtendContext(drv, context);
+    switch (open.refusal) {
+        case ibvx::loader::ExtendRefusal::kNone:
+            return open.ext;
+        case ibvx::loader::ExtendRefusal::kNoDriver:
+            ibvx::loader::warn("no available ops for open extend context");
+            return failNull<ibv_context_extend>(EOPNOTSUPP);
+        case ibvx::loader::ExtendRefusal::kDriverFailed:
+            errno = open.err;
+            return nullptr;
+        case ibvx::loader::ExtendRefusal::kBadVersion:
+            ibvx::loader::warn("driver '%s' returned ops version %d, supported 1..%d; context refused",
+                               drv->name, open.version, IBV_EXTEND_DRIVER_VERSION_MAX);
+            return failNull<ibv_context_extend>(EOPNOTSUPP);
     }
-    ibv_context_extend *ext = drv->alloc_context(context);
-    if (ext == nullptr) {
-        return nullptr;
-    }
-    // A context without ops could never do anything; refuse it with the versions we do not know.
-    if (ext->ops == nullptr || ext->ops->version <= IBV_EXTEND_DRIVER_VERSION_UNUSED ||
-        ext->ops->version > IBV_EXTEND_DRIVER_VERSION_MAX) {
-        ibvx::loader::warn("driver '%s' returned ops version %d, supported 1..%d; context refused", drv->name,
-                           ext->ops == nullptr ? 0 : ext->ops->version, IBV_EXTEND_DRIVER_VERSION_MAX);
-        if (drv->free_context != nullptr) {
-            drv->free_context(ext);
-        }
-        return failNull<ibv_context_extend>(EOPNOTSUPP);
-    }
-    return ext;
+    return failNull<ibv_context_extend>(EOPNOTSUPP);
 }
 
 int ibv_close_extend(struct ibv_context_extend *context) {
@@ -112,6 +166,9 @@ struct ibv_qp_extend *ibv_create_qp_extend(struct ibv_context_extend *context,
     if (context->ops == nullptr || context->ops->create_qp == nullptr) {
         return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
+    if (badQpRequest(context, *qp_init_attr)) {
+        return failNull<ibv_qp_extend>(EINVAL);
+    }
     return context->ops->create_qp(context->context, qp_init_attr);
 }
 
@@ -123,6 +180,9 @@ struct ibv_cq_extend *ibv_create_cq_extend(struct ibv_context_extend *context,
     if (context->ops == nullptr || context->ops->create_cq == nullptr) {
         return failNull<ibv_cq_extend>(EOPNOTSUPP);
     }
+    if (badCqRequest(context, *cq_init_attr)) {
+        return failNull<ibv_cq_extend>(EINVAL);
+    }
     return context->ops->create_cq(context->context, cq_init_attr);
 }
 
@@ -133,6 +193,9 @@ struct ibv_srq_extend *ibv_create_srq_extend(struct ibv_context_extend *context,
     }
     if (context->ops == nullptr || context->ops->create_srq == nullptr) {
         return failNull<ibv_srq_extend>(EOPNOTSUPP);
+    }
+    if (badSrqRequest(context, *srq_init_attr)) {
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     return context->ops->create_srq(context->context, srq_init_attr);
 }
@@ -167,17 +230,11 @@ int ibv_destroy_srq_extend(struct ibv_context_extend *context, struct ibv_srq_ex
     return context->ops->destroy_srq(srq_extend);
 }
 
-// Mask bits at or above MAX belong to a newer header than this library knows.
-static bool knownExtendMask(int attr_mask) {
-    return (static_cast<unsigned>(attr_mask) & ~(static_cast<unsigned>(IBV_QP_ATTR_EXTEND_MAX) - 1U)) == 0;
-}
-
 int ibv_modify_qp_extend(struct ibv_context_extend *context, struct ibv_qp_attr_extend *attr, int attr_mask) {
     if (context == nullptr || attr == nullptr) {
         return -EINVAL;
     }
-    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V2) || !knownExtendMask(attr_mask) ||
-        context->ops->modify_qp == nullptr) {
+    if (!driverOpAvailable(context->ops, DriverOp::kModifyQp) || !knownExtendMask(attr_mask)) {
         return -EOPNOTSUPP;
     }
     return context->ops->modify_qp(context->context, attr, attr_mask);
@@ -187,8 +244,7 @@ int ibv_query_qp_extend(struct ibv_context_extend *context, struct ibv_qp_attr_e
     if (context == nullptr || attr == nullptr) {
         return -EINVAL;
     }
-    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V2) || !knownExtendMask(attr_mask) ||
-        context->ops->query_qp == nullptr) {
+    if (!driverOpAvailable(context->ops, DriverOp::kQueryQp) || !knownExtendMask(attr_mask)) {
         return -EOPNOTSUPP;
     }
     return context->ops->query_qp(context->context, attr, attr_mask);
@@ -199,8 +255,7 @@ int ibv_query_qp_supported_hyroce_feature(struct ibv_context_extend *context, st
     if (context == nullptr || qp == nullptr || feature == nullptr) {
         return -EINVAL;
     }
-    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V3) ||
-        context->ops->query_qp_supported_hyroce_feature == nullptr) {
+    if (!driverOpAvailable(context->ops, DriverOp::kQueryHyroceFeature)) {
         return -EOPNOTSUPP;
     }
     return context->ops->query_qp_supported_hyroce_feature(context->context, qp, sl, tc, feature);
@@ -213,8 +268,7 @@ int ibv_nego_qp_hyroce_feature(struct ibv_context_extend *context, struct ibv_qp
         need_more_nego == nullptr) {
         return -EINVAL;
     }
-    if (!opsAtLeast(context, IBV_EXTEND_DRIVER_VERSION_V3) ||
-        context->ops->nego_qp_hyroce_feature == nullptr) {
+    if (!driverOpAvailable(context->ops, DriverOp::kNegoHyroceFeature)) {
         return -EOPNOTSUPP;
     }
     return context->ops->nego_qp_hyroce_feature(context->context, qp, input, output, need_more_nego);

@@ -1,0 +1,78 @@
+// The standard verbs of one device, decided once when the device is found: a virtual device's
+// go to its provider's ibv_extend_vdev_ops, an rdma-core device's to libibverbs. The table is
+// complete, as rdma-core's verbs_set_ops() over verbs_dummy_ops (libibverbs/dummy_ops.c) makes
+// it: an entry the provider lacks answers EOPNOTSUPP, so no caller tests for NULL.
+//
+// One error convention for both flavours: int entries return 0 or a negative errno (libibverbs'
+// positive errno and its old "-1 + errno" are translated here); pointer entries return NULL with
+// errno set (errno is cleared before the call, so 0 means the provider did not say why).
+//
+// Used by the broker daemon (Device holds one) and by libibv_extend.so's direct mode
+// (deviceVerbsFor() by ibv_device). Threading: a table is immutable once built; every entry may
+// be called from any thread, with whatever locking the provider needs left to the caller.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <string>
+
+#include <ibv_extend_vdev.h>
+
+namespace ibvx::loader {
+
+class DeviceVerbs {
+  public:
+    // The entries, every one set. open_device receives the table it belongs to (the device it is
+    // bound to).
+    struct Ops {
+        ibv_context *(*open_device)(const DeviceVerbs &self);
+        int (*close_device)(ibv_context *context);
+        ibv_pd *(*alloc_pd)(ibv_context *context);
+        int (*dealloc_pd)(ibv_pd *pd);
+        ibv_mr *(*reg_mr)(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
+        int (*dereg_mr)(ibv_mr *mr);
+        int (*modify_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
+        int (*query_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
+    };
+
+    // An empty table: every entry answers EOPNOTSUPP (close_device: 0, nothing was opened).
+    DeviceVerbs();
+    // The virtual device `name` of provider.
+    static DeviceVerbs forVirtual(const ibv_extend_vdev_ops *provider, std::string name);
+    // An rdma-core device (libibverbs).
+    static DeviceVerbs forVerbs(ibv_device *device);
+
+    bool isVirtual() const { return vdev_ != nullptr; }
+    const ibv_extend_vdev_ops *provider() const { return vdev_; }
+    ibv_device *verbsDevice() const { return device_; }
+    const std::string &name() const { return name_; }
+
+    ibv_context *openDevice() const;
+    int closeDevice(ibv_context *context) const;
+    ibv_pd *allocPd(ibv_context *context) const;
+    int deallocPd(ibv_pd *pd) const;
+    // [addr, addr+length) addressed by work requests as [iova, iova+length).
+    ibv_mr *regMr(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) const;
+    int deregMr(ibv_mr *mr) const;
+    // On success with IBV_QP_STATE in the mask, qp->state follows attr->qp_state (a virtual
+    // device's QP is no libibverbs object, so nobody else keeps that field).
+    int modifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) const;
+    int queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) const;
+
+  private:
+    Ops ops_;
+    const ibv_extend_vdev_ops *vdev_ = nullptr;
+    ibv_device *device_ = nullptr;
+    std::string name_;
+};
+
+// The libibverbs error convention translated to ours: 0, or a negative errno (a positive rc is
+// the errno; a negative one is the old "-1 + errno" shape, -EIO when errno says nothing).
+int verbsRc(int rc);
+
+// Direct mode: the table of the device behind dev, its vdev provider's when one owns it (asked
+// through is_own_device), else libibverbs'. Decided on the first call for dev and cached; the
+// reference stays valid for the process lifetime.
+const DeviceVerbs &deviceVerbsFor(const ibv_device *dev);
+
+}  // namespace ibvx::loader
