@@ -29,6 +29,29 @@
 namespace ibvx::daemon {
 namespace {
 
+// The std::function hooks runDaemon() sets, behind the core's BrokerEvents interface.
+class HookEvents : public BrokerEvents {
+  public:
+    std::function<void(const Session &, const char *action, ObjectKind, uint64_t handle)> audit;
+    std::function<void(const PeerIdentity &, uint64_t session, const std::string &message)> quota_denied;
+
+    void objectCreated(const Session &s, ObjectKind kind, uint64_t handle) override {
+        if (audit) {
+            audit(s, "create", kind, handle);
+        }
+    }
+    void objectDestroyed(const Session &s, ObjectKind kind, uint64_t handle) override {
+        if (audit) {
+            audit(s, "destroy", kind, handle);
+        }
+    }
+    void quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) override {
+        if (quota_denied) {
+            quota_denied(peer, session, message);
+        }
+    }
+};
+
 void setupLogging(const std::string &level) {
     std::shared_ptr<spdlog::logger> logger;
     if (getenv("JOURNAL_STREAM") != nullptr) {
@@ -274,7 +297,9 @@ int runDaemon(int argc, char **argv) {
 
     Broker::Options bopt;
     bopt.attach_timeout = std::chrono::milliseconds(cfg.attach_timeout_ms);
+    HookEvents hooks;  // outlives the broker: its sessions report to it until they end
     Broker broker(bopt, &devices);
+    broker.setEvents(&hooks);
     broker.setPolicy(std::make_shared<const Policy>(cfg.policy));
     broker.quotas().configure(cfg.quotas);
     if (cfg.policy.enabled) {
@@ -282,7 +307,7 @@ int runDaemon(int argc, char **argv) {
                      cfg.policy.allow_uids.size(), cfg.policy.allow_gids.size(), cfg.policy.classes.size());
     }
     auto events = std::make_shared<AdminEvents>();
-    broker.setAudit([events](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
+    hooks.audit = [events](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
         const PeerIdentity &id = s.identity();
         spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action,
                      kindName(kind), handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
@@ -293,8 +318,8 @@ int runDaemon(int argc, char **argv) {
         e.set_object_kind(kindName(kind));
         e.set_handle(handle);
         events->publish(std::move(e));
-    });
-    broker.setQuotaDenied([events](const PeerIdentity &peer, uint64_t session, const std::string &message) {
+    };
+    hooks.quota_denied = [events](const PeerIdentity &peer, uint64_t session, const std::string &message) {
         // Debug level: a tenant hammering its limit must not flood the log; watchers see each one.
         spdlog::debug("quota: session {} pid {} uid {}: {}", session, peer.creds.pid, peer.creds.uid,
                       message);
@@ -305,7 +330,7 @@ int runDaemon(int argc, char **argv) {
         e.set_uid(peer.creds.uid);
         e.set_message(message);
         events->publish(std::move(e));
-    });
+    };
     ServerOptions sopt;
     sopt.handshake_timeout = std::chrono::milliseconds(cfg.handshake_timeout_ms);
     sopt.admin_gid = admin_gid;

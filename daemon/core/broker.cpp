@@ -11,6 +11,9 @@
 #include <cstring>
 
 #include "common/driver_ops.h"
+#include "daemon/core/events.h"
+#include "providers/loader/create_rules.h"
+#include "providers/loader/extend_open.h"
 
 namespace ibvx::daemon {
 namespace {
@@ -34,26 +37,54 @@ int driverErr(int rc) {
     return rc;
 }
 
-// Holds a device's driver lock and binds the thread to the session for one driver call.
+// Holds a device's driver lock and binds the thread to the session for one driver call: the
+// binding is what ties a driver's alloc/db_mmap callbacks (MappingManager::ops()) to the
+// session's memory, invisible at the call sites.
 class DriverCall {
   public:
-    DriverCall(SessionMemory *mem, Device *dev) : lock_(dev->driver_mu), binding_(mem, dev->vdev) {}
+    DriverCall(SessionMemory &mem, Device *dev)
+        : lock_(dev->driver_mu), binding_(&mem, dev->verbs.provider()) {}
 
   private:
     std::lock_guard<std::mutex> lock_;
     ScopedBinding binding_;
 };
 
-bool validDmaMode(queue_buf_dma_mode m) {
-    return m == QU_BUF_DMA_MODE_DEFAULT || m == QU_BUF_DMA_MODE_INDEP_UB;
+// A driver call returning a pointer: NULL + errno (fallback when the driver left errno 0).
+template <typename Fn>
+auto createOnDriver(SessionMemory &mem, Device *dev, int fallback, const std::string &what, Fn fn)
+    -> StatusOr<decltype(fn())> {
+    DriverCall call(mem, dev);
+    errno = 0;
+    auto *made = fn();
+    if (made == nullptr) {
+        return fromDriver(errno != 0 ? errno : fallback, what);
+    }
+    return made;
 }
 
-Status checkLimit(uint64_t value, uint32_t max, const char *what) {
-    if (max != 0 && value > max) {
-        return invalidArgument(std::string(what) + " " + std::to_string(value) +
-                               " exceeds the device's limit " + std::to_string(max));
+// A driver call returning an int: 0, or the driver's error.
+template <typename Fn>
+Status callDriver(SessionMemory &mem, Device *dev, const std::string &what, Fn fn) {
+    DriverCall call(mem, dev);
+    int rc = fn();
+    if (rc != 0) {
+        return fromDriver(driverErr(rc), what);
     }
     return Status::ok();
+}
+
+// A create rule's refusal (providers/loader/create_rules.h) as the broker reports it.
+Status rule(const loader::RuleError &error) {
+    return error ? invalidArgument(*error) : Status::ok();
+}
+
+loader::QueueLimits limitsOf(const DeviceInfo &d) {
+    return {d.max_qp_wr, d.max_cqe, d.max_srq_wr, d.max_sge, d.max_inline_data};
+}
+
+Status unavailableOp(const ibv_context_extend_ops *ops, DriverOp op, const char *message) {
+    return driverOpAvailable(ops, op) ? Status::ok() : unimplemented(message);
 }
 
 // memfd or dma-buf, by what the kernel calls the file.
@@ -121,38 +152,27 @@ std::shared_ptr<const Policy> Broker::policy() const {
     return policy_;
 }
 
-StatusOr<QuotaCharge> Broker::charge(const Session &s,
-                                     std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
-    auto charged = quotas_.reserve(TenantKey{s.identity().creds.uid, s.identity().container_id}, amounts);
-    if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && quota_denied_) {
-        quota_denied_(s.identity(), s.id(), charged.status().message());
+StatusOr<QuotaCharge> Broker::reserve(const PeerIdentity &peer, uint64_t session,
+                                      std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+    auto charged = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id}, amounts);
+    if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && events_ != nullptr) {
+        events_->quotaDenied(peer, session, charged.status().message());
     }
     return charged;
 }
 
-Status Broker::chargeQueueBytes(const Session &s, Object &obj,
-                                std::initializer_list<const queue_info *> queues) {
-    // Known only once the driver sized the rings: charged after the create, and a refusal rolls
-    // the driver object back like any other failure after it.
-    uint64_t bytes = 0;
-    for (const queue_info *q : queues) {
-        bytes += uint64_t{q->qbuf.entry_cnt} * q->qbuf.entry_size;
-    }
+StatusOr<QuotaCharge> Broker::charge(const Session &s,
+                                     std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+    return reserve(s.identity(), s.id(), amounts);
+}
+
+Status Broker::chargeQueueBytes(const Session &s, Object &obj, uint64_t bytes) {
     if (bytes == 0) {
         return Status::ok();
     }
-    auto more = charge(s, {{Quota::kQueueBytes, bytes}});
-    if (!more.isOk()) {
-        return more.status();
-    }
-    obj.quota.merge(std::move(*more));
+    ASSIGN_OR_RETURN(QuotaCharge more, charge(s, {{Quota::kQueueBytes, bytes}}));
+    obj.quota.merge(std::move(more));
     return Status::ok();
-}
-
-void Broker::audit(const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
-    if (audit_) {
-        audit_(s, action, kind, handle);
-    }
 }
 
 // ---- sessions ------------------------------------------------------------------------------
@@ -168,16 +188,8 @@ StatusOr<std::shared_ptr<Session>> Broker::hello(const PeerIdentity &peer, const
     if (client_name.size() > 64) {
         return invalidArgument("client_name longer than 64 bytes");
     }
-    if (Status st = policy()->admitConnect(peer); !st.isOk()) {
-        return st;
-    }
-    auto quota = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id}, {{Quota::kSessions, 1}});
-    if (!quota.isOk()) {
-        if (quota.status().code() == Code::kResourceExhausted && quota_denied_) {
-            quota_denied_(peer, 0, quota.status().message());
-        }
-        return quota.status();
-    }
+    RETURN_IF_ERROR(policy()->admitConnect(peer));
+    ASSIGN_OR_RETURN(QuotaCharge quota, reserve(peer, 0, {{Quota::kSessions, 1}}));
     SessionToken token;
     if (::getrandom(token.data(), token.size(), 0) != static_cast<ssize_t>(token.size())) {
         return Status::fromErrno(errno, "getrandom failed");
@@ -190,7 +202,7 @@ StatusOr<std::shared_ptr<Session>> Broker::hello(const PeerIdentity &peer, const
     }
     auto s =
         std::make_shared<Session>(next_session_id_++, token, peer, std::move(client_name), std::move(pidfd));
-    s->quota_ = std::move(*quota);
+    s->quota_ = std::move(quota);
     by_token_[s->tokenHex()] = s;
     return s;
 }
@@ -324,15 +336,36 @@ size_t Broker::objectCount() {
 
 // ---- handles -------------------------------------------------------------------------------
 
-template <typename T>
-StatusOr<T *> Broker::lookup(Session &s, uint64_t handle, ObjectKind kind) {
+StatusOr<Broker::SessionLock> Broker::lockLive(Session &s) {
+    SessionLock lock(s.mu_);
+    if (s.ended_) {
+        return sessionGone();
+    }
+    return lock;
+}
+
+Status Broker::checkRoom(const Session &s) const {
+    if (s.objects_.size() >= options_.max_objects_per_session) {
+        return resourceExhausted("the session holds " + std::to_string(s.objects_.size()) +
+                                 " objects, the limit");
+    }
+    return Status::ok();
+}
+
+StatusOr<Object *> Broker::find(Session &s, uint64_t handle, ObjectKind kind) {
     auto it = s.objects_.find(handle);
     // Another session's handle is simply not in this table: NOT_FOUND, never "not yours".
     if (handle == 0 || it == s.objects_.end() || it->second->kind != kind) {
         return Status(Code::kNotFound, kind == ObjectKind::kContext ? ENODEV : ENOENT,
                       std::string("no ") + kindName(kind) + " with this handle in the session");
     }
-    return static_cast<T *>(it->second.get());
+    return it->second.get();
+}
+
+template <typename T>
+StatusOr<T *> Broker::lookup(Session &s, uint64_t handle) {
+    ASSIGN_OR_RETURN(Object * obj, find(s, handle, T::kKind));
+    return static_cast<T *>(obj);
 }
 
 uint64_t Broker::newHandle(Session &s) {
@@ -352,7 +385,9 @@ uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
     ObjectKind kind = obj->kind;
     s.objects_.emplace(h, std::move(obj));
     s.object_count_ = s.objects_.size();
-    audit(s, "create", kind, h);
+    if (events_ != nullptr) {
+        events_->objectCreated(s, kind, h);
+    }
     return h;
 }
 
@@ -364,7 +399,9 @@ void Broker::eraseLocked(Session &s, Object *obj) {
     ObjectKind kind = obj->kind;
     s.objects_.erase(h);
     s.object_count_ = s.objects_.size();
-    audit(s, "destroy", kind, h);
+    if (events_ != nullptr) {
+        events_->objectDestroyed(s, kind, h);
+    }
 }
 
 Status Broker::destroyLocked(Session &s, Object *obj) {
@@ -373,69 +410,44 @@ Status Broker::destroyLocked(Session &s, Object *obj) {
                       std::string(kindName(obj->kind)) + " is still used by " + std::to_string(obj->users) +
                           " object(s); destroy those first");
     }
-    SessionMemory *mem = s.memory_.get();
-    int rc = 0;
-    switch (obj->kind) {
-        case ObjectKind::kContext: {
-            auto *c = static_cast<ContextObject *>(obj);
-            {
-                DriverCall call(mem, c->device);
-                if (c->device->driver->free_context != nullptr) {
-                    c->device->driver->free_context(c->ext);
-                }
-                if (c->device->vdev != nullptr) {
-                    if (c->device->vdev->close_device != nullptr) {
-                        c->device->vdev->close_device(c->verbs);
-                    }
-                } else {
-                    ibv_close_device(c->verbs);
-                }
-            }
-            break;
-        }
-        case ObjectKind::kPd: {
-            auto *p = static_cast<PdObject *>(obj);
-            DriverCall call(mem, p->context->device);
-            const ibv_extend_vdev_ops *v = p->context->device->vdev;
-            rc = v != nullptr ? (v->dealloc_pd != nullptr ? v->dealloc_pd(p->pd) : -EOPNOTSUPP)
-                              : ibv_dealloc_pd(p->pd);
-            break;
-        }
-        case ObjectKind::kMr: {
-            auto *m = static_cast<MrObject *>(obj);
-            DriverCall call(mem, m->pd->context->device);
-            const ibv_extend_vdev_ops *v = m->pd->context->device->vdev;
-            rc = v != nullptr ? (v->dereg_mr != nullptr ? v->dereg_mr(m->mr) : -EOPNOTSUPP)
-                              : ibv_dereg_mr(m->mr);
-            break;
-        }
-        case ObjectKind::kCq: {
-            auto *c = static_cast<CqObject *>(obj);
-            DriverCall call(mem, c->context->device);
-            auto *ops = c->context->ext->ops;
-            rc = ops->destroy_cq != nullptr ? ops->destroy_cq(c->cq) : -EOPNOTSUPP;
-            break;
-        }
-        case ObjectKind::kQp: {
-            auto *q = static_cast<QpObject *>(obj);
-            DriverCall call(mem, q->context->device);
-            auto *ops = q->context->ext->ops;
-            rc = ops->destroy_qp != nullptr ? ops->destroy_qp(q->qp) : -EOPNOTSUPP;
-            break;
-        }
-        case ObjectKind::kSrq: {
-            auto *q = static_cast<SrqObject *>(obj);
-            DriverCall call(mem, q->context->device);
-            auto *ops = q->context->ext->ops;
-            rc = ops->destroy_srq != nullptr ? ops->destroy_srq(q->srq) : -EOPNOTSUPP;
-            break;
-        }
-    }
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), std::string("driver refused to destroy the ") + kindName(obj->kind));
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), obj->device(),
+                               std::string("driver refused to destroy the ") + kindName(obj->kind),
+                               [&] { return obj->destroyDriverObject(); }));
     eraseLocked(s, obj);
     return Status::ok();
+}
+
+StatusOr<uint64_t> Broker::publish(Session &s, std::unique_ptr<Object> obj,
+                                   std::initializer_list<QueueOut> queues) {
+    // The rings' size is known only once the driver made them: queue bytes are charged after the
+    // create, and a refusal rolls the driver object back like any other failure after it.
+    Status st = Status::ok();
+    uint64_t bytes = 0;
+    for (const QueueOut &q : queues) {
+        bytes += uint64_t{q.info->qbuf.entry_cnt} * q.info->qbuf.entry_size;
+        if (st.isOk()) {
+            auto translated = translate(s, *q.info);
+            st = translated.status();
+            if (st.isOk()) {
+                *q.out = *translated;
+            }
+        }
+    }
+    obj->queue_bytes = bytes;
+    if (st.isOk()) {
+        st = chargeQueueBytes(s, *obj, bytes);
+    }
+    Object *raw = obj.get();
+    uint64_t handle = insert(s, std::move(obj));
+    if (st.isOk() && queues.size() != 0) {
+        st = sendRegions(s);
+    }
+    if (!st.isOk()) {
+        (void)destroyLocked(s, raw);
+        (void)MappingManager::instance().takeReleased(*s.memory_);
+        return st;
+    }
+    return handle;
 }
 
 Status Broker::sendRegions(Session &s) {
@@ -461,29 +473,13 @@ StatusOr<QueueResult> Broker::translate(Session &s, const queue_info &qi) {
         {reinterpret_cast<uint64_t>(qi.db_hw_va.iov_base), qi.db_hw_va.iov_len, &r.db_hw},
     };
     for (Item &it : items) {
-        auto ref = mm.resolve(*s.memory_, it.addr, it.len);
-        if (!ref.isOk()) {
-            return ref.status();
-        }
-        *it.out = *ref;
+        ASSIGN_OR_RETURN(*it.out, mm.resolve(*s.memory_, it.addr, it.len));
     }
     static_assert(sizeof(qi.qbuf.resv) == 32 && sizeof(qi.resv) == 32);
     std::memcpy(r.qbuf_resv, qi.qbuf.resv, 32);
     std::memcpy(r.info_resv, qi.resv, 32);
     return r;
 }
-
-#define IBVX_LOCK_SESSION(s)                \
-    std::lock_guard session_lock_((s).mu_); \
-    if ((s).ended_) {                       \
-        return sessionGone();               \
-    }
-
-#define IBVX_CHECK_ROOM(s)                                                                    \
-    if ((s).objects_.size() >= options_.max_objects_per_session) {                            \
-        return resourceExhausted("the session holds " + std::to_string((s).objects_.size()) + \
-                                 " objects, the limit");                                      \
-    }
 
 // ---- calls ---------------------------------------------------------------------------------
 
@@ -502,70 +498,45 @@ StatusOr<OpenContextResult> Broker::openContext(Session &s, const std::string &d
     if (dev->driver == nullptr || dev->driver->alloc_context == nullptr) {
         return unimplemented("no extension driver serves '" + device_name + "'");
     }
-    if (Status st = policy()->admitDevice(s.identity(), device_name); !st.isOk()) {
-        return st;
-    }
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto quota = charge(s, {{Quota::kContexts, 1}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    RETURN_IF_ERROR(policy()->admitDevice(s.identity(), device_name));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kContexts, 1}}));
     auto obj = std::make_unique<ContextObject>();
-    obj->quota = std::move(*quota);
-    obj->device = dev;
-    {
-        DriverCall call(s.memory_.get(), dev);
-        errno = 0;
-        obj->verbs =
-            dev->vdev != nullptr
-                ? (dev->vdev->open_device != nullptr ? dev->vdev->open_device(device_name.c_str()) : nullptr)
-                : ibv_open_device(dev->verbs_device);
-        if (obj->verbs == nullptr) {
-            return fromDriver(errno, "cannot open device '" + device_name + "'");
-        }
-        errno = 0;
-        obj->ext = dev->driver->alloc_context(obj->verbs);
-        int err = errno;
-        auto closeDevice = [&] {
-            if (dev->vdev != nullptr) {
-                if (dev->vdev->close_device != nullptr) {
-                    dev->vdev->close_device(obj->verbs);
-                }
-            } else {
-                ibv_close_device(obj->verbs);
-            }
-        };
-        if (obj->ext == nullptr) {
-            closeDevice();
-            return fromDriver(err != 0 ? err : EOPNOTSUPP, "the driver did not open an extension context");
-        }
-        if (obj->ext->ops == nullptr || obj->ext->ops->version <= IBV_EXTEND_DRIVER_VERSION_UNUSED ||
-            obj->ext->ops->version > IBV_EXTEND_DRIVER_VERSION_MAX) {
-            if (dev->driver->free_context != nullptr) {
-                dev->driver->free_context(obj->ext);
-            }
-            closeDevice();
-            return unimplemented("driver '" + dev->info.provider + "' announces an unsupported ops version");
-        }
-    }
+    obj->quota = std::move(quota);
+    obj->dev = dev;
+    RETURN_IF_ERROR(openDriverContext(s, *obj));
     OpenContextResult r;
     r.device = dev->info;
     r.driver_version = static_cast<uint32_t>(obj->ext->ops->version);
     r.driver_ops_present = driverOpsPresent(obj->ext->ops);
-    r.context = insert(s, std::move(obj));
+    ASSIGN_OR_RETURN(r.context, publish(s, std::move(obj), {}));
     return r;
 }
 
+Status Broker::openDriverContext(Session &s, ContextObject &obj) {
+    Device *dev = obj.dev;
+    DriverCall call(s.memory(), dev);
+    obj.verbs = dev->verbs.openDevice();
+    if (obj.verbs == nullptr) {
+        return fromDriver(errno, "cannot open device '" + dev->info.name + "'");
+    }
+    loader::ExtendOpen open = loader::openExtendContext(dev->driver, obj.verbs);
+    if (open.refusal == loader::ExtendRefusal::kNone) {
+        obj.ext = open.ext;
+        return Status::ok();
+    }
+    (void)dev->verbs.closeDevice(obj.verbs);
+    if (open.refusal == loader::ExtendRefusal::kBadVersion) {
+        return unimplemented("driver '" + dev->info.provider + "' announces an unsupported ops version");
+    }
+    return fromDriver(open.err != 0 ? open.err : EOPNOTSUPP, "the driver did not open an extension context");
+}
+
 StatusOr<Released> Broker::destroyByHandle(Session &s, uint64_t handle, ObjectKind kind) {
-    IBVX_LOCK_SESSION(s);
-    auto obj = lookup<Object>(s, handle, kind);
-    if (!obj.isOk()) {
-        return obj.status();
-    }
-    if (Status st = destroyLocked(s, *obj); !st.isOk()) {
-        return st;
-    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(Object * obj, find(s, handle, kind));
+    RETURN_IF_ERROR(destroyLocked(s, obj));
     return MappingManager::instance().takeReleased(*s.memory_);
 }
 
@@ -574,74 +545,39 @@ StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
 }
 
 StatusOr<ibv_device_attr_extend> Broker::queryDevice(Session &s, uint64_t context) {
-    IBVX_LOCK_SESSION(s);
-    auto c = lookup<ContextObject>(s, context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    auto *ctx = *c;
-    if (ctx->ext->ops->query_device == nullptr) {
-        return unimplemented("the driver has no query_device");
-    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kQueryDevice, "the driver has no query_device"));
     ibv_device_attr_extend attr{};
-    DriverCall call(s.memory_.get(), ctx->device);
-    int rc = ctx->ext->ops->query_device(ctx->verbs, &attr);
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "query_device failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), ctx->dev, "query_device failed",
+                               [&] { return ctx->ext->ops->query_device(ctx->verbs, &attr); }));
     return attr;
 }
 
 StatusOr<uint64_t> Broker::allocPd(Session &s, uint64_t context) {
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto c = lookup<ContextObject>(s, context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    auto quota = charge(s, {{Quota::kPds, 1}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kPds, 1}}));
     auto obj = std::make_unique<PdObject>();
-    obj->quota = std::move(*quota);
-    obj->context = *c;
-    {
-        DriverCall call(s.memory_.get(), obj->context->device);
-        const ibv_extend_vdev_ops *v = obj->context->device->vdev;
-        errno = 0;
-        obj->pd = v != nullptr ? (v->alloc_pd != nullptr ? v->alloc_pd(obj->context->verbs) : nullptr)
-                               : ibv_alloc_pd(obj->context->verbs);
-        if (obj->pd == nullptr) {
-            return fromDriver(errno != 0 ? errno : EOPNOTSUPP, "alloc_pd failed");
-        }
-    }
-    obj->uses = {obj->context};
-    return insert(s, std::move(obj));
+    obj->quota = std::move(quota);
+    obj->context = ctx;
+    ASSIGN_OR_RETURN(obj->pd, createOnDriver(s.memory(), ctx->dev, EOPNOTSUPP, "alloc_pd failed",
+                                             [&] { return ctx->dev->verbs.allocPd(ctx->verbs); }));
+    obj->uses = {ctx};
+    return publish(s, std::move(obj), {});
 }
 
 Status Broker::deallocPd(Session &s, uint64_t pd) {
-    IBVX_LOCK_SESSION(s);
-    auto p = lookup<PdObject>(s, pd, ObjectKind::kPd);
-    if (!p.isOk()) {
-        return p.status();
-    }
-    return destroyLocked(s, *p);
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(PdObject * p, lookup<PdObject>(s, pd));
+    return destroyLocked(s, p);
 }
 
-StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
-    if (args.length == 0) {
-        return invalidArgument("MR length must be > 0");
-    }
-    if (args.offset > UINT64_MAX - args.length) {
-        return invalidArgument("MR offset + length overflows");
-    }
-    // Wait for the fd before taking the session lock: the fd-channel reader must not wait on us.
-    UniqueFd fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
-    if (!fd) {
-        return Status(Code::kInvalidArgument, EBADF,
-                      "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
-    }
+namespace {
+
+// The fd a RegMr names, checked: a memfd or dma-buf large enough for offset + length.
+Status checkMrFd(const UniqueFd &fd, const RegMrArgs &args) {
     bool dmabuf = false;
     if (!isSharableMemory(fd.get(), &dmabuf)) {
         return Status(Code::kInvalidArgument, EBADF, "the fd for RegMr is neither a memfd nor a dma-buf");
@@ -660,20 +596,11 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
         return invalidArgument("offset + length (" + std::to_string(args.offset + args.length) +
                                ") exceeds the fd's size " + std::to_string(size));
     }
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto p = lookup<PdObject>(s, args.pd, ObjectKind::kPd);
-    if (!p.isOk()) {
-        return p.status();
-    }
-    Device *dev = (*p)->context->device;
-    if (dev->info.max_mr_size != 0 && args.length > dev->info.max_mr_size) {
-        return invalidArgument("MR length exceeds the device's max_mr_size");
-    }
-    auto quota = charge(s, {{Quota::kMrs, 1}, {Quota::kMrBytes, args.length}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    return Status::ok();
+}
+
+// Maps [offset, offset + length) of fd in the broker, from the page holding offset.
+StatusOr<UniqueMapping> mapMrMemory(const UniqueFd &fd, const RegMrArgs &args, void **addr) {
     const uint64_t page = pageSize();
     const uint64_t delta = args.offset % page;
     const size_t map_len = static_cast<size_t>(args.length + delta);
@@ -682,65 +609,69 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     if (base == MAP_FAILED) {
         return Status::fromErrno(errno, "cannot map the MR's memory in the broker");
     }
-    auto obj = std::make_unique<MrObject>();
-    obj->quota = std::move(*quota);
-    obj->mapping = UniqueMapping(base, map_len);
-    obj->pd = *p;
-    obj->length = args.length;
-    void *addr = static_cast<uint8_t *>(base) + delta;
-    uint64_t iova = args.iova != 0 ? args.iova : reinterpret_cast<uint64_t>(addr);
-    {
-        DriverCall call(s.memory_.get(), dev);
-        errno = 0;
-        if (dev->vdev != nullptr) {
-            obj->mr = dev->vdev->reg_mr != nullptr ? dev->vdev->reg_mr(obj->pd->pd, addr, args.length, iova,
-                                                                       static_cast<int>(args.access))
-                                                   : nullptr;
-        } else {
-            obj->mr = ibv_reg_mr_iova(obj->pd->pd, addr, args.length, iova, static_cast<int>(args.access));
-        }
-        if (obj->mr == nullptr) {
-            return fromDriver(errno != 0 ? errno : EOPNOTSUPP, "MR registration failed");
-        }
+    *addr = static_cast<uint8_t *>(base) + delta;
+    return UniqueMapping(base, map_len);
+}
+
+}  // namespace
+
+StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
+    if (args.length == 0) {
+        return invalidArgument("MR length must be > 0");
     }
+    if (args.offset > UINT64_MAX - args.length) {
+        return invalidArgument("MR offset + length overflows");
+    }
+    // Wait for the fd before taking the session lock: the fd-channel reader must not wait on us.
+    UniqueFd fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
+    if (!fd) {
+        return Status(Code::kInvalidArgument, EBADF,
+                      "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
+    }
+    RETURN_IF_ERROR(checkMrFd(fd, args));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(PdObject * pd, lookup<PdObject>(s, args.pd));
+    Device *dev = pd->device();
+    if (dev->info.max_mr_size != 0 && args.length > dev->info.max_mr_size) {
+        return invalidArgument("MR length exceeds the device's max_mr_size");
+    }
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kMrs, 1}, {Quota::kMrBytes, args.length}}));
+    void *addr = nullptr;
+    ASSIGN_OR_RETURN(UniqueMapping mapping, mapMrMemory(fd, args, &addr));
+    auto obj = std::make_unique<MrObject>();
+    obj->quota = std::move(quota);
+    obj->mapping = std::move(mapping);
+    obj->pd = pd;
+    obj->length = args.length;
+    uint64_t iova = args.iova != 0 ? args.iova : reinterpret_cast<uint64_t>(addr);
+    ASSIGN_OR_RETURN(obj->mr, createOnDriver(s.memory(), dev, EOPNOTSUPP, "MR registration failed", [&] {
+                         return dev->verbs.regMr(pd->pd, addr, args.length, iova,
+                                                 static_cast<int>(args.access));
+                     }));
     RegMrResult r;
     r.lkey = obj->mr->lkey;
     r.rkey = obj->mr->rkey;
     r.iova = iova;
-    obj->uses = {obj->pd};
-    r.mr = insert(s, std::move(obj));
+    obj->uses = {pd};
+    ASSIGN_OR_RETURN(r.mr, publish(s, std::move(obj), {}));
     return r;
 }
 
 Status Broker::deregMr(Session &s, uint64_t mr) {
-    IBVX_LOCK_SESSION(s);
-    auto m = lookup<MrObject>(s, mr, ObjectKind::kMr);
-    if (!m.isOk()) {
-        return m.status();
-    }
-    return destroyLocked(s, *m);
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(MrObject * m, lookup<MrObject>(s, mr));
+    return destroyLocked(s, m);
 }
 
 StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
-    if (!validDmaMode(args.dma_mode)) {
-        return invalidArgument("invalid dma_mode");
-    }
-    if (args.cqe == 0) {
-        return invalidArgument("cqe must be > 0");
-    }
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto c = lookup<ContextObject>(s, args.context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    ContextObject *ctx = *c;
-    if (Status st = checkLimit(args.cqe, ctx->device->info.max_cqe, "cqe"); !st.isOk()) {
-        return st;
-    }
-    if (ctx->ext->ops->create_cq == nullptr) {
-        return unimplemented("the driver has no create_cq");
-    }
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkCqRequest(args.cqe)));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
+    RETURN_IF_ERROR(rule(loader::checkCqLimits(args.cqe, limitsOf(ctx->dev->info))));
+    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateCq, "the driver has no create_cq"));
     ibv_cq_init_attr_extend attr{};
     attr.attr.cqe = args.cqe;
     attr.attr.comp_vector = args.comp_vector;
@@ -748,39 +679,18 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     attr.cq_cap_flag = args.cq_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
-    auto quota = charge(s, {{Quota::kCqs, 1}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kCqs, 1}}));
     auto obj = std::make_unique<CqObject>();
-    obj->quota = std::move(*quota);
+    obj->quota = std::move(quota);
     obj->context = ctx;
-    {
-        DriverCall call(s.memory_.get(), ctx->device);
-        errno = 0;
-        obj->cq = ctx->ext->ops->create_cq(ctx->verbs, &attr);
-        if (obj->cq == nullptr) {
-            return fromDriver(errno != 0 ? errno : ENOMEM, "create_cq failed");
-        }
-    }
-    auto info = translate(s, obj->cq->cq_info);
+    ASSIGN_OR_RETURN(obj->cq, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_cq failed",
+                                             [&] { return ctx->ext->ops->create_cq(ctx->verbs, &attr); }));
     CqResult r;
-    if (info.isOk()) {
-        r.info = *info;
-        r.cqe = obj->cq->cq != nullptr ? static_cast<uint32_t>(obj->cq->cq->cqe) : args.cqe;
-        std::memcpy(r.resv, obj->cq->resv, sizeof(r.resv));
-    }
+    r.cqe = obj->cq->cq != nullptr ? static_cast<uint32_t>(obj->cq->cq->cqe) : args.cqe;
+    std::memcpy(r.resv, obj->cq->resv, sizeof(r.resv));
     obj->uses = {ctx};
-    obj->queue_bytes = uint64_t{obj->cq->cq_info.qbuf.entry_cnt} * obj->cq->cq_info.qbuf.entry_size;
-    Status qst = chargeQueueBytes(s, *obj, {&obj->cq->cq_info});
-    Object *raw = obj.get();
-    r.cq = insert(s, std::move(obj));
-    Status st = !qst.isOk() ? qst : info.isOk() ? sendRegions(s) : info.status();
-    if (!st.isOk()) {
-        (void)destroyLocked(s, raw);
-        (void)MappingManager::instance().takeReleased(*s.memory_);
-        return st;
-    }
+    const queue_info *info = &obj->cq->cq_info;
+    ASSIGN_OR_RETURN(r.cq, publish(s, std::move(obj), {{info, &r.info}}));
     return r;
 }
 
@@ -788,119 +698,74 @@ StatusOr<Released> Broker::destroyCq(Session &s, uint64_t cq) {
     return destroyByHandle(s, cq, ObjectKind::kCq);
 }
 
-StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
-    if (!validDmaMode(args.dma_mode)) {
-        return invalidArgument("invalid dma_mode");
-    }
-    if (args.qp_type != IBV_QPT_RC && args.qp_type != IBV_QPT_UC && args.qp_type != IBV_QPT_UD) {
-        return invalidArgument("invalid qp_type");
-    }
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto c = lookup<ContextObject>(s, args.context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    auto p = lookup<PdObject>(s, args.pd, ObjectKind::kPd);
-    if (!p.isOk()) {
-        return p.status();
-    }
-    auto scq = lookup<CqObject>(s, args.send_cq, ObjectKind::kCq);
-    if (!scq.isOk()) {
-        return scq.status();
-    }
-    auto rcq = lookup<CqObject>(s, args.recv_cq, ObjectKind::kCq);
-    if (!rcq.isOk()) {
-        return rcq.status();
-    }
+// The objects a QP uses, looked up and checked to share the QP's context.
+struct Broker::QpMembers {
+    ContextObject *ctx = nullptr;
+    PdObject *pd = nullptr;
+    CqObject *send_cq = nullptr, *recv_cq = nullptr;
     SrqObject *srq = nullptr;
+};
+
+StatusOr<Broker::QpMembers> Broker::qpMembers(Session &s, const CreateQpArgs &args) {
+    QpMembers m;
+    ASSIGN_OR_RETURN(m.ctx, lookup<ContextObject>(s, args.context));
+    ASSIGN_OR_RETURN(m.pd, lookup<PdObject>(s, args.pd));
+    ASSIGN_OR_RETURN(m.send_cq, lookup<CqObject>(s, args.send_cq));
+    ASSIGN_OR_RETURN(m.recv_cq, lookup<CqObject>(s, args.recv_cq));
     if (args.srq != 0) {
-        auto q = lookup<SrqObject>(s, args.srq, ObjectKind::kSrq);
-        if (!q.isOk()) {
-            return q.status();
-        }
-        srq = *q;
+        ASSIGN_OR_RETURN(m.srq, lookup<SrqObject>(s, args.srq));
     }
-    ContextObject *ctx = *c;
-    if ((*p)->context != ctx || (*scq)->context != ctx || (*rcq)->context != ctx ||
-        (srq != nullptr && srq->context != ctx)) {
-        return invalidArgument("the PD, CQs and SRQ must belong to the QP's context");
+    if (m.pd->context != m.ctx || m.send_cq->context != m.ctx || m.recv_cq->context != m.ctx ||
+        (m.srq != nullptr && m.srq->context != m.ctx)) {
+        return invalidArgument(loader::kQpMembership);
     }
-    const DeviceInfo &d = ctx->device->info;
-    for (Status st : {checkLimit(args.cap.max_send_wr, d.max_qp_wr, "max_send_wr"),
-                      checkLimit(args.cap.max_recv_wr, d.max_qp_wr, "max_recv_wr"),
-                      checkLimit(args.cap.max_send_sge, d.max_sge, "max_send_sge"),
-                      checkLimit(args.cap.max_recv_sge, d.max_sge, "max_recv_sge"),
-                      checkLimit(args.cap.max_inline_data, d.max_inline_data, "max_inline_data")}) {
-        if (!st.isOk()) {
-            return st;
-        }
-    }
-    if (ctx->ext->ops->create_qp == nullptr) {
-        return unimplemented("the driver has no create_qp");
-    }
+    return m;
+}
+
+StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkQpType(args.qp_type)));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(QpMembers m, qpMembers(s, args));
+    ContextObject *ctx = m.ctx;
+    RETURN_IF_ERROR(rule(loader::checkQpLimits(args.cap, limitsOf(ctx->dev->info))));
+    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateQp, "the driver has no create_qp"));
     ibv_qp_init_attr_extend attr{};
-    attr.pd = (*p)->pd;
-    attr.attr.send_cq = (*scq)->cq->cq;
-    attr.attr.recv_cq = (*rcq)->cq->cq;
-    attr.attr.srq = srq != nullptr ? srq->srq->srq : nullptr;
+    attr.pd = m.pd->pd;
+    attr.attr.send_cq = m.send_cq->cq->cq;
+    attr.attr.recv_cq = m.recv_cq->cq->cq;
+    attr.attr.srq = m.srq != nullptr ? m.srq->srq->srq : nullptr;
     attr.attr.qp_type = args.qp_type;
     attr.attr.cap = args.cap;
     attr.attr.sq_sig_all = args.sq_sig_all ? 1 : 0;
     attr.qp_cap_flag = args.qp_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
-    auto quota = charge(s, {{Quota::kQps, 1}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kQps, 1}}));
     auto obj = std::make_unique<QpObject>();
-    obj->quota = std::move(*quota);
+    obj->quota = std::move(quota);
     obj->context = ctx;
-    {
-        DriverCall call(s.memory_.get(), ctx->device);
-        errno = 0;
-        obj->qp = ctx->ext->ops->create_qp(ctx->verbs, &attr);
-        if (obj->qp == nullptr) {
-            return fromDriver(errno != 0 ? errno : ENOMEM, "create_qp failed");
-        }
-    }
+    ASSIGN_OR_RETURN(obj->qp, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_qp failed",
+                                             [&] { return ctx->ext->ops->create_qp(ctx->verbs, &attr); }));
     obj->cap = attr.attr.cap;
     obj->qp_type = attr.attr.qp_type;
     obj->sq_sig_all = attr.attr.sq_sig_all != 0;
-    obj->has_srq = srq != nullptr;
+    obj->has_srq = m.srq != nullptr;
     QpResult r;
-    auto sq = translate(s, obj->qp->sq_info);
-    auto rq = translate(s, obj->qp->rq_info);
-    Status st = !sq.isOk() ? sq.status() : rq.status();
-    if (st.isOk()) {
-        r.sq = *sq;
-        r.rq = *rq;
-        if (obj->qp->qp != nullptr) {
-            r.qp_num = obj->qp->qp->qp_num;
-            r.state = obj->qp->qp->state;
-        }
-        r.cap = attr.attr.cap;
-        std::memcpy(r.resv, obj->qp->resv, sizeof(r.resv));
-        r.vendor_priv_info = obj->qp->vendor_priv_info.value;
+    if (obj->qp->qp != nullptr) {
+        r.qp_num = obj->qp->qp->qp_num;
+        r.state = obj->qp->qp->state;
     }
-    obj->uses = {ctx, *p, *scq, *rcq};
-    if (srq != nullptr) {
-        obj->uses.push_back(srq);
+    r.cap = attr.attr.cap;
+    std::memcpy(r.resv, obj->qp->resv, sizeof(r.resv));
+    r.vendor_priv_info = obj->qp->vendor_priv_info.value;
+    obj->uses = {ctx, m.pd, m.send_cq, m.recv_cq};
+    if (m.srq != nullptr) {
+        obj->uses.push_back(m.srq);
     }
-    if (st.isOk()) {
-        st = chargeQueueBytes(s, *obj, {&obj->qp->sq_info, &obj->qp->rq_info});
-    }
-    Object *raw = obj.get();
-    r.qp = insert(s, std::move(obj));
-    if (st.isOk()) {
-        st = sendRegions(s);
-    }
-    if (!st.isOk()) {
-        (void)destroyLocked(s, raw);
-        (void)MappingManager::instance().takeReleased(*s.memory_);
-        return st;
-    }
+    const queue_info *sq = &obj->qp->sq_info, *rq = &obj->qp->rq_info;
+    ASSIGN_OR_RETURN(r.qp, publish(s, std::move(obj), {{sq, &r.sq}, {rq, &r.rq}}));
     return r;
 }
 
@@ -909,77 +774,38 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
 }
 
 StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
-    if (!validDmaMode(args.dma_mode)) {
-        return invalidArgument("invalid dma_mode");
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkSrqRequest(args.max_wr)));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
+    ASSIGN_OR_RETURN(PdObject * pd, lookup<PdObject>(s, args.pd));
+    if (pd->context != ctx) {
+        return invalidArgument(loader::kSrqMembership);
     }
-    if (args.max_wr == 0) {
-        return invalidArgument("max_wr must be > 0");
-    }
-    IBVX_LOCK_SESSION(s);
-    IBVX_CHECK_ROOM(s);
-    auto c = lookup<ContextObject>(s, args.context, ObjectKind::kContext);
-    if (!c.isOk()) {
-        return c.status();
-    }
-    auto p = lookup<PdObject>(s, args.pd, ObjectKind::kPd);
-    if (!p.isOk()) {
-        return p.status();
-    }
-    ContextObject *ctx = *c;
-    if ((*p)->context != ctx) {
-        return invalidArgument("the PD must belong to the SRQ's context");
-    }
-    const DeviceInfo &d = ctx->device->info;
-    for (Status st :
-         {checkLimit(args.max_wr, d.max_srq_wr, "max_wr"), checkLimit(args.max_sge, d.max_sge, "max_sge")}) {
-        if (!st.isOk()) {
-            return st;
-        }
-    }
-    if (ctx->ext->ops->create_srq == nullptr) {
-        return unimplemented("the driver has no create_srq");
-    }
+    RETURN_IF_ERROR(rule(loader::checkSrqLimits(args.max_wr, args.max_sge, limitsOf(ctx->dev->info))));
+    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateSrq, "the driver has no create_srq"));
     ibv_srq_init_attr_extend attr{};
-    attr.pd = (*p)->pd;
+    attr.pd = pd->pd;
     attr.attr.attr.max_wr = args.max_wr;
     attr.attr.attr.max_sge = args.max_sge;
     attr.attr.attr.srq_limit = args.srq_limit;
     attr.srq_cap_flag = args.srq_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
-    auto quota = charge(s, {{Quota::kSrqs, 1}});
-    if (!quota.isOk()) {
-        return quota.status();
-    }
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kSrqs, 1}}));
     auto obj = std::make_unique<SrqObject>();
-    obj->quota = std::move(*quota);
+    obj->quota = std::move(quota);
     obj->context = ctx;
-    {
-        DriverCall call(s.memory_.get(), ctx->device);
-        errno = 0;
-        obj->srq = ctx->ext->ops->create_srq(ctx->verbs, &attr);
-        if (obj->srq == nullptr) {
-            return fromDriver(errno != 0 ? errno : ENOMEM, "create_srq failed");
-        }
-    }
+    ASSIGN_OR_RETURN(obj->srq, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_srq failed",
+                                              [&] { return ctx->ext->ops->create_srq(ctx->verbs, &attr); }));
     SrqResult r;
-    auto info = translate(s, obj->srq->srq_info);
-    if (info.isOk()) {
-        r.info = *info;
-        r.max_wr = attr.attr.attr.max_wr;
-        r.max_sge = attr.attr.attr.max_sge;
-        std::memcpy(r.resv, obj->srq->resv, sizeof(r.resv));
-    }
-    obj->uses = {ctx, *p};
-    Status qst = chargeQueueBytes(s, *obj, {&obj->srq->srq_info});
-    Object *raw = obj.get();
-    r.srq = insert(s, std::move(obj));
-    Status st = !qst.isOk() ? qst : info.isOk() ? sendRegions(s) : info.status();
-    if (!st.isOk()) {
-        (void)destroyLocked(s, raw);
-        (void)MappingManager::instance().takeReleased(*s.memory_);
-        return st;
-    }
+    r.max_wr = attr.attr.attr.max_wr;
+    r.max_sge = attr.attr.attr.max_sge;
+    std::memcpy(r.resv, obj->srq->resv, sizeof(r.resv));
+    obj->uses = {ctx, pd};
+    const queue_info *info = &obj->srq->srq_info;
+    ASSIGN_OR_RETURN(r.srq, publish(s, std::move(obj), {{info, &r.info}}));
     return r;
 }
 
@@ -987,153 +813,89 @@ StatusOr<Released> Broker::destroySrq(Session &s, uint64_t srq) {
     return destroyByHandle(s, srq, ObjectKind::kSrq);
 }
 
-StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
-    ibv_qp *ibqp = o->qp->qp;
-    if (ibqp == nullptr) {
+StatusOr<QpObject *> Broker::lookupQpWithVerbs(Session &s, uint64_t qp) {
+    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
+    if (o->qp->qp == nullptr) {
         return failedPrecondition("the driver's QP has no ibv_qp");
     }
-    Device *dev = o->context->device;
-    DriverCall call(s.memory_.get(), dev);
-    int rc;
-    if (dev->vdev != nullptr) {
-        rc = dev->vdev->modify_qp != nullptr ? dev->vdev->modify_qp(ibqp, &attr, attr_mask) : -EOPNOTSUPP;
-    } else {
-        rc = ibv_modify_qp(ibqp, &attr, attr_mask);
-    }
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "modify_qp failed");
-    }
-    if ((attr_mask & IBV_QP_STATE) != 0) {
-        ibqp->state = attr.qp_state;
-    }
+    return o;
+}
+
+StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
+    ibv_qp *ibqp = o->qp->qp;
+    Device *dev = o->device();
+    RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
+                               [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
     return ibqp->state;
 }
 
 StatusOr<QueryQpResult> Broker::queryQp(Session &s, uint64_t qp, int attr_mask) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
-    ibv_qp *ibqp = o->qp->qp;
-    if (ibqp == nullptr) {
-        return failedPrecondition("the driver's QP has no ibv_qp");
-    }
-    Device *dev = o->context->device;
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
+    Device *dev = o->device();
     QueryQpResult r;
-    DriverCall call(s.memory_.get(), dev);
-    int rc;
-    if (dev->vdev != nullptr) {
-        rc = dev->vdev->query_qp != nullptr ? dev->vdev->query_qp(ibqp, &r.attr, attr_mask, &r.init)
-                                            : -EOPNOTSUPP;
-    } else {
-        rc = ibv_query_qp(ibqp, &r.attr, attr_mask, &r.init);
-    }
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "query_qp failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), dev, "query_qp failed",
+                               [&] { return dev->verbs.queryQp(o->qp->qp, &r.attr, attr_mask, &r.init); }));
     r.init.qp_type = o->qp_type;
     r.init.sq_sig_all = o->sq_sig_all ? 1 : 0;
     return r;
 }
 
-namespace {
-
-bool knownExtendMask(int attr_mask) {
-    return (static_cast<unsigned>(attr_mask) & ~(static_cast<unsigned>(IBV_QP_ATTR_EXTEND_MAX) - 1U)) == 0;
-}
-
-}  // namespace
-
 StatusOr<uint64_t> Broker::modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    if (ops->version < IBV_EXTEND_DRIVER_VERSION_V2 || !knownExtendMask(attr_mask) ||
-        ops->modify_qp == nullptr) {
+    if (!driverOpAvailable(ops, DriverOp::kModifyQp) || !knownExtendMask(attr_mask)) {
         return unimplemented("modify_qp_extend is not supported by this driver or mask");
     }
     attr.qp = o->qp->qp;
-    DriverCall call(s.memory_.get(), o->context->device);
-    int rc = ops->modify_qp(o->context->verbs, &attr, attr_mask);
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "modify_qp_extend failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "modify_qp_extend failed",
+                               [&] { return ops->modify_qp(o->context->verbs, &attr, attr_mask); }));
     return o->qp->vendor_priv_info.value;
 }
 
 StatusOr<ibv_qp_attr_extend> Broker::queryQpExtend(Session &s, uint64_t qp, int attr_mask) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    if (ops->version < IBV_EXTEND_DRIVER_VERSION_V2 || !knownExtendMask(attr_mask) ||
-        ops->query_qp == nullptr) {
+    if (!driverOpAvailable(ops, DriverOp::kQueryQp) || !knownExtendMask(attr_mask)) {
         return unimplemented("query_qp_extend is not supported by this driver or mask");
     }
     ibv_qp_attr_extend attr{};
     attr.qp = o->qp->qp;
-    DriverCall call(s.memory_.get(), o->context->device);
-    int rc = ops->query_qp(o->context->verbs, &attr, attr_mask);
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "query_qp_extend failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "query_qp_extend failed",
+                               [&] { return ops->query_qp(o->context->verbs, &attr, attr_mask); }));
     attr.qp = nullptr;
     return attr;
 }
 
 StatusOr<ibv_hyroce_feature> Broker::queryQpSupportedHyroceFeature(Session &s, uint64_t qp, uint32_t sl,
                                                                    uint32_t tc) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    if (ops->version < IBV_EXTEND_DRIVER_VERSION_V3 || ops->query_qp_supported_hyroce_feature == nullptr) {
-        return unimplemented("query_qp_supported_hyroce_feature is not supported by this driver");
-    }
+    RETURN_IF_ERROR(unavailableOp(ops, DriverOp::kQueryHyroceFeature,
+                                  "query_qp_supported_hyroce_feature is not supported by this driver"));
     ibv_hyroce_feature f{};
-    DriverCall call(s.memory_.get(), o->context->device);
-    int rc = ops->query_qp_supported_hyroce_feature(o->context->verbs, o->qp->qp, sl, tc, &f);
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "query_qp_supported_hyroce_feature failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "query_qp_supported_hyroce_feature failed", [&] {
+        return ops->query_qp_supported_hyroce_feature(o->context->verbs, o->qp->qp, sl, tc, &f);
+    }));
     return f;
 }
 
 StatusOr<NegoResult> Broker::negoQpHyroceFeature(Session &s, uint64_t qp, const ibv_hyroce_feature &input) {
-    IBVX_LOCK_SESSION(s);
-    auto q = lookup<QpObject>(s, qp, ObjectKind::kQp);
-    if (!q.isOk()) {
-        return q.status();
-    }
-    QpObject *o = *q;
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    if (ops->version < IBV_EXTEND_DRIVER_VERSION_V3 || ops->nego_qp_hyroce_feature == nullptr) {
-        return unimplemented("nego_qp_hyroce_feature is not supported by this driver");
-    }
+    RETURN_IF_ERROR(unavailableOp(ops, DriverOp::kNegoHyroceFeature,
+                                  "nego_qp_hyroce_feature is not supported by this driver"));
     NegoResult r;
-    DriverCall call(s.memory_.get(), o->context->device);
-    int rc = ops->nego_qp_hyroce_feature(o->context->verbs, o->qp->qp, &input, &r.output, &r.need_more_nego);
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), "nego_qp_hyroce_feature failed");
-    }
+    RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "nego_qp_hyroce_feature failed", [&] {
+        return ops->nego_qp_hyroce_feature(o->context->verbs, o->qp->qp, &input, &r.output,
+                                           &r.need_more_nego);
+    }));
     return r;
 }
 

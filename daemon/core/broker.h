@@ -21,6 +21,7 @@
 #include "common/build_config.h"
 #include "common/status.h"
 #include "daemon/core/device.h"
+#include "daemon/core/events.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/mapping.h"
 #include "daemon/core/policy.h"
@@ -129,13 +130,6 @@ using Released = std::vector<RegionId>;
 // session's fd channel. Tests replace it.
 using RegionSender = std::function<Status(Session &, std::vector<RegionToSend> &)>;
 
-// Audit hook: one call per create/destroy (what, handle, the tenant).
-using AuditFn = std::function<void(const Session &, const char *action, ObjectKind, uint64_t handle)>;
-
-// Called when a quota refuses a tenant (session is 0 when the refused thing is the session
-// itself); the message names the quota. Operators watch these (Admin Watch, QUOTA_DENIAL).
-using QuotaDeniedFn = std::function<void(const PeerIdentity &, uint64_t session, const std::string &message)>;
-
 class Broker {
   public:
     struct Options {
@@ -155,8 +149,9 @@ class Broker {
     const Options &options() const { return options_; }
     DeviceRegistry &devices() { return *devices_; }
     void setRegionSender(RegionSender sender) { sender_ = std::move(sender); }
-    void setAudit(AuditFn audit) { audit_ = std::move(audit); }
-    void setQuotaDenied(QuotaDeniedFn fn) { quota_denied_ = std::move(fn); }
+    // Where object and quota events go (events.h); nullptr: nowhere. Set before serving: the
+    // pointer is read without a lock, and events must outlive the broker's sessions.
+    void setEvents(BrokerEvents *events) { events_ = events; }
     // Tenant policy ([policy], policy.h): checked by hello() and openContext(). Replaceable at
     // runtime (config reload); calls in flight keep the policy they started with.
     void setPolicy(std::shared_ptr<const Policy> policy);
@@ -207,25 +202,46 @@ class Broker {
     StatusOr<NegoResult> negoQpHyroceFeature(Session &s, uint64_t qp, const ibv_hyroce_feature &input);
 
   private:
+    using SessionLock = std::unique_lock<std::mutex>;
+    // A queue's driver-side info and where its translation goes in the reply.
+    struct QueueOut {
+        const queue_info *info;
+        QueueResult *out;
+    };
+    struct QpMembers;
+
+    // Session::mu_ of a session that has not ended (UNAVAILABLE otherwise).
+    static StatusOr<SessionLock> lockLive(Session &s);
+    // RESOURCE_EXHAUSTED when the session holds max_objects_per_session objects.
+    Status checkRoom(const Session &s) const;
+    StatusOr<Object *> find(Session &s, uint64_t handle, ObjectKind kind);
     template <typename T>
-    StatusOr<T *> lookup(Session &s, uint64_t handle, ObjectKind kind);
+    StatusOr<T *> lookup(Session &s, uint64_t handle);
+    StatusOr<QpObject *> lookupQpWithVerbs(Session &s, uint64_t qp);
+    StatusOr<QpMembers> qpMembers(Session &s, const CreateQpArgs &args);
+    Status openDriverContext(Session &s, ContextObject &obj);
     uint64_t newHandle(Session &s);
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
+    // The one publish step of every create: translate the queues' memory for the tenant, charge
+    // their bytes, insert, send the new regions; any failure destroys the object again.
+    StatusOr<uint64_t> publish(Session &s, std::unique_ptr<Object> obj,
+                               std::initializer_list<QueueOut> queues);
     Status destroyLocked(Session &s, Object *obj);
     // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
     StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
     void eraseLocked(Session &s, Object *obj);
     Status sendRegions(Session &s);
     StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
-    void audit(const Session &s, const char *action, ObjectKind kind, uint64_t handle);
+    // Quota reservations; a refusal is reported to events_ (session 0: the session itself).
+    StatusOr<QuotaCharge> reserve(const PeerIdentity &peer, uint64_t session,
+                                  std::initializer_list<std::pair<Quota, uint64_t>> amounts);
     StatusOr<QuotaCharge> charge(const Session &s, std::initializer_list<std::pair<Quota, uint64_t>> amounts);
-    Status chargeQueueBytes(const Session &s, Object &obj, std::initializer_list<const queue_info *> queues);
+    Status chargeQueueBytes(const Session &s, Object &obj, uint64_t bytes);
 
     const Options options_;
     DeviceRegistry *devices_;
     RegionSender sender_;
-    AuditFn audit_;
-    QuotaDeniedFn quota_denied_;
+    BrokerEvents *events_ = nullptr;
     QuotaManager quotas_;
     mutable std::mutex policy_mu_;
     std::shared_ptr<const Policy> policy_ = std::make_shared<const Policy>();

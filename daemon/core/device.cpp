@@ -59,7 +59,7 @@ void DeviceRegistry::addVirtual() {
             continue;
         }
         auto dev = std::make_unique<Device>();
-        dev->vdev = d.provider;
+        dev->verbs = loader::DeviceVerbs::forVirtual(d.provider, name);
         dev->driver = loader::findDriverByName(d.provider->provider);
         DeviceInfo &i = dev->info;
         i.name = name;
@@ -69,11 +69,9 @@ void DeviceRegistry::addVirtual() {
         if (dev->driver == nullptr || d.provider->open_device == nullptr) {
             continue;  // a device nobody can open is not worth listing
         }
-        if (ibv_context *ctx = d.provider->open_device(name.c_str())) {
+        if (ibv_context *ctx = dev->verbs.openDevice()) {
             fillExtendCaps(*dev, ctx);
-            if (d.provider->close_device != nullptr) {
-                d.provider->close_device(ctx);
-            }
+            (void)dev->verbs.closeDevice(ctx);
         }
         devices_.push_back(std::move(dev));
     }
@@ -99,17 +97,17 @@ void DeviceRegistry::addVerbs() {
             continue;
         }
         auto dev = std::make_unique<Device>();
-        dev->verbs_device = vd;
+        dev->verbs = loader::DeviceVerbs::forVerbs(vd);
         dev->driver = drv;
         dev->info.name = name;
         dev->info.provider = drv->name;
-        if (ibv_context *ctx = ibv_open_device(vd)) {
+        if (ibv_context *ctx = dev->verbs.openDevice()) {
             ibv_device_attr attr{};
             if (ibv_query_device(ctx, &attr) == 0) {
                 copyDeviceLimits(attr, dev->info);
             }
             fillExtendCaps(*dev, ctx);
-            ibv_close_device(ctx);
+            (void)dev->verbs.closeDevice(ctx);
         }
         devices_.push_back(std::move(dev));
         used = true;

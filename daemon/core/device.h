@@ -17,6 +17,8 @@
 #include <ibv_extend.h>
 #include <ibv_extend_vdev.h>
 
+#include "providers/loader/device_verbs.h"
+
 namespace ibvx::daemon {
 
 // What ListDevices reports (mirrors ibv_extend.v1.DeviceInfo).
@@ -42,8 +44,9 @@ struct DeviceInfo {
 
 struct Device {
     DeviceInfo info;
-    const ibv_extend_vdev_ops *vdev = nullptr;        // virtual device: its provider
-    ibv_device *verbs_device = nullptr;               // rdma-core device
+    // The standard verbs (open/close, PD, MR, QP state), from the vdev provider of a virtual
+    // device or libibverbs for an rdma-core one, decided when the device was found.
+    loader::DeviceVerbs verbs;
     const verbs_device_extend_ops *driver = nullptr;  // the extension driver serving it
     std::mutex driver_mu;                             // see the file comment
 };

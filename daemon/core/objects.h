@@ -1,6 +1,10 @@
 // The objects a session owns. Each holds the driver's object and pointers to the objects it
 // uses; `users` counts the objects using it, so a destroy of something still in use fails
 // with EBUSY, as libibverbs does. Guarded by the owning Session's mutex.
+//
+// What differs by kind lives on the kind (objects.cpp): how its driver object is destroyed,
+// which device's driver serves it, what the Admin service sees of it. The broker and the
+// inspector never switch on the kind.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -15,13 +19,12 @@
 
 #include "common/unique_fd.h"
 #include "daemon/core/mapping.h"
+#include "daemon/core/object_snapshot.h"
 #include "daemon/core/quota.h"
 
 namespace ibvx::daemon {
 
 struct Device;
-
-enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq };
 
 const char *kindName(ObjectKind kind);
 
@@ -61,25 +64,46 @@ struct Object {
     const ObjectKind kind;
     uint32_t users = 0;  // next to kind: one word for both (a broker holds 100,000s of objects)
     uint64_t handle = 0;
-    ObjectUses uses;    // every object here has users incremented for us
-    QuotaCharge quota;  // what the object holds against its tenant's quotas
+    ObjectUses uses;           // every object here has users incremented for us
+    QuotaCharge quota;         // what the object holds against its tenant's quotas
+    uint64_t queue_bytes = 0;  // a queue's rings, as charged to Quota::kQueueBytes
+
+    // The device whose driver serves the object.
+    virtual Device *device() const = 0;
+    // Destroys the driver's object: 0, or the driver's error (a negative errno, or libibverbs'
+    // conventions for a context). Called with the device's driver lock held and the session bound.
+    virtual int destroyDriverObject() = 0;
+    // Fills what is particular to the kind (the common fields are the inspector's).
+    virtual void snapshot(ObjectSnapshot &out) const = 0;
 };
 
 struct ContextObject : Object {
-    ContextObject() : Object(ObjectKind::kContext) {}
-    Device *device = nullptr;
+    static constexpr ObjectKind kKind = ObjectKind::kContext;
+    ContextObject() : Object(kKind) {}
+    Device *device() const override { return dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
+    Device *dev = nullptr;
     ibv_context *verbs = nullptr;  // the device context (vdev or libibverbs)
     ibv_context_extend *ext = nullptr;
 };
 
 struct PdObject : Object {
-    PdObject() : Object(ObjectKind::kPd) {}
+    static constexpr ObjectKind kKind = ObjectKind::kPd;
+    PdObject() : Object(kKind) {}
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
     ibv_pd *pd = nullptr;
 };
 
 struct MrObject : Object {
-    MrObject() : Object(ObjectKind::kMr) {}
+    static constexpr ObjectKind kKind = ObjectKind::kMr;
+    MrObject() : Object(kKind) {}
+    Device *device() const override { return pd->context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
     PdObject *pd = nullptr;
     ibv_mr *mr = nullptr;
     UniqueMapping mapping;  // the tenant's memory mapped in the broker
@@ -87,20 +111,31 @@ struct MrObject : Object {
 };
 
 struct CqObject : Object {
-    CqObject() : Object(ObjectKind::kCq) {}
+    static constexpr ObjectKind kKind = ObjectKind::kCq;
+    CqObject() : Object(kKind) {}
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
     ibv_cq_extend *cq = nullptr;
-    uint64_t queue_bytes = 0;
 };
 
 struct SrqObject : Object {
-    SrqObject() : Object(ObjectKind::kSrq) {}
+    static constexpr ObjectKind kKind = ObjectKind::kSrq;
+    SrqObject() : Object(kKind) {}
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
     ibv_srq_extend *srq = nullptr;
 };
 
 struct QpObject : Object {
-    QpObject() : Object(ObjectKind::kQp) {}
+    static constexpr ObjectKind kKind = ObjectKind::kQp;
+    QpObject() : Object(kKind) {}
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
     ibv_qp_extend *qp = nullptr;
     // What the QP was created with (the rest of ibv_qp_init_attr is in `uses` or the driver).

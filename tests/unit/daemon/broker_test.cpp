@@ -16,6 +16,23 @@
 namespace ibvx::daemon {
 namespace {
 
+// Records object events as "create qp", "destroy cq", ...
+class RecordingEvents : public BrokerEvents {
+  public:
+    RecordingEvents(std::mutex &mu, std::vector<std::string> &log) : mu_(mu), log_(log) {}
+    void objectCreated(const Session &, ObjectKind kind, uint64_t) override { add("create", kind); }
+    void objectDestroyed(const Session &, ObjectKind kind, uint64_t) override { add("destroy", kind); }
+    void quotaDenied(const PeerIdentity &, uint64_t, const std::string &) override {}
+
+  private:
+    void add(const char *action, ObjectKind kind) {
+        std::lock_guard lock(mu_);
+        log_.push_back(std::string(action) + " " + kindName(kind));
+    }
+    std::mutex &mu_;
+    std::vector<std::string> &log_;
+};
+
 class BrokerTest : public SoftndaDevicesTest {
   protected:
     void SetUp() override {
@@ -29,10 +46,7 @@ class BrokerTest : public SoftndaDevicesTest {
             }
             return send_status_;
         });
-        broker_->setAudit([this](const Session &, const char *action, ObjectKind kind, uint64_t) {
-            std::lock_guard lock(sent_mu_);
-            audit_.push_back(std::string(action) + " " + kindName(kind));
-        });
+        broker_->setEvents(&events_);
         session_ = newSession();
     }
 
@@ -82,6 +96,7 @@ class BrokerTest : public SoftndaDevicesTest {
     std::mutex sent_mu_;  // the hooks run on the threads of ConcurrentSessionsStayApart
     std::vector<RegionId> sent_;
     std::vector<std::string> audit_;
+    RecordingEvents events_{sent_mu_, audit_};
     Status send_status_;
 };
 

@@ -1,0 +1,37 @@
+// What the Admin service sees of one object (SessionInspector::objects, Object::snapshot).
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace ibvx::daemon {
+
+enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq };
+
+struct ObjectSnapshot {
+    uint64_t handle = 0;
+    ObjectKind kind = ObjectKind::kContext;
+    std::string device;
+    uint32_t users = 0;
+    std::vector<uint64_t> uses;
+    // kQp
+    uint32_t qp_num = 0;
+    ibv_qp_state qp_state = IBV_QPS_RESET;
+    ibv_qp_type qp_type = IBV_QPT_RC;
+    ibv_qp_cap qp_cap{};
+    bool qp_has_srq = false;
+    // kCq (and every queue: what its rings cost the tenant's queue_bytes quota)
+    uint32_t cqe = 0;
+    uint64_t queue_bytes = 0;
+    // kSrq
+    uint32_t srq_entries = 0;
+    uint32_t srq_entry_size = 0;
+    // kMr
+    uint64_t mr_length = 0;
+    uint32_t lkey = 0, rkey = 0;
+};
+
+}  // namespace ibvx::daemon

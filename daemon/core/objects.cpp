@@ -1,0 +1,91 @@
+#include "daemon/core/objects.h"
+
+#include "daemon/core/device.h"
+
+namespace ibvx::daemon {
+namespace {
+
+std::string deviceName(const Device *dev) {
+    return dev != nullptr ? dev->info.name : std::string();
+}
+
+}  // namespace
+
+int ContextObject::destroyDriverObject() {
+    // Nothing to refuse here: the extension context goes, then the device context under it.
+    if (dev->driver->free_context != nullptr) {
+        dev->driver->free_context(ext);
+    }
+    (void)dev->verbs.closeDevice(verbs);
+    return 0;
+}
+
+void ContextObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(dev);
+}
+
+int PdObject::destroyDriverObject() {
+    return device()->verbs.deallocPd(pd);
+}
+
+void PdObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+}
+
+int MrObject::destroyDriverObject() {
+    return device()->verbs.deregMr(mr);
+}
+
+void MrObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
+    out.mr_length = length;
+    if (mr != nullptr) {
+        out.lkey = mr->lkey;
+        out.rkey = mr->rkey;
+    }
+}
+
+int CqObject::destroyDriverObject() {
+    auto *ops = context->ext->ops;
+    return ops->destroy_cq != nullptr ? ops->destroy_cq(cq) : -EOPNOTSUPP;
+}
+
+void CqObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+    if (cq != nullptr && cq->cq != nullptr) {
+        out.cqe = static_cast<uint32_t>(cq->cq->cqe);
+    } else if (cq != nullptr) {
+        out.cqe = cq->cq_info.qbuf.entry_cnt;
+    }
+}
+
+int SrqObject::destroyDriverObject() {
+    auto *ops = context->ext->ops;
+    return ops->destroy_srq != nullptr ? ops->destroy_srq(srq) : -EOPNOTSUPP;
+}
+
+void SrqObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+    if (srq != nullptr) {
+        out.srq_entries = srq->srq_info.qbuf.entry_cnt;
+        out.srq_entry_size = srq->srq_info.qbuf.entry_size;
+    }
+}
+
+int QpObject::destroyDriverObject() {
+    auto *ops = context->ext->ops;
+    return ops->destroy_qp != nullptr ? ops->destroy_qp(qp) : -EOPNOTSUPP;
+}
+
+void QpObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+    out.qp_type = qp_type;
+    out.qp_cap = cap;
+    out.qp_has_srq = has_srq;
+    if (qp != nullptr && qp->qp != nullptr) {
+        out.qp_num = qp->qp->qp_num;
+        out.qp_state = qp->qp->state;
+    }
+}
+
+}  // namespace ibvx::daemon
