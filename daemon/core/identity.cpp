@@ -22,12 +22,8 @@ StatusOr<Credentials> peerCredentials(int sock) {
 }
 
 StatusOr<PeerIdentity> peerIdentity(int sock) {
-    auto creds = peerCredentials(sock);
-    if (!creds.isOk()) {
-        return creds.status();
-    }
     PeerIdentity id;
-    id.creds = *creds;
+    ASSIGN_OR_RETURN(id.creds, peerCredentials(sock));
     if (id.creds.pid <= 0) {
         // The peer's pid is not visible in our pid namespace: no /proc to read.
         return id;

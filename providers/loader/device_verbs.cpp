@@ -9,7 +9,7 @@
 namespace ibvx::loader {
 namespace {
 
-// ---- the defaults: what a provider lacks ----
+// ---- the defaults: what a provider lacks (errno set too, so either convention reads it) ----
 
 ibv_context *noOpen(const DeviceVerbs &) {
     errno = EOPNOTSUPP;
@@ -23,6 +23,7 @@ ibv_pd *noAllocPd(ibv_context *) {
     return nullptr;
 }
 int noDeallocPd(ibv_pd *) {
+    errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
 ibv_mr *noRegMr(ibv_pd *, void *, size_t, uint64_t, int) {
@@ -30,49 +31,35 @@ ibv_mr *noRegMr(ibv_pd *, void *, size_t, uint64_t, int) {
     return nullptr;
 }
 int noDeregMr(ibv_mr *) {
+    errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
 int noModifyQp(ibv_qp *, ibv_qp_attr *, int) {
+    errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
 int noQueryQp(ibv_qp *, ibv_qp_attr *, int, ibv_qp_init_attr *) {
+    errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
 
 constexpr DeviceVerbs::Ops kDummyOps = {noOpen,  noClose,   noAllocPd,  noDeallocPd,
                                         noRegMr, noDeregMr, noModifyQp, noQueryQp};
 
-// ---- a virtual device: its provider's entries already follow our convention ----
-
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
 }
 
-// ---- libibverbs: positive errno translated ----
-
 ibv_context *verbsOpen(const DeviceVerbs &self) {
     return ibv_open_device(self.verbsDevice());
 }
-int verbsClose(ibv_context *context) {
-    return verbsRc(ibv_close_device(context));
-}
-int verbsDeallocPd(ibv_pd *pd) {
-    return verbsRc(ibv_dealloc_pd(pd));
-}
+
+// ibv_reg_mr_iova is a macro over the exported function of the same name.
 ibv_mr *verbsRegMr(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) {
     return ibv_reg_mr_iova(pd, addr, length, iova, access);
 }
-int verbsDeregMr(ibv_mr *mr) {
-    return verbsRc(ibv_dereg_mr(mr));
-}
-int verbsModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
-    return verbsRc(ibv_modify_qp(qp, attr, attr_mask));
-}
-int verbsQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) {
-    return verbsRc(ibv_query_qp(qp, attr, attr_mask, init_attr));
-}
 
-// Overrides entry with the provider's when it has one (verbs_set_ops' SET_OP).
+// Takes the provider's entry when it has one (verbs_set_ops' SET_OP).
 template <typename Fn>
 void setOp(Fn &entry, Fn provided) {
     if (provided != nullptr) {
@@ -94,30 +81,45 @@ int verbsRc(int rc) {
 
 DeviceVerbs::DeviceVerbs() : ops_(kDummyOps) {}
 
-DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::string name) {
+DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ibv_extend_vdev_ops *provider,
+                                 ibv_device *device, std::string name) {
     DeviceVerbs v;
+    v.convention_ = convention;
     v.vdev_ = provider;
+    v.device_ = device;
     v.name_ = std::move(name);
-    if (provider->open_device != nullptr) {
-        v.ops_.open_device = vdevOpen;
-    }
-    setOp(v.ops_.close_device, provider->close_device);
-    setOp(v.ops_.alloc_pd, provider->alloc_pd);
-    setOp(v.ops_.dealloc_pd, provider->dealloc_pd);
-    setOp(v.ops_.reg_mr, provider->reg_mr);
-    setOp(v.ops_.dereg_mr, provider->dereg_mr);
-    setOp(v.ops_.modify_qp, provider->modify_qp);
-    setOp(v.ops_.query_qp, provider->query_qp);
+    setOp(v.ops_.open_device, ops.open_device);
+    setOp(v.ops_.close_device, ops.close_device);
+    setOp(v.ops_.alloc_pd, ops.alloc_pd);
+    setOp(v.ops_.dealloc_pd, ops.dealloc_pd);
+    setOp(v.ops_.reg_mr, ops.reg_mr);
+    setOp(v.ops_.dereg_mr, ops.dereg_mr);
+    setOp(v.ops_.modify_qp, ops.modify_qp);
+    setOp(v.ops_.query_qp, ops.query_qp);
     return v;
 }
 
+DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::string name) {
+    Ops ops = {provider->open_device != nullptr ? vdevOpen : nullptr,
+               provider->close_device,
+               provider->alloc_pd,
+               provider->dealloc_pd,
+               provider->reg_mr,
+               provider->dereg_mr,
+               provider->modify_qp,
+               provider->query_qp};
+    return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
+}
+
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    DeviceVerbs v;
-    v.device_ = device;
-    v.name_ = device != nullptr ? ibv_get_device_name(device) : "";
-    v.ops_ = {verbsOpen,  verbsClose,   ibv_alloc_pd,  verbsDeallocPd,
-              verbsRegMr, verbsDeregMr, verbsModifyQp, verbsQueryQp};
-    return v;
+    Ops ops = {verbsOpen,  ibv_close_device, ibv_alloc_pd,  ibv_dealloc_pd,
+               verbsRegMr, ibv_dereg_mr,     ibv_modify_qp, ibv_query_qp};
+    return fromOps(ops, Convention::kLibibverbs, nullptr, device,
+                   device != nullptr ? ibv_get_device_name(device) : "");
+}
+
+int DeviceVerbs::result(int rc) const {
+    return convention_ == Convention::kLibibverbs ? verbsRc(rc) : rc;
 }
 
 ibv_context *DeviceVerbs::openDevice() const {
@@ -127,7 +129,7 @@ ibv_context *DeviceVerbs::openDevice() const {
 
 int DeviceVerbs::closeDevice(ibv_context *context) const {
     errno = 0;
-    return ops_.close_device(context);
+    return result(ops_.close_device(context));
 }
 
 ibv_pd *DeviceVerbs::allocPd(ibv_context *context) const {
@@ -137,7 +139,7 @@ ibv_pd *DeviceVerbs::allocPd(ibv_context *context) const {
 
 int DeviceVerbs::deallocPd(ibv_pd *pd) const {
     errno = 0;
-    return ops_.dealloc_pd(pd);
+    return result(ops_.dealloc_pd(pd));
 }
 
 ibv_mr *DeviceVerbs::regMr(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) const {
@@ -147,12 +149,12 @@ ibv_mr *DeviceVerbs::regMr(ibv_pd *pd, void *addr, size_t length, uint64_t iova,
 
 int DeviceVerbs::deregMr(ibv_mr *mr) const {
     errno = 0;
-    return ops_.dereg_mr(mr);
+    return result(ops_.dereg_mr(mr));
 }
 
 int DeviceVerbs::modifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) const {
     errno = 0;
-    int rc = ops_.modify_qp(qp, attr, attr_mask);
+    int rc = result(ops_.modify_qp(qp, attr, attr_mask));
     if (rc == 0 && (attr_mask & IBV_QP_STATE) != 0) {
         qp->state = attr->qp_state;
     }
@@ -161,7 +163,7 @@ int DeviceVerbs::modifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) const {
 
 int DeviceVerbs::queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) const {
     errno = 0;
-    return ops_.query_qp(qp, attr, attr_mask, init_attr);
+    return result(ops_.query_qp(qp, attr, attr_mask, init_attr));
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

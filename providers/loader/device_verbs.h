@@ -3,9 +3,10 @@
 // complete, as rdma-core's verbs_set_ops() over verbs_dummy_ops (libibverbs/dummy_ops.c) makes
 // it: an entry the provider lacks answers EOPNOTSUPP, so no caller tests for NULL.
 //
-// One error convention for both flavours: int entries return 0 or a negative errno (libibverbs'
-// positive errno and its old "-1 + errno" are translated here); pointer entries return NULL with
-// errno set (errno is cleared before the call, so 0 means the provider did not say why).
+// One error convention for both flavours: int calls return 0 or a negative errno (libibverbs'
+// positive errno and its old "-1 + errno" are translated here, in one place); pointer calls
+// return NULL with errno set (errno is cleared before the call, so 0 means the provider did not
+// say why).
 //
 // Used by the broker daemon (Device holds one) and by libibv_extend.so's direct mode
 // (deviceVerbsFor() by ibv_device). Threading: a table is immutable once built; every entry may
@@ -22,8 +23,8 @@ namespace ibvx::loader {
 
 class DeviceVerbs {
   public:
-    // The entries, every one set. open_device receives the table it belongs to (the device it is
-    // bound to).
+    // The entries, in the provider's own error convention (see Convention). open_device receives
+    // the table it belongs to (the device it is bound to).
     struct Ops {
         ibv_context *(*open_device)(const DeviceVerbs &self);
         int (*close_device)(ibv_context *context);
@@ -34,6 +35,10 @@ class DeviceVerbs {
         int (*modify_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
         int (*query_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
     };
+    enum class Convention {
+        kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
+        kLibibverbs,  // 0 or a positive errno, or -1 with errno (old paths)
+    };
 
     // An empty table: every entry answers EOPNOTSUPP (close_device: 0, nothing was opened).
     DeviceVerbs();
@@ -41,6 +46,9 @@ class DeviceVerbs {
     static DeviceVerbs forVirtual(const ibv_extend_vdev_ops *provider, std::string name);
     // An rdma-core device (libibverbs).
     static DeviceVerbs forVerbs(ibv_device *device);
+    // The table over ops (NULL entries answer EOPNOTSUPP), for the two above and for tests.
+    static DeviceVerbs fromOps(const Ops &ops, Convention convention, const ibv_extend_vdev_ops *provider,
+                               ibv_device *device, std::string name);
 
     bool isVirtual() const { return vdev_ != nullptr; }
     const ibv_extend_vdev_ops *provider() const { return vdev_; }
@@ -60,7 +68,10 @@ class DeviceVerbs {
     int queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) const;
 
   private:
+    int result(int rc) const;
+
     Ops ops_;
+    Convention convention_ = Convention::kExtend;
     const ibv_extend_vdev_ops *vdev_ = nullptr;
     ibv_device *device_ = nullptr;
     std::string name_;

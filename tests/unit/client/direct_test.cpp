@@ -252,6 +252,78 @@ TEST_F(Direct, QueuesOnVirtualDeviceWithBufferOps) {
     EXPECT_EQ(ibvx_close_device(ext), 0);
 }
 
+// Direct mode refuses what the broker refuses (providers/loader/create_rules.h) on a device whose
+// limits it knows, with the reference's answer for a bad argument, before the driver sees it.
+TEST_F(Direct, CreateRulesOfTheBrokerApplyInDirectMode) {
+    ibv_context_extend *ext = ibvx_open_device("testvdev0");
+    ASSERT_NE(ext, nullptr);
+    ibv_context_extend *other = ibvx_open_device("testvdev1");
+    ASSERT_NE(other, nullptr);
+    ibv_pd *pd = ibvx_alloc_pd(ext);
+    ibv_pd *other_pd = ibvx_alloc_pd(other);
+    ASSERT_NE(pd, nullptr);
+    ASSERT_NE(other_pd, nullptr);
+    struct ibv_extend_ops ops = bufOps();
+    struct testdrv_control *c = control();
+    const int cq_calls = c->create_cq_calls, qp_calls = c->create_qp_calls, srq_calls = c->create_srq_calls;
+
+    ibv_cq_init_attr_extend cq_attr{};
+    cq_attr.ops = &ops;
+    for (uint32_t cqe : {0u, 4097u}) {  // testvdev0 announces max_cqe 4096
+        cq_attr.attr.cqe = cqe;
+        errno = 0;
+        EXPECT_EQ(ibv_create_cq_extend(ext, &cq_attr), nullptr) << cqe;
+        EXPECT_EQ(errno, EINVAL) << cqe;
+    }
+    cq_attr.attr.cqe = 16;
+    cq_attr.type = static_cast<queue_buf_dma_mode>(9);
+    errno = 0;
+    EXPECT_EQ(ibv_create_cq_extend(ext, &cq_attr), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_EQ(c->create_cq_calls, cq_calls) << "none of those reached the driver";
+    cq_attr.type = QU_BUF_DMA_MODE_DEFAULT;
+    ibv_cq_extend *cq = ibv_create_cq_extend(ext, &cq_attr);
+    ASSERT_NE(cq, nullptr);
+
+    ibv_qp_init_attr_extend qp_attr{};
+    qp_attr.pd = other_pd;  // another context's PD
+    qp_attr.attr.send_cq = cq->cq;
+    qp_attr.attr.recv_cq = cq->cq;
+    qp_attr.attr.qp_type = IBV_QPT_RC;
+    qp_attr.attr.cap.max_send_wr = 16;
+    qp_attr.attr.cap.max_recv_wr = 16;
+    qp_attr.ops = &ops;
+    errno = 0;
+    EXPECT_EQ(ibv_create_qp_extend(ext, &qp_attr), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    qp_attr.pd = pd;
+    qp_attr.attr.cap.max_send_wr = 1025;  // testvdev0 announces max_qp_wr 1024
+    errno = 0;
+    EXPECT_EQ(ibv_create_qp_extend(ext, &qp_attr), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_EQ(c->create_qp_calls, qp_calls);
+
+    ibv_srq_init_attr_extend srq_attr{};
+    srq_attr.pd = other_pd;
+    srq_attr.attr.attr.max_wr = 16;
+    srq_attr.ops = &ops;
+    errno = 0;
+    EXPECT_EQ(ibv_create_srq_extend(ext, &srq_attr), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    srq_attr.pd = pd;
+    srq_attr.attr.attr.max_wr = 0;
+    errno = 0;
+    EXPECT_EQ(ibv_create_srq_extend(ext, &srq_attr), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    EXPECT_EQ(c->create_srq_calls, srq_calls);
+
+    EXPECT_EQ(ibv_destroy_cq_extend(ext, cq), 0);
+    EXPECT_EQ(ibvx_dealloc_pd(pd), 0);
+    EXPECT_EQ(ibvx_dealloc_pd(other_pd), 0);
+    EXPECT_EQ(ibvx_close_device(other), 0);
+    EXPECT_EQ(ibvx_close_device(ext), 0);
+}
+
 TEST(Buffers, AllocBufIsPageAlignedSharedMemfd) {
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
     char *p = static_cast<char *>(ibvx_alloc_buf(1));

@@ -1,0 +1,187 @@
+// The per-device verbs table (providers/loader/device_verbs.h): defaults for what a provider
+// lacks, one error convention for the vdev and libibverbs flavours, the QP state patch, and the
+// direct-mode lookup by ibv_device.
+#include "providers/loader/device_verbs.h"
+
+#include <gtest/gtest.h>
+
+#include <cerrno>
+
+namespace ibvx::loader {
+namespace {
+
+// What the fake providers below saw.
+struct Seen {
+    int opens = 0;
+    std::string opened_name;
+    int allocs = 0;
+    int modifies = 0;
+    ibv_qp_state state_at_modify = IBV_QPS_RESET;
+    int rc = 0;   // what int entries answer
+    int err = 0;  // errno the entries leave
+};
+Seen seen;
+
+ibv_context fake_context{};
+ibv_pd fake_pd{};
+
+ibv_context *fakeOpenByName(const char *name) {
+    seen.opens++;
+    seen.opened_name = name;
+    return &fake_context;
+}
+ibv_pd *fakeAllocPd(ibv_context *) {
+    seen.allocs++;
+    return &fake_pd;
+}
+int fakeDeallocPd(ibv_pd *) {
+    errno = seen.err;
+    return seen.rc;
+}
+int fakeModifyQp(ibv_qp *qp, ibv_qp_attr *, int) {
+    seen.modifies++;
+    seen.state_at_modify = qp->state;
+    errno = seen.err;
+    return seen.rc;
+}
+
+// A provider with some entries left NULL.
+ibv_extend_vdev_ops partialProvider() {
+    ibv_extend_vdev_ops v{};
+    v.abi = IBV_EXTEND_VDEV_ABI_V1;
+    v.provider = "fakevdev";
+    v.open_device = fakeOpenByName;
+    v.alloc_pd = fakeAllocPd;
+    v.dealloc_pd = fakeDeallocPd;
+    v.modify_qp = fakeModifyQp;
+    return v;
+}
+
+// The same entries in libibverbs' convention (tests reach it through fromOps).
+DeviceVerbs libibverbsFlavour() {
+    DeviceVerbs::Ops ops{};
+    ops.dealloc_pd = fakeDeallocPd;
+    ops.modify_qp = fakeModifyQp;
+    return DeviceVerbs::fromOps(ops, DeviceVerbs::Convention::kLibibverbs, nullptr, nullptr, "fakeverbs0");
+}
+
+class DeviceVerbsTest : public ::testing::Test {
+  protected:
+    void SetUp() override { seen = Seen{}; }
+    const ibv_extend_vdev_ops provider_ = partialProvider();
+};
+
+TEST_F(DeviceVerbsTest, MissingEntriesAnswerEopnotsupp) {
+    DeviceVerbs v = DeviceVerbs::forVirtual(&provider_, "fake0");
+    EXPECT_TRUE(v.isVirtual());
+    ibv_mr mr{};
+    ibv_qp qp{};
+    ibv_qp_attr attr{};
+    ibv_qp_init_attr init{};
+    EXPECT_EQ(v.deregMr(&mr), -EOPNOTSUPP);
+    EXPECT_EQ(v.queryQp(&qp, &attr, 0, &init), -EOPNOTSUPP);
+    errno = 0;
+    EXPECT_EQ(v.regMr(&fake_pd, nullptr, 1, 0, 0), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    EXPECT_EQ(v.closeDevice(&fake_context), 0) << "no close_device: nothing to release";
+}
+
+TEST_F(DeviceVerbsTest, PresentEntriesReachTheProvider) {
+    DeviceVerbs v = DeviceVerbs::forVirtual(&provider_, "fake0");
+    EXPECT_EQ(v.openDevice(), &fake_context);
+    EXPECT_EQ(seen.opened_name, "fake0") << "open_device is bound to the device's name";
+    EXPECT_EQ(v.allocPd(&fake_context), &fake_pd);
+    EXPECT_EQ(seen.allocs, 1);
+}
+
+TEST_F(DeviceVerbsTest, AnEmptyTableRefusesEverything) {
+    DeviceVerbs v;
+    EXPECT_FALSE(v.isVirtual());
+    errno = 0;
+    EXPECT_EQ(v.openDevice(), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    errno = 0;
+    EXPECT_EQ(v.allocPd(&fake_context), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    EXPECT_EQ(v.deallocPd(&fake_pd), -EOPNOTSUPP);
+    ibv_qp qp{};
+    ibv_qp_attr attr{};
+    EXPECT_EQ(v.modifyQp(&qp, &attr, IBV_QP_STATE), -EOPNOTSUPP);
+}
+
+TEST_F(DeviceVerbsTest, BothFlavoursReportErrorsAlike) {
+    DeviceVerbs vdev = DeviceVerbs::forVirtual(&provider_, "fake0");
+    DeviceVerbs verbs = libibverbsFlavour();
+    seen.rc = -EBUSY;  // ibv_extend.h convention
+    EXPECT_EQ(vdev.deallocPd(&fake_pd), -EBUSY);
+    seen.rc = EBUSY;  // libibverbs: a positive errno
+    EXPECT_EQ(verbs.deallocPd(&fake_pd), -EBUSY);
+    seen.rc = -1;  // libibverbs' old paths: -1 and errno
+    seen.err = EBUSY;
+    EXPECT_EQ(verbs.deallocPd(&fake_pd), -EBUSY);
+    seen.err = 0;
+    EXPECT_EQ(verbs.deallocPd(&fake_pd), -EIO) << "-1 without errno still reads as a failure";
+    seen.rc = 0;
+    EXPECT_EQ(vdev.deallocPd(&fake_pd), 0);
+    EXPECT_EQ(verbs.deallocPd(&fake_pd), 0);
+}
+
+TEST_F(DeviceVerbsTest, VerbsRcTranslation) {
+    EXPECT_EQ(verbsRc(0), 0);
+    EXPECT_EQ(verbsRc(EINVAL), -EINVAL);
+    errno = ENOMEM;
+    EXPECT_EQ(verbsRc(-1), -ENOMEM);
+    errno = 0;
+    EXPECT_EQ(verbsRc(-1), -EIO);
+}
+
+TEST_F(DeviceVerbsTest, ModifyQpPatchesTheStateOnceAfterSuccess) {
+    for (DeviceVerbs v : {DeviceVerbs::forVirtual(&provider_, "fake0"), libibverbsFlavour()}) {
+        seen = Seen{};
+        ibv_qp qp{};
+        qp.state = IBV_QPS_RESET;
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_INIT;
+        ASSERT_EQ(v.modifyQp(&qp, &attr, IBV_QP_STATE), 0);
+        EXPECT_EQ(seen.modifies, 1);
+        EXPECT_EQ(seen.state_at_modify, IBV_QPS_RESET) << "the patch follows the provider's call";
+        EXPECT_EQ(qp.state, IBV_QPS_INIT);
+
+        attr.qp_state = IBV_QPS_RTR;
+        EXPECT_EQ(v.modifyQp(&qp, &attr, IBV_QP_PKEY_INDEX), 0);
+        EXPECT_EQ(qp.state, IBV_QPS_INIT) << "no IBV_QP_STATE in the mask: the state stays";
+
+        seen.rc = -EINVAL;
+        seen.err = EINVAL;
+        EXPECT_EQ(v.modifyQp(&qp, &attr, IBV_QP_STATE), -EINVAL);
+        EXPECT_EQ(qp.state, IBV_QPS_INIT) << "a refused transition leaves the state";
+    }
+}
+
+// A provider owning exactly one device, for the lookup by ibv_device.
+ibv_device owned_device{};
+ibv_device other_device{};
+int isOwn(const ibv_device *dev) {
+    return dev == &owned_device;
+}
+
+TEST_F(DeviceVerbsTest, DirectLookupDecidesOncePerDevice) {
+    static ibv_extend_vdev_ops owner = [] {
+        ibv_extend_vdev_ops v = partialProvider();
+        v.provider = "fakeowner";
+        v.is_own_device = isOwn;
+        return v;
+    }();
+    verbs_register_vdev_extend(&owner);
+    snprintf(owned_device.name, sizeof(owned_device.name), "owned0");
+    const DeviceVerbs &a = deviceVerbsFor(&owned_device);
+    EXPECT_TRUE(a.isVirtual());
+    EXPECT_EQ(a.provider(), &owner);
+    EXPECT_EQ(&deviceVerbsFor(&owned_device), &a) << "cached";
+    const DeviceVerbs &b = deviceVerbsFor(&other_device);
+    EXPECT_FALSE(b.isVirtual()) << "no provider owns it: libibverbs";
+    EXPECT_EQ(b.verbsDevice(), &other_device);
+}
+
+}  // namespace
+}  // namespace ibvx::loader
