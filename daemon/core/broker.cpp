@@ -37,16 +37,21 @@ int driverErr(int rc) {
     return rc;
 }
 
-// Holds a device's driver lock and binds the thread to the session for one driver call: the
-// binding is what ties a driver's alloc/db_mmap callbacks (MappingManager::ops()) to the
-// session's memory, invisible at the call sites.
+// One driver call: binds the thread to the session, so the driver's alloc/db_mmap callbacks
+// (MappingManager::ops()) reach the session's memory (a thread-local binding, invisible at the
+// call sites), and holds the device's driver lock when the driver needs its calls serialised
+// (device.h).
 class DriverCall {
   public:
     DriverCall(SessionMemory &mem, Device *dev)
-        : lock_(dev->driver_mu), binding_(&mem, dev->verbs.provider()) {}
+        : lock_(dev->driver_mu, std::defer_lock), binding_(&mem, dev->verbs.provider()) {
+        if (dev->serialize_calls) {
+            lock_.lock();
+        }
+    }
 
   private:
-    std::lock_guard<std::mutex> lock_;
+    std::unique_lock<std::mutex> lock_;
     ScopedBinding binding_;
 };
 

@@ -34,6 +34,10 @@ void fillExtendCaps(Device &dev, ibv_context *ctx) {
 
 }  // namespace
 
+bool threadSafeAcrossContexts(const std::string &driver_name) {
+    return driver_name == "softnda" || driver_name == "mlx5";
+}
+
 DeviceRegistry::~DeviceRegistry() {
     for (ibv_device **list : verbs_lists_) {
         ibv_free_device_list(list);
@@ -61,6 +65,7 @@ void DeviceRegistry::addVirtual() {
         auto dev = std::make_unique<Device>();
         dev->verbs = loader::DeviceVerbs::forVirtual(d.provider, name);
         dev->driver = loader::findDriverByName(d.provider->provider);
+        dev->serialize_calls = dev->driver == nullptr || !threadSafeAcrossContexts(dev->driver->name);
         DeviceInfo &i = dev->info;
         i.name = name;
         i.provider = d.provider->provider;
@@ -99,6 +104,7 @@ void DeviceRegistry::addVerbs() {
         auto dev = std::make_unique<Device>();
         dev->verbs = loader::DeviceVerbs::forVerbs(vd);
         dev->driver = drv;
+        dev->serialize_calls = !threadSafeAcrossContexts(drv->name);
         dev->info.name = name;
         dev->info.provider = drv->name;
         if (ibv_context *ctx = dev->verbs.openDevice()) {

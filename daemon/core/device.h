@@ -2,9 +2,13 @@
 // an extension driver matched.
 //
 // Threading: the registry's mutex guards the device list; Device objects are never destroyed
-// while the registry lives (a rescan only adds), so Device pointers stay valid. Device::driver_mu
-// serialises every call into a device's driver: the reference does not say drivers are
-// thread-safe, so the broker assumes they are not.
+// while the registry lives (a rescan only adds), so Device pointers stay valid.
+// Calls on one context are already one at a time: a context belongs to one session, and every
+// call holds its Session::mu_. Calls on different contexts of a device run in parallel when the
+// driver is one this tree ships and documents thread-safe across contexts (softnda: its
+// Device::ctl and registry locks, providers/softnda/src/softnda_internal.h; mlx5: its registry
+// mutex over rdma-core's thread-safe verbs, providers/mlx5/driver.h). For any other driver the
+// reference promises nothing, so Device::driver_mu serialises every call into it.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -48,8 +52,13 @@ struct Device {
     // device or libibverbs for an rdma-core one, decided when the device was found.
     loader::DeviceVerbs verbs;
     const verbs_device_extend_ops *driver = nullptr;  // the extension driver serving it
-    std::mutex driver_mu;                             // see the file comment
+    bool serialize_calls = true;                      // see the file comment
+    std::mutex driver_mu;                             // taken only when serialize_calls
 };
+
+// Whether the extension driver named so is documented safe for concurrent calls on different
+// contexts (see the file comment).
+bool threadSafeAcrossContexts(const std::string &driver_name);
 
 class DeviceRegistry {
   public:

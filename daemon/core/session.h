@@ -5,7 +5,7 @@
 //  - mu_ guards objects_, ended_ and writes on the fd channel. Every Broker call on a session
 //    holds it for its whole duration (driver calls included), so the calls of one session run
 //    one at a time; different sessions run in parallel. Lock order: Session::mu_ ->
-//    Device::driver_mu -> MappingManager's mutex.
+//    Device::driver_mu (for drivers that need it, device.h) -> MappingManager's mutex.
 //  - xfer_mu_ guards the fds the tenant sent for RegMr (filled by the fd-channel reader, taken
 //    by RegMr); never held together with mu_.
 //  - identity, token and id never change after construction.
