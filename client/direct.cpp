@@ -67,13 +67,10 @@ ibvx_device_info vdevInfo(const loader::VdevDevice &d) {
     copyName(info.name, d.attr.name);
     copyName(info.provider, d.provider->provider);
     copyDeviceLimits(d.attr, info);
-    if (d.provider->open_device != nullptr) {
-        if (ibv_context *ctx = d.provider->open_device(d.attr.name)) {
-            fillExtendCaps(ctx, &info);
-            if (d.provider->close_device != nullptr) {
-                d.provider->close_device(ctx);
-            }
-        }
+    loader::DeviceVerbs verbs = loader::DeviceVerbs::forVirtual(d.provider, d.attr.name);
+    if (ibv_context *ctx = verbs.openDevice()) {
+        fillExtendCaps(ctx, &info);
+        (void)verbs.closeDevice(ctx);
     }
     return info;
 }
@@ -84,7 +81,8 @@ ibvx_device_info verbsInfo(ibv_device *dev) {
     if (const verbs_device_extend_ops *drv = loader::findDriver(dev)) {
         copyName(info.provider, drv->name);
     }
-    if (ibv_context *ctx = ibv_open_device(dev)) {
+    loader::DeviceVerbs verbs = loader::DeviceVerbs::forVerbs(dev);
+    if (ibv_context *ctx = verbs.openDevice()) {
         ibv_device_attr attr{};
         if (ibv_query_device(ctx, &attr) == 0) {
             copyDeviceLimits(attr, info);
@@ -92,7 +90,7 @@ ibvx_device_info verbsInfo(ibv_device *dev) {
         if (info.provider[0] != '\0') {
             fillExtendCaps(ctx, &info);
         }
-        ibv_close_device(ctx);
+        (void)verbs.closeDevice(ctx);
     }
     return info;
 }
@@ -117,21 +115,25 @@ class VerbsDeviceList {
     int count_ = 0;
 };
 
+// The extension context on a device context ibvx_open_device() opened through verbs; on
+// failure the device context is closed the same way.
+ibv_context_extend *openExtendOn(const loader::DeviceVerbs &verbs, ibv_context *ctx) {
+    ibv_context_extend *ext = ibv_open_extend(ctx);
+    if (ext == nullptr) {
+        int err = errno;
+        (void)verbs.closeDevice(ctx);
+        return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
+    }
+    std::lock_guard lock(state().mu);
+    state().opened[ext] = ctx;
+    return ext;
+}
+
 ibv_context_extend *openDirect(const char *name) {
     loader::OpenedVdev vdev;
     int rc = loader::openVdev(name, &vdev);
     if (rc == 0) {
-        ibv_context_extend *ext = ibv_open_extend(vdev.context);
-        if (ext == nullptr) {
-            int err = errno;
-            if (vdev.provider->close_device != nullptr) {
-                vdev.provider->close_device(vdev.context);
-            }
-            return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
-        }
-        std::lock_guard lock(state().mu);
-        state().opened[ext] = vdev.context;
-        return ext;
+        return openExtendOn(loader::DeviceVerbs::forVirtual(vdev.provider, name), vdev.context);
     }
     if (rc != -ENODEV) {
         return failNull<ibv_context_extend>(-rc);
@@ -141,19 +143,12 @@ ibv_context_extend *openDirect(const char *name) {
         if (strcmp(ibv_get_device_name(devices[i]), name) != 0) {
             continue;
         }
-        ibv_context *ctx = ibv_open_device(devices[i]);
+        loader::DeviceVerbs verbs = loader::DeviceVerbs::forVerbs(devices[i]);
+        ibv_context *ctx = verbs.openDevice();
         if (ctx == nullptr) {
             return nullptr;
         }
-        ibv_context_extend *ext = ibv_open_extend(ctx);
-        if (ext == nullptr) {
-            int err = errno;
-            ibv_close_device(ctx);
-            return failNull<ibv_context_extend>(err != 0 ? err : EOPNOTSUPP);
-        }
-        std::lock_guard lock(state().mu);
-        state().opened[ext] = ctx;
-        return ext;
+        return openExtendOn(verbs, ctx);
     }
     loader::warn("no device named '%s' (neither a virtual device nor an rdma-core device)", name);
     return failNull<ibv_context_extend>(ENODEV);
