@@ -1,8 +1,8 @@
 // What the core tells the rest of the daemon about its tenants: one small interface instead of
 // std::function hooks, so the edge (Admin Watch), the app (audit log) and tests implement the
-// same seam. Every method may be called from any thread, with the session's mutex held (for
-// object events) or no lock of the core's held (quota refusals of a new session): an
-// implementation must not call back into the Broker.
+// same seam. Every method may be called from any thread, with the session's mutex held (object
+// events, and quota refusals of a call on a session) or no lock of the core's held (quota
+// refusals of a new session): an implementation must not call back into the Broker.
 #pragma once
 
 #include <cstdint>

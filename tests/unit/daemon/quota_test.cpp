@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "daemon/core/admin_inspect.h"
 #include "daemon/core/broker.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
@@ -286,6 +287,61 @@ TEST_F(BrokerQuotaTest, EveryQuotaIsEnforcedAndNamed) {
     EXPECT_EQ(ss.objectCount(), 6u);  // nothing half-created by the refusals
     broker_->endSession(*s);
     EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
+}
+
+// CQs, SRQs and QPs are charged on one path (Broker::publish): each queue's rings, as the driver
+// sized them, count against queue_bytes and show in the Admin snapshot alike.
+TEST_F(BrokerQuotaTest, EveryQueueKindChargesItsRingsTheSameWay) {
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    Session &ss = **s;
+    auto ctx = broker_->openContext(ss, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(ss, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 64;
+    auto cq = broker_->createCq(ss, ca);
+    ASSERT_TRUE(cq.isOk());
+    CreateSrqArgs sa;
+    sa.context = ctx->context;
+    sa.pd = *pd;
+    sa.max_wr = 16;
+    sa.max_sge = 1;
+    auto srq = broker_->createSrq(ss, sa);
+    ASSERT_TRUE(srq.isOk());
+    CreateQpArgs qa;
+    qa.context = ctx->context;
+    qa.pd = *pd;
+    qa.send_cq = qa.recv_cq = cq->cq;
+    qa.cap.max_send_wr = qa.cap.max_recv_wr = 8;
+    qa.cap.max_send_sge = qa.cap.max_recv_sge = 1;
+    auto qp = broker_->createQp(ss, qa);
+    ASSERT_TRUE(qp.isOk());
+
+    auto rings = [](const QueueResult &q) { return uint64_t{q.entry_cnt} * q.entry_size; };
+    const uint64_t cq_bytes = rings(cq->info), srq_bytes = rings(srq->info),
+                   qp_bytes = rings(qp->sq) + rings(qp->rq);
+    EXPECT_GT(cq_bytes, 0u);
+    EXPECT_GT(srq_bytes, 0u);
+    EXPECT_GT(qp_bytes, 0u);
+    EXPECT_EQ(used(Quota::kQueueBytes), cq_bytes + srq_bytes + qp_bytes);
+    for (const ObjectSnapshot &o : SessionInspector::objects(ss)) {
+        if (o.handle == cq->cq) {
+            EXPECT_EQ(o.queue_bytes, cq_bytes);
+        } else if (o.handle == srq->srq) {
+            EXPECT_EQ(o.queue_bytes, srq_bytes);
+        } else if (o.handle == qp->qp) {
+            EXPECT_EQ(o.queue_bytes, qp_bytes);
+        } else {
+            EXPECT_EQ(o.queue_bytes, 0u) << kindName(o.kind);
+        }
+    }
+    ASSERT_TRUE(broker_->destroyQp(ss, qp->qp).isOk());
+    EXPECT_EQ(used(Quota::kQueueBytes), cq_bytes + srq_bytes);
+    broker_->endSession(*s);
+    EXPECT_EQ(used(Quota::kQueueBytes), 0u);
 }
 
 TEST_F(BrokerQuotaTest, QueueBytesOverTheLimitRollTheDriverObjectBack) {
