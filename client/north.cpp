@@ -53,15 +53,17 @@ bool badQpRequest(const ibv_context_extend *context, const ibv_qp_init_attr_exte
     bool members = a.pd != nullptr && a.pd->context == ctx && a.attr.send_cq != nullptr &&
                    a.attr.send_cq->context == ctx && a.attr.recv_cq != nullptr &&
                    a.attr.recv_cq->context == ctx && (a.attr.srq == nullptr || a.attr.srq->context == ctx);
-    return refuse(checkDmaMode(a.type)) || refuse(members ? RuleError() : RuleError(kQpMembership)) ||
+    return refuse(checkDmaMode(rawEnumValue(a.type))) ||
+           refuse(members ? RuleError() : RuleError(kQpMembership)) ||
            refuse(checkQpLimits(a.attr.cap, *limits));
 }
 
 bool badCqRequest(const ibv_context_extend *context, const ibv_cq_init_attr_extend &a) {
     using namespace ibvx::loader;
     const QueueLimits *limits = directLimits(context);
-    return limits != nullptr && (refuse(checkDmaMode(a.type)) || refuse(checkCqRequest(a.attr.cqe)) ||
-                                 refuse(checkCqLimits(a.attr.cqe, *limits)));
+    return limits != nullptr &&
+           (refuse(checkDmaMode(rawEnumValue(a.type))) || refuse(checkCqRequest(a.attr.cqe)) ||
+            refuse(checkCqLimits(a.attr.cqe, *limits)));
 }
 
 bool badSrqRequest(const ibv_context_extend *context, const ibv_srq_init_attr_extend &a) {
@@ -72,7 +74,7 @@ bool badSrqRequest(const ibv_context_extend *context, const ibv_srq_init_attr_ex
     }
     bool members = a.pd != nullptr && a.pd->context == context->context;
     const ibv_srq_attr &sa = a.attr.attr;
-    return refuse(checkDmaMode(a.type)) || refuse(checkSrqRequest(sa.max_wr)) ||
+    return refuse(checkDmaMode(rawEnumValue(a.type))) || refuse(checkSrqRequest(sa.max_wr)) ||
            refuse(members ? RuleError() : RuleError(kSrqMembership)) ||
            refuse(checkSrqLimits(sa.max_wr, sa.max_sge, *limits));
 }

@@ -670,7 +670,7 @@ Status Broker::deregMr(Session &s, uint64_t mr) {
 }
 
 StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
-    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
     RETURN_IF_ERROR(rule(loader::checkCqRequest(args.cqe)));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
@@ -728,7 +728,7 @@ StatusOr<Broker::QpMembers> Broker::qpMembers(Session &s, const CreateQpArgs &ar
 }
 
 StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
-    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
     RETURN_IF_ERROR(rule(loader::checkQpType(args.qp_type)));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
@@ -779,7 +779,7 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
 }
 
 StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
-    RETURN_IF_ERROR(rule(loader::checkDmaMode(args.dma_mode)));
+    RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
     RETURN_IF_ERROR(rule(loader::checkSrqRequest(args.max_wr)));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));

@@ -29,7 +29,7 @@ RuleError firstOf(std::initializer_list<RuleError> checks) {
 
 }  // namespace
 
-RuleError checkDmaMode(queue_buf_dma_mode mode) {
+RuleError checkDmaMode(int mode) {
     if (mode == QU_BUF_DMA_MODE_DEFAULT || mode == QU_BUF_DMA_MODE_INDEP_UB) {
         return std::nullopt;
     }

@@ -8,6 +8,7 @@
 #include <infiniband/verbs.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -26,8 +27,18 @@ struct QueueLimits {
     uint32_t max_inline_data = 0;
 };
 
-// Any create: a buffer DMA mode this version knows.
-RuleError checkDmaMode(queue_buf_dma_mode mode);
+// Any create: a buffer DMA mode this version knows. Takes the raw value: a C caller may store any
+// int in the enum field, which C++ must not load as the enum (rawEnumValue()).
+RuleError checkDmaMode(int mode);
+
+// A C enum field as the integer the caller stored in it.
+template <typename E>
+int rawEnumValue(const E &field) {
+    static_assert(sizeof(E) == sizeof(int));
+    int v;
+    std::memcpy(&v, &field, sizeof(v));
+    return v;
+}
 // Checks of the request alone (before anything is looked up).
 RuleError checkCqRequest(uint32_t cqe);
 RuleError checkQpType(ibv_qp_type type);

@@ -82,7 +82,12 @@ TEST_F(ExtendOpenTest, NoDriverAndDriverFailure) {
 TEST(CreateRules, RequestChecks) {
     EXPECT_FALSE(checkDmaMode(QU_BUF_DMA_MODE_DEFAULT));
     EXPECT_FALSE(checkDmaMode(QU_BUF_DMA_MODE_INDEP_UB));
-    EXPECT_EQ(checkDmaMode(static_cast<queue_buf_dma_mode>(7)).value_or(""), "invalid dma_mode");
+    EXPECT_EQ(checkDmaMode(7).value_or(""), "invalid dma_mode");
+    EXPECT_EQ(checkDmaMode(-1).value_or(""), "invalid dma_mode");
+    ibv_cq_init_attr_extend attr{};
+    const int seven = 7;
+    std::memcpy(&attr.type, &seven, sizeof(seven));
+    EXPECT_EQ(rawEnumValue(attr.type), 7);
     EXPECT_EQ(checkCqRequest(0).value_or(""), "cqe must be > 0");
     EXPECT_FALSE(checkCqRequest(1));
     EXPECT_EQ(checkSrqRequest(0).value_or(""), "max_wr must be > 0");
