@@ -29,7 +29,8 @@ Status fromDriver(int err, const std::string &what) {
     return Status::fromErrno(err, what + ": " + std::strerror(err));
 }
 
-// Driver int calls return a negative errno (reference) ; libibverbs a positive one or -1 + errno.
+// Driver int calls return a negative errno (the reference's convention, and what the device's
+// verbs table makes of libibverbs' answers); an old driver may still answer -1 with errno.
 int driverErr(int rc) {
     if (rc < 0) {
         return rc == -1 && errno != 0 ? errno : -rc;
@@ -88,7 +89,8 @@ loader::QueueLimits limitsOf(const DeviceInfo &d) {
     return {d.max_qp_wr, d.max_cqe, d.max_srq_wr, d.max_sge, d.max_inline_data};
 }
 
-Status unavailableOp(const ibv_context_extend_ops *ops, DriverOp op, const char *message) {
+// UNIMPLEMENTED (message) unless the driver offers op (common/driver_ops.h).
+Status requireOp(const ibv_context_extend_ops *ops, DriverOp op, const char *message) {
     return driverOpAvailable(ops, op) ? Status::ok() : unimplemented(message);
 }
 
@@ -552,7 +554,7 @@ StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
 StatusOr<ibv_device_attr_extend> Broker::queryDevice(Session &s, uint64_t context) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
-    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kQueryDevice, "the driver has no query_device"));
+    RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kQueryDevice, "the driver has no query_device"));
     ibv_device_attr_extend attr{};
     RETURN_IF_ERROR(callDriver(s.memory(), ctx->dev, "query_device failed",
                                [&] { return ctx->ext->ops->query_device(ctx->verbs, &attr); }));
@@ -676,7 +678,7 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     RETURN_IF_ERROR(checkRoom(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
     RETURN_IF_ERROR(rule(loader::checkCqLimits(args.cqe, limitsOf(ctx->dev->info))));
-    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateCq, "the driver has no create_cq"));
+    RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kCreateCq, "the driver has no create_cq"));
     ibv_cq_init_attr_extend attr{};
     attr.attr.cqe = args.cqe;
     attr.attr.comp_vector = args.comp_vector;
@@ -735,7 +737,7 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     ASSIGN_OR_RETURN(QpMembers m, qpMembers(s, args));
     ContextObject *ctx = m.ctx;
     RETURN_IF_ERROR(rule(loader::checkQpLimits(args.cap, limitsOf(ctx->dev->info))));
-    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateQp, "the driver has no create_qp"));
+    RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kCreateQp, "the driver has no create_qp"));
     ibv_qp_init_attr_extend attr{};
     attr.pd = m.pd->pd;
     attr.attr.send_cq = m.send_cq->cq->cq;
@@ -789,7 +791,7 @@ StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
         return invalidArgument(loader::kSrqMembership);
     }
     RETURN_IF_ERROR(rule(loader::checkSrqLimits(args.max_wr, args.max_sge, limitsOf(ctx->dev->info))));
-    RETURN_IF_ERROR(unavailableOp(ctx->ext->ops, DriverOp::kCreateSrq, "the driver has no create_srq"));
+    RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kCreateSrq, "the driver has no create_srq"));
     ibv_srq_init_attr_extend attr{};
     attr.pd = pd->pd;
     attr.attr.attr.max_wr = args.max_wr;
@@ -881,8 +883,8 @@ StatusOr<ibv_hyroce_feature> Broker::queryQpSupportedHyroceFeature(Session &s, u
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    RETURN_IF_ERROR(unavailableOp(ops, DriverOp::kQueryHyroceFeature,
-                                  "query_qp_supported_hyroce_feature is not supported by this driver"));
+    RETURN_IF_ERROR(requireOp(ops, DriverOp::kQueryHyroceFeature,
+                              "query_qp_supported_hyroce_feature is not supported by this driver"));
     ibv_hyroce_feature f{};
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "query_qp_supported_hyroce_feature failed", [&] {
         return ops->query_qp_supported_hyroce_feature(o->context->verbs, o->qp->qp, sl, tc, &f);
@@ -894,8 +896,8 @@ StatusOr<NegoResult> Broker::negoQpHyroceFeature(Session &s, uint64_t qp, const 
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
     auto *ops = o->context->ext->ops;
-    RETURN_IF_ERROR(unavailableOp(ops, DriverOp::kNegoHyroceFeature,
-                                  "nego_qp_hyroce_feature is not supported by this driver"));
+    RETURN_IF_ERROR(requireOp(ops, DriverOp::kNegoHyroceFeature,
+                              "nego_qp_hyroce_feature is not supported by this driver"));
     NegoResult r;
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "nego_qp_hyroce_feature failed", [&] {
         return ops->nego_qp_hyroce_feature(o->context->verbs, o->qp->qp, &input, &r.output,
