@@ -271,3 +271,11 @@ LoadRecord loadDriverLibrary(const std::string &name, const std::string &source)
 }
 
 }  // namespace ibvx::loader::detail
+
+namespace ibvx::loader {
+
+LoadRecord loadDriver(const std::string &name, const std::string &origin) {
+    return detail::loadDriverLibrary(name, origin);
+}
+
+}  // namespace ibvx::loader
