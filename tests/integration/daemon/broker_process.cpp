@@ -60,7 +60,7 @@ void BrokerProcess::start(const BrokerOptions &options) {
     std::string log_path = dir_ + "/log";
     // Everything the child needs is prepared before fork(): the parent may have threads.
     std::vector<std::string> env_store;
-    for (char **e = environ; *e != nullptr; ++e) {
+    for (char **e = environ; !options.clean_env && *e != nullptr; ++e) {
         env_store.emplace_back(*e);
     }
     for (const std::string &e : options.env) {

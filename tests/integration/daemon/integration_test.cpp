@@ -733,6 +733,22 @@ TEST(DaemonLifecycle, SigtermWithAClientAttachedExitsZero) {
     EXPECT_NE(log.find("audit: destroy cq"), std::string::npos) << log;
 }
 
+// A daemon run from the build tree finds the build tree's drivers with no environment at all
+// (no IBV_EXTEND_PROVIDER_DIR), as an installed one finds the installed drivers.
+TEST(DaemonLifecycle, BuildTreeBinaryWithACleanEnvironmentServesSoftnda) {
+    BrokerOptions o;
+    o.clean_env = true;
+    BrokerProcess broker(o);
+    ASSERT_TRUE(broker.started()) << broker.log();
+    TestClient c(broker.socket());
+    ASSERT_TRUE(c.connect());
+    pb::ListDevicesResponse devs;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    ASSERT_GE(devs.devices_size(), 1) << broker.log();
+    EXPECT_EQ(devs.devices(0).name(), "softnda0");
+    EXPECT_NE(broker.log().find("/providers-out/libsoftnda.so"), std::string::npos) << broker.log();
+}
+
 TEST(DaemonLifecycle, BadConfigIsRejectedWithKeyAndLine) {
     BrokerProcess broker("[broker]\nsocket_mode = \"0660\"\nno_such_key = 1\n");
     EXPECT_FALSE(broker.started());
