@@ -17,17 +17,13 @@
 #include <sstream>
 #include <thread>
 
+#include "common/unix_socket.h"
+
 namespace ibvx::test {
 namespace {
 
 bool answers(const std::string &path) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    return ok;
+    return ibvx::connectUnix(path).isOk();
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "broker_process.h"
+#include "common/unix_socket.h"
 #include "softnda_device.h"
 #include "test_client.h"
 #include "wait_for.h"
@@ -791,17 +792,15 @@ TEST(DaemonLifecycle, NotifiesReadyAndServesAnActivatedSocket) {
     // The notify socket systemd would own.
     std::string notify_path = dir + "/notify";
     UniqueFd notify(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    sockaddr_un naddr{};
-    naddr.sun_family = AF_UNIX;
-    std::strncpy(naddr.sun_path, notify_path.c_str(), sizeof(naddr.sun_path) - 1);
-    ASSERT_EQ(::bind(notify.get(), reinterpret_cast<sockaddr *>(&naddr), sizeof(naddr)), 0);
+    auto naddr = unixAddress(notify_path);
+    ASSERT_TRUE(naddr.isOk()) << naddr.status().message();
+    ASSERT_EQ(::bind(notify.get(), naddr->get(), naddr->len), 0);
     // The listening socket systemd would pass.
     std::string act_path = dir + "/act.sock";
     UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM, 0));
-    sockaddr_un laddr{};
-    laddr.sun_family = AF_UNIX;
-    std::strncpy(laddr.sun_path, act_path.c_str(), sizeof(laddr.sun_path) - 1);
-    ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr *>(&laddr), sizeof(laddr)), 0);
+    auto laddr = unixAddress(act_path);
+    ASSERT_TRUE(laddr.isOk()) << laddr.status().message();
+    ASSERT_EQ(::bind(listener.get(), laddr->get(), laddr->len), 0);
     ASSERT_EQ(::listen(listener.get(), 16), 0);
     {
         BrokerOptions o;
