@@ -243,7 +243,17 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::create(const DaemonConfig &config) {
 
 Status Daemon::init() {
     ASSIGN_OR_RETURN(long admin_gid, adminGid(config_));
+    RETURN_IF_ERROR(blockSignals());
+    RETURN_IF_ERROR(loadDevices());
+    ASSIGN_OR_RETURN(UniqueFd listen_fd, listenOn(config_, &socket_created_));
+    makeBroker();
+    RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
+    started_ = true;
+    spdlog::info("serving on {} ({} device(s))", config_.socket, devices_.size());
+    return Status::ok();
+}
 
+Status Daemon::blockSignals() {
     // Before any thread exists, so every thread inherits the mask and only signalfd sees them.
     sigset_t sigs;
     sigemptyset(&sigs);
@@ -257,7 +267,10 @@ Status Daemon::init() {
     if (!sigfd_) {
         return Status(Code::kInternal, errno, std::string("signalfd failed: ") + std::strerror(errno));
     }
+    return Status::ok();
+}
 
+Status Daemon::loadDevices() {
     loadDrivers(config_, true);
     loadDefaultProvider();
     RETURN_IF_ERROR(configureProviders(config_));
@@ -269,9 +282,10 @@ Status Daemon::init() {
     if (devices_.size() == 0) {
         spdlog::warn("no device to serve: tenants will see an empty device list");
     }
+    return Status::ok();
+}
 
-    ASSIGN_OR_RETURN(UniqueFd listen_fd, listenOn(config_, &socket_created_));
-
+void Daemon::makeBroker() {
     Broker::Options bopt;
     bopt.attach_timeout = std::chrono::milliseconds(config_.attach_timeout_ms);
     broker_ = std::make_unique<Broker>(bopt, &devices_);
@@ -295,7 +309,9 @@ Status Daemon::init() {
         [ev = &events_](const PeerIdentity &peer, uint64_t session, const std::string &message) {
             ev->quotaDenied(peer, session, message);
         });
+}
 
+Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
     ServerOptions sopt;
     sopt.handshake_timeout = std::chrono::milliseconds(config_.handshake_timeout_ms);
     sopt.admin_gid = admin_gid;
@@ -320,8 +336,6 @@ Status Daemon::init() {
     if (Status st = server_->start(std::move(listen_fd)); !st.isOk()) {
         return runtimeFailure(st);
     }
-    started_ = true;
-    spdlog::info("serving on {} ({} device(s))", config_.socket, devices_.size());
     return Status::ok();
 }
 

@@ -65,7 +65,12 @@ class Daemon {
 
   private:
     explicit Daemon(const DaemonConfig &config);
+    // The steps of create(), in order.
     Status init();
+    Status blockSignals();
+    Status loadDevices();  // drivers, provider options, the device scan
+    void makeBroker();     // with the configured policy and quotas, reporting to events_
+    Status startServer(long admin_gid, UniqueFd listen_fd);
     // The systemd watchdog ping and STATUS= line, from the server's event loop.
     void heartbeat();
 
