@@ -38,8 +38,9 @@ endfunction()
 # when it links that module, and the architecture is enforced by the build. include/ (the public C
 # API) stays visible to all.
 #
-# ibvx_surface(TARGET PUBLIC|PRIVATE|INTERFACE DIR...): the headers directly in each DIR (relative
-# to the project root; subdirectories are modules of their own) join TARGET's surface.
+# ibvx_surface(TARGET PUBLIC|PRIVATE|INTERFACE PATH...): each PATH (relative to the project root)
+# is a header, or a folder whose headers (not those of its subfolders, which are modules of their
+# own) join TARGET's surface.
 function(ibvx_surface target scope)
   if(scope STREQUAL "PRIVATE")
     set(root ${PROJECT_BINARY_DIR}/surfaces/${target}.private)
@@ -48,8 +49,12 @@ function(ibvx_surface target scope)
   endif()
   file(MAKE_DIRECTORY ${root})
   foreach(rel ${ARGN})
-    file(GLOB headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}
-         ${PROJECT_SOURCE_DIR}/${rel}/*.h ${PROJECT_SOURCE_DIR}/${rel}/*.hpp ${PROJECT_SOURCE_DIR}/${rel}/*.inc)
+    if(rel MATCHES "\\.(h|hpp|inc)$")
+      set(headers ${rel})
+    else()
+      file(GLOB headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}
+           ${PROJECT_SOURCE_DIR}/${rel}/*.h ${PROJECT_SOURCE_DIR}/${rel}/*.hpp ${PROJECT_SOURCE_DIR}/${rel}/*.inc)
+    endif()
     foreach(h ${headers})
       # Never removed or rewritten: a stale link to a deleted header only dangles.
       if(NOT IS_SYMLINK ${root}/${h})
