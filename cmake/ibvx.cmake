@@ -30,17 +30,71 @@ function(ibvx_warnings target)
   target_compile_options(${target} PRIVATE ${IBVX_WARNINGS})
 endfunction()
 
-# ibvx_library(NAME [STATIC|SHARED|MODULE] SOURCES ... [LIBS ...] [INCLUDES ...])
+# Include surfaces. Every file includes project headers by their root-relative path
+# ("daemon/core/broker.h"), but no target sees the project root: a module's headers are visible
+# only through its surface, a directory in the build tree holding a symlink per header
+# (surfaces/<target>/daemon/core/broker.h -> <src>/daemon/core/broker.h), which is an include
+# directory of that module's target only. A target therefore sees another module's headers exactly
+# when it links that module, and the architecture is enforced by the build. include/ (the public C
+# API) stays visible to all.
+#
+# ibvx_surface(TARGET PUBLIC|PRIVATE|INTERFACE PATH...): each PATH (relative to the project root)
+# is a header, or a folder whose headers (not those of its subfolders, which are modules of their
+# own) join TARGET's surface.
+function(ibvx_surface target scope)
+  if(scope STREQUAL "PRIVATE")
+    set(root ${PROJECT_BINARY_DIR}/surfaces/${target}.private)
+  else()
+    set(root ${PROJECT_BINARY_DIR}/surfaces/${target})
+  endif()
+  file(MAKE_DIRECTORY ${root})
+  foreach(rel ${ARGN})
+    if(rel MATCHES "\\.(h|hpp|inc)$")
+      set(headers ${rel})
+    else()
+      file(GLOB headers CONFIGURE_DEPENDS RELATIVE ${PROJECT_SOURCE_DIR}
+           ${PROJECT_SOURCE_DIR}/${rel}/*.h ${PROJECT_SOURCE_DIR}/${rel}/*.hpp ${PROJECT_SOURCE_DIR}/${rel}/*.inc)
+    endif()
+    foreach(h ${headers})
+      # Never removed or rewritten: a stale link to a deleted header only dangles.
+      if(NOT IS_SYMLINK ${root}/${h})
+        get_filename_component(d ${root}/${h} DIRECTORY)
+        file(MAKE_DIRECTORY ${d})
+        file(CREATE_LINK ${PROJECT_SOURCE_DIR}/${h} ${root}/${h} SYMBOLIC)
+      endif()
+    endforeach()
+  endforeach()
+  target_include_directories(${target} ${scope} ${root})
+endfunction()
+
+# The tests' own helpers (tests/unit/loader/test_support.h, tests/fuzz/fuzz_support.h ...): every
+# test program may include them; nothing outside tests/ can.
+function(ibvx_test_surface target)
+  set(root ${PROJECT_BINARY_DIR}/surfaces/tests)
+  if(NOT IS_SYMLINK ${root}/tests)
+    file(MAKE_DIRECTORY ${root})
+    file(CREATE_LINK ${PROJECT_SOURCE_DIR}/tests ${root}/tests SYMBOLIC)
+  endif()
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/include ${root})
+endfunction()
+
+# ibvx_library(NAME [STATIC|SHARED|MODULE] SOURCES ... [LIBS ...] [INCLUDES ...] [SURFACE DIR...]):
+# SURFACE names the module folders whose headers the library exposes (default: the folder of the
+# calling CMakeLists.txt).
 function(ibvx_library name)
-  cmake_parse_arguments(A "STATIC;SHARED;MODULE" "" "SOURCES;LIBS;INCLUDES" ${ARGN})
+  cmake_parse_arguments(A "STATIC;SHARED;MODULE" "" "SOURCES;LIBS;INCLUDES;SURFACE" ${ARGN})
   set(kind STATIC)
   if(A_SHARED)
     set(kind SHARED)
   elseif(A_MODULE)
     set(kind MODULE)
   endif()
+  if(NOT A_SURFACE)
+    file(RELATIVE_PATH A_SURFACE ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_SOURCE_DIR})
+  endif()
   add_library(${name} ${kind} ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR} ${A_INCLUDES})
+  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include ${A_INCLUDES})
+  ibvx_surface(${name} PUBLIC ${A_SURFACE})
   target_link_libraries(${name} PUBLIC ${A_LIBS})
   ibvx_warnings(${name})
 endfunction()
@@ -50,7 +104,7 @@ endfunction()
 function(ibvx_provider name)
   cmake_parse_arguments(A "" "" "SOURCES;LIBS" ${ARGN})
   add_library(${name} SHARED ${A_SOURCES})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include)
   target_link_libraries(${name} PRIVATE ${A_LIBS})
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/providers-out)
   ibvx_warnings(${name})
@@ -62,7 +116,7 @@ include(GoogleTest)
 function(ibvx_test name)
   cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR})
+  ibvx_test_surface(${name})
   target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
   ibvx_warnings(${name})
   if(NOT A_TIMEOUT)

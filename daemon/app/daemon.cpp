@@ -16,6 +16,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <utility>
 
 #include "common/build_config.h"
 #include "common/unix_socket.h"
@@ -23,34 +24,10 @@
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
 #include "daemon/edge/server.h"
-#include "providers/loader/discovery.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::daemon {
 namespace {
-
-// The std::function hooks runDaemon() sets, behind the core's BrokerEvents interface.
-class HookEvents : public BrokerEvents {
-  public:
-    std::function<void(const Session &, const char *action, ObjectKind, uint64_t handle)> audit;
-    std::function<void(const PeerIdentity &, uint64_t session, const std::string &message)> quota_denied;
-
-    void objectCreated(const Session &s, ObjectKind kind, uint64_t handle) override {
-        if (audit) {
-            audit(s, "create", kind, handle);
-        }
-    }
-    void objectDestroyed(const Session &s, ObjectKind kind, uint64_t handle) override {
-        if (audit) {
-            audit(s, "destroy", kind, handle);
-        }
-    }
-    void quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) override {
-        if (quota_denied) {
-            quota_denied(peer, session, message);
-        }
-    }
-};
 
 void setupLogging(const std::string &level) {
     std::shared_ptr<spdlog::logger> logger;
@@ -144,7 +121,7 @@ void loadDrivers(const DaemonConfig &cfg, bool first) {
         if (known) {
             continue;
         }
-        loader::LoadRecord rec = loader::detail::loadDriverLibrary(name, cfg.config_path);
+        loader::LoadRecord rec = loader::loadDriver(name, cfg.config_path);
         if (rec.loaded) {
             spdlog::info("loaded extension driver '{}' from {}", name, rec.path);
         } else {
@@ -168,7 +145,7 @@ void loadDefaultProvider() {
     if (matched || loader::findDriverByName("softnda") != nullptr) {
         return;
     }
-    loader::LoadRecord rec = loader::detail::loadDriverLibrary("softnda", "default");
+    loader::LoadRecord rec = loader::loadDriver("softnda", "default");
     if (rec.loaded) {
         spdlog::info("no hardware extension driver matched a device; serving softnda from {}", rec.path);
     } else {
@@ -202,7 +179,246 @@ Status configureProviders(const DaemonConfig &cfg) {
     return Status::ok();
 }
 
+// What the exit code of a failed Daemon::create() is: 2 when the configuration is at fault.
+int exitCodeFor(const Status &st) {
+    return st.code() == Code::kInvalidArgument ? 2 : 1;
+}
+
+// A failure of the server is a runtime failure whatever errno it carries.
+Status runtimeFailure(const Status &st) {
+    return Status(Code::kInternal, st.errnoValue(), st.message());
+}
+
+StatusOr<long> adminGid(const DaemonConfig &cfg) {
+    if (cfg.admin_group.empty()) {
+        return -1L;
+    }
+    group *g = ::getgrnam(cfg.admin_group.c_str());
+    if (g == nullptr) {
+        return invalidArgument(cfg.config_path + ": admin_group '" + cfg.admin_group + "' does not exist");
+    }
+    return static_cast<long>(g->gr_gid);
+}
+
 }  // namespace
+
+void AuditEvents::object(const Session &s, const char *action, AdminEvents::Event::Kind event,
+                         ObjectKind kind, uint64_t handle) {
+    const PeerIdentity &id = s.identity();
+    spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action, kindName(kind),
+                 handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
+    auto e = AdminEvents::aboutSession(event, s);
+    e.set_object_kind(kindName(kind));
+    e.set_handle(handle);
+    hub_->publish(std::move(e));
+}
+
+void AuditEvents::objectCreated(const Session &s, ObjectKind kind, uint64_t handle) {
+    object(s, "create", AdminEvents::Event::OBJECT_CREATE, kind, handle);
+}
+
+void AuditEvents::objectDestroyed(const Session &s, ObjectKind kind, uint64_t handle) {
+    object(s, "destroy", AdminEvents::Event::OBJECT_DESTROY, kind, handle);
+}
+
+void AuditEvents::quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) {
+    // Debug level: a tenant hammering its limit must not flood the log; watchers see each one.
+    spdlog::debug("quota: session {} pid {} uid {}: {}", session, peer.creds.pid, peer.creds.uid, message);
+    AdminEvents::Event e;
+    e.set_kind(AdminEvents::Event::QUOTA_DENIAL);
+    e.set_session(session);
+    e.set_pid(peer.creds.pid);
+    e.set_uid(peer.creds.uid);
+    e.set_message(message);
+    hub_->publish(std::move(e));
+}
+
+Daemon::Daemon(const DaemonConfig &config) : config_(config) {}
+
+StatusOr<std::unique_ptr<Daemon>> Daemon::create(const DaemonConfig &config) {
+    std::unique_ptr<Daemon> d(new Daemon(config));
+    RETURN_IF_ERROR(d->init());
+    return d;
+}
+
+Status Daemon::init() {
+    ASSIGN_OR_RETURN(long admin_gid, adminGid(config_));
+    RETURN_IF_ERROR(blockSignals());
+    RETURN_IF_ERROR(loadDevices());
+    ASSIGN_OR_RETURN(UniqueFd listen_fd, listenOn(config_, &socket_created_));
+    makeBroker();
+    RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
+    started_ = true;
+    spdlog::info("serving on {} ({} device(s))", config_.socket, devices_.size());
+    return Status::ok();
+}
+
+Status Daemon::blockSignals() {
+    // Before any thread exists, so every thread inherits the mask and only signalfd sees them.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old_mask_);
+    mask_set_ = true;
+    signal(SIGPIPE, SIG_IGN);
+    sigfd_.reset(::signalfd(-1, &sigs, SFD_CLOEXEC));
+    if (!sigfd_) {
+        return Status(Code::kInternal, errno, std::string("signalfd failed: ") + std::strerror(errno));
+    }
+    return Status::ok();
+}
+
+Status Daemon::loadDevices() {
+    loadDrivers(config_, true);
+    loadDefaultProvider();
+    RETURN_IF_ERROR(configureProviders(config_));
+    devices_.scan();
+    for (const DeviceInfo &dev : devices_.list()) {
+        spdlog::info("device {} (driver {}, ops v{}, {})", dev.name, dev.provider, dev.driver_version,
+                     dev.virtual_device ? "virtual" : "rdma-core");
+    }
+    if (devices_.size() == 0) {
+        spdlog::warn("no device to serve: tenants will see an empty device list");
+    }
+    return Status::ok();
+}
+
+void Daemon::makeBroker() {
+    Broker::Options bopt;
+    bopt.attach_timeout = std::chrono::milliseconds(config_.attach_timeout_ms);
+    broker_ = std::make_unique<Broker>(bopt, &devices_);
+    broker_->setPolicy(std::make_shared<const Policy>(config_.policy));
+    broker_->quotas().configure(config_.quotas);
+    if (config_.policy.enabled) {
+        spdlog::info("policy: deny by default; {} allowed uid(s), {} allowed gid(s), {} tenant class(es)",
+                     config_.policy.allow_uids.size(), config_.policy.allow_gids.size(),
+                     config_.policy.classes.size());
+    }
+    broker_->setEvents(&events_);
+}
+
+Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
+    ServerOptions sopt;
+    sopt.handshake_timeout = std::chrono::milliseconds(config_.handshake_timeout_ms);
+    sopt.admin_gid = admin_gid;
+    sopt.events = hub_;
+    sopt.admin.admin_group = config_.admin_group;
+    sopt.admin.config_path = config_.config_path;
+    sopt.admin.socket_activated = sd_listen_fds(0) == 1;
+    sopt.admin.socket_path = sopt.admin.socket_activated ? std::string() : config_.socket;
+    sopt.admin.reload = [this]() { return reload(); };
+    // systemd: WATCHDOG=1 at half of WatchdogSec= and a STATUS= line when the counts change,
+    // from the serving loop, so a wedged loop gets the broker restarted.
+    uint64_t watchdog_usec = 0;
+    watchdog_ = sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0;
+    sopt.heartbeat_period = watchdog_ ? std::chrono::milliseconds(std::max<uint64_t>(watchdog_usec / 2000, 1))
+                                      : std::chrono::milliseconds(1000);
+    sopt.heartbeat = [this]() { heartbeat(); };
+    auto server = BrokerServer::create(*broker_, sopt);
+    if (!server.isOk()) {
+        return runtimeFailure(server.status());
+    }
+    server_ = std::move(server).value();
+    if (Status st = server_->start(std::move(listen_fd)); !st.isOk()) {
+        return runtimeFailure(st);
+    }
+    return Status::ok();
+}
+
+Daemon::~Daemon() {
+    if (started_) {
+        sd_notify(0, "STOPPING=1");
+        server_->shutdown(std::chrono::seconds(5));
+    }
+    server_.reset();
+    if (socket_created_) {
+        ::unlink(config_.socket.c_str());
+    }
+    sigfd_.reset();
+    if (mask_set_) {
+        pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    }
+    if (started_) {
+        spdlog::info("stopped");
+    }
+}
+
+void Daemon::heartbeat() {
+    std::string status = fmt::format("STATUS=serving {} session(s), {} object(s) on {} device(s)",
+                                     broker_->sessionCount(), broker_->objectCount(), devices_.size());
+    if (status != last_status_) {
+        last_status_ = status;
+        sd_notify(0, watchdog_ ? ("WATCHDOG=1\n" + status).c_str() : status.c_str());
+    } else if (watchdog_) {
+        sd_notify(0, "WATCHDOG=1");
+    }
+}
+
+ReloadReport Daemon::reload() {
+    std::lock_guard lock(reload_mu_);
+    ReloadReport report;
+    size_t known = loader::loadRecords().size();
+    DaemonConfig fresh;
+    if (!config_.config_path.empty()) {
+        if (Status st = loadConfigFile(config_.config_path, &fresh); !st.isOk()) {
+            spdlog::error("reload failed, keeping the old configuration: {}", st.message());
+            report.errors.push_back(st.message());
+            hub_->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, st.message()));
+            report.devices = static_cast<uint32_t>(devices_.size());
+            return report;
+        }
+    }
+    broker_->setPolicy(std::make_shared<const Policy>(fresh.policy));
+    broker_->quotas().configure(fresh.quotas);
+    loadDrivers(fresh, false);
+    if (Status st = configureProviders(fresh); !st.isOk()) {
+        spdlog::error("reload: {}", st.message());
+        report.errors.push_back(st.message());
+    }
+    std::vector<loader::LoadRecord> records = loader::loadRecords();
+    for (size_t i = known; i < records.size(); ++i) {
+        if (records[i].loaded) {
+            report.loaded.push_back(records[i].name);
+        } else {
+            report.errors.push_back("cannot load driver '" + records[i].name + "': " + records[i].error);
+        }
+    }
+    for (const std::string &e : report.errors) {
+        hub_->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, e));
+    }
+    report.new_devices = static_cast<uint32_t>(devices_.scan());
+    report.devices = static_cast<uint32_t>(devices_.size());
+    spdlog::info("reload done: {} new device(s), {} total", report.new_devices, report.devices);
+    hub_->publish(AdminEvents::simple(
+        AdminEvents::Event::RELOAD, fmt::format("{} new device(s), {} total, {} error(s)", report.new_devices,
+                                                report.devices, report.errors.size())));
+    return report;
+}
+
+Status Daemon::run() {
+    sd_notifyf(0, "READY=1\nSTATUS=serving 0 session(s), 0 object(s) on %zu device(s)", devices_.size());
+    for (;;) {
+        signalfd_siginfo si{};
+        ssize_t n = ::read(sigfd_.get(), &si, sizeof(si));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n != static_cast<ssize_t>(sizeof(si))) {
+            return Status(Code::kInternal, errno,
+                          std::string("signalfd read failed: ") + std::strerror(errno));
+        }
+        if (si.ssi_signo == SIGHUP) {
+            spdlog::info("SIGHUP: reloading driver configuration");
+            (void)reload();
+            continue;
+        }
+        spdlog::info("{}: stopping (in-flight calls finish, then every session is torn down)",
+                     strsignal(static_cast<int>(si.ssi_signo)));
+        return Status::ok();
+    }
+}
 
 int runDaemon(int argc, char **argv) {
     CLI::App app{"ibv-extendd: the per-host ibv_extend broker"};
@@ -239,32 +455,13 @@ int runDaemon(int argc, char **argv) {
         }
         cfg.log_level = log_level_flag;
     }
-    long admin_gid = -1;
-    if (!cfg.admin_group.empty()) {
-        group *g = ::getgrnam(cfg.admin_group.c_str());
-        if (g == nullptr) {
-            fprintf(stderr, "ibv-extendd: %s: admin_group '%s' does not exist\n", cfg.config_path.c_str(),
-                    cfg.admin_group.c_str());
-            return 2;
-        }
-        admin_gid = g->gr_gid;
+    if (auto gid = adminGid(cfg); !gid.isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", gid.status().message().c_str());
+        return 2;
     }
     setupLogging(cfg.log_level);
 
-    // Before any thread exists, so every thread inherits the mask and only signalfd sees them.
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGHUP);
-    pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-    signal(SIGPIPE, SIG_IGN);
-    UniqueFd sigfd(::signalfd(-1, &sigs, SFD_CLOEXEC));
-    if (!sigfd) {
-        spdlog::critical("signalfd failed: {}", std::strerror(errno));
-        return 1;
-    }
-
+    // Detach before Daemon::create() starts any thread: fork() keeps only the calling one.
     if (!foreground && getenv("NOTIFY_SOCKET") == nullptr && getenv("JOURNAL_STREAM") == nullptr) {
         if (::daemon(0, 1) < 0) {
             spdlog::critical("cannot detach: {}", std::strerror(errno));
@@ -272,174 +469,17 @@ int runDaemon(int argc, char **argv) {
         }
     }
 
-    loadDrivers(cfg, true);
-    loadDefaultProvider();
-    if (Status st = configureProviders(cfg); !st.isOk()) {
-        spdlog::critical("{}", st.message());
-        return 2;
+    auto daemon = Daemon::create(cfg);
+    if (!daemon.isOk()) {
+        spdlog::critical("{}", daemon.status().message());
+        return exitCodeFor(daemon.status());
     }
-    DeviceRegistry devices;
-    devices.scan();
-    for (const DeviceInfo &d : devices.list()) {
-        spdlog::info("device {} (driver {}, ops v{}, {})", d.name, d.provider, d.driver_version,
-                     d.virtual_device ? "virtual" : "rdma-core");
+    Status served = (*daemon)->run();
+    if (!served.isOk()) {
+        spdlog::critical("{}", served.message());
     }
-    if (devices.size() == 0) {
-        spdlog::warn("no device to serve: tenants will see an empty device list");
-    }
-
-    bool created = false;
-    auto listen_fd = listenOn(cfg, &created);
-    if (!listen_fd.isOk()) {
-        spdlog::critical("{}", listen_fd.status().message());
-        return listen_fd.status().code() == Code::kInvalidArgument ? 2 : 1;
-    }
-
-    Broker::Options bopt;
-    bopt.attach_timeout = std::chrono::milliseconds(cfg.attach_timeout_ms);
-    HookEvents hooks;  // outlives the broker: its sessions report to it until they end
-    Broker broker(bopt, &devices);
-    broker.setEvents(&hooks);
-    broker.setPolicy(std::make_shared<const Policy>(cfg.policy));
-    broker.quotas().configure(cfg.quotas);
-    if (cfg.policy.enabled) {
-        spdlog::info("policy: deny by default; {} allowed uid(s), {} allowed gid(s), {} tenant class(es)",
-                     cfg.policy.allow_uids.size(), cfg.policy.allow_gids.size(), cfg.policy.classes.size());
-    }
-    auto events = std::make_shared<AdminEvents>();
-    hooks.audit = [events](const Session &s, const char *action, ObjectKind kind, uint64_t handle) {
-        const PeerIdentity &id = s.identity();
-        spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action,
-                     kindName(kind), handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
-        auto e =
-            AdminEvents::aboutSession(std::strcmp(action, "create") == 0 ? AdminEvents::Event::OBJECT_CREATE
-                                                                         : AdminEvents::Event::OBJECT_DESTROY,
-                                      s);
-        e.set_object_kind(kindName(kind));
-        e.set_handle(handle);
-        events->publish(std::move(e));
-    };
-    hooks.quota_denied = [events](const PeerIdentity &peer, uint64_t session, const std::string &message) {
-        // Debug level: a tenant hammering its limit must not flood the log; watchers see each one.
-        spdlog::debug("quota: session {} pid {} uid {}: {}", session, peer.creds.pid, peer.creds.uid,
-                      message);
-        AdminEvents::Event e;
-        e.set_kind(AdminEvents::Event::QUOTA_DENIAL);
-        e.set_session(session);
-        e.set_pid(peer.creds.pid);
-        e.set_uid(peer.creds.uid);
-        e.set_message(message);
-        events->publish(std::move(e));
-    };
-    ServerOptions sopt;
-    sopt.handshake_timeout = std::chrono::milliseconds(cfg.handshake_timeout_ms);
-    sopt.admin_gid = admin_gid;
-    sopt.events = events;
-    sopt.admin.admin_group = cfg.admin_group;
-    sopt.admin.config_path = cfg.config_path;
-    sopt.admin.socket_activated = sd_listen_fds(0) == 1;
-    sopt.admin.socket_path = sopt.admin.socket_activated ? std::string() : cfg.socket;
-    // SIGHUP (main thread) and Admin.ReloadDrivers (a gRPC thread) share it.
-    std::mutex reload_mu;
-    auto reload = [&]() {
-        std::lock_guard lock(reload_mu);
-        ReloadReport report;
-        size_t known = loader::loadRecords().size();
-        DaemonConfig fresh;
-        if (!cfg.config_path.empty()) {
-            if (Status st = loadConfigFile(cfg.config_path, &fresh); !st.isOk()) {
-                spdlog::error("reload failed, keeping the old configuration: {}", st.message());
-                report.errors.push_back(st.message());
-                events->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, st.message()));
-                report.devices = static_cast<uint32_t>(devices.size());
-                return report;
-            }
-        }
-        broker.setPolicy(std::make_shared<const Policy>(fresh.policy));
-        broker.quotas().configure(fresh.quotas);
-        loadDrivers(fresh, false);
-        if (Status st = configureProviders(fresh); !st.isOk()) {
-            spdlog::error("reload: {}", st.message());
-            report.errors.push_back(st.message());
-        }
-        std::vector<loader::LoadRecord> records = loader::loadRecords();
-        for (size_t i = known; i < records.size(); ++i) {
-            if (records[i].loaded) {
-                report.loaded.push_back(records[i].name);
-            } else {
-                report.errors.push_back("cannot load driver '" + records[i].name + "': " + records[i].error);
-            }
-        }
-        for (const std::string &e : report.errors) {
-            events->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, e));
-        }
-        report.new_devices = static_cast<uint32_t>(devices.scan());
-        report.devices = static_cast<uint32_t>(devices.size());
-        spdlog::info("reload done: {} new device(s), {} total", report.new_devices, report.devices);
-        events->publish(
-            AdminEvents::simple(AdminEvents::Event::RELOAD,
-                                fmt::format("{} new device(s), {} total, {} error(s)", report.new_devices,
-                                            report.devices, report.errors.size())));
-        return report;
-    };
-    sopt.admin.reload = reload;
-    // systemd: WATCHDOG=1 at half of WatchdogSec= and a STATUS= line when the counts change,
-    // from the serving loop, so a wedged loop gets the broker restarted.
-    uint64_t watchdog_usec = 0;
-    bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0 && watchdog_usec > 0;
-    sopt.heartbeat_period = watchdog ? std::chrono::milliseconds(std::max<uint64_t>(watchdog_usec / 2000, 1))
-                                     : std::chrono::milliseconds(1000);
-    sopt.heartbeat = [&broker, &devices, watchdog, last = std::string()]() mutable {
-        std::string status = fmt::format("STATUS=serving {} session(s), {} object(s) on {} device(s)",
-                                         broker.sessionCount(), broker.objectCount(), devices.size());
-        if (status != last) {
-            last = status;
-            sd_notify(0, watchdog ? ("WATCHDOG=1\n" + status).c_str() : status.c_str());
-        } else if (watchdog) {
-            sd_notify(0, "WATCHDOG=1");
-        }
-    };
-    auto server = BrokerServer::create(broker, sopt);
-    if (!server.isOk()) {
-        spdlog::critical("{}", server.status().message());
-        return 1;
-    }
-    if (Status st = (*server)->start(std::move(listen_fd).value()); !st.isOk()) {
-        spdlog::critical("{}", st.message());
-        return 1;
-    }
-    spdlog::info("serving on {} ({} device(s))", cfg.socket, devices.size());
-    sd_notifyf(0, "READY=1\nSTATUS=serving 0 session(s), 0 object(s) on %zu device(s)", devices.size());
-
-    int rc = 0;
-    for (;;) {
-        signalfd_siginfo si{};
-        ssize_t n = ::read(sigfd.get(), &si, sizeof(si));
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n != static_cast<ssize_t>(sizeof(si))) {
-            spdlog::critical("signalfd read failed: {}", std::strerror(errno));
-            rc = 1;
-            break;
-        }
-        if (si.ssi_signo == SIGHUP) {
-            spdlog::info("SIGHUP: reloading driver configuration");
-            (void)reload();
-            continue;
-        }
-        spdlog::info("{}: stopping (in-flight calls finish, then every session is torn down)",
-                     strsignal(static_cast<int>(si.ssi_signo)));
-        break;
-    }
-    sd_notify(0, "STOPPING=1");
-    (*server)->shutdown(std::chrono::seconds(5));
-    server->reset();
-    if (created) {
-        ::unlink(cfg.socket.c_str());
-    }
-    spdlog::info("stopped");
-    return rc;
+    daemon->reset();
+    return served.isOk() ? 0 : 1;
 }
 
 }  // namespace ibvx::daemon

@@ -1,10 +1,99 @@
-// ibv-extendd as a function, so main.cpp stays one line and tests can link the rest.
+// ibv-extendd as an object: Daemon::create() builds everything the broker serves with (drivers,
+// devices, the socket, the Broker and its BrokerServer), run() serves until a stop signal, and
+// the destructor tears it down. runDaemon() is the thin command-line front of it, so main.cpp
+// stays one line and tests link the rest.
 #pragma once
+
+#include <signal.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "daemon/app/config.h"
+#include "daemon/core/broker.h"
+#include "daemon/core/device.h"
+#include "daemon/core/events.h"
+#include "daemon/edge/admin_events.h"
+#include "daemon/edge/admin_service.h"
+#include "daemon/edge/server.h"
 
 namespace ibvx::daemon {
 
-// Parses the command line, loads drivers, serves until SIGTERM/SIGINT. Exit codes: 0 clean
-// stop, 1 runtime failure (socket, drivers, gRPC), 2 usage or configuration error.
+// The daemon's BrokerEvents: every object event becomes an audit log line and an Admin Watch
+// event, every quota refusal a debug line and a QUOTA_DENIAL event.
+class AuditEvents final : public BrokerEvents {
+  public:
+    explicit AuditEvents(std::shared_ptr<AdminEvents> hub) : hub_(std::move(hub)) {}
+
+    void objectCreated(const Session &s, ObjectKind kind, uint64_t handle) override;
+    void objectDestroyed(const Session &s, ObjectKind kind, uint64_t handle) override;
+    void quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) override;
+
+  private:
+    void object(const Session &s, const char *action, AdminEvents::Event::Kind event, ObjectKind kind,
+                uint64_t handle);
+
+    std::shared_ptr<AdminEvents> hub_;
+};
+
+class Daemon {
+  public:
+    // Blocks SIGTERM, SIGINT and SIGHUP in the calling thread first (every thread the daemon
+    // starts inherits that mask, so only run()'s signalfd sees them): call it before starting
+    // threads of your own. Then loads the drivers, scans the devices, binds the socket (or takes
+    // systemd's) and starts serving. Failures: INVALID_ARGUMENT for what the configuration got
+    // wrong (a provider option, a bad socket path or group), any other code for a runtime failure.
+    static StatusOr<std::unique_ptr<Daemon>> create(const DaemonConfig &config);
+    // Stops accepting, lets in-flight calls finish, ends every session, removes a socket it
+    // created and restores the signal mask create() found.
+    ~Daemon();
+    Daemon(const Daemon &) = delete;
+    Daemon &operator=(const Daemon &) = delete;
+
+    // Rereads the configuration file, applies its policy and quotas, loads new drivers and scans
+    // for new devices. SIGHUP (run()'s thread) and Admin.ReloadDrivers (a gRPC thread) share it.
+    ReloadReport reload();
+    // Serves until SIGTERM or SIGINT (OK) or until the signalfd fails; SIGHUP reloads.
+    Status run();
+
+    Broker &broker() { return *broker_; }
+    DeviceRegistry &devices() { return devices_; }
+    const std::string &socketPath() const { return config_.socket; }
+
+  private:
+    explicit Daemon(const DaemonConfig &config);
+    // The steps of create(), in order.
+    Status init();
+    Status blockSignals();
+    Status loadDevices();  // drivers, provider options, the device scan
+    void makeBroker();     // with the configured policy and quotas, reporting to events_
+    Status startServer(long admin_gid, UniqueFd listen_fd);
+    // The systemd watchdog ping and STATUS= line, from the server's event loop.
+    void heartbeat();
+
+    DaemonConfig config_;
+    sigset_t old_mask_{};
+    bool mask_set_ = false;
+    UniqueFd sigfd_;
+    bool socket_created_ = false;
+    bool started_ = false;  // the server serves: teardown announces STOPPING and logs "stopped"
+    bool watchdog_ = false;
+    std::string last_status_;  // event-loop thread only
+    std::mutex reload_mu_;
+    DeviceRegistry devices_;
+    // Declared before broker_ so they outlive it: a broker's last sessions report to them.
+    std::shared_ptr<AdminEvents> hub_ = std::make_shared<AdminEvents>();
+    AuditEvents events_{hub_};
+    std::unique_ptr<Broker> broker_;
+    std::unique_ptr<BrokerServer> server_;
+};
+
+// Parses the command line, loads the configuration, sets up logging, detaches unless told not
+// to, then Daemon::create() and run(). Exit codes: 0 clean stop, 1 runtime failure (socket,
+// drivers, gRPC), 2 usage or configuration error.
 int runDaemon(int argc, char **argv);
 
 }  // namespace ibvx::daemon

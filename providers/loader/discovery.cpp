@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <link.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,9 @@
 #endif
 #ifndef IBVX_DEFAULT_PROVIDER_DIR
 #error "IBVX_DEFAULT_PROVIDER_DIR must come from the build (CMake cache IBVX_PROVIDER_DIR)"
+#endif
+#ifndef IBVX_BUILD_DIR
+#error "IBVX_BUILD_DIR must come from the build (PROJECT_BINARY_DIR)"
 #endif
 
 namespace ibvx::loader::detail {
@@ -66,7 +70,31 @@ std::string_view trim(std::string_view s) {
     return s.substr(b, e - b + 1);
 }
 
-std::string envOr(const char *var, const char *fallback) {
+std::string realPath(const std::string &path) {
+    char *real = realpath(path.c_str(), nullptr);
+    if (real == nullptr) {
+        return path;
+    }
+    std::string out(real);
+    free(real);
+    return out;
+}
+
+// The file this loader's code runs from: the shared object it is linked into (dladdr of itself,
+// e.g. libibv_extend.so), or the executable when it is linked into one (the main program's link
+// map has an empty name). No environment variable takes part, so it holds for setuid programs.
+std::string selfPath() {
+    Dl_info info{};
+    link_map *map = nullptr;
+    if (dladdr1(reinterpret_cast<void *>(&selfPath), &info, reinterpret_cast<void **>(&map),
+                RTLD_DL_LINKMAP) != 0 &&
+        map != nullptr && map->l_name != nullptr && map->l_name[0] != '\0') {
+        return realPath(map->l_name);
+    }
+    return realPath("/proc/self/exe");
+}
+
+std::string envOr(const char *var, const std::string &fallback) {
     if (environmentTrusted()) {
         const char *v = getenv(var);
         if (v != nullptr && v[0] != '\0') {
@@ -124,8 +152,20 @@ std::string configDir() {
     return envOr("IBV_EXTEND_CONFIG_DIR", IBVX_DEFAULT_CONFIG_DIR);
 }
 
+std::string defaultProviderDir(const std::string &self) {
+    // Compared as real paths: the build dir may be reached through a symlink.
+    static const std::string build = realPath(IBVX_BUILD_DIR);
+    if (self.size() > build.size() && self.compare(0, build.size(), build) == 0 &&
+        self[build.size()] == '/') {
+        return std::string(IBVX_BUILD_DIR) + "/providers-out";
+    }
+    return IBVX_DEFAULT_PROVIDER_DIR;
+}
+
 std::string providerDir() {
-    return envOr("IBV_EXTEND_PROVIDER_DIR", IBVX_DEFAULT_PROVIDER_DIR);
+    // Where the code runs from does not change: decided once.
+    static const std::string fallback = defaultProviderDir(selfPath());
+    return envOr("IBV_EXTEND_PROVIDER_DIR", fallback);
 }
 
 bool validDriverName(std::string_view name) {
@@ -271,3 +311,11 @@ LoadRecord loadDriverLibrary(const std::string &name, const std::string &source)
 }
 
 }  // namespace ibvx::loader::detail
+
+namespace ibvx::loader {
+
+LoadRecord loadDriver(const std::string &name, const std::string &origin) {
+    return detail::loadDriverLibrary(name, origin);
+}
+
+}  // namespace ibvx::loader

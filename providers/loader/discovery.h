@@ -25,8 +25,13 @@ bool environmentTrusted();
 
 // IBV_EXTEND_CONFIG_DIR (trusted environment only) or the build-time IBVX_CONFIG_DIR.
 std::string configDir();
-// IBV_EXTEND_PROVIDER_DIR (trusted environment only) or the build-time IBVX_PROVIDER_DIR.
+// IBV_EXTEND_PROVIDER_DIR (trusted environment only), else defaultProviderDir() of the file this
+// loader runs from (the executable, or libibv_extend.so).
 std::string providerDir();
+// The build tree's provider dir (<build>/providers-out) when self, a real path, lies inside the
+// build tree this loader was compiled in, as rdma-core's in-place build does; the installed
+// IBVX_PROVIDER_DIR otherwise.
+std::string defaultProviderDir(const std::string &self);
 
 // [A-Za-z0-9_-]{1,128}
 bool validDriverName(std::string_view name);

@@ -85,6 +85,12 @@ std::vector<VdevDevice> queryDevices();
 // (-ENODEV when no provider has a device of that name).
 int openVdev(std::string_view name, OpenedVdev *out);
 
+// Loads one driver library now, by the same rules as discovery: a name is looked up as
+// lib<name>.so in the provider dir, then on the normal search path; an absolute path is used as
+// is. origin says who asked (a config file, "default") in the record and in warnings. Not added
+// to loadRecords(): that list is what discovery itself found.
+LoadRecord loadDriver(const std::string &name, const std::string &origin);
+
 // Writes "ibv_extend: Warning: <msg>" to stderr when IBV_EXTEND_SHOW_WARNINGS is set.
 void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

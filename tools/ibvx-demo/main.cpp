@@ -27,11 +27,13 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/build_config.h"
+#include "common/unix_socket.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "tools/ibvx-demo/tenant.h"
 
 namespace {
 
+using ibvx::connectUnix;
 using ibvx::demo::PeerInfo;
 using ibvx::demo::Tenant;
 
@@ -250,15 +252,7 @@ bool pump(Child *c, const std::string &until, std::string *last) {
 }
 
 bool socketAnswers(const std::string &path) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool ok = fd >= 0 && connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
-    if (fd >= 0) {
-        close(fd);
-    }
-    return ok;
+    return connectUnix(path).isOk();
 }
 
 int runParent(const std::string &device, size_t bytes, int wait_ms) {

@@ -1,5 +1,7 @@
 #include "tools/ibvx-demo/tenant.h"
 
+#include "common/qp_init_attr.h"
+
 #include <time.h>
 
 #include <cerrno>
@@ -58,16 +60,7 @@ int Tenant::setUp(const char *device, size_t buf_size) {
     if (cq_ == nullptr) {
         return fail(-errno, "ibv_create_cq_extend");
     }
-    ibv_qp_init_attr_extend qpa{};
-    qpa.pd = pd_;
-    qpa.attr.send_cq = cq_->cq;
-    qpa.attr.recv_cq = cq_->cq;
-    qpa.attr.qp_type = IBV_QPT_RC;
-    qpa.attr.cap.max_send_wr = 64;
-    qpa.attr.cap.max_recv_wr = 64;
-    qpa.attr.cap.max_send_sge = 1;
-    qpa.attr.cap.max_recv_sge = 1;
-    qpa.type = QU_BUF_DMA_MODE_DEFAULT;
+    ibv_qp_init_attr_extend qpa = qpInitAttr({.pd = pd_, .send_cq = cq_->cq, .send_wr = 64, .recv_wr = 64});
     qp_ = ibv_create_qp_extend(ctx_, &qpa);
     if (qp_ == nullptr) {
         return fail(-errno, "ibv_create_qp_extend");

@@ -10,6 +10,7 @@
 
 #include <ibv_extend.h>
 
+#include "common/qp_init_attr.h"
 #include "tests/unit/loader/test_support.h"
 
 namespace {
@@ -104,15 +105,13 @@ void hccpFlow(void *lib) {
 
     ibv_pd pd{};
     pd.context = &ctx;
-    ibv_qp_init_attr_extend qp_attr{};
-    qp_attr.pd = &pd;
-    qp_attr.attr.send_cq = cq->cq;
-    qp_attr.attr.recv_cq = cq->cq;
-    qp_attr.attr.qp_type = IBV_QPT_RC;
-    qp_attr.attr.cap.max_send_wr = 128;
-    qp_attr.attr.cap.max_recv_wr = 128;
-    qp_attr.type = QU_BUF_DMA_MODE_DEFAULT;
-    qp_attr.ops = &ops;
+    ibv_qp_init_attr_extend qp_attr = ibvx::qpInitAttr({.pd = &pd,
+                                                        .send_cq = cq->cq,
+                                                        .send_wr = 128,
+                                                        .recv_wr = 128,
+                                                        .send_sge = 0,
+                                                        .recv_sge = 0,
+                                                        .ops = &ops});
     ibv_qp_extend *qp = api.create_qp(ext, &qp_attr);
     ASSERT_NE(qp, nullptr);
     ASSERT_NE(qp->qp, nullptr);

@@ -19,6 +19,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
+#include "common/qp_init_attr.h"
 #include "tests/integration/client/broker_support.h"
 
 namespace {
@@ -72,16 +73,7 @@ class FakeBrokerTest : public ::testing::Test {
         return ibv_create_cq_extend(ctx_, &a);
     }
     ibv_qp_extend *createQp(ibv_cq_extend *cq, ibv_qp_type type = IBV_QPT_RC) {
-        ibv_qp_init_attr_extend a{};
-        a.pd = pd_;
-        a.attr.send_cq = cq->cq;
-        a.attr.recv_cq = cq->cq;
-        a.attr.qp_type = type;
-        a.attr.cap.max_send_wr = 16;
-        a.attr.cap.max_recv_wr = 16;
-        a.attr.cap.max_send_sge = 1;
-        a.attr.cap.max_recv_sge = 1;
-        a.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_qp_init_attr_extend a = ibvx::qpInitAttr({.pd = pd_, .send_cq = cq->cq, .qp_type = type});
         return ibv_create_qp_extend(ctx_, &a);
     }
 

@@ -15,6 +15,8 @@
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
+#include "common/qp_init_attr.h"
+
 namespace {
 
 // Queue memory for direct mode (the broker ignores these): plain process memory.
@@ -74,18 +76,11 @@ ibv_cq_extend *cq(ibv_context_extend *ctx, int cqe) {
 
 ibv_qp_extend *qp(ibv_context_extend *ctx, ibv_pd *pd, ibv_cq_extend *c, ibv_srq_extend *srq,
                   ibv_qp_type type) {
-    ibv_qp_init_attr_extend a{};
-    a.pd = pd;
-    a.attr.send_cq = c->cq;
-    a.attr.recv_cq = c->cq;
-    a.attr.srq = srq != nullptr ? srq->srq : nullptr;
-    a.attr.qp_type = type;
-    a.attr.cap.max_send_wr = 16;
-    a.attr.cap.max_recv_wr = 16;
-    a.attr.cap.max_send_sge = 1;
-    a.attr.cap.max_recv_sge = 1;
-    a.type = QU_BUF_DMA_MODE_DEFAULT;
-    a.ops = &g_ops;
+    ibv_qp_init_attr_extend a = ibvx::qpInitAttr({.pd = pd,
+                                                  .send_cq = c->cq,
+                                                  .srq = srq != nullptr ? srq->srq : nullptr,
+                                                  .qp_type = type,
+                                                  .ops = &g_ops});
     return ibv_create_qp_extend(ctx, &a);
 }
 

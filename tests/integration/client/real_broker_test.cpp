@@ -23,6 +23,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
+#include "common/qp_init_attr.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "tests/integration/client/broker_support.h"
 #include "tools/ibvx-demo/tenant.h"
@@ -167,13 +168,7 @@ TEST_F(RealBrokerTest, CreateDestroyCyclesLeaveNoMappingsOrFdsBehind) {
         if (cq == nullptr) {
             return false;
         }
-        ibv_qp_init_attr_extend qa{};
-        qa.pd = pd;
-        qa.attr.send_cq = cq->cq;
-        qa.attr.recv_cq = cq->cq;
-        qa.attr.qp_type = IBV_QPT_RC;
-        qa.attr.cap = {16, 16, 1, 1, 0};
-        qa.type = QU_BUF_DMA_MODE_DEFAULT;
+        ibv_qp_init_attr_extend qa = ibvx::qpInitAttr({.pd = pd, .send_cq = cq->cq});
         ibv_qp_extend *qp = ibv_create_qp_extend(ctx, &qa);
         peak = std::max(peak, countRegionMappings());
         bool ok = qp != nullptr && ibv_destroy_qp_extend(ctx, qp) == 0;

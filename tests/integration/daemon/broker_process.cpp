@@ -17,17 +17,13 @@
 #include <sstream>
 #include <thread>
 
+#include "common/unix_socket.h"
+
 namespace ibvx::test {
 namespace {
 
 bool answers(const std::string &path) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
-    ::close(fd);
-    return ok;
+    return ibvx::connectUnix(path).isOk();
 }
 
 }  // namespace
@@ -60,7 +56,7 @@ void BrokerProcess::start(const BrokerOptions &options) {
     std::string log_path = dir_ + "/log";
     // Everything the child needs is prepared before fork(): the parent may have threads.
     std::vector<std::string> env_store;
-    for (char **e = environ; *e != nullptr; ++e) {
+    for (char **e = environ; !options.clean_env && *e != nullptr; ++e) {
         env_store.emplace_back(*e);
     }
     for (const std::string &e : options.env) {

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "broker_process.h"
+#include "common/unix_socket.h"
 #include "softnda_device.h"
 #include "test_client.h"
 #include "wait_for.h"
@@ -733,6 +734,22 @@ TEST(DaemonLifecycle, SigtermWithAClientAttachedExitsZero) {
     EXPECT_NE(log.find("audit: destroy cq"), std::string::npos) << log;
 }
 
+// A daemon run from the build tree finds the build tree's drivers with no environment at all
+// (no IBV_EXTEND_PROVIDER_DIR), as an installed one finds the installed drivers.
+TEST(DaemonLifecycle, BuildTreeBinaryWithACleanEnvironmentServesSoftnda) {
+    BrokerOptions o;
+    o.clean_env = true;
+    BrokerProcess broker(o);
+    ASSERT_TRUE(broker.started()) << broker.log();
+    TestClient c(broker.socket());
+    ASSERT_TRUE(c.connect());
+    pb::ListDevicesResponse devs;
+    ASSERT_TRUE(c.call(&pb::Broker::Stub::ListDevices, pb::ListDevicesRequest(), &devs).ok());
+    ASSERT_GE(devs.devices_size(), 1) << broker.log();
+    EXPECT_EQ(devs.devices(0).name(), "softnda0");
+    EXPECT_NE(broker.log().find("/providers-out/libsoftnda.so"), std::string::npos) << broker.log();
+}
+
 TEST(DaemonLifecycle, BadConfigIsRejectedWithKeyAndLine) {
     BrokerProcess broker("[broker]\nsocket_mode = \"0660\"\nno_such_key = 1\n");
     EXPECT_FALSE(broker.started());
@@ -775,17 +792,15 @@ TEST(DaemonLifecycle, NotifiesReadyAndServesAnActivatedSocket) {
     // The notify socket systemd would own.
     std::string notify_path = dir + "/notify";
     UniqueFd notify(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-    sockaddr_un naddr{};
-    naddr.sun_family = AF_UNIX;
-    std::strncpy(naddr.sun_path, notify_path.c_str(), sizeof(naddr.sun_path) - 1);
-    ASSERT_EQ(::bind(notify.get(), reinterpret_cast<sockaddr *>(&naddr), sizeof(naddr)), 0);
+    auto naddr = unixAddress(notify_path);
+    ASSERT_TRUE(naddr.isOk()) << naddr.status().message();
+    ASSERT_EQ(::bind(notify.get(), naddr->get(), naddr->len), 0);
     // The listening socket systemd would pass.
     std::string act_path = dir + "/act.sock";
     UniqueFd listener(::socket(AF_UNIX, SOCK_STREAM, 0));
-    sockaddr_un laddr{};
-    laddr.sun_family = AF_UNIX;
-    std::strncpy(laddr.sun_path, act_path.c_str(), sizeof(laddr.sun_path) - 1);
-    ASSERT_EQ(::bind(listener.get(), reinterpret_cast<sockaddr *>(&laddr), sizeof(laddr)), 0);
+    auto laddr = unixAddress(act_path);
+    ASSERT_TRUE(laddr.isOk()) << laddr.status().message();
+    ASSERT_EQ(::bind(listener.get(), laddr->get(), laddr->len), 0);
     ASSERT_EQ(::listen(listener.get(), 16), 0);
     {
         BrokerOptions o;

@@ -7,17 +7,13 @@
 
 #include <cstring>
 
+#include "common/unix_socket.h"
+
 namespace ibvx::test {
 
 UniqueFd connectUnix(const std::string &path) {
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    if (!fd || ::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) < 0) {
-        return UniqueFd();
-    }
-    return fd;
+    auto fd = ibvx::connectUnix(path);
+    return fd.isOk() ? std::move(fd).value() : UniqueFd();
 }
 
 TestClient::TestClient(const std::string &socket_path) : socket_path_(socket_path) {

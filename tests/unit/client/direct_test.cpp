@@ -13,6 +13,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
+#include "common/qp_init_attr.h"
 #include "tests/unit/loader/test_support.h"
 
 namespace {
@@ -203,14 +204,13 @@ TEST_F(Direct, QueuesOnVirtualDeviceWithBufferOps) {
     ASSERT_NE(cq, nullptr);
     EXPECT_EQ(cq->cq_info.qbuf.entry_cnt, 128u);
 
-    ibv_qp_init_attr_extend qp_attr{};
-    qp_attr.pd = pd;
-    qp_attr.attr.send_cq = cq->cq;
-    qp_attr.attr.recv_cq = cq->cq;
-    qp_attr.attr.qp_type = IBV_QPT_RC;
-    qp_attr.attr.cap.max_send_wr = 64;
-    qp_attr.attr.cap.max_recv_wr = 32;
-    qp_attr.ops = &ops;
+    ibv_qp_init_attr_extend qp_attr = ibvx::qpInitAttr({.pd = pd,
+                                                        .send_cq = cq->cq,
+                                                        .send_wr = 64,
+                                                        .recv_wr = 32,
+                                                        .send_sge = 0,
+                                                        .recv_sge = 0,
+                                                        .ops = &ops});
     ibv_qp_extend *qp = ibv_create_qp_extend(ext, &qp_attr);
     ASSERT_NE(qp, nullptr);
     ASSERT_NE(qp->qp, nullptr);

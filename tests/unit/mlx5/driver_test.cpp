@@ -12,6 +12,7 @@
 #include <map>
 #include <string>
 
+#include "common/qp_init_attr.h"
 #include "providers/mlx5/translate.h"
 
 namespace ibvx::mlx5 {
@@ -352,17 +353,12 @@ TEST_F(Mlx5DriverHardware, QueuesLiveInTheCallersMemoryAndDestroyGivesEverything
     EXPECT_TRUE(HostOps::owns(ci.dbr_ci_va.iov_base, ci.dbr_ci_va.iov_len));
     EXPECT_NE(ci.db_hw_va.iov_base, nullptr);
 
-    ibv_qp_init_attr_extend qa{};
-    qa.pd = pd_;
-    qa.attr.send_cq = cq->cq;
-    qa.attr.recv_cq = cq->cq;
-    qa.attr.qp_type = IBV_QPT_RC;
-    qa.attr.cap.max_send_wr = 64;
-    qa.attr.cap.max_recv_wr = 64;
-    qa.attr.cap.max_send_sge = 1;
-    qa.attr.cap.max_recv_sge = 1;
-    qa.qp_cap_flag = QP_ENABLE_DIRECT_WQE;
-    qa.ops = &ops_;
+    ibv_qp_init_attr_extend qa = qpInitAttr({.pd = pd_,
+                                             .send_cq = cq->cq,
+                                             .send_wr = 64,
+                                             .recv_wr = 64,
+                                             .qp_cap_flag = QP_ENABLE_DIRECT_WQE,
+                                             .ops = &ops_});
     ibv_qp_extend *qp = ops.create_qp(ctx_, &qa);
     ASSERT_NE(qp, nullptr) << std::strerror(errno);
     const queue_info &sq = qp->sq_info;

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/qp_init_attr.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -157,20 +158,17 @@ class SoftndaTest : public ::testing::Test {
 
     ibv_qp_init_attr_extend qpAttr(const CqH &scq, const CqH &rcq, const QpCaps &c = QpCaps{},
                                    ibv_srq_extend *srq = nullptr) {
-        ibv_qp_init_attr_extend a{};
-        a.pd = pd_;
-        a.attr.send_cq = scq.ext->cq;
-        a.attr.recv_cq = rcq.ext->cq;
-        a.attr.srq = srq != nullptr ? srq->srq : nullptr;
-        a.attr.qp_type = IBV_QPT_RC;
-        a.attr.sq_sig_all = c.sq_sig_all;
-        a.attr.cap.max_send_wr = c.send_wr;
-        a.attr.cap.max_recv_wr = c.recv_wr;
-        a.attr.cap.max_send_sge = c.send_sge;
-        a.attr.cap.max_recv_sge = c.recv_sge;
-        a.attr.cap.max_inline_data = c.inline_data;
-        a.ops = arena().ops();
-        return a;
+        return ibvx::qpInitAttr({.pd = pd_,
+                                 .send_cq = scq.ext->cq,
+                                 .recv_cq = rcq.ext->cq,
+                                 .srq = srq != nullptr ? srq->srq : nullptr,
+                                 .send_wr = c.send_wr,
+                                 .recv_wr = c.recv_wr,
+                                 .send_sge = c.send_sge,
+                                 .recv_sge = c.recv_sge,
+                                 .inline_data = c.inline_data,
+                                 .sq_sig_all = c.sq_sig_all,
+                                 .ops = arena().ops()});
     }
 
     QpH makeQp(const CqH &scq, const CqH &rcq, const QpCaps &c = QpCaps{}, ibv_srq_extend *srq = nullptr) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <thread>
 
+#include "common/qp_init_attr.h"
 #include "providers/loader/loader.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
@@ -96,16 +97,8 @@ TEST(SoftndaModule, LoadedByTheLoaderAndDriven) {
     ca.ops = &g_ops;
     ibv_cq_extend *cq = ext->ops->create_cq(ctx, &ca);
     ASSERT_NE(cq, nullptr);
-    ibv_qp_init_attr_extend qa{};
-    qa.pd = pd;
-    qa.attr.send_cq = cq->cq;
-    qa.attr.recv_cq = cq->cq;
-    qa.attr.qp_type = IBV_QPT_RC;
-    qa.attr.cap.max_send_wr = 8;
-    qa.attr.cap.max_recv_wr = 8;
-    qa.attr.cap.max_send_sge = 1;
-    qa.attr.cap.max_recv_sge = 1;
-    qa.ops = &g_ops;
+    ibv_qp_init_attr_extend qa =
+        ibvx::qpInitAttr({.pd = pd, .send_cq = cq->cq, .send_wr = 8, .recv_wr = 8, .ops = &g_ops});
     ibv_qp_extend *qp = ext->ops->create_qp(ctx, &qa);
     ASSERT_NE(qp, nullptr);
 
