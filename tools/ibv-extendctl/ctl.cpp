@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -127,6 +128,25 @@ int call(Client &c, const Options &o, const char *name,
     return st.ok() ? kExitOk : failed(name, st, o.socket);
 }
 
+// Every page of a listing, appended into *all (MergeFrom appends repeated fields).
+template <typename Req, typename Resp>
+int callAllPages(Client &c, const Options &o, const char *name,
+                 grpc::Status (pb::Admin::Stub::*method)(grpc::ClientContext *, const Req &, Resp *), Req req,
+                 Resp *all) {
+    for (;;) {
+        Resp page;
+        if (int rc = call(c, o, name, method, req, &page)) {
+            return rc;
+        }
+        all->MergeFrom(page);
+        if (page.next_page_token().empty()) {
+            all->clear_next_page_token();
+            return kExitOk;
+        }
+        req.set_page_token(page.next_page_token());
+    }
+}
+
 std::string version(const pb::Version &v) {
     return std::to_string(v.major()) + "." + std::to_string(v.minor()) + "." + std::to_string(v.patch());
 }
@@ -198,10 +218,11 @@ int cmdDrivers(Client &c, const Options &o) {
     return kExitOk;
 }
 
-int cmdSessions(Client &c, const Options &o) {
+int cmdSessions(Client &c, const Options &o, uint32_t page_size) {
+    pb::ListSessionsRequest req;
+    req.set_page_size(page_size);
     pb::ListSessionsResponse r;
-    if (int rc =
-            call(c, o, "Admin.ListSessions", &pb::Admin::Stub::ListSessions, pb::ListSessionsRequest{}, &r)) {
+    if (int rc = callAllPages(c, o, "Admin.ListSessions", &pb::Admin::Stub::ListSessions, req, &r)) {
         return rc;
     }
     if (o.json) {
@@ -224,7 +245,7 @@ int cmdSessions(Client &c, const Options &o) {
 std::string objectDetails(const pb::ObjectInfo &o) {
     if (o.has_qp()) {
         const auto &q = o.qp();
-        return "qpn=" + std::to_string(q.qp_num()) + " " + q.qp_type() + " " + q.state() +
+        return "qpn=" + std::to_string(q.qp_num()) + " " + label(q.qp_type()) + " " + label(q.state()) +
                " sq=" + std::to_string(q.max_send_wr()) + "x" + std::to_string(q.max_send_sge()) +
                " rq=" + std::to_string(q.max_recv_wr()) + "x" + std::to_string(q.max_recv_sge()) +
                (q.has_srq() ? " srq" : "");
@@ -248,23 +269,23 @@ std::string objectDetails(const pb::ObjectInfo &o) {
 
 int cmdObjects(Client &c, const Options &o, const pb::ListObjectsRequest &req) {
     pb::ListObjectsResponse r;
-    if (int rc = call(c, o, "Admin.ListObjects", &pb::Admin::Stub::ListObjects, req, &r)) {
+    if (int rc = callAllPages(c, o, "Admin.ListObjects", &pb::Admin::Stub::ListObjects, req, &r)) {
         return rc;
     }
     if (o.json) {
-        std::cout << toJson(r) << '\n';
+        // "truncated" stays for scripts written before listings paged: every page is here.
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(toJson(r));
+        j["truncated"] = false;
+        std::cout << j.dump(1) << '\n';
         return kExitOk;
     }
     Table t({"HANDLE", "KIND", "SESSION", "PID", "UID", "DEVICE", "USERS", "DETAILS"});
     for (const auto &x : r.objects()) {
-        t.add({hex64(x.handle()), x.kind(), std::to_string(x.session()), std::to_string(x.pid()),
+        t.add({hex64(x.handle()), label(x.kind()), std::to_string(x.session()), std::to_string(x.pid()),
                std::to_string(x.uid()), x.device().empty() ? "-" : x.device(), std::to_string(x.users()),
                objectDetails(x)});
     }
     std::cout << t.render();
-    if (r.truncated()) {
-        std::cout << "(truncated: narrow the listing with --session, --uid, --device or --kind)\n";
-    }
     return kExitOk;
 }
 
@@ -285,7 +306,7 @@ int cmdStats(Client &c, const Options &o) {
     for (const auto &m : r.rpcs()) {
         std::string codes;
         for (const auto &e : m.errors_by_code()) {
-            codes += (codes.empty() ? "" : ",") + e.code() + "=" + std::to_string(e.count());
+            codes += (codes.empty() ? "" : ",") + label(e.code()) + "=" + std::to_string(e.count());
         }
         t.add({m.method(), std::to_string(m.calls()), std::to_string(m.errors()),
                m.calls() ? std::to_string(latencyQuantileUs(m.latency(), 0.5)) : "-",
@@ -576,8 +597,9 @@ int cmdQuotas(Client &c, const Options &o) {
     }
     t.add(defaults);
     for (const auto &a : r.accounts()) {
-        std::vector<std::string> row = {a.scope() == "uid" ? "uid " + std::to_string(a.uid())
-                                                           : "container " + a.container().substr(0, 12)};
+        std::vector<std::string> row = {a.scope() == pb::QUOTA_SCOPE_UID
+                                            ? "uid " + std::to_string(a.uid())
+                                            : "container " + a.container().substr(0, 12)};
         for (const auto &q : a.quotas()) {
             row.push_back(std::to_string(q.used()) + "/" + quotaLimit(q));
         }
@@ -588,7 +610,8 @@ int cmdQuotas(Client &c, const Options &o) {
         Table ot({"OVERRIDE", "QUOTA", "LIMIT"});
         for (const auto &a : r.overrides()) {
             for (const auto &q : a.quotas()) {
-                ot.add({a.scope() == "uid" ? "uid " + std::to_string(a.uid()) : "container " + a.container(),
+                ot.add({a.scope() == pb::QUOTA_SCOPE_UID ? "uid " + std::to_string(a.uid())
+                                                         : "container " + a.container(),
                         q.name(), q.unlimited() ? "unlimited" : std::to_string(q.limit())});
             }
         }
@@ -620,13 +643,23 @@ int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std:
         return rc;
     }
     if (!o.json) {
-        std::cout << "quota " << req.quota() << " of " << req.scope()
-                  << (req.scope() == "uid"         ? " " + std::to_string(req.uid())
-                      : req.scope() == "container" ? " " + req.container()
-                                                   : "")
+        std::cout << "quota " << req.quota() << " of " << label(req.scope())
+                  << (req.scope() == pb::QUOTA_SCOPE_UID         ? " " + std::to_string(req.uid())
+                      : req.scope() == pb::QUOTA_SCOPE_CONTAINER ? " " + req.container()
+                                                                 : "")
                   << " set to " << value << '\n';
     }
     return kExitOk;
+}
+
+// "qp" -> OBJECT_KIND_QP; "" (no filter) -> OBJECT_KIND_UNSPECIFIED.
+pb::ObjectKind objectKind(const std::string &name) {
+    std::string upper = "OBJECT_KIND_";
+    for (char ch : name) {
+        upper += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    }
+    pb::ObjectKind kind = pb::OBJECT_KIND_UNSPECIFIED;
+    return !name.empty() && pb::ObjectKind_Parse(upper, &kind) ? kind : pb::OBJECT_KIND_UNSPECIFIED;
 }
 
 }  // namespace
@@ -634,6 +667,9 @@ int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std:
 int run(int argc, char **argv) {
     CLI::App app{"ibv-extendctl: inspect and steer the ibv-extend broker (ibv-extendd)"};
     app.require_subcommand(1);
+    // Global options are accepted after the subcommand too ("status --json"): a subcommand hands
+    // what it does not know to its parent. Subcommands inherit this when they are added.
+    app.fallthrough();
     Options o;
     const char *env = std::getenv("IBV_EXTEND_SOCKET");
     o.socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
@@ -648,6 +684,9 @@ int run(int argc, char **argv) {
     auto *status = app.add_subcommand("status", "Broker version, uptime, devices, sessions, memory");
     auto *drivers = app.add_subcommand("drivers", "Loaded extension drivers and failed loads");
     auto *sessions = app.add_subcommand("sessions", "Tenant sessions (pid, uid, container, objects, calls)");
+    uint32_t page_size = 0;
+    const char *page_help = "Entries per Admin call (0: the broker's default); every page is listed";
+    sessions->add_option("--page-size", page_size, page_help);
     auto *objects = app.add_subcommand("objects", "Objects of all sessions, with QPN, state, depths, sizes");
     pb::ListObjectsRequest filter;
     uint64_t f_session = 0;
@@ -659,6 +698,7 @@ int run(int argc, char **argv) {
     objects->add_option("--device", f_device, "Only objects on this device");
     objects->add_option("--kind", f_kind, "Only this kind")
         ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq"}));
+    objects->add_option("--page-size", page_size, page_help);
     auto *stats = app.add_subcommand("stats", "Per-method calls, errors and latency; engine counters");
     auto *metrics = app.add_subcommand("metrics", "Counters for monitoring (Prometheus text by default)");
     std::string format = "prometheus";
@@ -708,7 +748,7 @@ int run(int argc, char **argv) {
         return cmdDrivers(c, o);
     }
     if (sessions->parsed()) {
-        return cmdSessions(c, o);
+        return cmdSessions(c, o, page_size);
     }
     if (objects->parsed()) {
         filter.set_session(f_session);
@@ -717,7 +757,8 @@ int run(int argc, char **argv) {
             filter.set_has_uid(true);
         }
         filter.set_device(f_device);
-        filter.set_kind(f_kind);
+        filter.set_kind(objectKind(f_kind));
+        filter.set_page_size(page_size);
         return cmdObjects(c, o, filter);
     }
     if (stats->parsed()) {
@@ -740,7 +781,9 @@ int run(int argc, char **argv) {
             std::fprintf(stderr, "ibv-extendctl: quotas set needs --uid, --container or --default\n");
             return kExitUsage;
         }
-        qreq.set_scope(q_default ? "default" : q_uid >= 0 ? "uid" : "container");
+        qreq.set_scope(q_default    ? pb::QUOTA_SCOPE_DEFAULT
+                       : q_uid >= 0 ? pb::QUOTA_SCOPE_UID
+                                    : pb::QUOTA_SCOPE_CONTAINER);
         qreq.set_uid(q_uid >= 0 ? static_cast<uint32_t>(q_uid) : 0);
         qreq.set_container(q_container);
         qreq.set_quota(q_name);
