@@ -20,9 +20,12 @@ TEST(EdgeConvert, UnspecifiedEnumsAreInvalidArgument) {
     EXPECT_EQ(state.status().message(), "QP state is unspecified or unknown");
     auto unknown = fromProto(static_cast<pb::QpState>(99));
     EXPECT_FALSE(unknown.isOk());
-    EXPECT_EQ(*fromProto(pb::QP_STATE_ERR), IBV_QPS_ERR);
-    EXPECT_EQ(*fromProto(pb::QP_TYPE_UD), IBV_QPT_UD);
-    EXPECT_EQ(*fromProto(pb::DMA_MODE_INDEP_UB), QU_BUF_DMA_MODE_INDEP_UB);
+    auto err = fromProto(pb::QP_STATE_ERR);
+    auto ud = fromProto(pb::QP_TYPE_UD);
+    auto indep = fromProto(pb::DMA_MODE_INDEP_UB);
+    EXPECT_EQ(*err, IBV_QPS_ERR);
+    EXPECT_EQ(*ud, IBV_QPT_UD);
+    EXPECT_EQ(*indep, QU_BUF_DMA_MODE_INDEP_UB);
 }
 
 TEST(EdgeConvert, QpAttrStatesAreCheckedOnlyWhenTheMaskNamesThem) {

@@ -163,8 +163,8 @@ TEST(WireStructs, DeviceLimitsRoundTrip) {
                  max_mr = 7, max_qp_wr = 8, max_cqe = 9, max_srq_wr = 10, max_sge = 11, max_inline_data = 12,
                  max_msg_sz = 13;
         uint64_t max_mr_size = 1ull << 40;
-    } in, out{};
-    std::memset(&out, 0, sizeof(out));
+    } in;
+    Limits out{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     pb::DeviceInfo p;
     limitsToProto(in, &p);
     limitsFromProto(p, &out);
