@@ -17,11 +17,6 @@
 namespace ibvx::daemon {
 namespace {
 
-const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",
-                                         "ListObjects", "EvictSession", "ReloadDrivers", "Watch",
-                                         "GetQuotas",   "SetQuota"};
-static_assert(std::size(kAdminMethodNames) == static_cast<size_t>(AdminMethod::kCount));
-
 // Page sizes: the maxima keep a reply under the 64 KiB message limit.
 constexpr uint32_t kDefaultSessionsPerPage = 256, kMaxSessionsPerPage = 512;
 constexpr uint32_t kDefaultObjectsPerPage = 1024, kMaxObjectsPerPage = 4096;
@@ -296,11 +291,6 @@ void accountInfo(pb::QuotaScope scope, uint32_t uid, const std::string &containe
 }
 
 }  // namespace
-
-const char *methodName(AdminMethod m) {
-    auto i = static_cast<size_t>(m);
-    return i < std::size(kAdminMethodNames) ? kAdminMethodNames[i] : "?";
-}
 
 AdminService::AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &broker_stats,
                            AdminRpcStats &admin_stats, std::shared_ptr<AdminEvents> events, AdminHooks hooks,

@@ -8,29 +8,6 @@
 namespace ibvx::daemon {
 namespace {
 
-const char *const kMethodNames[] = {"Hello",
-                                    "ListDevices",
-                                    "OpenContext",
-                                    "CloseContext",
-                                    "QueryDevice",
-                                    "AllocPd",
-                                    "DeallocPd",
-                                    "RegMr",
-                                    "DeregMr",
-                                    "CreateCq",
-                                    "DestroyCq",
-                                    "CreateQp",
-                                    "DestroyQp",
-                                    "CreateSrq",
-                                    "DestroySrq",
-                                    "ModifyQp",
-                                    "QueryQp",
-                                    "ModifyQpExtend",
-                                    "QueryQpExtend",
-                                    "QueryQpSupportedHyroceFeature",
-                                    "NegoQpHyroceFeature"};
-static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
-
 void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out) {
     for (RegionId id : in) {
         out->Add(id);
@@ -38,11 +15,6 @@ void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out
 }
 
 }  // namespace
-
-const char *methodName(Method m) {
-    auto i = static_cast<size_t>(m);
-    return i < std::size(kMethodNames) ? kMethodNames[i] : "?";
-}
 
 BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
                              std::function<void(const std::shared_ptr<Session> &)> on_session,

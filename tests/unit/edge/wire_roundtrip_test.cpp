@@ -5,58 +5,49 @@
 
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
+#include <optional>
 
 #include "proto/convert/struct_convert.h"
 
 namespace ibvx::wire {
 namespace {
 
-TEST(WireEnums, EveryQpStateRoundTrips) {
-    const ibv_qp_state states[] = {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS,
-                                   IBV_QPS_SQD,   IBV_QPS_SQE,  IBV_QPS_ERR};
-    for (ibv_qp_state s : states) {
-        pb::QpState p = toProto(s);
-        EXPECT_NE(p, pb::QP_STATE_UNSPECIFIED) << s;
-        EXPECT_EQ(fromProto(p), s);
+// Every C value maps to a specified wire value and back; every wire value in [min, max] but
+// UNSPECIFIED maps to a C value and back to itself; UNSPECIFIED maps to none.
+template <typename C, typename P>
+void expectRoundTrips(std::initializer_list<C> values, int min, int max, P unspecified) {
+    for (C c : values) {
+        P p = toProto(c);
+        EXPECT_NE(p, unspecified) << c;
+        EXPECT_EQ(fromProto(p), c);
     }
-    for (int p = pb::QpState_MIN; p <= pb::QpState_MAX; ++p) {
-        if (p != pb::QP_STATE_UNSPECIFIED) {
-            auto c = fromProto(static_cast<pb::QpState>(p));
+    for (int p = min; p <= max; ++p) {
+        if (p != unspecified) {
+            std::optional<C> c = fromProto(static_cast<P>(p));
             ASSERT_TRUE(c.has_value()) << p;
             EXPECT_EQ(toProto(*c), p);
         }
     }
-    EXPECT_FALSE(fromProto(pb::QP_STATE_UNSPECIFIED).has_value());
+    EXPECT_FALSE(fromProto(unspecified).has_value());
+}
+
+TEST(WireEnums, EveryQpStateRoundTrips) {
+    expectRoundTrips(
+        {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QPS_RTR, IBV_QPS_RTS, IBV_QPS_SQD, IBV_QPS_SQE, IBV_QPS_ERR},
+        pb::QpState_MIN, pb::QpState_MAX, pb::QP_STATE_UNSPECIFIED);
     EXPECT_EQ(toProto(IBV_QPS_UNKNOWN), pb::QP_STATE_UNSPECIFIED);
 }
 
 TEST(WireEnums, EveryQpTypeRoundTrips) {
-    for (ibv_qp_type t : {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD}) {
-        EXPECT_EQ(fromProto(toProto(t)), t);
-    }
-    for (int p = pb::QpType_MIN; p <= pb::QpType_MAX; ++p) {
-        if (p != pb::QP_TYPE_UNSPECIFIED) {
-            auto c = fromProto(static_cast<pb::QpType>(p));
-            ASSERT_TRUE(c.has_value()) << p;
-            EXPECT_EQ(toProto(*c), p);
-        }
-    }
-    EXPECT_FALSE(fromProto(pb::QP_TYPE_UNSPECIFIED).has_value());
+    expectRoundTrips({IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD}, pb::QpType_MIN, pb::QpType_MAX,
+                     pb::QP_TYPE_UNSPECIFIED);
     EXPECT_EQ(toProto(IBV_QPT_RAW_PACKET), pb::QP_TYPE_UNSPECIFIED);  // not carried by the broker
 }
 
 TEST(WireEnums, EveryDmaModeRoundTrips) {
-    for (queue_buf_dma_mode m : {QU_BUF_DMA_MODE_DEFAULT, QU_BUF_DMA_MODE_INDEP_UB}) {
-        EXPECT_EQ(fromProto(toProto(m)), m);
-    }
-    for (int p = pb::DmaMode_MIN; p <= pb::DmaMode_MAX; ++p) {
-        if (p != pb::DMA_MODE_UNSPECIFIED) {
-            auto c = fromProto(static_cast<pb::DmaMode>(p));
-            ASSERT_TRUE(c.has_value()) << p;
-            EXPECT_EQ(toProto(*c), p);
-        }
-    }
-    EXPECT_FALSE(fromProto(pb::DMA_MODE_UNSPECIFIED).has_value());
+    expectRoundTrips({QU_BUF_DMA_MODE_DEFAULT, QU_BUF_DMA_MODE_INDEP_UB}, pb::DmaMode_MIN, pb::DmaMode_MAX,
+                     pb::DMA_MODE_UNSPECIFIED);
 }
 
 ibv_qp_attr sampleAttr() {
