@@ -17,7 +17,7 @@
 namespace ibvx::daemon {
 namespace {
 
-// Page sizes: the maxima keep a reply under the 64 KiB message limit.
+// Entries a page: the reply's byte budget (AdminHooks) cuts a page earlier when they are large.
 constexpr uint32_t kDefaultSessionsPerPage = 256, kMaxSessionsPerPage = 512;
 constexpr uint32_t kDefaultObjectsPerPage = 1024, kMaxObjectsPerPage = 4096;
 constexpr size_t kWatchQueue = 1024;
@@ -151,6 +151,23 @@ void sessionInfo(Session &s, RpcStats &stats, pb::SessionInfo *o) {
     o->set_rpc_calls(c.calls);
     o->set_rpc_errors(c.errors);
 }
+
+// Counts what a page holds: it is full at `limit` entries or once they take the byte budget.
+class PageFill {
+  public:
+    PageFill(uint32_t limit, size_t budget) : limit_(limit), budget_(budget) {}
+    bool full() const { return entries_ >= limit_ || bytes_ >= budget_; }
+    void add(const google::protobuf::MessageLite &entry) {
+        ++entries_;
+        bytes_ += entry.ByteSizeLong() + 4;  // + the field's tag and length
+    }
+
+  private:
+    const uint32_t limit_;
+    const size_t budget_;
+    uint32_t entries_ = 0;
+    size_t bytes_ = 0;
+};
 
 // Where an object sits in a listing: by session, then kind, then handle.
 using ObjectKey = std::tuple<uint64_t, uint64_t, uint64_t>;
@@ -437,16 +454,19 @@ grpc::ServerUnaryReactor *AdminService::ListSessions(grpc::CallbackServerContext
             ASSIGN_OR_RETURN(auto key, parsePageToken<1>(req->page_token(), 's'));
             after = key[0];
         }
-        const uint32_t limit = pageSize(req->page_size(), kDefaultSessionsPerPage, kMaxSessionsPerPage);
+        PageFill page(pageSize(req->page_size(), kDefaultSessionsPerPage, kMaxSessionsPerPage),
+                      hooks_.reply_budget_bytes);
         for (const auto &s : sessionsById(broker_)) {
             if (s->id() <= after) {
                 continue;
             }
-            if (static_cast<uint32_t>(resp->sessions_size()) >= limit) {
+            if (page.full()) {
                 resp->set_next_page_token(pageToken('s', {after}));
                 break;
             }
-            sessionInfo(*s, stats_, resp->add_sessions());
+            auto *info = resp->add_sessions();
+            sessionInfo(*s, stats_, info);
+            page.add(*info);
             after = s->id();
         }
         return Status::ok();
@@ -473,7 +493,8 @@ Status AdminService::listObjects(const pb::ListObjectsRequest &req, pb::ListObje
                                    " is not an ObjectKind this broker knows");
         }
     }
-    const uint32_t limit = pageSize(req.page_size(), kDefaultObjectsPerPage, kMaxObjectsPerPage);
+    PageFill page(pageSize(req.page_size(), kDefaultObjectsPerPage, kMaxObjectsPerPage),
+                  hooks_.reply_budget_bytes);
     for (const auto &s : sessionsById(broker_)) {
         const Credentials &c = s->identity().creds;
         if ((req.session() != 0 && s->id() != req.session()) || (req.has_uid() && c.uid != req.uid()) ||
@@ -488,7 +509,7 @@ Status AdminService::listObjects(const pb::ListObjectsRequest &req, pb::ListObje
                 (after && keyOf(*s, o) <= *after)) {
                 continue;
             }
-            if (static_cast<uint32_t>(resp->objects_size()) >= limit) {
+            if (page.full()) {
                 auto [session, k, handle] = *after;
                 resp->set_next_page_token(pageToken('o', {session, k, handle}));
                 return Status::ok();
@@ -498,6 +519,7 @@ Status AdminService::listObjects(const pb::ListObjectsRequest &req, pb::ListObje
             out->set_session(s->id());
             out->set_pid(c.pid);
             out->set_uid(c.uid);
+            page.add(*out);
             after = keyOf(*s, o);
         }
     }

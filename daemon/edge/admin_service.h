@@ -42,6 +42,9 @@ struct AdminHooks {
     std::string socket_path;
     bool socket_activated = false;
     std::function<ReloadReport()> reload;  // nullptr: ReloadDrivers answers UNIMPLEMENTED
+    // A listing page ends early once its entries take this many bytes, so the reply stays under
+    // the server's message limit whatever the page size (room is left for one more entry).
+    size_t reply_budget_bytes = 48 * 1024;
 };
 
 // Ends a session from the event loop; the future is ready once everything is destroyed.

@@ -42,6 +42,8 @@ StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, Ser
         });
     AdminHooks hooks = options.admin;
     hooks.admin_gid = options.admin_gid;
+    // A listing page keeps to the send limit, with room for its last entry and the framing.
+    hooks.reply_budget_bytes = static_cast<size_t>(options.max_message_bytes) * 3 / 4;
     s->admin_service_ = std::make_unique<AdminService>(
         broker, s->connections_, s->stats_, s->admin_stats_, s->events_, std::move(hooks),
         [raw = s.get()](const std::shared_ptr<Session> &session) { return raw->evictSession(session); });
