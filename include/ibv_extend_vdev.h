@@ -89,6 +89,14 @@ struct ibv_extend_vdev_ops {
      * the offset of the page-aligned range [addr & ~4095, ...) in it, so a broker can map the
      * same doorbell into another process. -ENOENT when addr is not device MMIO. May be NULL. */
     int (*export_mmio)(const void *addr, int *fd, uint64_t *offset);
+
+    /* Counters the provider keeps for one of its devices (an engine's WQEs, bytes, CQEs, ...),
+     * for an operator: calls emit(arg, name, value) once per counter, in a stable order, before
+     * returning. name is valid only during the call. 0, or -ENODEV (not one of its devices) /
+     * -EINVAL (NULL argument). May be NULL: the provider reports no counters. Appended last, so
+     * a provider built against an older header simply leaves it out. */
+    int (*query_counters)(const char *device, void (*emit)(void *arg, const char *name, uint64_t value),
+                          void *arg);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -1,5 +1,6 @@
-// C structs of ibv_extend.h / libibverbs <-> the wire messages of broker.proto. Pure functions:
-// no session, no I/O (queue addresses are resolved by the caller through the session).
+// The client's face of the shared converter (proto/convert/struct_convert.h, compiled here
+// against the lite classes). The client trusts the broker's replies: an unknown state reads as
+// IBV_QPS_UNKNOWN, an unknown QP type as RC, and bytes too long for their array are truncated.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -8,30 +9,57 @@
 #include <ibv_extend_broker.h>
 
 #include "ibv_extend/v1/broker.pb.h"
+#include "proto/convert/struct_convert.h"
 
 namespace ibvx::client::broker {
 
 namespace pb = ::ibv_extend::v1;
 
-pb::QpState toProtoState(ibv_qp_state s);
-ibv_qp_state fromProtoState(pb::QpState s);
-pb::QpType toProtoQpType(ibv_qp_type t);
-ibv_qp_type fromProtoQpType(pb::QpType t);
-pb::DmaMode toProtoDmaMode(queue_buf_dma_mode m);
+inline pb::QpState toProtoState(ibv_qp_state s) {
+    return wire::toProto(s);
+}
+inline ibv_qp_state fromProtoState(pb::QpState s) {
+    return wire::fromProto(s).value_or(IBV_QPS_UNKNOWN);
+}
+// QP_TYPE_UNSPECIFIED for a type the broker does not carry (it answers INVALID_ARGUMENT).
+inline pb::QpType toProtoQpType(ibv_qp_type t) {
+    return wire::toProto(t);
+}
+inline ibv_qp_type fromProtoQpType(pb::QpType t) {
+    return wire::fromProto(t).value_or(IBV_QPT_RC);
+}
+inline pb::DmaMode toProtoDmaMode(queue_buf_dma_mode m) {
+    return wire::toProto(m);
+}
 
-void toProto(const ibv_qp_cap &cap, pb::QpCap *out);
-void fromProto(const pb::QpCap &cap, ibv_qp_cap *out);
+inline void toProto(const ibv_qp_cap &cap, pb::QpCap *out) {
+    wire::toProto(cap, out);
+}
+inline void fromProto(const pb::QpCap &cap, ibv_qp_cap *out) {
+    *out = wire::fromProto(cap);
+}
 
 // Only fields attr_mask names are meaningful to the broker; enums outside the mask stay unset.
-void toProto(const ibv_qp_attr &attr, int attr_mask, pb::QpAttr *out);
-void fromProto(const pb::QpAttr &attr, ibv_qp_attr *out);
+inline void toProto(const ibv_qp_attr &attr, int attr_mask, pb::QpAttr *out) {
+    wire::toProto(attr, attr_mask, out);
+}
+inline void fromProto(const pb::QpAttr &attr, ibv_qp_attr *out) {
+    (void)wire::fromProto(attr, out);
+}
 
-void toProto(const ibv_hyroce_feature &f, pb::HyroceFeature *out);
-void fromProto(const pb::HyroceFeature &f, ibv_hyroce_feature *out);
+inline void toProto(const ibv_hyroce_feature &f, pb::HyroceFeature *out) {
+    wire::toProto(f, out);
+}
+inline void fromProto(const pb::HyroceFeature &f, ibv_hyroce_feature *out) {
+    (void)wire::fromProto(f, out);
+}
 
-// struct ibv_qp_attr_extend without its qp pointer (the caller sends the QP handle).
-void toProto(const ibv_qp_attr_extend &attr, pb::QpAttrExtend *out);
-void fromProto(const pb::QpAttrExtend &attr, ibv_qp_attr_extend *out);
+inline void toProto(const ibv_qp_attr_extend &attr, pb::QpAttrExtend *out) {
+    wire::toProto(attr, out);
+}
+inline void fromProto(const pb::QpAttrExtend &attr, ibv_qp_attr_extend *out) {
+    (void)wire::fromProto(attr, out);
+}
 
 void fromProto(const pb::DeviceInfo &d, ibvx_device_info *out);
 

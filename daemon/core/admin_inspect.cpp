@@ -66,4 +66,12 @@ std::vector<ObjectSnapshot> SessionInspector::objects(Session &s) {
     return out;
 }
 
+MemoryStats memoryTotals() {
+    return MappingManager::instance().totals();
+}
+
+MemoryStats memoryOf(Session &s) {
+    return MappingManager::instance().stats(s.memory());
+}
+
 }  // namespace ibvx::daemon

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "daemon/core/mapping.h"
 #include "daemon/core/object_snapshot.h"
 #include "daemon/core/objects.h"
 #include "daemon/core/session.h"
@@ -24,5 +25,10 @@ class SessionInspector {
 
 const char *qpStateName(ibv_qp_state state);
 const char *qpTypeName(ibv_qp_type type);
+
+// Queue memory (arenas, driver allocations, doorbell pages) of every session together, and of
+// one session: what the Admin service reports, without reaching into the mapping manager.
+MemoryStats memoryTotals();
+MemoryStats memoryOf(Session &s);
 
 }  // namespace ibvx::daemon

@@ -1,7 +1,9 @@
 // ibv_extend.v1.Admin on the callback API: status, drivers, sessions, objects, stats, eviction,
 // reload and the Watch event stream. Every method first checks the caller (root or the admin
 // group, from the connection's SO_PEERCRED). Reads go through the core's locks; eviction is
-// handed to the server's event loop, which alone ends sessions.
+// handed to the server's event loop, which alone ends sessions, and waited for on the service's
+// BlockingExecutor, never on a gRPC callback thread. Every unary call is counted in the Admin
+// stats table and logged on failure (serve.h), as Broker calls are in theirs.
 #pragma once
 
 #include <atomic>
@@ -14,8 +16,10 @@
 
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
+#include "daemon/edge/blocking_executor.h"
 #include "daemon/edge/connections.h"
 #include "daemon/edge/rpc_stats.h"
+#include "daemon/edge/serve.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 
 namespace ibvx::daemon {
@@ -38,6 +42,9 @@ struct AdminHooks {
     std::string socket_path;
     bool socket_activated = false;
     std::function<ReloadReport()> reload;  // nullptr: ReloadDrivers answers UNIMPLEMENTED
+    // A listing page ends early once its entries take this many bytes, so the reply stays under
+    // the server's message limit whatever the page size (room is left for one more entry).
+    size_t reply_budget_bytes = 48 * 1024;
 };
 
 // Ends a session from the event loop; the future is ready once everything is destroyed.
@@ -45,8 +52,10 @@ using EvictFn = std::function<std::shared_future<void>(const std::shared_ptr<Ses
 
 class AdminService final : public pb::Admin::CallbackService {
   public:
-    AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
-                 std::shared_ptr<AdminEvents> events, AdminHooks hooks, EvictFn evict);
+    // broker_stats: the Broker service's table (reported by GetStats); admin_stats: this one's.
+    AdminService(Broker &broker, ConnectionRegistry &connections, RpcStats &broker_stats,
+                 AdminRpcStats &admin_stats, std::shared_ptr<AdminEvents> events, AdminHooks hooks,
+                 EvictFn evict);
 
     grpc::ServerUnaryReactor *GetStats(grpc::CallbackServerContext *ctx, const pb::GetStatsRequest *req,
                                        pb::GetStatsResponse *resp) override;
@@ -75,21 +84,28 @@ class AdminService final : public pb::Admin::CallbackService {
 
     uint64_t sessionsOpened() const { return sessions_opened_.load(); }
     void countSessionOpened() { ++sessions_opened_; }
+    int inflight() const { return calls_.inflight(); }
 
   private:
     Status authorize(grpc::CallbackServerContext *ctx);
-    grpc::ServerUnaryReactor *reply(grpc::CallbackServerContext *ctx, const Status &st);
+    // Authorizes, runs fn() (a Status), counts and finishes the call.
+    template <typename Fn>
+    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, AdminMethod m, Fn &&fn);
+    Status listObjects(const pb::ListObjectsRequest &req, pb::ListObjectsResponse *resp);
     uint64_t uptimeMs() const;
 
     Broker &broker_;
     ConnectionRegistry &connections_;
     RpcStats &stats_;
+    AdminRpcStats &admin_stats_;
     std::shared_ptr<AdminEvents> events_;
     const AdminHooks hooks_;
     EvictFn evict_;
     std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
     std::atomic<uint64_t> sessions_opened_{0};
     std::atomic<uint64_t> sessions_evicted_{0};
+    CallRecorder<AdminMethod> calls_{admin_stats_};
+    BlockingExecutor blocking_{2, 64};  // after calls_: its threads finish calls, so it goes first
 };
 
 }  // namespace ibvx::daemon

@@ -1,5 +1,6 @@
-// Per-method call and error counters, error codes and latency histograms of the Broker service
-// (lock-free: relaxed atomics), and per-session call counts (one mutex).
+// Per-method call and error counters, error codes and latency histograms of a gRPC service
+// (lock-free: relaxed atomics), and per-session call counts (one mutex). One table for Broker
+// (RpcStats), one for Admin (AdminRpcStats).
 #pragma once
 
 #include <array>
@@ -41,14 +42,35 @@ enum class Method {
 
 const char *methodName(Method m);
 
+// ibv_extend.v1.Admin methods in declaration order.
+enum class AdminMethod {
+    kGetStats,
+    kGetStatus,
+    kListDrivers,
+    kListSessions,
+    kListObjects,
+    kEvictSession,
+    kReloadDrivers,
+    kWatch,
+    kGetQuotas,
+    kSetQuota,
+    kCount
+};
+
+const char *methodName(AdminMethod m);
+
 // Latency buckets (upper bounds, microseconds) of the per-method histograms; one more bucket
 // holds everything slower.
 inline constexpr std::array<uint64_t, 16> kLatencyBoundsUs = {
     10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 50000, 100000, 250000, 1000000, 5000000};
 inline constexpr size_t kGrpcCodes = 17;  // grpc::StatusCode OK .. UNAUTHENTICATED
 
-class RpcStats {
+// M: a method enum ending in kCount.
+template <typename M>
+class BasicRpcStats {
   public:
+    using Method = M;
+
     void record(Method m, bool ok) { record(m, ok ? 0 : 2 /* UNKNOWN */, std::chrono::nanoseconds(0), 0); }
     // grpc_code: the reply's grpc::StatusCode; session_id 0 when the call had no session.
     void record(Method m, int grpc_code, std::chrono::nanoseconds took, uint64_t session_id) {
@@ -109,7 +131,7 @@ class RpcStats {
     }
 
   private:
-    static constexpr size_t kN = static_cast<size_t>(Method::kCount);
+    static constexpr size_t kN = static_cast<size_t>(M::kCount);
     std::array<std::atomic<uint64_t>, kN> calls_{};
     std::array<std::atomic<uint64_t>, kN> errors_{};
     std::array<std::array<std::atomic<uint64_t>, kGrpcCodes>, kN> codes_{};
@@ -118,5 +140,8 @@ class RpcStats {
     std::mutex session_mu_;  // guards by_session_
     std::unordered_map<uint64_t, SessionCalls> by_session_;
 };
+
+using RpcStats = BasicRpcStats<Method>;
+using AdminRpcStats = BasicRpcStats<AdminMethod>;
 
 }  // namespace ibvx::daemon

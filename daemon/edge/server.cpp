@@ -42,8 +42,10 @@ StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, Ser
         });
     AdminHooks hooks = options.admin;
     hooks.admin_gid = options.admin_gid;
+    // A listing page keeps to the send limit, with room for its last entry and the framing.
+    hooks.reply_budget_bytes = static_cast<size_t>(options.max_message_bytes) * 3 / 4;
     s->admin_service_ = std::make_unique<AdminService>(
-        broker, s->connections_, s->stats_, s->events_, std::move(hooks),
+        broker, s->connections_, s->stats_, s->admin_stats_, s->events_, std::move(hooks),
         [raw = s.get()](const std::shared_ptr<Session> &session) { return raw->evictSession(session); });
     grpc::EnableDefaultHealthCheckService(true);
     grpc::reflection::InitProtoReflectionServerBuilderPlugin();
@@ -144,7 +146,8 @@ void BrokerServer::shutdown(std::chrono::milliseconds grace) {
     if (server_ != nullptr) {
         auto deadline = std::chrono::steady_clock::now() + grace;
         std::thread closer([&] {
-            while (std::chrono::steady_clock::now() < deadline && broker_service_->inflight() > 0) {
+            while (std::chrono::steady_clock::now() < deadline &&
+                   (broker_service_->inflight() > 0 || admin_service_->inflight() > 0)) {
                 std::this_thread::sleep_for(std::chrono::milliseconds(5));
             }
             std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the last replies leave

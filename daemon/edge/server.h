@@ -95,6 +95,7 @@ class BrokerServer {
     const ServerOptions options_;
     ConnectionRegistry connections_;
     RpcStats stats_;
+    AdminRpcStats admin_stats_;
     std::shared_ptr<AdminEvents> events_ = std::make_shared<AdminEvents>();
     std::unique_ptr<BrokerService> broker_service_;
     std::unique_ptr<AdminService> admin_service_;

@@ -8,29 +8,6 @@
 namespace ibvx::daemon {
 namespace {
 
-const char *const kMethodNames[] = {"Hello",
-                                    "ListDevices",
-                                    "OpenContext",
-                                    "CloseContext",
-                                    "QueryDevice",
-                                    "AllocPd",
-                                    "DeallocPd",
-                                    "RegMr",
-                                    "DeregMr",
-                                    "CreateCq",
-                                    "DestroyCq",
-                                    "CreateQp",
-                                    "DestroyQp",
-                                    "CreateSrq",
-                                    "DestroySrq",
-                                    "ModifyQp",
-                                    "QueryQp",
-                                    "ModifyQpExtend",
-                                    "QueryQpExtend",
-                                    "QueryQpSupportedHyroceFeature",
-                                    "NegoQpHyroceFeature"};
-static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
-
 void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out) {
     for (RegionId id : in) {
         out->Add(id);
@@ -39,32 +16,14 @@ void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out
 
 }  // namespace
 
-const char *methodName(Method m) {
-    auto i = static_cast<size_t>(m);
-    return i < std::size(kMethodNames) ? kMethodNames[i] : "?";
-}
-
 BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
-                             std::function<void(const std::shared_ptr<Session> &)> on_session)
-    : broker_(broker), connections_(connections), stats_(stats), on_session_(std::move(on_session)) {}
-
-grpc::ServerUnaryReactor *BrokerService::finish(grpc::CallbackServerContext *ctx, Method m, const Status &st,
-                                                std::chrono::steady_clock::time_point start,
-                                                uint64_t session_id) {
-    grpc::Status reply = toGrpc(st);
-    stats_.record(m, static_cast<int>(reply.error_code()), std::chrono::steady_clock::now() - start,
-                  session_id);
-    if (!st.isOk()) {
-        uint64_t suppressed = 0;
-        if (error_log_.allow(&suppressed)) {
-            spdlog::info("{} from {} failed: {}{}", methodName(m), ctx->peer(), st.toString(),
-                         suppressed != 0 ? fmt::format(" ({} similar lines suppressed)", suppressed) : "");
-        }
-    }
-    auto *reactor = ctx->DefaultReactor();
-    reactor->Finish(reply);
-    return reactor;
-}
+                             std::function<void(const std::shared_ptr<Session> &)> on_session,
+                             BlockingLimits blocking)
+    : broker_(broker),
+      connections_(connections),
+      stats_(stats),
+      on_session_(std::move(on_session)),
+      blocking_(blocking.threads, blocking.max_queued) {}
 
 StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServerContext *ctx) {
     auto peer = connections_.lookup(ctx->peer());
@@ -81,26 +40,38 @@ StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServer
 
 template <typename Fn>
 grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn) {
-    ++inflight_;
-    auto start = std::chrono::steady_clock::now();
+    auto call = calls_.begin(ctx, m);
     auto s = sessionOf(ctx);
-    Status st = s.isOk() ? fn(**s) : s.status();
-    auto *reactor = finish(ctx, m, st, start, s.isOk() ? (*s)->id() : 0);
-    --inflight_;
-    return reactor;
+    if (!s.isOk()) {
+        return call.finish(s.status());
+    }
+    return call.finish(fn(**s), (*s)->id());
+}
+
+template <typename Fn>
+grpc::ServerUnaryReactor *BrokerService::serveBlocking(grpc::CallbackServerContext *ctx, Method m, Fn fn) {
+    auto call = calls_.begin(ctx, m);
+    auto s = sessionOf(ctx);
+    if (!s.isOk()) {
+        return call.finish(s.status());
+    }
+    std::shared_ptr<Session> session = *s;
+    uint64_t id = session->id();
+    return calls_.finishOn(
+        blocking_, call, [session = std::move(session), fn = std::move(fn)]() { return fn(*session); }, id);
 }
 
 grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
                                                pb::HelloResponse *resp) {
-    auto start = std::chrono::steady_clock::now();
+    auto call = calls_.begin(ctx, Method::kHello);
     auto peer = connections_.lookup(ctx->peer());
     if (!peer) {
-        return finish(ctx, Method::kHello, permissionDenied("unknown connection"), start);
+        return call.finish(permissionDenied("unknown connection"));
     }
     Version v{req->client_version().major(), req->client_version().minor(), req->client_version().patch()};
     auto s = broker_.hello(*peer, v, req->client_name());
     if (!s.isOk()) {
-        return finish(ctx, Method::kHello, s.status(), start);
+        return call.finish(s.status());
     }
     const Session &session = **s;
     spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'", session.id(),
@@ -120,7 +91,7 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
     id->set_cgroup(peer->cgroup);
     id->set_container_id(peer->container_id);
     resp->set_attach_timeout_ms(static_cast<uint32_t>(broker_.options().attach_timeout.count()));
-    return finish(ctx, Method::kHello, Status::ok(), start, session.id());
+    return call.finish(Status::ok(), session.id());
 }
 
 grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
@@ -203,14 +174,15 @@ grpc::ServerUnaryReactor *BrokerService::DeallocPd(grpc::CallbackServerContext *
 
 grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
                                                pb::RegMrResponse *resp) {
-    return serve(ctx, Method::kRegMr, [&](Session &s) {
-        RegMrArgs a;
-        a.pd = req->pd();
-        a.xfer_id = req->xfer_id();
-        a.offset = req->offset();
-        a.length = req->length();
-        a.access = req->access();
-        a.iova = req->iova();
+    RegMrArgs a;
+    a.pd = req->pd();
+    a.xfer_id = req->xfer_id();
+    a.offset = req->offset();
+    a.length = req->length();
+    a.access = req->access();
+    a.iova = req->iova();
+    // Waits for the fd on the fd channel: never on a callback thread. resp lives until Finish.
+    return serveBlocking(ctx, Method::kRegMr, [this, a, resp](Session &s) {
         auto r = broker_.regMr(s, a);
         if (!r.isOk()) {
             return r.status();

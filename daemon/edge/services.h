@@ -1,6 +1,10 @@
 // The gRPC edge: ibv_extend.v1.Broker on the callback API (Admin: admin_service.h). Each method
 // authenticates the call (token + connection credentials), converts proto -> core, calls the
 // core and converts back. No state of its own beyond counters.
+//
+// Threading: handlers run on gRPC's callback threads and never wait there. RegMr, which waits
+// up to Broker::Options::xfer_wait for its fd on the fd channel, runs on the service's
+// BlockingExecutor and finishes its reactor from there.
 #pragma once
 
 #include <atomic>
@@ -9,9 +13,10 @@
 #include <memory>
 
 #include "daemon/core/broker.h"
+#include "daemon/edge/blocking_executor.h"
 #include "daemon/edge/connections.h"
-#include "daemon/edge/rate_limit.h"
 #include "daemon/edge/rpc_stats.h"
+#include "daemon/edge/serve.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
 
 namespace ibvx::daemon {
@@ -20,11 +25,18 @@ namespace pb = ::ibv_extend::v1;
 
 inline constexpr char kSessionMetadataKey[] = "ibvx-session";
 
+// Threads and queue of the Broker service's BlockingExecutor.
+struct BlockingLimits {
+    size_t threads = 4;
+    size_t max_queued = 1024;
+};
+
 class BrokerService final : public pb::Broker::CallbackService {
   public:
     // on_session runs after Hello created a session (the listener watches its pidfd).
     BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
-                  std::function<void(const std::shared_ptr<Session> &)> on_session);
+                  std::function<void(const std::shared_ptr<Session> &)> on_session,
+                  BlockingLimits blocking = {});
 
     grpc::ServerUnaryReactor *Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
                                     pb::HelloResponse *resp) override;
@@ -75,22 +87,23 @@ class BrokerService final : public pb::Broker::CallbackService {
                                                   pb::NegoQpHyroceFeatureResponse *resp) override;
 
     // Calls currently inside a handler (for a graceful shutdown).
-    int inflight() const { return inflight_.load(); }
+    int inflight() const { return calls_.inflight(); }
 
   private:
-    // Authenticates, runs fn(session), counts and finishes the call.
+    // Authenticates, runs fn(session) on this thread, counts and finishes the call.
     template <typename Fn>
     grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn);
-    grpc::ServerUnaryReactor *finish(grpc::CallbackServerContext *ctx, Method m, const Status &st,
-                                     std::chrono::steady_clock::time_point start, uint64_t session_id = 0);
+    // The same with fn run on blocking_ (fn copies what it needs from the request).
+    template <typename Fn>
+    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, Method m, Fn fn);
     StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
 
     Broker &broker_;
     ConnectionRegistry &connections_;
     RpcStats &stats_;
     std::function<void(const std::shared_ptr<Session> &)> on_session_;
-    RateLimiter error_log_{20};
-    std::atomic<int> inflight_{0};
+    CallRecorder<Method> calls_{stats_};
+    BlockingExecutor blocking_;  // after calls_: its threads finish calls, so it goes first
 };
 
 }  // namespace ibvx::daemon

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -127,6 +128,25 @@ int call(Client &c, const Options &o, const char *name,
     return st.ok() ? kExitOk : failed(name, st, o.socket);
 }
 
+// Every page of a listing, appended into *all (MergeFrom appends repeated fields).
+template <typename Req, typename Resp>
+int callAllPages(Client &c, const Options &o, const char *name,
+                 grpc::Status (pb::Admin::Stub::*method)(grpc::ClientContext *, const Req &, Resp *), Req req,
+                 Resp *all) {
+    for (;;) {
+        Resp page;
+        if (int rc = call(c, o, name, method, req, &page)) {
+            return rc;
+        }
+        all->MergeFrom(page);
+        if (page.next_page_token().empty()) {
+            all->clear_next_page_token();
+            return kExitOk;
+        }
+        req.set_page_token(page.next_page_token());
+    }
+}
+
 std::string version(const pb::Version &v) {
     return std::to_string(v.major()) + "." + std::to_string(v.minor()) + "." + std::to_string(v.patch());
 }
@@ -198,10 +218,11 @@ int cmdDrivers(Client &c, const Options &o) {
     return kExitOk;
 }
 
-int cmdSessions(Client &c, const Options &o) {
+int cmdSessions(Client &c, const Options &o, uint32_t page_size) {
+    pb::ListSessionsRequest req;
+    req.set_page_size(page_size);
     pb::ListSessionsResponse r;
-    if (int rc =
-            call(c, o, "Admin.ListSessions", &pb::Admin::Stub::ListSessions, pb::ListSessionsRequest{}, &r)) {
+    if (int rc = callAllPages(c, o, "Admin.ListSessions", &pb::Admin::Stub::ListSessions, req, &r)) {
         return rc;
     }
     if (o.json) {
@@ -224,7 +245,7 @@ int cmdSessions(Client &c, const Options &o) {
 std::string objectDetails(const pb::ObjectInfo &o) {
     if (o.has_qp()) {
         const auto &q = o.qp();
-        return "qpn=" + std::to_string(q.qp_num()) + " " + q.qp_type() + " " + q.state() +
+        return "qpn=" + std::to_string(q.qp_num()) + " " + label(q.qp_type()) + " " + label(q.state()) +
                " sq=" + std::to_string(q.max_send_wr()) + "x" + std::to_string(q.max_send_sge()) +
                " rq=" + std::to_string(q.max_recv_wr()) + "x" + std::to_string(q.max_recv_sge()) +
                (q.has_srq() ? " srq" : "");
@@ -248,23 +269,23 @@ std::string objectDetails(const pb::ObjectInfo &o) {
 
 int cmdObjects(Client &c, const Options &o, const pb::ListObjectsRequest &req) {
     pb::ListObjectsResponse r;
-    if (int rc = call(c, o, "Admin.ListObjects", &pb::Admin::Stub::ListObjects, req, &r)) {
+    if (int rc = callAllPages(c, o, "Admin.ListObjects", &pb::Admin::Stub::ListObjects, req, &r)) {
         return rc;
     }
     if (o.json) {
-        std::cout << toJson(r) << '\n';
+        // "truncated" stays for scripts written before listings paged: every page is here.
+        nlohmann::ordered_json j = nlohmann::ordered_json::parse(toJson(r));
+        j["truncated"] = false;
+        std::cout << j.dump(1) << '\n';
         return kExitOk;
     }
     Table t({"HANDLE", "KIND", "SESSION", "PID", "UID", "DEVICE", "USERS", "DETAILS"});
     for (const auto &x : r.objects()) {
-        t.add({hex64(x.handle()), x.kind(), std::to_string(x.session()), std::to_string(x.pid()),
+        t.add({hex64(x.handle()), label(x.kind()), std::to_string(x.session()), std::to_string(x.pid()),
                std::to_string(x.uid()), x.device().empty() ? "-" : x.device(), std::to_string(x.users()),
                objectDetails(x)});
     }
     std::cout << t.render();
-    if (r.truncated()) {
-        std::cout << "(truncated: narrow the listing with --session, --uid, --device or --kind)\n";
-    }
     return kExitOk;
 }
 
@@ -285,7 +306,7 @@ int cmdStats(Client &c, const Options &o) {
     for (const auto &m : r.rpcs()) {
         std::string codes;
         for (const auto &e : m.errors_by_code()) {
-            codes += (codes.empty() ? "" : ",") + e.code() + "=" + std::to_string(e.count());
+            codes += (codes.empty() ? "" : ",") + label(e.code()) + "=" + std::to_string(e.count());
         }
         t.add({m.method(), std::to_string(m.calls()), std::to_string(m.errors()),
                m.calls() ? std::to_string(latencyQuantileUs(m.latency(), 0.5)) : "-",
@@ -423,31 +444,37 @@ int cmdWatch(Client &c, const Options &o, int count) {
     return kExitOk;
 }
 
-int cmdDevinfo(Client &c, const Options &o) {
+// A tenant session of devinfo's own: Hello, then the fd channel attached so the session is
+// complete (and ends the moment the channel closes).
+struct TenantSession {
+    pb::HelloResponse hello;
+    UniqueFd channel;
+    std::string token_hex;
+};
+
+int openTenantSession(Client &c, const Options &o, TenantSession *t) {
     pb::HelloRequest hello;
     hello.mutable_client_version()->set_major(kMajor);
     hello.mutable_client_version()->set_minor(kMinor);
     hello.mutable_client_version()->set_patch(kPatch);
     hello.set_client_name("ibv-extendctl devinfo");
-    pb::HelloResponse hr;
     {
         grpc::ClientContext ctx;
         c.deadline(ctx);
-        grpc::Status st = c.broker().Hello(&ctx, hello, &hr);
+        grpc::Status st = c.broker().Hello(&ctx, hello, &t->hello);
         if (!st.ok()) {
             return failed("Broker.Hello", st, o.socket);
         }
     }
-    if (hr.broker_version().major() != kMajor) {
+    if (t->hello.broker_version().major() != kMajor) {
         std::fprintf(stderr,
                      "ibv-extendctl: version mismatch: the broker speaks protocol %s, this tool %u.%u.%u\n",
-                     version(hr.broker_version()).c_str(), kMajor, kMinor, kPatch);
+                     version(t->hello.broker_version()).c_str(), kMajor, kMinor, kPatch);
         return kExitVersion;
     }
-    // Attach the fd channel so the session is complete (and ends the moment we close it).
     SessionToken token{};
-    if (hr.session_token().size() == token.size()) {
-        std::memcpy(token.data(), hr.session_token().data(), token.size());
+    if (t->hello.session_token().size() == token.size()) {
+        std::memcpy(token.data(), t->hello.session_token().data(), token.size());
     }
     auto channel = connectUnix(o.socket);
     if (!channel.isOk() || attachClient(channel->get(), token, 5000) != 0) {
@@ -455,20 +482,104 @@ int cmdDevinfo(Client &c, const Options &o) {
                      o.socket.c_str());
         return kExitFailed;
     }
+    t->channel = std::move(*channel);
     static const char kHex[] = "0123456789abcdef";
-    std::string token_hex;
-    for (unsigned char b : hr.session_token()) {
-        token_hex += kHex[b >> 4];
-        token_hex += kHex[b & 15];
+    for (unsigned char b : t->hello.session_token()) {
+        t->token_hex += kHex[b >> 4];
+        t->token_hex += kHex[b & 15];
     }
+    return kExitOk;
+}
+
+// The device's ext_cap as QueryDevice reports it on an opened context; the device list's value
+// (queried false) when the device cannot be opened.
+uint32_t queryExtCap(Client &c, const TenantSession &t, const pb::DeviceInfo &d, bool *queried) {
     auto session = [&](grpc::ClientContext &ctx) {
         c.deadline(ctx);
-        ctx.AddMetadata("ibvx-session", token_hex);
+        ctx.AddMetadata("ibvx-session", t.token_hex);
     };
+    uint32_t ext_cap = d.ext_cap();
+    *queried = false;
+    pb::OpenContextRequest oreq;
+    oreq.set_device_name(d.name());
+    pb::OpenContextResponse oresp;
+    grpc::ClientContext octx;
+    session(octx);
+    if (!c.broker().OpenContext(&octx, oreq, &oresp).ok()) {
+        return ext_cap;
+    }
+    pb::QueryDeviceRequest qreq;
+    qreq.set_context(oresp.context());
+    pb::QueryDeviceResponse qresp;
+    grpc::ClientContext qctx;
+    session(qctx);
+    if (c.broker().QueryDevice(&qctx, qreq, &qresp).ok()) {
+        ext_cap = qresp.ext_cap();
+        *queried = true;
+    }
+    pb::CloseContextRequest creq;
+    creq.set_context(oresp.context());
+    pb::CloseContextResponse cresp;
+    grpc::ClientContext cctx;
+    session(cctx);
+    (void)c.broker().CloseContext(&cctx, creq, &cresp);
+    return ext_cap;
+}
+
+nlohmann::json deviceJson(const pb::DeviceInfo &d, uint32_t ext_cap, bool queried) {
+    return {{"name", d.name()},
+            {"driver", d.provider()},
+            {"virtual_device", d.virtual_device()},
+            {"driver_version", d.driver_version()},
+            {"ext_cap", ext_cap},
+            {"ext_cap_names", extCapNames(ext_cap)},
+            {"queried", queried},
+            {"phys_port_cnt", d.phys_port_cnt()},
+            {"max_qp", d.max_qp()},
+            {"max_cq", d.max_cq()},
+            {"max_srq", d.max_srq()},
+            {"max_mr", d.max_mr()},
+            {"max_qp_wr", d.max_qp_wr()},
+            {"max_cqe", d.max_cqe()},
+            {"max_srq_wr", d.max_srq_wr()},
+            {"max_sge", d.max_sge()},
+            {"max_inline_data", d.max_inline_data()},
+            {"max_msg_sz", d.max_msg_sz()},
+            {"max_mr_size", d.max_mr_size()}};
+}
+
+// ibv_devinfo's layout.
+void printDevice(const pb::DeviceInfo &d, uint32_t ext_cap, bool queried) {
+    char caps[64];
+    std::snprintf(caps, sizeof(caps), "0x%08x (%s)", ext_cap, extCapNames(ext_cap).c_str());
+    std::cout << "hca_id:\t" << d.name() << '\n'
+              << "\tdriver:\t\t\t" << d.provider() << (d.virtual_device() ? " (virtual device)" : "") << '\n'
+              << "\tdriver_version:\t\t" << d.driver_version() << '\n'
+              << "\text_cap:\t\t" << caps << (queried ? "" : " (from the device list)") << '\n'
+              << "\tphys_port_cnt:\t\t" << d.phys_port_cnt() << '\n'
+              << "\tmax_qp:\t\t\t" << d.max_qp() << '\n'
+              << "\tmax_qp_wr:\t\t" << d.max_qp_wr() << '\n'
+              << "\tmax_sge:\t\t" << d.max_sge() << '\n'
+              << "\tmax_cq:\t\t\t" << d.max_cq() << '\n'
+              << "\tmax_cqe:\t\t" << d.max_cqe() << '\n'
+              << "\tmax_srq:\t\t" << d.max_srq() << '\n'
+              << "\tmax_srq_wr:\t\t" << d.max_srq_wr() << '\n'
+              << "\tmax_mr:\t\t\t" << d.max_mr() << '\n'
+              << "\tmax_mr_size:\t\t" << d.max_mr_size() << '\n'
+              << "\tmax_inline_data:\t" << d.max_inline_data() << '\n'
+              << "\tmax_msg_sz:\t\t" << d.max_msg_sz() << "\n\n";
+}
+
+int cmdDevinfo(Client &c, const Options &o) {
+    TenantSession t;
+    if (int rc = openTenantSession(c, o, &t)) {
+        return rc;
+    }
     pb::ListDevicesResponse devices;
     {
         grpc::ClientContext ctx;
-        session(ctx);
+        c.deadline(ctx);
+        ctx.AddMetadata("ibvx-session", t.token_hex);
         grpc::Status st = c.broker().ListDevices(&ctx, pb::ListDevicesRequest{}, &devices);
         if (!st.ok()) {
             return failed("Broker.ListDevices", st, o.socket);
@@ -476,76 +587,18 @@ int cmdDevinfo(Client &c, const Options &o) {
     }
     nlohmann::json out = nlohmann::json::array();
     for (const auto &d : devices.devices()) {
-        uint32_t ext_cap = d.ext_cap();
         bool queried = false;
-        pb::OpenContextRequest oreq;
-        oreq.set_device_name(d.name());
-        pb::OpenContextResponse oresp;
-        grpc::ClientContext octx;
-        session(octx);
-        if (c.broker().OpenContext(&octx, oreq, &oresp).ok()) {
-            pb::QueryDeviceRequest qreq;
-            qreq.set_context(oresp.context());
-            pb::QueryDeviceResponse qresp;
-            grpc::ClientContext qctx;
-            session(qctx);
-            if (c.broker().QueryDevice(&qctx, qreq, &qresp).ok()) {
-                ext_cap = qresp.ext_cap();
-                queried = true;
-            }
-            pb::CloseContextRequest creq;
-            creq.set_context(oresp.context());
-            pb::CloseContextResponse cresp;
-            grpc::ClientContext cctx;
-            session(cctx);
-            (void)c.broker().CloseContext(&cctx, creq, &cresp);
-        }
+        uint32_t ext_cap = queryExtCap(c, t, d, &queried);
         if (o.json) {
-            out.push_back({{"name", d.name()},
-                           {"driver", d.provider()},
-                           {"virtual_device", d.virtual_device()},
-                           {"driver_version", d.driver_version()},
-                           {"ext_cap", ext_cap},
-                           {"ext_cap_names", extCapNames(ext_cap)},
-                           {"queried", queried},
-                           {"phys_port_cnt", d.phys_port_cnt()},
-                           {"max_qp", d.max_qp()},
-                           {"max_cq", d.max_cq()},
-                           {"max_srq", d.max_srq()},
-                           {"max_mr", d.max_mr()},
-                           {"max_qp_wr", d.max_qp_wr()},
-                           {"max_cqe", d.max_cqe()},
-                           {"max_srq_wr", d.max_srq_wr()},
-                           {"max_sge", d.max_sge()},
-                           {"max_inline_data", d.max_inline_data()},
-                           {"max_msg_sz", d.max_msg_sz()},
-                           {"max_mr_size", d.max_mr_size()}});
-            continue;
+            out.push_back(deviceJson(d, ext_cap, queried));
+        } else {
+            printDevice(d, ext_cap, queried);
         }
-        char caps[64];
-        std::snprintf(caps, sizeof(caps), "0x%08x (%s)", ext_cap, extCapNames(ext_cap).c_str());
-        std::cout << "hca_id:\t" << d.name() << '\n'
-                  << "\tdriver:\t\t\t" << d.provider() << (d.virtual_device() ? " (virtual device)" : "")
-                  << '\n'
-                  << "\tdriver_version:\t\t" << d.driver_version() << '\n'
-                  << "\text_cap:\t\t" << caps << (queried ? "" : " (from the device list)") << '\n'
-                  << "\tphys_port_cnt:\t\t" << d.phys_port_cnt() << '\n'
-                  << "\tmax_qp:\t\t\t" << d.max_qp() << '\n'
-                  << "\tmax_qp_wr:\t\t" << d.max_qp_wr() << '\n'
-                  << "\tmax_sge:\t\t" << d.max_sge() << '\n'
-                  << "\tmax_cq:\t\t\t" << d.max_cq() << '\n'
-                  << "\tmax_cqe:\t\t" << d.max_cqe() << '\n'
-                  << "\tmax_srq:\t\t" << d.max_srq() << '\n'
-                  << "\tmax_srq_wr:\t\t" << d.max_srq_wr() << '\n'
-                  << "\tmax_mr:\t\t\t" << d.max_mr() << '\n'
-                  << "\tmax_mr_size:\t\t" << d.max_mr_size() << '\n'
-                  << "\tmax_inline_data:\t" << d.max_inline_data() << '\n'
-                  << "\tmax_msg_sz:\t\t" << d.max_msg_sz() << "\n\n";
     }
     if (o.json) {
         std::cout << out.dump(2) << '\n';
     } else if (devices.devices_size() == 0) {
-        std::cout << "No devices found (broker " << version(hr.broker_version()) << " on " << o.socket
+        std::cout << "No devices found (broker " << version(t.hello.broker_version()) << " on " << o.socket
                   << ")\n";
     }
     return kExitOk;
@@ -576,8 +629,9 @@ int cmdQuotas(Client &c, const Options &o) {
     }
     t.add(defaults);
     for (const auto &a : r.accounts()) {
-        std::vector<std::string> row = {a.scope() == "uid" ? "uid " + std::to_string(a.uid())
-                                                           : "container " + a.container().substr(0, 12)};
+        std::vector<std::string> row = {a.scope() == pb::QUOTA_SCOPE_UID
+                                            ? "uid " + std::to_string(a.uid())
+                                            : "container " + a.container().substr(0, 12)};
         for (const auto &q : a.quotas()) {
             row.push_back(std::to_string(q.used()) + "/" + quotaLimit(q));
         }
@@ -588,7 +642,8 @@ int cmdQuotas(Client &c, const Options &o) {
         Table ot({"OVERRIDE", "QUOTA", "LIMIT"});
         for (const auto &a : r.overrides()) {
             for (const auto &q : a.quotas()) {
-                ot.add({a.scope() == "uid" ? "uid " + std::to_string(a.uid()) : "container " + a.container(),
+                ot.add({a.scope() == pb::QUOTA_SCOPE_UID ? "uid " + std::to_string(a.uid())
+                                                         : "container " + a.container(),
                         q.name(), q.unlimited() ? "unlimited" : std::to_string(q.limit())});
             }
         }
@@ -620,13 +675,171 @@ int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std:
         return rc;
     }
     if (!o.json) {
-        std::cout << "quota " << req.quota() << " of " << req.scope()
-                  << (req.scope() == "uid"         ? " " + std::to_string(req.uid())
-                      : req.scope() == "container" ? " " + req.container()
-                                                   : "")
+        std::cout << "quota " << req.quota() << " of " << label(req.scope())
+                  << (req.scope() == pb::QUOTA_SCOPE_UID         ? " " + std::to_string(req.uid())
+                      : req.scope() == pb::QUOTA_SCOPE_CONTAINER ? " " + req.container()
+                                                                 : "")
                   << " set to " << value << '\n';
     }
     return kExitOk;
+}
+
+// "qp" -> OBJECT_KIND_QP; "" (no filter) -> OBJECT_KIND_UNSPECIFIED.
+pb::ObjectKind objectKind(const std::string &name) {
+    std::string upper = "OBJECT_KIND_";
+    for (char ch : name) {
+        upper += static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    }
+    pb::ObjectKind kind = pb::OBJECT_KIND_UNSPECIFIED;
+    return !name.empty() && pb::ObjectKind_Parse(upper, &kind) ? kind : pb::OBJECT_KIND_UNSPECIFIED;
+}
+
+// What the command line asked for: every option's value, and each subcommand (parsed() says
+// which one ran). CLI11 binds to these fields, so an Args stays where it was built.
+struct Args {
+    Options o;
+    uint32_t page_size = 0;
+    uint64_t f_session = 0;
+    int64_t f_uid = -1;
+    std::string f_device, f_kind;
+    std::string format = "prometheus";
+    uint64_t evict_id = 0;
+    int count = 0;
+    int64_t q_uid = -1;
+    std::string q_container, q_name, q_value;
+    bool q_default = false;
+    CLI::App *status, *drivers, *sessions, *objects, *stats, *metrics, *evict, *reload, *watch, *quotas,
+        *quota_set, *devinfo;
+};
+
+void addGlobalOptions(CLI::App &app, Options *o) {
+    // Global options are accepted after the subcommand too ("status --json"): a subcommand hands
+    // what it does not know to its parent. Subcommands inherit this when they are added.
+    app.fallthrough();
+    const char *env = std::getenv("IBV_EXTEND_SOCKET");
+    o->socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
+    app.add_option("--socket", o->socket,
+                   "Broker socket (default: IBV_EXTEND_SOCKET, else " + std::string(kDefaultSocket) + ")");
+    app.add_flag("--json", o->json, "Machine-readable JSON output");
+    app.add_option("--timeout", o->timeout_s, "Seconds to wait for each answer")->check(CLI::Range(1, 3600));
+    app.footer(
+        "Exit codes: 0 ok, 1 the broker refused or failed the operation, 2 usage error, 3 broker not "
+        "running or not answering, 4 permission denied, 5 version mismatch.");
+}
+
+void addQuotaCommands(CLI::App &app, Args *a) {
+    a->quotas = app.add_subcommand("quotas", "Quota defaults, usage per uid and container, overrides");
+    a->quota_set = a->quotas->add_subcommand("set", "Set a runtime quota override (or a default)");
+    auto *uid = a->quota_set->add_option("--uid", a->q_uid, "Override for this uid")
+                    ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
+    auto *container =
+        a->quota_set->add_option("--container", a->q_container, "Override for this container id");
+    auto *all = a->quota_set->add_flag("--default", a->q_default, "Change the default for everyone");
+    uid->excludes(container)->excludes(all);
+    container->excludes(all);
+    a->quota_set
+        ->add_option("quota", a->q_name,
+                     "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions")
+        ->required();
+    a->quota_set->add_option("value", a->q_value, "A number, 'unlimited', or 'clear' (drop the override)")
+        ->required();
+}
+
+void addCommands(CLI::App &app, Args *a) {
+    a->status = app.add_subcommand("status", "Broker version, uptime, devices, sessions, memory");
+    a->drivers = app.add_subcommand("drivers", "Loaded extension drivers and failed loads");
+    a->sessions = app.add_subcommand("sessions", "Tenant sessions (pid, uid, container, objects, calls)");
+    const char *page_help = "Entries per Admin call (0: the broker's default); every page is listed";
+    a->sessions->add_option("--page-size", a->page_size, page_help);
+    a->objects = app.add_subcommand("objects", "Objects of all sessions, with QPN, state, depths, sizes");
+    a->objects->add_option("--session", a->f_session, "Only this session");
+    a->objects->add_option("--uid", a->f_uid, "Only sessions of this uid")
+        ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
+    a->objects->add_option("--device", a->f_device, "Only objects on this device");
+    a->objects->add_option("--kind", a->f_kind, "Only this kind")
+        ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq"}));
+    a->objects->add_option("--page-size", a->page_size, page_help);
+    a->stats = app.add_subcommand("stats", "Per-method calls, errors and latency; engine counters");
+    a->metrics = app.add_subcommand("metrics", "Counters for monitoring (Prometheus text by default)");
+    a->metrics->add_option("--format", a->format, "prometheus or json")
+        ->check(CLI::IsMember({"prometheus", "json"}));
+    a->evict = app.add_subcommand("evict", "End a session and destroy everything it owns");
+    a->evict->add_option("session", a->evict_id, "Session id (from 'sessions')")->required();
+    a->reload = app.add_subcommand("reload", "Re-read the configuration and load new drivers (as SIGHUP)");
+    a->watch = app.add_subcommand("watch", "Stream events: sessions, objects, evictions, driver errors");
+    a->watch->add_option("--count", a->count, "Stop after this many events");
+    addQuotaCommands(app, a);
+    a->devinfo =
+        app.add_subcommand("devinfo", "Devices and extended capabilities your session sees (no admin)");
+}
+
+int runObjects(Client &c, const Args &a) {
+    pb::ListObjectsRequest filter;
+    filter.set_session(a.f_session);
+    if (a.f_uid >= 0) {
+        filter.set_uid(static_cast<uint32_t>(a.f_uid));
+        filter.set_has_uid(true);
+    }
+    filter.set_device(a.f_device);
+    filter.set_kind(objectKind(a.f_kind));
+    filter.set_page_size(a.page_size);
+    return cmdObjects(c, a.o, filter);
+}
+
+int runSetQuota(Client &c, const Args &a) {
+    if (a.q_uid < 0 && a.q_container.empty() && !a.q_default) {
+        std::fprintf(stderr, "ibv-extendctl: quotas set needs --uid, --container or --default\n");
+        return kExitUsage;
+    }
+    pb::SetQuotaRequest req;
+    req.set_scope(a.q_default    ? pb::QUOTA_SCOPE_DEFAULT
+                  : a.q_uid >= 0 ? pb::QUOTA_SCOPE_UID
+                                 : pb::QUOTA_SCOPE_CONTAINER);
+    req.set_uid(a.q_uid >= 0 ? static_cast<uint32_t>(a.q_uid) : 0);
+    req.set_container(a.q_container);
+    req.set_quota(a.q_name);
+    return cmdSetQuota(c, a.o, req, a.q_value);
+}
+
+int dispatch(Client &c, const Args &a) {
+    const Options &o = a.o;
+    if (a.status->parsed()) {
+        return cmdStatus(c, o);
+    }
+    if (a.drivers->parsed()) {
+        return cmdDrivers(c, o);
+    }
+    if (a.sessions->parsed()) {
+        return cmdSessions(c, o, a.page_size);
+    }
+    if (a.objects->parsed()) {
+        return runObjects(c, a);
+    }
+    if (a.stats->parsed()) {
+        return cmdStats(c, o);
+    }
+    if (a.metrics->parsed()) {
+        return cmdMetrics(c, o, a.format);
+    }
+    if (a.evict->parsed()) {
+        return cmdEvict(c, o, a.evict_id);
+    }
+    if (a.reload->parsed()) {
+        return cmdReload(c, o);
+    }
+    if (a.watch->parsed()) {
+        return cmdWatch(c, o, a.count);
+    }
+    if (a.quota_set->parsed()) {
+        return runSetQuota(c, a);
+    }
+    if (a.quotas->parsed()) {
+        return cmdQuotas(c, o);
+    }
+    if (a.devinfo->parsed()) {
+        return cmdDevinfo(c, o);
+    }
+    return kExitUsage;
 }
 
 }  // namespace
@@ -634,125 +847,20 @@ int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std:
 int run(int argc, char **argv) {
     CLI::App app{"ibv-extendctl: inspect and steer the ibv-extend broker (ibv-extendd)"};
     app.require_subcommand(1);
-    Options o;
-    const char *env = std::getenv("IBV_EXTEND_SOCKET");
-    o.socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
-    app.add_option("--socket", o.socket,
-                   "Broker socket (default: IBV_EXTEND_SOCKET, else " + std::string(kDefaultSocket) + ")");
-    app.add_flag("--json", o.json, "Machine-readable JSON output");
-    app.add_option("--timeout", o.timeout_s, "Seconds to wait for each answer")->check(CLI::Range(1, 3600));
-    app.footer(
-        "Exit codes: 0 ok, 1 the broker refused or failed the operation, 2 usage error, 3 broker not "
-        "running or not answering, 4 permission denied, 5 version mismatch.");
-
-    auto *status = app.add_subcommand("status", "Broker version, uptime, devices, sessions, memory");
-    auto *drivers = app.add_subcommand("drivers", "Loaded extension drivers and failed loads");
-    auto *sessions = app.add_subcommand("sessions", "Tenant sessions (pid, uid, container, objects, calls)");
-    auto *objects = app.add_subcommand("objects", "Objects of all sessions, with QPN, state, depths, sizes");
-    pb::ListObjectsRequest filter;
-    uint64_t f_session = 0;
-    int64_t f_uid = -1;
-    std::string f_device, f_kind;
-    objects->add_option("--session", f_session, "Only this session");
-    objects->add_option("--uid", f_uid, "Only sessions of this uid")
-        ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
-    objects->add_option("--device", f_device, "Only objects on this device");
-    objects->add_option("--kind", f_kind, "Only this kind")
-        ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq"}));
-    auto *stats = app.add_subcommand("stats", "Per-method calls, errors and latency; engine counters");
-    auto *metrics = app.add_subcommand("metrics", "Counters for monitoring (Prometheus text by default)");
-    std::string format = "prometheus";
-    metrics->add_option("--format", format, "prometheus or json")
-        ->check(CLI::IsMember({"prometheus", "json"}));
-    auto *evict = app.add_subcommand("evict", "End a session and destroy everything it owns");
-    uint64_t evict_id = 0;
-    evict->add_option("session", evict_id, "Session id (from 'sessions')")->required();
-    auto *reload = app.add_subcommand("reload", "Re-read the configuration and load new drivers (as SIGHUP)");
-    auto *watch = app.add_subcommand("watch", "Stream events: sessions, objects, evictions, driver errors");
-    int count = 0;
-    watch->add_option("--count", count, "Stop after this many events");
-    auto *quotas = app.add_subcommand("quotas", "Quota defaults, usage per uid and container, overrides");
-    auto *quota_set = quotas->add_subcommand("set", "Set a runtime quota override (or a default)");
-    pb::SetQuotaRequest qreq;
-    int64_t q_uid = -1;
-    std::string q_container, q_name, q_value;
-    bool q_default = false;
-    auto *q_uid_opt = quota_set->add_option("--uid", q_uid, "Override for this uid")
-                          ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
-    auto *q_cont_opt = quota_set->add_option("--container", q_container, "Override for this container id");
-    auto *q_def_opt = quota_set->add_flag("--default", q_default, "Change the default for everyone");
-    q_uid_opt->excludes(q_cont_opt)->excludes(q_def_opt);
-    q_cont_opt->excludes(q_def_opt);
-    quota_set
-        ->add_option("quota", q_name, "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions")
-        ->required();
-    quota_set->add_option("value", q_value, "A number, 'unlimited', or 'clear' (drop the override)")
-        ->required();
-    auto *devinfo =
-        app.add_subcommand("devinfo", "Devices and extended capabilities your session sees (no admin)");
-
+    Args a;
+    addGlobalOptions(app, &a.o);
+    addCommands(app, &a);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
         int rc = app.exit(e);
         return rc == 0 ? kExitOk : kExitUsage;
     }
-    if (int rc = probe(o.socket); rc != kExitOk) {
+    if (int rc = probe(a.o.socket); rc != kExitOk) {
         return rc;
     }
-    Client c(o);
-    if (status->parsed()) {
-        return cmdStatus(c, o);
-    }
-    if (drivers->parsed()) {
-        return cmdDrivers(c, o);
-    }
-    if (sessions->parsed()) {
-        return cmdSessions(c, o);
-    }
-    if (objects->parsed()) {
-        filter.set_session(f_session);
-        if (f_uid >= 0) {
-            filter.set_uid(static_cast<uint32_t>(f_uid));
-            filter.set_has_uid(true);
-        }
-        filter.set_device(f_device);
-        filter.set_kind(f_kind);
-        return cmdObjects(c, o, filter);
-    }
-    if (stats->parsed()) {
-        return cmdStats(c, o);
-    }
-    if (metrics->parsed()) {
-        return cmdMetrics(c, o, format);
-    }
-    if (evict->parsed()) {
-        return cmdEvict(c, o, evict_id);
-    }
-    if (reload->parsed()) {
-        return cmdReload(c, o);
-    }
-    if (watch->parsed()) {
-        return cmdWatch(c, o, count);
-    }
-    if (quota_set->parsed()) {
-        if (q_uid < 0 && q_container.empty() && !q_default) {
-            std::fprintf(stderr, "ibv-extendctl: quotas set needs --uid, --container or --default\n");
-            return kExitUsage;
-        }
-        qreq.set_scope(q_default ? "default" : q_uid >= 0 ? "uid" : "container");
-        qreq.set_uid(q_uid >= 0 ? static_cast<uint32_t>(q_uid) : 0);
-        qreq.set_container(q_container);
-        qreq.set_quota(q_name);
-        return cmdSetQuota(c, o, qreq, q_value);
-    }
-    if (quotas->parsed()) {
-        return cmdQuotas(c, o);
-    }
-    if (devinfo->parsed()) {
-        return cmdDevinfo(c, o);
-    }
-    return kExitUsage;
+    Client c(a.o);
+    return dispatch(c, a);
 }
 
 }  // namespace ibvx::ctl

@@ -3,9 +3,11 @@
 #include <google/protobuf/util/json_util.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cinttypes>
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 namespace ibvx::ctl {
@@ -195,7 +197,7 @@ std::string prometheusText(const pb::GetStatsResponse &s) {
     for (const auto &r : s.rpcs()) {
         for (const auto &e : r.errors_by_code()) {
             o << "ibv_extend_rpc_errors_total{method=\"" << escapeLabel(r.method()) << "\",code=\""
-              << escapeLabel(e.code()) << "\"} " << e.count() << '\n';
+              << escapeLabel(label(e.code())) << "\"} " << e.count() << '\n';
         }
     }
     family(o, "ibv_extend_rpc_duration_seconds", "histogram",
@@ -228,14 +230,84 @@ std::string prometheusText(const pb::GetStatsResponse &s) {
     return o.str();
 }
 
+namespace {
+
+// Every Admin enum's value prefix, and whether its label is lower-case.
+constexpr std::pair<const char *, bool> kEnumPrefixes[] = {{"OBJECT_KIND_", true},
+                                                           {"QUOTA_SCOPE_", true},
+                                                           {"QP_STATE_", false},
+                                                           {"QP_TYPE_", false},
+                                                           {"ERROR_CODE_", false}};
+// The JSON keys whose string values are such enums.
+const char *const kEnumKeys[] = {"kind", "state", "qp_type", "scope", "code"};
+
+void relabel(nlohmann::ordered_json &j) {
+    if (j.is_array()) {
+        for (auto &e : j) {
+            relabel(e);
+        }
+        return;
+    }
+    if (!j.is_object()) {
+        return;
+    }
+    j.erase("next_page_token");
+    for (auto it = j.begin(); it != j.end(); ++it) {
+        bool is_enum = std::find_if(std::begin(kEnumKeys), std::end(kEnumKeys),
+                                    [&](const char *k) { return it.key() == k; }) != std::end(kEnumKeys);
+        if (is_enum && it.value().is_string()) {
+            it.value() = enumLabel(it.value().get<std::string>());
+        } else {
+            relabel(it.value());
+        }
+    }
+}
+
+}  // namespace
+
+std::string enumLabel(const std::string &proto_name) {
+    for (const auto &[prefix, lower] : kEnumPrefixes) {
+        std::string_view p(prefix);
+        if (proto_name.size() > p.size() && proto_name.compare(0, p.size(), p) == 0) {
+            std::string out = proto_name.substr(p.size());
+            if (lower) {
+                std::transform(out.begin(), out.end(), out.begin(),
+                               [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+            }
+            return out;
+        }
+    }
+    return proto_name;
+}
+
+std::string label(::ibv_extend::v1::ObjectKind v) {
+    return enumLabel(::ibv_extend::v1::ObjectKind_Name(v));
+}
+std::string label(::ibv_extend::v1::QpState v) {
+    return enumLabel(::ibv_extend::v1::QpState_Name(v));
+}
+std::string label(::ibv_extend::v1::QpType v) {
+    return enumLabel(::ibv_extend::v1::QpType_Name(v));
+}
+std::string label(::ibv_extend::v1::QuotaScope v) {
+    return enumLabel(::ibv_extend::v1::QuotaScope_Name(v));
+}
+std::string label(::ibv_extend::v1::ErrorCode v) {
+    return enumLabel(::ibv_extend::v1::ErrorCode_Name(v));
+}
+
 std::string toJson(const google::protobuf::Message &m) {
     google::protobuf::util::JsonPrintOptions opt;
-    opt.add_whitespace = true;
     opt.preserve_proto_field_names = true;
     opt.always_print_primitive_fields = true;
     std::string out;
     (void)google::protobuf::util::MessageToJsonString(m, &out, opt);
-    return out;
+    auto j = nlohmann::ordered_json::parse(out, nullptr, false);
+    if (j.is_discarded()) {
+        return out;
+    }
+    relabel(j);
+    return j.dump(1);
 }
 
 }  // namespace ibvx::ctl

@@ -34,7 +34,17 @@ uint64_t latencyQuantileUs(const ::ibv_extend::v1::LatencyHistogram &h, double q
 // Prometheus text exposition format 0.0.4 of a GetStats reply.
 std::string prometheusText(const ::ibv_extend::v1::GetStatsResponse &stats);
 
-// The reply as JSON (proto field names, defaults included).
+// How ibv-extendctl shows an Admin enum value: its name without the enum's prefix, lower-case for
+// object kinds and quota scopes ("QP_STATE_RESET" -> "RESET", "OBJECT_KIND_QP" -> "qp").
+std::string enumLabel(const std::string &proto_name);
+std::string label(::ibv_extend::v1::ObjectKind v);
+std::string label(::ibv_extend::v1::QpState v);
+std::string label(::ibv_extend::v1::QpType v);
+std::string label(::ibv_extend::v1::QuotaScope v);
+std::string label(::ibv_extend::v1::ErrorCode v);
+
+// The reply as JSON (proto field names, defaults included), enum values as enumLabel() shows
+// them; a listing's next_page_token is left out (ibv-extendctl fetches every page).
 std::string toJson(const google::protobuf::Message &m);
 
 }  // namespace ibvx::ctl

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "providers/softnda/src/softnda_internal.h"
 
@@ -324,6 +325,35 @@ int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
     return 0;
 }
 
+// The engine counters of softnda_query_counters, by the names an operator sees.
+int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uint64_t), void *arg) {
+    if (emit == nullptr) {
+        return -EINVAL;
+    }
+    softnda_counters c{};
+    if (int rc = softnda_query_counters(device, &c); rc < 0) {
+        return rc;
+    }
+    const std::pair<const char *, uint64_t> counters[] = {{"wqes_executed", c.wqes_executed},
+                                                          {"bytes", c.bytes},
+                                                          {"doorbells", c.doorbells},
+                                                          {"cqes", c.cqes},
+                                                          {"errors", c.errors},
+                                                          {"flushed", c.flushed},
+                                                          {"rnr_naks", c.rnr_naks},
+                                                          {"cq_overflows", c.cq_overflows},
+                                                          {"dropped_cqes", c.dropped_cqes},
+                                                          {"srq_limit_events", c.srq_limit_events},
+                                                          {"passes", c.passes},
+                                                          {"sleeps", c.sleeps},
+                                                          {"wakeups_by_hint", c.wakeups_by_hint},
+                                                          {"sweeps", c.sweeps}};
+    for (const auto &[name, value] : counters) {
+        emit(arg, name, value);
+    }
+    return 0;
+}
+
 }  // namespace
 }  // namespace softnda
 
@@ -342,4 +372,5 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .modify_qp = softnda::CEntry<softnda::modifyQp>::call,
     .query_qp = softnda::CEntry<softnda::queryQp>::call,
     .export_mmio = softnda::CEntry<softnda::vdevExportMmio>::call,
+    .query_counters = softnda::CEntry<softnda::vdevQueryCounters>::call,
 };

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -501,6 +502,110 @@ TEST_F(CtlTest, EnvironmentSelectsTheSocket) {
     o.env = {"IBV_EXTEND_SOCKET=" + broker_.socket()};
     ProcessResult r = runProcess({ctlBinary(), "status"}, o);
     EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(CtlTest, GlobalOptionsWorkOnEitherSideOfTheSubcommand) {
+    for (const std::vector<std::string> &argv :
+         {std::vector<std::string>{ctlBinary(), "--json", "--timeout", "5", "--socket", broker_.socket(),
+                                   "status"},
+          std::vector<std::string>{ctlBinary(), "status", "--json", "--timeout", "5", "--socket",
+                                   broker_.socket()},
+          std::vector<std::string>{ctlBinary(), "objects", "--kind", "qp", "--json", "--socket",
+                                   broker_.socket()},
+          std::vector<std::string>{ctlBinary(), "quotas", "--socket", broker_.socket(), "--json"}}) {
+        ProcessResult r = runProcess(argv);
+        EXPECT_EQ(r.exit_code, 0) << argv[1] << ": " << r.err;
+        EXPECT_FALSE(json::parse(r.out, nullptr, false).is_discarded()) << argv[1] << ": " << r.out;
+    }
+    EXPECT_EQ(runProcess({ctlBinary(), "status", "--timeout", "0", "--socket", broker_.socket()}).exit_code,
+              2);
+}
+
+// Listings page; ibv-extendctl fetches every page, so a page of one lists everything.
+TEST_F(CtlTest, SessionsAndObjectsListEveryPage) {
+    std::vector<std::unique_ptr<Tenant>> tenants;
+    for (int i = 0; i < 3; ++i) {
+        tenants.push_back(std::make_unique<Tenant>(broker_.socket()));
+        ASSERT_TRUE(tenants.back()->open());
+    }
+    json paged = ctlJson({"sessions", "--page-size", "1"});
+    ASSERT_EQ(paged["sessions"].size(), 3u) << paged.dump();
+    std::set<uint64_t> ids;
+    for (const auto &s : paged["sessions"]) {
+        ids.insert(u64(s["id"]));
+        EXPECT_EQ(u64(s["objects"]), 4u);
+    }
+    EXPECT_EQ(ids.size(), 3u);
+    EXPECT_FALSE(paged.contains("next_page_token"));
+
+    json objects = ctlJson({"objects"});
+    ASSERT_EQ(objects["objects"].size(), 12u) << objects.dump();  // 4 of each tenant
+    json objects_paged = ctlJson({"objects", "--page-size", "5"});
+    EXPECT_EQ(objects_paged["objects"], objects["objects"]);  // nothing in them moves with time
+    json qps = ctlJson({"objects", "--kind", "qp", "--page-size", "1"});
+    ASSERT_EQ(qps["objects"].size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+        EXPECT_EQ(u64(qps["objects"][i]["handle"]), tenants[i]->qp);
+    }
+}
+
+TEST_F(CtlTest, PagesAreContiguousAndABadTokenIsRefused) {
+    Tenant a(broker_.socket()), b(broker_.socket());
+    ASSERT_TRUE(a.open());
+    ASSERT_TRUE(b.open());
+    auto admin = pb::Admin::NewStub(
+        grpc::CreateChannel("unix:" + broker_.socket(), grpc::InsecureChannelCredentials()));
+    pb::ListObjectsRequest req;
+    req.set_page_size(3);
+    std::vector<uint64_t> handles;
+    int pages = 0;
+    do {
+        grpc::ClientContext ctx;
+        pb::ListObjectsResponse resp;
+        ASSERT_TRUE(admin->ListObjects(&ctx, req, &resp).ok());
+        ASSERT_LE(resp.objects_size(), 3);
+        for (const auto &o : resp.objects()) {
+            handles.push_back(o.handle());
+        }
+        req.set_page_token(resp.next_page_token());
+        ++pages;
+    } while (!req.page_token().empty());
+    EXPECT_EQ(handles.size(), 8u);
+    EXPECT_EQ(pages, 3);
+    EXPECT_EQ(std::set<uint64_t>(handles.begin(), handles.end()).size(), handles.size());
+
+    for (const char *bad : {"garbage", "o1.2", "o1.2.3.4", "s1", "o1.x.3"}) {
+        grpc::ClientContext ctx;
+        pb::ListObjectsRequest r;
+        r.set_page_token(bad);
+        pb::ListObjectsResponse resp;
+        grpc::Status st = admin->ListObjects(&ctx, r, &resp);
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+        EXPECT_NE(st.error_message().find("page_token"), std::string::npos) << st.error_message();
+    }
+    grpc::ClientContext ctx;
+    pb::ListSessionsRequest sr;
+    sr.set_page_token("o1.2.3");
+    pb::ListSessionsResponse sresp;
+    EXPECT_EQ(admin->ListSessions(&ctx, sr, &sresp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// Admin calls go through the same wrapper as Broker calls: counted (apart from total_calls)
+// and their failures by code.
+TEST_F(CtlTest, AdminCallsAreCountedApartFromBrokerCalls) {
+    ASSERT_EQ(ctl({"status"}).exit_code, 0);
+    ASSERT_EQ(ctl({"evict", "999999"}).exit_code, 1);  // NOT_FOUND
+    json j = ctlJson({"stats"});
+    std::map<std::string, json> admin;
+    for (const auto &m : j["admin_rpcs"]) {
+        admin[m["method"].get<std::string>()] = m;
+    }
+    ASSERT_TRUE(admin.count("GetStatus")) << j.dump();
+    EXPECT_EQ(u64(admin["GetStatus"]["calls"]), 1u);
+    EXPECT_EQ(u64(admin["EvictSession"]["errors"]), 1u);
+    EXPECT_EQ(admin["EvictSession"]["errors_by_code"][0]["code"], "NOT_FOUND");
+    EXPECT_EQ(u64(admin["GetStats"]["calls"]), 0u);  // this call is recorded as it replies
+    EXPECT_EQ(u64(j["total_calls"]), 0u);            // no Broker call was made
 }
 
 TEST(CtlErrors, BrokerNotRunningNamesTheSocketAndSystemctl) {

@@ -68,7 +68,7 @@ TEST(Prometheus, HistogramIsCumulativeWithInfEqualToCount) {
     r->set_calls(5);
     r->set_errors(1);
     auto *e = r->add_errors_by_code();
-    e->set_code("RESOURCE_EXHAUSTED");
+    e->set_code(pb::ERROR_CODE_RESOURCE_EXHAUSTED);
     e->set_count(1);
     *r->mutable_latency() = histogram({10, 100}, {2, 2, 1});
     r->mutable_latency()->set_sum_us(1500);

@@ -275,6 +275,7 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .modify_qp = nullptr,
     .query_qp = nullptr,
     .export_mmio = nullptr,
+    .query_counters = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};
