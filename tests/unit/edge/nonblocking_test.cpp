@@ -16,7 +16,6 @@
 #include <optional>
 #include <thread>
 
-#include "daemon/edge/blocking_executor.h"
 #include "daemon/edge/services.h"
 #include "providers/softnda/include/softnda_ops.h"
 
@@ -201,40 +200,6 @@ TEST(EdgeNonBlocking, AFullExecutorAnswersUnavailableAtOnce) {
     std::vector<grpc::StatusCode> codes = pending.waitFor(kCalls);
     EXPECT_EQ(codes.size(), static_cast<size_t>(kCalls));
     EXPECT_GE(std::count(codes.begin(), codes.end(), grpc::StatusCode::UNAVAILABLE), kCalls - 2);
-}
-
-TEST(BlockingExecutor, RefusesBeyondItsQueueAndRunsEverythingAccepted) {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool release = false;
-    std::atomic<int> ran{0};
-    {
-        BlockingExecutor ex(1, 2);
-        auto task = [&] {
-            std::unique_lock lock(mu);
-            cv.wait(lock, [&] { return release; });
-            ++ran;
-        };
-        std::atomic<bool> started{false};
-        ASSERT_TRUE(ex.submit([&] {
-            started = true;
-            task();
-        }));
-        while (!started) {
-            std::this_thread::yield();  // the one thread holds the first task now
-        }
-        int accepted = 1;
-        while (ex.submit(task)) {
-            ++accepted;
-        }
-        EXPECT_EQ(accepted, 3);  // one running, two queued
-        {
-            std::lock_guard lock(mu);
-            release = true;
-        }
-        cv.notify_all();
-    }  // the destructor runs what it accepted
-    EXPECT_EQ(ran.load(), 3);
 }
 
 }  // namespace
