@@ -2,11 +2,7 @@
 // channel, runs on the Broker service's BlockingExecutor, so while one tenant's RegMr calls
 // wait for fds that never come, another tenant's calls are answered. The real BrokerService
 // over the real core and softnda, in-process, on a socketpair connection.
-#include <grpcpp/create_channel_posix.h>
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/server_posix.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,25 +12,17 @@
 #include <optional>
 #include <thread>
 
-#include "daemon/edge/blocking_executor.h"
 #include "daemon/edge/services.h"
-#include "providers/softnda/include/softnda_ops.h"
+#include "tests/unit/edge/in_process.h"
 
 namespace ibvx::daemon {
 namespace {
 
 class Edge {
   public:
-    explicit Edge(BlockingLimits limits) {
-        verbs_register_driver_extend(&softnda_driver_ops);
-        verbs_register_vdev_extend(&softnda_vdev_ops);
-        devices_.scan();
-        Broker::Options opt;
-        opt.xfer_wait = std::chrono::hours(1);  // only the session's end releases a waiting RegMr
-        broker_ = std::make_unique<Broker>(opt, &devices_);
-        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
+    explicit Edge(BlockingLimits limits) : core_(waitingOptions()) {
         service_ = std::make_unique<BrokerService>(
-            *broker_, connections_, stats_,
+            broker(), connections_, stats_,
             [this](const std::shared_ptr<Session> &s) {
                 std::lock_guard lock(mu_);
                 sessions_.push_back(s);
@@ -43,16 +31,10 @@ class Edge {
         grpc::ServerBuilder builder;
         builder.RegisterService(service_.get());
         server_ = builder.BuildAndStart();
-        int sv[2];
-        EXPECT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, sv), 0);
-        auto peer = peerIdentity(sv[0]);
-        EXPECT_TRUE(peer.isOk());
-        connections_.set(sv[0], *peer);
-        grpc::AddInsecureChannelFromFd(server_.get(), sv[0]);
-        stub_ = pb::Broker::NewStub(grpc::CreateInsecureChannelFromFd("edge", sv[1]));
+        stub_ = pb::Broker::NewStub(connectInProcess(*server_, connections_));
     }
     ~Edge() {
-        broker_->endAllSessions();
+        broker().endAllSessions();
         server_->Shutdown();
         server_->Wait();
     }
@@ -61,7 +43,7 @@ class Edge {
     std::string hello() {
         grpc::ClientContext ctx;
         pb::HelloRequest req;
-        req.mutable_client_version()->set_major(broker_->options().version.major);
+        req.mutable_client_version()->set_major(broker().options().version.major);
         pb::HelloResponse resp;
         EXPECT_TRUE(stub_->Hello(&ctx, req, &resp).ok());
         std::lock_guard lock(mu_);
@@ -95,13 +77,18 @@ class Edge {
         return stub_->AllocPd(&pctx, preq, &presp).ok() ? presp.pd() : 0;
     }
 
-    Broker &broker() { return *broker_; }
+    Broker &broker() { return core_.broker(); }
     BrokerService &service() { return *service_; }
     pb::Broker::Stub &stub() { return *stub_; }
 
   private:
-    DeviceRegistry devices_;
-    std::unique_ptr<Broker> broker_;
+    static Broker::Options waitingOptions() {
+        Broker::Options opt;
+        opt.xfer_wait = std::chrono::hours(1);  // only the session's end releases a waiting RegMr
+        return opt;
+    }
+
+    InProcessCore core_;
     ConnectionRegistry connections_;
     RpcStats stats_;
     std::unique_ptr<BrokerService> service_;
@@ -201,40 +188,6 @@ TEST(EdgeNonBlocking, AFullExecutorAnswersUnavailableAtOnce) {
     std::vector<grpc::StatusCode> codes = pending.waitFor(kCalls);
     EXPECT_EQ(codes.size(), static_cast<size_t>(kCalls));
     EXPECT_GE(std::count(codes.begin(), codes.end(), grpc::StatusCode::UNAVAILABLE), kCalls - 2);
-}
-
-TEST(BlockingExecutor, RefusesBeyondItsQueueAndRunsEverythingAccepted) {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool release = false;
-    std::atomic<int> ran{0};
-    {
-        BlockingExecutor ex(1, 2);
-        auto task = [&] {
-            std::unique_lock lock(mu);
-            cv.wait(lock, [&] { return release; });
-            ++ran;
-        };
-        std::atomic<bool> started{false};
-        ASSERT_TRUE(ex.submit([&] {
-            started = true;
-            task();
-        }));
-        while (!started) {
-            std::this_thread::yield();  // the one thread holds the first task now
-        }
-        int accepted = 1;
-        while (ex.submit(task)) {
-            ++accepted;
-        }
-        EXPECT_EQ(accepted, 3);  // one running, two queued
-        {
-            std::lock_guard lock(mu);
-            release = true;
-        }
-        cv.notify_all();
-    }  // the destructor runs what it accepted
-    EXPECT_EQ(ran.load(), 3);
 }
 
 }  // namespace
