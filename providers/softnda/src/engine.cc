@@ -262,7 +262,7 @@ void Engine::Thread::run() {
                 continue;
             }
         }
-        __builtin_ia32_pause();
+        ibvx_cpu_relax();
     }
 }
 

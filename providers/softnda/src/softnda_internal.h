@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/c_abi.h"
+#include "common/cpu.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -146,7 +147,7 @@ struct SpinLock {
     void lock() {
         while (locked.exchange(true, std::memory_order_acquire)) {
             while (locked.load(std::memory_order_relaxed)) {
-                __builtin_ia32_pause();
+                ibvx_cpu_relax();
             }
         }
     }
@@ -331,6 +332,11 @@ constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
 constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
 
 // ---- device.cc ----
+// Distance between two doorbell pages in a context's BAR file. The pages are 4 KiB (SPEC.md
+// §1.2, and the reference's db_mmap contract), but a mapping's file offset must be a multiple of
+// the system page size: on a 16 or 64 KiB page system each doorbell page starts a system page of
+// its own, and the rest of that system page is unused.
+uint64_t dbPageStride();
 Context *asContext(ibv_context *ib);
 Pd *asPd(ibv_pd *ib);
 Qp *asQp(ibv_qp *ib);
