@@ -57,6 +57,7 @@ struct Config {
     uint32_t engine_threads = 1;
     uint32_t spin_us = 50;
     uint32_t sleep_us = 1000;
+    uint32_t futex_waitv = 1;  // 0: sleep as on a kernel without futex_waitv (see engine.cc)
 };
 
 // Applies one key=value; -EINVAL for an unknown key or a value out of range.
@@ -384,6 +385,9 @@ class Engine {
 };
 
 void addCounters(const Counters &c, softnda_counters *out);
+
+// Whether the kernel (or the emulator) implements futex_waitv; probed once.
+bool haveFutexWaitv();
 
 // Moves qp to ERR (any thread) and gets its SQ/RQ flushed by its owner thread.
 void setQpError(Device *dev, Qp *qp);
