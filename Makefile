@@ -2,7 +2,7 @@
 #   make demo   install what is missing, build, run the end-to-end demo
 #   make test   install what is missing, build, run the whole suite: plain, under ASan+UBSan,
 #               and the threaded tests (label tsan) under ThreadSanitizer, and the aarch64
-#               cross build with its CI subset under qemu-user (docs/arm64.md)
+#               cross build and its suite under qemu-user (docs/arm64.md)
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -14,15 +14,16 @@ CTEST_ARGS ?=
 
 CONFIGURE = cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
 
-# The aarch64 suite under qemu-user. Without a binfmt_misc handler for aarch64 an emulated
-# program cannot exec another aarch64 program, so the tests that start one (label needs-binfmt)
-# are left out, and listed. ARM64_CI_LABELS is the subset `make test` runs (docs/arm64.md).
-ARM64_CI_LABELS ?= arm64-ci
-ARM64_SKIP = $(shell grep -q '^IBVX_BINFMT_AARCH64:BOOL=ON' $(ARM64_BUILD)/CMakeCache.txt 2>/dev/null || echo needs-binfmt)
-ARM64_CTEST = ctest --test-dir $(ARM64_BUILD) --output-on-failure -j $(JOBS) $(if $(ARM64_SKIP),-LE $(ARM64_SKIP))
+# The aarch64 suite under qemu-user, less what cannot run there, which is listed first:
+#   no-qemu       tests of behaviour qemu-user 7.2 gets wrong (docs/arm64.md says which and why);
+#   needs-binfmt  without a binfmt_misc handler for aarch64 an emulated program cannot exec
+#                 another aarch64 program: the tests that start one.
+ARM64_BINFMT = $(shell grep -q '^IBVX_BINFMT_AARCH64:BOOL=ON' $(ARM64_BUILD)/CMakeCache.txt 2>/dev/null && echo yes)
+ARM64_SKIP = no-qemu$(if $(ARM64_BINFMT),,|needs-binfmt)
+ARM64_CTEST = ctest --test-dir $(ARM64_BUILD) --output-on-failure -j $(JOBS) -LE '^($(ARM64_SKIP))$$'
 
 .PHONY: all deps deps-arm64 build build-asan build-tsan build-arm64 demo test test-plain test-asan \
-        test-tsan test-arm64 test-arm64-ci bench fuzz clean
+        test-tsan test-arm64 bench fuzz clean
 
 all: build
 
@@ -65,21 +66,15 @@ test-tsan: build-tsan
 	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L tsan $(CTEST_ARGS)
 
 test-arm64: build-arm64
-	@$(MAKE) --no-print-directory arm64-skipped
+	@echo "test-arm64: not run under qemu-user 7.2 (label no-qemu, see docs/arm64.md):"
+	@ctest --test-dir $(ARM64_BUILD) -N -L '^no-qemu$$' | grep 'Test *#' || true
+	@if [ -z "$(ARM64_BINFMT)" ]; then \
+	  echo "test-arm64: no binfmt_misc handler for aarch64, so not run: the tests that exec another aarch64 program (label needs-binfmt):"; \
+	  ctest --test-dir $(ARM64_BUILD) -N -L '^needs-binfmt$$' | grep 'Test *#' || true; \
+	fi
 	$(ARM64_CTEST) $(CTEST_ARGS)
 
-test-arm64-ci: build-arm64
-	@$(MAKE) --no-print-directory arm64-skipped
-	$(ARM64_CTEST) -L $(ARM64_CI_LABELS) $(CTEST_ARGS)
-
-.PHONY: arm64-skipped
-arm64-skipped:
-	@if [ -n "$(ARM64_SKIP)" ]; then \
-	  echo "test-arm64: no binfmt_misc handler for aarch64: skipping the tests that exec another aarch64 program:"; \
-	  ctest --test-dir $(ARM64_BUILD) -N -L needs-binfmt | grep 'Test *#' || true; \
-	fi
-
-test: test-plain test-asan test-tsan test-arm64-ci
+test: test-plain test-asan test-tsan test-arm64
 
 # The full ibv-extend-perf run (minutes): bench/results.json and docs/BENCHMARKS.md.
 bench: build
