@@ -124,8 +124,10 @@ function(ibvx_test name)
   endif()
   # The environment goes through `cmake -E env` as the test launcher: gtest_discover_tests
   # re-splits list-valued properties, so a multi-variable ENVIRONMENT property does not survive.
-  set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR
-    "${CMAKE_COMMAND};-E;env;IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  # A cross build's emulator (cmake/toolchain-aarch64.cmake) comes after the environment.
+  set(_launcher "${CMAKE_COMMAND};-E;env;IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  list(APPEND _launcher ${CMAKE_CROSSCOMPILING_EMULATOR})
+  set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR "${_launcher}")
   # An empty LABELS value would shift the property list.
   if(A_LABELS)
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}")

@@ -1,7 +1,23 @@
 #!/usr/bin/env bash
 # Installs, from Debian 12's own packages, whatever the build and the test suite need and the machine
 # lacks. Idempotent: when every package is present it does nothing and touches no network.
+#
+#   install-deps.sh           the native (host) build
+#   install-deps.sh --arm64   the native build plus the aarch64 cross build and its emulator: the
+#                             cross toolchain, the :arm64 development packages of every dependency
+#                             (multiarch) and qemu-user; protoc and grpc_cpp_plugin stay the host's
 set -euo pipefail
+
+arm64=0
+for arg in "$@"; do
+  case "$arg" in
+    --arm64) arm64=1 ;;
+    *)
+      echo "install-deps: unknown option '$arg' (usage: install-deps.sh [--arm64])" >&2
+      exit 2
+      ;;
+  esac
+done
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
@@ -13,8 +29,24 @@ PACKAGES=(
   iproute2 util-linux procps
 )
 
+# The libraries the build links (and the tests load) for aarch64; header-only Architecture: all
+# packages (CLI11, nlohmann-json) are shared with the host and already in PACKAGES.
+ARM64_PACKAGES=(
+  crossbuild-essential-arm64 qemu-user file
+  libibverbs-dev:arm64 ibverbs-providers:arm64
+  libgrpc++-dev:arm64 libprotobuf-dev:arm64
+  libspdlog-dev:arm64 libfmt-dev:arm64 libsystemd-dev:arm64
+  libgtest-dev:arm64 libgmock-dev:arm64 libbenchmark-dev:arm64
+  libtomlplusplus-dev:arm64
+)
+
+wanted=("${PACKAGES[@]}")
+if [ "$arm64" -eq 1 ]; then
+  wanted+=("${ARM64_PACKAGES[@]}")
+fi
+
 missing=()
-for pkg in "${PACKAGES[@]}"; do
+for pkg in "${wanted[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$pkg")
   fi
@@ -32,5 +64,8 @@ fi
 
 echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+if [ "$arm64" -eq 1 ] && ! dpkg --print-foreign-architectures | grep -qx arm64; then
+  dpkg --add-architecture arm64
+fi
 apt-get update -q
 apt-get install -y -q --no-install-recommends "${missing[@]}"

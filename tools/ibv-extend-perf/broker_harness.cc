@@ -24,6 +24,7 @@
 
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "tools/ibv-extend-perf/scenarios.h"
+#include "tools/ibv-extend-perf/workers.h"
 
 namespace ibvx::perf {
 namespace {
@@ -110,8 +111,13 @@ BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socke
             ::setrlimit(RLIMIT_NOFILE, &rl);
         }
         std::string log_path = dir_ + "/log";
-        std::vector<const char *> argv = {binary.c_str(), "--socket",     socket_.c_str(), "--foreground",
-                                          "--config",     config.c_str(), nullptr};
+        std::vector<std::string> store =
+            emulatedArgv({binary, "--socket", socket_, "--foreground", "--config", config});
+        std::vector<const char *> argv;
+        for (const auto &a : store) {
+            argv.push_back(a.c_str());
+        }
+        argv.push_back(nullptr);
         pid_ = ::fork();
         if (pid_ < 0) {
             throw std::runtime_error("fork failed");
@@ -127,7 +133,7 @@ BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socke
                 ::dup2(log, STDOUT_FILENO);
                 ::dup2(log, STDERR_FILENO);
             }
-            ::execv(binary.c_str(), const_cast<char *const *>(argv.data()));
+            ::execv(argv[0], const_cast<char *const *>(argv.data()));
             _exit(127);
         }
         own_ = true;

@@ -27,6 +27,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
 
+#include "common/cpu.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "tools/ibv-extend-perf/broker_harness.h"
 #include "tools/ibv-extend-perf/scenarios.h"
@@ -194,7 +195,7 @@ class SyscallCounter {
         if (helper_.joinable()) {
             done_.store(true, std::memory_order_release);
             while (!stopped_.load(std::memory_order_acquire)) {
-                __builtin_ia32_pause();
+                ibvx_cpu_relax();
             }
             helper_.join();
             if (count_ >= 0) {

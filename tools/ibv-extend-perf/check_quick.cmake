@@ -1,8 +1,15 @@
 # ctest helper: runs `ibv-extend-perf --quick --json OUT` (direct and brokered scenarios at tiny
 # sizes, against a broker the tool starts itself) and checks only that it exits 0 and writes valid
 # JSON in which every stable key other tools read is present and numeric. Nothing about speed.
+# EMULATOR (a cross build's qemu-user, when the kernel has no binfmt_misc handler) runs the
+# tool, and through IBV_EXTEND_PERF_EMULATOR the broker and the workers it starts.
 cmake_minimum_required(VERSION 3.19)
-execute_process(COMMAND ${PERF} --quick --json ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE err)
+set(launcher)
+if(EMULATOR)
+  separate_arguments(emulator UNIX_COMMAND "${EMULATOR}")
+  set(launcher ${CMAKE_COMMAND} -E env "IBV_EXTEND_PERF_EMULATOR=${EMULATOR}" ${emulator})
+endif()
+execute_process(COMMAND ${launcher} ${PERF} --quick --json ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE log ERROR_VARIABLE err)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "ibv-extend-perf --quick exited with ${rc}: ${err}\n${log}")
 endif()

@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/cpu.h"
 #include "tools/ibv-extend-perf/scenarios.h"
 
 namespace ibvx::perf {
@@ -34,7 +35,7 @@ void shmPingPong(const Options &opt, Results &out) {
     std::thread responder([&] {
         for (uint64_t i = 1; i <= static_cast<uint64_t>(iters + warmup); ++i) {
             while (ping.v.load(std::memory_order_acquire) != i) {
-                __builtin_ia32_pause();
+                ibvx_cpu_relax();
             }
             pong.v.store(i, std::memory_order_release);
         }
@@ -45,7 +46,7 @@ void shmPingPong(const Options &opt, Results &out) {
         auto t0 = Clock::now();
         ping.v.store(i, std::memory_order_release);
         while (pong.v.load(std::memory_order_acquire) != i) {
-            __builtin_ia32_pause();
+            ibvx_cpu_relax();
         }
         if (i > static_cast<uint64_t>(warmup)) {
             ns.push_back(nsSince(t0));

@@ -170,6 +170,14 @@ int bringup() {
 
 }  // namespace
 
+std::vector<std::string> emulatedArgv(std::vector<std::string> argv) {
+    const char *emu = std::getenv("IBV_EXTEND_PERF_EMULATOR");
+    if (emu != nullptr && *emu != '\0') {
+        argv.insert(argv.begin(), emu);
+    }
+    return argv;
+}
+
 Worker spawnWorker(const std::vector<std::string> &args) {
     int to[2], from[2];
     if (::pipe2(to, O_CLOEXEC) < 0) {
@@ -183,6 +191,7 @@ Worker spawnWorker(const std::vector<std::string> &args) {
     std::string exe = selfExe();
     std::vector<std::string> store = {exe, "--worker"};
     store.insert(store.end(), args.begin(), args.end());
+    store = emulatedArgv(std::move(store));
     std::vector<char *> argv;
     for (auto &s : store) {
         argv.push_back(s.data());
@@ -202,7 +211,7 @@ Worker spawnWorker(const std::vector<std::string> &args) {
     posix_spawnattr_setschedparam(&attr, &sp);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSCHEDULER);
     Worker w;
-    int rc = posix_spawn(&w.pid, exe.c_str(), &fa, &attr, argv.data(), environ);
+    int rc = posix_spawn(&w.pid, store[0].c_str(), &fa, &attr, argv.data(), environ);
     posix_spawn_file_actions_destroy(&fa);
     posix_spawnattr_destroy(&attr);
     ::close(to[0]);

@@ -25,6 +25,12 @@ struct Worker {
     int from = -1;  // the worker's stdout
 };
 
+// The argv that starts one of our programs (the broker, a worker): argv itself, or, when
+// IBV_EXTEND_PERF_EMULATOR names an emulator, that emulator followed by argv. A cross-built tool
+// runs under qemu-user, and without a binfmt_misc handler the kernel cannot start another
+// aarch64 program by itself (docs/arm64.md).
+std::vector<std::string> emulatedArgv(std::vector<std::string> argv);
+
 // Starts this executable as a worker, SCHED_OTHER whatever the tool runs at.
 Worker spawnWorker(const std::vector<std::string> &args);
 bool sendByte(const Worker &w, char c);

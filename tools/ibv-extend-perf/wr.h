@@ -3,6 +3,7 @@
 
 #include <cstdint>
 
+#include "common/cpu.h"
 #include "providers/softnda/include/softnda_device.h"
 
 namespace ibvx::perf {
@@ -26,7 +27,7 @@ inline int waitOneCqe(softnda_cq *cq) {
     softnda_cqe e;
     int n;
     while ((n = softnda_cq_poll(cq, &e, 1)) == 0) {
-        __builtin_ia32_pause();
+        ibvx_cpu_relax();
     }
     return n < 0 ? -1 : static_cast<int>(e.status);
 }

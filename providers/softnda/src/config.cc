@@ -36,6 +36,7 @@ const Option kOptions[] = {
     {"engine_threads", 1, 64, &Config::engine_threads, nullptr},
     {"spin_us", 0, 10'000'000, &Config::spin_us, nullptr},
     {"sleep_us", 10, 10'000'000, &Config::sleep_us, nullptr},
+    {"futex_waitv", 0, 1, &Config::futex_waitv, nullptr},
 };
 
 }  // namespace

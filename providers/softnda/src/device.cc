@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -104,7 +105,7 @@ Device *findDevice(Registry &r, const char *name) {
     return nullptr;
 }
 
-// Adds one 4 KiB page to ctx's BAR. Caller holds dev->ctl.
+// Adds one 4 KiB doorbell page to ctx's BAR. Caller holds dev->ctl.
 DbPage *growBar(Context *ctx) {
     Device *dev = ctx->dev;
     if (ctx->bar_fd < 0) {
@@ -113,8 +114,9 @@ DbPage *growBar(Context *ctx) {
             return nullptr;
         }
     }
-    uint64_t off = static_cast<uint64_t>(ctx->bar_pages) * SOFTNDA_DB_PAGE_SIZE;
-    if (ftruncate(ctx->bar_fd, static_cast<off_t>(off + SOFTNDA_DB_PAGE_SIZE)) < 0) {
+    const uint64_t stride = dbPageStride();
+    uint64_t off = static_cast<uint64_t>(ctx->bar_pages) * stride;
+    if (ftruncate(ctx->bar_fd, static_cast<off_t>(off + stride)) < 0) {
         return nullptr;
     }
     void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, ctx->bar_fd,
@@ -183,6 +185,12 @@ void dropBar(Context *ctx) {
 }
 
 }  // namespace
+
+uint64_t dbPageStride() {
+    static const uint64_t stride =
+        std::max<uint64_t>(SOFTNDA_DB_PAGE_SIZE, static_cast<uint64_t>(sysconf(_SC_PAGESIZE)));
+    return stride;
+}
 
 // A pointer is trusted only once the ibv_context it names is one of ours (its device is one of
 // our devices, checked by address), so a foreign object is never read beyond its public struct.

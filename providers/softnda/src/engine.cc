@@ -127,6 +127,15 @@ void addCounters(const Counters &c, softnda_counters *out) {
     out->sweeps += get(c.sweeps);
 }
 
+bool haveFutexWaitv() {
+    // nr_futexes = 0 is invalid: a kernel with the call says EINVAL, one without it ENOSYS.
+    static const bool have = [] {
+        long rc = syscall(SYS_futex_waitv, nullptr, 0u, 0u, nullptr, CLOCK_MONOTONIC);
+        return !(rc < 0 && errno == ENOSYS);
+    }();
+    return have;
+}
+
 void setQpError(Device *dev, Qp *qp) {
     qp->state.store(IBV_QPS_ERR, std::memory_order_release);
     if (dev->engine && qp->sq_db.page != nullptr) {
@@ -262,7 +271,7 @@ void Engine::Thread::run() {
                 continue;
             }
         }
-        __builtin_ia32_pause();
+        ibvx_cpu_relax();
     }
 }
 
@@ -363,15 +372,21 @@ void Engine::Thread::sweep() {
     }
 }
 
+// Without futex_waitv (Linux before 5.16, qemu-user 7.2; or futex_waitv = 0) the engine can
+// wait on one word only. It waits on its private kick word, so control operations and stop
+// still wake it at once, and arms no page: a helper's wake hint then costs no system call and
+// wakes nothing, and a doorbell rung during the sleep is found when the sleep ends (within
+// sleep_us) by the pass and sweep that follow.
 bool Engine::Thread::sleep() {
     futex_waitv waiters[FUTEX_WAITV_MAX];
     size_t n = 0;
+    const bool waitv = dev_->cfg.futex_waitv != 0 && haveFutexWaitv();
     dev_->gate.enterShared();
     uint32_t kick_seen = __atomic_load_n(&kick_word_, __ATOMIC_SEQ_CST);
     waiters[n++] =
         futex_waitv{kick_seen, reinterpret_cast<uintptr_t>(&kick_word_), FUTEX_32 | FUTEX_PRIVATE_FLAG, 0};
     auto arm = [&](DbPage *p) {
-        if (n >= FUTEX_WAITV_MAX || __atomic_load_n(p->sleeping(), __ATOMIC_RELAXED) != 0) {
+        if (!waitv || n >= FUTEX_WAITV_MAX || __atomic_load_n(p->sleeping(), __ATOMIC_RELAXED) != 0) {
             return;
         }
         __atomic_store_n(p->sleeping(), 1u, __ATOMIC_SEQ_CST);
@@ -398,14 +413,18 @@ bool Engine::Thread::sleep() {
     int rc = 0;
     if (!rung && !stop_.load(std::memory_order_acquire)) {
         bump(ctr_.sleeps);
-        uint64_t deadline = nowNs() + sleep_ns;
-        timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull),
-                    static_cast<long>(deadline % 1'000'000'000ull)};
-        rc = static_cast<int>(
-            syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(n), 0u, &ts, CLOCK_MONOTONIC));
-        if (rc < 0 && errno == ENOSYS) {
-            timespec rel{0, static_cast<long>(std::min<uint64_t>(sleep_ns, 999'999'999ull))};
-            nanosleep(&rel, nullptr);
+        if (waitv) {
+            uint64_t deadline = nowNs() + sleep_ns;
+            timespec ts{static_cast<time_t>(deadline / 1'000'000'000ull),
+                        static_cast<long>(deadline % 1'000'000'000ull)};
+            rc = static_cast<int>(
+                syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(n), 0u, &ts, CLOCK_MONOTONIC));
+        } else {
+            // 0 when kicked, like futex_waitv's index of the kick word: not a hint's wake-up.
+            timespec rel{static_cast<time_t>(sleep_ns / 1'000'000'000ull),
+                         static_cast<long>(sleep_ns % 1'000'000'000ull)};
+            rc = static_cast<int>(
+                syscall(SYS_futex, &kick_word_, FUTEX_WAIT_PRIVATE, kick_seen, &rel, nullptr, 0));
         }
     }
     dev_->gate.enterShared();

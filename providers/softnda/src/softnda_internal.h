@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "common/c_abi.h"
+#include "common/cpu.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -56,6 +57,7 @@ struct Config {
     uint32_t engine_threads = 1;
     uint32_t spin_us = 50;
     uint32_t sleep_us = 1000;
+    uint32_t futex_waitv = 1;  // 0: sleep as on a kernel without futex_waitv (see engine.cc)
 };
 
 // Applies one key=value; -EINVAL for an unknown key or a value out of range.
@@ -146,7 +148,7 @@ struct SpinLock {
     void lock() {
         while (locked.exchange(true, std::memory_order_acquire)) {
             while (locked.load(std::memory_order_relaxed)) {
-                __builtin_ia32_pause();
+                ibvx_cpu_relax();
             }
         }
     }
@@ -331,6 +333,11 @@ constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
 constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
 
 // ---- device.cc ----
+// Distance between two doorbell pages in a context's BAR file. The pages are 4 KiB (SPEC.md
+// §1.2, and the reference's db_mmap contract), but a mapping's file offset must be a multiple of
+// the system page size: on a 16 or 64 KiB page system each doorbell page starts a system page of
+// its own, and the rest of that system page is unused.
+uint64_t dbPageStride();
 Context *asContext(ibv_context *ib);
 Pd *asPd(ibv_pd *ib);
 Qp *asQp(ibv_qp *ib);
@@ -378,6 +385,9 @@ class Engine {
 };
 
 void addCounters(const Counters &c, softnda_counters *out);
+
+// Whether the kernel (or the emulator) implements futex_waitv; probed once.
+bool haveFutexWaitv();
 
 // Moves qp to ERR (any thread) and gets its SQ/RQ flushed by its owner thread.
 void setQpError(Device *dev, Qp *qp);

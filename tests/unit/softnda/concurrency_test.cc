@@ -4,7 +4,10 @@
 #include <sys/resource.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 
+#include "providers/softnda/src/softnda_internal.h"
 #include "tests/unit/softnda/fixture.h"
 
 namespace softnda_test {
@@ -222,6 +225,10 @@ TEST_F(Concurrency, SrqSharedByManyQpsAcrossEngineThreads) {
 }
 
 TEST_F(Concurrency, IdleEngineSleepsAndTheHintWakesIt) {
+    if (!softnda::haveFutexWaitv()) {
+        GTEST_SKIP() << "no futex_waitv here (Linux < 5.16 or qemu-user): the engine cannot wait on "
+                        "wake hints (NoFutexWaitv covers that fallback)";
+    }
     CqH cq = makeCq();
     QpH a = makeQp(cq, cq);
     QpH b = makeQp(cq, cq);
@@ -279,6 +286,69 @@ TEST_F(Concurrency, ThousandIdleQpsDoNotHideARing) {
         ASSERT_EQ(waitOne(cq.cq).wr_id, i);
         ASSERT_EQ(d, i);
     }
+}
+
+// The sleep of a kernel without futex_waitv, forced here so every host runs it: the engine
+// waits on its kick word only, arms no page (so a helper's ring makes no system call and wakes
+// nothing), and still finds every doorbell rung while it sleeps and wakes for control operations.
+class NoFutexWaitv : public SoftndaTest {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override { return {{"futex_waitv", "0"}}; }
+};
+
+TEST_F(NoFutexWaitv, RingsWhileAsleepAreFoundAndNoHintIsArmed) {
+    CqH cq = makeCq();
+    QpH a = makeQp(cq, cq);
+    QpH b = makeQp(cq, cq);
+    connect(a, b);
+    uint64_t v = 5, d = 0;
+    softnda_sge s;
+    softnda_send_wr w = write8(&v, &d, &s);
+    softnda_counters c{};
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    const uint64_t hints_before = c.wakeups_by_hint;  // the counters live as long as the device
+    for (int round = 0; round < 5; ++round) {
+        ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+        uint64_t sleeps = c.sleeps;
+        for (int i = 0; i < 2000 && c.sleeps == sleeps; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+        }
+        ASSERT_GT(c.sleeps, sleeps) << "an idle engine must go to sleep";
+        EXPECT_EQ(__atomic_load_n(a.sq.db.engine_sleeping, __ATOMIC_SEQ_CST), 0u)
+            << "a page was armed for a wake hint nobody waits on";
+        ASSERT_EQ(postOne(a, w), 0);
+        ASSERT_EQ(waitOne(cq.cq).status, IBV_WC_SUCCESS);
+    }
+    EXPECT_EQ(d, 5u);
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    EXPECT_EQ(c.wakeups_by_hint, hints_before);
+}
+
+TEST_F(NoFutexWaitv, ControlOperationsWakeASleepingEngine) {
+    CqH cq = makeCq();
+    QpH a = makeQp(cq, cq);
+    QpH b = makeQp(cq, cq);
+    connect(a, b);
+    uint64_t buf = 0;
+    ibv_mr *m = reg(&buf, 8);
+    softnda_sge s = sge(&buf, 8, m);
+    ASSERT_EQ(postRecv(b, 42, &s, 1), 0);
+    softnda_counters c{};
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    uint64_t sleeps = c.sleeps;
+    for (int i = 0; i < 2000 && c.sleeps == sleeps; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    }
+    ASSERT_GT(c.sleeps, sleeps);
+    // Moving b to ERR pokes its engine thread (the kick word), which flushes the receive.
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    ASSERT_EQ(softnda_vdev_ops.modify_qp(b.ext->qp, &attr, IBV_QP_STATE), 0);
+    softnda_cqe e = waitOne(cq.cq);
+    EXPECT_EQ(e.wr_id, 42u);
+    EXPECT_EQ(e.status, IBV_WC_WR_FLUSH_ERR);
 }
 
 }  // namespace

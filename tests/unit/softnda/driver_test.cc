@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "providers/softnda/src/softnda_internal.h"
@@ -126,6 +127,40 @@ TEST_F(Driver, QueueInfoDescribesTheRings) {
     uint64_t off = 0;
     EXPECT_EQ(softnda_vdev_ops.export_mmio(sq.db_hw_va.iov_base, &fd, &off),
               -ENOENT);  // the caller's own mapping
+}
+
+// A context's doorbell pages are 4 KiB, but each is mapped at its own file offset: that offset
+// must be a multiple of the system page size or mmap fails (a 64 KiB page system took only the
+// first page, 64 queues a context). Under qemu-user `-p 65536` (the page64k tests) this reads 64 KiB.
+TEST_F(Driver, DoorbellPagesSitAtPageAlignedFileOffsets) {
+    const uint64_t page_size = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    EXPECT_EQ(softnda::dbPageStride(), std::max<uint64_t>(SOFTNDA_DB_PAGE_SIZE, page_size));
+    // One register a CQ: 70 CQs need a second doorbell page.
+    for (int i = 0; i < 70; ++i) {
+        auto a = cqAttr(8, QU_BUF_DMA_MODE_INDEP_UB);
+        ibv_cq_extend *cq = ext_->ops->create_cq(ctx_, &a);
+        ASSERT_NE(cq, nullptr) << "CQ " << i;
+        cqs_.push_back(cq);
+    }
+    int pages = 0;
+    for (uint64_t page = 0; page < 8; ++page) {
+        void *host = softnda_ub_resolve(0x02a0c0ffee000000ull, softnda::kGuidHigh, 1, page * 4096 + 512);
+        if (host == nullptr) {
+            continue;
+        }
+        ++pages;
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(host) % page_size, 512u) << "doorbell page " << page;
+        int fd = -1;
+        uint64_t off = 0;
+        ASSERT_EQ(softnda_vdev_ops.export_mmio(host, &fd, &off), 0);
+        EXPECT_EQ(off % page_size, 0u) << "doorbell page " << page << " at file offset " << off;
+        void *m = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                       static_cast<off_t>(off));
+        close(fd);
+        ASSERT_NE(m, MAP_FAILED);
+        munmap(m, SOFTNDA_DB_PAGE_SIZE);
+    }
+    EXPECT_GE(pages, 2);
 }
 
 TEST_F(Driver, ExportMmioSharesTheDoorbellPage) {
