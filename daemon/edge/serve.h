@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "common/status.h"
@@ -73,7 +74,14 @@ class CallRecorder {
     grpc::ServerUnaryReactor *finishOn(BlockingExecutor &ex, const Call &call, Fn fn,
                                        uint64_t session_id = 0) {
         grpc::ServerUnaryReactor *reactor = call.reactor();
-        if (!ex.submit([call, fn = std::move(fn), session_id]() mutable { call.finish(fn(), session_id); })) {
+        // fn's captures (a session's reference, say) are dropped before the reply leaves: a
+        // client that sees the answer and ends its session must find nothing of it still held here.
+        auto task = [call, fn = std::optional<Fn>(std::move(fn)), session_id]() mutable {
+            Status st = (*fn)();
+            fn.reset();
+            call.finish(std::move(st), session_id);
+        };
+        if (!ex.submit(std::move(task))) {
             return call.finish(
                 Status(Code::kUnavailable, EAGAIN, "the broker has too many waiting calls; retry later"),
                 session_id);
