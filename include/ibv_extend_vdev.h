@@ -27,7 +27,12 @@
 extern "C" {
 #endif
 
+/* The ABI a provider's struct ibv_extend_vdev_ops was built against. V1 ends at export_mmio;
+ * V2 adds query_counters. The library reads an entry only when the provider's abi has it, so
+ * a V1 provider (a shorter struct) keeps working unchanged. */
 #define IBV_EXTEND_VDEV_ABI_V1 1
+#define IBV_EXTEND_VDEV_ABI_V2 2
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V2
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* What a virtual device announces about itself. */
@@ -50,7 +55,7 @@ struct ibv_extend_vdev_attr {
 };
 
 struct ibv_extend_vdev_ops {
-    uint32_t abi;         /* IBV_EXTEND_VDEV_ABI_V1 */
+    uint32_t abi;         /* IBV_EXTEND_VDEV_ABI_V1 or _V2 (see above) */
     const char *provider; /* provider name; equals the name of the matching verbs_device_extend_ops */
 
     /* Sets a provider option before its devices are opened ("devices", "max_qp", ...).
@@ -93,8 +98,8 @@ struct ibv_extend_vdev_ops {
     /* Counters the provider keeps for one of its devices (an engine's WQEs, bytes, CQEs, ...),
      * for an operator: calls emit(arg, name, value) once per counter, in a stable order, before
      * returning. name is valid only during the call. 0, or -ENODEV (not one of its devices) /
-     * -EINVAL (NULL argument). May be NULL: the provider reports no counters. Appended last, so
-     * a provider built against an older header simply leaves it out. */
+     * -EINVAL (NULL argument). May be NULL: the provider reports no counters. ABI V2 and later
+     * only: it is never read from a V1 provider. */
     int (*query_counters)(const char *device, void (*emit)(void *arg, const char *name, uint64_t value),
                           void *arg);
 };

@@ -103,25 +103,23 @@ void methodStats(const BasicRpcStats<M> &stats, google::protobuf::RepeatedPtrFie
     }
 }
 
-// Counters of every device whose virtual-device provider reports them (query_counters).
-void addEngineCounters(const std::vector<DeviceInfo> &devices, pb::GetStatsResponse *resp) {
-    std::vector<const ibv_extend_vdev_ops *> vdevs = loader::vdevProviders();
-    for (const DeviceInfo &d : devices) {
-        for (const ibv_extend_vdev_ops *v : vdevs) {
-            if (v->provider == nullptr || d.provider != v->provider || v->query_counters == nullptr) {
-                continue;
-            }
-            pb::EngineCounters e;
-            e.set_device(d.name);
-            e.set_provider(d.provider);
-            auto emit = [](void *arg, const char *name, uint64_t value) {
-                auto *ctr = static_cast<pb::EngineCounters *>(arg)->add_counters();
-                ctr->set_name(name);
-                ctr->set_value(value);
-            };
-            if (v->query_counters(d.name.c_str(), emit, &e) == 0) {
-                *resp->add_engines() = std::move(e);
-            }
+// Counters of every device whose provider keeps them (the device-verbs table's queryCounters).
+void addEngineCounters(DeviceRegistry &registry, pb::GetStatsResponse *resp) {
+    for (const DeviceInfo &d : registry.list()) {
+        Device *dev = registry.find(d.name);
+        if (dev == nullptr) {
+            continue;
+        }
+        pb::EngineCounters e;
+        e.set_device(d.name);
+        e.set_provider(d.provider);
+        auto emit = [](void *arg, const char *name, uint64_t value) {
+            auto *ctr = static_cast<pb::EngineCounters *>(arg)->add_counters();
+            ctr->set_name(name);
+            ctr->set_value(value);
+        };
+        if (dev->verbs.queryCounters(emit, &e) == 0) {
+            *resp->add_engines() = std::move(e);
         }
     }
 }
@@ -375,7 +373,7 @@ grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ct
         resp->set_arena_bytes(memoryTotals().arena_bytes);
         resp->set_sessions_opened(sessions_opened_.load());
         resp->set_sessions_evicted(sessions_evicted_.load());
-        addEngineCounters(broker_.listDevices(), resp);
+        addEngineCounters(broker_.devices(), resp);
         return Status::ok();
     });
 }

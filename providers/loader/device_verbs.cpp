@@ -43,11 +43,25 @@ int noQueryQp(ibv_qp *, ibv_qp_attr *, int, ibv_qp_init_attr *) {
     return -EOPNOTSUPP;
 }
 
-constexpr DeviceVerbs::Ops kDummyOps = {noOpen,  noClose,   noAllocPd,  noDeallocPd,
-                                        noRegMr, noDeregMr, noModifyQp, noQueryQp};
+int noQueryCounters(const DeviceVerbs &, DeviceVerbs::CounterFn, void *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
+constexpr DeviceVerbs::Ops kDummyOps = {noOpen,    noClose,    noAllocPd, noDeallocPd,    noRegMr,
+                                        noDeregMr, noModifyQp, noQueryQp, noQueryCounters};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
+}
+
+int vdevQueryCounters(const DeviceVerbs &self, DeviceVerbs::CounterFn emit, void *arg) {
+    return self.provider()->query_counters(self.name().c_str(), emit, arg);
+}
+
+// query_counters is past the end of a V1 provider's struct: never read there.
+bool hasQueryCounters(const ibv_extend_vdev_ops *provider) {
+    return provider->abi >= IBV_EXTEND_VDEV_ABI_V2 && provider->query_counters != nullptr;
 }
 
 ibv_context *verbsOpen(const DeviceVerbs &self) {
@@ -96,6 +110,7 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.dereg_mr, ops.dereg_mr);
     setOp(v.ops_.modify_qp, ops.modify_qp);
     setOp(v.ops_.query_qp, ops.query_qp);
+    setOp(v.ops_.query_counters, ops.query_counters);
     return v;
 }
 
@@ -107,13 +122,14 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                provider->reg_mr,
                provider->dereg_mr,
                provider->modify_qp,
-               provider->query_qp};
+               provider->query_qp,
+               hasQueryCounters(provider) ? vdevQueryCounters : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,  ibv_close_device, ibv_alloc_pd,  ibv_dealloc_pd,
-               verbsRegMr, ibv_dereg_mr,     ibv_modify_qp, ibv_query_qp};
+    Ops ops = {verbsOpen,    ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr, ibv_modify_qp,    ibv_query_qp, nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -164,6 +180,11 @@ int DeviceVerbs::modifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) const {
 int DeviceVerbs::queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) const {
     errno = 0;
     return result(ops_.query_qp(qp, attr, attr_mask, init_attr));
+}
+
+int DeviceVerbs::queryCounters(CounterFn emit, void *arg) const {
+    errno = 0;
+    return ops_.query_counters(*this, emit, arg);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

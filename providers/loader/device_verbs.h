@@ -23,6 +23,9 @@ namespace ibvx::loader {
 
 class DeviceVerbs {
   public:
+    // What queryCounters() calls once per counter (name valid during the call only).
+    using CounterFn = void (*)(void *arg, const char *name, uint64_t value);
+
     // The entries, in the provider's own error convention (see Convention). open_device receives
     // the table it belongs to (the device it is bound to).
     struct Ops {
@@ -34,6 +37,7 @@ class DeviceVerbs {
         int (*dereg_mr)(ibv_mr *mr);
         int (*modify_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
         int (*query_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
+        int (*query_counters)(const DeviceVerbs &self, CounterFn emit, void *arg);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -66,6 +70,9 @@ class DeviceVerbs {
     // device's QP is no libibverbs object, so nobody else keeps that field).
     int modifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) const;
     int queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) const;
+    // The provider's counters for this device (ibv_extend_vdev_ops.query_counters, read only
+    // from a provider of ABI V2 or later): 0, or -EOPNOTSUPP when it keeps none.
+    int queryCounters(CounterFn emit, void *arg) const;
 
   private:
     int result(int rc) const;

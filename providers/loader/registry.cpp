@@ -274,9 +274,9 @@ void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops) {
         warn("verbs_register_vdev_extend: ops without a provider name; registration ignored");
         return;
     }
-    if (ops->abi != IBV_EXTEND_VDEV_ABI_V1) {
-        warn("virtual-device provider '%s' has ABI %u, expected %d; registration ignored", ops->provider,
-             ops->abi, IBV_EXTEND_VDEV_ABI_V1);
+    if (ops->abi < IBV_EXTEND_VDEV_ABI_V1 || ops->abi > IBV_EXTEND_VDEV_ABI_MAX) {
+        warn("virtual-device provider '%s' has ABI %u, expected %d..%d; registration ignored", ops->provider,
+             ops->abi, IBV_EXTEND_VDEV_ABI_V1, IBV_EXTEND_VDEV_ABI_MAX);
         return;
     }
     auto &r = ibvx::loader::registry();

@@ -358,7 +358,7 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V1,
+    .abi = IBV_EXTEND_VDEV_ABI_V2,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,

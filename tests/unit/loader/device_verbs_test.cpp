@@ -65,6 +65,13 @@ DeviceVerbs libibverbsFlavour() {
     return DeviceVerbs::fromOps(ops, DeviceVerbs::Convention::kLibibverbs, nullptr, nullptr, "fakeverbs0");
 }
 
+int counter_calls = 0;
+int fakeQueryCounters(const char *device, void (*emit)(void *, const char *, uint64_t), void *arg) {
+    counter_calls++;
+    emit(arg, device, 7);
+    return 0;
+}
+
 class DeviceVerbsTest : public ::testing::Test {
   protected:
     void SetUp() override { seen = Seen{}; }
@@ -181,6 +188,34 @@ TEST_F(DeviceVerbsTest, DirectLookupDecidesOncePerDevice) {
     const DeviceVerbs &b = deviceVerbsFor(&other_device);
     EXPECT_FALSE(b.isVirtual()) << "no provider owns it: libibverbs";
     EXPECT_EQ(b.verbsDevice(), &other_device);
+}
+
+}  // namespace
+}  // namespace ibvx::loader
+
+namespace ibvx::loader {
+namespace {
+
+// query_counters lies past the end of a V1 provider's struct: the table never reads it there,
+// and reads it from V2 on.
+TEST(DeviceVerbsCounters, ReadOnlyFromProvidersOfAbiV2) {
+    ibv_extend_vdev_ops v = partialProvider();
+    v.query_counters = fakeQueryCounters;
+    std::string got;
+    auto emit = [](void *arg, const char *name, uint64_t value) {
+        *static_cast<std::string *>(arg) = std::string(name) + "=" + std::to_string(value);
+    };
+    counter_calls = 0;
+    v.abi = IBV_EXTEND_VDEV_ABI_V1;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").queryCounters(emit, &got), -EOPNOTSUPP);
+    EXPECT_EQ(counter_calls, 0);
+    v.abi = IBV_EXTEND_VDEV_ABI_V2;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").queryCounters(emit, &got), 0);
+    EXPECT_EQ(counter_calls, 1);
+    EXPECT_EQ(got, "fake0=7");
+    v.query_counters = nullptr;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").queryCounters(emit, &got), -EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs().queryCounters(emit, &got), -EOPNOTSUPP);
 }
 
 }  // namespace
