@@ -23,6 +23,7 @@
 #include "daemon/app/config.h"
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
+#include "daemon/edge/convert.h"
 #include "daemon/edge/server.h"
 #include "providers/loader/loader.h"
 
@@ -208,7 +209,7 @@ void AuditEvents::object(const Session &s, const char *action, AdminEvents::Even
     spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action, kindName(kind),
                  handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
     auto e = AdminEvents::aboutSession(event, s);
-    e.set_object_kind(kindName(kind));
+    e.set_object_kind(toProto(kind));
     e.set_handle(handle);
     hub_->publish(std::move(e));
 }

@@ -424,8 +424,8 @@ int cmdWatch(Client &c, const Options &o, int count) {
         if (e.session() != 0) {
             std::cout << "  session " << e.session() << " pid " << e.pid() << " uid " << e.uid();
         }
-        if (!e.object_kind().empty()) {
-            std::cout << "  " << e.object_kind() << ' ' << hex64(e.handle());
+        if (e.object_kind() != pb::OBJECT_KIND_UNSPECIFIED) {
+            std::cout << "  " << label(e.object_kind()) << ' ' << hex64(e.handle());
         }
         if (!e.message().empty()) {
             std::cout << "  " << e.message();
