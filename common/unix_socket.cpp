@@ -26,7 +26,11 @@ StatusOr<UniqueFd> connectUnix(const std::string &path, int flags) {
     if (!fd) {
         return Status::fromErrno(errno, std::string("socket: ") + std::strerror(errno));
     }
-    if (::connect(fd.get(), addr->get(), addr->len) < 0) {
+    int rc;
+    do {  // a signal during connect() (a tenant's timer, say) is not a failure
+        rc = ::connect(fd.get(), addr->get(), addr->len);
+    } while (rc < 0 && errno == EINTR);
+    if (rc < 0) {
         int err = errno;
         return Status::fromErrno(err, "cannot connect to " + path + ": " + std::strerror(err));
     }

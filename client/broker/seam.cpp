@@ -15,6 +15,7 @@
 #include "client/broker/shadow.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"
+#include "common/unix_socket.h"
 
 namespace ibvx::client {
 namespace {
@@ -30,22 +31,7 @@ T *fail(int rc) {
 // Does anything accept connections on the socket? A refused or missing socket costs one failed
 // connect(), once per process.
 bool socketAnswers(const std::string &path) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-        return false;
-    }
-    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
-        return false;
-    }
-    int rc;
-    do {
-        rc = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr));
-    } while (rc < 0 && errno == EINTR);
-    ::close(fd);
-    return rc == 0;
+    return ibvx::connectUnix(path).isOk();
 }
 
 bool resolveMode() {

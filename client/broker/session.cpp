@@ -9,14 +9,13 @@
 
 #include <cerrno>
 #include <chrono>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
 
-#include "common/warn.h"
+#include "common/unix_socket.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::client::broker {
@@ -57,25 +56,11 @@ int errnoForGrpc(grpc::StatusCode code) {
 }
 
 int connectUnix(const std::string &path, UniqueFd *out) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
-        return -EINVAL;
+    auto fd = ibvx::connectUnix(path);
+    if (!fd.isOk()) {
+        return -fd.status().errnoValue();
     }
-    memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!fd.valid()) {
-        return -errno;
-    }
-    for (;;) {
-        if (::connect(fd.get(), reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0) {
-            break;
-        }
-        if (errno != EINTR) {
-            return -errno;
-        }
-    }
-    *out = std::move(fd);
+    *out = std::move(fd).value();
     return 0;
 }
 
@@ -116,13 +101,6 @@ Registry &registry() {
 }
 
 }  // namespace
-
-void warn(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vwarn("", fmt, ap);
-    va_end(ap);
-}
 
 const Settings &settings() {
     static const Settings s = readSettings();

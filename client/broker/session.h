@@ -28,6 +28,7 @@
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
+#include "providers/loader/loader.h"
 
 namespace ibvx::client::broker {
 
@@ -118,7 +119,8 @@ class Session {
 // child). 0 or a negative errno.
 int currentSession(Session **out);
 
-// Prints "ibv_extend: Warning: ..." when IBV_EXTEND_SHOW_WARNINGS is set.
-void warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+// Prints "ibv_extend: Warning: ..." when IBV_EXTEND_SHOW_WARNINGS is set: the loader's warn(),
+// the one the library's direct mode prints with.
+using loader::warn;
 
 }  // namespace ibvx::client::broker

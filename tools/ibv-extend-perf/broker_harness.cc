@@ -22,6 +22,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/impl/client_unary_call.h>
 
+#include "common/unix_socket.h"
 #include "ibv_extend/v1/admin.grpc.pb.h"
 #include "tools/ibv-extend-perf/scenarios.h"
 #include "tools/ibv-extend-perf/workers.h"
@@ -30,23 +31,18 @@ namespace ibvx::perf {
 namespace {
 
 bool answers(const std::string &path, pid_t *peer) {
-    int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) {
+    auto fd = connectUnix(path);
+    if (!fd.isOk()) {
         return false;
     }
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    bool ok = ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) == 0;
-    if (ok && peer != nullptr) {
+    if (peer != nullptr) {
         ucred cred{};
         socklen_t len = sizeof(cred);
-        if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
+        if (::getsockopt(fd->get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) == 0) {
             *peer = cred.pid;
         }
     }
-    ::close(fd);
-    return ok;
+    return true;
 }
 
 std::string findDaemon(const std::string &given) {
