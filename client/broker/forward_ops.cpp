@@ -9,16 +9,11 @@
 #include "client/broker/convert.h"
 #include "client/broker/forward_ops.h"
 #include "client/broker/shadow.h"
+#include "common/c_abi.h"
 #include "common/driver_ops.h"
 
 namespace ibvx::client::broker {
 namespace {
-
-template <typename T>
-T *fail(int rc) {
-    errno = -rc;
-    return nullptr;
-}
 
 int fillQueue(Session *s, const pb::QueueInfo &q, queue_info *out) {
     *out = queue_info{};
@@ -63,7 +58,7 @@ Shadow *liveShadow(Member *member, size_t offset, const ShadowContext *c) {
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     ShadowContext *c = contextOf(context);
     if (c == nullptr) {
-        return fail<ibv_cq_extend>(-EINVAL);
+        return failNull<ibv_cq_extend>(EINVAL);
     }
     pb::CreateCqRequest req;
     req.set_context(c->handle);
@@ -75,7 +70,7 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     pb::CreateCqResponse resp;
     int rc = c->session->call("CreateCq", &pb::Broker::Stub::CreateCq, req, &resp);
     if (rc != 0) {
-        return fail<ibv_cq_extend>(rc);
+        return failNull<ibv_cq_extend>(-rc);
     }
     auto *s = new ShadowCq{};
     s->owner = c;
@@ -89,7 +84,7 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     track(s, c);
     if (rc != 0) {
         destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
-        return fail<ibv_cq_extend>(rc);
+        return failNull<ibv_cq_extend>(-rc);
     }
     return &s->ext;
 }
@@ -102,11 +97,11 @@ int destroyCq(ibv_cq_extend *e) {
 ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     ShadowContext *c = contextOf(context);
     if (c == nullptr) {
-        return fail<ibv_srq_extend>(-EINVAL);
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
     if (pd == nullptr) {
-        return fail<ibv_srq_extend>(-EINVAL);
+        return failNull<ibv_srq_extend>(EINVAL);
     }
     pb::CreateSrqRequest req;
     req.set_context(c->handle);
@@ -119,7 +114,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     pb::CreateSrqResponse resp;
     int rc = c->session->call("CreateSrq", &pb::Broker::Stub::CreateSrq, req, &resp);
     if (rc != 0) {
-        return fail<ibv_srq_extend>(rc);
+        return failNull<ibv_srq_extend>(-rc);
     }
     a->attr.attr.max_wr = resp.max_wr();
     a->attr.attr.max_sge = resp.max_sge();
@@ -135,7 +130,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     track(s, c);
     if (rc != 0) {
         destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
-        return fail<ibv_srq_extend>(rc);
+        return failNull<ibv_srq_extend>(-rc);
     }
     return &s->ext;
 }
@@ -148,7 +143,7 @@ int destroySrq(ibv_srq_extend *e) {
 ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     ShadowContext *c = contextOf(context);
     if (c == nullptr) {
-        return fail<ibv_qp_extend>(-EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
     auto *scq = liveShadow<ShadowCq>(a->attr.send_cq, offsetof(ShadowCq, cq), c);
@@ -156,12 +151,12 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     auto *srq = liveShadow<ShadowSrq>(a->attr.srq, offsetof(ShadowSrq, srq), c);
     if (pd == nullptr || scq == nullptr || rcq == nullptr || (a->attr.srq != nullptr && srq == nullptr)) {
         warn("create_qp: the PD, CQs and SRQ must come from this broker context");
-        return fail<ibv_qp_extend>(-EINVAL);
+        return failNull<ibv_qp_extend>(EINVAL);
     }
     if (toProtoQpType(a->attr.qp_type) == pb::QP_TYPE_UNSPECIFIED) {
         // The wire carries RC, UC and UD only; no broker driver can be asked for anything else.
         warn("create_qp: QP type %d cannot be created through the broker (RC, UC, UD only)", a->attr.qp_type);
-        return fail<ibv_qp_extend>(-EOPNOTSUPP);
+        return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
     pb::CreateQpRequest req;
     req.set_context(c->handle);
@@ -177,7 +172,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     pb::CreateQpResponse resp;
     int rc = c->session->call("CreateQp", &pb::Broker::Stub::CreateQp, req, &resp);
     if (rc != 0) {
-        return fail<ibv_qp_extend>(rc);
+        return failNull<ibv_qp_extend>(-rc);
     }
     auto *s = new ShadowQp{};
     s->owner = c;
@@ -206,7 +201,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     track(s, c);
     if (rc != 0) {
         destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
-        return fail<ibv_qp_extend>(rc);
+        return failNull<ibv_qp_extend>(-rc);
     }
     return &s->ext;
 }

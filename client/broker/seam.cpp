@@ -15,18 +15,13 @@
 #include "client/broker/shadow.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"
+#include "common/c_abi.h"
 #include "common/unix_socket.h"
 
 namespace ibvx::client {
 namespace {
 
 using namespace broker;  // NOLINT: this file is the broker side of the seam
-
-template <typename T>
-T *fail(int rc) {
-    errno = -rc;
-    return nullptr;
-}
 
 // Does anything accept connections on the socket? A refused or missing socket costs one failed
 // connect(), once per process.
@@ -57,14 +52,14 @@ ibv_context_extend *openByName(const char *name, bool from_open_device) {
     Session *s = nullptr;
     int rc = currentSession(&s);
     if (rc != 0) {
-        return fail<ibv_context_extend>(rc);
+        return failNull<ibv_context_extend>(-rc);
     }
     pb::OpenContextRequest req;
     req.set_device_name(name);
     pb::OpenContextResponse resp;
     rc = s->call("OpenContext", &pb::Broker::Stub::OpenContext, req, &resp);
     if (rc != 0) {
-        return fail<ibv_context_extend>(rc);
+        return failNull<ibv_context_extend>(-rc);
     }
     int version = static_cast<int>(resp.driver_version());
     if (version <= IBV_EXTEND_DRIVER_VERSION_UNUSED || version > IBV_EXTEND_DRIVER_VERSION_MAX) {
@@ -74,7 +69,7 @@ ibv_context_extend *openByName(const char *name, bool from_open_device) {
         creq.set_context(resp.context());
         pb::CloseContextResponse cresp;
         (void)s->call("CloseContext", &pb::Broker::Stub::CloseContext, creq, &cresp);
-        return fail<ibv_context_extend>(-EOPNOTSUPP);
+        return failNull<ibv_context_extend>(EOPNOTSUPP);
     }
     ShadowContext *c = makeContext(s, resp);
     c->from_open_device = from_open_device;
@@ -117,7 +112,7 @@ ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int acc
     uint64_t xfer = 0;
     int rc = s->sendFd(fd, &xfer);
     if (rc != 0) {
-        return fail<ibv_mr>(rc);
+        return failNull<ibv_mr>(-rc);
     }
     pb::RegMrRequest req;
     req.set_pd(pd->handle);
@@ -129,7 +124,7 @@ ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int acc
     pb::RegMrResponse resp;
     rc = s->call("RegMr", &pb::Broker::Stub::RegMr, req, &resp);
     if (rc != 0) {
-        return fail<ibv_mr>(rc);
+        return failNull<ibv_mr>(-rc);
     }
     auto *m = new ShadowMr{};
     m->owner = pd->owner;
@@ -169,7 +164,7 @@ ibv_context_extend *brokerOpen(ibv_context *context) {
         return alias;
     }
     if (context->device == nullptr) {
-        return fail<ibv_context_extend>(-EINVAL);
+        return failNull<ibv_context_extend>(EINVAL);
     }
     return openByName(context->device->name, false);
 }
@@ -223,14 +218,14 @@ int brokerCloseDevice(ibv_context_extend *context) {
 ibv_pd *brokerAllocPd(ibv_context_extend *context) {
     ShadowContext *c = contextOfExtend(context);
     if (c == nullptr) {
-        return fail<ibv_pd>(-EINVAL);
+        return failNull<ibv_pd>(EINVAL);
     }
     pb::AllocPdRequest req;
     req.set_context(c->handle);
     pb::AllocPdResponse resp;
     int rc = c->session->call("AllocPd", &pb::Broker::Stub::AllocPd, req, &resp);
     if (rc != 0) {
-        return fail<ibv_pd>(rc);
+        return failNull<ibv_pd>(-rc);
     }
     auto *p = new ShadowPd{};
     p->owner = c;
@@ -249,7 +244,7 @@ int brokerDeallocPd(ibv_pd *pd) {
 ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
     ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
     if (p == nullptr) {
-        return fail<ibv_mr>(-EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     BufferInfo buf;
     if (!findBuffer(addr, length, &buf)) {
@@ -258,7 +253,7 @@ ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
             "memory "
             "(or an fd, with ibvx_reg_mr_fd) can be registered",
             addr, length);
-        return fail<ibv_mr>(-EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     uint64_t offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
     return registerMr(p, buf.fd, offset, length, access, addr);
@@ -267,7 +262,7 @@ ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
     ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
     if (p == nullptr) {
-        return fail<ibv_mr>(-EINVAL);
+        return failNull<ibv_mr>(EINVAL);
     }
     return registerMr(p, fd, offset, length, access, nullptr);
 }

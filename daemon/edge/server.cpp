@@ -33,13 +33,7 @@ StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, Ser
     if (options.events != nullptr) {
         s->events_ = options.events;
     }
-    s->broker_service_ = std::make_unique<BrokerService>(
-        broker, s->connections_, s->stats_, [raw = s.get()](const std::shared_ptr<Session> &session) {
-            raw->watchSession(session);
-            raw->admin_service_->countSessionOpened();
-            raw->events_->publish(AdminEvents::aboutSession(AdminEvents::Event::SESSION_OPEN, *session,
-                                                            "client '" + session->clientName() + "'"));
-        });
+    s->broker_service_ = std::make_unique<BrokerService>(broker, s->connections_, s->stats_, s.get());
     AdminHooks hooks = options.admin;
     hooks.admin_gid = options.admin_gid;
     // A listing page keeps to the send limit, with room for its last entry and the framing.
@@ -93,6 +87,13 @@ Status BrokerServer::start(UniqueFd listen_fd) {
     add(std::move(w), EPOLLIN);
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
+}
+
+void BrokerServer::sessionOpened(const std::shared_ptr<Session> &session) {
+    watchSession(session);
+    admin_service_->countSessionOpened();
+    events_->publish(AdminEvents::aboutSession(AdminEvents::Event::SESSION_OPEN, *session,
+                                               "client '" + session->clientName() + "'"));
 }
 
 void BrokerServer::watchSession(const std::shared_ptr<Session> &session) {

@@ -51,7 +51,7 @@ struct ServerOptions {
     std::chrono::milliseconds heartbeat_period{0};
 };
 
-class BrokerServer {
+class BrokerServer final : public SessionListener {
   public:
     static StatusOr<std::unique_ptr<BrokerServer>> create(Broker &broker, ServerOptions options);
     ~BrokerServer();
@@ -67,7 +67,9 @@ class BrokerServer {
     std::shared_ptr<AdminEvents> events() { return events_; }
     // Ends a session from the event loop (Admin.EvictSession); ready once it is torn down.
     std::shared_future<void> evictSession(const std::shared_ptr<Session> &session);
-    // Called by Hello: the loop starts watching the session's pidfd and attach deadline.
+    // Called by Hello (SessionListener): the loop starts watching the session's pidfd and attach
+    // deadline, the Admin counters and Watch hear of it.
+    void sessionOpened(const std::shared_ptr<Session> &session) override;
     void watchSession(const std::shared_ptr<Session> &session);
 
   private:

@@ -17,12 +17,11 @@ void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out
 }  // namespace
 
 BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
-                             std::function<void(const std::shared_ptr<Session> &)> on_session,
-                             BlockingLimits blocking)
+                             SessionListener *listener, BlockingLimits blocking)
     : broker_(broker),
       connections_(connections),
       stats_(stats),
-      on_session_(std::move(on_session)),
+      listener_(listener),
       blocking_(blocking.threads, blocking.max_queued) {}
 
 StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServerContext *ctx) {
@@ -76,8 +75,8 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
     const Session &session = **s;
     spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'", session.id(),
                  peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session.clientName());
-    if (on_session_) {
-        on_session_(*s);
+    if (listener_ != nullptr) {
+        listener_->sessionOpened(*s);
     }
     const Version &bv = broker_.options().version;
     resp->mutable_broker_version()->set_major(bv.major);

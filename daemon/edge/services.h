@@ -31,11 +31,19 @@ struct BlockingLimits {
     size_t max_queued = 1024;
 };
 
+// What the Broker service tells whoever serves the socket: an interface, so the service and the
+// server (which watches each session's pidfd and attach deadline) meet at one seam instead of a
+// lambda that captures the server. Called from a gRPC thread, once per successful Hello.
+class SessionListener {
+  public:
+    virtual ~SessionListener() = default;
+    virtual void sessionOpened(const std::shared_ptr<Session> &session) = 0;
+};
+
 class BrokerService final : public pb::Broker::CallbackService {
   public:
-    // on_session runs after Hello created a session (the listener watches its pidfd).
-    BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
-                  std::function<void(const std::shared_ptr<Session> &)> on_session,
+    // listener (not owned, may be nullptr) hears of every session Hello created.
+    BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, SessionListener *listener,
                   BlockingLimits blocking = {});
 
     grpc::ServerUnaryReactor *Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
@@ -101,7 +109,7 @@ class BrokerService final : public pb::Broker::CallbackService {
     Broker &broker_;
     ConnectionRegistry &connections_;
     RpcStats &stats_;
-    std::function<void(const std::shared_ptr<Session> &)> on_session_;
+    SessionListener *listener_;
     CallRecorder<Method> calls_{stats_};
     BlockingExecutor blocking_;  // after calls_: its threads finish calls, so it goes first
 };

@@ -73,7 +73,7 @@ const std::set<std::string> kCreatedHandles = {"context", "pd", "mr", "cq", "qp"
 
 // Everything a broker has, built once per process: gRPC servers are far too slow to start per
 // input, and a real broker serves many sessions in one process anyway.
-class Harness {
+class Harness : public SessionListener {
   public:
     Harness() {
         // The broker logs every failed call; a fuzzer makes little else.
@@ -88,11 +88,7 @@ class Harness {
         broker_ = std::make_unique<Broker>(opt, &devices_);
         // Region fds are dups the sender owns: dropping them is what a dead channel does.
         broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return ibvx::Status::ok(); });
-        service_ = std::make_unique<BrokerService>(*broker_, connections_, stats_,
-                                                   [this](const std::shared_ptr<Session> &s) {
-                                                       std::lock_guard lock(mu_);
-                                                       opened_.push_back(s);
-                                                   });
+        service_ = std::make_unique<BrokerService>(*broker_, connections_, stats_, this);
         grpc::ServerBuilder builder;
         builder.RegisterService(service_.get());
         server_ = builder.BuildAndStart();
@@ -157,6 +153,11 @@ class Harness {
             }
         }
         return st;
+    }
+
+    void sessionOpened(const std::shared_ptr<Session> &s) override {
+        std::lock_guard lock(mu_);
+        opened_.push_back(s);
     }
 
   private:

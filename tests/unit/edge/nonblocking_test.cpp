@@ -18,16 +18,10 @@
 namespace ibvx::daemon {
 namespace {
 
-class Edge {
+class Edge : public SessionListener {
   public:
     explicit Edge(BlockingLimits limits) : core_(waitingOptions()) {
-        service_ = std::make_unique<BrokerService>(
-            broker(), connections_, stats_,
-            [this](const std::shared_ptr<Session> &s) {
-                std::lock_guard lock(mu_);
-                sessions_.push_back(s);
-            },
-            limits);
+        service_ = std::make_unique<BrokerService>(broker(), connections_, stats_, this, limits);
         grpc::ServerBuilder builder;
         builder.RegisterService(service_.get());
         server_ = builder.BuildAndStart();
@@ -80,6 +74,11 @@ class Edge {
     Broker &broker() { return core_.broker(); }
     BrokerService &service() { return *service_; }
     pb::Broker::Stub &stub() { return *stub_; }
+
+    void sessionOpened(const std::shared_ptr<Session> &s) override {
+        std::lock_guard lock(mu_);
+        sessions_.push_back(s);
+    }
 
   private:
     static Broker::Options waitingOptions() {
