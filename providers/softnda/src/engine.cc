@@ -543,6 +543,11 @@ bool Engine::Thread::processSq(Qp *qp) {
         sq.ci_local++;
         bump(ctr_.wqes);
         bool ok = res.status == IBV_WC_SUCCESS;
+        if (!ok) {
+            // ERR before the error CQE: a consumer that polls the CQE and then queries the QP
+            // must see ERR, as with a real NIC (the error completion is the transition's report).
+            qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+        }
         if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
             // CI first: a CQE implies its ring slots are free (SPEC.md §4).
             __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
@@ -859,8 +864,9 @@ void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, u
     c.flags = flags;
     if (status != IBV_WC_SUCCESS) {
         bump(ctr_.errors);
+        setQpError(dev_, peer);  // before the CQE, as in processSq
     }
-    if (!writeCqe(peer->rcq, ctr_, c) || status != IBV_WC_SUCCESS) {
+    if (!writeCqe(peer->rcq, ctr_, c) && status == IBV_WC_SUCCESS) {
         setQpError(dev_, peer);
     }
 }
