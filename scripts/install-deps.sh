@@ -27,6 +27,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   iproute2 util-linux procps
+  ibverbs-utils perftest python3-pyverbs
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all
