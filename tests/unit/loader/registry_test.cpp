@@ -276,6 +276,9 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .query_qp = nullptr,
     .export_mmio = nullptr,
     .query_counters = nullptr,
+    .query_device = nullptr,
+    .query_port = nullptr,
+    .query_gid = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};
