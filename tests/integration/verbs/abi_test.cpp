@@ -244,11 +244,11 @@ TEST(FaceLoad, PerftestBindsEverySymbolAgainstTheFace) {
 TEST(FaceLoad, Mlx5ProviderLoadsWithTheFaceAsItsLibibverbs) {
     if (std::string(IBVX_SYSTEM_MLX5).empty())
         GTEST_SKIP() << "libmlx5.so.1 not installed";
-    void *face = ::dlopen(IBVX_FACE_LIB, RTLD_NOW | RTLD_LOCAL);
+    void *face = ::dlopen(IBVX_FACE_LIB, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     ASSERT_NE(face, nullptr) << ::dlerror();
     // libmlx5's DT_NEEDED libibverbs.so.1 is satisfied by the loaded face (same soname); RTLD_NOW
     // binds its IBVERBS_PRIVATE_34 imports, and its constructor registers with the face.
-    void *mlx5 = ::dlopen("libmlx5.so.1", RTLD_NOW | RTLD_LOCAL);
+    void *mlx5 = ::dlopen("libmlx5.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
     ASSERT_NE(mlx5, nullptr) << ::dlerror();
     void *used = ::dlsym(mlx5, "verbs_register_driver_34");
     ASSERT_NE(used, nullptr) << ::dlerror();
@@ -260,11 +260,13 @@ TEST(FaceLoad, Mlx5ProviderLoadsWithTheFaceAsItsLibibverbs) {
 }
 
 // ---- Entry points the broker does not serve: the libibverbs failure conventions ----
+// (Libraries are opened RTLD_NODELETE: unloading libibv_extend.so mid-process would orphan what
+// its gRPC runtime allocated, which LeakSanitizer then reports.)
 
 class FaceEntries : public ::testing::Test {
   protected:
     void SetUp() override {
-        face_ = ::dlopen(IBVX_FACE_LIB, RTLD_NOW | RTLD_LOCAL);
+        face_ = ::dlopen(IBVX_FACE_LIB, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
         ASSERT_NE(face_, nullptr) << ::dlerror();
     }
     void TearDown() override {
