@@ -149,6 +149,23 @@ TEST_F(IbvExtendRunBroker, EmptyLibraryPathBecomesTheFaceAlone) {
     EXPECT_EQ(realPath(envValue(r.out, "LD_LIBRARY_PATH")), realPath(IBVX_FACE_DIR));
 }
 
+// The installed layout: <prefix>/bin/ibv-extend-run finds <prefix>/lib/ibv_extend/verbs, ahead
+// of the build tree it was built in.
+TEST_F(IbvExtendRunBroker, InstalledBinaryUsesTheFaceBesideIt) {
+    TempDir prefix;
+    namespace fs = std::filesystem;
+    fs::create_directories(prefix.path() + "/bin");
+    fs::create_directories(prefix.path() + "/lib/ibv_extend/verbs");
+    // A copy, not a link: the program finds itself through /proc/self/exe, which resolves links.
+    fs::copy_file(runBinary(), prefix.path() + "/bin/ibv-extend-run");
+    fs::create_symlink(IBVX_FACE_LIB, prefix.path() + "/lib/ibv_extend/verbs/libibverbs.so.1");
+    ProcessResult r =
+        runProcess({prefix.path() + "/bin/ibv-extend-run", "env"},
+                   RunOptions{.env = {"IBV_EXTEND_SOCKET=" + broker_->socket(), "LD_LIBRARY_PATH="}});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(envValue(r.out, "LD_LIBRARY_PATH"), realPath(prefix.path() + "/lib/ibv_extend/verbs"));
+}
+
 TEST_F(IbvExtendRunBroker, SocketOptionOverridesTheEnvironment) {
     TempDir dir;
     std::vector<std::string> env{"IBV_EXTEND_SOCKET=" + dir.path() + "/elsewhere.sock"};
