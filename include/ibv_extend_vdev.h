@@ -28,8 +28,8 @@ extern "C" {
 #endif
 
 /* The ABI a provider's struct ibv_extend_vdev_ops was built against. V1 ends at export_mmio;
- * V2 adds query_counters; V3 adds query_device, query_port and query_gid (what the libibverbs
- * face answers ibv_query_device/_port/_gid with). The library reads an entry only when the
+ * V2 adds query_counters; V3 adds query_device, query_port, query_gid (what the libibverbs
+ * face answers ibv_query_device/_port/_gid with) and the event fds. The library reads an entry only when the
  * provider's abi has it, so an older provider (a shorter struct) keeps working unchanged. */
 #define IBV_EXTEND_VDEV_ABI_V1 1
 #define IBV_EXTEND_VDEV_ABI_V2 2
@@ -117,6 +117,14 @@ struct ibv_extend_vdev_ops {
     /* entry->gid, gid_index, port_num and gid_type (enum ibv_gid_type); ndev_ifindex 0. */
     int (*query_gid)(struct ibv_context *context, uint8_t port_num, uint32_t index,
                      struct ibv_gid_entry *entry);
+
+    /* Event delivery (ABI V3). The device signals fd (adds 1 to an eventfd) when it raises a
+     * completion event on cq (set_cq_event_fd) or an async event on any object of context
+     * (set_async_event_fd); which object, the consumer reads from the queues' memory (the
+     * driver's spec says how). The provider dups fd; fd = -1 detaches. 0 or a negative errno.
+     * May be NULL: events are then not raised. */
+    int (*set_cq_event_fd)(struct ibv_cq *cq, int fd);
+    int (*set_async_event_fd)(struct ibv_context *context, int fd);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);
