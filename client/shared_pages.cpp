@@ -19,6 +19,18 @@
 #include <new>
 #include <vector>
 
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define IBVX_LSAN_ROOTS 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define IBVX_LSAN_ROOTS 1
+#endif
+#ifdef IBVX_LSAN_ROOTS
+#include <sanitizer/lsan_interface.h>
+#endif
+
 namespace ibvx::client {
 namespace {
 
@@ -203,10 +215,15 @@ struct State {
     int fd = -1;    // the memfd; -1 while no page is moved
     dev_t dev = 0;
     ino_t ino = 0;
-    uint64_t size = 0;                   // the memfd's size (it only grows while open)
-    std::map<uintptr_t, Run> runs;       // moved pages: disjoint page-aligned runs keyed by start
-    std::vector<ForkPiece> fork_pieces;  // between the fork handlers: what the child takes private
-    void *snapshot = nullptr;            // the pieces' bytes as at fork(), inherited by the child
+    uint64_t size = 0;              // the memfd's size (it only grows while open)
+    std::map<uintptr_t, Run> runs;  // moved pages: disjoint page-aligned runs keyed by start
+    // Between the fork handlers: what the child takes private, and the bytes as at fork(). Both
+    // live in private mappings of their own: the child reads them while the heap pages it
+    // shares with the parent are still the parent's live (and changing) memory.
+    ForkPiece *fork_pieces = nullptr;
+    size_t fork_piece_count = 0;
+    size_t fork_plan_len = 0;
+    void *snapshot = nullptr;
     size_t snapshot_len = 0;
 };
 
@@ -234,9 +251,16 @@ StateHome &home() {
             return r;
         }
         r.state = new (p) State;  // never destroyed: static destructors may still release
+#ifdef IBVX_LSAN_ROOTS
+        // The registry's nodes are reachable from this page only, which LeakSanitizer does not
+        // scan by itself: registrations alive at exit are not leaks.
+        __lsan_register_root_region(p, len);
+#endif
         r.begin = reinterpret_cast<uintptr_t>(p);
         r.end = r.begin + len;
-        // Registered before any page is moved, so every fork() that can see a moved page runs them.
+        // Registered at load (below), before other libraries' handlers as far as we can: prepare
+        // handlers run in reverse order, so ours copies the pages after theirs have run, and
+        // ours is the first child handler, before any other can write a still-shared page.
         pthread_atfork(forkPrepare, forkParent, forkChild);
         return r;
     }();
@@ -428,40 +452,69 @@ bool pageRange(void *addr, size_t length, uintptr_t *begin, uintptr_t *end) {
     return *end <= static_cast<uintptr_t>(INT64_MAX);
 }
 
+void forgetForkPlan(State &s) {
+    if (s.snapshot != nullptr) {
+        ::munmap(s.snapshot, s.snapshot_len);  // in the child, what is left: moved slices are holes
+    }
+    if (s.fork_pieces != nullptr) {
+        ::munmap(s.fork_pieces, s.fork_plan_len);
+    }
+    s.snapshot = nullptr;
+    s.snapshot_len = 0;
+    s.fork_pieces = nullptr;
+    s.fork_piece_count = 0;
+    s.fork_plan_len = 0;
+}
+
 void forkPrepare() {
     State &s = *home().state;
     s.mu.lock();
     if (s.fd < 0) {
         return;
     }
-    std::vector<Vma> vmas;
     size_t total = 0;
-    if (readMaps(&vmas)) {
-        for (const Vma &v : vmas) {
-            if (ours(s, v)) {
-                s.fork_pieces.push_back({v.start, v.end - v.start, v.prot, v.offset, total});
-                total += v.end - v.start;
+    {
+        std::vector<ForkPiece> pieces;
+        std::vector<Vma> vmas;
+        if (readMaps(&vmas)) {
+            for (const Vma &v : vmas) {
+                if (ours(s, v)) {
+                    pieces.push_back({v.start, v.end - v.start, v.prot, v.offset, total});
+                    total += v.end - v.start;
+                }
+            }
+        } else {
+            // Without the maps, the registry still knows the pages at home (not their
+            // protection): a writable private copy beats a child writing into the parent's memory.
+            for (const auto &[start, run] : s.runs) {
+                pieces.push_back({start, run.end - start, kReadWrite, start, total});
+                total += run.end - start;
             }
         }
-    } else {
-        // Without the maps, the registry still knows the pages at home (not their protection):
-        // a writable private copy beats a child writing into the parent's memory.
-        for (const auto &[start, run] : s.runs) {
-            s.fork_pieces.push_back({start, run.end - start, kReadWrite, start, total});
-            total += run.end - start;
+        if (pieces.empty()) {
+            return;
         }
-    }
-    if (total == 0) {
-        return;
-    }
+        size_t plan_len = (pieces.size() * sizeof(ForkPiece) + pageSize() - 1) & ~(pageSize() - 1);
+        void *plan = ::mmap(nullptr, plan_len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (plan == MAP_FAILED) {
+            return;  // the child keeps sharing the pages with the parent: nothing better is possible
+        }
+        std::memcpy(plan, pieces.data(), pieces.size() * sizeof(ForkPiece));
+        s.fork_pieces = static_cast<ForkPiece *>(plan);
+        s.fork_piece_count = pieces.size();
+        s.fork_plan_len = plan_len;
+    }  // freed before the copy: heap pages in the copy must agree with malloc's own state
     // The child's private copies are taken here, in the parent, before fork(): a copy made in
     // the child could already hold what the parent wrote after its fork() returned. fork()
-    // shares the snapshot copy-on-write, so the child only has to mremap it into place.
+    // shares the snapshot copy-on-write, so the child only has to mremap it into place. From
+    // here to fork() nothing of ours writes memory (a free() would change heap pages the copy
+    // holds); our prepare handler runs last, as it was registered first (at load).
     void *snap = ::mmap(nullptr, total, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (snap == MAP_FAILED) {
         return;  // the child copies from the file itself
     }
-    for (const ForkPiece &p : s.fork_pieces) {
+    for (size_t i = 0; i < s.fork_piece_count; ++i) {
+        const ForkPiece &p = s.fork_pieces[i];
         copyFromFile(s.fd, reinterpret_cast<uintptr_t>(snap) + p.snapshot_offset, p.len, p.file_offset);
     }
     s.snapshot = snap;
@@ -470,20 +523,17 @@ void forkPrepare() {
 
 void forkParent() {
     State &s = *home().state;
-    if (s.snapshot != nullptr) {
-        ::munmap(s.snapshot, s.snapshot_len);
-    }
-    s.snapshot = nullptr;
-    s.snapshot_len = 0;
-    s.fork_pieces.clear();
+    forgetForkPlan(s);
     s.mu.unlock();
 }
 
 // The child has no registrations (its MRs are the parent's): every shared page becomes private
 // memory holding the bytes as at fork(), and the child's own registrations start a new memfd.
+// Until its pages are in place it reads nothing but the state page and the plan.
 void forkChild() {
     State &s = *home().state;
-    for (const ForkPiece &p : s.fork_pieces) {
+    for (size_t i = 0; i < s.fork_piece_count; ++i) {
+        const ForkPiece &p = s.fork_pieces[i];
         bool placed = false;
         if (s.snapshot != nullptr) {
             void *slice = static_cast<char *>(s.snapshot) + p.snapshot_offset;
@@ -495,12 +545,7 @@ void forkChild() {
             moveToPrivate(s.fd, p.addr, p.len, p.prot, p.file_offset);
         }
     }
-    if (s.snapshot != nullptr) {
-        ::munmap(s.snapshot, s.snapshot_len);  // what is left of it: slices moved out are holes
-    }
-    s.snapshot = nullptr;
-    s.snapshot_len = 0;
-    s.fork_pieces.clear();
+    forgetForkPlan(s);
     if (s.fd >= 0) {
         ::close(s.fd);
     }
@@ -509,6 +554,10 @@ void forkChild() {
     s.runs.clear();
     s.mu.unlock();
 }
+
+// The state and the fork handlers exist from load on: no fork() can fall between a first
+// acquisition's start and the handlers' registration.
+[[maybe_unused]] const bool g_registered_at_load = home().state != nullptr;
 
 }  // namespace
 
