@@ -472,7 +472,7 @@ TEST(SharedPages, PagesMovedAwayBecomePrivateAtTheirNewAddress) {
 
 // fork(): the child sees the contents as at fork() in private memory; neither side's later
 // writes reach the other; the child has no acquisitions and starts its own memfd.
-TEST(SharedPages, ForkGivesTheChildAPrivateCopy) {
+void forkAndCheckTheChild() {
     const size_t len = 3 * kPage + 123;
     auto *buf = static_cast<uint8_t *>(malloc(len));
     ASSERT_NE(buf, nullptr);
@@ -537,6 +537,25 @@ TEST(SharedPages, ForkGivesTheChildAPrivateCopy) {
     EXPECT_TRUE(holds(buf, len, 21));
     EXPECT_EQ(sharedPageCount(), 0u);
     free(buf);
+}
+
+TEST(SharedPages, ForkGivesTheChildAPrivateCopy) {
+    forkAndCheckTheChild();
+}
+
+// With another thread alive, libc's fork() takes its multi-threaded path (malloc's locks).
+TEST(SharedPages, ForkFromAMultiThreadedProcess) {
+    int gate[2];
+    ASSERT_EQ(pipe(gate), 0);
+    std::thread waiter([&] {
+        char c = 0;
+        (void)!read(gate[0], &c, 1);
+    });
+    forkAndCheckTheChild();
+    ASSERT_EQ(write(gate[1], "q", 1), 1);
+    waiter.join();
+    close(gate[0]);
+    close(gate[1]);
 }
 
 // Several threads acquire and release overlapping ranges of one buffer: every window shows the
