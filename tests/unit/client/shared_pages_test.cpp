@@ -442,6 +442,33 @@ TEST(SharedPages, ReleaseAfterTheProgramUnmappedTheBuffer) {
     close(file);
 }
 
+// The program unmapped a held buffer, got the address back and registers the new memory: the
+// new memory takes the pages' home (the old MR reaches it) and both holders count.
+TEST(SharedPages, ReRegisteringAnAddressUnmappedWhileHeld) {
+    const size_t len = 2 * kPage;
+    void *buf = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(buf, MAP_FAILED);
+    fill(buf, len, 14);
+    SharedWindow old_window, new_window;
+    std::string why;
+    ASSERT_EQ(acquireShared(buf, len, &old_window, &why), 0) << why;
+    ASSERT_EQ(munmap(buf, len), 0);
+    ASSERT_EQ(mmap(buf, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0), buf);
+    fill(buf, len, 15);
+    ASSERT_EQ(acquireShared(buf, len, &new_window, &why), 0) << why;
+    EXPECT_TRUE(onSharedPages(buf));
+    EXPECT_TRUE(holds(buf, len, 15));
+    expectWindowIsTheBuffer(new_window, buf, len);
+    EXPECT_EQ(sharedPageCount(), 2u);
+    releaseShared(buf, len);
+    EXPECT_TRUE(onSharedPages(buf)) << "still held by the second registration";
+    releaseShared(buf, len);
+    EXPECT_TRUE(privatePage(buf));
+    EXPECT_TRUE(holds(buf, len, 15));
+    EXPECT_EQ(sharedPageCount(), 0u);
+    munmap(buf, len);
+}
+
 // The program moved held pages away with mremap (realloc does that with a big chunk): at the new
 // address they are the program's private memory again, with their contents.
 TEST(SharedPages, PagesMovedAwayBecomePrivateAtTheirNewAddress) {
