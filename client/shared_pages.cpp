@@ -236,8 +236,6 @@ struct StateHome {
     uintptr_t end = 0;
 };
 
-StateHome &home();
-
 void forkPrepare();
 void forkParent();
 void forkChild();
