@@ -77,6 +77,7 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
                           "destroy_qp",
                           "modify_qp",
                           "query_qp",
+                          "qp_to_qp_ex",
                           "create_srq",
                           "destroy_srq",
                           "modify_srq",
