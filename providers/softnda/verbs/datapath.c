@@ -14,6 +14,9 @@
  * Conventions are the libibverbs ones: post_* return 0 or an errno and set *bad_wr to the first
  * work request not posted; the work requests before it are posted and rung.
  */
+/* Spinlocks, posix_memalign and the endian.h conversions are POSIX/BSD: visible in strict C too. */
+#define _DEFAULT_SOURCE
+
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
@@ -348,33 +351,33 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
     }
     int may_inline = 0;
     switch (op) {
-        case SOFTNDA_OP_SEND_WITH_IMM:
-            /* ibv_send_wr carries the immediate in network order; the WQE carries the number
-             * (§2.1, little-endian like every field), so device-side peers see the same value. */
-            w.imm_data = be32toh(wr->imm_data);
-            may_inline = 1;
-            break;
         case SOFTNDA_OP_SEND:
+        case SOFTNDA_OP_SEND_WITH_IMM:
             may_inline = 1;
             break;
-        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
-            w.imm_data = be32toh(wr->imm_data);
-            /* fall through */
         case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
             may_inline = 1;
-            /* fall through */
+            w.remote_addr = wr->wr.rdma.remote_addr;
+            w.rkey = wr->wr.rdma.rkey;
+            break;
         case SOFTNDA_OP_RDMA_READ:
             w.remote_addr = wr->wr.rdma.remote_addr;
             w.rkey = wr->wr.rdma.rkey;
             break;
-        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
-            w.swap = wr->wr.atomic.swap;
-            /* fall through */
-        default: /* SOFTNDA_OP_ATOMIC_FETCH_AND_ADD */
+        default: /* the two atomics */
             w.remote_addr = wr->wr.atomic.remote_addr;
             w.rkey = wr->wr.atomic.rkey;
             w.compare_add = wr->wr.atomic.compare_add;
+            if (op == SOFTNDA_OP_ATOMIC_CMP_AND_SWP) {
+                w.swap = wr->wr.atomic.swap;
+            }
             break;
+    }
+    if (op == SOFTNDA_OP_SEND_WITH_IMM || op == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
+        /* ibv_send_wr carries the immediate in network order; the WQE carries the number (§2.1,
+         * little-endian like every field), so device-side peers see the same value. */
+        w.imm_data = be32toh(wr->imm_data);
     }
     /* IBV_SEND_INLINE means something only where data is sent; a READ or an atomic names buffers
      * the device writes, so there the flag is ignored, as mlx5 does. */
