@@ -723,6 +723,37 @@ TEST_F(Datapath, PollTakesManyCompletionsAtOnce) {
     }
 }
 
+TEST_F(Datapath, OverflowedCqReportsAnErrorOnceDrained) {
+    CqH small = makeCq(4);
+    void *vsmall = openCq(small);
+    ASSERT_EQ(small.ext->cq_info.qbuf.entry_cnt, 4u);
+    VQp a = makeVQp(QpCaps{.send_wr = 16}, nullptr, &small, &small);
+    VQp b = makeVQp(QpCaps{.send_wr = 16}, nullptr, &small, &small);
+    connect(a.h, b.h);
+    alignas(8) uint64_t src = 1, dst = 0;
+    ibv_mr *smr = reg(&src, 8);
+    ibv_mr *dmr = reg(&dst, 8);
+    ibv_sge s = vsge(&src, 8, smr);
+    std::vector<ibv_send_wr> wrs;
+    for (uint64_t i = 0; i < 6; ++i) {
+        wrs.push_back(sendWr(IBV_WR_RDMA_WRITE, i, &s, 1));
+        wrs.back().wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+        wrs.back().wr.rdma.rkey = dmr->rkey;
+    }
+    ASSERT_EQ(post(a, chain(wrs)), 0);
+    const uint32_t *state = recordWord(small.ext->cq_info, 4);  // SPEC.md §1.1, §6.3
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (__atomic_load_n(state, __ATOMIC_ACQUIRE) == 0 && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::yield();
+    }
+    ASSERT_NE(__atomic_load_n(state, __ATOMIC_ACQUIRE), 0u);
+    std::vector<ibv_wc> wc(16);
+    EXPECT_EQ(dp_->poll_cq(vsmall, 16, wc.data()), 4);  // what was written before the overflow
+    EXPECT_EQ(wc[0].wr_id, 0u);
+    EXPECT_EQ(wc[3].wr_id, 3u);
+    EXPECT_EQ(dp_->poll_cq(vsmall, 16, wc.data()), -EOVERFLOW);
+}
+
 TEST_F(Datapath, SrqReceivesFromManyQps) {
     SrqH srq = makeSrq(16, 2);
     void *vsrq = openSrq(srq, 16, 2);
