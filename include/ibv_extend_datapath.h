@@ -71,6 +71,12 @@ struct ibv_extend_datapath_ops {
     uint32_t (*cq_events)(void *cq);
     uint32_t (*qp_fatal_events)(void *qp);
     uint32_t (*srq_limit_events)(void *srq);
+
+    /* ibv_modify_srq / ibv_query_srq where the driver can answer in the tenant (an SRQ limit is a
+     * store to the queue's memory on softnda): 0 or an errno (EINVAL for what the driver cannot
+     * change, e.g. max_wr). May be NULL: the verbs then answer EOPNOTSUPP. */
+    int (*modify_srq)(void *srq, const struct ibv_srq_attr *attr, int attr_mask);
+    int (*query_srq)(void *srq, struct ibv_srq_attr *attr);
 };
 
 #ifdef __cplusplus

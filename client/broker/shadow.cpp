@@ -12,7 +12,8 @@ namespace ibvx::client::broker {
 namespace {
 
 struct Entry {
-    ShadowContext *owner;     // nullptr for a context itself
+    ShadowContext *owner;  // nullptr for a context itself
+    ShadowKind kind;
     void (*destroy)(void *);  // frees an object shadow
 };
 
@@ -110,10 +111,22 @@ bool anyContext() {
     return registry().context_count.load(std::memory_order_acquire) != 0;
 }
 
-void trackRaw(const void *shadow, ShadowContext *owner, void (*destroy)(void *)) {
+void trackRaw(const void *shadow, ShadowContext *owner, ShadowKind kind, void (*destroy)(void *)) {
     Registry &r = registry();
     std::unique_lock lock(r.mu);
-    r.objects[shadow] = Entry{owner, destroy};
+    r.objects[shadow] = Entry{owner, kind, destroy};
+}
+
+std::vector<void *> shadowsOf(const ShadowContext *owner, ShadowKind kind) {
+    Registry &r = registry();
+    std::shared_lock lock(r.mu);
+    std::vector<void *> out;
+    for (const auto &[p, e] : r.objects) {
+        if (e.owner == owner && e.kind == kind) {
+            out.push_back(const_cast<void *>(p));
+        }
+    }
+    return out;
 }
 
 ShadowContext *ownerOf(const void *shadow) {

@@ -18,6 +18,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
@@ -178,11 +179,43 @@ ShadowContext *contextOf(const ibv_context *ctx);
 // True when any broker context exists (lets direct mode skip the registry lock).
 bool anyContext();
 
-void trackRaw(const void *shadow, ShadowContext *owner, void (*destroy)(void *));
+// What a tracked shadow is, in the order a context's objects are destroyed when a program closes
+// it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
+enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kPd };
+template <typename Shadow>
+constexpr ShadowKind kindOf();
+template <>
+constexpr ShadowKind kindOf<ShadowAh>() {
+    return ShadowKind::kAh;
+}
+template <>
+constexpr ShadowKind kindOf<ShadowQp>() {
+    return ShadowKind::kQp;
+}
+template <>
+constexpr ShadowKind kindOf<ShadowSrq>() {
+    return ShadowKind::kSrq;
+}
+template <>
+constexpr ShadowKind kindOf<ShadowCq>() {
+    return ShadowKind::kCq;
+}
+template <>
+constexpr ShadowKind kindOf<ShadowMr>() {
+    return ShadowKind::kMr;
+}
+template <>
+constexpr ShadowKind kindOf<ShadowPd>() {
+    return ShadowKind::kPd;
+}
+
+void trackRaw(const void *shadow, ShadowContext *owner, ShadowKind kind, void (*destroy)(void *));
 template <typename Shadow>
 void track(Shadow *s, ShadowContext *owner) {
-    trackRaw(s, owner, [](void *p) { delete static_cast<Shadow *>(p); });
+    trackRaw(s, owner, kindOf<Shadow>(), [](void *p) { delete static_cast<Shadow *>(p); });
 }
+// The live shadows of one kind owned by a context (a snapshot).
+std::vector<void *> shadowsOf(const ShadowContext *owner, ShadowKind kind);
 // The owner of a live shadow, nullptr when the registry does not know it.
 ShadowContext *ownerOf(const void *shadow);
 // Removes a shadow from the registry (the caller frees it). False when it was not live.

@@ -514,6 +514,38 @@ int ibvx_verbs_close_device(ibv_context *context) {
         errno = EINVAL;
         return -1;
     }
+    // What the program left is destroyed first, as the kernel frees it behind libibverbs'
+    // ibv_close_device (perftest, for one, closes with a CQ still open).
+    size_t left = 0;
+    for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
+                            ShadowKind::kMr, ShadowKind::kPd}) {
+        for (void *o : shadowsOf(c, kind)) {
+            ++left;
+            switch (kind) {
+                case ShadowKind::kAh:
+                    (void)ibvx_verbs_destroy_ah(&static_cast<ShadowAh *>(o)->ah);
+                    break;
+                case ShadowKind::kQp:
+                    (void)ibvx_verbs_destroy_qp(&static_cast<ShadowQp *>(o)->qp);
+                    break;
+                case ShadowKind::kSrq:
+                    (void)ibvx_verbs_destroy_srq(&static_cast<ShadowSrq *>(o)->srq);
+                    break;
+                case ShadowKind::kCq:
+                    (void)ibvx_verbs_destroy_cq(&static_cast<ShadowCq *>(o)->cq);
+                    break;
+                case ShadowKind::kMr:
+                    (void)ibvx_verbs_dereg_mr(&static_cast<ShadowMr *>(o)->mr);
+                    break;
+                case ShadowKind::kPd:
+                    (void)ibvx_verbs_dealloc_pd(&static_cast<ShadowPd *>(o)->pd);
+                    break;
+            }
+        }
+    }
+    if (left != 0) {
+        warn("ibv_close_device: destroyed %zu object(s) the program left on the context", left);
+    }
     int async_fd = c->ctx.async_fd;
     int rc = brokerCloseDevice(&c->ext);
     if (rc != 0) {
@@ -942,12 +974,30 @@ int ibvx_verbs_destroy_srq(ibv_srq *srq) {
     return -rc;
 }
 
-// The broker has no SRQ modify/query call yet (the extend API has none either).
-int ibvx_verbs_modify_srq(ibv_srq *srq, ibv_srq_attr *, int) {
-    return liveSrq(srq) != nullptr ? EOPNOTSUPP : EINVAL;
+// Answered by the driver's data path where it can (an SRQ limit is a store to the queue's memory
+// on softnda); the broker has no SRQ modify/query call.
+int ibvx_verbs_modify_srq(ibv_srq *srq, ibv_srq_attr *attr, int attr_mask) {
+    ShadowSrq *s = liveSrq(srq);
+    if (s == nullptr || attr == nullptr) {
+        return EINVAL;
+    }
+    const ibv_extend_datapath_ops *dp = s->owner->datapath;
+    if (s->dp.state == nullptr || dp->modify_srq == nullptr) {
+        return EOPNOTSUPP;
+    }
+    return dp->modify_srq(s->dp.state, attr, attr_mask);
 }
-int ibvx_verbs_query_srq(ibv_srq *srq, ibv_srq_attr *) {
-    return liveSrq(srq) != nullptr ? EOPNOTSUPP : EINVAL;
+
+int ibvx_verbs_query_srq(ibv_srq *srq, ibv_srq_attr *attr) {
+    ShadowSrq *s = liveSrq(srq);
+    if (s == nullptr || attr == nullptr) {
+        return EINVAL;
+    }
+    const ibv_extend_datapath_ops *dp = s->owner->datapath;
+    if (s->dp.state == nullptr || dp->query_srq == nullptr) {
+        return EOPNOTSUPP;
+    }
+    return dp->query_srq(s->dp.state, attr);
 }
 
 // An address handle is checked and kept here: softnda connects RC QPs by QP number and serves no

@@ -523,4 +523,6 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .cq_events = sd_cq_events,
     .qp_fatal_events = sd_qp_fatal_events,
     .srq_limit_events = sd_srq_limit_events,
+    .modify_srq = softnda_verbs_modify_srq,
+    .query_srq = softnda_verbs_query_srq,
 };
