@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/driver_ops.h"
+#include "common/fd_kind.h"
 #include "daemon/core/events.h"
 #include "providers/loader/create_rules.h"
 #include "providers/loader/extend_open.h"
@@ -107,6 +108,23 @@ bool isSharableMemory(int fd, bool *is_dmabuf) {
     *is_dmabuf =
         std::strncmp(target, "/dmabuf:", 8) == 0 || std::strncmp(target, "anon_inode:dmabuf", 17) == 0;
     return *is_dmabuf || std::strncmp(target, "/memfd:", 7) == 0;
+}
+
+// The eventfd a tenant sent on the fd channel for event delivery (`what` names the call). Taken
+// before the session lock, as RegMr's fd: the fd-channel reader must not wait on us.
+StatusOr<UniqueFd> takeEventFd(Session &s, uint64_t xfer_id, std::chrono::milliseconds wait,
+                               const char *what) {
+    UniqueFd fd = s.takeXfer(xfer_id, wait);
+    if (!fd) {
+        return Status(Code::kInvalidArgument, EBADF,
+                      std::string("no fd arrived on the fd channel with xfer_id ") + std::to_string(xfer_id) +
+                          " for " + what);
+    }
+    if (!isEventFd(fd.get())) {
+        return Status(Code::kInvalidArgument, EINVAL,
+                      std::string("the fd for ") + what + " is not an eventfd (create it with eventfd(2))");
+    }
+    return fd;
 }
 
 Status sendOnChannel(Session &s, std::vector<RegionToSend> &regions, int timeout_ms) {
@@ -588,6 +606,18 @@ StatusOr<PortInfo> Broker::queryPort(Session &s, uint64_t context, uint8_t port)
     return info;
 }
 
+Status Broker::setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id) {
+    if (xfer_id == 0) {
+        return invalidArgument("SetAsyncEventFd needs the xfer_id of an eventfd sent on the fd channel");
+    }
+    ASSIGN_OR_RETURN(UniqueFd fd, takeEventFd(s, xfer_id, options_.xfer_wait, "SetAsyncEventFd"));
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    // The driver dups the fd; ours closes on return.
+    return callDriver(s.memory(), ctx->dev, "the device cannot deliver async events",
+                      [&] { return ctx->dev->verbs.setAsyncEventFd(ctx->verbs, fd.get()); });
+}
+
 StatusOr<uint64_t> Broker::allocPd(Session &s, uint64_t context) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
@@ -701,6 +731,11 @@ Status Broker::deregMr(Session &s, uint64_t mr) {
 StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
     RETURN_IF_ERROR(rule(loader::checkCqRequest(args.cqe)));
+    UniqueFd event_fd;
+    if (args.event_xfer_id != 0) {
+        ASSIGN_OR_RETURN(event_fd,
+                         takeEventFd(s, args.event_xfer_id, options_.xfer_wait, "CreateCq's event_xfer_id"));
+    }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
@@ -719,6 +754,16 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     obj->context = ctx;
     ASSIGN_OR_RETURN(obj->cq, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_cq failed",
                                              [&] { return ctx->ext->ops->create_cq(ctx->verbs, &attr); }));
+    if (event_fd) {
+        Status st = attachCqEventFd(s, *obj, event_fd);
+        if (!st.isOk()) {
+            // Not published yet: roll the driver's CQ back here (its memory goes with it).
+            (void)callDriver(s.memory(), ctx->dev, "destroy_cq failed",
+                             [&] { return obj->destroyDriverObject(); });
+            (void)MappingManager::instance().takeReleased(*s.memory_);
+            return st;
+        }
+    }
     CqResult r;
     r.cqe = obj->cq->cq != nullptr ? static_cast<uint32_t>(obj->cq->cq->cqe) : args.cqe;
     std::memcpy(r.resv, obj->cq->resv, sizeof(r.resv));
@@ -726,6 +771,15 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     const queue_info *info = &obj->cq->cq_info;
     ASSIGN_OR_RETURN(r.cq, publish(s, std::move(obj), {{info, &r.info}}));
     return r;
+}
+
+Status Broker::attachCqEventFd(Session &s, CqObject &cq, const UniqueFd &fd) {
+    if (cq.cq->cq == nullptr) {
+        return Status(Code::kUnimplemented, EOPNOTSUPP, "the driver's CQ has no ibv_cq to deliver events on");
+    }
+    // The driver dups the fd; the caller's copy closes when CreateCq returns.
+    return callDriver(s.memory(), cq.context->dev, "the device cannot deliver completion events",
+                      [&] { return cq.context->dev->verbs.setCqEventFd(cq.cq->cq, fd.get()); });
 }
 
 StatusOr<Released> Broker::destroyCq(Session &s, uint64_t cq) {

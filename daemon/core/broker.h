@@ -72,6 +72,9 @@ struct CreateCqArgs {
     uint64_t wc_flags = 0;
     uint32_t cq_cap_flag = 0;
     queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
+    // Non-zero: the eventfd the tenant sent on the fd channel with this id, signalled by the
+    // device when it raises a completion event on the CQ.
+    uint64_t event_xfer_id = 0;
 };
 
 struct CqResult {
@@ -194,6 +197,9 @@ class Broker {
     // The standard device and port queries of a context's device (DeviceVerbs).
     StatusOr<ibv_device_attr> queryDeviceAttr(Session &s, uint64_t context);
     StatusOr<PortInfo> queryPort(Session &s, uint64_t context, uint8_t port);
+    // The context's async event fd: the eventfd sent on the fd channel with xfer_id, handed to
+    // the driver (which keeps its own dup; the broker keeps none).
+    Status setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id);
     StatusOr<uint64_t> allocPd(Session &s, uint64_t context);
     Status deallocPd(Session &s, uint64_t pd);
     StatusOr<RegMrResult> regMr(Session &s, const RegMrArgs &args);
@@ -231,6 +237,8 @@ class Broker {
     StatusOr<QpObject *> lookupQpWithVerbs(Session &s, uint64_t qp);
     StatusOr<QpMembers> qpMembers(Session &s, const CreateQpArgs &args);
     Status openDriverContext(Session &s, ContextObject &obj);
+    // Hands a CreateCq's eventfd to the driver's new CQ (set_cq_event_fd).
+    Status attachCqEventFd(Session &s, CqObject &cq, const UniqueFd &fd);
     uint64_t newHandle(Session &s);
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
     // The one publish step of every create: translate the queues' memory for the tenant, charge

@@ -27,7 +27,8 @@ const char *const kMethodNames[] = {"Hello",
                                     "QueryQpSupportedHyroceFeature",
                                     "NegoQpHyroceFeature",
                                     "QueryDeviceAttr",
-                                    "QueryPort"};
+                                    "QueryPort",
+                                    "SetAsyncEventFd"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

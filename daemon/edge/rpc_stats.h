@@ -39,6 +39,7 @@ enum class Method {
     kNegoQpHyroceFeature,
     kQueryDeviceAttr,
     kQueryPort,
+    kSetAsyncEventFd,
     kCount
 };
 

@@ -181,6 +181,17 @@ grpc::ServerUnaryReactor *BrokerService::QueryPort(grpc::CallbackServerContext *
     });
 }
 
+grpc::ServerUnaryReactor *BrokerService::SetAsyncEventFd(grpc::CallbackServerContext *ctx,
+                                                         const pb::SetAsyncEventFdRequest *req,
+                                                         pb::SetAsyncEventFdResponse *) {
+    // Waits for the eventfd on the fd channel: never on a callback thread.
+    uint64_t context = req->context();
+    uint64_t xfer_id = req->xfer_id();
+    return serveBlocking(ctx, Method::kSetAsyncEventFd, [this, context, xfer_id](Session &s) {
+        return broker_.setAsyncEventFd(s, context, xfer_id);
+    });
+}
+
 grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ctx,
                                                  const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) {
     return serve(ctx, Method::kAllocPd, [&](Session &s) {
@@ -229,18 +240,20 @@ grpc::ServerUnaryReactor *BrokerService::DeregMr(grpc::CallbackServerContext *ct
 grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *ctx,
                                                   const pb::CreateCqRequest *req,
                                                   pb::CreateCqResponse *resp) {
-    return serve(ctx, Method::kCreateCq, [&](Session &s) {
-        auto mode = fromProto(req->dma_mode());
-        if (!mode.isOk()) {
-            return mode.status();
+    auto mode = fromProto(req->dma_mode());
+    CreateCqArgs a;
+    a.context = req->context();
+    a.cqe = req->cqe();
+    a.comp_vector = req->comp_vector();
+    a.wc_flags = req->wc_flags();
+    a.cq_cap_flag = req->cq_cap_flag();
+    a.dma_mode = mode.isOk() ? *mode : QU_BUF_DMA_MODE_DEFAULT;
+    a.event_xfer_id = req->event_xfer_id();
+    // resp lives until Finish; a, mode by value: serveBlocking runs after this returns.
+    auto create = [this, a, mode_status = mode.status(), resp](Session &s) {
+        if (!mode_status.isOk()) {
+            return mode_status;
         }
-        CreateCqArgs a;
-        a.context = req->context();
-        a.cqe = req->cqe();
-        a.comp_vector = req->comp_vector();
-        a.wc_flags = req->wc_flags();
-        a.cq_cap_flag = req->cq_cap_flag();
-        a.dma_mode = *mode;
         auto r = broker_.createCq(s, a);
         if (!r.isOk()) {
             return r.status();
@@ -250,7 +263,13 @@ grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *c
         toProto(r->info, resp->mutable_cq_info());
         resp->set_resv(r->resv, sizeof(r->resv));
         return Status::ok();
-    });
+    };
+    // With an event fd the call waits for it on the fd channel, as RegMr does: never on a
+    // callback thread.
+    if (a.event_xfer_id != 0) {
+        return serveBlocking(ctx, Method::kCreateCq, create);
+    }
+    return serve(ctx, Method::kCreateCq, create);
 }
 
 grpc::ServerUnaryReactor *BrokerService::DestroyCq(grpc::CallbackServerContext *ctx,

@@ -2,9 +2,9 @@
 // authenticates the call (token + connection credentials), converts proto -> core, calls the
 // core and converts back. No state of its own beyond counters.
 //
-// Threading: handlers run on gRPC's callback threads and never wait there. RegMr, which waits
-// up to Broker::Options::xfer_wait for its fd on the fd channel, runs on the service's
-// BlockingExecutor and finishes its reactor from there.
+// Threading: handlers run on gRPC's callback threads and never wait there. The calls that wait
+// up to Broker::Options::xfer_wait for an fd on the fd channel (RegMr, SetAsyncEventFd, CreateCq
+// with an event fd) run on the service's BlockingExecutor and finish their reactors from there.
 #pragma once
 
 #include <atomic>
@@ -62,6 +62,9 @@ class BrokerService final : public pb::Broker::CallbackService {
                                               pb::QueryDeviceAttrResponse *resp) override;
     grpc::ServerUnaryReactor *QueryPort(grpc::CallbackServerContext *ctx, const pb::QueryPortRequest *req,
                                         pb::QueryPortResponse *resp) override;
+    grpc::ServerUnaryReactor *SetAsyncEventFd(grpc::CallbackServerContext *ctx,
+                                              const pb::SetAsyncEventFdRequest *req,
+                                              pb::SetAsyncEventFdResponse *resp) override;
     grpc::ServerUnaryReactor *AllocPd(grpc::CallbackServerContext *ctx, const pb::AllocPdRequest *req,
                                       pb::AllocPdResponse *resp) override;
     grpc::ServerUnaryReactor *DeallocPd(grpc::CallbackServerContext *ctx, const pb::DeallocPdRequest *req,

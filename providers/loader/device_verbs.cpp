@@ -61,9 +61,18 @@ int noQueryGid(ibv_context *, uint8_t, uint32_t, ibv_gid_entry *) {
     return -EOPNOTSUPP;
 }
 
-constexpr DeviceVerbs::Ops kDummyOps = {noOpen,          noClose,       noAllocPd,   noDeallocPd,
-                                        noRegMr,         noDeregMr,     noModifyQp,  noQueryQp,
-                                        noQueryCounters, noQueryDevice, noQueryPort, noQueryGid};
+int noSetCqEventFd(ibv_cq *, int) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+int noSetAsyncEventFd(ibv_context *, int) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
+constexpr DeviceVerbs::Ops kDummyOps = {
+    noOpen,    noClose,         noAllocPd,     noDeallocPd, noRegMr,    noDeregMr,      noModifyQp,
+    noQueryQp, noQueryCounters, noQueryDevice, noQueryPort, noQueryGid, noSetCqEventFd, noSetAsyncEventFd};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -142,6 +151,8 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.query_device, ops.query_device);
     setOp(v.ops_.query_port, ops.query_port);
     setOp(v.ops_.query_gid, ops.query_gid);
+    setOp(v.ops_.set_cq_event_fd, ops.set_cq_event_fd);
+    setOp(v.ops_.set_async_event_fd, ops.set_async_event_fd);
     return v;
 }
 
@@ -157,14 +168,16 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                hasQueryCounters(provider) ? vdevQueryCounters : nullptr,
                v3Entry(provider, provider->query_device),
                v3Entry(provider, provider->query_port),
-               v3Entry(provider, provider->query_gid)};
+               v3Entry(provider, provider->query_gid),
+               v3Entry(provider, provider->set_cq_event_fd),
+               v3Entry(provider, provider->set_async_event_fd)};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,  ibv_close_device, ibv_alloc_pd,   ibv_dealloc_pd,
-               verbsRegMr, ibv_dereg_mr,     ibv_modify_qp,  ibv_query_qp,
-               nullptr,    ibv_query_device, verbsQueryPort, verbsQueryGid};
+    Ops ops = {verbsOpen,      ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,   ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
+               verbsQueryPort, verbsQueryGid,    nullptr,      nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -235,6 +248,16 @@ int DeviceVerbs::queryPort(ibv_context *context, uint8_t port, ibv_port_attr *at
 int DeviceVerbs::queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) const {
     errno = 0;
     return result(ops_.query_gid(context, port, index, entry));
+}
+
+int DeviceVerbs::setCqEventFd(ibv_cq *cq, int fd) const {
+    errno = 0;
+    return result(ops_.set_cq_event_fd(cq, fd));
+}
+
+int DeviceVerbs::setAsyncEventFd(ibv_context *context, int fd) const {
+    errno = 0;
+    return result(ops_.set_async_event_fd(context, fd));
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

@@ -41,6 +41,8 @@ class DeviceVerbs {
         int (*query_device)(ibv_context *context, ibv_device_attr *attr);
         int (*query_port)(ibv_context *context, uint8_t port, ibv_port_attr *attr);
         int (*query_gid)(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry);
+        int (*set_cq_event_fd)(ibv_cq *cq, int fd);
+        int (*set_async_event_fd)(ibv_context *context, int fd);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -80,6 +82,12 @@ class DeviceVerbs {
     int queryDevice(ibv_context *context, ibv_device_attr *attr) const;
     int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) const;
     int queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) const;
+    // Event delivery (a provider's from ABI V3 on): the device signals the eventfd fd when it
+    // raises a completion event on cq / an async event on context. The provider dups fd; -1
+    // detaches. 0 or a negative errno; -EOPNOTSUPP when the device raises no events (an rdma-core
+    // device has its own completion channels).
+    int setCqEventFd(ibv_cq *cq, int fd) const;
+    int setAsyncEventFd(ibv_context *context, int fd) const;
 
   private:
     int result(int rc) const;

@@ -387,6 +387,10 @@ int vdevCloseDevice(ibv_context *context) {
             return -EBUSY;
         }
         dropBar(ctx);
+        if (ctx->async_fd >= 0) {
+            ::close(ctx->async_fd);  // no object is left to raise an event on it
+            ctx->async_fd = -1;
+        }
     }
     if (--dev->open_contexts == 0) {
         std::unique_ptr<Engine> engine;

@@ -1,5 +1,7 @@
 // The extension driver: NDA queue creation through the caller's ibv_extend_ops, the V2
 // extended QP attributes and the V3 hyroce feature negotiation.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -83,6 +85,8 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     int rc = allocRing(a->ops, pow2Ceil(a->attr.cqe < 2 ? 2 : a->attr.cqe), SOFTNDA_CQE_SIZE, &cq->ring);
     if (rc == 0) {
         cq->state = cq->ring.pi + 1;
+        cq->arm = cq->ring.pi + kCqArmWord;
+        cq->events = cq->ring.pi + kCqEventsWord;
         rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Cq, cq, &cq->db);
     }
     if (rc != 0) {
@@ -113,6 +117,9 @@ int destroyCq(ibv_cq_extend *ext) {
     }
     releaseDbSlot(cq->ctx, cq->ops, &cq->db);
     freeRing(cq->ops, &cq->ring);
+    if (cq->event_fd >= 0) {
+        ::close(cq->event_fd);  // no QP uses the CQ (refs == 0): the engine cannot reach it
+    }
     dev->n_cq--;
     cq->ctx->objects--;
     cq->magic = 0;
@@ -251,6 +258,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
         rc = allocRing(a->ops, pow2Ceil(cap.max_recv_wr < 1 ? 1 : cap.max_recv_wr), rq_stride, &qp->rq);
     }
     if (rc == 0) {
+        qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
         rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Sq, qp, &qp->sq_db);
     }
     if (rc == 0 && srq == nullptr) {

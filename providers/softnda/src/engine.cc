@@ -1,5 +1,6 @@
 // The emulated hardware: engine threads that notice doorbells, execute SQ WQEs against
 // registered memory and write CQEs, exactly as SPEC.md says.
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sys/syscall.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/fd_kind.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -73,7 +75,28 @@ struct Segment {
     uint32_t len;
 };
 
-bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
+// SPEC.md §9: after a CQE is published, an armed CQ whose arming the CQE satisfies is disarmed
+// (one arming, at most one event) and counts the event. True when the caller must signal it.
+bool takeArm(Cq *cq, const softnda_cqe &c) {
+    uint32_t arm = __atomic_load_n(cq->arm, __ATOMIC_ACQUIRE);
+    while (arm != 0) {
+        // 2 = solicited only: a receive that carries SOLICITED, or an error completion. Any other
+        // non-zero value arms for the next completion, as kCqArmNext does.
+        bool qualifies =
+            arm != kCqArmSolicited || (c.flags & SOFTNDA_CQE_SOLICITED) != 0 || c.status != IBV_WC_SUCCESS;
+        if (!qualifies) {
+            return false;
+        }
+        // A failed exchange reloads arm: software re-armed in between (another mode, or 0).
+        if (__atomic_compare_exchange_n(cq->arm, &arm, 0u, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            __atomic_fetch_add(cq->events, 1u, __ATOMIC_RELEASE);
+            return true;
+        }
+    }
+    return false;
+}
+
+bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
     std::lock_guard<SpinLock> lk(cq->lock);
     if (cq->error) {
         bump(ctr.dropped_cqes);
@@ -104,7 +127,17 @@ bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
     r.ci_local++;
     __atomic_store_n(r.pi, r.ci_local, __ATOMIC_RELEASE);
     bump(ctr.cqes);
+    *raise = takeArm(cq, in);
     return true;
+}
+
+bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
+    bool raise = false;
+    bool written = publishCqe(cq, ctr, in, &raise);
+    if (raise) {
+        signalEventFd(cq->event_fd);  // outside the CQ's lock: a system call
+    }
+    return written;
 }
 
 }  // namespace
@@ -136,8 +169,55 @@ bool haveFutexWaitv() {
     return have;
 }
 
+void signalEventFd(int fd) {
+    if (fd < 0) {
+        return;
+    }
+    uint64_t one = 1;
+    if (::write(fd, &one, sizeof(one)) < 0) {
+        // EAGAIN: the counter is at its maximum, so the consumer is woken anyway.
+    }
+}
+
+int swapEventFd(Device *dev, int *slot, int fd) {
+    int dup = -1;
+    if (fd != -1) {
+        if (fd < 0 || ::fcntl(fd, F_GETFD) < 0) {
+            return -EBADF;
+        }
+        if (!ibvx::isEventFd(fd)) {
+            return -EINVAL;  // the engine writes 8 bytes to it: a pipe could block the engine
+        }
+        dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (dup < 0) {
+            return -errno;
+        }
+    }
+    int old;
+    {
+        std::lock_guard<Gate> gate(dev->gate);  // no engine pass is writing to *slot now
+        old = *slot;
+        *slot = dup;
+    }
+    if (old >= 0) {
+        ::close(old);
+    }
+    return 0;
+}
+
+bool enterQpError(Qp *qp) {
+    if (qp->state.exchange(IBV_QPS_ERR, std::memory_order_acq_rel) == IBV_QPS_ERR) {
+        return false;
+    }
+    if (qp->fatal_events != nullptr) {
+        __atomic_fetch_add(qp->fatal_events, 1u, __ATOMIC_RELEASE);
+    }
+    signalEventFd(qp->ctx->async_fd);
+    return true;
+}
+
 void setQpError(Device *dev, Qp *qp) {
-    qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+    enterQpError(qp);
     if (dev->engine && qp->sq_db.page != nullptr) {
         dev->engine->poke(qp->sq_db.page, qp->sq_db.index);
     }
@@ -546,7 +626,7 @@ bool Engine::Thread::processSq(Qp *qp) {
         if (!ok) {
             // ERR before the error CQE: a consumer that polls the CQE and then queries the QP
             // must see ERR, as with a real NIC (the error completion is the transition's report).
-            qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+            enterQpError(qp);
         }
         if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
             // CI first: a CQE implies its ring slots are free (SPEC.md §4).
@@ -565,7 +645,7 @@ bool Engine::Thread::processSq(Qp *qp) {
             if (res.status != IBV_WC_SUCCESS) {
                 bump(ctr_.errors);
             }
-            qp->state.store(IBV_QPS_ERR, std::memory_order_release);
+            enterQpError(qp);  // a CQ overflow, if the WQE itself succeeded
             flushSq(qp, pi);
             flushRq(qp);
             break;
@@ -823,20 +903,27 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
                     std::min(out->num_sge, cap) * sizeof(softnda_sge));
     };
     if (Srq *srq = peer->srq; srq != nullptr) {
-        std::lock_guard<SpinLock> lk(srq->lock);
-        Ring &ring = srq->ring;
-        uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
-        if (ring.ci_local == pi || overflowed(nullptr, ring, pi)) {
-            return false;
+        bool limit_reached = false;
+        {
+            std::lock_guard<SpinLock> lk(srq->lock);
+            Ring &ring = srq->ring;
+            uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
+            if (ring.ci_local == pi || overflowed(nullptr, ring, pi)) {
+                return false;
+            }
+            copy(ring, srq->max_sge);
+            ring.ci_local++;
+            __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
+            uint32_t limit = __atomic_load_n(srq->limit, __ATOMIC_ACQUIRE);
+            if (limit != 0 && pi - ring.ci_local < limit) {
+                __atomic_store_n(srq->limit, 0u, __ATOMIC_RELAXED);
+                __atomic_fetch_add(srq->limit_events, 1u, __ATOMIC_RELEASE);
+                bump(ctr_.srq_limit_events);
+                limit_reached = true;
+            }
         }
-        copy(ring, srq->max_sge);
-        ring.ci_local++;
-        __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
-        uint32_t limit = __atomic_load_n(srq->limit, __ATOMIC_ACQUIRE);
-        if (limit != 0 && pi - ring.ci_local < limit) {
-            __atomic_store_n(srq->limit, 0u, __ATOMIC_RELAXED);
-            __atomic_fetch_add(srq->limit_events, 1u, __ATOMIC_RELEASE);
-            bump(ctr_.srq_limit_events);
+        if (limit_reached) {
+            signalEventFd(srq->ctx->async_fd);  // SPEC.md §9, outside the SRQ's lock
         }
         return true;
     }

@@ -12,6 +12,9 @@
 //                    engine reads without a lock is stable during a pass.
 //   Qp::rq_lock      the responder side of a QP: its RQ consumption, rq_psn, RQ flush.
 //   Srq::lock, Cq::lock  consumption of an SRQ / production of CQEs (several engine threads).
+// Event fds (Cq::event_fd, Context::async_fd; SPEC.md §9) change only with the gate held
+// exclusively and are written to only by engine passes (gate shared), so the engine never writes
+// to an fd that was closed or reused: the old one is closed after the gate is released.
 // QP state is an atomic: the engine moves a QP to ERR from any thread; only the thread that owns
 // the QP's SQ doorbell page executes or flushes its SQ (page p belongs to thread p mod n).
 #pragma once
@@ -116,6 +119,7 @@ struct Context {
     uint32_t bar_pages = 0;
     std::vector<DbPage *> pages;  // Device::ctl
     uint32_t objects = 0;         // PDs, MRs, CQs, SRQs, QPs alive (Device::ctl)
+    int async_fd = -1;            // our dup of set_async_event_fd's eventfd (see the lock list)
 };
 
 struct Pd {
@@ -163,6 +167,9 @@ struct Cq {
     ibv_extend_ops *ops = nullptr;
     Ring ring;  // pi/ci roles reversed: engine produces
     uint32_t *state = nullptr;
+    uint32_t *arm = nullptr;     // record offset 8: SW arms, the engine disarms (SPEC.md §9)
+    uint32_t *events = nullptr;  // record offset 12: completion events raised
+    int event_fd = -1;           // our dup of set_cq_event_fd's eventfd (see the lock list)
     DbSlot db;
     uint32_t refs = 0;
     SpinLock lock;       // guards ring.ci_local (engine's PI here) and error
@@ -232,6 +239,7 @@ struct Qp {
     QpAttrs attrs;
     Ring sq;
     Ring rq;
+    uint32_t *fatal_events = nullptr;  // SQ record offset 8 (SPEC.md §9)
     uint32_t rq_max_sge = 0;
     DbSlot sq_db;
     DbSlot rq_db;
@@ -389,7 +397,27 @@ void addCounters(const Counters &c, softnda_counters *out);
 // Whether the kernel (or the emulator) implements futex_waitv; probed once.
 bool haveFutexWaitv();
 
-// Moves qp to ERR (any thread) and gets its SQ/RQ flushed by its owner thread.
+// An error moves qp to ERR (any engine thread, in a pass): the first such move raises the fatal
+// event (SPEC.md §9; a QP already in ERR, e.g. by modify_qp, raises nothing). True when this call
+// made the move.
+bool enterQpError(Qp *qp);
+// enterQpError, then gets its SQ/RQ flushed by its owner thread.
 void setQpError(Device *dev, Qp *qp);
+
+// ---- events (SPEC.md §9; engine.cc) ----
+// Doorbell-record words of §1.1, as u32 indexes from dbr_pi.
+constexpr unsigned kCqArmWord = 2;          // CQ offset 8
+constexpr unsigned kCqEventsWord = 3;       // CQ offset 12
+constexpr unsigned kSqFatalEventsWord = 2;  // SQ offset 8
+// CQ arm values: the next completion / the next solicited or error completion.
+constexpr uint32_t kCqArmNext = 1;
+constexpr uint32_t kCqArmSolicited = 2;
+// Adds 1 to an eventfd (nothing for -1). The engine's one system call for events; never blocks
+// the engine (a counter at its maximum, EAGAIN, is impossible in practice and ignored).
+void signalEventFd(int fd);
+// Replaces *slot (Cq::event_fd or Context::async_fd) with a dup of fd, or detaches (fd = -1),
+// under dev->gate; the old dup is closed. -EINVAL when fd is not an eventfd, -EBADF for a bad fd.
+// Caller holds dev->ctl.
+int swapEventFd(Device *dev, int *slot, int fd);
 
 }  // namespace softnda

@@ -1,5 +1,5 @@
 // The virtual-device verbs softnda must provide itself (ibv_extend_vdev.h): PD, MR and the
-// standard QP state machine.
+// standard QP state machine, the standard queries and the event fds.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -441,6 +441,28 @@ int queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *
     return 0;
 }
 
+// ---- event fds (vdev ABI V3; SPEC.md §9) ---------------------------------------------------
+
+int setCqEventFd(ibv_cq *ib, int fd) {
+    Cq *cq = asCq(ib);
+    if (cq == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = cq->ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    return swapEventFd(dev, &cq->event_fd, fd);
+}
+
+int setAsyncEventFd(ibv_context *context, int fd) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr) {
+        return -EINVAL;
+    }
+    Device *dev = ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    return swapEventFd(dev, &ctx->async_fd, fd);
+}
+
 }  // namespace
 }  // namespace softnda
 
@@ -463,6 +485,6 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .query_device = softnda::CEntry<softnda::queryDevice>::call,
     .query_port = softnda::CEntry<softnda::queryPort>::call,
     .query_gid = softnda::CEntry<softnda::queryGid>::call,
-    .set_cq_event_fd = nullptr,  // SPEC.md §9: not implemented yet
-    .set_async_event_fd = nullptr,
+    .set_cq_event_fd = softnda::CEntry<softnda::setCqEventFd>::call,
+    .set_async_event_fd = softnda::CEntry<softnda::setAsyncEventFd>::call,
 };

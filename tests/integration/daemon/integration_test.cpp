@@ -1,8 +1,10 @@
 // ibv-extendd end to end: the real binary on a temp socket, real processes, real sockets.
+#include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -13,6 +15,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "broker_process.h"
@@ -586,6 +589,242 @@ TEST_F(DaemonTest, RegionsArriveBeforeTheReplyAndTheDataPathBypassesTheBroker) {
     EXPECT_EQ(std::memcmp(buf, buf + 8192, 4096), 0);
     EXPECT_EQ(rpcs_after, rpcs_before) << "the fast path must not call the broker";
     munmap(buf, len);
+}
+
+// ---- events (softnda SPEC.md §9): eventfds sent on the fd channel, raised by the device ----
+
+// A CQ whose completion events signal an eventfd of this process (sent as xfer_id).
+grpc::Status createCqWithEvents(TestClient &c, uint64_t ctx, uint64_t xfer_id, pb::CreateCqResponse *resp) {
+    pb::CreateCqRequest req;
+    req.set_context(ctx);
+    req.set_cqe(64);
+    req.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    req.set_event_xfer_id(xfer_id);
+    return c.call(&pb::Broker::Stub::CreateCq, req, resp);
+}
+
+grpc::Status setAsyncEventFd(TestClient &c, uint64_t ctx, uint64_t xfer_id) {
+    pb::SetAsyncEventFdRequest req;
+    req.set_context(ctx);
+    req.set_xfer_id(xfer_id);
+    pb::SetAsyncEventFdResponse resp;
+    return c.call(&pb::Broker::Stub::SetAsyncEventFd, req, &resp);
+}
+
+// poll() sees fd readable within a generous deadline (only against a hang).
+bool becomesReadable(int fd, int timeout_ms = 10000) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, timeout_ms) == 1 && (p.revents & POLLIN) != 0;
+}
+
+// The kernel's id of the eventfd behind /proc/<pid>/fd/<fd> ("" when fd is none or the kernel
+// does not say): copies of one eventfd, in any process, share it.
+std::string eventFdId(const std::string &fdinfo_path) {
+    std::ifstream in(fdinfo_path);
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("eventfd-id:", 0) == 0) {
+            return line.substr(11);
+        }
+    }
+    return "";
+}
+
+// How many fds of process pid are copies of our eventfd fd: what the broker (its device) keeps of
+// what a tenant sent.
+int copiesOf(int fd, pid_t pid) {
+    std::string id = eventFdId("/proc/self/fdinfo/" + std::to_string(fd));
+    EXPECT_NE(id, "") << "this kernel names no eventfd-id in fdinfo";
+    int n = 0;
+    std::error_code ec;
+    for (const auto &e :
+         std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/fdinfo", ec)) {
+        n += eventFdId(e.path().string()) == id ? 1 : 0;
+    }
+    return n;
+}
+
+uint64_t readCounter(int fd) {
+    uint64_t v = 0;
+    return ::read(fd, &v, sizeof(v)) == static_cast<ssize_t>(sizeof(v)) ? v : 0;
+}
+
+// Two connected QPs on one CQ and a registered buffer, all through the broker; the test plays
+// the device side with softnda_device.h.
+struct EventRig {
+    Handles h;
+    pb::CreateCqResponse cq;
+    pb::CreateQpResponse qa, qb;
+    softnda_sq sq{};
+    softnda_cq dcq{};
+    uint8_t *buf = nullptr;
+    size_t len = 65536;
+    uint32_t lkey = 0, rkey = 0;
+
+    ~EventRig() {
+        if (buf != nullptr) {
+            munmap(buf, len);
+        }
+    }
+    // cq_xfer: the CQ's eventfd's xfer_id (0: none).
+    void build(TestClient &c, uint64_t cq_xfer) {
+        h = openDevice(c);
+        ASSERT_TRUE(
+            (cq_xfer != 0 ? createCqWithEvents(c, h.ctx, cq_xfer, &cq) : createCq(c, h.ctx, 64, &cq)).ok());
+        ASSERT_TRUE(createQp(c, h, cq.cq(), 0, &qa).ok());
+        ASSERT_TRUE(createQp(c, h, cq.cq(), 0, &qb).ok());
+        ASSERT_GT(c.drainRegions(), 0);
+        connectQp(c, qa.qp(), qb.qp_num());
+        connectQp(c, qb.qp(), qa.qp_num());
+        int mfd = memfd_create("data", MFD_CLOEXEC);
+        ASSERT_GE(mfd, 0);
+        ASSERT_EQ(ftruncate(mfd, static_cast<off_t>(len)), 0);
+        buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0));
+        ASSERT_NE(buf, MAP_FAILED);
+        ASSERT_EQ(c.sendFd(900, mfd), 0);
+        close(mfd);
+        pb::RegMrRequest mreq;
+        mreq.set_pd(h.pd);
+        mreq.set_xfer_id(900);
+        mreq.set_length(len);
+        mreq.set_access(kAllAccess);
+        mreq.set_iova(reinterpret_cast<uint64_t>(buf));
+        pb::RegMrResponse mr;
+        ASSERT_TRUE(c.call(&pb::Broker::Stub::RegMr, mreq, &mr).ok());
+        lkey = mr.lkey();
+        rkey = mr.rkey();
+        queue_info sqi = localQueue(c, qa.sq_info());
+        queue_info cqi = localQueue(c, cq.cq_info());
+        ASSERT_EQ(softnda_sq_init(&sq, &sqi), 0);
+        ASSERT_EQ(softnda_cq_init(&dcq, &cqi), 0);
+    }
+    // A signalled 8-byte RDMA WRITE inside buf, with rkey.
+    void write(uint64_t wr_id, uint32_t with_rkey) {
+        softnda_sge sge{reinterpret_cast<uint64_t>(buf), 8, lkey};
+        softnda_send_wr wr{};
+        wr.wr_id = wr_id;
+        wr.opcode = SOFTNDA_OP_RDMA_WRITE;
+        wr.flags = SOFTNDA_WQE_SIGNALED;
+        wr.remote_addr = reinterpret_cast<uint64_t>(buf) + 4096;
+        wr.rkey = with_rkey;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        ASSERT_EQ(softnda_sq_post(&sq, &wr), 0);
+        softnda_sq_doorbell(&sq);
+    }
+    softnda_cqe waitCqe() {
+        softnda_cqe cqe{};
+        EXPECT_TRUE(waitFor([&] { return softnda_cq_poll(&dcq, &cqe, 1) == 1; }, std::chrono::seconds(10)));
+        return cqe;
+    }
+    // Doorbell-record words (SPEC.md §1.1), as u32 indexes from dbr_pi.
+    void arm(uint32_t how) { __atomic_store_n(dcq.dbr_pi + 2, how, __ATOMIC_RELEASE); }
+    uint32_t cqEvents() const { return __atomic_load_n(dcq.dbr_pi + 3, __ATOMIC_ACQUIRE); }
+    uint32_t fatalEvents() const { return __atomic_load_n(sq.dbr_pi + 2, __ATOMIC_ACQUIRE); }
+};
+
+TEST_F(DaemonTest, CompletionEventsReachTheTenantsEventFd) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ASSERT_GE(efd, 0);
+    ASSERT_EQ(c.sendFd(41, efd), 0);
+    EventRig rig;
+    ASSERT_NO_FATAL_FAILURE(rig.build(c, 41));
+    rig.write(1, rig.rkey);  // not armed: no event
+    EXPECT_EQ(rig.waitCqe().status, IBV_WC_SUCCESS);
+    rig.arm(1);
+    rig.write(2, rig.rkey);
+    EXPECT_EQ(rig.waitCqe().status, IBV_WC_SUCCESS);
+    ASSERT_TRUE(becomesReadable(efd)) << "the device signals the eventfd the tenant sent";
+    EXPECT_EQ(readCounter(efd), 1u);
+    EXPECT_EQ(rig.cqEvents(), 1u);
+
+    // Everything goes with the session, the device's copy of the eventfd too.
+    pb::CloseContextRequest close_req;
+    close_req.set_context(rig.h.ctx);
+    pb::CloseContextResponse close_resp;
+    EXPECT_EQ(c.call(&pb::Broker::Stub::CloseContext, close_req, &close_resp).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);  // still in use
+    EXPECT_EQ(copiesOf(efd, broker_->pid()), 1) << "the device keeps one copy, the broker none";
+    c.closeChannel();
+    EXPECT_TRUE(waitFor([&] { return copiesOf(efd, broker_->pid()) == 0; }, std::chrono::seconds(10)))
+        << "the session end releases the device's copy of the eventfd";
+    close(efd);
+}
+
+TEST_F(DaemonTest, AsyncEventFdReportsAQpError) {
+    TestClient c(broker_->socket());
+    ASSERT_TRUE(c.connect());
+    EventRig rig;
+    ASSERT_NO_FATAL_FAILURE(rig.build(c, 0));
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ASSERT_GE(efd, 0);
+    ASSERT_EQ(c.sendFd(42, efd), 0);
+    ASSERT_TRUE(setAsyncEventFd(c, rig.h.ctx, 42).ok());
+    rig.write(1, rig.rkey ^ 0x5a5a00);  // no such rkey: the QP moves to ERR
+    EXPECT_EQ(rig.waitCqe().status, IBV_WC_REM_ACCESS_ERR);
+    ASSERT_TRUE(becomesReadable(efd));
+    EXPECT_GE(readCounter(efd), 1u);
+    EXPECT_EQ(rig.fatalEvents(), 1u);
+    EXPECT_EQ(copiesOf(efd, broker_->pid()), 1);
+    c.closeChannel();  // the session ends: its context closes, and the device's copy with it
+    EXPECT_TRUE(waitFor([&] { return copiesOf(efd, broker_->pid()) == 0; }, std::chrono::seconds(10)));
+    close(efd);
+}
+
+TEST_F(DaemonTest, EventFdBadInputFailsCleanly) {
+    TestClient a(broker_->socket());
+    TestClient b(broker_->socket());
+    ASSERT_TRUE(a.connect());
+    ASSERT_TRUE(b.connect());
+    Handles h = openDevice(a);
+    Handles hb = openDevice(b);
+    uint64_t objects_before = statValue(broker_->socket(), &pb::GetStatsResponse::objects);
+    pb::CreateCqResponse cq;
+
+    // An xfer_id nothing was sent with: refused once the broker stops waiting.
+    grpc::Status st = createCqWithEvents(a, h.ctx, 4242, &cq);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("xfer_id 4242"), std::string::npos) << st.error_message();
+    st = setAsyncEventFd(a, h.ctx, 4243);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(setAsyncEventFd(a, h.ctx, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+    // Not an eventfd.
+    int p[2];
+    ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+    ASSERT_EQ(a.sendFd(43, p[1]), 0);
+    st = createCqWithEvents(a, h.ctx, 43, &cq);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("not an eventfd"), std::string::npos) << st.error_message();
+    ASSERT_EQ(a.sendFd(44, p[1]), 0);
+    EXPECT_EQ(setAsyncEventFd(a, h.ctx, 44).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    close(p[0]);
+    close(p[1]);
+
+    // Another session's context, with a good eventfd.
+    int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    ASSERT_GE(efd, 0);
+    ASSERT_EQ(b.sendFd(45, efd), 0);
+    EXPECT_EQ(createCqWithEvents(b, h.ctx, 45, &cq).error_code(), grpc::StatusCode::NOT_FOUND);
+    ASSERT_EQ(a.sendFd(46, efd), 0);
+    EXPECT_EQ(setAsyncEventFd(a, hb.ctx, 46).error_code(), grpc::StatusCode::NOT_FOUND);
+
+    EXPECT_EQ(statValue(broker_->socket(), &pb::GetStatsResponse::objects), objects_before)
+        << "no CQ is left behind";
+    EXPECT_EQ(copiesOf(efd, broker_->pid()), 0) << "no eventfd the tenant sent is kept";
+
+    // The same eventfd is fine for the owner, and the device holds exactly one copy per user.
+    ASSERT_EQ(a.sendFd(47, efd), 0);
+    ASSERT_TRUE(createCqWithEvents(a, h.ctx, 47, &cq).ok());
+    EXPECT_EQ(copiesOf(efd, broker_->pid()), 1);
+    pb::DestroyCqRequest dc;
+    dc.set_cq(cq.cq());
+    pb::DestroyCqResponse dcr;
+    ASSERT_TRUE(a.call(&pb::Broker::Stub::DestroyCq, dc, &dcr).ok());
+    EXPECT_EQ(copiesOf(efd, broker_->pid()), 0) << "destroy_cq closes the device's copy";
+    close(efd);
 }
 
 TEST_F(DaemonTest, SessionEndsOnFdChannelCloseAndEverythingIsDestroyed) {

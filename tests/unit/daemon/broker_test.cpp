@@ -2,7 +2,9 @@
 // handles, dependency errors, teardown order, MR registration from an fd, region hand-out.
 #include "daemon/core/broker.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -246,6 +248,92 @@ TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
     EXPECT_EQ(broker_->regMr(*session_, args).status().errnoValue(), EBADF);
     EXPECT_EQ(broker_->deallocPd(*session_, o.pd).code(), Code::kFailedPrecondition);  // the MR uses it
     EXPECT_TRUE(broker_->deregMr(*session_, mr->mr).isOk());
+}
+
+// ---- event fds (CreateCq's event_xfer_id, SetAsyncEventFd) ----
+
+UniqueFd newEventFd() {
+    return UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+}
+
+TEST_F(BrokerTest, CreateCqTakesAnEventFdAndChecksIt) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 8;
+    ca.event_xfer_id = 30;
+    ASSERT_TRUE(session_->putXfer(30, newEventFd()));
+    auto cq = broker_->createCq(*session_, ca);
+    ASSERT_TRUE(cq.isOk()) << cq.status().toString();
+    EXPECT_EQ(session_->objectCount(), 2u);
+    // Taken once: the same id again has nothing waiting.
+    auto again = broker_->createCq(*session_, ca);
+    EXPECT_EQ(again.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(again.status().errnoValue(), EBADF);
+    // Not an eventfd: refused before the driver sees it.
+    ca.event_xfer_id = 31;
+    ASSERT_TRUE(session_->putXfer(31, UniqueFd(memfd_create("not-an-eventfd", MFD_CLOEXEC))));
+    auto bad = broker_->createCq(*session_, ca);
+    EXPECT_EQ(bad.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(bad.status().errnoValue(), EINVAL);
+    EXPECT_NE(bad.status().message().find("not an eventfd"), std::string::npos);
+    EXPECT_EQ(session_->objectCount(), 2u);
+    // Another session's context.
+    auto other = newSession();
+    ca.event_xfer_id = 32;
+    ASSERT_TRUE(other->putXfer(32, newEventFd()));
+    EXPECT_EQ(broker_->createCq(*other, ca).status().code(), Code::kNotFound);
+    EXPECT_EQ(other->objectCount(), 0u);
+}
+
+TEST_F(BrokerTest, CreateCqRollsTheCqBackWhenTheDeviceCannotDeliverEvents) {
+    // softnda as a V2 provider: no event fd entries, so set_cq_event_fd answers EOPNOTSUPP after
+    // the CQ was made.
+    Device *dev = devices_->find("softnda0");
+    ASSERT_NE(dev, nullptr);
+    static ibv_extend_vdev_ops v2 = softnda_vdev_ops;
+    v2.abi = IBV_EXTEND_VDEV_ABI_V2;
+    loader::DeviceVerbs saved = dev->verbs;
+    dev->verbs = loader::DeviceVerbs::forVirtual(&v2, "softnda0");
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    audit_.clear();
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 8;
+    ca.event_xfer_id = 33;
+    ASSERT_TRUE(session_->putXfer(33, newEventFd()));
+    auto cq = broker_->createCq(*session_, ca);
+    EXPECT_FALSE(cq.isOk());
+    EXPECT_EQ(cq.status().errnoValue(), EOPNOTSUPP) << cq.status().toString();
+    EXPECT_EQ(session_->objectCount(), 1u);
+    EXPECT_TRUE(audit_.empty()) << "never published";
+    EXPECT_EQ(MappingManager::instance().stats(session_->memory()).allocated_bytes, 0u)
+        << "the driver's CQ and its rings are gone";
+    ca.event_xfer_id = 0;
+    EXPECT_TRUE(broker_->createCq(*session_, ca).isOk()) << "without an event fd it works";
+    broker_->endSession(session_);
+    dev->verbs = saved;
+}
+
+TEST_F(BrokerTest, SetAsyncEventFdChecksItsArguments) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    ASSERT_TRUE(session_->putXfer(40, newEventFd()));
+    EXPECT_TRUE(broker_->setAsyncEventFd(*session_, ctx->context, 40).isOk());
+    ASSERT_TRUE(session_->putXfer(41, newEventFd()));
+    EXPECT_TRUE(broker_->setAsyncEventFd(*session_, ctx->context, 41).isOk()) << "replaces the first";
+    EXPECT_EQ(broker_->setAsyncEventFd(*session_, ctx->context, 0).code(), Code::kInvalidArgument);
+    EXPECT_EQ(broker_->setAsyncEventFd(*session_, ctx->context, 42).errnoValue(), EBADF) << "never sent";
+    int p[2];
+    ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+    close(p[0]);
+    ASSERT_TRUE(session_->putXfer(43, UniqueFd(p[1])));
+    EXPECT_EQ(broker_->setAsyncEventFd(*session_, ctx->context, 43).errnoValue(), EINVAL);
+    auto other = newSession();
+    ASSERT_TRUE(other->putXfer(44, newEventFd()));
+    EXPECT_EQ(broker_->setAsyncEventFd(*other, ctx->context, 44).code(), Code::kNotFound);
 }
 
 TEST_F(BrokerTest, EndSessionDestroysEverythingInDependencyOrder) {

@@ -220,3 +220,42 @@ TEST(DeviceVerbsCounters, ReadOnlyFromProvidersOfAbiV2) {
 
 }  // namespace
 }  // namespace ibvx::loader
+
+namespace ibvx::loader {
+namespace {
+
+int event_fd_seen = -100;
+int fakeSetCqEventFd(ibv_cq *, int fd) {
+    event_fd_seen = fd;
+    return 0;
+}
+int fakeSetAsyncEventFd(ibv_context *, int fd) {
+    event_fd_seen = fd;
+    return -EINVAL;
+}
+
+// The event fd entries lie past the end of a V2 provider's struct: read from V3 on only, and an
+// rdma-core device (its own completion channels) has none.
+TEST(DeviceVerbsEvents, ReadOnlyFromProvidersOfAbiV3) {
+    ibv_extend_vdev_ops v = partialProvider();
+    v.set_cq_event_fd = fakeSetCqEventFd;
+    v.set_async_event_fd = fakeSetAsyncEventFd;
+    ibv_cq cq{};
+    v.abi = IBV_EXTEND_VDEV_ABI_V2;
+    event_fd_seen = -100;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").setCqEventFd(&cq, 5), -EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").setAsyncEventFd(&fake_context, 5), -EOPNOTSUPP);
+    EXPECT_EQ(event_fd_seen, -100);
+    v.abi = IBV_EXTEND_VDEV_ABI_V3;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").setCqEventFd(&cq, 5), 0);
+    EXPECT_EQ(event_fd_seen, 5);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").setAsyncEventFd(&fake_context, -1), -EINVAL);
+    EXPECT_EQ(event_fd_seen, -1);
+    v.set_cq_event_fd = nullptr;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").setCqEventFd(&cq, 5), -EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVerbs(nullptr).setCqEventFd(&cq, 5), -EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVerbs(nullptr).setAsyncEventFd(&fake_context, 5), -EOPNOTSUPP);
+}
+
+}  // namespace
+}  // namespace ibvx::loader
