@@ -3,13 +3,20 @@
 // not exist (an empty tmpfs covers it where the host has one), a clean environment.
 //  - hccp-consumer: the HCCP flow of shared/REFERENCE.md (dlopen + dlsym), data through
 //    queue_info, and a standard-verbs QP bring-up whose broker RPCs are counted;
-//  - Debian's ibv_devinfo -v.
+//  - Debian's ibv_devinfo -v;
+//  - the standard data path: Debian's ibv_rc_pingpong (defaults, -g 0, -e), ibv_srq_pingpong,
+//    perftest's seven programs, a pyverbs program, each pair as server and client on this host.
+// Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
+// preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -158,14 +165,31 @@ class FaceTest : public ::testing::Test {
         ASSERT_EQ(chmod(broker_->dir().c_str(), 0755), 0);
     }
 
+  public:
     std::vector<std::string> env() const {
-        return {"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR, "IBV_EXTEND_SHOW_WARNINGS=1"};
+        std::vector<std::string> e = {"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR,
+                                      "IBV_EXTEND_SHOW_WARNINGS=1"};
+        if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
+            e.push_back("LD_PRELOAD=" IBVX_SANITIZER_PRELOAD);
+            e.push_back("ASAN_OPTIONS=detect_leaks=0");  // the programs' own allocations are not ours
+        }
+        return e;
     }
+
+  public:
     std::vector<std::string> run(std::initializer_list<std::string> command) const {
         std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--"};
         argv.insert(argv.end(), command);
         return argv;
     }
+    std::vector<std::string> runArgs(const std::string &program, const std::vector<std::string> &args) const {
+        std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--", program};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return argv;
+    }
+    const std::string &dir() const { return broker_->dir(); }
+
+  protected:
     uint64_t brokerCalls() const {
         pb::GetStatsResponse stats;
         EXPECT_TRUE(getStats(broker_->socket(), &stats).ok());
@@ -252,6 +276,111 @@ TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
     (void)c.readAll();
     EXPECT_NE(c.wait(), 0);
     EXPECT_THAT(slurp(err), ::testing::HasSubstr("Failed to get IB devices list"));
+}
+
+// A free TCP port on localhost for a server/client pair (tests may run in parallel).
+int freePort() {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+        return 18515;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+struct PairResult {
+    int server_rc = -1, client_rc = -1;
+    std::string server_out, client_out, server_err, client_err;
+};
+
+// Runs `program args... -p PORT` as a server, then as a client of it on localhost, both as
+// contained tenants. The client is retried while the server is not listening yet.
+PairResult runPair(const FaceTest &t, const std::string &name, const std::string &program,
+                   std::vector<std::string> args, const char *port_flag = "-p") {
+    PairResult r;
+    const std::string port = std::to_string(freePort());
+    args.push_back(port_flag);
+    args.push_back(port);
+    std::vector<std::string> server = t.runArgs(program, args);
+    const std::string serr = t.dir() + "/" + name + ".server.err",
+                      cerr = t.dir() + "/" + name + ".client.err";
+    Contained srv(server, t.env(), serr);
+    srv.reply();
+    std::vector<std::string> client_args = args;
+    client_args.push_back("localhost");
+    for (int attempt = 0; attempt < 100; ++attempt) {
+        Contained cli(t.runArgs(program, client_args), t.env(), cerr);
+        cli.reply();
+        r.client_out = cli.readAll();
+        r.client_rc = cli.wait();
+        r.client_err = slurp(cerr);
+        bool refused = r.client_rc != 0 && (r.client_err.find("onnect") != std::string::npos ||
+                                            r.client_out.find("onnect") != std::string::npos);
+        if (!refused) {
+            break;
+        }
+        usleep(50 * 1000);  // the server is not listening yet
+    }
+    r.server_out = srv.readAll();
+    r.server_rc = srv.wait();
+    r.server_err = slurp(serr);
+    return r;
+}
+
+void expectPair(const PairResult &r, const char *needle) {
+    EXPECT_EQ(r.client_rc, 0) << r.client_out << r.client_err;
+    EXPECT_EQ(r.server_rc, 0) << r.server_out << r.server_err;
+    EXPECT_THAT(r.client_out, ::testing::HasSubstr(needle)) << r.client_err;
+}
+
+TEST_F(FaceTest, RcPingpongDefaults) {
+    expectPair(runPair(*this, "rc", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "1000"}),
+               "1000 iters in");
+}
+
+TEST_F(FaceTest, RcPingpongWithGidIndex) {
+    expectPair(
+        runPair(*this, "rc-g0", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "1000", "-g", "0"}),
+        "1000 iters in");
+}
+
+TEST_F(FaceTest, RcPingpongWithCompletionEvents) {
+    expectPair(runPair(*this, "rc-e", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "1000", "-e"}),
+               "1000 iters in");
+}
+
+TEST_F(FaceTest, SrqPingpong) {
+    expectPair(runPair(*this, "srq", "/usr/bin/ibv_srq_pingpong", {"-d", "softnda0", "-n", "500"}),
+               "500 iters in");
+}
+
+class FacePerftest : public FaceTest, public ::testing::WithParamInterface<const char *> {};
+
+TEST_P(FacePerftest, RunsAsServerAndClient) {
+    const std::string program = std::string("/usr/bin/") + GetParam();
+    PairResult r = runPair(*this, GetParam(), program, {"-d", "softnda0", "-n", "200"});
+    expectPair(r, "#iterations");
+    // perftest prints a results line with the message size first.
+    EXPECT_THAT(r.client_out, ::testing::ContainsRegex("[0-9]+ +200 +[0-9.]+"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Programs, FacePerftest,
+                         ::testing::Values("ib_write_bw", "ib_write_lat", "ib_read_bw", "ib_read_lat",
+                                           "ib_send_bw", "ib_send_lat", "ib_atomic_lat"),
+                         [](const auto &info) { return std::string(info.param); });
+
+TEST_F(FaceTest, PyverbsProgram) {
+    std::string err = dir() + "/pyverbs.err";
+    Contained c(runArgs("/usr/bin/python3", {IBVX_PYVERBS_PROGRAM, "softnda0"}), env(), err);
+    c.reply();
+    std::string out = c.readAll();
+    EXPECT_EQ(c.wait(), 0) << out << slurp(err);
+    EXPECT_EQ(out, "OK\n") << slurp(err);
 }
 
 }  // namespace
