@@ -155,6 +155,14 @@ bool statPath(const std::string &path, struct stat *st) {
     return ::lstat(path.c_str(), st) == 0;
 }
 
+// The same socket file, not merely the same name. A file system hands a freed inode number to
+// the next file at once, so a kubelet that removed and bound its socket between two looks may
+// get the same number back: the change time (set by bind) tells the two apart.
+bool sameFile(const struct stat &a, const struct stat &b) {
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_ctim.tv_sec == b.st_ctim.tv_sec &&
+           a.st_ctim.tv_nsec == b.st_ctim.tv_nsec;
+}
+
 }  // namespace
 
 struct Plugin::Serving {
@@ -215,15 +223,15 @@ void Plugin::stopServing() {
     serving_.reset();
     // Only our own socket: a new plugin instance may already have bound the path again.
     struct stat st {};
-    if (statPath(own_socket_, &st) && st.st_ino == own_ino_) {
+    if (statPath(own_socket_, &st) && sameFile(st, own_stat_)) {
         ::unlink(own_socket_.c_str());
     }
-    own_ino_ = 0;
+    own_stat_ = {};
 }
 
 void Plugin::ensureServing() {
     struct stat st {};
-    if (serving_ && statPath(own_socket_, &st) && st.st_ino == own_ino_) {
+    if (serving_ && statPath(own_socket_, &st) && sameFile(st, own_stat_)) {
         return;
     }
     if (serving_) {
@@ -251,7 +259,7 @@ void Plugin::ensureServing() {
         spdlog::error("cannot serve on {}; retrying", own_socket_);
         return;
     }
-    own_ino_ = st.st_ino;
+    own_stat_ = st;
     serving_ = std::move(serving);
     said_waiting_ = false;
     spdlog::info("serving the device-plugin API on {}", own_socket_);
@@ -270,7 +278,7 @@ void Plugin::ensureRegistered() {
         registered_ = false;
         return;
     }
-    if (registered_ && st.st_dev == kubelet_dev_ && st.st_ino == kubelet_ino_) {
+    if (registered_ && sameFile(st, kubelet_stat_)) {
         return;
     }
     if (registered_) {
@@ -297,8 +305,7 @@ void Plugin::ensureRegistered() {
     grpc::Status s = stub->Register(&ctx, req, &empty);
     if (s.ok()) {
         registered_ = true;
-        kubelet_dev_ = st.st_dev;
-        kubelet_ino_ = st.st_ino;
+        kubelet_stat_ = st;
         backoff_ = 0ms;
         said_waiting_ = false;
         spdlog::info("registered {} with the kubelet at {} (endpoint {}, API {})", opt_.resource,

@@ -2,6 +2,7 @@
 // v1beta1), follows the broker's health, and answers Allocate with the edits of edits.h.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <atomic>
@@ -77,10 +78,9 @@ class Plugin {
 
     // Owned by run()'s thread only.
     std::unique_ptr<Serving> serving_;
-    ino_t own_ino_ = 0;
+    struct stat own_stat_ {};  // of the socket we serve on
     bool registered_ = false;
-    dev_t kubelet_dev_ = 0;
-    ino_t kubelet_ino_ = 0;
+    struct stat kubelet_stat_ {};  // of the kubelet.sock we registered on
     std::chrono::steady_clock::time_point next_register_{};
     std::chrono::milliseconds backoff_{0};
     bool said_waiting_ = false;
