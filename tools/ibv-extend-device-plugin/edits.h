@@ -13,6 +13,11 @@ namespace ibvx::device_plugin {
 // Where the edits put things inside every container (fixed, so images and docs can rely on it).
 inline constexpr const char *kContainerSocketDir = "/run/ibv-extend";
 inline constexpr const char *kContainerLibDir = "/opt/ibv-extend/lib";
+// Where the container finds its device marker: a read-only bind mount of the host file
+// <marker dir>/<device ID>. The broker reads the mount from the tenant's /proc/<pid>/mountinfo
+// (kernel-provided, not the tenant's word) to learn which device, and through the kubelet's
+// PodResources API which pod, a session belongs to.
+inline constexpr const char *kContainerDeviceMarker = "/run/ibv-extend-device";
 // The CDI kind and device name: `--device ibv-extend.io/nda=broker`.
 inline constexpr const char *kCdiKind = "ibv-extend.io/nda";
 inline constexpr const char *kCdiDevice = "broker";

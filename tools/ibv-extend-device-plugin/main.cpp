@@ -65,6 +65,11 @@ int main(int argc, char **argv) {
            "--client-lib-dir", opt.client_lib_dir,
            "the host directory holding libibv_extend.so.4 and ibv_extend/verbs/ (the libibverbs face)")
         ->capture_default_str();
+    app.add_option(
+           "--device-marker-dir", opt.device_marker_dir,
+           "a host directory for one empty file per device, mounted into each container so the broker "
+           "can name its pod (\"\" = none)")
+        ->capture_default_str();
     app.add_option("--log-level", log_level, "trace, debug, info, warn, error")
         ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}))
         ->capture_default_str();

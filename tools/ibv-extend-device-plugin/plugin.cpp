@@ -1,5 +1,6 @@
 #include "tools/ibv-extend-device-plugin/plugin.h"
 
+#include <fcntl.h>
 #include <grpcpp/grpcpp.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "common/unique_fd.h"
 #include "k8s/deviceplugin/v1beta1/api.grpc.pb.h"
 #include "tools/ibv-extend-device-plugin/broker_health.h"
 
@@ -44,8 +46,8 @@ int deviceIndex(const std::string &id, int devices) {
 
 class DevicePluginService final : public pb::DevicePlugin::Service {
   public:
-    DevicePluginService(std::shared_ptr<PluginState> state, int devices, bool cdi)
-        : state_(std::move(state)), devices_(devices), cdi_(cdi) {}
+    DevicePluginService(std::shared_ptr<PluginState> state, int devices, bool cdi, std::string marker_dir)
+        : state_(std::move(state)), devices_(devices), cdi_(cdi), marker_dir_(std::move(marker_dir)) {}
 
     grpc::Status GetDevicePluginOptions(grpc::ServerContext *, const pb::Empty *,
                                         pb::DevicePluginOptions *out) override {
@@ -117,7 +119,7 @@ class DevicePluginService final : public pb::DevicePlugin::Service {
             return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                 "the client libraries cannot be found on this node (see the plugin's log)");
         }
-        for (int i = 0; i < req->container_requests_size(); ++i) {
+        for (const pb::ContainerAllocateRequest &creq : req->container_requests()) {
             pb::ContainerAllocateResponse *c = resp->add_container_responses();
             if (cdi_) {
                 c->add_cdi_devices()->set_name(std::string(kCdiKind) + "=" + kCdiDevice);
@@ -131,6 +133,14 @@ class DevicePluginService final : public pb::DevicePlugin::Service {
             }
             for (const auto &[name, value] : edits->envs) {
                 (*c->mutable_envs())[name] = value;
+            }
+            if (!marker_dir_.empty() && creq.devices_ids_size() > 0) {
+                // One marker per container: its first device names it (the kubelet lists all
+                // of the container's devices under the same pod and container anyway).
+                pb::Mount *marker = c->add_mounts();
+                marker->set_host_path(marker_dir_ + "/" + creq.devices_ids(0));
+                marker->set_container_path(kContainerDeviceMarker);
+                marker->set_read_only(true);
             }
         }
         spdlog::info(
@@ -149,6 +159,7 @@ class DevicePluginService final : public pb::DevicePlugin::Service {
     std::shared_ptr<PluginState> state_;
     int devices_;
     bool cdi_;
+    std::string marker_dir_;  // "" when the markers could not be made
 };
 
 bool statPath(const std::string &path, struct stat *st) {
@@ -199,6 +210,7 @@ void Plugin::stop() {
 int Plugin::run() {
     spdlog::info("ibv-extend-device-plugin: resource {}, {} devices, broker {}, kubelet dir {}, {} mode",
                  opt_.resource, opt_.devices, opt_.socket, opt_.kubelet_dir, opt_.cdi ? "CDI" : "mounts");
+    markers_ok_ = !opt_.cdi && makeMarkers();
     monitor_ = std::thread(&Plugin::monitor, this);
     while (true) {
         ensureServing();
@@ -229,6 +241,31 @@ void Plugin::stopServing() {
     own_stat_ = {};
 }
 
+bool Plugin::makeMarkers() {
+    if (opt_.device_marker_dir.empty()) {
+        return false;
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(opt_.device_marker_dir, ec);
+    for (int i = 0; i < opt_.devices && !ec; ++i) {
+        std::string path = opt_.device_marker_dir + "/" + deviceId(i);
+        UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0444));
+        if (!fd) {
+            ec = std::error_code(errno, std::system_category());
+        }
+    }
+    if (!ec) {
+        // A host path, resolved as every path the plugin hands out (edits.h).
+        opt_.device_marker_dir = std::filesystem::canonical(opt_.device_marker_dir, ec).string();
+    }
+    if (ec) {
+        spdlog::warn("cannot make the device markers in {}: {}; the broker will not name pods",
+                     opt_.device_marker_dir, ec.message());
+        return false;
+    }
+    return true;
+}
+
 void Plugin::ensureServing() {
     struct stat st {};
     if (serving_ && statPath(own_socket_, &st) && sameFile(st, own_stat_)) {
@@ -250,7 +287,8 @@ void Plugin::ensureServing() {
     }
     ::unlink(own_socket_.c_str());  // a stale socket of an earlier instance
     auto serving = std::make_unique<Serving>();
-    serving->service = std::make_unique<DevicePluginService>(state_, opt_.devices, opt_.cdi);
+    serving->service = std::make_unique<DevicePluginService>(state_, opt_.devices, opt_.cdi,
+                                                             markers_ok_ ? opt_.device_marker_dir : "");
     grpc::ServerBuilder builder;
     builder.AddListeningPort("unix:" + own_socket_, grpc::InsecureServerCredentials());
     builder.RegisterService(serving->service.get());

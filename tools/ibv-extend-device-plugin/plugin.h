@@ -27,6 +27,8 @@ struct PluginOptions {
     std::string cdi_spec_dir = "/var/run/cdi";
     bool cdi = false;  // Allocate answers the CDI device name instead of mounts and envs
     std::string client_lib_dir;
+    // Holds one empty file per device ID; "" = no markers (no pod identity in the broker).
+    std::string device_marker_dir = "/run/ibv-extend-devices";
     // How often the broker's health and the host paths are looked at; the kubelet socket and our
     // own socket are looked at on the same tick.
     std::chrono::milliseconds tick{500};
@@ -68,6 +70,7 @@ class Plugin {
     void ensureServing();
     void ensureRegistered();
     void stopServing();
+    bool makeMarkers();
 
     PluginOptions opt_;
     std::string endpoint_;
@@ -78,6 +81,7 @@ class Plugin {
 
     // Owned by run()'s thread only.
     std::unique_ptr<Serving> serving_;
+    bool markers_ok_ = false;
     struct stat own_stat_ {};  // of the socket we serve on
     bool registered_ = false;
     struct stat kubelet_stat_ {};  // of the kubelet.sock we registered on

@@ -116,6 +116,7 @@ class DevicePluginTest : public ::testing::Test {
     std::string kubeletDir() const { return dir_ + "/kd"; }
     std::string brokerSocket() const { return dir_ + "/run/b.sock"; }
     std::string cdiSpecPath() const { return dir_ + "/cdi/ibv-extend.json"; }
+    std::string markerDir() const { return dir_ + "/markers"; }
 
     // The broker on brokerSocket(), handed its listening socket as under socket activation, so
     // a restarted broker serves the same path.
@@ -133,11 +134,18 @@ class DevicePluginTest : public ::testing::Test {
     void stopBroker() { ASSERT_EQ(broker_->terminate(), 0) << broker_->log(); }
 
     void startPlugin(std::vector<std::string> extra = {}, const std::string &kubelet_dir = "") {
-        std::vector<std::string> args = {"--kubelet-dir",    kubelet_dir.empty() ? kubeletDir() : kubelet_dir,
-                                         "--socket",         brokerSocket(),
-                                         "--devices",        std::to_string(kDevices),
-                                         "--cdi-spec-dir",   dir_ + "/cdi",
-                                         "--client-lib-dir", dir_ + "/libs"};
+        std::vector<std::string> args = {"--kubelet-dir",
+                                         kubelet_dir.empty() ? kubeletDir() : kubelet_dir,
+                                         "--socket",
+                                         brokerSocket(),
+                                         "--devices",
+                                         std::to_string(kDevices),
+                                         "--cdi-spec-dir",
+                                         dir_ + "/cdi",
+                                         "--client-lib-dir",
+                                         dir_ + "/libs",
+                                         "--device-marker-dir",
+                                         markerDir()};
         args.insert(args.end(), extra.begin(), extra.end());
         plugin_ = std::make_unique<PluginProcess>(args, dir_ + "/plugin.log");
     }
@@ -246,7 +254,9 @@ TEST_F(DevicePluginTest, AllocateAnswersMountsAndEnvironment) {
     grpc::Status st = kubelet_->allocate({{"nda-0"}, {"nda-1", "nda-3"}}, &resp);
     ASSERT_TRUE(st.ok()) << st.error_message();
     ASSERT_EQ(resp.container_responses_size(), 2);
-    for (const pb::ContainerAllocateResponse &c : resp.container_responses()) {
+    const char *first_device[] = {"nda-0", "nda-1"};
+    for (int i = 0; i < 2; ++i) {
+        const pb::ContainerAllocateResponse &c = resp.container_responses(i);
         std::map<std::string, std::string> envs(c.envs().begin(), c.envs().end());
         EXPECT_EQ(envs,
                   (std::map<std::string, std::string>{
@@ -263,7 +273,10 @@ TEST_F(DevicePluginTest, AllocateAnswersMountsAndEnvironment) {
                               {"/opt/ibv-extend/lib/libibv_extend.so.4",
                                fs::canonical(buildDir() + "/client/libibv_extend.so.4").string()},
                               {"/opt/ibv-extend/lib/ibv_extend/verbs",
-                               fs::canonical(buildDir() + "/lib/ibv_extend/verbs").string()}}));
+                               fs::canonical(buildDir() + "/lib/ibv_extend/verbs").string()},
+                              // The container's own device marker (pod identity in the broker).
+                              {"/run/ibv-extend-device", markerDir() + "/" + first_device[i]}}));
+        EXPECT_TRUE(fs::is_regular_file(markerDir() + "/" + first_device[i]));
         EXPECT_EQ(c.devices_size(), 0);  // no /dev/infiniband
         EXPECT_EQ(c.cdi_devices_size(), 0);
     }
@@ -305,6 +318,9 @@ TEST_F(DevicePluginTest, CdiSpecCarriesTheSameEdits) {
                           (ro ? " ro" : " rw"));
     }
     for (const pb::Mount &m : c.mounts()) {
+        if (m.container_path() == "/run/ibv-extend-device") {
+            continue;  // per container: no CDI device can carry it
+        }
         allocate_mounts.insert(m.host_path() + " " + m.container_path() + (m.read_only() ? " ro" : " rw"));
     }
     EXPECT_EQ(cdi_mounts, allocate_mounts);
@@ -391,9 +407,10 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
     ASSERT_TRUE(broker_->started()) << broker_->log();
     ::chmod(broker_->dir().c_str(), 0755);
     startKubelet();
-    std::vector<std::string> args = {
-        "--kubelet-dir",          kubeletDir(),     "--socket",    broker_->socket(),  "--devices",
-        std::to_string(kDevices), "--cdi-spec-dir", dir_ + "/cdi", "--client-lib-dir", dir_ + "/libs"};
+    std::vector<std::string> args = {"--kubelet-dir",   kubeletDir(),          "--socket",
+                                     broker_->socket(), "--devices",           std::to_string(kDevices),
+                                     "--cdi-spec-dir",  dir_ + "/cdi",         "--client-lib-dir",
+                                     dir_ + "/libs",    "--device-marker-dir", markerDir()};
     plugin_ = std::make_unique<PluginProcess>(args, dir_ + "/plugin.log");
     ASSERT_TRUE(waitHealth("Healthy")) << plugin_->log();
     pb::AllocateResponse resp;
