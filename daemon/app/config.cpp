@@ -38,6 +38,33 @@ Status getU32(const std::string &path, const std::string &key, const toml::node 
     return Status::ok();
 }
 
+Status parseKubernetes(const std::string &path, const toml::table &t, DaemonConfig *out) {
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        std::string full = "kubernetes." + key;
+        Status st;
+        if (key == "pod_resources_socket") {
+            st = getString(path, full, node, &out->kubernetes.pod_resources_socket);
+            const std::string &s = out->kubernetes.pod_resources_socket;
+            if (st.isOk() && (s.empty() || s[0] != '/' || s.size() >= 108)) {
+                st = bad(path, node, full + " must be an absolute path of 1..107 bytes");
+            }
+        } else if (key == "resource") {
+            st = getString(path, full, node, &out->kubernetes.resource);
+            if (st.isOk() && out->kubernetes.resource.find('/') == std::string::npos) {
+                st = bad(path, node,
+                         full + " must be a vendor-qualified resource name such as \"ibv-extend.io/nda\"");
+            }
+        } else {
+            st = bad(path, node, "unknown key '" + full + "' (expected pod_resources_socket, resource)");
+        }
+        if (!st.isOk()) {
+            return st;
+        }
+    }
+    return Status::ok();
+}
+
 Status parseBroker(const std::string &path, const toml::table &t, DaemonConfig *out) {
     for (auto &&[k, node] : t) {
         std::string key(k.str());
@@ -360,6 +387,8 @@ Status parseConfig(const std::string &text, const std::string &path, DaemonConfi
             st = parsePolicy(path, *t, out);
         } else if (key == "quotas") {
             st = parseQuotas(path, *t, out);
+        } else if (key == "kubernetes") {
+            st = parseKubernetes(path, *t, out);
         } else {
             st = parseProvider(path, key, *t, out);
         }
