@@ -45,7 +45,10 @@ int brokerCloseDevice(ibv_context_extend *context);
 // The ibv_extend_broker.h objects on broker-owned contexts.
 ibv_pd *brokerAllocPd(ibv_context_extend *context);
 int brokerDeallocPd(ibv_pd *pd);
+// Any memory of the process: inside an ibvx_alloc_buf() buffer, or ordinary memory moved onto
+// shared pages (client/shared_pages.h). Work requests address it as [iova, iova + length).
 ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access);
+ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access);
 int brokerDeregMr(ibv_mr *mr);
 int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);

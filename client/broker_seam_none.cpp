@@ -59,6 +59,9 @@ int brokerDeallocPd(ibv_pd *) {
 ibv_mr *brokerRegMr(ibv_pd *, void *, size_t, int) {
     return unavailable<ibv_mr>();
 }
+ibv_mr *brokerRegMrIova(ibv_pd *, void *, size_t, uint64_t, int) {
+    return unavailable<ibv_mr>();
+}
 ibv_mr *brokerRegMrFd(ibv_pd *, int, uint64_t, size_t, int) {
     return unavailable<ibv_mr>();
 }

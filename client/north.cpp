@@ -110,7 +110,8 @@ struct ibv_context_extend *ibv_open_extend(struct ibv_context *context) {
     if (context == nullptr) {
         return failNull<ibv_context_extend>(EINVAL);
     }
-    if (brokerModeActive()) {
+    // A broker context (the libibverbs face's ibv_open_device) is the broker's in any mode.
+    if (brokerOwns(context) || brokerModeActive()) {
         return brokerOpen(context);
     }
     const verbs_device_extend_ops *drv = ibvx::loader::findDriver(context->device);

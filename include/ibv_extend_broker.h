@@ -13,8 +13,17 @@
  * The same functions serve devices a provider brings itself (virtual devices such as softnda0)
  * in direct mode, and forward to libibverbs for rdma-core devices in direct mode.
  *
- * In broker mode the ibv_extend_ops passed in *_init_attr_extend are not called: the broker
- * allocates queue memory from its own per-session arena and maps it into the caller.
+ * In broker mode the broker allocates queue memory from its own per-session arena (host shared
+ * memory, mapped into the caller), so ibv_extend_ops.alloc, free, memset_s and memcpy_s are never
+ * called. db_mmap and db_unmap are: db_mmap(DB_MAP_MODE_HOST_VA, hva = the doorbell's address in
+ * this process) when a queue is created, its result becomes queue_info.db_hw_va, and db_unmap
+ * follows when the queue is destroyed, exactly as a driver calls them in direct mode (one call
+ * per queue doorbell; queues sharing a doorbell page map it repeatedly, so db_mmap must accept
+ * repeated maps). A device driving such queues must therefore reach host shared memory: the
+ * rings and doorbell records by their host addresses, the doorbell through what db_mmap returned.
+ *
+ * The libibverbs face (docs/verbs.md) hands out the same shadow objects from the standard verbs:
+ * its contexts, PDs and QPs work with the functions below and with ibv_extend.h, in one session.
  *
  * Conventions are those of ibv_extend.h: int functions return 0 or a negative errno, pointer
  * functions return NULL and set errno. Plain C; compiles on its own in C and C++.
@@ -69,8 +78,11 @@ int ibvx_dealloc_pd(struct ibv_pd *pd);
 void *ibvx_alloc_buf(size_t size);
 void ibvx_free_buf(void *buf);
 
-/* Registers memory for RDMA access (enum ibv_access_flags). In broker mode addr must lie inside
- * one ibvx_alloc_buf() buffer (the broker can only reach memory passed to it as an fd). */
+/* Registers memory for RDMA access (enum ibv_access_flags). In broker mode the broker can only
+ * reach memory passed to it as an fd: an ibvx_alloc_buf() buffer is passed as it is; any other
+ * private memory (heap, anonymous mmap, static data) has its pages moved onto shared memory at the
+ * same address first (docs/verbs.md, "Memory registration"); shared file mappings and device
+ * memory are refused with EINVAL. */
 struct ibv_mr *ibvx_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access);
 /* Registers [offset, offset+length) of a memfd or dma-buf the caller owns. The broker keeps its
  * own reference; the caller may close fd afterwards. mr->addr is NULL (no local mapping). */

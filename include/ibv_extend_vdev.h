@@ -28,11 +28,13 @@ extern "C" {
 #endif
 
 /* The ABI a provider's struct ibv_extend_vdev_ops was built against. V1 ends at export_mmio;
- * V2 adds query_counters. The library reads an entry only when the provider's abi has it, so
- * a V1 provider (a shorter struct) keeps working unchanged. */
+ * V2 adds query_counters; V3 adds query_device, query_port, query_gid (what the libibverbs
+ * face answers ibv_query_device/_port/_gid with) and the event fds. The library reads an entry only when the
+ * provider's abi has it, so an older provider (a shorter struct) keeps working unchanged. */
 #define IBV_EXTEND_VDEV_ABI_V1 1
 #define IBV_EXTEND_VDEV_ABI_V2 2
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V2
+#define IBV_EXTEND_VDEV_ABI_V3 3
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V3
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* What a virtual device announces about itself. */
@@ -102,6 +104,27 @@ struct ibv_extend_vdev_ops {
      * only: it is never read from a V1 provider. */
     int (*query_counters)(const char *device, void (*emit)(void *arg, const char *name, uint64_t value),
                           void *arg);
+
+    /* ---- ABI V3 and later (never read from an older provider) ----
+     * The standard queries, so a virtual device answers ibv_query_device(), ibv_query_port() and
+     * ibv_query_gid() like an rdma-core device (a broker serves them to tenants through the
+     * libibverbs face). Each fills the whole struct (zero what does not apply) and returns 0 or a
+     * negative errno: -EINVAL for a port outside 1..phys_port_cnt or a GID index outside
+     * 0..gid_tbl_len-1. May be NULL: the call then answers -EOPNOTSUPP. A virtual device's P_Key
+     * table is the default one: pkey_tbl_len entries of full-membership 0xffff. */
+    int (*query_device)(struct ibv_context *context, struct ibv_device_attr *attr);
+    int (*query_port)(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *attr);
+    /* entry->gid, gid_index, port_num and gid_type (enum ibv_gid_type); ndev_ifindex 0. */
+    int (*query_gid)(struct ibv_context *context, uint8_t port_num, uint32_t index,
+                     struct ibv_gid_entry *entry);
+
+    /* Event delivery (ABI V3). The device signals fd (adds 1 to an eventfd) when it raises a
+     * completion event on cq (set_cq_event_fd) or an async event on any object of context
+     * (set_async_event_fd); which object, the consumer reads from the queues' memory (the
+     * driver's spec says how). The provider dups fd; fd = -1 detaches. 0 or a negative errno.
+     * May be NULL: events are then not raised. */
+    int (*set_cq_event_fd)(struct ibv_cq *cq, int fd);
+    int (*set_async_event_fd)(struct ibv_context *context, int fd);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

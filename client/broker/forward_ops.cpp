@@ -81,6 +81,9 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     s->ext.cq = &s->cq;
     copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
     rc = fillQueue(c->session, resp.cq_info(), &s->ext.cq_info);
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.cq_info, &s->db);
+    }
     track(s, c);
     if (rc != 0) {
         destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
@@ -127,6 +130,9 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     s->ext.srq = &s->srq;
     copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
     rc = fillQueue(c->session, resp.srq_info(), &s->ext.srq_info);
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.srq_info, &s->db);
+    }
     track(s, c);
     if (rc != 0) {
         destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
@@ -197,6 +203,12 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     rc = fillQueue(c->session, resp.sq_info(), &s->ext.sq_info);
     if (rc == 0) {
         rc = fillQueue(c->session, resp.rq_info(), &s->ext.rq_info);
+    }
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.sq_info, &s->sq_db);
+    }
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.rq_info, &s->rq_db);
     }
     track(s, c);
     if (rc != 0) {

@@ -15,6 +15,7 @@
 #include "client/broker/shadow.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"
+#include "client/shared_pages.h"
 #include "common/c_abi.h"
 #include "common/unix_socket.h"
 
@@ -107,7 +108,8 @@ Shadow *live(Member *m, size_t offset) {
     return ownerOf(s) != nullptr ? s : nullptr;
 }
 
-ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr) {
+ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr,
+                   uint64_t iova, SharedHold *hold) {
     Session *s = pd->owner->session;
     uint64_t xfer = 0;
     int rc = s->sendFd(fd, &xfer);
@@ -120,13 +122,17 @@ ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int acc
     req.set_offset(offset);
     req.set_length(length);
     req.set_access(static_cast<uint32_t>(access));
-    req.set_iova(reinterpret_cast<uintptr_t>(addr));
+    req.set_iova(iova);
     pb::RegMrResponse resp;
     rc = s->call("RegMr", &pb::Broker::Stub::RegMr, req, &resp);
     if (rc != 0) {
         return failNull<ibv_mr>(-rc);
     }
     auto *m = new ShadowMr{};
+    if (hold != nullptr) {
+        std::swap(m->shared.addr, hold->addr);
+        std::swap(m->shared.length, hold->length);
+    }
     m->owner = pd->owner;
     m->handle = resp.mr();
     m->mr.context = &pd->owner->ctx;
@@ -242,21 +248,31 @@ int brokerDeallocPd(ibv_pd *pd) {
 }
 
 ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
+    return brokerRegMrIova(pd, addr, length, reinterpret_cast<uintptr_t>(addr), access);
+}
+
+ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) {
     ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
-    if (p == nullptr) {
+    if (p == nullptr || addr == nullptr || length == 0) {
         return failNull<ibv_mr>(EINVAL);
     }
     BufferInfo buf;
-    if (!findBuffer(addr, length, &buf)) {
-        warn(
-            "ibvx_reg_mr: [%p, +%zu) is not inside one ibvx_alloc_buf() buffer; in broker mode only such "
-            "memory "
-            "(or an fd, with ibvx_reg_mr_fd) can be registered",
-            addr, length);
-        return failNull<ibv_mr>(EINVAL);
+    if (findBuffer(addr, length, &buf)) {
+        uint64_t offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
+        return registerMr(p, buf.fd, offset, length, access, addr, iova, nullptr);
     }
-    uint64_t offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
-    return registerMr(p, buf.fd, offset, length, access, addr);
+    // Ordinary memory: its pages move onto shared memory the broker can be given
+    // (client/shared_pages.h); the MR gives them back when it goes.
+    SharedWindow window;
+    std::string why;
+    if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {
+        warn("reg_mr: [%p, +%zu) cannot be registered through the broker: %s", addr, length, why.c_str());
+        return failNull<ibv_mr>(-rc);
+    }
+    SharedHold hold;
+    hold.addr = addr;
+    hold.length = length;
+    return registerMr(p, window.fd, window.offset, length, access, addr, iova, &hold);
 }
 
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
@@ -264,7 +280,7 @@ ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int ac
     if (p == nullptr) {
         return failNull<ibv_mr>(EINVAL);
     }
-    return registerMr(p, fd, offset, length, access, nullptr);
+    return registerMr(p, fd, offset, length, access, nullptr, 0, nullptr);
 }
 
 int brokerDeregMr(ibv_mr *mr) {
@@ -293,6 +309,19 @@ int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr
     ShadowQp *s = live<ShadowQp>(qp, offsetof(ShadowQp, qp));
     if (s == nullptr) {
         return -EINVAL;
+    }
+    if ((attr_mask & ~IBV_QP_CAP) == 0) {
+        // The capabilities are what the broker granted at create: answered here, no call.
+        attr->cap = s->cap;
+        *init_attr = ibv_qp_init_attr{};
+        init_attr->qp_context = qp->qp_context;
+        init_attr->send_cq = qp->send_cq;
+        init_attr->recv_cq = qp->recv_cq;
+        init_attr->srq = qp->srq;
+        init_attr->cap = s->cap;
+        init_attr->qp_type = qp->qp_type;
+        init_attr->sq_sig_all = s->sq_sig_all;
+        return 0;
     }
     pb::QueryQpRequest req;
     req.set_qp(s->handle);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "client/broker/convert.h"
+#include "client/shared_pages.h"
 
 namespace ibvx::client::broker {
 namespace {
@@ -28,6 +29,44 @@ Registry &registry() {
 }
 
 }  // namespace
+
+DoorbellMapping::~DoorbellMapping() {
+    if (mapped != nullptr && ops != nullptr && ops->db_unmap != nullptr) {
+        int rc = ops->db_unmap(mapped, &desc);
+        if (rc != 0) {
+            warn("db_unmap of the doorbell at %p failed (%d)", mapped, rc);
+        }
+    }
+}
+
+int mapDoorbell(ibv_extend_ops *ops, queue_info *q, DoorbellMapping *out) {
+    void *local = q->db_hw_va.iov_base;
+    if (ops == nullptr || ops->db_mmap == nullptr || local == nullptr) {
+        return 0;  // no callback (the standard verbs, ibvx_*): the local address is the doorbell
+    }
+    DoorbellMapping &m = *out;
+    m.desc = doorbell_map_desc{};
+    m.desc.type = DB_MAP_MODE_HOST_VA;
+    m.desc.hva = reinterpret_cast<uintptr_t>(local);
+    m.desc.size = q->db_hw_va.iov_len;
+    errno = 0;
+    void *mapped = ops->db_mmap(&m.desc);
+    if (mapped == nullptr) {
+        int err = errno != 0 ? errno : ENOMEM;
+        warn("the caller's db_mmap refused the doorbell at %p (errno %d)", local, err);
+        return -err;
+    }
+    m.ops = ops;
+    m.mapped = mapped;
+    q->db_hw_va.iov_base = mapped;
+    return 0;
+}
+
+SharedHold::~SharedHold() {
+    if (addr != nullptr) {
+        releaseShared(addr, length);
+    }
+}
 
 void registerContext(ShadowContext *c) {
     Registry &r = registry();

@@ -28,6 +28,33 @@ namespace ibvx::client::broker {
 
 struct ShadowContext;
 
+// A doorbell the caller's ibv_extend_ops.db_mmap mapped into its device (broker mode calls it on
+// the locally mapped doorbell page, as a driver does in direct mode). Unmapped with db_unmap when
+// the queue's shadow goes (after the broker destroyed the queue, or with its context).
+struct DoorbellMapping {
+    ibv_extend_ops *ops = nullptr;
+    void *mapped = nullptr;
+    doorbell_map_desc desc{};
+    DoorbellMapping() = default;
+    DoorbellMapping(const DoorbellMapping &) = delete;
+    DoorbellMapping &operator=(const DoorbellMapping &) = delete;
+    ~DoorbellMapping();
+};
+
+// Calls ops->db_mmap on q's local doorbell (DB_MAP_MODE_HOST_VA) when the caller gave one, and
+// makes the result q->db_hw_va. 0, or a negative errno (the callback's errno, else -ENOMEM).
+int mapDoorbell(ibv_extend_ops *ops, queue_info *q, DoorbellMapping *out);
+
+// Ordinary memory an MR moved onto shared pages (client/shared_pages.h), given back with the MR.
+struct SharedHold {
+    void *addr = nullptr;
+    size_t length = 0;
+    SharedHold() = default;
+    SharedHold(const SharedHold &) = delete;
+    SharedHold &operator=(const SharedHold &) = delete;
+    ~SharedHold();
+};
+
 struct ShadowPd {
     ibv_pd pd;
     ShadowContext *owner;
@@ -38,6 +65,7 @@ struct ShadowMr {
     ibv_mr mr;
     ShadowContext *owner;
     uint64_t handle;
+    SharedHold shared;
 };
 
 struct ShadowCq {
@@ -45,6 +73,7 @@ struct ShadowCq {
     ibv_cq cq;
     ShadowContext *owner;
     uint64_t handle;
+    DoorbellMapping db;
 };
 
 struct ShadowSrq {
@@ -52,6 +81,7 @@ struct ShadowSrq {
     ibv_srq srq;
     ShadowContext *owner;
     uint64_t handle;
+    DoorbellMapping db;
 };
 
 struct ShadowQp {
@@ -61,6 +91,15 @@ struct ShadowQp {
     uint64_t handle;
     ibv_qp_cap cap;  // what the broker granted, for ibvx_query_qp's init_attr
     int sq_sig_all;
+    DoorbellMapping sq_db, rq_db;
+};
+
+// An address handle: checked and kept in this process (the broker has no object for it; see
+// docs/verbs.md).
+struct ShadowAh {
+    ibv_ah ah;
+    ShadowContext *owner;
+    ibv_ah_attr attr;
 };
 
 // Recover a shadow from the public struct embedded in it. Only dereference the result after
@@ -72,7 +111,10 @@ Shadow *shadowOf(Member *member, size_t offset) {
 #define IBVX_SHADOW_OF(Type, field, ptr) shadowOf<Type>((ptr), offsetof(Type, field))
 
 struct ShadowContext {
-    ibv_context ctx{};
+    // A complete verbs_context (its ibv_context last, extended entries before it), so the inline
+    // wrappers of <infiniband/verbs.h> reach the libibverbs face's entries on it.
+    verbs_context vctx{};
+    ibv_context &ctx = vctx.context;
     ibv_device dev{};
     ibv_context_extend ext{};  // the primary extension context
     ibv_context_extend_ops ops{};

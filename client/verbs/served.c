@@ -17,23 +17,32 @@
 IBVX_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices) {
     return ibvx_verbs_get_device_list(num_devices);
 }
-IBVX_EXPORT void ibv_free_device_list(struct ibv_device **list) { ibvx_verbs_free_device_list(list); }
+IBVX_EXPORT void ibv_free_device_list(struct ibv_device **list) {
+    ibvx_verbs_free_device_list(list);
+}
 IBVX_EXPORT const char *ibv_get_device_name(struct ibv_device *device) {
     return ibvx_verbs_get_device_name(device);
 }
-IBVX_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device) { return ibvx_verbs_get_device_guid(device); }
-IBVX_EXPORT int ibv_get_device_index(struct ibv_device *device) { return ibvx_verbs_get_device_index(device); }
+IBVX_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device) {
+    return ibvx_verbs_get_device_guid(device);
+}
+IBVX_EXPORT int ibv_get_device_index(struct ibv_device *device) {
+    return ibvx_verbs_get_device_index(device);
+}
 IBVX_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device) {
     return ibvx_verbs_open_device(device);
 }
-IBVX_EXPORT int ibv_close_device(struct ibv_context *context) { return ibvx_verbs_close_device(context); }
+IBVX_EXPORT int ibv_close_device(struct ibv_context *context) {
+    return ibvx_verbs_close_device(context);
+}
 
 IBVX_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr) {
     return ibvx_verbs_query_device(context, attr);
 }
 /* Reached only when the context has no verbs_context query_port (never for ours); the caller
  * cleared a whole struct ibv_port_attr. */
-IBVX_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num, struct _compat_ibv_port_attr *attr) {
+IBVX_EXPORT int ibv_query_port(struct ibv_context *context, uint8_t port_num,
+                               struct _compat_ibv_port_attr *attr) {
     return ibvx_verbs_query_port(context, port_num, (struct ibv_port_attr *)attr);
 }
 IBVX_EXPORT int ibv_query_gid(struct ibv_context *context, uint8_t port_num, int index, union ibv_gid *gid) {
@@ -47,7 +56,8 @@ IBVX_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context, struct ibv
                                          size_t max_entries, uint32_t flags, size_t entry_size) {
     return ibvx_verbs_query_gid_table(context, entries, max_entries, flags, entry_size);
 }
-IBVX_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index, int *type) {
+IBVX_EXPORT int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned int index,
+                                   int *type) {
     return ibvx_verbs_query_gid_type(context, port_num, index, type);
 }
 IBVX_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num, int index, __be16 *pkey) {
@@ -57,8 +67,12 @@ IBVX_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num
     return ibvx_verbs_get_pkey_index(context, port_num, pkey);
 }
 
-IBVX_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context) { return ibvx_verbs_alloc_pd(context); }
-IBVX_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) { return ibvx_verbs_dealloc_pd(pd); }
+IBVX_EXPORT struct ibv_pd *ibv_alloc_pd(struct ibv_context *context) {
+    return ibvx_verbs_alloc_pd(context);
+}
+IBVX_EXPORT int ibv_dealloc_pd(struct ibv_pd *pd) {
+    return ibvx_verbs_dealloc_pd(pd);
+}
 IBVX_EXPORT struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t length, int access) {
     return ibvx_verbs_reg_mr_iova2(pd, addr, length, (uintptr_t)addr, (unsigned int)access);
 }
@@ -70,7 +84,9 @@ IBVX_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_
                                             unsigned int access) {
     return ibvx_verbs_reg_mr_iova2(pd, addr, length, iova, access);
 }
-IBVX_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) { return ibvx_verbs_dereg_mr(mr); }
+IBVX_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
+    return ibvx_verbs_dereg_mr(mr);
+}
 
 IBVX_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context) {
     return ibvx_verbs_create_comp_channel(context);
@@ -82,15 +98,21 @@ IBVX_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, v
                                          struct ibv_comp_channel *channel, int comp_vector) {
     return ibvx_verbs_create_cq(context, cqe, cq_context, channel, comp_vector);
 }
-IBVX_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) { return ibvx_verbs_destroy_cq(cq); }
+IBVX_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
+    return ibvx_verbs_destroy_cq(cq);
+}
 IBVX_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context) {
     return ibvx_verbs_get_cq_event(channel, cq, cq_context);
 }
-IBVX_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents) { ibvx_verbs_ack_cq_events(cq, nevents); }
+IBVX_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents) {
+    ibvx_verbs_ack_cq_events(cq, nevents);
+}
 IBVX_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr) {
     return ibvx_verbs_create_qp(pd, attr);
 }
-IBVX_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) { return ibvx_verbs_destroy_qp(qp); }
+IBVX_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
+    return ibvx_verbs_destroy_qp(qp);
+}
 IBVX_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask) {
     return ibvx_verbs_modify_qp(qp, attr, attr_mask);
 }
@@ -101,20 +123,32 @@ IBVX_EXPORT int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int at
 IBVX_EXPORT struct ibv_srq *ibv_create_srq(struct ibv_pd *pd, struct ibv_srq_init_attr *attr) {
     return ibvx_verbs_create_srq(pd, attr);
 }
-IBVX_EXPORT int ibv_destroy_srq(struct ibv_srq *srq) { return ibvx_verbs_destroy_srq(srq); }
+IBVX_EXPORT int ibv_destroy_srq(struct ibv_srq *srq) {
+    return ibvx_verbs_destroy_srq(srq);
+}
 IBVX_EXPORT int ibv_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int attr_mask) {
     return ibvx_verbs_modify_srq(srq, attr, attr_mask);
 }
-IBVX_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr) { return ibvx_verbs_query_srq(srq, attr); }
+IBVX_EXPORT int ibv_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr) {
+    return ibvx_verbs_query_srq(srq, attr);
+}
 IBVX_EXPORT struct ibv_ah *ibv_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr) {
     return ibvx_verbs_create_ah(pd, attr);
 }
-IBVX_EXPORT int ibv_destroy_ah(struct ibv_ah *ah) { return ibvx_verbs_destroy_ah(ah); }
+IBVX_EXPORT int ibv_destroy_ah(struct ibv_ah *ah) {
+    return ibvx_verbs_destroy_ah(ah);
+}
 
 IBVX_EXPORT int ibv_get_async_event(struct ibv_context *context, struct ibv_async_event *event) {
     return ibvx_verbs_get_async_event(context, event);
 }
-IBVX_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) { ibvx_verbs_ack_async_event(event); }
+IBVX_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) {
+    ibvx_verbs_ack_async_event(event);
+}
 
-IBVX_EXPORT int ibv_fork_init(void) { return ibvx_verbs_fork_init(); }
-IBVX_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return ibvx_verbs_is_fork_initialized(); }
+IBVX_EXPORT int ibv_fork_init(void) {
+    return ibvx_verbs_fork_init();
+}
+IBVX_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) {
+    return ibvx_verbs_is_fork_initialized();
+}

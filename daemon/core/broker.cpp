@@ -561,6 +561,33 @@ StatusOr<ibv_device_attr_extend> Broker::queryDevice(Session &s, uint64_t contex
     return attr;
 }
 
+StatusOr<ibv_device_attr> Broker::queryDeviceAttr(Session &s, uint64_t context) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    ibv_device_attr attr{};
+    RETURN_IF_ERROR(callDriver(s.memory(), ctx->dev, "query_device failed",
+                               [&] { return ctx->dev->verbs.queryDevice(ctx->verbs, &attr); }));
+    return attr;
+}
+
+StatusOr<PortInfo> Broker::queryPort(Session &s, uint64_t context, uint8_t port) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    PortInfo info;
+    RETURN_IF_ERROR(callDriver(s.memory(), ctx->dev, "query_port failed",
+                               [&] { return ctx->dev->verbs.queryPort(ctx->verbs, port, &info.attr); }));
+    // The populated entries only: an rdma-core device answers ENODATA for an empty slot.
+    const int entries = std::clamp(info.attr.gid_tbl_len, 0, kMaxGidEntries);
+    for (int i = 0; i < entries; ++i) {
+        ibv_gid_entry g{};
+        DriverCall call(s.memory(), ctx->dev);
+        if (ctx->dev->verbs.queryGid(ctx->verbs, port, static_cast<uint32_t>(i), &g) == 0) {
+            info.gids.push_back(g);
+        }
+    }
+    return info;
+}
+
 StatusOr<uint64_t> Broker::allocPd(Session &s, uint64_t context) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));

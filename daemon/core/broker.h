@@ -113,6 +113,14 @@ struct SrqResult {
     uint8_t resv[256] = {};
 };
 
+// What QueryPort answers: the port's attributes and the populated entries of its GID table
+// (at most kMaxGidEntries are read).
+struct PortInfo {
+    ibv_port_attr attr{};
+    std::vector<ibv_gid_entry> gids;
+};
+inline constexpr int kMaxGidEntries = 256;
+
 struct QueryQpResult {
     ibv_qp_attr attr{};
     ibv_qp_init_attr init{};
@@ -183,6 +191,9 @@ class Broker {
     StatusOr<OpenContextResult> openContext(Session &s, const std::string &device_name);
     StatusOr<Released> closeContext(Session &s, uint64_t context);
     StatusOr<ibv_device_attr_extend> queryDevice(Session &s, uint64_t context);
+    // The standard device and port queries of a context's device (DeviceVerbs).
+    StatusOr<ibv_device_attr> queryDeviceAttr(Session &s, uint64_t context);
+    StatusOr<PortInfo> queryPort(Session &s, uint64_t context, uint8_t port);
     StatusOr<uint64_t> allocPd(Session &s, uint64_t context);
     Status deallocPd(Session &s, uint64_t pd);
     StatusOr<RegMrResult> regMr(Session &s, const RegMrArgs &args);

@@ -25,7 +25,9 @@ const char *const kMethodNames[] = {"Hello",
                                     "ModifyQpExtend",
                                     "QueryQpExtend",
                                     "QueryQpSupportedHyroceFeature",
-                                    "NegoQpHyroceFeature"};
+                                    "NegoQpHyroceFeature",
+                                    "QueryDeviceAttr",
+                                    "QueryPort"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

@@ -37,6 +37,8 @@ enum class Method {
     kQueryQpExtend,
     kQueryQpSupportedHyroceFeature,
     kNegoQpHyroceFeature,
+    kQueryDeviceAttr,
+    kQueryPort,
     kCount
 };
 

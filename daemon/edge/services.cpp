@@ -160,6 +160,33 @@ grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext
     });
 }
 
+grpc::ServerUnaryReactor *BrokerService::QueryDeviceAttr(grpc::CallbackServerContext *ctx,
+                                                         const pb::QueryDeviceAttrRequest *req,
+                                                         pb::QueryDeviceAttrResponse *resp) {
+    return serve(ctx, Method::kQueryDeviceAttr, [&](Session &s) {
+        ASSIGN_OR_RETURN(ibv_device_attr attr, broker_.queryDeviceAttr(s, req->context()));
+        toProto(attr, resp->mutable_attr());
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::QueryPort(grpc::CallbackServerContext *ctx,
+                                                   const pb::QueryPortRequest *req,
+                                                   pb::QueryPortResponse *resp) {
+    return serve(ctx, Method::kQueryPort, [&](Session &s) {
+        if (req->port_num() == 0 || req->port_num() > 255) {
+            return invalidArgument("port_num must be 1..255");
+        }
+        ASSIGN_OR_RETURN(PortInfo port,
+                         broker_.queryPort(s, req->context(), static_cast<uint8_t>(req->port_num())));
+        toProto(port.attr, resp->mutable_attr());
+        for (const ibv_gid_entry &g : port.gids) {
+            toProto(g, resp->add_gids());
+        }
+        return Status::ok();
+    });
+}
+
 grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ctx,
                                                  const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) {
     return serve(ctx, Method::kAllocPd, [&](Session &s) {

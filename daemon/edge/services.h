@@ -61,6 +61,11 @@ class BrokerService final : public pb::Broker::CallbackService {
                                            pb::CloseContextResponse *resp) override;
     grpc::ServerUnaryReactor *QueryDevice(grpc::CallbackServerContext *ctx, const pb::QueryDeviceRequest *req,
                                           pb::QueryDeviceResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryDeviceAttr(grpc::CallbackServerContext *ctx,
+                                              const pb::QueryDeviceAttrRequest *req,
+                                              pb::QueryDeviceAttrResponse *resp) override;
+    grpc::ServerUnaryReactor *QueryPort(grpc::CallbackServerContext *ctx, const pb::QueryPortRequest *req,
+                                        pb::QueryPortResponse *resp) override;
     grpc::ServerUnaryReactor *AllocPd(grpc::CallbackServerContext *ctx, const pb::AllocPdRequest *req,
                                       pb::AllocPdResponse *resp) override;
     grpc::ServerUnaryReactor *DeallocPd(grpc::CallbackServerContext *ctx, const pb::DeallocPdRequest *req,

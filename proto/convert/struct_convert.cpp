@@ -1,6 +1,9 @@
 #include "proto/convert/struct_convert.h"
 
+#include <endian.h>
+
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -212,5 +215,121 @@ Oversized fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out) {
                     copyBytes(in.sack(), &out->sack, sizeof(out->sack), "sack"),
                     copyBytes(in.resv(), out->resv, sizeof(out->resv), "resv")});
 }
+
+// ---- the standard queries: one list of fields per struct, used both ways ----
+
+// clang-format off
+#define IBVX_DEVICE_ATTR_FIELDS(X) \
+    X(max_mr_size)                 \
+    X(page_size_cap)               \
+    X(vendor_id)                   \
+    X(vendor_part_id)              \
+    X(hw_ver)                      \
+    X(max_qp)                      \
+    X(max_qp_wr)                   \
+    X(device_cap_flags)            \
+    X(max_sge)                     \
+    X(max_sge_rd)                  \
+    X(max_cq)                      \
+    X(max_cqe)                     \
+    X(max_mr)                      \
+    X(max_pd)                      \
+    X(max_qp_rd_atom)              \
+    X(max_ee_rd_atom)              \
+    X(max_res_rd_atom)             \
+    X(max_qp_init_rd_atom)         \
+    X(max_ee_init_rd_atom)         \
+    X(atomic_cap)                  \
+    X(max_ee)                      \
+    X(max_rdd)                     \
+    X(max_mw)                      \
+    X(max_raw_ipv6_qp)             \
+    X(max_raw_ethy_qp)             \
+    X(max_mcast_grp)               \
+    X(max_mcast_qp_attach)         \
+    X(max_total_mcast_qp_attach)   \
+    X(max_ah)                      \
+    X(max_fmr)                     \
+    X(max_map_per_fmr)             \
+    X(max_srq)                     \
+    X(max_srq_wr)                  \
+    X(max_srq_sge)                 \
+    X(max_pkeys)                   \
+    X(local_ca_ack_delay)          \
+    X(phys_port_cnt)
+#define IBVX_PORT_ATTR_FIELDS(X) \
+    X(state)                     \
+    X(max_mtu)                   \
+    X(active_mtu)                \
+    X(gid_tbl_len)               \
+    X(port_cap_flags)            \
+    X(max_msg_sz)                \
+    X(bad_pkey_cntr)             \
+    X(qkey_viol_cntr)            \
+    X(pkey_tbl_len)              \
+    X(lid)                       \
+    X(sm_lid)                    \
+    X(lmc)                       \
+    X(max_vl_num)                \
+    X(sm_sl)                     \
+    X(subnet_timeout)            \
+    X(init_type_reply)           \
+    X(active_width)              \
+    X(active_speed)              \
+    X(phys_state)                \
+    X(link_layer)                \
+    X(flags)                     \
+    X(port_cap_flags2)
+// clang-format on
+
+void toProto(const ibv_device_attr &in, pb::DeviceAttr *out) {
+    out->set_fw_ver(std::string(in.fw_ver, strnlen(in.fw_ver, sizeof(in.fw_ver))));
+    out->set_node_guid(be64toh(in.node_guid));
+    out->set_sys_image_guid(be64toh(in.sys_image_guid));
+#define X(f) out->set_##f(in.f);
+    IBVX_DEVICE_ATTR_FIELDS(X)
+#undef X
+}
+
+void fromProto(const pb::DeviceAttr &in, ibv_device_attr *out) {
+    *out = ibv_device_attr{};
+    snprintf(out->fw_ver, sizeof(out->fw_ver), "%s", in.fw_ver().c_str());
+    out->node_guid = htobe64(in.node_guid());
+    out->sys_image_guid = htobe64(in.sys_image_guid());
+#define X(f) out->f = static_cast<decltype(out->f)>(in.f());
+    IBVX_DEVICE_ATTR_FIELDS(X)
+#undef X
+}
+
+void toProto(const ibv_port_attr &in, pb::PortAttr *out) {
+#define X(f) out->set_##f(static_cast<uint32_t>(in.f));
+    IBVX_PORT_ATTR_FIELDS(X)
+#undef X
+}
+
+void fromProto(const pb::PortAttr &in, ibv_port_attr *out) {
+    *out = ibv_port_attr{};
+#define X(f) out->f = static_cast<decltype(out->f)>(in.f());
+    IBVX_PORT_ATTR_FIELDS(X)
+#undef X
+}
+
+void toProto(const ibv_gid_entry &in, pb::GidEntry *out) {
+    out->set_gid(in.gid.raw, sizeof(in.gid.raw));
+    out->set_index(in.gid_index);
+    out->set_gid_type(in.gid_type);
+    out->set_ndev_ifindex(in.ndev_ifindex);
+}
+
+Oversized fromProto(const pb::GidEntry &in, ibv_gid_entry *out) {
+    *out = ibv_gid_entry{};
+    out->gid_index = in.index();
+    out->gid_type = in.gid_type();
+    out->ndev_ifindex = in.ndev_ifindex();
+    return copyBytes(in.gid(), out->gid.raw, sizeof(out->gid.raw), "gid");
+}
+
+#undef IBVX_DEVICE_ATTR_FIELDS
+#undef IBVX_PORT_ATTR_FIELDS
 
 }  // namespace ibvx::wire

@@ -57,6 +57,15 @@ Oversized fromProto(const pb::HyroceFeature &in, ibv_hyroce_feature *out);
 void toProto(const ibv_qp_attr_extend &in, pb::QpAttrExtend *out);
 Oversized fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out);
 
+// The standard device and port queries (QueryDeviceAttr, QueryPort). GUIDs travel in host
+// order; a GID is its 16 network-order bytes.
+void toProto(const ibv_device_attr &in, pb::DeviceAttr *out);
+void fromProto(const pb::DeviceAttr &in, ibv_device_attr *out);
+void toProto(const ibv_port_attr &in, pb::PortAttr *out);
+void fromProto(const pb::PortAttr &in, ibv_port_attr *out);
+void toProto(const ibv_gid_entry &in, pb::GidEntry *out);
+Oversized fromProto(const pb::GidEntry &in, ibv_gid_entry *out);
+
 // The numeric limits of a device: the daemon's DeviceInfo and the client's ibvx_device_info
 // share these field names (their name/provider strings differ in type and are set by the caller).
 template <typename Limits>

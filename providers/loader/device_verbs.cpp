@@ -48,8 +48,22 @@ int noQueryCounters(const DeviceVerbs &, DeviceVerbs::CounterFn, void *) {
     return -EOPNOTSUPP;
 }
 
-constexpr DeviceVerbs::Ops kDummyOps = {noOpen,    noClose,    noAllocPd, noDeallocPd,    noRegMr,
-                                        noDeregMr, noModifyQp, noQueryQp, noQueryCounters};
+int noQueryDevice(ibv_context *, ibv_device_attr *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+int noQueryPort(ibv_context *, uint8_t, ibv_port_attr *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+int noQueryGid(ibv_context *, uint8_t, uint32_t, ibv_gid_entry *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
+constexpr DeviceVerbs::Ops kDummyOps = {noOpen,          noClose,       noAllocPd,   noDeallocPd,
+                                        noRegMr,         noDeregMr,     noModifyQp,  noQueryQp,
+                                        noQueryCounters, noQueryDevice, noQueryPort, noQueryGid};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -64,6 +78,12 @@ bool hasQueryCounters(const ibv_extend_vdev_ops *provider) {
     return provider->abi >= IBV_EXTEND_VDEV_ABI_V2 && provider->query_counters != nullptr;
 }
 
+// The V3 entries are past the end of an older provider's struct: never read there.
+template <typename Fn>
+Fn v3Entry(const ibv_extend_vdev_ops *provider, Fn entry) {
+    return provider->abi >= IBV_EXTEND_VDEV_ABI_V3 ? entry : nullptr;
+}
+
 ibv_context *verbsOpen(const DeviceVerbs &self) {
     return ibv_open_device(self.verbsDevice());
 }
@@ -71,6 +91,14 @@ ibv_context *verbsOpen(const DeviceVerbs &self) {
 // ibv_reg_mr_iova is a macro over the exported function of the same name.
 ibv_mr *verbsRegMr(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) {
     return ibv_reg_mr_iova(pd, addr, length, iova, access);
+}
+
+// ibv_query_port and ibv_query_gid_ex are inline wrappers in <infiniband/verbs.h>.
+int verbsQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
+    return ibv_query_port(context, port, attr);
+}
+int verbsQueryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) {
+    return ibv_query_gid_ex(context, port, index, entry, 0);
 }
 
 // Takes the provider's entry when it has one (verbs_set_ops' SET_OP).
@@ -111,6 +139,9 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.modify_qp, ops.modify_qp);
     setOp(v.ops_.query_qp, ops.query_qp);
     setOp(v.ops_.query_counters, ops.query_counters);
+    setOp(v.ops_.query_device, ops.query_device);
+    setOp(v.ops_.query_port, ops.query_port);
+    setOp(v.ops_.query_gid, ops.query_gid);
     return v;
 }
 
@@ -123,13 +154,17 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                provider->dereg_mr,
                provider->modify_qp,
                provider->query_qp,
-               hasQueryCounters(provider) ? vdevQueryCounters : nullptr};
+               hasQueryCounters(provider) ? vdevQueryCounters : nullptr,
+               v3Entry(provider, provider->query_device),
+               v3Entry(provider, provider->query_port),
+               v3Entry(provider, provider->query_gid)};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,    ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr, ibv_modify_qp,    ibv_query_qp, nullptr};
+    Ops ops = {verbsOpen,  ibv_close_device, ibv_alloc_pd,   ibv_dealloc_pd,
+               verbsRegMr, ibv_dereg_mr,     ibv_modify_qp,  ibv_query_qp,
+               nullptr,    ibv_query_device, verbsQueryPort, verbsQueryGid};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -185,6 +220,21 @@ int DeviceVerbs::queryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_in
 int DeviceVerbs::queryCounters(CounterFn emit, void *arg) const {
     errno = 0;
     return ops_.query_counters(*this, emit, arg);
+}
+
+int DeviceVerbs::queryDevice(ibv_context *context, ibv_device_attr *attr) const {
+    errno = 0;
+    return result(ops_.query_device(context, attr));
+}
+
+int DeviceVerbs::queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) const {
+    errno = 0;
+    return result(ops_.query_port(context, port, attr));
+}
+
+int DeviceVerbs::queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) const {
+    errno = 0;
+    return result(ops_.query_gid(context, port, index, entry));
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

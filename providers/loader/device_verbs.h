@@ -38,6 +38,9 @@ class DeviceVerbs {
         int (*modify_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
         int (*query_qp)(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
         int (*query_counters)(const DeviceVerbs &self, CounterFn emit, void *arg);
+        int (*query_device)(ibv_context *context, ibv_device_attr *attr);
+        int (*query_port)(ibv_context *context, uint8_t port, ibv_port_attr *attr);
+        int (*query_gid)(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -73,6 +76,10 @@ class DeviceVerbs {
     // The provider's counters for this device (ibv_extend_vdev_ops.query_counters, read only
     // from a provider of ABI V2 or later): 0, or -EOPNOTSUPP when it keeps none.
     int queryCounters(CounterFn emit, void *arg) const;
+    // The standard queries (a provider's from ABI V3 on): whole structs, 0 or a negative errno.
+    int queryDevice(ibv_context *context, ibv_device_attr *attr) const;
+    int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) const;
+    int queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) const;
 
   private:
     int result(int rc) const;

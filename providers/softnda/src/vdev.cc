@@ -3,7 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <endian.h>
+
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
@@ -354,11 +357,95 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
     return 0;
 }
 
+// ---- the standard queries (vdev ABI V3; SPEC.md §8) ----------------------------------------
+
+// The engine executes READs and atomics one at a time, so any depth is honoured; this is the depth
+// announced (what perftest and rdma-core's tools ask for by default fits).
+constexpr int kMaxRdAtomic = 16;
+
+int queryDevice(ibv_context *context, ibv_device_attr *attr) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr || attr == nullptr) {
+        return -EINVAL;
+    }
+    const Device &dev = *ctx->dev;
+    const Config &c = dev.cfg;
+    std::memset(attr, 0, sizeof(*attr));
+    snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softnda-1");  // the SPEC.md revision
+    attr->node_guid = htobe64(dev.guid);
+    attr->sys_image_guid = htobe64(dev.guid);
+    attr->max_mr_size = c.max_mr_size;
+    attr->page_size_cap = ~(static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) - 1);
+    attr->max_qp = static_cast<int>(c.max_qp);
+    attr->max_qp_wr = static_cast<int>(c.max_qp_wr);
+    attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN;
+    attr->max_sge = static_cast<int>(c.max_sge);
+    attr->max_sge_rd = static_cast<int>(c.max_sge);
+    attr->max_cq = static_cast<int>(c.max_cq);
+    attr->max_cqe = static_cast<int>(c.max_cqe);
+    attr->max_mr = static_cast<int>(c.max_mr);
+    attr->max_pd = static_cast<int>(c.max_pd);
+    attr->max_qp_rd_atom = kMaxRdAtomic;
+    attr->max_qp_init_rd_atom = kMaxRdAtomic;
+    attr->max_res_rd_atom = kMaxRdAtomic;
+    attr->atomic_cap = IBV_ATOMIC_HCA;  // the engine executes each atomic alone (SPEC.md §5)
+    attr->max_srq = static_cast<int>(c.max_srq);
+    attr->max_srq_wr = static_cast<int>(c.max_srq_wr);
+    attr->max_srq_sge = static_cast<int>(c.max_sge);
+    attr->max_pkeys = 1;
+    attr->local_ca_ack_delay = 0;
+    attr->phys_port_cnt = static_cast<uint8_t>(c.phys_port_cnt);
+    return 0;
+}
+
+bool validPort(const Context &ctx, uint8_t port) {
+    return port >= 1 && port <= ctx.dev->cfg.phys_port_cnt;
+}
+
+int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr || attr == nullptr || !validPort(*ctx, port)) {
+        return -EINVAL;
+    }
+    const Device &dev = *ctx->dev;
+    std::memset(attr, 0, sizeof(*attr));
+    attr->state = IBV_PORT_ACTIVE;
+    attr->max_mtu = IBV_MTU_4096;
+    attr->active_mtu = IBV_MTU_4096;
+    attr->gid_tbl_len = 1;
+    attr->max_msg_sz = dev.cfg.max_msg_sz;
+    attr->pkey_tbl_len = 1;
+    // A LID per port, unique on the host; LID 0 is invalid and LIDs from 0xc000 are multicast.
+    attr->lid = static_cast<uint16_t>(1 + (dev.index * dev.cfg.phys_port_cnt + (port - 1u)) % 0xbffe);
+    attr->sm_lid = attr->lid;
+    attr->max_vl_num = 1;     // VL0
+    attr->active_width = 2;   // 4X
+    attr->active_speed = 32;  // EDR
+    attr->phys_state = 5;     // LinkUp
+    attr->link_layer = IBV_LINK_LAYER_INFINIBAND;
+    return 0;
+}
+
+int queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr || entry == nullptr || !validPort(*ctx, port) || index != 0) {
+        return -EINVAL;
+    }
+    std::memset(entry, 0, sizeof(*entry));
+    // The IB link-local GID: fe80::/64 and the port GUID (the node GUID plus the port number).
+    entry->gid.global.subnet_prefix = htobe64(0xfe80000000000000ull);
+    entry->gid.global.interface_id = htobe64(ctx->dev->guid + port);
+    entry->gid_index = index;
+    entry->port_num = port;
+    entry->gid_type = IBV_GID_TYPE_IB;
+    return 0;
+}
+
 }  // namespace
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V2,
+    .abi = IBV_EXTEND_VDEV_ABI_V3,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -373,4 +460,9 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .query_qp = softnda::CEntry<softnda::queryQp>::call,
     .export_mmio = softnda::CEntry<softnda::vdevExportMmio>::call,
     .query_counters = softnda::CEntry<softnda::vdevQueryCounters>::call,
+    .query_device = softnda::CEntry<softnda::queryDevice>::call,
+    .query_port = softnda::CEntry<softnda::queryPort>::call,
+    .query_gid = softnda::CEntry<softnda::queryGid>::call,
+    .set_cq_event_fd = nullptr,     // SPEC.md §9: not implemented yet
+    .set_async_event_fd = nullptr,
 };

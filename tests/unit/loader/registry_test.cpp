@@ -276,6 +276,11 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .query_qp = nullptr,
     .export_mmio = nullptr,
     .query_counters = nullptr,
+    .query_device = nullptr,
+    .query_port = nullptr,
+    .query_gid = nullptr,
+    .set_cq_event_fd = nullptr,
+    .set_async_event_fd = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};

@@ -1,0 +1,566 @@
+/*
+ * Every entry point of rdma-core 44's libibverbs.so.1 the broker does not serve (and that
+ * served.c, local_verbs.c and compat.c do not define): each fails the way libibverbs fails a verb
+ * the device lacks, and never touches its arguments. A pointer return is NULL with
+ * errno = EOPNOTSUPP, an int return is EOPNOTSUPP (errno set too), a void one does nothing.
+ * They exist so that a program or a provider linked against libibverbs loads with the face.
+ * Parameters are unused by design; this file is compiled without -Wunused-parameter for that.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <infiniband/sa.h>
+#include <infiniband/verbs.h>
+
+#include "client/verbs/face_export.h"
+
+static void *ibvx_unsupported_ptr(void) {
+    errno = EOPNOTSUPP;
+    return NULL;
+}
+static int ibvx_unsupported_int(void) {
+    errno = EOPNOTSUPP;
+    return EOPNOTSUPP;
+}
+
+/* ---- Public verbs (prototypes from <infiniband/verbs.h>) ---- */
+
+IBVX_FACE_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                                  int access) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
+                                                  uint64_t iova, int fd, int access) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num, struct ibv_wc *wc,
+                                         struct ibv_grh *grh, struct ibv_ah_attr *ah_attr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
+                                                      struct ibv_grh *grh, uint8_t port_num) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, struct ibv_ah_attr *attr,
+                                                 uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid) {
+    return ibvx_unsupported_int();
+}
+/* Sharing a context, PD, MR or DM with another process goes through the broker's own objects,
+ * never through a uverbs command fd, so nothing can be imported. */
+IBVX_FACE_EXPORT struct ibv_context *ibv_import_device(int cmd_fd) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT void ibv_unimport_pd(struct ibv_pd *pd) {}
+IBVX_FACE_EXPORT struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT void ibv_unimport_mr(struct ibv_mr *mr) {}
+IBVX_FACE_EXPORT struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT void ibv_unimport_dm(struct ibv_dm *dm) {}
+IBVX_FACE_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
+    return ibvx_unsupported_int();
+}
+/* A boolean answer, not an error code: 0 ("not guaranteed in order") is the safe one and is what
+ * rdma-core answers where it cannot tell. */
+IBVX_FACE_EXPORT int ibv_query_qp_data_in_order(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags) {
+    return 0;
+}
+
+/* ---- Historical kernel-ABI marshalling helpers (rdma-core's marshall.h, not installed) ----
+ * They convert uverbs kernel structures, which a brokered device never produces; no-ops. */
+struct ib_uverbs_qp_attr;
+struct ib_uverbs_ah_attr;
+struct ib_user_path_rec;
+void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, struct ib_uverbs_qp_attr *src);
+void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src);
+void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_path_rec *src);
+void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src);
+
+IBVX_FACE_EXPORT void ibv_copy_qp_attr_from_kern(struct ibv_qp_attr *dst, struct ib_uverbs_qp_attr *src) {}
+IBVX_FACE_EXPORT void ibv_copy_ah_attr_from_kern(struct ibv_ah_attr *dst, struct ib_uverbs_ah_attr *src) {}
+IBVX_FACE_EXPORT void ibv_copy_path_rec_from_kern(struct ibv_sa_path_rec *dst, struct ib_user_path_rec *src) {
+}
+IBVX_FACE_EXPORT void ibv_copy_path_rec_to_kern(struct ib_user_path_rec *dst, struct ibv_sa_path_rec *src) {}
+
+/* ---- IBVERBS_PRIVATE_34: the provider interface (rdma-core's driver.h and cmd_ioctl.h, not
+ * installed; prototypes as rdma-core 44 declares them) ----
+ * Providers (libmlx5, libefa ...) are linked against these. A provider registers itself from a
+ * constructor with verbs_register_driver_34; the face keeps no provider list (its devices come
+ * from the broker), so registration is a no-op and no provider is ever asked to open a device.
+ * The rest is only ever called by an opened provider, so it never runs; it still fails cleanly. */
+struct verbs_device_ops;
+struct verbs_context_ops;
+struct ibv_command_buffer;
+struct ib_uverbs_alloc_mw_resp;
+struct ib_uverbs_alloc_pd_resp;
+struct ib_uverbs_create_ah_resp;
+struct ib_uverbs_create_cq_resp;
+struct ib_uverbs_create_qp_resp;
+struct ib_uverbs_create_srq_resp;
+struct ib_uverbs_ex_create_cq_resp;
+struct ib_uverbs_ex_create_qp_resp;
+struct ib_uverbs_ex_create_rwq_ind_table_resp;
+struct ib_uverbs_ex_create_wq_resp;
+struct ib_uverbs_ex_modify_qp_resp;
+struct ib_uverbs_ex_query_device_resp;
+struct ib_uverbs_get_context_resp;
+struct ib_uverbs_open_xrcd_resp;
+struct ib_uverbs_reg_mr_resp;
+struct ib_uverbs_rereg_mr_resp;
+struct ib_uverbs_resize_cq_resp;
+struct ibv_alloc_mw;
+struct ibv_alloc_pd;
+struct ibv_create_cq;
+struct ibv_create_cq_ex;
+struct ibv_create_qp;
+struct ibv_create_qp_ex;
+struct ibv_create_srq;
+struct ibv_create_wq;
+struct ibv_create_xsrq;
+struct ibv_get_context;
+struct ibv_modify_cq;
+struct ibv_modify_qp;
+struct ibv_modify_qp_ex;
+struct ibv_modify_srq;
+struct ibv_modify_wq;
+struct ibv_open_qp;
+struct ibv_open_xrcd;
+struct ibv_query_port;
+struct ibv_query_qp;
+struct ibv_query_srq;
+struct ibv_reg_mr;
+struct ibv_rereg_mr;
+struct ibv_resize_cq;
+struct verbs_counters;
+struct verbs_cq;
+struct verbs_dm;
+struct verbs_flow_action;
+struct verbs_mr;
+struct verbs_qp;
+struct verbs_srq;
+struct verbs_xrcd;
+
+void verbs_register_driver_34(const struct verbs_device_ops *ops);
+void *_verbs_init_and_alloc_context(struct ibv_device *device, int cmd_fd, size_t alloc_size,
+                                    struct verbs_context *context_offset, uint32_t driver_id);
+void verbs_uninit_context(struct verbs_context *context);
+void verbs_set_ops(struct verbs_context *vctx, const struct verbs_context_ops *ops);
+void verbs_init_cq(struct ibv_cq *cq, struct ibv_context *context, struct ibv_comp_channel *channel,
+                   void *cq_context);
+struct ibv_context *verbs_open_device(struct ibv_device *device, void *private_data);
+void __verbs_log(struct verbs_context *ctx, uint32_t level, const char *fmt, ...);
+int execute_ioctl(struct ibv_context *context, struct ibv_command_buffer *cmd);
+unsigned int __ioctl_final_num_attrs(unsigned int num_attrs, struct ibv_command_buffer *link);
+int ibv_cmd_get_context(struct verbs_context *context, struct ibv_get_context *cmd, size_t cmd_size,
+                        struct ib_uverbs_get_context_resp *resp, size_t resp_size);
+int ibv_cmd_query_context(struct ibv_context *ctx, struct ibv_command_buffer *driver);
+int ibv_cmd_create_flow_action_esp(struct ibv_context *ctx, struct ibv_flow_action_esp_attr *attr,
+                                   struct verbs_flow_action *flow_action, struct ibv_command_buffer *driver);
+int ibv_cmd_modify_flow_action_esp(struct verbs_flow_action *flow_action,
+                                   struct ibv_flow_action_esp_attr *attr, struct ibv_command_buffer *driver);
+int ibv_cmd_query_device_any(struct ibv_context *context, const struct ibv_query_device_ex_input *input,
+                             struct ibv_device_attr_ex *attr, size_t attr_size,
+                             struct ib_uverbs_ex_query_device_resp *resp, size_t *resp_size);
+int ibv_cmd_query_port(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *port_attr,
+                       struct ibv_query_port *cmd, size_t cmd_size);
+int ibv_cmd_alloc_pd(struct ibv_context *context, struct ibv_pd *pd, struct ibv_alloc_pd *cmd,
+                     size_t cmd_size, struct ib_uverbs_alloc_pd_resp *resp, size_t resp_size);
+int ibv_cmd_dealloc_pd(struct ibv_pd *pd);
+int ibv_cmd_open_xrcd(struct ibv_context *context, struct verbs_xrcd *xrcd, int vxrcd_size,
+                      struct ibv_xrcd_init_attr *attr, struct ibv_open_xrcd *cmd, size_t cmd_size,
+                      struct ib_uverbs_open_xrcd_resp *resp, size_t resp_size);
+int ibv_cmd_close_xrcd(struct verbs_xrcd *xrcd);
+int ibv_cmd_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access,
+                   struct verbs_mr *vmr, struct ibv_reg_mr *cmd, size_t cmd_size,
+                   struct ib_uverbs_reg_mr_resp *resp, size_t resp_size);
+int ibv_cmd_rereg_mr(struct verbs_mr *vmr, uint32_t flags, void *addr, size_t length, uint64_t hca_va,
+                     int access, struct ibv_pd *pd, struct ibv_rereg_mr *cmd, size_t cmd_sz,
+                     struct ib_uverbs_rereg_mr_resp *resp, size_t resp_sz);
+int ibv_cmd_dereg_mr(struct verbs_mr *vmr);
+int ibv_cmd_query_mr(struct ibv_pd *pd, struct verbs_mr *vmr, uint32_t mr_handle);
+int ibv_cmd_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                      struct ibv_sge *sg_list, uint32_t num_sge);
+int ibv_cmd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                          int access, struct verbs_mr *vmr);
+int ibv_cmd_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw *mw, struct ibv_alloc_mw *cmd,
+                     size_t cmd_size, struct ib_uverbs_alloc_mw_resp *resp, size_t resp_size);
+int ibv_cmd_dealloc_mw(struct ibv_mw *mw);
+int ibv_cmd_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel, int comp_vector,
+                      struct ibv_cq *cq, struct ibv_create_cq *cmd, size_t cmd_size,
+                      struct ib_uverbs_create_cq_resp *resp, size_t resp_size);
+int ibv_cmd_create_cq_ex(struct ibv_context *context, const struct ibv_cq_init_attr_ex *cq_attr,
+                         struct verbs_cq *cq, struct ibv_create_cq_ex *cmd, size_t cmd_size,
+                         struct ib_uverbs_ex_create_cq_resp *resp, size_t resp_size, uint32_t cmd_flags);
+int ibv_cmd_poll_cq(struct ibv_cq *cq, int ne, struct ibv_wc *wc);
+int ibv_cmd_req_notify_cq(struct ibv_cq *cq, int solicited_only);
+int ibv_cmd_resize_cq(struct ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd, size_t cmd_size,
+                      struct ib_uverbs_resize_cq_resp *resp, size_t resp_size);
+int ibv_cmd_destroy_cq(struct ibv_cq *cq);
+int ibv_cmd_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr, struct ibv_modify_cq *cmd,
+                      size_t cmd_size);
+int ibv_cmd_create_srq(struct ibv_pd *pd, struct ibv_srq *srq, struct ibv_srq_init_attr *attr,
+                       struct ibv_create_srq *cmd, size_t cmd_size, struct ib_uverbs_create_srq_resp *resp,
+                       size_t resp_size);
+int ibv_cmd_create_srq_ex(struct ibv_context *context, struct verbs_srq *srq,
+                          struct ibv_srq_init_attr_ex *attr_ex, struct ibv_create_xsrq *cmd, size_t cmd_size,
+                          struct ib_uverbs_create_srq_resp *resp, size_t resp_size);
+int ibv_cmd_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, int srq_attr_mask,
+                       struct ibv_modify_srq *cmd, size_t cmd_size);
+int ibv_cmd_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, struct ibv_query_srq *cmd,
+                      size_t cmd_size);
+int ibv_cmd_destroy_srq(struct ibv_srq *srq);
+int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_qp_init_attr *attr,
+                      struct ibv_create_qp *cmd, size_t cmd_size, struct ib_uverbs_create_qp_resp *resp,
+                      size_t resp_size);
+int ibv_cmd_create_qp_ex(struct ibv_context *context, struct verbs_qp *qp,
+                         struct ibv_qp_init_attr_ex *attr_ex, struct ibv_create_qp *cmd, size_t cmd_size,
+                         struct ib_uverbs_create_qp_resp *resp, size_t resp_size);
+int ibv_cmd_create_qp_ex2(struct ibv_context *context, struct verbs_qp *qp,
+                          struct ibv_qp_init_attr_ex *qp_attr, struct ibv_create_qp_ex *cmd, size_t cmd_size,
+                          struct ib_uverbs_ex_create_qp_resp *resp, size_t resp_size);
+int ibv_cmd_open_qp(struct ibv_context *context, struct verbs_qp *qp, int vqp_sz,
+                    struct ibv_qp_open_attr *attr, struct ibv_open_qp *cmd, size_t cmd_size,
+                    struct ib_uverbs_create_qp_resp *resp, size_t resp_size);
+int ibv_cmd_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *qp_attr, int attr_mask,
+                     struct ibv_qp_init_attr *qp_init_attr, struct ibv_query_qp *cmd, size_t cmd_size);
+int ibv_cmd_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask, struct ibv_modify_qp *cmd,
+                      size_t cmd_size);
+int ibv_cmd_modify_qp_ex(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                         struct ibv_modify_qp_ex *cmd, size_t cmd_size,
+                         struct ib_uverbs_ex_modify_qp_resp *resp, size_t resp_size);
+int ibv_cmd_destroy_qp(struct ibv_qp *qp);
+int ibv_cmd_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+int ibv_cmd_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+int ibv_cmd_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+int ibv_cmd_create_ah(struct ibv_pd *pd, struct ibv_ah *ah, struct ibv_ah_attr *attr,
+                      struct ib_uverbs_create_ah_resp *resp, size_t resp_size);
+int ibv_cmd_destroy_ah(struct ibv_ah *ah);
+int ibv_cmd_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+int ibv_cmd_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid);
+int ibv_cmd_create_flow(struct ibv_qp *qp, struct ibv_flow *flow_id, struct ibv_flow_attr *flow_attr,
+                        void *ucmd, size_t ucmd_size);
+int ibv_cmd_destroy_flow(struct ibv_flow *flow_id);
+int ibv_cmd_create_wq(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr, struct ibv_wq *wq,
+                      struct ibv_create_wq *cmd, size_t cmd_size, struct ib_uverbs_ex_create_wq_resp *resp,
+                      size_t resp_size);
+int ibv_cmd_destroy_flow_action(struct verbs_flow_action *action);
+int ibv_cmd_modify_wq(struct ibv_wq *wq, struct ibv_wq_attr *attr, struct ibv_modify_wq *cmd,
+                      size_t cmd_size);
+int ibv_cmd_destroy_wq(struct ibv_wq *wq);
+int ibv_cmd_create_rwq_ind_table(struct ibv_context *context, struct ibv_rwq_ind_table_init_attr *init_attr,
+                                 struct ibv_rwq_ind_table *rwq_ind_table,
+                                 struct ib_uverbs_ex_create_rwq_ind_table_resp *resp, size_t resp_size);
+int ibv_cmd_destroy_rwq_ind_table(struct ibv_rwq_ind_table *rwq_ind_table);
+int ibv_cmd_create_counters(struct ibv_context *context, struct ibv_counters_init_attr *init_attr,
+                            struct verbs_counters *vcounters, struct ibv_command_buffer *link);
+int ibv_cmd_destroy_counters(struct verbs_counters *vcounters);
+int ibv_cmd_read_counters(struct verbs_counters *vcounters, uint64_t *counters_value, uint32_t ncounters,
+                          uint32_t flags, struct ibv_command_buffer *link);
+int ibv_cmd_alloc_dm(struct ibv_context *ctx, const struct ibv_alloc_dm_attr *dm_attr, struct verbs_dm *dm,
+                     struct ibv_command_buffer *link);
+int ibv_cmd_free_dm(struct verbs_dm *dm);
+int ibv_cmd_reg_dm_mr(struct ibv_pd *pd, struct verbs_dm *dm, uint64_t offset, size_t length,
+                      unsigned int access, struct verbs_mr *vmr, struct ibv_command_buffer *link);
+
+/* rdma-core lets destroy verbs succeed on a disassociated device when this is set; nothing here
+ * reads it. */
+IBVX_FACE_EXPORT bool verbs_allow_disassociate_destroy;
+
+IBVX_FACE_EXPORT void verbs_register_driver_34(const struct verbs_device_ops *ops) {}
+IBVX_FACE_EXPORT void *_verbs_init_and_alloc_context(struct ibv_device *device, int cmd_fd, size_t alloc_size,
+                                                     struct verbs_context *context_offset,
+                                                     uint32_t driver_id) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT void verbs_uninit_context(struct verbs_context *context) {}
+IBVX_FACE_EXPORT void verbs_set_ops(struct verbs_context *vctx, const struct verbs_context_ops *ops) {}
+IBVX_FACE_EXPORT void verbs_init_cq(struct ibv_cq *cq, struct ibv_context *context,
+                                    struct ibv_comp_channel *channel, void *cq_context) {}
+IBVX_FACE_EXPORT struct ibv_context *verbs_open_device(struct ibv_device *device, void *private_data) {
+    return ibvx_unsupported_ptr();
+}
+IBVX_FACE_EXPORT void __verbs_log(struct verbs_context *ctx, uint32_t level, const char *fmt, ...) {}
+IBVX_FACE_EXPORT int execute_ioctl(struct ibv_context *context, struct ibv_command_buffer *cmd) {
+    return ibvx_unsupported_int();
+}
+/* A size computation, not a command: the attribute count stands as asked. */
+IBVX_FACE_EXPORT unsigned int __ioctl_final_num_attrs(unsigned int num_attrs,
+                                                      struct ibv_command_buffer *link) {
+    return num_attrs;
+}
+
+IBVX_FACE_EXPORT int ibv_cmd_get_context(struct verbs_context *context, struct ibv_get_context *cmd,
+                                         size_t cmd_size, struct ib_uverbs_get_context_resp *resp,
+                                         size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_context(struct ibv_context *ctx, struct ibv_command_buffer *driver) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_flow_action_esp(struct ibv_context *ctx,
+                                                    struct ibv_flow_action_esp_attr *attr,
+                                                    struct verbs_flow_action *flow_action,
+                                                    struct ibv_command_buffer *driver) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_flow_action_esp(struct verbs_flow_action *flow_action,
+                                                    struct ibv_flow_action_esp_attr *attr,
+                                                    struct ibv_command_buffer *driver) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_device_any(struct ibv_context *context,
+                                              const struct ibv_query_device_ex_input *input,
+                                              struct ibv_device_attr_ex *attr, size_t attr_size,
+                                              struct ib_uverbs_ex_query_device_resp *resp,
+                                              size_t *resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_port(struct ibv_context *context, uint8_t port_num,
+                                        struct ibv_port_attr *port_attr, struct ibv_query_port *cmd,
+                                        size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_alloc_pd(struct ibv_context *context, struct ibv_pd *pd,
+                                      struct ibv_alloc_pd *cmd, size_t cmd_size,
+                                      struct ib_uverbs_alloc_pd_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_dealloc_pd(struct ibv_pd *pd) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_open_xrcd(struct ibv_context *context, struct verbs_xrcd *xrcd, int vxrcd_size,
+                                       struct ibv_xrcd_init_attr *attr, struct ibv_open_xrcd *cmd,
+                                       size_t cmd_size, struct ib_uverbs_open_xrcd_resp *resp,
+                                       size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_close_xrcd(struct verbs_xrcd *xrcd) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_reg_mr(struct ibv_pd *pd, void *addr, size_t length, uint64_t hca_va, int access,
+                                    struct verbs_mr *vmr, struct ibv_reg_mr *cmd, size_t cmd_size,
+                                    struct ib_uverbs_reg_mr_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_rereg_mr(struct verbs_mr *vmr, uint32_t flags, void *addr, size_t length,
+                                      uint64_t hca_va, int access, struct ibv_pd *pd,
+                                      struct ibv_rereg_mr *cmd, size_t cmd_sz,
+                                      struct ib_uverbs_rereg_mr_resp *resp, size_t resp_sz) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_dereg_mr(struct verbs_mr *vmr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_mr(struct ibv_pd *pd, struct verbs_mr *vmr, uint32_t mr_handle) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_advise_mr(struct ibv_pd *pd, enum ibv_advise_mr_advice advice, uint32_t flags,
+                                       struct ibv_sge *sg_list, uint32_t num_sge) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length, uint64_t iova,
+                                           int fd, int access, struct verbs_mr *vmr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type type, struct ibv_mw *mw,
+                                      struct ibv_alloc_mw *cmd, size_t cmd_size,
+                                      struct ib_uverbs_alloc_mw_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_dealloc_mw(struct ibv_mw *mw) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_cq(struct ibv_context *context, int cqe, struct ibv_comp_channel *channel,
+                                       int comp_vector, struct ibv_cq *cq, struct ibv_create_cq *cmd,
+                                       size_t cmd_size, struct ib_uverbs_create_cq_resp *resp,
+                                       size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_cq_ex(struct ibv_context *context,
+                                          const struct ibv_cq_init_attr_ex *cq_attr, struct verbs_cq *cq,
+                                          struct ibv_create_cq_ex *cmd, size_t cmd_size,
+                                          struct ib_uverbs_ex_create_cq_resp *resp, size_t resp_size,
+                                          uint32_t cmd_flags) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_poll_cq(struct ibv_cq *cq, int ne, struct ibv_wc *wc) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_req_notify_cq(struct ibv_cq *cq, int solicited_only) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_resize_cq(struct ibv_cq *cq, int cqe, struct ibv_resize_cq *cmd, size_t cmd_size,
+                                       struct ib_uverbs_resize_cq_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_cq(struct ibv_cq *cq) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_cq(struct ibv_cq *cq, struct ibv_modify_cq_attr *attr,
+                                       struct ibv_modify_cq *cmd, size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_srq(struct ibv_pd *pd, struct ibv_srq *srq,
+                                        struct ibv_srq_init_attr *attr, struct ibv_create_srq *cmd,
+                                        size_t cmd_size, struct ib_uverbs_create_srq_resp *resp,
+                                        size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_srq_ex(struct ibv_context *context, struct verbs_srq *srq,
+                                           struct ibv_srq_init_attr_ex *attr_ex, struct ibv_create_xsrq *cmd,
+                                           size_t cmd_size, struct ib_uverbs_create_srq_resp *resp,
+                                           size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr, int srq_attr_mask,
+                                        struct ibv_modify_srq *cmd, size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *srq_attr,
+                                       struct ibv_query_srq *cmd, size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_srq(struct ibv_srq *srq) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_qp(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_qp_init_attr *attr,
+                                       struct ibv_create_qp *cmd, size_t cmd_size,
+                                       struct ib_uverbs_create_qp_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_qp_ex(struct ibv_context *context, struct verbs_qp *qp,
+                                          struct ibv_qp_init_attr_ex *attr_ex, struct ibv_create_qp *cmd,
+                                          size_t cmd_size, struct ib_uverbs_create_qp_resp *resp,
+                                          size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_qp_ex2(struct ibv_context *context, struct verbs_qp *qp,
+                                           struct ibv_qp_init_attr_ex *qp_attr, struct ibv_create_qp_ex *cmd,
+                                           size_t cmd_size, struct ib_uverbs_ex_create_qp_resp *resp,
+                                           size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_open_qp(struct ibv_context *context, struct verbs_qp *qp, int vqp_sz,
+                                     struct ibv_qp_open_attr *attr, struct ibv_open_qp *cmd, size_t cmd_size,
+                                     struct ib_uverbs_create_qp_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *qp_attr, int attr_mask,
+                                      struct ibv_qp_init_attr *qp_init_attr, struct ibv_query_qp *cmd,
+                                      size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                                       struct ibv_modify_qp *cmd, size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_qp_ex(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
+                                          struct ibv_modify_qp_ex *cmd, size_t cmd_size,
+                                          struct ib_uverbs_ex_modify_qp_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_qp(struct ibv_qp *qp) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
+                                       struct ibv_send_wr **bad_wr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
+                                       struct ibv_recv_wr **bad_wr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_post_srq_recv(struct ibv_srq *srq, struct ibv_recv_wr *wr,
+                                           struct ibv_recv_wr **bad_wr) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_ah(struct ibv_pd *pd, struct ibv_ah *ah, struct ibv_ah_attr *attr,
+                                       struct ib_uverbs_create_ah_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_ah(struct ibv_ah *ah) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_flow(struct ibv_qp *qp, struct ibv_flow *flow_id,
+                                         struct ibv_flow_attr *flow_attr, void *ucmd, size_t ucmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_flow(struct ibv_flow *flow_id) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_wq(struct ibv_context *context, struct ibv_wq_init_attr *wq_init_attr,
+                                       struct ibv_wq *wq, struct ibv_create_wq *cmd, size_t cmd_size,
+                                       struct ib_uverbs_ex_create_wq_resp *resp, size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_flow_action(struct verbs_flow_action *action) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_modify_wq(struct ibv_wq *wq, struct ibv_wq_attr *attr, struct ibv_modify_wq *cmd,
+                                       size_t cmd_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_wq(struct ibv_wq *wq) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_rwq_ind_table(struct ibv_context *context,
+                                                  struct ibv_rwq_ind_table_init_attr *init_attr,
+                                                  struct ibv_rwq_ind_table *rwq_ind_table,
+                                                  struct ib_uverbs_ex_create_rwq_ind_table_resp *resp,
+                                                  size_t resp_size) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_rwq_ind_table(struct ibv_rwq_ind_table *rwq_ind_table) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_create_counters(struct ibv_context *context,
+                                             struct ibv_counters_init_attr *init_attr,
+                                             struct verbs_counters *vcounters,
+                                             struct ibv_command_buffer *link) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_destroy_counters(struct verbs_counters *vcounters) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_read_counters(struct verbs_counters *vcounters, uint64_t *counters_value,
+                                           uint32_t ncounters, uint32_t flags,
+                                           struct ibv_command_buffer *link) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_alloc_dm(struct ibv_context *ctx, const struct ibv_alloc_dm_attr *dm_attr,
+                                      struct verbs_dm *dm, struct ibv_command_buffer *link) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_free_dm(struct verbs_dm *dm) {
+    return ibvx_unsupported_int();
+}
+IBVX_FACE_EXPORT int ibv_cmd_reg_dm_mr(struct ibv_pd *pd, struct verbs_dm *dm, uint64_t offset, size_t length,
+                                       unsigned int access, struct verbs_mr *vmr,
+                                       struct ibv_command_buffer *link) {
+    return ibvx_unsupported_int();
+}

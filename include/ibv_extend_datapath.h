@@ -1,0 +1,80 @@
+/*
+ * ibv_extend_datapath.h - a driver's standard-verbs data path, run in the tenant's process.
+ *
+ * In broker mode the queues live in shared memory the broker maps into the tenant; the libibverbs
+ * face hands out ibv_qp/ibv_cq/ibv_srq for them. ibv_post_send, ibv_post_recv, ibv_post_srq_recv,
+ * ibv_poll_cq and ibv_req_notify_cq are inline in <infiniband/verbs.h> and call the context's ops;
+ * the face points those at the data path of the driver that made the queues, as rdma-core lets
+ * each provider carry its own. The data path works from the queue_info the broker returned
+ * (ibv_extend.h): no broker call and no system call per work request.
+ *
+ * A driver ships its data path as a shared object named lib<provider>-verbs.so in the provider
+ * directory (IBV_EXTEND_PROVIDER_DIR, else the installed one) that exports
+ *     const struct ibv_extend_datapath_ops ibv_extend_datapath;
+ * with .provider equal to the driver's name. The face loads it the first time a context of a
+ * device of that driver is opened; a driver without one gets EOPNOTSUPP from the data verbs.
+ *
+ * Conventions: each entry follows the libibverbs verb it implements (post_*: 0 or an errno with
+ * *bad_wr set to the first work request not posted, ENOMEM for a full queue, EINVAL for a bad
+ * one; poll_cq: the number of completions or a negative errno). The *_open entries return a
+ * driver-private state (NULL + errno when the queues are not this driver's). Thread-safety: each
+ * entry may be called concurrently from any thread; calls on one object are serialised by the
+ * data path itself, as providers do. Plain C; compiles on its own in C and C++.
+ */
+#ifndef IBV_EXTEND_DATAPATH_H
+#define IBV_EXTEND_DATAPATH_H
+
+#include <infiniband/verbs.h>
+#include <stdint.h>
+
+#include <ibv_extend.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IBV_EXTEND_DATAPATH_ABI_V1 1
+#define IBV_EXTEND_DATAPATH_SYMBOL "ibv_extend_datapath"
+
+/* What a QP's data path is told when it is opened. */
+struct ibv_extend_datapath_qp_attr {
+    const struct ibv_qp_extend *qp; /* sq_info, rq_info (rq_info empty with an SRQ) */
+    enum ibv_qp_type qp_type;
+    struct ibv_qp_cap cap; /* what the broker granted */
+    int sq_sig_all;
+    int has_srq;
+    uint64_t resv[4];
+};
+
+struct ibv_extend_datapath_ops {
+    uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1 */
+    const char *provider;
+
+    void *(*cq_open)(const struct ibv_cq_extend *cq, int cqe);
+    void (*cq_close)(void *cq);
+    void *(*qp_open)(const struct ibv_extend_datapath_qp_attr *attr);
+    void (*qp_close)(void *qp);
+    void *(*srq_open)(const struct ibv_srq_extend *srq, const struct ibv_srq_attr *attr);
+    void (*srq_close)(void *srq);
+
+    int (*post_send)(void *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+    int (*post_recv)(void *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+    int (*post_srq_recv)(void *srq, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr);
+    int (*poll_cq)(void *cq, int num_entries, struct ibv_wc *wc);
+    /* Arms the CQ for one completion event (solicited_only: the next solicited or error
+     * completion only): 0 or an errno. May be NULL: events are then not supported. */
+    int (*req_notify_cq)(void *cq, int solicited_only);
+
+    /* Event counters the device raises (a driver's spec says where they live): the face compares
+     * them with what it last delivered to tell which object an event fd wake-up is for. May be
+     * NULL: that kind of event is not raised. */
+    uint32_t (*cq_events)(void *cq);
+    uint32_t (*qp_fatal_events)(void *qp);
+    uint32_t (*srq_limit_events)(void *srq);
+};
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* IBV_EXTEND_DATAPATH_H */

@@ -1,0 +1,258 @@
+// Unmodified consumers through the libibverbs face, as a container tenant runs them: a real
+// broker, ibv-extend-run, an unprivileged uid, a mount namespace in which /dev/infiniband does
+// not exist (an empty tmpfs covers it where the host has one), a clean environment.
+//  - hccp-consumer: the HCCP flow of shared/REFERENCE.md (dlopen + dlsym), data through
+//    queue_info, and a standard-verbs QP bring-up whose broker RPCs are counted;
+//  - Debian's ibv_devinfo -v.
+#include <fcntl.h>
+#include <grp.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include "ibv_extend/v1/admin.grpc.pb.h"
+#include "tests/integration/daemon/broker_process.h"
+#include "tests/integration/daemon/test_client.h"
+#include "tests/integration/daemon/wait_for.h"
+
+namespace ibvx::test {
+namespace {
+
+namespace pb = ::ibv_extend::v1;
+
+constexpr uid_t kNobody = 65534;
+
+// A child in its own mount namespace, as uid/gid 65534 with no groups and no new privileges,
+// with a clean environment; stdin and stdout are pipes to the test, stderr a file.
+class Contained {
+  public:
+    Contained(const std::vector<std::string> &argv, const std::vector<std::string> &env,
+              const std::string &err_path) {
+        int in[2], out[2];
+        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+            return;
+        }
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            dup2(err, 2);
+            if (unshare(CLONE_NEWNS) != 0 ||
+                mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+                _exit(120);
+            }
+            struct stat st {};
+            if (stat("/dev/infiniband", &st) == 0 &&
+                mount("none", "/dev/infiniband", "tmpfs", 0, nullptr) != 0) {
+                _exit(121);
+            }
+            if (setgroups(0, nullptr) != 0 || setresgid(kNobody, kNobody, kNobody) != 0 ||
+                setresuid(kNobody, kNobody, kNobody) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+                _exit(122);
+            }
+            std::vector<char *> args, envp;
+            for (const auto &a : argv) {
+                args.push_back(const_cast<char *>(a.c_str()));
+            }
+            args.push_back(nullptr);
+            for (const auto &e : env) {
+                envp.push_back(const_cast<char *>(e.c_str()));
+            }
+            envp.push_back(nullptr);
+            execve(args[0], args.data(), envp.data());
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        to_ = fdopen(in[1], "w");
+        from_ = fdopen(out[0], "r");
+    }
+    ~Contained() {
+        if (to_ != nullptr) {
+            fclose(to_);
+        }
+        if (from_ != nullptr) {
+            fclose(from_);
+        }
+        if (pid_ > 0 && !reaped_) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+    }
+    // The next line of its stdout ("" at end of file).
+    std::string readLine() {
+        char buf[512];
+        if (from_ == nullptr || fgets(buf, sizeof(buf), from_) == nullptr) {
+            return "";
+        }
+        std::string s(buf);
+        if (!s.empty() && s.back() == '\n') {
+            s.pop_back();
+        }
+        return s;
+    }
+    std::string readAll() {
+        std::string all, line;
+        char buf[4096];
+        size_t n;
+        while (from_ != nullptr && (n = fread(buf, 1, sizeof(buf), from_)) > 0) {
+            all.append(buf, n);
+        }
+        return all;
+    }
+    void reply() {
+        fputs("go\n", to_);
+        fflush(to_);
+    }
+    int wait() {
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+
+  private:
+    pid_t pid_ = -1;
+    bool reaped_ = false;
+    FILE *to_ = nullptr;
+    FILE *from_ = nullptr;
+};
+
+std::string slurp(const std::string &path) {
+    FILE *f = fopen(path.c_str(), "r");
+    std::string s;
+    if (f != nullptr) {
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
+            s.append(buf, n);
+        }
+        fclose(f);
+    }
+    return s;
+}
+
+class FaceTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        // The tenant is uid 65534: the socket and its directory must let it in.
+        broker_ = std::make_unique<BrokerProcess>("[broker]\nsocket_mode = \"0666\"\n");
+        ASSERT_TRUE(broker_->started()) << broker_->log();
+        ASSERT_EQ(chmod(broker_->dir().c_str(), 0755), 0);
+    }
+
+    std::vector<std::string> env() const {
+        return {"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR, "IBV_EXTEND_SHOW_WARNINGS=1"};
+    }
+    std::vector<std::string> run(std::initializer_list<std::string> command) const {
+        std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--"};
+        argv.insert(argv.end(), command);
+        return argv;
+    }
+    uint64_t brokerCalls() const {
+        pb::GetStatsResponse stats;
+        EXPECT_TRUE(getStats(broker_->socket(), &stats).ok());
+        return stats.total_calls();
+    }
+    // Objects the broker holds, by kind name, over every session.
+    std::map<std::string, int> objectKinds() const {
+        auto channel = grpc::CreateChannel("unix:" + broker_->socket(), grpc::InsecureChannelCredentials());
+        auto admin = pb::Admin::NewStub(channel);
+        grpc::ClientContext ctx;
+        pb::ListObjectsRequest req;
+        pb::ListObjectsResponse resp;
+        EXPECT_TRUE(admin->ListObjects(&ctx, req, &resp).ok());
+        std::map<std::string, int> kinds;
+        for (const auto &o : resp.objects()) {
+            kinds[pb::ObjectKind_Name(o.kind())]++;
+        }
+        return kinds;
+    }
+
+    std::unique_ptr<BrokerProcess> broker_;
+};
+
+TEST_F(FaceTest, HccpConsumerRunsUnmodifiedAsAContainerTenant) {
+    std::string err = broker_->dir() + "/consumer.err";
+    Contained c(run({IBVX_HCCP_CONSUMER, "softnda0"}), env(), err);
+
+    ASSERT_EQ(c.readLine(), "SYNC data-begin") << slurp(err);
+    // Its objects are broker objects: visible to the operator while it runs.
+    auto kinds = objectKinds();
+    EXPECT_GE(kinds["OBJECT_KIND_QP"], 2);
+    EXPECT_GE(kinds["OBJECT_KIND_CQ"], 2);
+    EXPECT_GE(kinds["OBJECT_KIND_MR"], 3);
+    EXPECT_GE(kinds["OBJECT_KIND_PD"], 1);
+    uint64_t before = brokerCalls();
+    c.reply();
+    ASSERT_EQ(c.readLine(), "SYNC data-end") << slurp(err);
+    uint64_t after = brokerCalls();
+    // WRITE, SEND/RECV and READ went through queue_info alone: no broker call.
+    EXPECT_EQ(after, before);
+    c.reply();
+
+    ASSERT_EQ(c.readLine(), "SYNC bringup-begin") << slurp(err);
+    before = brokerCalls();
+    c.reply();
+    ASSERT_EQ(c.readLine(), "SYNC bringup-end") << slurp(err);
+    after = brokerCalls();
+    // CreateCq, CreateQp and one ModifyQp per state (INIT, RTR, RTS); ibv_query_qp(IBV_QP_CAP)
+    // is answered in the tenant.
+    EXPECT_EQ(after - before, 5u);
+    printf("standard QP bring-up (CQ, QP, query CAP, INIT, RTR, RTS): %llu broker RPCs\n",
+           static_cast<unsigned long long>(after - before));
+    c.reply();
+
+    EXPECT_EQ(c.readLine(), "OK") << slurp(err);
+    EXPECT_EQ(c.wait(), 0) << slurp(err);
+    EXPECT_TRUE(waitFor([&] { return objectKinds().empty(); }, std::chrono::seconds(10)))
+        << "the tenant's objects outlived it";
+}
+
+TEST_F(FaceTest, IbvDevinfoListsTheBrokersDeviceWithAnActivePort) {
+    std::string err = broker_->dir() + "/devinfo.err";
+    Contained c(run({"/usr/bin/ibv_devinfo", "-v"}), env(), err);
+    c.reply();
+    std::string out = c.readAll();
+    EXPECT_EQ(c.wait(), 0) << slurp(err);
+    EXPECT_THAT(out, ::testing::HasSubstr("hca_id:\tsoftnda0"));
+    EXPECT_THAT(out, ::testing::HasSubstr("transport:\t\t\tInfiniBand (0)"));
+    EXPECT_THAT(out, ::testing::HasSubstr("state:\t\t\tPORT_ACTIVE (4)"));
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  0]:\t\tfe80:0000:0000:0000:02a0:c0ff:ee00:0001"));
+}
+
+TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
+    ASSERT_EQ(broker_->terminate(), 0);
+    std::string err = broker_->dir() + "/devices.err";
+    // Straight to the face (the wrapper would refuse first): the program itself must not hang.
+    std::vector<std::string> e = env();
+    e.push_back("LD_LIBRARY_PATH=" IBVX_FACE_DIR ":" IBVX_EXTEND_LIB_DIR);
+    e.erase(e.begin() + 1);
+    e.push_back("IBV_EXTEND_MODE=broker");
+    e.push_back("IBV_EXTEND_SOCKET=" + broker_->socket());
+    Contained c({"/usr/bin/ibv_devices"}, e, err);
+    c.reply();
+    (void)c.readAll();
+    EXPECT_NE(c.wait(), 0);
+    EXPECT_THAT(slurp(err), ::testing::HasSubstr("Failed to get IB devices list"));
+}
+
+}  // namespace
+}  // namespace ibvx::test
