@@ -447,6 +447,8 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
     ProcessResult devinfo = runProcess(argv);
     EXPECT_EQ(devinfo.exit_code, 0) << devinfo.out << devinfo.err;
     EXPECT_NE(devinfo.out.find("softnda0"), std::string::npos) << devinfo.out << devinfo.err;
+    std::printf("ibv_devinfo inside:\n%s\nthe plugin's log:\n%s", devinfo.out.c_str(),
+                plugin_->log().c_str());
 }
 
 }  // namespace
