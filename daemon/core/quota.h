@@ -67,13 +67,18 @@ struct QuotaConfig {
     QuotaValues defaults = unlimited();
     std::map<uid_t, QuotaOverride> uids;
     std::map<std::string, QuotaOverride> containers;
+    // [quotas.namespace.<name>]: one account for every session of the namespace's pods (pod
+    // identity, docs/kubernetes.md). Only what such a table sets limits it: the defaults are per
+    // uid and per container, not per namespace.
+    std::map<std::string, QuotaOverride> namespaces;
     static QuotaValues unlimited();
 };
 
 // Who is charged.
 struct TenantKey {
     uid_t uid = 0;
-    std::string container;  // "" when not in a recognised container
+    std::string container;      // "" when not in a recognised container
+    std::string pod_namespace{};  // "" when no pod is known
 };
 
 enum class QuotaScope { kUid, kContainer };
@@ -89,6 +94,7 @@ struct QuotaSnapshot {
     std::map<std::string, QuotaAccount> containers;  // idem
     std::map<uid_t, QuotaOverride> uid_overrides;
     std::map<std::string, QuotaOverride> container_overrides;
+    std::map<std::string, QuotaAccount> namespaces;  // accounts with something charged
 };
 
 class QuotaManager;

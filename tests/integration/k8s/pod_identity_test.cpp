@@ -95,7 +95,7 @@ class PodIdentityTest : public ::testing::Test {
         fs::create_directories(dir_ + "/markers");
         fs::create_directories(dir_ + "/ctl");
         ::chmod((dir_ + "/ctl").c_str(), 0777);
-        for (const char *id : {"nda-1", "nda-2"}) {
+        for (const char *id : {"nda-1", "nda-2", "nda-3", "nda-4"}) {
             std::ofstream(dir_ + "/markers/" + id);
         }
     }
@@ -109,17 +109,18 @@ class PodIdentityTest : public ::testing::Test {
         fs::remove_all(dir_, ec);
     }
 
-    void startBroker(const std::string &pod_resources_socket) {
+    void startBroker(const std::string &pod_resources_socket, const std::string &more_config = "") {
         broker_ = std::make_unique<BrokerProcess>(
             "[broker]\nsocket_mode = \"0666\"\n[kubernetes]\n"
             "pod_resources_socket = \"" +
-            pod_resources_socket + "\"\n");
+            pod_resources_socket + "\"\n" + more_config);
         ASSERT_TRUE(broker_->started()) << broker_->log();
         ::chmod(broker_->dir().c_str(), 0755);
     }
 
-    // A tenant in a container the device plugin equipped with device's marker (as uid 65534).
-    void startTenant(const std::string &device) {
+    // A tenant in a container the device plugin equipped with device's marker (as uid 65534);
+    // what the holder printed ("open=ok\n" once its session is up, else "open=<errno>\n").
+    std::string tryTenant(const std::string &device) {
         std::string sock_name = fs::path(broker_->socket()).filename();
         std::string out = dir_ + "/holder-" + device + ".out";
         holders_.push_back(
@@ -148,8 +149,11 @@ class PodIdentityTest : public ::testing::Test {
                              "softnda0",
                              "/run/ctl/stop"},
                             out));
-        ASSERT_TRUE(waitFor([&] { return readFile(out).find("open=") != std::string::npos; }, 20s, 10ms));
-        ASSERT_EQ(readFile(out), "open=ok\n") << broker_->log();
+        waitFor([&] { return readFile(out).find('\n') != std::string::npos; }, 20s, 10ms);
+        return readFile(out);
+    }
+    void startTenant(const std::string &device) {
+        ASSERT_EQ(tryTenant(device), "open=ok\n") << broker_->log();
     }
 
     nlohmann::json sessions() {
@@ -233,6 +237,32 @@ TEST_F(PodIdentityTest, APodStartedAfterTheCacheFilledIsFoundOnTheMiss) {
         found = found || s.value("pod_name", "") == "second";
     }
     EXPECT_TRUE(found);
+}
+
+TEST_F(PodIdentityTest, ANamespaceQuotaHolds) {
+    FakePodResources kubelet(dir_ + "/pr.sock");
+    ASSERT_TRUE(kubelet.started());
+    kubelet.addPod("team-a", "a1", "c", "ibv-extend.io/nda", {"nda-1"});
+    kubelet.addPod("team-a", "a2", "c", "ibv-extend.io/nda", {"nda-2"});
+    kubelet.addPod("team-b", "b1", "c", "ibv-extend.io/nda", {"nda-3"});
+    startBroker(dir_ + "/pr.sock", "[quotas.namespace.team-a]\nsessions = 1\n");
+    startTenant("nda-1");
+    // Another pod of team-a, same uid as everyone here: refused by the namespace's account.
+    EXPECT_EQ(tryTenant("nda-2"), "open=" + std::to_string(EDQUOT) + "\n");
+    EXPECT_NE(broker_->log().find("exceeded for namespace team-a"), std::string::npos) << broker_->log();
+    startTenant("nda-3");  // team-b has no such limit
+    startTenant("nda-4");  // a container whose pod the kubelet does not list: no namespace
+}
+
+TEST_F(PodIdentityTest, APolicyClassNamesANamespace) {
+    FakePodResources kubelet(dir_ + "/pr.sock");
+    ASSERT_TRUE(kubelet.started());
+    kubelet.addPod("team-a", "a1", "c", "ibv-extend.io/nda", {"nda-1"});
+    kubelet.addPod("team-b", "b1", "c", "ibv-extend.io/nda", {"nda-3"});
+    startBroker(dir_ + "/pr.sock",
+                "[policy]\n[policy.class.npu]\nnamespace = \"team-a\"\ndevices = [\"*\"]\n");
+    startTenant("nda-1");
+    EXPECT_EQ(tryTenant("nda-3"), "open=" + std::to_string(EACCES) + "\n") << broker_->log();
 }
 
 }  // namespace
