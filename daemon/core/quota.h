@@ -77,7 +77,7 @@ struct QuotaConfig {
 // Who is charged.
 struct TenantKey {
     uid_t uid = 0;
-    std::string container;      // "" when not in a recognised container
+    std::string container;        // "" when not in a recognised container
     std::string pod_namespace{};  // "" when no pod is known
 };
 
