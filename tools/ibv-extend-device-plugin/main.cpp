@@ -98,9 +98,9 @@ int main(int argc, char **argv) {
         }
         plugin.stop();
     });
+    // run() returns only once stop() was called, which only the signal thread does: it is done
+    // (or about to be) when run() returns.
     int rc = plugin.run();
-    // run() also returns without a signal (never today); wake the signal thread then.
-    pthread_kill(signals.native_handle(), SIGTERM);
     signals.join();
     return rc;
 }
