@@ -5,6 +5,8 @@
 // recognised container (PeerIdentity::container_id), to that container's account too; it must
 // fit both. A limit comes from the per-uid (or per-container) override when one is set for that
 // quota, else from the defaults ([quotas] in the daemon config). kUnlimited means no limit.
+// A tenant whose Kubernetes namespace is known (PeerIdentity::pod_namespace) is charged to that
+// namespace's account too, which only its own [quotas.namespace.<name>] table limits.
 //
 // Exactness: reserve() checks and adds under one mutex, so N threads racing past a limit never
 // overshoot; a reservation is a QuotaCharge that gives its amounts back when destroyed (or
