@@ -399,9 +399,8 @@ void Plugin::refreshEdits() {
     Status written = writeFileAtomically(spec_path, cdiSpec(*edits));
     if (written.isOk()) {
         spdlog::info("CDI spec {} written (device {}={})", spec_path, kCdiKind, kCdiDevice);
-    } else if (!changed) {
-        // Retried every tick until it works; said once per change.
-    } else {
+    } else if (changed) {
+        // Retried every tick until it works, said once per change of the edits.
         spdlog::warn("cannot write the CDI spec: {}", written.message());
     }
     cdi_written_ = written.isOk();
