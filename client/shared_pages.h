@@ -6,15 +6,22 @@
 // Mechanism (docs/verbs.md, "Memory registration"): one sparse memfd per process in which a
 // page's file offset is its virtual address, so every moved page of the process has exactly one
 // home and any range of moved pages is one (fd, offset) window, however registrations overlap.
-// Pages are reference counted per registration; when the last registration of a page goes, the
-// page is moved back to private anonymous memory (contents kept) and its file space released.
-// fork(): a child gets a private copy of every shared page (made in the child before fork()
-// returns there), so its memory behaves as after an ordinary fork and the parent's registrations
-// stay the parent's.
+// Only private memory moves (heap, anonymous mmap, static data, private file mappings); shared
+// mappings, devices, stacks, code, PROT_NONE and kernel mappings are refused with a reason.
+// The first and last page move whole: their neighbouring bytes keep their contents.
+// Pages are reference counted per acquisition (a run-length interval map); when the last
+// acquisition of a page goes, the page is moved back to private anonymous memory with its
+// contents and protection, and its file space is released. Pages the program unmapped or
+// remapped meanwhile only have their file space released; pages it moved away with mremap
+// become private memory at their new address (they are no longer the registered pages).
+// fork(): the child gets a private copy of every shared page as at fork() (taken in the parent
+// before fork(), put in place in the child before fork() returns there) and no acquisitions:
+// its MRs are the parent's.
 //
-// Thread-safety: all functions may be called concurrently; one internal mutex. The bytes of a
-// page being moved must not be written by another thread during the move (as for any
-// registration: documented).
+// Thread-safety: all functions may be called concurrently; one internal mutex, on a page of its
+// own, guards the registry and the memfd and is held across the moves. No other thread may
+// write any byte of the pages being moved (the whole first and last page, neighbours included)
+// during acquireShared() or the releaseShared() that moves them back: such a write can be lost.
 #pragma once
 
 #include <cstddef>
@@ -24,16 +31,19 @@
 namespace ibvx::client {
 
 struct SharedWindow {
-    int fd = -1;          // owned by this module: do not close; valid until the last release
-    uint64_t offset = 0;  // file offset of addr in fd
+    int fd = -1;          // owned by this module: do not close; valid until the matching release
+    uint64_t offset = 0;  // file offset of addr in fd (the address itself)
 };
 
-// Makes [addr, addr + length) reachable through *out. 0, or a negative errno with *why set:
-// -EINVAL for memory that cannot be moved (a shared or file-backed shared mapping, device
-// memory, an unmapped hole, [vvar]/[vdso]), -ENOMEM when the memfd cannot grow.
+// Makes [addr, addr + length) reachable through *out. 0, or a negative errno with *why set (why
+// may be null): -EINVAL for length 0, a range past the end of the address space, or memory that
+// cannot be moved (a shared mapping, device memory, an unmapped hole, [vvar]/[vdso], a stack);
+// -ENOMEM when the memfd cannot grow or the pages cannot be remapped. On failure the range is
+// exactly as it was.
 int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why);
 
-// Drops one acquireShared() of exactly [addr, addr + length).
+// Drops one acquireShared() of exactly [addr, addr + length). Pages no acquisition holds are
+// left alone.
 void releaseShared(void *addr, size_t length);
 
 // Pages currently moved (tests).

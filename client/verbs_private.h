@@ -71,6 +71,9 @@ struct ibv_srq *ibvx_verbs_create_srq(struct ibv_pd *pd, struct ibv_srq_init_att
 int ibvx_verbs_destroy_srq(struct ibv_srq *srq);
 int ibvx_verbs_modify_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr, int attr_mask);
 int ibvx_verbs_query_srq(struct ibv_srq *srq, struct ibv_srq_attr *attr);
+/* The ibv_wr_* post API of a QP made by ibv_create_qp_ex() with send_ops_flags; NULL + EOPNOTSUPP
+ * for any other QP. */
+struct ibv_qp_ex *ibvx_verbs_qp_to_qp_ex(struct ibv_qp *qp);
 struct ibv_ah *ibvx_verbs_create_ah(struct ibv_pd *pd, struct ibv_ah_attr *attr);
 int ibvx_verbs_destroy_ah(struct ibv_ah *ah);
 

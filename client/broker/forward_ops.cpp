@@ -60,7 +60,20 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_cq_extend>(EINVAL);
     }
+    return createCqWithEvents(c, a, -1);
+}
+
+}  // namespace
+
+ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, int event_fd) {
     pb::CreateCqRequest req;
+    if (event_fd >= 0) {
+        uint64_t xfer = 0;
+        if (int rc = c->session->sendFd(event_fd, &xfer); rc != 0) {
+            return failNull<ibv_cq_extend>(-rc);
+        }
+        req.set_event_xfer_id(xfer);
+    }
     req.set_context(c->handle);
     req.set_cqe(a->attr.cqe);
     req.set_comp_vector(a->attr.comp_vector);
@@ -89,8 +102,11 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
         destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
         return failNull<ibv_cq_extend>(-rc);
     }
+    s->event_fd = event_fd;
     return &s->ext;
 }
+
+namespace {
 
 int destroyCq(ibv_cq_extend *e) {
     return destroyTracked(shadowOf<ShadowCq>(e, offsetof(ShadowCq, ext)), "DestroyCq",

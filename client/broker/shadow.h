@@ -21,6 +21,7 @@
 
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
+#include <ibv_extend_datapath.h>
 
 #include "client/broker/session.h"
 
@@ -55,6 +56,23 @@ struct SharedHold {
     ~SharedHold();
 };
 
+// A private state freed with its shadow: a queue's state in its driver's data path
+// (include/ibv_extend_datapath.h; only queues made through the standard verbs have one, since
+// their doorbell is the local page while extend-API queues may carry the caller's db_mmap address,
+// which the CPU need not reach), or the face's ibv_wr_* batch of a QP.
+struct OpaqueState {
+    void (*close)(void *state) = nullptr;
+    void *state = nullptr;
+    OpaqueState() = default;
+    OpaqueState(const OpaqueState &) = delete;
+    OpaqueState &operator=(const OpaqueState &) = delete;
+    ~OpaqueState() {
+        if (state != nullptr && close != nullptr) {
+            close(state);
+        }
+    }
+};
+
 struct ShadowPd {
     ibv_pd pd;
     ShadowContext *owner;
@@ -70,10 +88,18 @@ struct ShadowMr {
 
 struct ShadowCq {
     ibv_cq_extend ext;
-    ibv_cq cq;
+    union {  // an ibv_cq_ex starts with the members of an ibv_cq (ibv_cq_ex_to_cq casts)
+        ibv_cq cq;
+        ibv_cq_ex cq_ex;
+    };
     ShadowContext *owner;
     uint64_t handle;
     DoorbellMapping db;
+    OpaqueState dp;
+    int event_fd = -1;              // the completion channel's eventfd the broker was given
+    uint32_t events_seen = 0;       // the data path's event counter when last delivered
+    uint32_t events_delivered = 0;  // ibv_get_cq_event() results, for ibv_destroy_cq's wait
+    ibv_wc ex_wc{};                 // the completion ibv_start_poll/ibv_next_poll took
 };
 
 struct ShadowSrq {
@@ -82,16 +108,25 @@ struct ShadowSrq {
     ShadowContext *owner;
     uint64_t handle;
     DoorbellMapping db;
+    OpaqueState dp;
+    uint32_t limit_events_seen = 0;
 };
 
 struct ShadowQp {
     ibv_qp_extend ext;
-    ibv_qp qp;
+    union {  // an ibv_qp_ex starts with its ibv_qp (qp_base)
+        ibv_qp qp;
+        ibv_qp_ex qp_ex;
+    };
     ShadowContext *owner;
     uint64_t handle;
     ibv_qp_cap cap;  // what the broker granted, for ibvx_query_qp's init_attr
     int sq_sig_all;
     DoorbellMapping sq_db, rq_db;
+    OpaqueState dp;
+    uint32_t fatal_events_seen = 0;
+    bool has_qp_ex = false;  // made by ibv_create_qp_ex with send ops: qp_ex is filled
+    OpaqueState wr_batch;    // the ibv_wr_start() batch being built (verbs_face.cpp)
 };
 
 // An address handle: checked and kept in this process (the broker has no object for it; see
@@ -125,6 +160,12 @@ struct ShadowContext {
 
     std::mutex mu;
     std::set<ibv_context_extend *> aliases;  // guarded by mu: further ibv_open_extend() results
+
+    // The libibverbs face's part (verbs_face.cpp): the driver's data path, and the queues that
+    // have a data path state (their event counters are scanned when an event fd fires).
+    const ibv_extend_datapath_ops *datapath = nullptr;
+    std::set<ShadowQp *> dp_qps;    // guarded by mu
+    std::set<ShadowSrq *> dp_srqs;  // guarded by mu
 };
 
 // The process-wide registry of live shadows (contexts by &ctx, objects by their shadow
@@ -176,5 +217,9 @@ int destroyTracked(Shadow *s, const char *what,
 
 // Builds the shadow context (device, ops table per driver version and driver_ops_present).
 ShadowContext *makeContext(Session *session, const pb::OpenContextResponse &resp);
+
+// The create_cq entry of the forwarding ops, with a completion-event eventfd (-1: none) handed to
+// the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).
+ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, int event_fd);
 
 }  // namespace ibvx::client::broker

@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,7 @@
 #include "client/broker_seam.h"
 #include "client/verbs_private.h"
 #include "common/c_abi.h"
+#include "providers/loader/datapath_loader.h"
 
 namespace ibvx::client::broker {
 namespace {
@@ -146,27 +148,140 @@ int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, i
     return 0;
 }
 
-// The data path of brokered queues through the standard verbs (ibv_post_send, ibv_poll_cq, ...)
-// is not served yet: the inline wrappers reach these and fail the libibverbs way. The queues'
-// queue_info (ibv_extend.h) is the data path that works.
-int noPostSend(ibv_qp *, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
-    *bad_wr = wr;
-    return EOPNOTSUPP;
+// ---- the data path: the inline verbs reach these through ctx.ops -------------------------------
+
+// Queues without a data path state (made through the extend API, or on a driver that ships no
+// data path) fail the libibverbs way. The shadow is found from the public struct without a
+// registry lookup: these are the fast path, and only our context's ops lead here.
+ShadowQp *qpShadow(ibv_qp *qp) {
+    return shadowOf<ShadowQp>(qp, offsetof(ShadowQp, qp));
 }
-int noPostRecv(ibv_qp *, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
-    *bad_wr = wr;
-    return EOPNOTSUPP;
+ShadowCq *cqShadow(ibv_cq *cq) {
+    return shadowOf<ShadowCq>(cq, offsetof(ShadowCq, cq));
 }
-int noPostSrqRecv(ibv_srq *, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
-    *bad_wr = wr;
-    return EOPNOTSUPP;
+ShadowSrq *srqShadow(ibv_srq *srq) {
+    return shadowOf<ShadowSrq>(srq, offsetof(ShadowSrq, srq));
 }
-int noPollCq(ibv_cq *, int, ibv_wc *) {
-    return -EOPNOTSUPP;
+
+int facePostSend(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
+    ShadowQp *s = qpShadow(qp);
+    if (s->dp.state == nullptr) {
+        *bad_wr = wr;
+        return EOPNOTSUPP;
+    }
+    return s->owner->datapath->post_send(s->dp.state, wr, bad_wr);
 }
-int noReqNotifyCq(ibv_cq *, int) {
-    return EOPNOTSUPP;
+int facePostRecv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+    ShadowQp *s = qpShadow(qp);
+    if (s->dp.state == nullptr) {
+        *bad_wr = wr;
+        return EOPNOTSUPP;
+    }
+    return s->owner->datapath->post_recv(s->dp.state, wr, bad_wr);
 }
+int facePostSrqRecv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
+    ShadowSrq *s = srqShadow(srq);
+    if (s->dp.state == nullptr || s->owner->datapath->post_srq_recv == nullptr) {
+        *bad_wr = wr;
+        return EOPNOTSUPP;
+    }
+    return s->owner->datapath->post_srq_recv(s->dp.state, wr, bad_wr);
+}
+int facePollCq(ibv_cq *cq, int n, ibv_wc *wc) {
+    ShadowCq *s = cqShadow(cq);
+    if (s->dp.state == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return s->owner->datapath->poll_cq(s->dp.state, n, wc);
+}
+int faceReqNotifyCq(ibv_cq *cq, int solicited_only) {
+    ShadowCq *s = cqShadow(cq);
+    if (s->dp.state == nullptr || s->owner->datapath->req_notify_cq == nullptr) {
+        return EOPNOTSUPP;
+    }
+    return s->owner->datapath->req_notify_cq(s->dp.state, solicited_only);
+}
+
+// ---- ibv_cq_ex's poll API, over the data path's poll_cq (one completion at a time) ----
+
+ShadowCq *cqExShadow(ibv_cq_ex *cq) {
+    return shadowOf<ShadowCq>(reinterpret_cast<ibv_cq *>(cq), offsetof(ShadowCq, cq));
+}
+int exTake(ibv_cq_ex *cq) {
+    ShadowCq *s = cqExShadow(cq);
+    int n = facePollCq(&s->cq, 1, &s->ex_wc);
+    if (n < 0) {
+        return -n;
+    }
+    if (n == 0) {
+        return ENOENT;
+    }
+    cq->wr_id = s->ex_wc.wr_id;
+    cq->status = s->ex_wc.status;
+    return 0;
+}
+int exStartPoll(ibv_cq_ex *cq, ibv_poll_cq_attr *attr) {
+    return attr != nullptr && attr->comp_mask != 0 ? EINVAL : exTake(cq);
+}
+int exNextPoll(ibv_cq_ex *cq) {
+    return exTake(cq);
+}
+void exEndPoll(ibv_cq_ex *) {}
+enum ibv_wc_opcode exReadOpcode(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.opcode;
+}
+uint32_t exReadVendorErr(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.vendor_err;
+}
+uint32_t exReadByteLen(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.byte_len;
+}
+__be32 exReadImmData(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.imm_data;
+}
+uint32_t exReadQpNum(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.qp_num;
+}
+uint32_t exReadSrcQp(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.src_qp;
+}
+unsigned int exReadWcFlags(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.wc_flags;
+}
+uint32_t exReadSlid(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.slid;
+}
+uint8_t exReadSl(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.sl;
+}
+uint8_t exReadDlidPathBits(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.dlid_path_bits;
+}
+
+// What ibv_create_cq_ex serves: the standard work-completion fields.
+constexpr uint64_t kCqExWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+                                  IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+                                  IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+void fillCqEx(ShadowCq *s) {
+    ibv_cq_ex &x = s->cq_ex;
+    x.start_poll = exStartPoll;
+    x.next_poll = exNextPoll;
+    x.end_poll = exEndPoll;
+    x.read_opcode = exReadOpcode;
+    x.read_vendor_err = exReadVendorErr;
+    x.read_byte_len = exReadByteLen;
+    x.read_imm_data = exReadImmData;
+    x.read_qp_num = exReadQpNum;
+    x.read_src_qp = exReadSrcQp;
+    x.read_wc_flags = exReadWcFlags;
+    x.read_slid = exReadSlid;
+    x.read_sl = exReadSl;
+    x.read_dlid_path_bits = exReadDlidPathBits;
+}
+
+ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr);
+ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
 void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     ibv_context &ctx = c->ctx;
@@ -177,21 +292,26 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.sz = sizeof(c->vctx);
     c->vctx.query_port = faceQueryPort;
     c->vctx.query_device_ex = faceQueryDeviceEx;
-    ctx.ops.post_send = noPostSend;
-    ctx.ops.post_recv = noPostRecv;
-    ctx.ops.post_srq_recv = noPostSrqRecv;
-    ctx.ops.poll_cq = noPollCq;
-    ctx.ops.req_notify_cq = noReqNotifyCq;
+    c->vctx.create_cq_ex = faceCreateCqEx;
+    c->vctx.create_qp_ex = faceCreateQpEx;
+    ctx.ops.post_send = facePostSend;
+    ctx.ops.post_recv = facePostRecv;
+    ctx.ops.post_srq_recv = facePostSrqRecv;
+    ctx.ops.poll_cq = facePollCq;
+    ctx.ops.req_notify_cq = faceReqNotifyCq;
+    c->datapath = loader::datapathFor(c->info.provider);
 }
 
 // ---- completion channels -------------------------------------------------------------------
 
-// A completion channel: an eventfd a program may poll(). Completion events are not raised yet
-// (see noReqNotifyCq), so nothing is ever queued here.
+// A completion channel: an eventfd a program may poll(); the broker's device adds to it when it
+// raises an event on a CQ of the channel (softnda SPEC.md §9). Which CQ, the data path's event
+// counters tell: each CQ's count is compared with what was last delivered.
 struct FaceChannel {
     ibv_comp_channel ch{};
     std::mutex mu;
-    std::vector<ibv_cq *> fired;  // guarded by mu
+    std::vector<ShadowCq *> cqs;    // guarded by mu: CQs on this channel
+    std::vector<ShadowCq *> fired;  // guarded by mu: events counted, not yet returned
 };
 
 struct Channels {
@@ -210,6 +330,21 @@ FaceChannel *faceChannel(ibv_comp_channel *ch) {
     return ch != nullptr && cs.live.count(ch) != 0 ? reinterpret_cast<FaceChannel *>(ch) : nullptr;
 }
 static_assert(offsetof(FaceChannel, ch) == 0);
+
+// Moves every CQ of the channel whose event counter advanced to fired (one entry per event).
+void collectFired(FaceChannel *f) {
+    std::lock_guard lock(f->mu);
+    for (ShadowCq *cq : f->cqs) {
+        const ibv_extend_datapath_ops *dp = cq->owner->datapath;
+        if (cq->dp.state == nullptr || dp->cq_events == nullptr) {
+            continue;
+        }
+        uint32_t now = dp->cq_events(cq->dp.state);
+        for (; cq->events_seen != now; ++cq->events_seen) {
+            f->fired.push_back(cq);
+        }
+    }
+}
 
 // ---- objects ---------------------------------------------------------------------------------
 
@@ -356,6 +491,20 @@ ibv_context *ibvx_verbs_open_device(ibv_device *device) {
     }
     ShadowContext *c = contextOf(ext->context);
     makeFaceContext(c, f, async_fd);
+    // The device signals async events on this fd; a broker or driver without events leaves it
+    // silent (ibv_get_async_event then waits, as on a device with nothing to report).
+    uint64_t xfer = 0;
+    if (c->session->sendFd(async_fd, &xfer) == 0) {
+        pb::SetAsyncEventFdRequest req;
+        req.set_context(c->handle);
+        req.set_xfer_id(xfer);
+        pb::SetAsyncEventFdResponse resp;
+        if (int rc = c->session->call("SetAsyncEventFd", &pb::Broker::Stub::SetAsyncEventFd, req, &resp);
+            rc != 0) {
+            warn("ibv_open_device: the broker raises no async events for %s (%s)", f->name.c_str(),
+                 strerror(-rc));
+        }
+    }
     return &c->ctx;
 }
 
@@ -560,8 +709,9 @@ int ibvx_verbs_destroy_comp_channel(ibv_comp_channel *channel) {
 ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ibv_comp_channel *channel,
                              int comp_vector) {
     ShadowContext *c = faceContext(context);
+    FaceChannel *f = channel != nullptr ? faceChannel(channel) : nullptr;
     if (c == nullptr || cqe <= 0 || comp_vector < 0 || comp_vector >= context->num_comp_vectors ||
-        (channel != nullptr && (faceChannel(channel) == nullptr || channel->context != context))) {
+        (channel != nullptr && (f == nullptr || channel->context != context))) {
         return failNullErrno<ibv_cq>(EINVAL);
     }
     ibv_cq_init_attr_extend a{};
@@ -570,18 +720,34 @@ ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ib
     a.attr.channel = channel;
     a.attr.comp_vector = static_cast<uint32_t>(comp_vector);
     a.type = QU_BUF_DMA_MODE_DEFAULT;
-    ibv_cq_extend *ext = ibv_create_cq_extend(&c->ext, &a);
+    ibv_cq_extend *ext = createCqWithEvents(c, &a, f != nullptr ? f->ch.fd : -1);
     if (ext == nullptr) {
         return nullptr;
     }
+    ShadowCq *s = IBVX_SHADOW_OF(ShadowCq, ext, ext);
     ibv_cq *cq = ext->cq;
     cq->channel = channel;
     cq->cq_context = cq_context;
     pthread_mutex_init(&cq->mutex, nullptr);
     pthread_cond_init(&cq->cond, nullptr);
-    if (channel != nullptr) {
-        std::lock_guard lock(channels().mu);
-        channel->refcnt++;
+    if (c->datapath != nullptr) {
+        void *state = c->datapath->cq_open(ext, cq->cqe);
+        if (state == nullptr) {
+            int err = errno != 0 ? errno : EINVAL;
+            warn("ibv_create_cq: the %s data path refused the CQ (%s)", c->info.provider, strerror(err));
+            (void)ibv_destroy_cq_extend(&c->ext, ext);
+            return failNullErrno<ibv_cq>(err);
+        }
+        s->dp.close = c->datapath->cq_close;
+        s->dp.state = state;
+    }
+    if (f != nullptr) {
+        {
+            std::lock_guard lock(channels().mu);
+            channel->refcnt++;
+        }
+        std::lock_guard lock(f->mu);
+        f->cqs.push_back(s);
     }
     return cq;
 }
@@ -592,11 +758,28 @@ int ibvx_verbs_destroy_cq(ibv_cq *cq) {
         return EINVAL;
     }
     ibv_comp_channel *channel = cq->channel;
+    FaceChannel *f = channel != nullptr ? faceChannel(channel) : nullptr;
+    // As libibverbs: every event returned by ibv_get_cq_event must be acknowledged first.
+    pthread_mutex_lock(&cq->mutex);
+    while (cq->comp_events_completed < s->events_delivered) {
+        pthread_cond_wait(&cq->cond, &cq->mutex);
+    }
+    pthread_mutex_unlock(&cq->mutex);
+    if (f != nullptr) {
+        std::lock_guard lock(f->mu);
+        std::erase(f->cqs, s);
+        std::erase(f->fired, s);
+    }
     ShadowContext *c = s->owner;
     int rc = ibv_destroy_cq_extend(&c->ext, &s->ext);
-    if (rc == 0 && channel != nullptr) {
-        std::lock_guard lock(channels().mu);
-        channel->refcnt--;
+    if (f != nullptr) {
+        if (rc == 0) {
+            std::lock_guard lock(channels().mu);
+            channel->refcnt--;
+        } else {
+            std::lock_guard lock(f->mu);
+            f->cqs.push_back(s);
+        }
     }
     return -rc;
 }
@@ -607,19 +790,24 @@ int ibvx_verbs_get_cq_event(ibv_comp_channel *channel, ibv_cq **cq, void **cq_co
         errno = EINVAL;
         return -1;
     }
-    uint64_t n = 0;
-    if (read(f->ch.fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
-        return -1;  // errno from read (EAGAIN on a non-blocking channel)
+    for (;;) {
+        {
+            std::lock_guard lock(f->mu);
+            if (!f->fired.empty()) {
+                ShadowCq *s = f->fired.front();
+                f->fired.erase(f->fired.begin());
+                s->events_delivered++;
+                *cq = &s->cq;
+                *cq_context = s->cq.cq_context;
+                return 0;
+            }
+        }
+        uint64_t n = 0;
+        if (read(f->ch.fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
+            return -1;  // errno from read: EAGAIN on a non-blocking channel
+        }
+        collectFired(f);
     }
-    std::lock_guard lock(f->mu);
-    if (f->fired.empty()) {
-        errno = EAGAIN;
-        return -1;
-    }
-    *cq = f->fired.front();
-    f->fired.erase(f->fired.begin());
-    *cq_context = (*cq)->cq_context;
-    return 0;
 }
 
 void ibvx_verbs_ack_cq_events(ibv_cq *cq, unsigned int nevents) {
@@ -639,21 +827,55 @@ ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
     if (p == nullptr || attr == nullptr) {
         return failNullErrno<ibv_qp>(EINVAL);
     }
+    ShadowContext *c = p->owner;
     ibv_qp_init_attr_extend a{};
     a.pd = pd;
     a.attr = *attr;
     a.type = QU_BUF_DMA_MODE_DEFAULT;
-    ibv_qp_extend *ext = ibv_create_qp_extend(&p->owner->ext, &a);
+    ibv_qp_extend *ext = ibv_create_qp_extend(&c->ext, &a);
     if (ext == nullptr) {
         return nullptr;
     }
     attr->cap = a.attr.cap;  // what the broker granted, as ibv_create_qp() reports
+    ShadowQp *s = IBVX_SHADOW_OF(ShadowQp, ext, ext);
+    if (c->datapath != nullptr) {
+        ibv_extend_datapath_qp_attr dattr{};
+        dattr.qp = ext;
+        dattr.qp_type = attr->qp_type;
+        dattr.cap = s->cap;
+        dattr.sq_sig_all = attr->sq_sig_all;
+        dattr.has_srq = attr->srq != nullptr;
+        void *state = c->datapath->qp_open(&dattr);
+        if (state == nullptr) {
+            int err = errno != 0 ? errno : EINVAL;
+            warn("ibv_create_qp: the %s data path refused the QP (%s)", c->info.provider, strerror(err));
+            (void)ibv_destroy_qp_extend(&c->ext, ext);
+            return failNullErrno<ibv_qp>(err);
+        }
+        s->dp.close = c->datapath->qp_close;
+        s->dp.state = state;
+        std::lock_guard lock(c->mu);
+        c->dp_qps.insert(s);
+    }
     return ext->qp;
 }
 
 int ibvx_verbs_destroy_qp(ibv_qp *qp) {
     ShadowQp *s = liveQp(qp);
-    return s != nullptr ? -ibv_destroy_qp_extend(&s->owner->ext, &s->ext) : EINVAL;
+    if (s == nullptr) {
+        return EINVAL;
+    }
+    ShadowContext *c = s->owner;
+    {
+        std::lock_guard lock(c->mu);
+        c->dp_qps.erase(s);
+    }
+    int rc = ibv_destroy_qp_extend(&c->ext, &s->ext);
+    if (rc != 0 && s->dp.state != nullptr) {
+        std::lock_guard lock(c->mu);
+        c->dp_qps.insert(s);
+    }
+    return -rc;
 }
 
 int ibvx_verbs_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
@@ -675,21 +897,49 @@ ibv_srq *ibvx_verbs_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr) {
     if (p == nullptr || attr == nullptr) {
         return failNullErrno<ibv_srq>(EINVAL);
     }
+    ShadowContext *c = p->owner;
     ibv_srq_init_attr_extend a{};
     a.pd = pd;
     a.attr = *attr;
     a.type = QU_BUF_DMA_MODE_DEFAULT;
-    ibv_srq_extend *ext = ibv_create_srq_extend(&p->owner->ext, &a);
+    ibv_srq_extend *ext = ibv_create_srq_extend(&c->ext, &a);
     if (ext == nullptr) {
         return nullptr;
     }
     attr->attr = a.attr.attr;  // granted max_wr / max_sge
+    ShadowSrq *s = IBVX_SHADOW_OF(ShadowSrq, ext, ext);
+    if (c->datapath != nullptr && c->datapath->srq_open != nullptr) {
+        void *state = c->datapath->srq_open(ext, &attr->attr);
+        if (state == nullptr) {
+            int err = errno != 0 ? errno : EINVAL;
+            warn("ibv_create_srq: the %s data path refused the SRQ (%s)", c->info.provider, strerror(err));
+            (void)ibv_destroy_srq_extend(&c->ext, ext);
+            return failNullErrno<ibv_srq>(err);
+        }
+        s->dp.close = c->datapath->srq_close;
+        s->dp.state = state;
+        std::lock_guard lock(c->mu);
+        c->dp_srqs.insert(s);
+    }
     return ext->srq;
 }
 
 int ibvx_verbs_destroy_srq(ibv_srq *srq) {
     ShadowSrq *s = liveSrq(srq);
-    return s != nullptr ? -ibv_destroy_srq_extend(&s->owner->ext, &s->ext) : EINVAL;
+    if (s == nullptr) {
+        return EINVAL;
+    }
+    ShadowContext *c = s->owner;
+    {
+        std::lock_guard lock(c->mu);
+        c->dp_srqs.erase(s);
+    }
+    int rc = ibv_destroy_srq_extend(&c->ext, &s->ext);
+    if (rc != 0 && s->dp.state != nullptr) {
+        std::lock_guard lock(c->mu);
+        c->dp_srqs.insert(s);
+    }
+    return -rc;
 }
 
 // The broker has no SRQ modify/query call yet (the extend API has none either).
@@ -731,23 +981,56 @@ int ibvx_verbs_destroy_ah(ibv_ah *ah) {
 
 // ---- async events ----------------------------------------------------------------------------------
 
-// No async event is raised yet: the read blocks (or fails with EAGAIN on a non-blocking fd), as
-// on a device with nothing to report.
+// Async events: the context's eventfd fires when the device raised one; the data path's counters
+// say on which QP (fatal) or SRQ (limit reached). Events found together are queued and returned
+// one per call.
 int ibvx_verbs_get_async_event(ibv_context *context, ibv_async_event *event) {
     ShadowContext *c = faceContext(context);
     if (c == nullptr || event == nullptr) {
         errno = EINVAL;
         return -1;
     }
-    uint64_t n = 0;
-    if (read(c->ctx.async_fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
-        return -1;
+    for (;;) {
+        {
+            std::lock_guard lock(c->mu);
+            const ibv_extend_datapath_ops *dp = c->datapath;
+            for (ShadowQp *q : c->dp_qps) {
+                if (dp->qp_fatal_events != nullptr &&
+                    dp->qp_fatal_events(q->dp.state) != q->fatal_events_seen) {
+                    q->fatal_events_seen++;
+                    *event = ibv_async_event{};
+                    event->element.qp = &q->qp;
+                    event->event_type = IBV_EVENT_QP_FATAL;
+                    return 0;
+                }
+            }
+            for (ShadowSrq *q : c->dp_srqs) {
+                if (dp->srq_limit_events != nullptr &&
+                    dp->srq_limit_events(q->dp.state) != q->limit_events_seen) {
+                    q->limit_events_seen++;
+                    *event = ibv_async_event{};
+                    event->element.srq = &q->srq;
+                    event->event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
+                    return 0;
+                }
+            }
+        }
+        uint64_t n = 0;
+        if (read(c->ctx.async_fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
+            return -1;  // errno from read: EAGAIN when the program made async_fd non-blocking
+        }
     }
-    errno = EAGAIN;
-    return -1;
 }
 
 void ibvx_verbs_ack_async_event(ibv_async_event *) {}
+
+ibv_qp_ex *ibvx_verbs_qp_to_qp_ex(ibv_qp *qp) {
+    ShadowQp *s = liveQp(qp);
+    if (s == nullptr) {
+        return failNullErrno<ibv_qp_ex>(EINVAL);
+    }
+    return s->has_qp_ex ? &s->qp_ex : failNullErrno<ibv_qp_ex>(EOPNOTSUPP);
+}
 
 // ---- fork ------------------------------------------------------------------------------------------
 
@@ -762,3 +1045,211 @@ ibv_fork_status ibvx_verbs_is_fork_initialized(void) {
 }
 
 }  // extern "C"
+
+namespace ibvx::client::broker {
+namespace {
+
+ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
+    if (attr == nullptr || (attr->wc_flags & ~kCqExWcFlags) != 0 || attr->comp_mask != 0) {
+        warn("ibv_create_cq_ex: only the standard completion fields are served (wc_flags 0x%llx)",
+             attr != nullptr ? static_cast<unsigned long long>(attr->wc_flags) : 0ull);
+        return failNullErrno<ibv_cq_ex>(EOPNOTSUPP);
+    }
+    ibv_cq *cq = ibvx_verbs_create_cq(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
+                                      static_cast<int>(attr->comp_vector));
+    if (cq == nullptr) {
+        return nullptr;
+    }
+    ShadowCq *s = cqShadow(cq);
+    fillCqEx(s);
+    return &s->cq_ex;
+}
+
+// ---- ibv_qp_ex's ibv_wr_* post API, over the data path's post_send ----------------------------
+
+// The work requests between ibv_wr_start() and ibv_wr_complete(), posted as one chain (one
+// doorbell). Inline data is copied when it is set, as providers copy it into the WQE.
+struct WrBatch {
+    std::deque<ibv_send_wr> wrs;
+    std::deque<std::vector<ibv_sge>> sges;
+    std::deque<std::string> inline_data;
+    int error = 0;  // the first misuse (an SGE with no work request): wr_complete answers it
+};
+
+WrBatch *batchOf(ibv_qp_ex *qpx) {
+    ShadowQp *s = shadowOf<ShadowQp>(&qpx->qp_base, offsetof(ShadowQp, qp));
+    if (s->wr_batch.state == nullptr) {
+        s->wr_batch.state = new WrBatch;
+        s->wr_batch.close = [](void *b) { delete static_cast<WrBatch *>(b); };
+    }
+    return static_cast<WrBatch *>(s->wr_batch.state);
+}
+
+ibv_send_wr &addWr(ibv_qp_ex *qpx, ibv_wr_opcode opcode) {
+    WrBatch *b = batchOf(qpx);
+    ibv_send_wr &wr = b->wrs.emplace_back();
+    wr.wr_id = qpx->wr_id;
+    wr.send_flags = qpx->wr_flags;
+    wr.opcode = opcode;
+    return wr;
+}
+
+ibv_send_wr *lastWr(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    if (b->wrs.empty()) {
+        b->error = EINVAL;
+        return nullptr;
+    }
+    return &b->wrs.back();
+}
+
+void wrStart(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    b->wrs.clear();
+    b->sges.clear();
+    b->inline_data.clear();
+    b->error = 0;
+}
+int wrComplete(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    int rc = b->error;
+    if (rc == 0 && !b->wrs.empty()) {
+        for (size_t i = 0; i + 1 < b->wrs.size(); ++i) {
+            b->wrs[i].next = &b->wrs[i + 1];
+        }
+        b->wrs.back().next = nullptr;
+        ibv_send_wr *bad = nullptr;
+        rc = facePostSend(&qpx->qp_base, &b->wrs.front(), &bad);
+    }
+    wrStart(qpx);
+    return rc;
+}
+void wrAbort(ibv_qp_ex *qpx) {
+    wrStart(qpx);
+}
+void wrSend(ibv_qp_ex *qpx) {
+    addWr(qpx, IBV_WR_SEND);
+}
+void wrSendImm(ibv_qp_ex *qpx, __be32 imm) {
+    addWr(qpx, IBV_WR_SEND_WITH_IMM).imm_data = imm;
+}
+void wrRdmaWrite(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_WRITE);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+}
+void wrRdmaWriteImm(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_WRITE_WITH_IMM);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+    wr.imm_data = imm;
+}
+void wrRdmaRead(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_READ);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+}
+void wrCmpSwp(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_ATOMIC_CMP_AND_SWP);
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.compare_add = compare;
+    wr.wr.atomic.swap = swap;
+}
+void wrFetchAdd(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.compare_add = add;
+}
+void wrSetSgeList(ibv_qp_ex *qpx, size_t n, const ibv_sge *list) {
+    ibv_send_wr *wr = lastWr(qpx);
+    if (wr == nullptr) {
+        return;
+    }
+    auto &sges = batchOf(qpx)->sges.emplace_back(list, list + n);
+    wr->sg_list = sges.data();
+    wr->num_sge = static_cast<int>(n);
+}
+void wrSetSge(ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
+    ibv_sge sge{addr, length, lkey};
+    wrSetSgeList(qpx, 1, &sge);
+}
+void wrSetInlineDataList(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs) {
+    ibv_send_wr *wr = lastWr(qpx);
+    if (wr == nullptr) {
+        return;
+    }
+    WrBatch *b = batchOf(qpx);
+    std::string &data = b->inline_data.emplace_back();
+    for (size_t i = 0; i < n; ++i) {
+        data.append(static_cast<const char *>(bufs[i].addr), bufs[i].length);
+    }
+    ibv_sge sge{reinterpret_cast<uintptr_t>(data.data()), static_cast<uint32_t>(data.size()), 0};
+    wrSetSgeList(qpx, 1, &sge);
+    wr->send_flags |= IBV_SEND_INLINE;
+}
+void wrSetInlineData(ibv_qp_ex *qpx, void *addr, size_t length) {
+    ibv_data_buf buf{addr, length};
+    wrSetInlineDataList(qpx, 1, &buf);
+}
+
+// The send operations the batch API serves (what ibv_post_send serves on softnda).
+constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                                  IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                                  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+void fillQpEx(ShadowQp *s) {
+    ibv_qp_ex &x = s->qp_ex;
+    x.wr_start = wrStart;
+    x.wr_complete = wrComplete;
+    x.wr_abort = wrAbort;
+    x.wr_send = wrSend;
+    x.wr_send_imm = wrSendImm;
+    x.wr_rdma_write = wrRdmaWrite;
+    x.wr_rdma_write_imm = wrRdmaWriteImm;
+    x.wr_rdma_read = wrRdmaRead;
+    x.wr_atomic_cmp_swp = wrCmpSwp;
+    x.wr_atomic_fetch_add = wrFetchAdd;
+    x.wr_set_sge = wrSetSge;
+    x.wr_set_sge_list = wrSetSgeList;
+    x.wr_set_inline_data = wrSetInlineData;
+    x.wr_set_inline_data_list = wrSetInlineDataList;
+    s->has_qp_ex = true;
+}
+
+ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
+    constexpr uint32_t kServed = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if (attr == nullptr || (attr->comp_mask & IBV_QP_INIT_ATTR_PD) == 0 || attr->pd == nullptr ||
+        attr->pd->context != context) {
+        return failNullErrno<ibv_qp>(EINVAL);
+    }
+    if ((attr->comp_mask & ~kServed) != 0 || attr->create_flags != 0 ||
+        ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 &&
+         (attr->send_ops_flags & ~kQpExSendOps) != 0)) {
+        warn("ibv_create_qp_ex: only a PD and the standard send operations are served (comp_mask 0x%x)",
+             attr->comp_mask);
+        return failNullErrno<ibv_qp>(EOPNOTSUPP);
+    }
+    ibv_qp_init_attr a{};
+    a.qp_context = attr->qp_context;
+    a.send_cq = attr->send_cq;
+    a.recv_cq = attr->recv_cq;
+    a.srq = attr->srq;
+    a.cap = attr->cap;
+    a.qp_type = attr->qp_type;
+    a.sq_sig_all = attr->sq_sig_all;
+    ibv_qp *qp = ibvx_verbs_create_qp(attr->pd, &a);
+    if (qp == nullptr) {
+        return nullptr;
+    }
+    attr->cap = a.cap;
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0) {
+        fillQpEx(qpShadow(qp));
+    }
+    return qp;
+}
+
+}  // namespace
+}  // namespace ibvx::client::broker

@@ -240,11 +240,3 @@ IBVX_FACE_EXPORT int ibv_dofork_range(void *base, size_t size) {
     (void)base, (void)size;
     return 0;
 }
-
-/* The extended QP (ibv_wr_* post API) is not served: its function table would have to drive the
- * broker's queues, which the face's QPs do not offer in that form. */
-IBVX_FACE_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp) {
-    (void)qp;
-    errno = EOPNOTSUPP;
-    return NULL;
-}

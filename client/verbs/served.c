@@ -146,6 +146,10 @@ IBVX_EXPORT void ibv_ack_async_event(struct ibv_async_event *event) {
     ibvx_verbs_ack_async_event(event);
 }
 
+IBVX_EXPORT struct ibv_qp_ex *ibv_qp_to_qp_ex(struct ibv_qp *qp) {
+    return ibvx_verbs_qp_to_qp_ex(qp);
+}
+
 IBVX_EXPORT int ibv_fork_init(void) {
     return ibvx_verbs_fork_init();
 }

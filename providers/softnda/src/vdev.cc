@@ -463,6 +463,6 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .query_device = softnda::CEntry<softnda::queryDevice>::call,
     .query_port = softnda::CEntry<softnda::queryPort>::call,
     .query_gid = softnda::CEntry<softnda::queryGid>::call,
-    .set_cq_event_fd = nullptr,     // SPEC.md §9: not implemented yet
+    .set_cq_event_fd = nullptr,  // SPEC.md §9: not implemented yet
     .set_async_event_fd = nullptr,
 };

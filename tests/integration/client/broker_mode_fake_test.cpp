@@ -193,14 +193,32 @@ TEST_F(FakeBrokerTest, RegMrHandsTheClientsMemoryToTheBroker) {
     EXPECT_EQ(mr->pd, pd_);
     EXPECT_EQ(ibvx_dereg_mr(mr), 0);
 
-    // Memory not from ibvx_alloc_buf() cannot reach the broker.
+    // Memory not from ibvx_alloc_buf() reaches the broker on shared pages moved under it
+    // (client/shared_pages.h): the broker sees the bytes at the offset it is given.
     std::vector<uint8_t> heap(64);
+    memcpy(heap.data(), &marker, sizeof(marker));
+    ibv_mr *hmr = ibvx_reg_mr(pd_, heap.data(), heap.size(), 0);
+    ASSERT_NE(hmr, nullptr) << strerror(errno);
+    EXPECT_EQ(hmr->lkey, marker);
+    EXPECT_EQ(hmr->addr, heap.data());
+    EXPECT_EQ(ibvx_dereg_mr(hmr), 0);
+    EXPECT_EQ(memcmp(heap.data(), &marker, sizeof(marker)), 0);  // contents kept through both moves
+    // A range running past the buffer's end is in no one buffer, and its first pages are a shared
+    // mapping (the buffer's memfd), which cannot be moved.
     errno = 0;
-    EXPECT_EQ(ibvx_reg_mr(pd_, heap.data(), heap.size(), 0), nullptr);
-    EXPECT_EQ(errno, EINVAL);
-    // A range running past the buffer neither.
     EXPECT_EQ(ibvx_reg_mr(pd_, buf + 8000, 4096, 0), nullptr);
     EXPECT_EQ(errno, EINVAL);
+    // A shared mapping of a file cannot be moved.
+    FILE *file = tmpfile();
+    ASSERT_NE(file, nullptr);
+    ASSERT_EQ(ftruncate(fileno(file), 4096), 0);
+    void *fmap = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(file), 0);
+    ASSERT_NE(fmap, MAP_FAILED);
+    errno = 0;
+    EXPECT_EQ(ibvx_reg_mr(pd_, fmap, 4096, 0), nullptr);
+    EXPECT_EQ(errno, EINVAL);
+    munmap(fmap, 4096);
+    fclose(file);
     ibvx_free_buf(buf);
 
     int fd = memfd_create("mrfd", MFD_CLOEXEC);

@@ -193,14 +193,20 @@ class FakeBroker final : public pb::Broker::Service {
             req->offset() + req->length() > static_cast<uint64_t>(st.st_size)) {
             return error(StatusCode::INVALID_ARGUMENT, EINVAL, "range outside the fd");
         }
-        void *p = mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+        // Only the registered window, from the page holding offset, as the real broker maps it:
+        // the fd may be far larger (the client's shared pages sit at their own address in it).
+        const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+        const uint64_t delta = req->offset() % page;
+        const size_t map_len = static_cast<size_t>(req->length() + delta);
+        void *p = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                       static_cast<off_t>(req->offset() - delta));
         if (p == MAP_FAILED) {
             return error(StatusCode::INVALID_ARGUMENT, EINVAL, "cannot map");
         }
         uint32_t first;
-        memcpy(&first, static_cast<char *>(p) + req->offset(), sizeof(first));
+        memcpy(&first, static_cast<char *>(p) + delta, sizeof(first));
         uint64_t h = randomHandle();
-        s->mrs[h] = ibvx::UniqueMapping(p, st.st_size);
+        s->mrs[h] = ibvx::UniqueMapping(p, map_len);
         resp->set_mr(h);
         resp->set_lkey(first);
         resp->set_rkey(static_cast<uint32_t>(req->iova() & 0xffffffffu));

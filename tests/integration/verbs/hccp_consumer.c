@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -300,6 +301,167 @@ static void post(struct side *s, struct softnda_send_wr *wr, const char *step) {
     softnda_sq_doorbell(&s->sq);
 }
 
+/* ---- memory of every kind the face registers (docs/verbs.md, "Memory registration") ---- */
+
+static uint8_t g_static[10000] = {1}; /* .data: initialised */
+
+static void fill(uint8_t *p, size_t n, uint8_t seed) {
+    for (size_t i = 0; i < n; ++i) {
+        p[i] = (uint8_t)(seed + i * 13);
+    }
+}
+
+/* Registers [buf, buf+len), checks the bytes (and the neighbours on its pages) survived, lets the
+ * peer QP write into it and read it back, then deregisters it. */
+static void memory_case(struct side *s, struct ibv_pd *pd, struct ibv_mr *peer_mr, uint8_t *peer,
+                        uint8_t *buf, size_t len, const char *what) {
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    uint8_t before = buf[-1], after = buf[len];
+    fill(buf, len, 0x31);
+    struct ibv_mr *mr = v.reg_mr(pd, buf, len, access);
+    if (mr == NULL) {
+        failErrno(what, errno);
+    }
+    for (size_t i = 0; i < len; ++i) {
+        if (buf[i] != (uint8_t)(0x31 + i * 13)) {
+            fail(what, "registration changed the contents");
+        }
+    }
+    if (buf[-1] != before || buf[len] != after) {
+        fail(what, "registration changed the bytes next to the buffer");
+    }
+    /* The peer (QP 1) writes into it... */
+    fill(peer, len, 0x77);
+    struct softnda_sge sge = {(uintptr_t)peer, (uint32_t)len, peer_mr->lkey};
+    struct softnda_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 100;
+    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
+    wr.flags = SOFTNDA_WQE_SIGNALED;
+    wr.remote_addr = (uintptr_t)buf;
+    wr.rkey = mr->rkey;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    post(&s[1], &wr, what);
+    expect_ok(wait_cqe(&s[1].dcq, what), 100, what);
+    if (memcmp(buf, peer, len) != 0) {
+        fail(what, "the peer's RDMA WRITE did not reach the buffer");
+    }
+    /* ...and reads what the program wrote there. */
+    fill(buf, len, 0x55);
+    memset(peer, 0, len);
+    wr.wr_id = 101;
+    wr.opcode = SOFTNDA_OP_RDMA_READ;
+    post(&s[1], &wr, what);
+    expect_ok(wait_cqe(&s[1].dcq, what), 101, what);
+    if (memcmp(buf, peer, len) != 0) {
+        fail(what, "the peer's RDMA READ did not see the program's writes");
+    }
+    if (v.dereg_mr(mr) != 0) {
+        fail(what, "ibv_dereg_mr refused");
+    }
+    if (buf[0] != 0x55 || buf[-1] != before || buf[len] != after) {
+        fail(what, "deregistration changed the memory");
+    }
+}
+
+/* fork() with a registered buffer: the child has a private copy as at fork (docs/verbs.md); the
+ * parent's MR keeps working. */
+static void fork_case(struct side *s, struct ibv_pd *pd, struct ibv_mr *peer_mr, uint8_t *peer) {
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    uint8_t *buf = malloc(5000);
+    if (buf == NULL) {
+        fail("fork", "out of memory");
+    }
+    fill(buf, 5000, 0x21);
+    struct ibv_mr *mr = v.reg_mr(pd, buf, 5000, access);
+    if (mr == NULL) {
+        failErrno("fork: ibv_reg_mr", errno);
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int ok = buf[4999] == (uint8_t)(0x21 + 4999 * 13);
+        memset(buf, 0xee, 5000); /* the child's copy only */
+        _exit(ok ? 0 : 3);
+    }
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fail("fork", "the child did not see the registered bytes as at fork");
+    }
+    if (buf[0] != 0x21) {
+        fail("fork", "the child's writes reached the parent");
+    }
+    fill(peer, 5000, 0x66);
+    struct softnda_sge sge = {(uintptr_t)peer, 5000, peer_mr->lkey};
+    struct softnda_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 200;
+    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
+    wr.flags = SOFTNDA_WQE_SIGNALED;
+    wr.remote_addr = (uintptr_t)buf;
+    wr.rkey = mr->rkey;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    post(&s[1], &wr, "fork");
+    expect_ok(wait_cqe(&s[1].dcq, "fork"), 200, "fork");
+    if (memcmp(buf, peer, 5000) != 0) {
+        fail("fork", "the parent's MR no longer reaches its memory after fork");
+    }
+    if (v.dereg_mr(mr) != 0) {
+        fail("fork", "ibv_dereg_mr refused");
+    }
+    free(buf);
+}
+
+static void memory_phase(struct side *s, struct ibv_pd *pd) {
+    const int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    const size_t len = 6000;
+    uint8_t *peer = malloc(len + 8192);
+    struct ibv_mr *peer_mr = peer != NULL ? v.reg_mr(pd, peer, len + 8192, access) : NULL;
+    if (peer_mr == NULL) {
+        fail("memory", "the peer buffer");
+    }
+    /* heap (malloc): odd offsets, pages shared with other heap data */
+    uint8_t *heap = malloc(len + 2);
+    memory_case(s, pd, peer_mr, peer, heap + 1, len, "heap (malloc)");
+    free(heap);
+    /* posix_memalign */
+    void *aligned = NULL;
+    if (posix_memalign(&aligned, 4096, len + 4096) != 0) {
+        fail("memory", "posix_memalign");
+    }
+    memory_case(s, pd, peer_mr, peer, (uint8_t *)aligned + 4096 - 100, 200, "posix_memalign, partial pages");
+    free(aligned);
+    /* anonymous mmap */
+    uint8_t *anon = mmap(NULL, 4 * 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (anon == MAP_FAILED) {
+        fail("memory", "mmap");
+    }
+    memory_case(s, pd, peer_mr, peer, anon + 8, len, "anonymous mmap");
+    munmap(anon, 4 * 4096);
+    /* static data */
+    memory_case(s, pd, peer_mr, peer, g_static + 16, len, "static data");
+    /* A shared file mapping cannot be moved: refused with EINVAL. */
+    FILE *f = tmpfile();
+    if (f == NULL || ftruncate(fileno(f), 4096) != 0) {
+        fail("memory", "tmpfile");
+    }
+    void *file = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fileno(f), 0);
+    errno = 0;
+    if (file == MAP_FAILED || v.reg_mr(pd, file, 4096, access) != NULL || errno != EINVAL) {
+        fail("memory", "a shared file mapping was not refused with EINVAL");
+    }
+    munmap(file, 4096);
+    fclose(f);
+    fork_case(s, pd, peer_mr, peer);
+    if (v.dereg_mr(peer_mr) != 0) {
+        fail("memory", "ibv_dereg_mr refused");
+    }
+    free(peer);
+}
+
 /* ---- the flow ---- */
 
 static void connect_qp(struct ibv_qp *qp, uint32_t dest, uint16_t dlid, int access) {
@@ -533,6 +695,8 @@ int main(int argc, char **argv) {
         fail("RDMA READ", "the bytes did not come back");
     }
     sync_point("data-end");
+
+    memory_phase(s, pd);
 
     /* A QP brought up with the standard verbs alone: CQ, QP, INIT, RTR, RTS. */
     sync_point("bringup-begin");

@@ -1,0 +1,526 @@
+/*
+ * datapath.c - softnda's standard-verbs data path (include/ibv_extend_datapath.h), run in the
+ * tenant's process. ibv_send_wr / ibv_recv_wr become SPEC.md §2 WQEs through the device-side
+ * helpers of softnda_device.h, and CQEs (§3) become ibv_wc. Nothing here calls the driver or the
+ * kernel: a doorbell is a store, and softnda_doorbell_ring makes its futex wake only while the
+ * engine sleeps (§4 step 5, §7), so a work request costs no system call.
+ *
+ * Locking, as rdma-core's mlx5 and rxe providers do it: a QP has one spinlock for its SQ and one
+ * for its RQ, an SRQ and a CQ one each; the lock guards the softnda_sq / softnda_rq / softnda_cq
+ * handle (the helpers' producer state) and is held while one chain is written or CQEs are taken.
+ * A spinlock, not a mutex, because a contended mutex would make the futex system call this path
+ * promises not to make. CQ arming and the event counters (§9) are single atomic words: no lock.
+ *
+ * Conventions are the libibverbs ones: post_* return 0 or an errno and set *bad_wr to the first
+ * work request not posted; the work requests before it are posted and rung.
+ */
+/* Spinlocks, posix_memalign and the endian.h conversions are POSIX/BSD: visible in strict C too. */
+#define _DEFAULT_SOURCE
+
+#include <endian.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <ibv_extend_datapath.h>
+
+#include "providers/softnda/include/softnda.h"
+#include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/include/softnda_verbs.h"
+
+/* An ibv_sge is a SPEC.md §2 SGE bit for bit, so a work request's SGE list is copied into the
+ * WQE as it is. */
+_Static_assert(sizeof(struct ibv_sge) == sizeof(struct softnda_sge), "SGE size");
+_Static_assert(offsetof(struct ibv_sge, addr) == offsetof(struct softnda_sge, addr), "SGE addr");
+_Static_assert(offsetof(struct ibv_sge, length) == offsetof(struct softnda_sge, length), "SGE length");
+_Static_assert(offsetof(struct ibv_sge, lkey) == offsetof(struct softnda_sge, lkey), "SGE lkey");
+
+/* The largest send WQE is 512 bytes (SPEC.md §2.1), so inline data never exceeds this. */
+#define SD_MAX_INLINE (512u - SOFTNDA_WQE_HEADER_SIZE)
+/* CQEs taken from the ring per softnda_cq_poll call. */
+#define SD_POLL_BATCH 16
+#define SD_CACHE_LINE 64
+
+/* Words of the doorbell records beyond the helpers' (SPEC.md §1.1), as offsets in u32. */
+#define SD_CQ_ARM_WORD 2          /* CQ record offset 8 */
+#define SD_CQ_EVENTS_WORD 3       /* CQ record offset 12 */
+#define SD_SQ_FATAL_EVENTS_WORD 2 /* SQ record offset 8 */
+
+/* §9 arm values. */
+#define SD_ARM_NEXT 1u
+#define SD_ARM_SOLICITED 2u
+
+struct sd_cq {
+    pthread_spinlock_t lock;
+    struct softnda_cq cq; /* guarded by lock */
+    uint32_t *arm;
+    const uint32_t *events;
+};
+
+struct sd_recv_queue {
+    _Alignas(SD_CACHE_LINE) pthread_spinlock_t lock;
+    struct softnda_rq rq; /* guarded by lock */
+    uint32_t max_wr;
+    uint32_t max_sge;
+};
+
+struct sd_qp {
+    /* The SQ and the RQ are posted from different threads: each on cache lines of its own. */
+    _Alignas(SD_CACHE_LINE) pthread_spinlock_t sq_lock;
+    struct softnda_sq sq; /* guarded by sq_lock */
+    uint32_t max_send_wr;
+    uint32_t max_send_sge;
+    uint32_t max_inline;
+    int sq_sig_all;
+    const uint32_t *fatal_events;
+    int has_rq; /* 0 with an SRQ: post_recv is then EINVAL */
+    struct sd_recv_queue rq;
+};
+
+struct sd_srq {
+    struct sd_recv_queue rq;
+};
+
+static uint32_t min_u32(uint32_t a, uint32_t b) {
+    return a < b ? a : b;
+}
+
+static void *alloc_state(size_t size) {
+    void *p = NULL;
+    if (posix_memalign(&p, SD_CACHE_LINE, size) != 0) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    memset(p, 0, size);
+    return p;
+}
+
+/* "Full" counts every WQE written and not finished, those of the chain being posted included.
+ * The engine's CI is read again only when the cached one says full (softnda_sq_space does the
+ * same for the ring). */
+static int queue_full(uint32_t pi, uint32_t *ci_cached, const uint32_t *dbr_ci, uint32_t max_wr) {
+    if (pi - *ci_cached < max_wr) {
+        return 0;
+    }
+    *ci_cached = __atomic_load_n(dbr_ci, __ATOMIC_ACQUIRE);
+    return pi - *ci_cached >= max_wr;
+}
+
+/* ---- CQ -------------------------------------------------------------------------------- */
+
+static void *sd_cq_open(const struct ibv_cq_extend *ext, int cqe) {
+    if (ext == NULL || cqe < 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct softnda_cq probe;
+    struct softnda_doorbell db;
+    /* A softnda CQ has 32-byte CQEs and a register in a doorbell page (§1.2). */
+    if (softnda_cq_init(&probe, &ext->cq_info) != 0 ||
+        softnda_doorbell_init(&db, &ext->cq_info.db_hw_va) != 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct sd_cq *cq = alloc_state(sizeof(*cq));
+    if (cq == NULL) {
+        return NULL;
+    }
+    cq->cq = probe;
+    cq->arm = cq->cq.dbr_pi + SD_CQ_ARM_WORD;
+    cq->events = cq->cq.dbr_pi + SD_CQ_EVENTS_WORD;
+    pthread_spin_init(&cq->lock, PTHREAD_PROCESS_PRIVATE);
+    return cq;
+}
+
+static void sd_cq_close(void *cqv) {
+    struct sd_cq *cq = cqv;
+    if (cq != NULL) {
+        pthread_spin_destroy(&cq->lock);
+        free(cq);
+    }
+}
+
+static void cqe_to_wc(const struct softnda_cqe *c, struct ibv_wc *wc) {
+    wc->wr_id = c->wr_id;
+    wc->status = (enum ibv_wc_status)c->status;
+    wc->opcode = (enum ibv_wc_opcode)c->opcode;
+    wc->vendor_err = 0;
+    wc->byte_len = c->byte_len;
+    if ((c->flags & SOFTNDA_CQE_WITH_IMM) != 0) {
+        /* The CQE carries the immediate as the number the sender meant (§3, little-endian like
+         * every field); ibv_wc carries it in network order. */
+        wc->imm_data = htobe32(c->imm_data);
+        wc->wc_flags = IBV_WC_WITH_IMM;
+    } else {
+        wc->imm_data = 0;
+        wc->wc_flags = 0;
+    }
+    wc->qp_num = c->qp_num;
+    wc->src_qp = c->src_qp;
+    /* RC only: no GRH, no UD addressing; LIDs are not in the CQE. */
+    wc->pkey_index = 0;
+    wc->slid = 0;
+    wc->sl = 0;
+    wc->dlid_path_bits = 0;
+}
+
+static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
+    struct sd_cq *cq = cqv;
+    if (num_entries < 0) {
+        return -EINVAL;
+    }
+    struct softnda_cqe batch[SD_POLL_BATCH];
+    int total = 0;
+    pthread_spin_lock(&cq->lock);
+    while (total < num_entries) {
+        int want = num_entries - total < SD_POLL_BATCH ? num_entries - total : SD_POLL_BATCH;
+        int got = softnda_cq_poll(&cq->cq, batch, want);
+        if (got <= 0) {
+            /* An overflowed CQ (§6.3) reports -EOVERFLOW once nothing valid is left. */
+            if (got < 0 && total == 0) {
+                total = got;
+            }
+            break;
+        }
+        for (int i = 0; i < got; ++i) {
+            cqe_to_wc(&batch[i], &wc[total + i]);
+        }
+        total += got;
+        if (got < want) {
+            break;
+        }
+    }
+    pthread_spin_unlock(&cq->lock);
+    return total;
+}
+
+static int sd_req_notify_cq(void *cqv, int solicited_only) {
+    struct sd_cq *cq = cqv;
+    if (solicited_only) {
+        /* As the IB CQ arming rules say, a CQ already armed for the next completion stays so: a
+         * solicited-only request only arms a disarmed CQ. */
+        uint32_t expected = 0;
+        __atomic_compare_exchange_n(cq->arm, &expected, SD_ARM_SOLICITED, 0, __ATOMIC_RELEASE,
+                                    __ATOMIC_RELAXED);
+    } else {
+        __atomic_store_n(cq->arm, SD_ARM_NEXT, __ATOMIC_RELEASE);
+    }
+    return 0;
+}
+
+static uint32_t sd_cq_events(void *cqv) {
+    struct sd_cq *cq = cqv;
+    return __atomic_load_n(cq->events, __ATOMIC_ACQUIRE);
+}
+
+/* ---- Receive queues (RQ and SRQ) -------------------------------------------------------- */
+
+static int recv_queue_init(struct sd_recv_queue *q, const struct queue_info *qi, uint32_t max_wr,
+                           uint32_t max_sge) {
+    if (softnda_rq_init(&q->rq, qi) != 0) {
+        return EINVAL;
+    }
+    q->max_wr = min_u32(max_wr, q->rq.entry_cnt);
+    q->max_sge = min_u32(max_sge, q->rq.max_sge);
+    pthread_spin_init(&q->lock, PTHREAD_PROCESS_PRIVATE);
+    return 0;
+}
+
+static int post_recv_chain(struct sd_recv_queue *q, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr) {
+    int err = 0;
+    uint32_t start;
+    pthread_spin_lock(&q->lock);
+    start = q->rq.pi;
+    for (; wr != NULL; wr = wr->next) {
+        if (queue_full(q->rq.pi, &q->rq.ci_cached, q->rq.dbr_ci, q->max_wr)) {
+            err = ENOMEM;
+        } else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->max_sge) {
+            err = EINVAL;
+        } else if (softnda_rq_post(&q->rq, wr->wr_id, (const struct softnda_sge *)wr->sg_list,
+                                   (uint32_t)wr->num_sge) != 0) {
+            err = ENOMEM; /* the ring itself is full: max_wr never exceeds it, so not reached */
+        }
+        if (err != 0) {
+            *bad_wr = wr;
+            break;
+        }
+    }
+    if (q->rq.pi != start) {
+        softnda_rq_doorbell(&q->rq);
+    }
+    pthread_spin_unlock(&q->lock);
+    return err;
+}
+
+/* ---- QP --------------------------------------------------------------------------------- */
+
+static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
+    if (attr == NULL || attr->qp == NULL) {
+        errno = EINVAL;
+        return NULL;
+    }
+    /* softnda executes RC only (SPEC.md §5). */
+    if (attr->qp_type != IBV_QPT_RC) {
+        errno = EOPNOTSUPP;
+        return NULL;
+    }
+    struct sd_qp *qp = alloc_state(sizeof(*qp));
+    if (qp == NULL) {
+        return NULL;
+    }
+    if (softnda_sq_init(&qp->sq, &attr->qp->sq_info) != 0) {
+        free(qp);
+        errno = EINVAL;
+        return NULL;
+    }
+    qp->has_rq = !attr->has_srq;
+    if (qp->has_rq &&
+        recv_queue_init(&qp->rq, &attr->qp->rq_info, attr->cap.max_recv_wr, attr->cap.max_recv_sge) != 0) {
+        free(qp);
+        errno = EINVAL;
+        return NULL;
+    }
+    /* The granted caps, never beyond what the ring and its WQE size hold. */
+    qp->max_send_wr = min_u32(attr->cap.max_send_wr, qp->sq.entry_cnt);
+    qp->max_send_sge = min_u32(attr->cap.max_send_sge, qp->sq.max_sge);
+    qp->max_inline = min_u32(min_u32(attr->cap.max_inline_data, qp->sq.max_inline), SD_MAX_INLINE);
+    qp->sq_sig_all = attr->sq_sig_all;
+    qp->fatal_events = qp->sq.dbr_pi + SD_SQ_FATAL_EVENTS_WORD;
+    pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
+    return qp;
+}
+
+static void sd_qp_close(void *qpv) {
+    struct sd_qp *qp = qpv;
+    if (qp != NULL) {
+        pthread_spin_destroy(&qp->sq_lock);
+        if (qp->has_rq) {
+            pthread_spin_destroy(&qp->rq.lock);
+        }
+        free(qp);
+    }
+}
+
+/* The SPEC.md §2.1 opcode of a libibverbs one; 0 (NOP, never a verbs opcode) when softnda does not
+ * execute it (LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, driver opcodes). */
+static uint8_t wqe_opcode(enum ibv_wr_opcode op) {
+    switch (op) {
+        case IBV_WR_SEND:
+            return SOFTNDA_OP_SEND;
+        case IBV_WR_SEND_WITH_IMM:
+            return SOFTNDA_OP_SEND_WITH_IMM;
+        case IBV_WR_RDMA_WRITE:
+            return SOFTNDA_OP_RDMA_WRITE;
+        case IBV_WR_RDMA_WRITE_WITH_IMM:
+            return SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+        case IBV_WR_RDMA_READ:
+            return SOFTNDA_OP_RDMA_READ;
+        case IBV_WR_ATOMIC_CMP_AND_SWP:
+            return SOFTNDA_OP_ATOMIC_CMP_AND_SWP;
+        case IBV_WR_ATOMIC_FETCH_AND_ADD:
+            return SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+        default:
+            return SOFTNDA_OP_NOP;
+    }
+}
+
+/* Writes one send WQE (not yet published): 0, ENOMEM (SQ full) or EINVAL (a bad request). */
+static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
+    if (queue_full(qp->sq.pi, &qp->sq.ci_cached, qp->sq.dbr_ci, qp->max_send_wr)) {
+        return ENOMEM;
+    }
+    uint8_t op = wqe_opcode(wr->opcode);
+    if (op == SOFTNDA_OP_NOP || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_send_sge) {
+        return EINVAL;
+    }
+    struct softnda_send_wr w;
+    memset(&w, 0, sizeof(w));
+    w.wr_id = wr->wr_id;
+    w.opcode = op;
+    if ((wr->send_flags & IBV_SEND_SIGNALED) != 0 || qp->sq_sig_all) {
+        w.flags |= SOFTNDA_WQE_SIGNALED;
+    }
+    if ((wr->send_flags & IBV_SEND_FENCE) != 0) {
+        w.flags |= SOFTNDA_WQE_FENCE;
+    }
+    if ((wr->send_flags & IBV_SEND_SOLICITED) != 0) {
+        w.flags |= SOFTNDA_WQE_SOLICITED;
+    }
+    int may_inline = 0;
+    switch (op) {
+        case SOFTNDA_OP_SEND:
+        case SOFTNDA_OP_SEND_WITH_IMM:
+            may_inline = 1;
+            break;
+        case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
+            may_inline = 1;
+            w.remote_addr = wr->wr.rdma.remote_addr;
+            w.rkey = wr->wr.rdma.rkey;
+            break;
+        case SOFTNDA_OP_RDMA_READ:
+            w.remote_addr = wr->wr.rdma.remote_addr;
+            w.rkey = wr->wr.rdma.rkey;
+            break;
+        default: /* the two atomics */
+            w.remote_addr = wr->wr.atomic.remote_addr;
+            w.rkey = wr->wr.atomic.rkey;
+            w.compare_add = wr->wr.atomic.compare_add;
+            if (op == SOFTNDA_OP_ATOMIC_CMP_AND_SWP) {
+                w.swap = wr->wr.atomic.swap;
+            }
+            break;
+    }
+    if (op == SOFTNDA_OP_SEND_WITH_IMM || op == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
+        /* ibv_send_wr carries the immediate in network order; the WQE carries the number (§2.1,
+         * little-endian like every field), so device-side peers see the same value. */
+        w.imm_data = be32toh(wr->imm_data);
+    }
+    /* IBV_SEND_INLINE means something only where data is sent; a READ or an atomic names buffers
+     * the device writes, so there the flag is ignored, as mlx5 does. */
+    uint8_t inline_buf[SD_MAX_INLINE];
+    if (may_inline && (wr->send_flags & IBV_SEND_INLINE) != 0) {
+        uint64_t len = 0;
+        for (int i = 0; i < wr->num_sge; ++i) {
+            len += wr->sg_list[i].length;
+        }
+        if (len > qp->max_inline) {
+            return EINVAL;
+        }
+        /* Inline data is read now, from the caller's own memory: no lkey is involved. */
+        uint32_t off = 0;
+        for (int i = 0; i < wr->num_sge; ++i) {
+            memcpy(inline_buf + off, (const void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
+            off += wr->sg_list[i].length;
+        }
+        w.inline_data = inline_buf;
+        w.inline_len = off;
+    } else {
+        w.sg_list = (const struct softnda_sge *)wr->sg_list;
+        w.num_sge = (uint32_t)wr->num_sge;
+    }
+    int rc = softnda_sq_post(&qp->sq, &w);
+    return rc == 0 ? 0 : (rc == -ENOSPC ? ENOMEM : EINVAL);
+}
+
+static int sd_post_send(void *qpv, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr) {
+    struct sd_qp *qp = qpv;
+    int err = 0;
+    pthread_spin_lock(&qp->sq_lock);
+    uint32_t start = qp->sq.pi;
+    for (; wr != NULL; wr = wr->next) {
+        err = write_send_wqe(qp, wr);
+        if (err != 0) {
+            *bad_wr = wr;
+            break;
+        }
+    }
+    /* One doorbell for the whole chain (§4: steps 4-5 once per batch), also for the requests
+     * before a bad one. */
+    if (qp->sq.pi != start) {
+        softnda_sq_doorbell(&qp->sq);
+    }
+    pthread_spin_unlock(&qp->sq_lock);
+    return err;
+}
+
+static int sd_post_recv(void *qpv, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr) {
+    struct sd_qp *qp = qpv;
+    if (!qp->has_rq) {
+        /* Receives of a QP with an SRQ go to the SRQ. */
+        *bad_wr = wr;
+        return EINVAL;
+    }
+    return post_recv_chain(&qp->rq, wr, bad_wr);
+}
+
+static uint32_t sd_qp_fatal_events(void *qpv) {
+    struct sd_qp *qp = qpv;
+    return __atomic_load_n(qp->fatal_events, __ATOMIC_ACQUIRE);
+}
+
+/* ---- SRQ -------------------------------------------------------------------------------- */
+
+static void *sd_srq_open(const struct ibv_srq_extend *ext, const struct ibv_srq_attr *attr) {
+    if (ext == NULL) {
+        errno = EINVAL;
+        return NULL;
+    }
+    struct sd_srq *srq = alloc_state(sizeof(*srq));
+    if (srq == NULL) {
+        return NULL;
+    }
+    /* Without the granted attributes, the ring's own capacity. */
+    uint32_t max_wr = attr != NULL ? attr->max_wr : UINT32_MAX;
+    uint32_t max_sge = attr != NULL ? attr->max_sge : UINT32_MAX;
+    if (recv_queue_init(&srq->rq, &ext->srq_info, max_wr, max_sge) != 0) {
+        free(srq);
+        errno = EINVAL;
+        return NULL;
+    }
+    return srq;
+}
+
+static void sd_srq_close(void *srqv) {
+    struct sd_srq *srq = srqv;
+    if (srq != NULL) {
+        pthread_spin_destroy(&srq->rq.lock);
+        free(srq);
+    }
+}
+
+static int sd_post_srq_recv(void *srqv, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad_wr) {
+    struct sd_srq *srq = srqv;
+    return post_recv_chain(&srq->rq, wr, bad_wr);
+}
+
+static uint32_t sd_srq_limit_events(void *srqv) {
+    struct sd_srq *srq = srqv;
+    return softnda_srq_limit_events(&srq->rq.rq);
+}
+
+int softnda_verbs_modify_srq(void *srqv, const struct ibv_srq_attr *attr, int attr_mask) {
+    struct sd_srq *srq = srqv;
+    if (srq == NULL || attr == NULL || attr_mask == 0) {
+        return EINVAL;
+    }
+    /* An SRQ is never resized; the limit is the one thing software sets (§5.3). */
+    if ((attr_mask & ~IBV_SRQ_LIMIT) != 0 || attr->srq_limit > srq->rq.max_wr) {
+        return EINVAL;
+    }
+    softnda_srq_arm(&srq->rq.rq, attr->srq_limit);
+    return 0;
+}
+
+int softnda_verbs_query_srq(void *srqv, struct ibv_srq_attr *attr) {
+    struct sd_srq *srq = srqv;
+    if (srq == NULL || attr == NULL) {
+        return EINVAL;
+    }
+    attr->max_wr = srq->rq.max_wr;
+    attr->max_sge = srq->rq.max_sge;
+    attr->srq_limit = softnda_srq_limit(&srq->rq.rq);
+    return 0;
+}
+
+__attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_extend_datapath = {
+    .abi = IBV_EXTEND_DATAPATH_ABI_V1,
+    .provider = SOFTNDA_PROVIDER_NAME,
+    .cq_open = sd_cq_open,
+    .cq_close = sd_cq_close,
+    .qp_open = sd_qp_open,
+    .qp_close = sd_qp_close,
+    .srq_open = sd_srq_open,
+    .srq_close = sd_srq_close,
+    .post_send = sd_post_send,
+    .post_recv = sd_post_recv,
+    .post_srq_recv = sd_post_srq_recv,
+    .poll_cq = sd_poll_cq,
+    .req_notify_cq = sd_req_notify_cq,
+    .cq_events = sd_cq_events,
+    .qp_fatal_events = sd_qp_fatal_events,
+    .srq_limit_events = sd_srq_limit_events,
+};
