@@ -200,6 +200,30 @@ TEST_F(PodIdentityTest, SessionsShowTheirPod) {
     EXPECT_NE(broker_->log().find("pod team-a/trainer-0 container worker"), std::string::npos);
 }
 
+TEST_F(PodIdentityTest, WatchEventsCarryThePod) {
+    FakePodResources kubelet(dir_ + "/pr.sock");
+    ASSERT_TRUE(kubelet.started());
+    kubelet.addPod("team-a", "trainer-0", "worker", "ibv-extend.io/nda", {"nda-2"});
+    startBroker(dir_ + "/pr.sock");
+    std::string out = dir_ + "/watch.out";
+    Background watch = startBackground({ctlBinary(), "--socket", broker_->socket(), "--json", "watch"}, out);
+    // The watch may subscribe after a tenant opened: tenants come until one's event is seen.
+    bool seen = false;
+    for (int i = 0; i < 10 && !seen; ++i) {
+        startTenant("nda-2");
+        seen = waitFor(
+            [&] {
+                std::string events = readFile(out);
+                return events.find("\"SESSION_OPEN\"") != std::string::npos &&
+                       events.find("\"pod_name\":\"trainer-0\"") != std::string::npos &&
+                       events.find("\"pod_namespace\":\"team-a\"") != std::string::npos;
+            },
+            2s, 10ms);
+    }
+    waitBackground(watch, 0);  // stops it
+    EXPECT_TRUE(seen) << readFile(out);
+}
+
 TEST_F(PodIdentityTest, AnUnreachableKubeletNeverFailsATenant) {
     startBroker(dir_ + "/nobody.sock");
     startTenant("nda-2");  // asserts the session opened
