@@ -38,6 +38,33 @@ Status getU32(const std::string &path, const std::string &key, const toml::node 
     return Status::ok();
 }
 
+Status parseKubernetes(const std::string &path, const toml::table &t, DaemonConfig *out) {
+    for (auto &&[k, node] : t) {
+        std::string key(k.str());
+        std::string full = "kubernetes." + key;
+        Status st;
+        if (key == "pod_resources_socket") {
+            st = getString(path, full, node, &out->kubernetes.pod_resources_socket);
+            const std::string &s = out->kubernetes.pod_resources_socket;
+            if (st.isOk() && (s.empty() || s[0] != '/' || s.size() >= 108)) {
+                st = bad(path, node, full + " must be an absolute path of 1..107 bytes");
+            }
+        } else if (key == "resource") {
+            st = getString(path, full, node, &out->kubernetes.resource);
+            if (st.isOk() && out->kubernetes.resource.find('/') == std::string::npos) {
+                st = bad(path, node,
+                         full + " must be a vendor-qualified resource name such as \"ibv-extend.io/nda\"");
+            }
+        } else {
+            st = bad(path, node, "unknown key '" + full + "' (expected pod_resources_socket, resource)");
+        }
+        if (!st.isOk()) {
+            return st;
+        }
+    }
+    return Status::ok();
+}
+
 Status parseBroker(const std::string &path, const toml::table &t, DaemonConfig *out) {
     for (auto &&[k, node] : t) {
         std::string key(k.str());
@@ -193,8 +220,17 @@ Status parsePolicyClass(const std::string &path, const std::string &name, const 
             st = getIds(path, full, node, true, &out->gids);
         } else if (key == "devices") {
             st = getStrings(path, full, node, &out->devices);
+        } else if (key == "namespaces") {
+            st = getStrings(path, full, node, &out->namespaces);
+        } else if (key == "namespace") {
+            std::string ns;
+            st = getString(path, full, node, &ns);
+            if (st.isOk() && ns.empty()) {
+                st = bad(path, node, full + " must be a non-empty namespace name");
+            }
+            out->namespaces.push_back(ns);
         } else {
-            st = bad(path, node, "unknown key '" + full + "' (expected uids, gids, devices)");
+            st = bad(path, node, "unknown key '" + full + "' (expected uids, gids, namespace(s), devices)");
         }
         if (!st.isOk()) {
             return st;
@@ -257,7 +293,7 @@ Status parseQuotaValues(const std::string &path, const std::string &prefix, cons
                         QuotaValues *defaults, QuotaOverride *over) {
     for (auto &&[k, node] : t) {
         std::string key(k.str());
-        if (defaults != nullptr && (key == "uid" || key == "container")) {
+        if (defaults != nullptr && (key == "uid" || key == "container" || key == "namespace")) {
             continue;
         }
         auto q = quotaFromName(key);
@@ -283,7 +319,7 @@ Status parseQuotaValues(const std::string &path, const std::string &prefix, cons
 Status parseQuotas(const std::string &path, const toml::table &t, DaemonConfig *out) {
     for (auto &&[k, node] : t) {
         std::string key(k.str());
-        if (key != "uid" && key != "container") {
+        if (key != "uid" && key != "container" && key != "namespace") {
             continue;  // a default, parsed below
         }
         const toml::table *sub = node.as_table();
@@ -307,6 +343,8 @@ Status parseQuotas(const std::string &path, const toml::table &t, DaemonConfig *
                     return bad(path, inode, "quotas.uid." + name + ": the key must be a numeric uid");
                 }
                 out->quotas.uids[static_cast<uid_t>(std::stoul(name))] = over;
+            } else if (key == "namespace") {
+                out->quotas.namespaces[name] = over;
             } else {
                 out->quotas.containers[name] = over;
             }
@@ -360,6 +398,8 @@ Status parseConfig(const std::string &text, const std::string &path, DaemonConfi
             st = parsePolicy(path, *t, out);
         } else if (key == "quotas") {
             st = parseQuotas(path, *t, out);
+        } else if (key == "kubernetes") {
+            st = parseKubernetes(path, *t, out);
         } else {
             st = parseProvider(path, key, *t, out);
         }

@@ -25,6 +25,12 @@ struct ProviderOption {
     std::string where;  // "FILE:LINE"
 };
 
+// [kubernetes]: pod identity of sessions (docs/kubernetes.md).
+struct KubernetesConfig {
+    std::string pod_resources_socket;            // the kubelet's PodResources API; "" = off
+    std::string resource = "ibv-extend.io/nda";  // the device plugin's resource
+};
+
 struct DaemonConfig {
     std::string config_path;  // empty: none
     std::string socket = IBVX_DEFAULT_SOCKET;
@@ -38,6 +44,7 @@ struct DaemonConfig {
     std::vector<ProviderOption> provider_options;
     PolicyConfig policy;  // [policy]; policy.enabled when the section exists (see docs/security.md)
     QuotaConfig quotas;   // [quotas] defaults, [quotas.uid.<uid>], [quotas.container.<id>]
+    KubernetesConfig kubernetes;
 };
 
 // Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: ..." on error.

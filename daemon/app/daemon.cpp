@@ -317,6 +317,12 @@ Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
     sopt.heartbeat_period = watchdog_ ? std::chrono::milliseconds(std::max<uint64_t>(watchdog_usec / 2000, 1))
                                       : std::chrono::milliseconds(1000);
     sopt.heartbeat = [this]() { heartbeat(); };
+    if (!config_.kubernetes.pod_resources_socket.empty()) {
+        sopt.pods = std::make_shared<PodResolver>(config_.kubernetes.pod_resources_socket,
+                                                  config_.kubernetes.resource);
+        spdlog::info("pod identity from the kubelet's PodResources API at {} (resource {})",
+                     config_.kubernetes.pod_resources_socket, config_.kubernetes.resource);
+    }
     auto server = BrokerServer::create(*broker_, sopt);
     if (!server.isOk()) {
         return runtimeFailure(server.status());

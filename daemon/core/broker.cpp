@@ -179,7 +179,7 @@ std::shared_ptr<const Policy> Broker::policy() const {
 
 StatusOr<QuotaCharge> Broker::reserve(const PeerIdentity &peer, uint64_t session,
                                       std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
-    auto charged = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id}, amounts);
+    auto charged = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id, peer.pod_namespace}, amounts);
     if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && events_ != nullptr) {
         events_->quotaDenied(peer, session, charged.status().message());
     }

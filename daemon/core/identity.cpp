@@ -36,6 +36,7 @@ StatusOr<PeerIdentity> peerIdentity(int sock) {
     }
     id.cgroup = readCgroup(id.creds.pid);
     id.groups = readGroups(id.creds.pid);
+    id.k8s_device = readDeviceMarker(id.creds.pid);
     if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) < 0) {
         return Status(Code::kUnavailable, ESRCH, "the peer exited while it was being identified");
     }
@@ -67,6 +68,39 @@ std::string readCgroup(pid_t pid) {
         }
     }
     return first;
+}
+
+std::string deviceMarkerFromMountinfo(const std::string &mountinfo) {
+    std::istringstream in(mountinfo);
+    std::string line;
+    std::string found;
+    int count = 0;
+    while (std::getline(in, line)) {
+        // "id parent major:minor root mount-point options ...": fields 4 and 5.
+        std::istringstream fields(line);
+        std::string mount_id, parent, devno, root, point;
+        if (!(fields >> mount_id >> parent >> devno >> root >> point) || point != kDeviceMarkerPath) {
+            continue;
+        }
+        ++count;
+        found = root.substr(root.rfind('/') + 1);
+    }
+    if (count != 1 || found.empty() || found.size() > 64) {
+        return "";
+    }
+    for (char c : found) {
+        if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '-' && c != '_' && c != '.') {
+            return "";  // mountinfo escapes odd bytes as \ooo: no device ID of ours has them
+        }
+    }
+    return found;
+}
+
+std::string readDeviceMarker(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/mountinfo");
+    std::stringstream text;
+    text << in.rdbuf();
+    return deviceMarkerFromMountinfo(text.str());
 }
 
 std::vector<gid_t> readGroups(pid_t pid) {

@@ -23,6 +23,13 @@ struct PeerIdentity {
     std::string container_id;   // derived from cgroup; "" when the path names no container
     std::string runtime;        // CgroupOwner::runtime of cgroup
     std::vector<gid_t> groups;  // supplementary groups (from /proc/<pid>/status at connect time)
+    // Kubernetes: the device ID of the device plugin's marker mount in the peer's mount
+    // namespace (readDeviceMarker), and the pod the kubelet says holds that device (filled by
+    // the edge's PodResolver when [kubernetes] pod_resources_socket is set). "" when unknown.
+    std::string k8s_device;
+    std::string pod_namespace;
+    std::string pod_name;
+    std::string pod_container;
 };
 
 // What a cgroup path says about who runs the process. runtime is "docker", "containerd",
@@ -52,6 +59,18 @@ std::vector<gid_t> readGroups(pid_t pid);
 
 // The cgroup v2 path ("0::/...") or, on a v1 host, the first controller's path.
 std::string readCgroup(pid_t pid);
+
+// Where ibv-extend-device-plugin mounts a container's device marker (a file named by its device
+// ID, tools/ibv-extend-device-plugin/edits.h).
+inline constexpr const char *kDeviceMarkerPath = "/run/ibv-extend-device";
+
+// The device ID of pid's marker mount, from /proc/<pid>/mountinfo (the kernel's account, which
+// an unprivileged process cannot rewrite): the last component of the mount's root when exactly
+// one mount sits on kDeviceMarkerPath. "" when there is none, or more than one (a process that
+// stacked another marker over its own names no device).
+std::string readDeviceMarker(pid_t pid);
+// The same from mountinfo text (tests).
+std::string deviceMarkerFromMountinfo(const std::string &mountinfo);
 
 // classifyCgroup(cgroup).id for a container runtime, else empty.
 std::string containerIdFromCgroup(const std::string &cgroup);

@@ -31,7 +31,8 @@ std::string who(const PeerIdentity &peer) {
 
 const TenantClass *Policy::classOf(const PeerIdentity &peer) const {
     for (const TenantClass &c : config_.classes) {
-        if (contains(c.uids, peer.creds.uid) || inAnyGroup(peer, c.gids)) {
+        if (contains(c.uids, peer.creds.uid) || inAnyGroup(peer, c.gids) ||
+            (!peer.pod_namespace.empty() && contains(c.namespaces, peer.pod_namespace))) {
             return &c;
         }
     }

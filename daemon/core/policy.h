@@ -6,8 +6,8 @@
 // everything not allowed is denied:
 //  - connect (Hello): the uid is in allow_uids, or the primary or a supplementary gid is in
 //    allow_gids, or the tenant belongs to a class;
-//  - open a device: the tenant's class (the first class listing its uid or one of its gids) lists
-//    the device or "*"; a tenant in no class gets default_devices.
+//  - open a device: the tenant's class (the first class listing its uid, one of its gids or its
+//    pod's namespace) lists the device or "*"; a tenant in no class gets default_devices.
 // Refusals are PERMISSION_DENIED with a message naming the rule (the config key) that applied.
 //
 // Threading: immutable after construction; share it with a shared_ptr<const Policy>.
@@ -28,6 +28,10 @@ struct TenantClass {
     std::vector<uid_t> uids;
     std::vector<gid_t> gids;
     std::vector<std::string> devices;  // "*" = every device
+    // Kubernetes namespaces whose pods belong to the class (PeerIdentity::pod_namespace, known
+    // only with [kubernetes] pod_resources_socket). Last, with an initializer: aggregate
+    // initializations that predate it stay valid.
+    std::vector<std::string> namespaces{};
 };
 
 struct PolicyConfig {

@@ -1,6 +1,7 @@
 #include "daemon/core/quota.h"
 
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace ibvx::daemon {
@@ -27,12 +28,13 @@ struct QuotaCharge::State {
     QuotaConfig config;
     std::map<uid_t, QuotaValues> uid_used;
     std::map<std::string, QuotaValues> container_used;
+    std::map<std::string, QuotaValues> namespace_used;
     // The tenants of live charges, each held once (node addresses are stable).
-    std::map<std::pair<uid_t, std::string>, Tenant> tenants;
+    std::map<std::tuple<uid_t, std::string, std::string>, Tenant> tenants;
 
     // Called with mu held.
     Tenant *acquireTenant(const TenantKey &t) {
-        auto [it, inserted] = tenants.try_emplace({t.uid, t.container});
+        auto [it, inserted] = tenants.try_emplace({t.uid, t.container, t.pod_namespace});
         if (inserted) {
             it->second.key = t;
         }
@@ -41,7 +43,7 @@ struct QuotaCharge::State {
     }
     void releaseTenant(Tenant *t) {
         if (--t->charges == 0) {
-            tenants.erase({t->key.uid, t->key.container});
+            tenants.erase({t->key.uid, t->key.container, t->key.pod_namespace});
         }
     }
 
@@ -66,6 +68,18 @@ struct QuotaCharge::State {
         auto it = config.containers.find(c);
         return it == config.containers.end() ? nullptr : &it->second;
     }
+    // A namespace is limited only by its own table (QuotaConfig::namespaces).
+    QuotaValues namespaceLimits(const std::string &ns) const {
+        QuotaValues v = QuotaConfig::unlimited();
+        if (auto it = config.namespaces.find(ns); it != config.namespaces.end()) {
+            for (size_t i = 0; i < kQuotaCount; ++i) {
+                if (it->second.max[i].has_value()) {
+                    v[i] = *it->second.max[i];
+                }
+            }
+        }
+        return v;
+    }
 
     // Subtracts amounts; drops accounts that reach zero. Called with mu held.
     void give(const TenantKey &t, const QuotaValues &amounts) {
@@ -83,6 +97,12 @@ struct QuotaCharge::State {
         if (!t.container.empty()) {
             if (auto it = container_used.find(t.container); it != container_used.end() && sub(it->second)) {
                 container_used.erase(it);
+            }
+        }
+        if (!t.pod_namespace.empty()) {
+            if (auto it = namespace_used.find(t.pod_namespace);
+                it != namespace_used.end() && sub(it->second)) {
+                namespace_used.erase(it);
             }
         }
     }
@@ -200,17 +220,25 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
     };
     QuotaValues zero{};
     auto uid_it = st.uid_used.find(tenant.uid);
-    Account accounts[2] = {
+    Account accounts[3] = {
         {"uid", std::to_string(tenant.uid), uid_it == st.uid_used.end() ? &zero : &uid_it->second,
          st.limits(st.uidOverride(tenant.uid))},
         {"container", tenant.container, &zero, {}},
+        {"namespace", tenant.pod_namespace, &zero, {}},
     };
     size_t n_accounts = 1;
     if (!tenant.container.empty()) {
         auto it = st.container_used.find(tenant.container);
-        accounts[1].used = it == st.container_used.end() ? &zero : &it->second;
-        accounts[1].limits = st.limits(st.containerOverride(tenant.container));
-        n_accounts = 2;
+        accounts[n_accounts].used = it == st.container_used.end() ? &zero : &it->second;
+        accounts[n_accounts].limits = st.limits(st.containerOverride(tenant.container));
+        ++n_accounts;
+    }
+    if (!tenant.pod_namespace.empty()) {
+        auto it = st.namespace_used.find(tenant.pod_namespace);
+        accounts[n_accounts] = {"namespace", tenant.pod_namespace,
+                                it == st.namespace_used.end() ? &zero : &it->second,
+                                st.namespaceLimits(tenant.pod_namespace)};
+        ++n_accounts;
     }
     for (size_t a = 0; a < n_accounts; ++a) {
         const Account &acc = accounts[a];
@@ -232,6 +260,7 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
     // Everything that may throw (map nodes) before anything is charged.
     QuotaValues &u = st.uid_used[tenant.uid];
     QuotaValues *c = tenant.container.empty() ? nullptr : &st.container_used[tenant.container];
+    QuotaValues *ns = tenant.pod_namespace.empty() ? nullptr : &st.namespace_used[tenant.pod_namespace];
     QuotaCharge charge;
     charge.tenant_ = st.acquireTenant(tenant);
     charge.state_ = state_;
@@ -239,6 +268,9 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
         u[i] += want[i];
         if (c != nullptr) {
             (*c)[i] += want[i];
+        }
+        if (ns != nullptr) {
+            (*ns)[i] += want[i];
         }
     }
     charge.amounts_ = want;
@@ -255,6 +287,9 @@ QuotaSnapshot QuotaManager::snapshot() const {
     }
     for (const auto &[c, used] : st.container_used) {
         s.containers[c] = {used, st.limits(st.containerOverride(c))};
+    }
+    for (const auto &[ns, used] : st.namespace_used) {
+        s.namespaces[ns] = {used, st.namespaceLimits(ns)};
     }
     s.uid_overrides = st.config.uids;
     s.container_overrides = st.config.containers;

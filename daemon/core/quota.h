@@ -5,6 +5,8 @@
 // recognised container (PeerIdentity::container_id), to that container's account too; it must
 // fit both. A limit comes from the per-uid (or per-container) override when one is set for that
 // quota, else from the defaults ([quotas] in the daemon config). kUnlimited means no limit.
+// A tenant whose Kubernetes namespace is known (PeerIdentity::pod_namespace) is charged to that
+// namespace's account too, which only its own [quotas.namespace.<name>] table limits.
 //
 // Exactness: reserve() checks and adds under one mutex, so N threads racing past a limit never
 // overshoot; a reservation is a QuotaCharge that gives its amounts back when destroyed (or
@@ -67,13 +69,18 @@ struct QuotaConfig {
     QuotaValues defaults = unlimited();
     std::map<uid_t, QuotaOverride> uids;
     std::map<std::string, QuotaOverride> containers;
+    // [quotas.namespace.<name>]: one account for every session of the namespace's pods (pod
+    // identity, docs/kubernetes.md). Only what such a table sets limits it: the defaults are per
+    // uid and per container, not per namespace.
+    std::map<std::string, QuotaOverride> namespaces;
     static QuotaValues unlimited();
 };
 
 // Who is charged.
 struct TenantKey {
     uid_t uid = 0;
-    std::string container;  // "" when not in a recognised container
+    std::string container;        // "" when not in a recognised container
+    std::string pod_namespace{};  // "" when no pod is known
 };
 
 enum class QuotaScope { kUid, kContainer };
@@ -89,6 +96,7 @@ struct QuotaSnapshot {
     std::map<std::string, QuotaAccount> containers;  // idem
     std::map<uid_t, QuotaOverride> uid_overrides;
     std::map<std::string, QuotaOverride> container_overrides;
+    std::map<std::string, QuotaAccount> namespaces;  // accounts with something charged
 };
 
 class QuotaManager;

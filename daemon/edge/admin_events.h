@@ -73,6 +73,8 @@ class AdminEvents {
         e.set_session(s.id());
         e.set_pid(s.identity().creds.pid);
         e.set_uid(s.identity().creds.uid);
+        e.set_pod_namespace(s.identity().pod_namespace);
+        e.set_pod_name(s.identity().pod_name);
         e.set_message(std::move(message));
         return e;
     }

@@ -132,6 +132,9 @@ void sessionInfo(Session &s, RpcStats &stats, pb::SessionInfo *o) {
     o->set_gid(id.creds.gid);
     o->set_cgroup(id.cgroup);
     o->set_container_id(id.container_id);
+    o->set_pod_namespace(id.pod_namespace);
+    o->set_pod_name(id.pod_name);
+    o->set_pod_container(id.pod_container);
     o->set_client_name(s.clientName());
     auto age = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                      s.createdAt());

@@ -34,6 +34,7 @@ StatusOr<std::unique_ptr<BrokerServer>> BrokerServer::create(Broker &broker, Ser
         s->events_ = options.events;
     }
     s->broker_service_ = std::make_unique<BrokerService>(broker, s->connections_, s->stats_, s.get());
+    s->broker_service_->setPodResolver(options.pods);
     AdminHooks hooks = options.admin;
     hooks.admin_gid = options.admin_gid;
     // A listing page keeps to the send limit, with room for its last entry and the framing.

@@ -49,6 +49,7 @@ struct ServerOptions {
     // watchdog ping and STATUS= line, so a wedged loop stops the pings.
     std::function<void()> heartbeat;
     std::chrono::milliseconds heartbeat_period{0};
+    std::shared_ptr<PodResolver> pods;  // [kubernetes] pod identity (nullptr: off)
 };
 
 class BrokerServer final : public SessionListener {

@@ -67,14 +67,20 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
     if (!peer) {
         return call.finish(permissionDenied("unknown connection"));
     }
+    if (pods_ != nullptr) {
+        pods_->annotate(&*peer);  // never fails: unknown pods stay empty
+    }
     Version v{req->client_version().major(), req->client_version().minor(), req->client_version().patch()};
     auto s = broker_.hello(*peer, v, req->client_name());
     if (!s.isOk()) {
         return call.finish(s.status());
     }
     const Session &session = **s;
-    spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'", session.id(),
-                 peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session.clientName());
+    spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'{}", session.id(),
+                 peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session.clientName(),
+                 peer->pod_name.empty() ? std::string()
+                                        : " pod " + peer->pod_namespace + "/" + peer->pod_name +
+                                              " container " + peer->pod_container);
     if (listener_ != nullptr) {
         listener_->sessionOpened(*s);
     }

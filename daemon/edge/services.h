@@ -15,6 +15,7 @@
 #include "daemon/core/broker.h"
 #include "daemon/edge/blocking_executor.h"
 #include "daemon/edge/connections.h"
+#include "daemon/edge/pod_resolver.h"
 #include "daemon/edge/rpc_stats.h"
 #include "daemon/edge/serve.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
@@ -45,6 +46,9 @@ class BrokerService final : public pb::Broker::CallbackService {
     // listener (not owned, may be nullptr) hears of every session Hello created.
     BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats, SessionListener *listener,
                   BlockingLimits blocking = {});
+    // Names each new session's pod ([kubernetes] pod_resources_socket); nullptr: off. Set before
+    // serving.
+    void setPodResolver(std::shared_ptr<PodResolver> pods) { pods_ = std::move(pods); }
 
     grpc::ServerUnaryReactor *Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
                                     pb::HelloResponse *resp) override;
@@ -118,6 +122,7 @@ class BrokerService final : public pb::Broker::CallbackService {
     ConnectionRegistry &connections_;
     RpcStats &stats_;
     SessionListener *listener_;
+    std::shared_ptr<PodResolver> pods_;
     CallRecorder<Method> calls_{stats_};
     BlockingExecutor blocking_;  // after calls_: its threads finish calls, so it goes first
 };

@@ -229,12 +229,13 @@ int cmdSessions(Client &c, const Options &o, uint32_t page_size) {
         std::cout << toJson(r) << '\n';
         return kExitOk;
     }
-    Table t({"SESSION", "PID", "UID", "GID", "CLIENT", "CONTAINER", "AGE", "OBJECTS", "ARENA", "CALLS",
-             "ERRORS"});
+    Table t({"SESSION", "PID", "UID", "GID", "CLIENT", "CONTAINER", "NAMESPACE/POD", "AGE", "OBJECTS",
+             "ARENA", "CALLS", "ERRORS"});
     for (const auto &s : r.sessions()) {
         t.add({std::to_string(s.id()), std::to_string(s.pid()), std::to_string(s.uid()),
                std::to_string(s.gid()), s.client_name().empty() ? "-" : s.client_name(),
                s.container_id().empty() ? "-" : s.container_id().substr(0, 12),
+               s.pod_name().empty() ? "-" : s.pod_namespace() + "/" + s.pod_name(),
                humanDuration(s.connected_ms()), std::to_string(s.objects()), humanBytes(s.arena_bytes()),
                std::to_string(s.rpc_calls()), std::to_string(s.rpc_errors())});
     }
