@@ -22,9 +22,36 @@ trap 'rm -rf "$tmp"' EXIT
 echo "bench: ibv-extend-perf ${args[*]}" >&2
 "$perf" "${args[@]}" --markdown "$tmp/table.md" | tee "$tmp/table.txt"
 
-python3 - "$root" "$tmp/table.md" "ibv-extend-perf ${args[*]/#$root\//}" "$build_arg" <<'PY'
+# Debian's perftest through the broker, next to our figures: ib_write_lat and ib_write_bw as
+# server and client on this host, each through ibv-extend-run (the libibverbs face).
+run_perftest() {
+  local daemon="$build/daemon/ibv-extendd" run="$build/tools/ibv-extend-run/ibv-extend-run"
+  local sock="$tmp/broker.sock" port=18515
+  "$daemon" --socket "$sock" --foreground --log-level warn >"$tmp/broker.log" 2>&1 &
+  local broker=$!
+  for _ in $(seq 100); do [[ -S $sock ]] && break; sleep 0.1; done
+  for t in ib_write_lat ib_write_bw; do
+    port=$((port + 1))
+    "$run" --socket "$sock" -- "$t" -d softnda0 -p "$port" >"$tmp/$t.server" 2>&1 &
+    local server=$!
+    for _ in $(seq 50); do
+      if "$run" --socket "$sock" -- "$t" -d softnda0 -p "$port" localhost >"$tmp/$t.client" 2>&1; then break; fi
+      sleep 0.1
+    done
+    wait "$server" || true
+    echo "$t -d softnda0 (server) + $t -d softnda0 localhost (client), each via ibv-extend-run:" >>"$tmp/perftest.txt"
+    grep -E '^ *#bytes|^ *[0-9]+ +[0-9]+ ' "$tmp/$t.client" >>"$tmp/perftest.txt" || echo "  (failed: see its output)" >>"$tmp/perftest.txt"
+    echo >>"$tmp/perftest.txt"
+  done
+  kill "$broker" 2>/dev/null; wait "$broker" 2>/dev/null || true
+}
+: >"$tmp/perftest.txt"
+if command -v ib_write_lat >/dev/null; then run_perftest; fi
+cat "$tmp/perftest.txt"
+
+python3 - "$root" "$tmp/table.md" "ibv-extend-perf ${args[*]/#$root\//}" "$build_arg" "$tmp/perftest.txt" <<'PY'
 import json, sys
-root, table, cmd, build_arg = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+root, table, cmd, build_arg, perftest = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 r = json.load(open(f"{root}/bench/results.json"))
 def get(k):
     s, key = k.split(".", 1)
@@ -36,6 +63,10 @@ targets = [
     ("fastpath.write8_over_shm_floor", "<= 10", lambda v: v <= 10),
     ("fastpath.msg_rate_mwrs", ">= 5", lambda v: v >= 5),
     ("fastpath.write1m_over_memcpy", ">= 0.8", lambda v: v >= 0.8),
+    ("verbs.verbs_over_helpers_ratio", "<= 1.10", lambda v: v <= 1.10),
+    ("verbs.verbs_over_helpers_rate", ">= 0.8", lambda v: v >= 0.8),
+    ("verbs.verbs_syscalls_per_wr", "= 0", lambda v: v == 0),
+    ("verbs.verbs_broker_rpcs_during_data", "= 0", lambda v: v == 0),
     ("control.create_qp_over_null_rpc", "<= 1.5", lambda v: v <= 1.5),
     ("control.ops_per_s_32clients", ">= 20000", lambda v: v >= 20000),
     ("control.p99_us_32clients", "<= 2000", lambda v: v <= 2000),
@@ -54,7 +85,9 @@ m = r.get("machine", {})
 figures = (f"Measured {m.get('date', '?')} at commit `{m.get('git_commit', '?')}` on "
            f"{m.get('cores', '?')} cores ({m.get('cpu', '?')}, kernel {m.get('kernel', '?')}), with:\n\n"
            f"```sh\nbash bench/run.sh {build_arg}   # what `make bench` runs (BUILD=build); it runs:\n{cmd}\n```\n\n"
-           "### Targets\n\n" + "\n".join(lines) + "\n\n### Every figure\n\n" + open(table).read())
+           "### Targets\n\n" + "\n".join(lines) + "\n\n### Every figure\n\n" + open(table).read() +
+           "\n### Debian's perftest through the broker\n\n```\n" + (open(perftest).read().strip() or "not run: perftest missing") +
+           "\n```\n")
 doc = open(f"{root}/bench/BENCHMARKS.md.in").read().replace("@FIGURES@", figures)
 open(f"{root}/docs/BENCHMARKS.md", "w").write(doc)
 PY

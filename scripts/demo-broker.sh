@@ -2,7 +2,8 @@
 # The brokered end-to-end demo against a build tree ($1, default "build"):
 # starts ibv-extendd on a temporary socket with softnda from the build tree, waits until it
 # answers, runs ibvx-demo (two tenant processes, WRITE / SEND-RECV / READ on the fast path, broker
-# RPC count during the data phase must be 0), then stops the broker with SIGTERM.
+# RPC count during the data phase must be 0), then Debian's unmodified ibv_rc_pingpong (server and
+# client) through ibv-extend-run and the libibverbs face, then stops the broker with SIGTERM.
 # Exit 0 only when the demo verified everything and the broker stopped cleanly.
 set -euo pipefail
 
@@ -41,6 +42,34 @@ broker_pid=$!
 # ibvx-demo --wait gives the broker up to 10 s to answer on the socket before it starts.
 status=0
 IBV_EXTEND_MODE=broker IBV_EXTEND_SOCKET=$socket IBV_EXTEND_SHOW_WARNINGS=1 "$demo" --wait 10000 || status=$?
+
+# An unmodified verbs program on the same broker: Debian's ibv_rc_pingpong, both ends on this host,
+# through ibv-extend-run (the libibverbs face; no /dev/infiniband needed).
+run=$build/tools/ibv-extend-run/ibv-extend-run
+if [ "$status" -eq 0 ]; then
+  echo "== ibv_rc_pingpong through the broker: $run --socket $socket -- ibv_rc_pingpong -d softnda0 -n 1000"
+  port=$((20000 + RANDOM % 20000))
+  "$run" --socket "$socket" -- ibv_rc_pingpong -d softnda0 -n 1000 -p "$port" >"$dir/pingpong.server" 2>&1 &
+  server=$!
+  client_status=1
+  for _ in $(seq 50); do
+    if "$run" --socket "$socket" -- ibv_rc_pingpong -d softnda0 -n 1000 -p "$port" localhost >"$dir/pingpong.client" 2>&1; then
+      client_status=0
+      break
+    fi
+    sleep 0.1
+  done
+  server_status=0
+  wait "$server" || server_status=$?
+  if [ "$client_status" -ne 0 ] || [ "$server_status" -ne 0 ]; then
+    echo "demo-broker: ibv_rc_pingpong failed; client and server said:" >&2
+    cat "$dir/pingpong.client" "$dir/pingpong.server" >&2
+    status=1
+  else
+    sed 's/^/   /' "$dir/pingpong.client"
+    echo "== ibv_rc_pingpong passed: 1000 round trips through the broker's queues"
+  fi
+fi
 
 echo "== stopping the broker (SIGTERM)"
 if ! kill -TERM "$broker_pid" 2>/dev/null; then

@@ -1,6 +1,7 @@
 // The brokered scenarios: the same measurements as the direct ones, but with every object made
 // by ibv-extendd through libibv_extend.so in broker mode, plus what only a broker has (a control
 // path over a socket, tenants as processes, sessions to tear down).
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <sched.h>
@@ -23,6 +24,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <infiniband/verbs.h>
 
 #include <ibv_extend.h>
 #include <ibv_extend_broker.h>
@@ -333,6 +336,34 @@ class BrokerProbe : public Write8Probe {
         return nsSince(t0);
     }
 
+    // WRs per second in chains of 32 (one doorbell, the last signaled), two chains in flight.
+    double rate(double seconds) {
+        constexpr int kBatch = 32, kInFlight = 2;
+        uint64_t posted = 0;
+        int in_flight = 0;
+        softnda_cqe e[8];
+        auto t0 = Clock::now();
+        const uint64_t limit_ns = static_cast<uint64_t>(seconds * 1e9);
+        while (nsSince(t0) < limit_ns || in_flight > 0) {
+            while (in_flight < kInFlight && nsSince(t0) < limit_ns) {
+                for (int i = 0; i < kBatch; ++i) {
+                    softnda_send_wr w = rdmaWrite(&sge_, reinterpret_cast<uintptr_t>(dst_), dmr_->rkey,
+                                                  i == kBatch - 1 ? SOFTNDA_WQE_SIGNALED : 0, id_++);
+                    softnda_sq_post(&sq_, &w);
+                }
+                softnda_sq_doorbell(&sq_);
+                posted += kBatch;
+                in_flight++;
+            }
+            int n = softnda_cq_poll(&cqh_, e, 8);
+            if (n < 0) {
+                die("helpers rate CQ");
+            }
+            in_flight -= n;
+        }
+        return static_cast<double>(posted) / (static_cast<double>(nsSince(t0)) / 1e9);
+    }
+
   private:
     BrokerBase base_;
     ibv_cq_extend *cq_ = nullptr;
@@ -433,6 +464,273 @@ void write8Broker(const Options &opt, Results &out, BrokerHarness &broker) {
     // between rounds moves both halves of a round, not the ratio.
     out.add("fastpath", "fastpath_ratio_broker_over_direct", percentile(ratio_permille, 50) / 1000.0, "x",
             "goal 1.00 +- 0.05 (median over paired rounds)");
+}
+
+// ---- the standard verbs through the libibverbs face -------------------------------------------
+
+// The face (lib/ibv_extend/verbs/libibverbs.so.1), loaded beside the system libibverbs this tool
+// links: its verbs run on this process's broker session (libibv_extend.so is shared), and
+// ibv_post_send/ibv_poll_cq are <infiniband/verbs.h> inlines over the context's ops, so they reach
+// the face's data path (libsoftnda-verbs.so) exactly as in an unmodified program.
+struct Face {
+    void *handle = nullptr;
+    ibv_device **(*get_device_list)(int *) = nullptr;
+    void (*free_device_list)(ibv_device **) = nullptr;
+    ibv_context *(*open_device)(ibv_device *) = nullptr;
+    int (*close_device)(ibv_context *) = nullptr;
+    ibv_pd *(*alloc_pd)(ibv_context *) = nullptr;
+    int (*dealloc_pd)(ibv_pd *) = nullptr;
+    ibv_mr *(*reg_mr)(ibv_pd *, void *, size_t, int) = nullptr;
+    int (*dereg_mr)(ibv_mr *) = nullptr;
+    ibv_cq *(*create_cq)(ibv_context *, int, void *, ibv_comp_channel *, int) = nullptr;
+    int (*destroy_cq)(ibv_cq *) = nullptr;
+    ibv_qp *(*create_qp)(ibv_pd *, ibv_qp_init_attr *) = nullptr;
+    int (*destroy_qp)(ibv_qp *) = nullptr;
+    int (*modify_qp)(ibv_qp *, ibv_qp_attr *, int) = nullptr;
+
+    static std::string path() {
+        // Installed beside bin/ (lib/ibv_extend/verbs), or the build tree's.
+        char exe[4096];
+        ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+        std::string dir = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "";
+        dir = dir.substr(0, dir.rfind('/'));
+        std::string installed = dir + "/../lib/ibv_extend/verbs/libibverbs.so.1";
+        return ::access(installed.c_str(), R_OK) == 0 ? installed
+                                                      : std::string(IBVX_PERF_VERBS_DIR "/libibverbs.so.1");
+    }
+    Face() {
+        handle = ::dlopen(path().c_str(), RTLD_NOW | RTLD_LOCAL);
+        if (handle == nullptr) {
+            die(std::string("dlopen of the libibverbs face: ") + ::dlerror());
+        }
+        bind(get_device_list, "ibv_get_device_list");
+        bind(free_device_list, "ibv_free_device_list");
+        bind(open_device, "ibv_open_device");
+        bind(close_device, "ibv_close_device");
+        bind(alloc_pd, "ibv_alloc_pd");
+        bind(dealloc_pd, "ibv_dealloc_pd");
+        bind(reg_mr, "ibv_reg_mr");
+        bind(dereg_mr, "ibv_dereg_mr");
+        bind(create_cq, "ibv_create_cq");
+        bind(destroy_cq, "ibv_destroy_cq");
+        bind(create_qp, "ibv_create_qp");
+        bind(destroy_qp, "ibv_destroy_qp");
+        bind(modify_qp, "ibv_modify_qp");
+    }
+    template <typename F>
+    void bind(F &fn, const char *name) {
+        fn = reinterpret_cast<F>(::dlsym(handle, name));
+        if (fn == nullptr) {
+            die(std::string("the face lacks ") + name);
+        }
+    }
+};
+
+// Two RC QPs on one CQ, made with the standard verbs; 8 B RDMA WRITEs from a heap buffer.
+class VerbsProbe : public Write8Probe {
+  public:
+    explicit VerbsProbe(Face &f) : f_(f) {
+        int n = 0;
+        ibv_device **list = f_.get_device_list(&n);
+        for (int i = 0; list != nullptr && i < n && ctx_ == nullptr; ++i) {
+            if (std::string(list[i]->name) == "softnda0") {
+                ctx_ = f_.open_device(list[i]);
+            }
+        }
+        if (list != nullptr) {
+            f_.free_device_list(list);
+        }
+        if (ctx_ == nullptr || (pd_ = f_.alloc_pd(ctx_)) == nullptr ||
+            (cq_ = f_.create_cq(ctx_, 64, nullptr, nullptr, 0)) == nullptr) {
+            die("the face's device, PD or CQ");
+        }
+        ibv_qp_init_attr_extend x = rcQpAttr(pd_, cq_, 64);
+        a_ = f_.create_qp(pd_, &x.attr);
+        b_ = f_.create_qp(pd_, &x.attr);
+        if (a_ == nullptr || b_ == nullptr) {
+            die("ibv_create_qp through the face");
+        }
+        connect(a_, b_->qp_num);
+        connect(b_, a_->qp_num);
+        src_.assign(4096, 1);
+        dst_.assign(4096, 0);
+        int acc = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        smr_ = f_.reg_mr(pd_, src_.data(), src_.size(), acc);
+        dmr_ = f_.reg_mr(pd_, dst_.data(), dst_.size(), acc);
+        if (smr_ == nullptr || dmr_ == nullptr) {
+            die("ibv_reg_mr (heap) through the face");
+        }
+        sge_ = ibv_sge{reinterpret_cast<uintptr_t>(src_.data()), 8, smr_->lkey};
+    }
+    ~VerbsProbe() override {
+        f_.dereg_mr(smr_);
+        f_.dereg_mr(dmr_);
+        f_.destroy_qp(a_);
+        f_.destroy_qp(b_);
+        f_.destroy_cq(cq_);
+        f_.dealloc_pd(pd_);
+        f_.close_device(ctx_);
+    }
+    ibv_send_wr write(uint64_t id, unsigned flags) {
+        ibv_send_wr w{};
+        w.wr_id = id;
+        w.sg_list = &sge_;
+        w.num_sge = 1;
+        w.opcode = IBV_WR_RDMA_WRITE;
+        w.send_flags = flags;
+        w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
+        w.wr.rdma.rkey = dmr_->rkey;
+        return w;
+    }
+    uint64_t once() override {
+        ibv_send_wr w = write(id_++, IBV_SEND_SIGNALED), *bad = nullptr;
+        ibv_wc wc{};
+        auto t0 = Clock::now();
+        if (ibv_post_send(a_, &w, &bad) != 0) {
+            die("ibv_post_send");
+        }
+        int n;
+        while ((n = ibv_poll_cq(cq_, 1, &wc)) == 0) {
+        }
+        if (n < 0 || wc.status != IBV_WC_SUCCESS) {
+            die("ibv_poll_cq completion");
+        }
+        return nsSince(t0);
+    }
+    // WRs per second: chains of kBatch (one doorbell), the last signaled, up to kInFlight chains.
+    double rate(double seconds) {
+        constexpr int kBatch = 32, kInFlight = 2;  // the 64-entry SQ holds two chains
+        std::vector<ibv_send_wr> chain(kBatch);
+        uint64_t posted = 0;
+        int in_flight = 0;
+        ibv_wc wc[8];
+        auto t0 = Clock::now();
+        const uint64_t limit_ns = static_cast<uint64_t>(seconds * 1e9);
+        while (nsSince(t0) < limit_ns || in_flight > 0) {
+            while (in_flight < kInFlight && nsSince(t0) < limit_ns) {
+                for (int i = 0; i < kBatch; ++i) {
+                    chain[static_cast<size_t>(i)] =
+                        write(posted + static_cast<uint64_t>(i), i == kBatch - 1 ? IBV_SEND_SIGNALED : 0);
+                    chain[static_cast<size_t>(i)].next =
+                        i + 1 < kBatch ? &chain[static_cast<size_t>(i) + 1] : nullptr;
+                }
+                ibv_send_wr *bad = nullptr;
+                if (ibv_post_send(a_, chain.data(), &bad) != 0) {
+                    die("ibv_post_send (chain)");
+                }
+                posted += kBatch;
+                in_flight++;
+            }
+            int n = ibv_poll_cq(cq_, 8, wc);
+            if (n < 0) {
+                die("ibv_poll_cq");
+            }
+            in_flight -= n;
+        }
+        return static_cast<double>(posted) / (static_cast<double>(nsSince(t0)) / 1e9);
+    }
+
+  private:
+    void connect(ibv_qp *qp, uint32_t dest) {
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+        int rc = f_.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+        a = ibv_qp_attr{};
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = dest;
+        a.ah_attr.dlid = 1;
+        a.ah_attr.port_num = 1;
+        a.max_dest_rd_atomic = 1;
+        a.min_rnr_timer = 12;
+        rc = rc != 0 ? rc
+                     : f_.modify_qp(qp, &a,
+                                    IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                        IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+        a = ibv_qp_attr{};
+        a.qp_state = IBV_QPS_RTS;
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 1;
+        rc = rc != 0 ? rc
+                     : f_.modify_qp(qp, &a,
+                                    IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                                        IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+        if (rc != 0) {
+            die("ibv_modify_qp through the face");
+        }
+    }
+
+    Face &f_;
+    ibv_context *ctx_ = nullptr;
+    ibv_pd *pd_ = nullptr;
+    ibv_cq *cq_ = nullptr;
+    ibv_qp *a_ = nullptr;
+    ibv_qp *b_ = nullptr;
+    std::vector<uint8_t> src_, dst_;
+    ibv_mr *smr_ = nullptr;
+    ibv_mr *dmr_ = nullptr;
+    ibv_sge sge_{};
+    uint64_t id_ = 0;
+};
+
+// The verbs section: the same 8 B WRITE through ibv_post_send/ibv_poll_cq (the face) and through
+// the device-side helpers (softnda_device.h on queue_info), both on broker-made queues of one
+// device, in alternating blocks; then both message rates; then the verbs path's system calls.
+void verbsSection(const Options &opt, Results &out, BrokerHarness &broker) {
+    Face face;
+    VerbsProbe verbs(face);
+    BrokerProbe helpers;
+    broker.raiseEngineThreads();
+    const int warmup = opt.quick ? 20 : 1000;
+    const int rounds = opt.quick ? 2 : 40;
+    const int block = opt.quick ? 100 : 5000;
+    std::vector<uint64_t> v, h, ratio_permille;
+    for (int r = 0; r < rounds; ++r) {
+        double p50[2];
+        int k = 0;
+        for (Write8Probe *p : {static_cast<Write8Probe *>(&helpers), static_cast<Write8Probe *>(&verbs)}) {
+            for (int i = 0; i < warmup / 4; ++i) {
+                p->once();
+            }
+            std::vector<uint64_t> blk;
+            for (int i = 0; i < block; ++i) {
+                blk.push_back(p->once());
+            }
+            auto &all = p == &verbs ? v : h;
+            all.insert(all.end(), blk.begin(), blk.end());
+            p50[k++] = percentile(blk, 50);
+        }
+        ratio_permille.push_back(static_cast<uint64_t>(p50[1] / std::max(p50[0], 1.0) * 1000.0 + 0.5));
+    }
+    out.add("verbs", "verbs_write8_p50_ns", percentile(v, 50), "ns",
+            "8 B WRITE ibv_post_send -> ibv_poll_cq, queues from the broker (face + libsoftnda-verbs.so)");
+    out.add("verbs", "helpers_write8_p50_ns", percentile(h, 50), "ns",
+            "the same WRITE through softnda_device.h on queue_info, same device, alternating blocks");
+    out.add("verbs", "verbs_over_helpers_ratio", percentile(ratio_permille, 50) / 1000.0, "x",
+            "goal <= 1.10 (median over paired rounds)");
+    const double secs = opt.quick ? 0.05 : 1.0;
+    double vr = verbs.rate(secs), hr = helpers.rate(secs);
+    out.add("verbs", "verbs_msg_rate_mwrs", vr / 1e6, "M WR/s", "8 B WRITE, chains of 32 via ibv_post_send");
+    out.add("verbs", "helpers_msg_rate_mwrs", hr / 1e6, "M WR/s", "the same chains through softnda_sq_post");
+    out.add("verbs", "verbs_over_helpers_rate", vr / std::max(hr, 1.0), "x", "goal >= 0.8");
+
+    const int iters = opt.quick ? 200 : 100000;
+    BrokerStats before = broker.stats();
+    SyscallCounter sys;
+    sys.start([&] { verbs.once(); });
+    for (int i = 0; i < iters; ++i) {
+        verbs.once();
+    }
+    double syscalls = sys.stop();
+    BrokerStats after = broker.stats();
+    out.add("verbs", "verbs_syscalls_per_wr", syscalls / iters, "calls/WR", sys.method() + ", goal 0");
+    out.add("verbs", "verbs_broker_rpcs_during_data",
+            static_cast<double>(after.total_calls - before.total_calls), "calls",
+            "Admin/GetStats total_calls over the verbs data phase");
 }
 
 // ---- control path -------------------------------------------------------------------------
@@ -707,8 +1005,8 @@ void ratio(Results &out, const char *sec, const char *key, const char *num_sec, 
 }  // namespace
 
 bool wantsBroker(const Options &opt) {
-    for (const char *s :
-         {"nullrpc", "write8broker", "createqp", "bringup", "clients", "scale", "teardown", "reclaim"}) {
+    for (const char *s : {"nullrpc", "write8broker", "verbs", "createqp", "bringup", "clients", "scale",
+                          "teardown", "reclaim"}) {
         if (opt.wants(s)) {
             return true;
         }
@@ -735,6 +1033,9 @@ void runBrokered(const Options &opt, Results &out) {
     }
     if (opt.wants("write8broker")) {
         write8Broker(opt, out, broker);
+    }
+    if (opt.wants("verbs")) {
+        verbsSection(opt, out, broker);
     }
     if (opt.wants("createqp")) {
         createQpBroker(opt, out, broker);

@@ -76,7 +76,7 @@ std::vector<uint64_t> timedSamples(int iters, int warmup, F one_ns) {
 }
 
 // Scenario names (for --only): pingpong, memcpy, uds, write8, idle10k, msgrate, write1m, nullrpc,
-// write8broker, createqp, bringup, clients, reclaim, teardown, scale.
+// write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.
