@@ -374,6 +374,15 @@ INSTANTIATE_TEST_SUITE_P(Programs, FacePerftest,
                                            "ib_send_bw", "ib_send_lat", "ib_atomic_lat"),
                          [](const auto &info) { return std::string(info.param); });
 
+TEST_F(FaceTest, StrictVerbsBehaviour) {
+    std::string err = dir() + "/behaviour.err";
+    Contained c(run({IBVX_VERBS_BEHAVIOUR, "softnda0"}), env(), err);
+    c.reply();
+    std::string out = c.readAll();
+    EXPECT_EQ(c.wait(), 0) << out << slurp(err);
+    EXPECT_EQ(out, "OK\n") << slurp(err);
+}
+
 TEST_F(FaceTest, PyverbsProgram) {
     std::string err = dir() + "/pyverbs.err";
     Contained c(runArgs("/usr/bin/python3", {IBVX_PYVERBS_PROGRAM, "softnda0"}), env(), err);

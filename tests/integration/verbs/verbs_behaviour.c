@@ -1,0 +1,337 @@
+/*
+ * What strict verbs programs rely on, checked through the standard verbs alone (linked against the
+ * system libibverbs, run through ibv-extend-run so the face serves it):
+ *  - ibv_modify_qp with an attribute mask the transition does not allow fails with EINVAL and
+ *    leaves the QP as it was; ibv_query_qp reports what ibv_modify_qp set;
+ *  - an RDMA WRITE with a bad rkey completes with IBV_WC_REM_ACCESS_ERR, the QP moves to ERR,
+ *    the next work request is flushed with IBV_WC_WR_FLUSH_ERR, and ibv_get_async_event reports
+ *    IBV_EVENT_QP_FATAL for that QP;
+ *  - a completion channel becomes readable (poll()) after ibv_req_notify_cq and a completion,
+ *    and ibv_get_cq_event names the CQ;
+ *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data.
+ *
+ *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void fail(const char *step, const char *why) {
+    fprintf(stderr, "verbs-behaviour: %s: %s\n", step, why);
+    exit(1);
+}
+
+static const int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+
+static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
+    struct ibv_wc wc;
+    for (long i = 0; i < 200000000L; ++i) {
+        int n = ibv_poll_cq(cq, 1, &wc);
+        if (n < 0) {
+            fail(step, "ibv_poll_cq failed");
+        }
+        if (n == 1) {
+            return wc;
+        }
+    }
+    fail(step, "no completion");
+    return wc;
+}
+
+static void to_init(struct ibv_qp *qp) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = kAccess;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
+        fail("INIT", "refused");
+    }
+}
+
+static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_2048;
+    a.dest_qp_num = dest;
+    a.rq_psn = 77;
+    a.max_dest_rd_atomic = 1;
+    a.min_rnr_timer = 12;
+    a.ah_attr.dlid = lid;
+    a.ah_attr.port_num = 1;
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
+        fail("RTR", "refused");
+    }
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_RTS;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.sq_psn = 77;
+    a.max_rd_atomic = 1;
+    if (ibv_modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                          IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+        fail("RTS", "refused");
+    }
+}
+
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 8;
+    ia.cap.max_recv_wr = 8;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    if (qp == NULL) {
+        fail("ibv_create_qp", strerror(errno));
+    }
+    return qp;
+}
+
+int main(int argc, char **argv) {
+    const char *name = argc > 1 ? argv[1] : "softnda0";
+    int n = 0;
+    struct ibv_device **list = ibv_get_device_list(&n);
+    struct ibv_context *ctx = NULL;
+    for (int i = 0; list != NULL && i < n; ++i) {
+        if (strcmp(ibv_get_device_name(list[i]), name) == 0) {
+            ctx = ibv_open_device(list[i]);
+        }
+    }
+    if (ctx == NULL) {
+        fail("ibv_open_device", "no such device");
+    }
+    ibv_free_device_list(list);
+    struct ibv_port_attr port;
+    if (ibv_query_port(ctx, 1, &port) != 0) {
+        fail("ibv_query_port", "refused");
+    }
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+    struct ibv_cq *cq = pd != NULL && ch != NULL ? ibv_create_cq(ctx, 64, (void *)0x1234, ch, 0) : NULL;
+    if (cq == NULL) {
+        fail("PD, channel, CQ", strerror(errno));
+    }
+    struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
+
+    /* A mask the transition does not allow: RESET -> INIT with a path MTU. */
+    struct ibv_qp_attr bad;
+    memset(&bad, 0, sizeof(bad));
+    bad.qp_state = IBV_QPS_INIT;
+    bad.port_num = 1;
+    bad.path_mtu = IBV_MTU_1024;
+    if (ibv_modify_qp(a, &bad,
+                      IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS |
+                          IBV_QP_PATH_MTU) != EINVAL) {
+        fail("invalid mask", "ibv_modify_qp did not answer EINVAL");
+    }
+    struct ibv_qp_attr qa;
+    struct ibv_qp_init_attr qi;
+    if (ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) != 0 || qa.qp_state != IBV_QPS_RESET) {
+        fail("invalid mask", "the QP left RESET");
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, port.lid);
+    to_rts(b, a->qp_num, port.lid);
+    if (ibv_query_qp(a, &qa,
+                     IBV_QP_STATE | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN,
+                     &qi) != 0 ||
+        qa.qp_state != IBV_QPS_RTS || qa.path_mtu != IBV_MTU_2048 || qa.dest_qp_num != b->qp_num ||
+        qa.timeout != 14 || qa.sq_psn != 77 || qi.cap.max_send_wr < 8) {
+        fail("ibv_query_qp", "does not report what ibv_modify_qp set");
+    }
+
+    char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+    struct ibv_mr *ms = ibv_reg_mr(pd, src, 4096, kAccess), *md = ibv_reg_mr(pd, dst, 4096, kAccess);
+    if (ms == NULL || md == NULL) {
+        fail("ibv_reg_mr", strerror(errno));
+    }
+
+    /* A completion event: arm, complete, poll() the channel, ibv_get_cq_event. */
+    if (ibv_req_notify_cq(cq, 0) != 0) {
+        fail("ibv_req_notify_cq", "refused");
+    }
+    strcpy(src, "event");
+    struct ibv_sge sge = {(uintptr_t)src, 6, ms->lkey};
+    struct ibv_send_wr wr, *badwr = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 1;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)dst;
+    wr.wr.rdma.rkey = md->rkey;
+    if (ibv_post_send(a, &wr, &badwr) != 0) {
+        fail("ibv_post_send", "refused");
+    }
+    struct pollfd pfd = {ch->fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1) {
+        fail("completion channel", "not readable after a completion on an armed CQ");
+    }
+    struct ibv_cq *ev_cq = NULL;
+    void *ev_ctx = NULL;
+    if (ibv_get_cq_event(ch, &ev_cq, &ev_ctx) != 0 || ev_cq != cq || ev_ctx != (void *)0x1234) {
+        fail("ibv_get_cq_event", "did not name the CQ");
+    }
+    ibv_ack_cq_events(cq, 1);
+    struct ibv_wc wc = wait_wc(cq, "event completion");
+    if (wc.status != IBV_WC_SUCCESS || strcmp(dst, "event") != 0) {
+        fail("event completion", "wrong status or data");
+    }
+
+    /* ibv_qp_ex: the ibv_wr_* API on a QP made by ibv_create_qp_ex. */
+    struct ibv_qp_init_attr_ex ix;
+    memset(&ix, 0, sizeof(ix));
+    ix.send_cq = cq;
+    ix.recv_cq = cq;
+    ix.qp_type = IBV_QPT_RC;
+    ix.cap.max_send_wr = 8;
+    ix.cap.max_recv_wr = 8;
+    ix.cap.max_send_sge = 1;
+    ix.cap.max_recv_sge = 1;
+    ix.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    ix.pd = pd;
+    ix.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND;
+    struct ibv_qp *x = ibv_create_qp_ex(ctx, &ix);
+    struct ibv_qp_ex *qpx = x != NULL ? ibv_qp_to_qp_ex(x) : NULL;
+    if (qpx == NULL) {
+        fail("ibv_create_qp_ex", strerror(errno));
+    }
+    struct ibv_qp *peer = rc_qp(pd, cq);
+    to_init(x);
+    to_init(peer);
+    to_rts(x, peer->qp_num, port.lid);
+    to_rts(peer, x->qp_num, port.lid);
+    strcpy(src, "wr-api");
+    ibv_wr_start(qpx);
+    qpx->wr_id = 9;
+    qpx->wr_flags = IBV_SEND_SIGNALED;
+    ibv_wr_rdma_write(qpx, md->rkey, (uintptr_t)dst + 100);
+    ibv_wr_set_sge(qpx, ms->lkey, (uintptr_t)src, 7);
+    if (ibv_wr_complete(qpx) != 0) {
+        fail("ibv_wr_complete", "refused");
+    }
+    wc = wait_wc(cq, "ibv_wr_rdma_write");
+    if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 9 || strcmp(dst + 100, "wr-api") != 0) {
+        fail("ibv_wr_rdma_write", "wrong completion or data");
+    }
+
+    /* ibv_cq_ex: the poll API. */
+    struct ibv_cq_init_attr_ex cx;
+    memset(&cx, 0, sizeof(cx));
+    cx.cqe = 16;
+    cx.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM;
+    struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
+    if (cqx == NULL) {
+        fail("ibv_create_cq_ex", strerror(errno));
+    }
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = ibv_cq_ex_to_cq(cqx);
+    ia.recv_cq = ibv_cq_ex_to_cq(cqx);
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 4;
+    ia.cap.max_recv_wr = 4;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    struct ibv_qp *c1 = ibv_create_qp(pd, &ia), *c2 = ibv_create_qp(pd, &ia);
+    if (c1 == NULL || c2 == NULL) {
+        fail("QPs on a cq_ex", strerror(errno));
+    }
+    to_init(c1);
+    to_init(c2);
+    to_rts(c1, c2->qp_num, port.lid);
+    to_rts(c2, c1->qp_num, port.lid);
+    wr.wr_id = 11;
+    wr.wr.rdma.remote_addr = (uintptr_t)dst + 200;
+    if (ibv_post_send(c1, &wr, &badwr) != 0) {
+        fail("ibv_post_send (cq_ex)", "refused");
+    }
+    struct ibv_poll_cq_attr pattr = {0};
+    int rc;
+    while ((rc = ibv_start_poll(cqx, &pattr)) == ENOENT) {
+    }
+    if (rc != 0 || cqx->wr_id != 11 || cqx->status != IBV_WC_SUCCESS ||
+        ibv_wc_read_qp_num(cqx) != c1->qp_num || ibv_wc_read_opcode(cqx) != IBV_WC_RDMA_WRITE) {
+        fprintf(stderr, "rc %d wr_id %llu status %d qp_num %u (want %u) opcode %d\n", rc,
+                (unsigned long long)cqx->wr_id, cqx->status, ibv_wc_read_qp_num(cqx), c1->qp_num,
+                ibv_wc_read_opcode(cqx));
+        fail("ibv_start_poll", "wrong completion");
+    }
+    if (memcmp(dst + 200, "wr-api", 6) != 0) { /* src holds "wr-api" now; the SGE carries 6 bytes */
+        fail("ibv_start_poll", "the WRITE's bytes did not arrive");
+    }
+    if (ibv_next_poll(cqx) != ENOENT) {
+        fail("ibv_next_poll", "a second completion");
+    }
+    ibv_end_poll(cqx);
+
+    /* A remote access error: the QP goes to ERR, flushes, and raises IBV_EVENT_QP_FATAL. */
+    wr.wr_id = 2;
+    wr.wr.rdma.rkey = md->rkey + 1;
+    if (ibv_post_send(a, &wr, &badwr) != 0) {
+        fail("ibv_post_send (bad rkey)", "refused");
+    }
+    wc = wait_wc(cq, "bad rkey");
+    if (wc.status != IBV_WC_REM_ACCESS_ERR || wc.wr_id != 2) {
+        fail("bad rkey", "the completion does not carry IBV_WC_REM_ACCESS_ERR");
+    }
+    if (ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) != 0 || qa.qp_state != IBV_QPS_ERR) {
+        fail("bad rkey", "the QP is not in ERR");
+    }
+    wr.wr_id = 3;
+    wr.wr.rdma.rkey = md->rkey;
+    if (ibv_post_send(a, &wr, &badwr) != 0) {
+        fail("post after ERR", "refused");
+    }
+    wc = wait_wc(cq, "flush");
+    while (wc.qp_num != a->qp_num) { /* the responder's own error may come first */
+        wc = wait_wc(cq, "flush");
+    }
+    if (wc.status != IBV_WC_WR_FLUSH_ERR || wc.wr_id != 3) {
+        fail("flush", "the next work request was not flushed with IBV_WC_WR_FLUSH_ERR");
+    }
+    struct ibv_async_event ev;
+    int found = 0;
+    for (int i = 0; i < 4 && !found; ++i) { /* b, the responder, may report first */
+        if (ibv_get_async_event(ctx, &ev) != 0) {
+            fail("ibv_get_async_event", strerror(errno));
+        }
+        found = ev.event_type == IBV_EVENT_QP_FATAL && ev.element.qp == a;
+        ibv_ack_async_event(&ev);
+    }
+    if (!found) {
+        fail("ibv_get_async_event", "no IBV_EVENT_QP_FATAL for the QP");
+    }
+
+    ibv_destroy_qp(c1);
+    ibv_destroy_qp(c2);
+    ibv_destroy_cq(ibv_cq_ex_to_cq(cqx));
+    ibv_destroy_qp(x);
+    ibv_destroy_qp(peer);
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+    ibv_destroy_cq(cq);
+    ibv_destroy_comp_channel(ch);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    free(src);
+    free(dst);
+    printf("OK\n");
+    return 0;
+}
