@@ -288,6 +288,26 @@ class SyscallCounter {
 
 // ---- fast path through the broker -----------------------------------------------------------
 
+// Work requests per second for `seconds`: post_chain(first_id) posts kChain WRs with one doorbell
+// (the last signaled), two chains in flight on a 64-entry SQ; poll() returns completions taken.
+constexpr int kChain = 32;
+template <typename PostChain, typename Poll>
+double chainRate(double seconds, PostChain post_chain, Poll poll) {
+    uint64_t posted = 0;
+    int in_flight = 0;
+    auto t0 = Clock::now();
+    const uint64_t limit_ns = static_cast<uint64_t>(seconds * 1e9);
+    while (nsSince(t0) < limit_ns || in_flight > 0) {
+        while (in_flight < 2 && nsSince(t0) < limit_ns) {
+            post_chain(posted);
+            posted += kChain;
+            in_flight++;
+        }
+        in_flight -= poll();
+    }
+    return static_cast<double>(posted) / (static_cast<double>(nsSince(t0)) / 1e9);
+}
+
 // The direct scenario's write8 probe, with the QP pair, CQ and MRs made by the broker and mapped
 // into this process.
 class BrokerProbe : public Write8Probe {
@@ -336,32 +356,26 @@ class BrokerProbe : public Write8Probe {
         return nsSince(t0);
     }
 
-    // WRs per second in chains of 32 (one doorbell, the last signaled), two chains in flight.
+    // WRs per second through softnda_sq_post, in chains (chainRate).
     double rate(double seconds) {
-        constexpr int kBatch = 32, kInFlight = 2;
-        uint64_t posted = 0;
-        int in_flight = 0;
         softnda_cqe e[8];
-        auto t0 = Clock::now();
-        const uint64_t limit_ns = static_cast<uint64_t>(seconds * 1e9);
-        while (nsSince(t0) < limit_ns || in_flight > 0) {
-            while (in_flight < kInFlight && nsSince(t0) < limit_ns) {
-                for (int i = 0; i < kBatch; ++i) {
+        return chainRate(
+            seconds,
+            [&](uint64_t) {
+                for (int i = 0; i < kChain; ++i) {
                     softnda_send_wr w = rdmaWrite(&sge_, reinterpret_cast<uintptr_t>(dst_), dmr_->rkey,
-                                                  i == kBatch - 1 ? SOFTNDA_WQE_SIGNALED : 0, id_++);
+                                                  i == kChain - 1 ? SOFTNDA_WQE_SIGNALED : 0, id_++);
                     softnda_sq_post(&sq_, &w);
                 }
                 softnda_sq_doorbell(&sq_);
-                posted += kBatch;
-                in_flight++;
-            }
-            int n = softnda_cq_poll(&cqh_, e, 8);
-            if (n < 0) {
-                die("helpers rate CQ");
-            }
-            in_flight -= n;
-        }
-        return static_cast<double>(posted) / (static_cast<double>(nsSince(t0)) / 1e9);
+            },
+            [&] {
+                int n = softnda_cq_poll(&cqh_, e, 8);
+                if (n < 0) {
+                    die("helpers rate CQ");
+                }
+                return n;
+            });
     }
 
   private:
@@ -597,37 +611,29 @@ class VerbsProbe : public Write8Probe {
         }
         return nsSince(t0);
     }
-    // WRs per second: chains of kBatch (one doorbell), the last signaled, up to kInFlight chains.
+    // WRs per second through ibv_post_send, in chains (chainRate).
     double rate(double seconds) {
-        constexpr int kBatch = 32, kInFlight = 2;  // the 64-entry SQ holds two chains
-        std::vector<ibv_send_wr> chain(kBatch);
-        uint64_t posted = 0;
-        int in_flight = 0;
+        std::vector<ibv_send_wr> chain(kChain);
         ibv_wc wc[8];
-        auto t0 = Clock::now();
-        const uint64_t limit_ns = static_cast<uint64_t>(seconds * 1e9);
-        while (nsSince(t0) < limit_ns || in_flight > 0) {
-            while (in_flight < kInFlight && nsSince(t0) < limit_ns) {
-                for (int i = 0; i < kBatch; ++i) {
-                    chain[static_cast<size_t>(i)] =
-                        write(posted + static_cast<uint64_t>(i), i == kBatch - 1 ? IBV_SEND_SIGNALED : 0);
-                    chain[static_cast<size_t>(i)].next =
-                        i + 1 < kBatch ? &chain[static_cast<size_t>(i) + 1] : nullptr;
+        return chainRate(
+            seconds,
+            [&](uint64_t first) {
+                for (size_t i = 0; i < chain.size(); ++i) {
+                    chain[i] = write(first + i, i + 1 == chain.size() ? IBV_SEND_SIGNALED : 0);
+                    chain[i].next = i + 1 < chain.size() ? &chain[i + 1] : nullptr;
                 }
                 ibv_send_wr *bad = nullptr;
                 if (ibv_post_send(a_, chain.data(), &bad) != 0) {
                     die("ibv_post_send (chain)");
                 }
-                posted += kBatch;
-                in_flight++;
-            }
-            int n = ibv_poll_cq(cq_, 8, wc);
-            if (n < 0) {
-                die("ibv_poll_cq");
-            }
-            in_flight -= n;
-        }
-        return static_cast<double>(posted) / (static_cast<double>(nsSince(t0)) / 1e9);
+            },
+            [&] {
+                int n = ibv_poll_cq(cq_, 8, wc);
+                if (n < 0) {
+                    die("ibv_poll_cq");
+                }
+                return n;
+            });
     }
 
   private:

@@ -293,6 +293,21 @@ static void expect_ok(struct softnda_cqe c, uint64_t wr_id, const char *step) {
     }
 }
 
+/* One signaled work request of opcode from sge to [remote, rkey]. */
+static struct softnda_send_wr rdma_wr(uint8_t opcode, uint64_t wr_id, const struct softnda_sge *sge,
+                                      void *remote, uint32_t rkey) {
+    struct softnda_send_wr wr;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = wr_id;
+    wr.opcode = opcode;
+    wr.flags = SOFTNDA_WQE_SIGNALED;
+    wr.remote_addr = (uintptr_t)remote;
+    wr.rkey = rkey;
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    return wr;
+}
+
 static void post(struct side *s, struct softnda_send_wr *wr, const char *step) {
     int rc = softnda_sq_post(&s->sq, wr);
     if (rc != 0) {
@@ -333,15 +348,7 @@ static void memory_case(struct side *s, struct ibv_pd *pd, struct ibv_mr *peer_m
     /* The peer (QP 1) writes into it... */
     fill(peer, len, 0x77);
     struct softnda_sge sge = {(uintptr_t)peer, (uint32_t)len, peer_mr->lkey};
-    struct softnda_send_wr wr;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = 100;
-    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
-    wr.flags = SOFTNDA_WQE_SIGNALED;
-    wr.remote_addr = (uintptr_t)buf;
-    wr.rkey = mr->rkey;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
+    struct softnda_send_wr wr = rdma_wr(SOFTNDA_OP_RDMA_WRITE, 100, &sge, buf, mr->rkey);
     post(&s[1], &wr, what);
     expect_ok(wait_cqe(&s[1].dcq, what), 100, what);
     if (memcmp(buf, peer, len) != 0) {
@@ -395,15 +402,7 @@ static void fork_case(struct side *s, struct ibv_pd *pd, struct ibv_mr *peer_mr,
     }
     fill(peer, 5000, 0x66);
     struct softnda_sge sge = {(uintptr_t)peer, 5000, peer_mr->lkey};
-    struct softnda_send_wr wr;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = 200;
-    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
-    wr.flags = SOFTNDA_WQE_SIGNALED;
-    wr.remote_addr = (uintptr_t)buf;
-    wr.rkey = mr->rkey;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
+    struct softnda_send_wr wr = rdma_wr(SOFTNDA_OP_RDMA_WRITE, 200, &sge, buf, mr->rkey);
     post(&s[1], &wr, "fork");
     expect_ok(wait_cqe(&s[1].dcq, "fork"), 200, "fork");
     if (memcmp(buf, peer, 5000) != 0) {
@@ -651,15 +650,7 @@ int main(int argc, char **argv) {
     sync_point("data-begin");
     /* RDMA WRITE src -> dst. */
     struct softnda_sge sge = {(uintptr_t)src, (uint32_t)len, msrc->lkey};
-    struct softnda_send_wr wr;
-    memset(&wr, 0, sizeof(wr));
-    wr.wr_id = 1;
-    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
-    wr.flags = SOFTNDA_WQE_SIGNALED;
-    wr.remote_addr = (uintptr_t)dst;
-    wr.rkey = mdst->rkey;
-    wr.sg_list = &sge;
-    wr.num_sge = 1;
+    struct softnda_send_wr wr = rdma_wr(SOFTNDA_OP_RDMA_WRITE, 1, &sge, dst, mdst->rkey);
     post(&s[0], &wr, "RDMA WRITE");
     expect_ok(wait_cqe(&s[0].dcq, "RDMA WRITE"), 1, "RDMA WRITE");
     if (memcmp(src, dst, len) != 0) {
