@@ -51,6 +51,21 @@ StatusOr<ContainerEdits> computeEdits(const HostPaths &paths) {
     // The face finds libibv_extend.so.4 two directories up ($ORIGIN/../..), as when installed.
     e.mounts.push_back({client_lib, lib + "/libibv_extend.so.4", true});
     e.mounts.push_back({face_dir, face, true});
+    // The drivers' tenant-side data paths (lib<provider>-verbs.so, docs/verbs.md) beside the face,
+    // so ibv_post_send and ibv_poll_cq work inside; the face finds them in the provider directory.
+    std::error_code ec;
+    bool any_datapath = false;
+    for (const fs::directory_entry &d : fs::directory_iterator(libs / "ibv_extend", ec)) {
+        const std::string name = d.path().filename().string();
+        if (name.size() > 12 && name.rfind("lib", 0) == 0 && name.ends_with("-verbs.so")) {
+            ASSIGN_OR_RETURN(std::string real, resolve(d.path(), "a driver's data path"));
+            e.mounts.push_back({real, lib + "/ibv_extend/" + name, true});
+            any_datapath = true;
+        }
+    }
+    if (any_datapath) {
+        e.envs["IBV_EXTEND_PROVIDER_DIR"] = lib + "/ibv_extend";
+    }
     e.envs["IBV_EXTEND_SOCKET"] = std::string(kContainerSocketDir) + "/" + socket.filename().string();
     e.envs["IBV_EXTEND_MODE"] = "broker";
     // The face first: programs that resolve libibverbs.so.1 by name get the broker's devices.

@@ -103,6 +103,9 @@ class DevicePluginTest : public ::testing::Test {
         // and <libdir>/ibv_extend/verbs/libibverbs.so.1.
         fs::create_symlink(buildDir() + "/client/libibv_extend.so.4", dir_ + "/libs/libibv_extend.so.4");
         fs::create_directory_symlink(buildDir() + "/lib/ibv_extend/verbs", dir_ + "/libs/ibv_extend/verbs");
+        // and softnda's tenant-side data path beside the drivers: <libdir>/ibv_extend/.
+        fs::create_symlink(buildDir() + "/providers-out/libsoftnda-verbs.so",
+                           dir_ + "/libs/ibv_extend/libsoftnda-verbs.so");
         ::chmod((dir_ + "/run").c_str(), 0755);
     }
     void TearDown() override {
@@ -262,6 +265,7 @@ TEST_F(DevicePluginTest, AllocateAnswersMountsAndEnvironment) {
                   (std::map<std::string, std::string>{
                       {"IBV_EXTEND_SOCKET", "/run/ibv-extend/b.sock"},
                       {"IBV_EXTEND_MODE", "broker"},
+                      {"IBV_EXTEND_PROVIDER_DIR", "/opt/ibv-extend/lib/ibv_extend"},
                       {"LD_LIBRARY_PATH", "/opt/ibv-extend/lib/ibv_extend/verbs:/opt/ibv-extend/lib"}}));
         std::map<std::string, std::string> mounts;
         for (const pb::Mount &m : c.mounts()) {
@@ -274,6 +278,8 @@ TEST_F(DevicePluginTest, AllocateAnswersMountsAndEnvironment) {
                                fs::canonical(buildDir() + "/client/libibv_extend.so.4").string()},
                               {"/opt/ibv-extend/lib/ibv_extend/verbs",
                                fs::canonical(buildDir() + "/lib/ibv_extend/verbs").string()},
+                              {"/opt/ibv-extend/lib/ibv_extend/libsoftnda-verbs.so",
+                               fs::canonical(buildDir() + "/providers-out/libsoftnda-verbs.so").string()},
                               // The container's own device marker (pod identity in the broker).
                               {"/run/ibv-extend-device", markerDir() + "/" + first_device[i]}}));
         EXPECT_TRUE(fs::is_regular_file(markerDir() + "/" + first_device[i]));
@@ -428,6 +434,7 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
     }
     EXPECT_EQ(inside, (std::set<std::string>{
                           "IBV_EXTEND_MODE=broker", "IBV_EXTEND_SOCKET=/run/ibv-extend/b.sock",
+                          "IBV_EXTEND_PROVIDER_DIR=/opt/ibv-extend/lib/ibv_extend",
                           "LD_LIBRARY_PATH=/opt/ibv-extend/lib/ibv_extend/verbs:/opt/ibv-extend/lib"}));
     std::printf("injected environment:\n%s", env.out.c_str());
 
