@@ -260,6 +260,13 @@ TEST_F(FaceTest, IbvDevinfoListsTheBrokersDeviceWithAnActivePort) {
     EXPECT_THAT(out, ::testing::HasSubstr("transport:\t\t\tInfiniBand (0)"));
     EXPECT_THAT(out, ::testing::HasSubstr("state:\t\t\tPORT_ACTIVE (4)"));
     EXPECT_THAT(out, ::testing::HasSubstr("GID[  0]:\t\tfe80:0000:0000:0000:02a0:c0ff:ee00:0001"));
+
+    // ibv_devices: ibv_get_device_guid answers the node GUID (SPEC.md §8).
+    Contained d(run({"/usr/bin/ibv_devices"}), env(), err);
+    d.reply();
+    std::string list = d.readAll();
+    EXPECT_EQ(d.wait(), 0) << slurp(err);
+    EXPECT_THAT(list, ::testing::ContainsRegex("softnda0[ \t]+02a0c0ffee000000"));
 }
 
 TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
