@@ -804,11 +804,13 @@ int ibvx_verbs_destroy_cq(ibv_cq *cq) {
     }
     ShadowContext *c = s->owner;
     int rc = ibv_destroy_cq_extend(&c->ext, &s->ext);
+    // Gone either way when the broker destroyed it or the session ended (the shadow is freed).
+    const bool gone = rc == 0 || ownerOf(s) == nullptr;
     if (f != nullptr) {
-        if (rc == 0) {
+        if (gone) {
             std::lock_guard lock(channels().mu);
             channel->refcnt--;
-        } else {
+        } else {  // refused: still live
             std::lock_guard lock(f->mu);
             f->cqs.push_back(s);
         }
@@ -903,7 +905,7 @@ int ibvx_verbs_destroy_qp(ibv_qp *qp) {
         c->dp_qps.erase(s);
     }
     int rc = ibv_destroy_qp_extend(&c->ext, &s->ext);
-    if (rc != 0 && s->dp.state != nullptr) {
+    if (rc != 0 && ownerOf(s) != nullptr && s->dp.state != nullptr) {  // refused, still live
         std::lock_guard lock(c->mu);
         c->dp_qps.insert(s);
     }
@@ -967,7 +969,7 @@ int ibvx_verbs_destroy_srq(ibv_srq *srq) {
         c->dp_srqs.erase(s);
     }
     int rc = ibv_destroy_srq_extend(&c->ext, &s->ext);
-    if (rc != 0 && s->dp.state != nullptr) {
+    if (rc != 0 && ownerOf(s) != nullptr && s->dp.state != nullptr) {  // refused, still live
         std::lock_guard lock(c->mu);
         c->dp_srqs.insert(s);
     }
