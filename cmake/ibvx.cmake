@@ -20,6 +20,14 @@ if(IBVX_ASAN)
     add_link_options("$<${_ibvx_c_exe}:-fsanitize-link-c++-runtime>" "$<${_ibvx_c_exe}:-lstdc++>")
   endif()
 endif()
+# What tests preload into programs nobody here built (Debian's ibv_devinfo, perftest, python3) so
+# they can load our instrumented libraries (the libibverbs face): ASan must come first in a
+# process's library list. Empty without ASan.
+set(IBVX_SANITIZER_PRELOAD "")
+if(IBVX_ASAN)
+  execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+                  OUTPUT_VARIABLE IBVX_SANITIZER_PRELOAD OUTPUT_STRIP_TRAILING_WHITESPACE)
+endif()
 if(IBVX_TSAN)
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer)
   add_link_options(-fsanitize=thread)
