@@ -38,9 +38,10 @@ build-asan: deps
 	$(CONFIGURE) -B $(ASAN_BUILD) -DIBVX_ASAN=ON
 	cmake --build $(ASAN_BUILD) -j $(JOBS)
 
+# Only what the TSan suite runs (the tsan-labelled tests and the drivers they load).
 build-tsan: deps
 	$(CONFIGURE) -B $(TSAN_BUILD) -DIBVX_TSAN=ON
-	cmake --build $(TSAN_BUILD) -j $(JOBS)
+	cmake --build $(TSAN_BUILD) -j $(JOBS) --target ibvx_tsan_tests
 
 deps-arm64:
 	@bash scripts/install-deps.sh --arm64

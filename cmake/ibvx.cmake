@@ -136,6 +136,10 @@ function(ibvx_test name)
   set(_launcher "${CMAKE_COMMAND};-E;env;IBV_EXTEND_PROVIDER_DIR=${PROJECT_BINARY_DIR}/providers-out;IBVX_BUILD_DIR=${PROJECT_BINARY_DIR};IBVX_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
   list(APPEND _launcher ${CMAKE_CROSSCOMPILING_EMULATOR})
   set_target_properties(${name} PROPERTIES CROSSCOMPILING_EMULATOR "${_launcher}")
+  # The TSan build compiles only what its suite (label tsan) runs: see ibvx_tsan_tests.
+  if("tsan" IN_LIST A_LABELS)
+    set_property(GLOBAL APPEND PROPERTY IBVX_TSAN_TESTS ${name})
+  endif()
   # An empty LABELS value would shift the property list.
   if(A_LABELS)
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${A_TIMEOUT} LABELS "${A_LABELS}")
