@@ -30,8 +30,8 @@ int main(int argc, char **argv) {
         ->check(CLI::Range(1, 64));
     app.add_option("--only", opt.only, "run only these scenarios")
         ->check(CLI::IsMember({"pingpong", "memcpy", "uds", "write8", "idle10k", "msgrate", "write1m",
-                               "nullrpc", "write8broker", "verbs", "createqp", "bringup", "clients", "reclaim",
-                               "teardown", "scale"}));
+                               "nullrpc", "write8broker", "verbs", "createqp", "bringup", "clients",
+                               "reclaim", "teardown", "scale"}));
     app.add_option("--daemon", opt.daemon,
                    "ibv-extendd to start (default: next to this tool, or the build tree's)");
     app.add_option("--socket", opt.socket,
