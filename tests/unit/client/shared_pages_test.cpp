@@ -235,7 +235,8 @@ TEST(SharedPages, ReadOnlyDataOfTheExecutableMoves) {
     std::vector<uint8_t> copy(kConstTable.begin(), kConstTable.end());
     if (permsOf(table).substr(0, 3) == "r-x") {
         // aarch64's default link puts .rodata in the text segment: it is code then, which is
-        // refused by design (UnmovableMemoryIsRefusedAndLeftAsItWas), so there is no read-only data mapping to move.
+        // refused by design (UnmovableMemoryIsRefusedAndLeftAsItWas), so there is no read-only data mapping
+        // to move.
         GTEST_SKIP() << "this executable's .rodata shares the text segment: " << mapLineOf(table);
     }
     ASSERT_EQ(permsOf(table).substr(0, 3), "r--") << mapLineOf(table);
