@@ -102,7 +102,6 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
         destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
         return failNull<ibv_cq_extend>(-rc);
     }
-    s->event_fd = event_fd;
     return &s->ext;
 }
 

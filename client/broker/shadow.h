@@ -97,7 +97,6 @@ struct ShadowCq {
     uint64_t handle;
     DoorbellMapping db;
     OpaqueState dp;
-    int event_fd = -1;              // the completion channel's eventfd the broker was given
     uint32_t events_seen = 0;       // the data path's event counter when last delivered
     uint32_t events_delivered = 0;  // ibv_get_cq_event() results, for ibv_destroy_cq's wait
     ibv_wc ex_wc{};                 // the completion ibv_start_poll/ibv_next_poll took
