@@ -22,7 +22,7 @@ extern "C" {
 struct softnda_counters {
     uint64_t wqes_executed; /* send WQEs finished (success or error, not flushes) */
     uint64_t bytes;         /* payload bytes moved (SEND/WRITE/READ/atomic) */
-    uint64_t doorbells;     /* rung registers the engine picked up from ring summaries */
+    uint64_t doorbells;     /* new register values the engine took (by summary or sweep) */
     uint64_t cqes;          /* CQEs written */
     uint64_t errors;        /* error completions other than flushes */
     uint64_t flushed;       /* WR_FLUSH_ERR completions */

@@ -364,7 +364,6 @@ bool Engine::Thread::takeRings(DbPage *page) {
     while (bits != 0) {
         unsigned slot = static_cast<unsigned>(__builtin_ctzll(bits));
         bits &= bits - 1;
-        bump(ctr_.doorbells);
         handleSlot(page, slot);
     }
     return true;
@@ -419,7 +418,13 @@ bool Engine::Thread::handleSlot(DbPage *page, unsigned slot) {
     if (page->kind[slot] == SlotKind::Free) {
         return false;  // a stray bit (a stale or misbehaving ringer): nothing lives there
     }
-    page->last_seen[slot] = __atomic_load_n(page->reg(slot), __ATOMIC_RELAXED);
+    // Counted here, where a new register value is taken, not per summary bit: a sweep after a
+    // sleep may take the ring before its bit is read, and the bit must not count it again.
+    uint32_t v = __atomic_load_n(page->reg(slot), __ATOMIC_RELAXED);
+    if (v != page->last_seen[slot]) {
+        bump(ctr_.doorbells);
+        page->last_seen[slot] = v;
+    }
     switch (page->kind[slot]) {
         case SlotKind::Sq:
             return processSq(static_cast<Qp *>(page->owner[slot]));
