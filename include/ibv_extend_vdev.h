@@ -29,13 +29,67 @@ extern "C" {
 
 /* The ABI a provider's struct ibv_extend_vdev_ops was built against. V1 ends at export_mmio;
  * V2 adds query_counters; V3 adds query_device, query_port, query_gid (what the libibverbs
- * face answers ibv_query_device/_port/_gid with) and the event fds. The library reads an entry only when the
+ * face answers ibv_query_device/_port/_gid with) and the event fds; V4 adds the restart entries
+ * (export_object, import_object, set_paused: the broker keeps live queues across its own
+ * restart, docs/restart.md). The library reads an entry only when the
  * provider's abi has it, so an older provider (a shorter struct) keeps working unchanged. */
 #define IBV_EXTEND_VDEV_ABI_V1 1
 #define IBV_EXTEND_VDEV_ABI_V2 2
 #define IBV_EXTEND_VDEV_ABI_V3 3
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V3
+#define IBV_EXTEND_VDEV_ABI_V4 4
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V4
 #define IBV_EXTEND_VDEV_NAME_MAX 64
+
+/* ---- Restart (ABI V4) ----
+ * A broker that restarts (or crashes and is restarted) keeps its tenants' queues. What carries
+ * them across is fds and serialized state: the queue memory (the broker's arena, memfds), the
+ * tenants' registered memory, the doorbell pages, the event fds, and one small state blob per
+ * driver object. The broker takes a blob with export_object() after every control operation on
+ * an object (create, modify), keeps it with the fds in memory that outlives its process, and in
+ * the new process calls import_object() for every object, parents first, with the engine paused.
+ *
+ * So the blob of the last control operation plus the queue memory must be the whole state of an
+ * object: whatever the device changes on its own between control operations (cursors, PSNs, a
+ * QP's move to ERR) must live in queue memory, where it survives. softnda's SPEC.md §10 says how
+ * it does this. */
+enum ibv_extend_vdev_obj {
+    IBV_EXTEND_VDEV_OBJ_CONTEXT = 1, /* struct ibv_context * */
+    IBV_EXTEND_VDEV_OBJ_PD = 2,      /* struct ibv_pd * */
+    IBV_EXTEND_VDEV_OBJ_MR = 3,      /* struct ibv_mr * */
+    IBV_EXTEND_VDEV_OBJ_CQ = 4,      /* struct ibv_cq_extend * (create_cq_extend's result) */
+    IBV_EXTEND_VDEV_OBJ_SRQ = 5,     /* struct ibv_srq_extend * */
+    IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
+};
+
+#define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */
+#define IBV_EXTEND_VDEV_STATE_FDS 4    /* fds one object's state may need */
+
+/* One object's state. data is the driver's own format: it must carry its own version, since the
+ * importing process may run a newer driver (an upgrade). */
+struct ibv_extend_vdev_state {
+    uint32_t len;    /* bytes of data used */
+    uint32_t fd_cnt; /* fds used */
+    int fds[IBV_EXTEND_VDEV_STATE_FDS];
+    uint8_t data[IBV_EXTEND_VDEV_STATE_MAX];
+};
+
+/* What import_object needs besides the blob: the object's parents, already imported, and where
+ * the memory it used now lives. */
+struct ibv_extend_vdev_import {
+    const char *device;          /* CONTEXT: the device name it was opened on */
+    struct ibv_context *context; /* every other kind: its restored context */
+    struct ibv_pd *pd;           /* MR, SRQ, QP */
+    struct ibv_cq *send_cq;      /* QP (for a CQ: NULL) */
+    struct ibv_cq *recv_cq;      /* QP */
+    struct ibv_srq *srq;         /* QP, or NULL */
+    struct ibv_extend_ops *ops;  /* CQ, SRQ, QP: the queue-memory callbacks, as at create */
+    /* The new address of [old_addr, old_addr + length) of memory the object used in the old
+     * process (queue memory from ops->alloc, a doorbell db_mmap returned, a registered MR's
+     * address), or NULL when the caller does not know it (import then fails with EINVAL). */
+    void *(*relocate)(void *arg, uint64_t old_addr, uint64_t length);
+    void *arg;
+    uint64_t resv[4];
+};
 
 /* What a virtual device announces about itself. */
 struct ibv_extend_vdev_attr {
@@ -57,7 +111,7 @@ struct ibv_extend_vdev_attr {
 };
 
 struct ibv_extend_vdev_ops {
-    uint32_t abi;         /* IBV_EXTEND_VDEV_ABI_V1 or _V2 (see above) */
+    uint32_t abi;         /* IBV_EXTEND_VDEV_ABI_V1 .. _V4 (see above) */
     const char *provider; /* provider name; equals the name of the matching verbs_device_extend_ops */
 
     /* Sets a provider option before its devices are opened ("devices", "max_qp", ...).
@@ -125,6 +179,26 @@ struct ibv_extend_vdev_ops {
      * May be NULL: events are then not raised. */
     int (*set_cq_event_fd)(struct ibv_cq *cq, int fd);
     int (*set_async_event_fd)(struct ibv_context *context, int fd);
+
+    /* ---- ABI V4 and later (never read from an older provider); all three or none ----
+     * export_object: fills *out with the state of object (of kind) as of now, the fds as new
+     * dups the caller owns. Called between control operations on the object (the caller
+     * serializes them), with the engine running; it changes nothing. 0 or a negative errno
+     * (-ENOSPC: the state does not fit; -EINVAL: not one of this provider's objects).
+     * import_object: in a new process, makes the object again from a blob export_object wrote
+     * (maybe in an older version of the driver) and returns it as create returned it (see enum
+     * ibv_extend_vdev_obj), NULL + errno on failure. On success the object owns in->fds (it keeps
+     * or closes them); on failure they stay the caller's. The caller destroys imported objects
+     * with the ordinary destroy calls.
+     * set_paused: paused != 0 stops the device's engine after the pass it is in (it returns when
+     * no WQE is executing), 0 lets it run again. A restoring broker pauses every device before
+     * its first import and resumes each once all its objects are back, so no QP runs before its
+     * peer exists. 0, -ENODEV. */
+    int (*export_object)(enum ibv_extend_vdev_obj kind, const void *object,
+                         struct ibv_extend_vdev_state *out);
+    void *(*import_object)(enum ibv_extend_vdev_obj kind, const struct ibv_extend_vdev_state *in,
+                           const struct ibv_extend_vdev_import *env);
+    int (*set_paused)(const char *device, int paused);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -361,6 +361,17 @@ size_t Broker::objectCount() {
 
 // ---- handles -------------------------------------------------------------------------------
 
+Status Broker::commit(Session &s, StoredReply reply) {
+    auto lock = lockLive(s);
+    if (!lock.isOk()) {
+        return lock.status();
+    }
+    if (reply.key != 0) {
+        s.addReply(std::move(reply));
+    }
+    return commit_ ? commit_(s) : Status::ok();
+}
+
 StatusOr<Broker::SessionLock> Broker::lockLive(Session &s) {
     SessionLock lock(s.mu_);
     if (s.ended_) {

@@ -137,6 +137,10 @@ struct NegoResult {
 // Regions the tenant may unmap after a destroy.
 using Released = std::vector<RegionId>;
 
+// Called by Broker::commit with the session's mutex held, after the reply was stored: the
+// restart layer writes the session's state there (daemon/restart). Tests leave it empty.
+using CommitSink = std::function<Status(Session &)>;
+
 // Sends regions to the tenant before a reply: the default writes kRegionAdd frames on the
 // session's fd channel. Tests replace it.
 using RegionSender = std::function<Status(Session &, std::vector<RegionToSend> &)>;
@@ -160,6 +164,8 @@ class Broker {
     const Options &options() const { return options_; }
     DeviceRegistry &devices() { return *devices_; }
     void setRegionSender(RegionSender sender) { sender_ = std::move(sender); }
+    // Set before serving (read without a lock).
+    void setCommitSink(CommitSink sink) { commit_ = std::move(sink); }
     // Where object and quota events go (events.h); nullptr: nowhere. Set before serving: the
     // pointer is read without a lock, and events must outlive the broker's sessions.
     void setEvents(BrokerEvents *events) { events_ = events; }
@@ -188,6 +194,12 @@ class Broker {
     std::vector<std::shared_ptr<Session>> unattachedExpired(std::chrono::steady_clock::time_point now);
     size_t sessionCount();
     size_t objectCount();
+
+    // The commit point of a mutating call (docs/restart.md): stores the reply under its key
+    // (key 0: none) and hands the session's state to the commit sink, before the reply is sent.
+    // An error means the state could not be kept (the reply still goes out: the call did
+    // happen; the session would then not survive a crash, which the sink logs).
+    Status commit(Session &s, StoredReply reply);
 
     // ---- calls ----
     std::vector<DeviceInfo> listDevices();
@@ -260,6 +272,7 @@ class Broker {
     const Options options_;
     DeviceRegistry *devices_;
     RegionSender sender_;
+    CommitSink commit_;
     BrokerEvents *events_ = nullptr;
     QuotaManager quotas_;
     mutable std::mutex policy_mu_;

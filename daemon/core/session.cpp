@@ -35,6 +35,29 @@ Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
 }
 
+std::optional<StoredReply> Session::findReply(uint64_t key) const {
+    std::lock_guard lock(replies_mu_);
+    for (auto it = replies_.rbegin(); it != replies_.rend(); ++it) {
+        if (it->key == key) {
+            return *it;
+        }
+    }
+    return std::nullopt;
+}
+
+std::vector<StoredReply> Session::replies() const {
+    std::lock_guard lock(replies_mu_);
+    return {replies_.begin(), replies_.end()};
+}
+
+void Session::addReply(StoredReply reply) {
+    std::lock_guard lock(replies_mu_);
+    if (replies_.size() >= kMaxReplies) {
+        replies_.pop_front();
+    }
+    replies_.push_back(std::move(reply));
+}
+
 bool Session::putXfer(uint64_t xfer_id, UniqueFd fd) {
     std::lock_guard lock(xfer_mu_);
     if (xfers_closed_ || xfers_.size() >= kMaxPendingXfers || xfers_.count(xfer_id) != 0) {

@@ -15,11 +15,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
@@ -29,6 +32,18 @@
 #include "daemon/core/quota.h"
 
 namespace ibvx::daemon {
+
+// The answer to a mutating call, kept under the call's idempotency key so the same call retried
+// after a broker restart is answered instead of applied twice (docs/restart.md). The edge fills
+// it (gRPC code and serialized response); the core only stores it and puts it in the snapshot.
+struct StoredReply {
+    uint64_t key = 0;
+    std::string method;  // full gRPC method name: the key of another call is refused
+    int code = 0;        // grpc::StatusCode
+    std::string message;
+    std::string details;   // Status.error_details
+    std::string response;  // the serialized response message
+};
 
 class Session {
   public:
@@ -62,6 +77,12 @@ class Session {
     // frame). Invalid fd when it did not come.
     UniqueFd takeXfer(uint64_t xfer_id, std::chrono::milliseconds timeout);
 
+    // The newest kMaxReplies stored replies (Broker::commit adds them). Keys are the client's
+    // (random, per call); an unknown key gives nullopt.
+    static constexpr size_t kMaxReplies = 64;
+    std::optional<StoredReply> findReply(uint64_t key) const;
+    std::vector<StoredReply> replies() const;
+
   private:
     friend class Broker;
     friend class SessionInspector;  // admin_inspect.h: read-only snapshots
@@ -82,6 +103,11 @@ class Session {
     std::unordered_map<uint64_t, std::unique_ptr<Object>> objects_;
     std::atomic<size_t> object_count_{0};
     std::unique_ptr<SessionMemory> memory_;
+
+    // Leaf lock: guards replies_ (newest last).
+    mutable std::mutex replies_mu_;
+    std::deque<StoredReply> replies_;
+    void addReply(StoredReply reply);
 
     std::mutex xfer_mu_;
     std::condition_variable xfer_cv_;

@@ -70,9 +70,23 @@ int noSetAsyncEventFd(ibv_context *, int) {
     return -EOPNOTSUPP;
 }
 
+int noExportObject(ibv_extend_vdev_obj, const void *, ibv_extend_vdev_state *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+void *noImportObject(ibv_extend_vdev_obj, const ibv_extend_vdev_state *, const ibv_extend_vdev_import *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noSetPaused(const DeviceVerbs &, int) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
 constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,    noClose,         noAllocPd,     noDeallocPd, noRegMr,    noDeregMr,      noModifyQp,
-    noQueryQp, noQueryCounters, noQueryDevice, noQueryPort, noQueryGid, noSetCqEventFd, noSetAsyncEventFd};
+    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,     noDeregMr,
+    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort, noQueryGid,
+    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -108,6 +122,16 @@ int verbsQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
 }
 int verbsQueryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) {
     return ibv_query_gid_ex(context, port, index, entry, 0);
+}
+
+int vdevSetPaused(const DeviceVerbs &self, int paused) {
+    return self.provider()->set_paused(self.name().c_str(), paused);
+}
+
+// The V4 restart entries, all three or none (past the end of an older provider's struct).
+bool hasRestart(const ibv_extend_vdev_ops *provider) {
+    return provider->abi >= IBV_EXTEND_VDEV_ABI_V4 && provider->export_object != nullptr &&
+           provider->import_object != nullptr && provider->set_paused != nullptr;
 }
 
 // Takes the provider's entry when it has one (verbs_set_ops' SET_OP).
@@ -153,6 +177,10 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.query_gid, ops.query_gid);
     setOp(v.ops_.set_cq_event_fd, ops.set_cq_event_fd);
     setOp(v.ops_.set_async_event_fd, ops.set_async_event_fd);
+    v.keeps_ = ops.export_object != nullptr && ops.import_object != nullptr && ops.set_paused != nullptr;
+    setOp(v.ops_.export_object, ops.export_object);
+    setOp(v.ops_.import_object, ops.import_object);
+    setOp(v.ops_.set_paused, ops.set_paused);
     return v;
 }
 
@@ -170,14 +198,17 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                v3Entry(provider, provider->query_port),
                v3Entry(provider, provider->query_gid),
                v3Entry(provider, provider->set_cq_event_fd),
-               v3Entry(provider, provider->set_async_event_fd)};
+               v3Entry(provider, provider->set_async_event_fd),
+               hasRestart(provider) ? provider->export_object : nullptr,
+               hasRestart(provider) ? provider->import_object : nullptr,
+               hasRestart(provider) ? vdevSetPaused : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,      ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,   ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
-               verbsQueryPort, verbsQueryGid,    nullptr,      nullptr};
+    Ops ops = {verbsOpen,     ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd,   verbsRegMr,     ibv_dereg_mr,
+               ibv_modify_qp, ibv_query_qp,     nullptr,      ibv_query_device, verbsQueryPort, verbsQueryGid,
+               nullptr,       nullptr,          nullptr,      nullptr,          nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -258,6 +289,23 @@ int DeviceVerbs::setCqEventFd(ibv_cq *cq, int fd) const {
 int DeviceVerbs::setAsyncEventFd(ibv_context *context, int fd) const {
     errno = 0;
     return result(ops_.set_async_event_fd(context, fd));
+}
+
+int DeviceVerbs::exportObject(ibv_extend_vdev_obj kind, const void *object,
+                              ibv_extend_vdev_state *out) const {
+    errno = 0;
+    return ops_.export_object(kind, object, out);
+}
+
+void *DeviceVerbs::importObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
+                                const ibv_extend_vdev_import *env) const {
+    errno = 0;
+    return ops_.import_object(kind, in, env);
+}
+
+int DeviceVerbs::setPaused(bool paused) const {
+    errno = 0;
+    return ops_.set_paused(*this, paused ? 1 : 0);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

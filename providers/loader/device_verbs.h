@@ -43,6 +43,11 @@ class DeviceVerbs {
         int (*query_gid)(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry);
         int (*set_cq_event_fd)(ibv_cq *cq, int fd);
         int (*set_async_event_fd)(ibv_context *context, int fd);
+        // Restart (ABI V4): see ibv_extend_vdev.h.
+        int (*export_object)(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out);
+        void *(*import_object)(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
+                               const ibv_extend_vdev_import *env);
+        int (*set_paused)(const DeviceVerbs &self, int paused);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -88,6 +93,15 @@ class DeviceVerbs {
     // device has its own completion channels).
     int setCqEventFd(ibv_cq *cq, int fd) const;
     int setAsyncEventFd(ibv_context *context, int fd) const;
+    // Restart (a provider's from ABI V4 on, all three entries or none): whether the device's
+    // objects can be carried into a new broker process, and the calls that do it. Without them,
+    // export/import answer EOPNOTSUPP and the device's sessions end on a restart.
+    bool keepsAcrossRestart() const { return keeps_; }
+    int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out) const;
+    // NULL + errno on failure.
+    void *importObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
+                       const ibv_extend_vdev_import *env) const;
+    int setPaused(bool paused) const;
 
   private:
     int result(int rc) const;
@@ -97,6 +111,7 @@ class DeviceVerbs {
     const ibv_extend_vdev_ops *vdev_ = nullptr;
     ibv_device *device_ = nullptr;
     std::string name_;
+    bool keeps_ = false;
 };
 
 // The libibverbs error convention translated to ours: 0, or a negative errno (a positive rc is

@@ -281,6 +281,9 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .query_gid = nullptr,
     .set_cq_event_fd = nullptr,
     .set_async_event_fd = nullptr,
+    .export_object = nullptr,
+    .import_object = nullptr,
+    .set_paused = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};
