@@ -34,6 +34,21 @@ struct ReloadReport {
     std::vector<std::string> errors;
 };
 
+// What a restart keeps and drops (Admin.Restart, docs/restart.md).
+struct RestartPlan {
+    uint32_t sessions_kept = 0;
+    uint32_t sessions_dropped = 0;
+    std::vector<std::string> dropping_drivers;
+    std::string binary;
+};
+
+// The broker's restart history (GetStatus).
+struct RestartInfo {
+    uint64_t restarts = 0;
+    uint64_t last_unix_ms = 0;
+    uint64_t last_took_ms = 0;
+};
+
 // What the daemon tells the Admin service about itself.
 struct AdminHooks {
     long admin_gid = -1;      // < 0: root only
@@ -42,6 +57,10 @@ struct AdminHooks {
     std::string socket_path;
     bool socket_activated = false;
     std::function<ReloadReport()> reload;  // nullptr: ReloadDrivers answers UNIMPLEMENTED
+    // Plans a restart and, when it is allowed, schedules it to start once the reply is sent
+    // (FAILED_PRECONDITION with require_keep and a session to drop). nullptr: UNIMPLEMENTED.
+    std::function<StatusOr<RestartPlan>(bool require_keep)> restart;
+    std::function<RestartInfo()> restart_info;  // nullptr: no restart so far
     // A listing page ends early once its entries take this many bytes, so the reply stays under
     // the server's message limit whatever the page size (room is left for one more entry).
     size_t reply_budget_bytes = 48 * 1024;
