@@ -45,6 +45,12 @@ struct DaemonConfig {
     PolicyConfig policy;  // [policy]; policy.enabled when the section exists (see docs/security.md)
     QuotaConfig quotas;   // [quotas] defaults, [quotas.uid.<uid>], [quotas.container.<id>]
     KubernetesConfig kubernetes;
+    // Restart (docs/restart.md). fd_store: keep every fd a restart needs in systemd's fd store
+    // (--fd-store; the unit sets FileDescriptorStoreMax=), so SIGTERM leaves the sessions to the
+    // next start instead of ending them.
+    bool fd_store = false;
+    // The command line, for a restart that execs the binary again.
+    std::vector<std::string> argv;
 };
 
 // Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: ..." on error.

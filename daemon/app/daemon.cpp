@@ -1,5 +1,6 @@
 #include "daemon/app/daemon.h"
 
+#include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -44,23 +45,115 @@ void setupLogging(const std::string &level) {
     spdlog::set_default_logger(logger);
 }
 
+// The fds a previous process (systemd's fd store, socket activation, or a restart's exec) passed
+// in the LISTEN_FDS convention, with their LISTEN_FDNAMES; the environment is cleared so no child
+// inherits it. Empty when none were passed.
+std::vector<std::pair<std::string, UniqueFd>> takeListenFds() {
+    std::vector<std::pair<std::string, UniqueFd>> out;
+    char **names = nullptr;
+    int n = sd_listen_fds_with_names(1, &names);
+    for (int i = 0; i < n; ++i) {
+        int fd = SD_LISTEN_FDS_START + i;
+        (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
+        out.emplace_back(names != nullptr && names[i] != nullptr ? names[i] : "unknown", UniqueFd(fd));
+    }
+    if (names != nullptr) {
+        for (int i = 0; i < n; ++i) {
+            free(names[i]);
+        }
+        free(names);
+    }
+    return out;
+}
+
+// Puts fds at 3, 4, ... (LISTEN_FDS order) without clobbering each other, clears FD_CLOEXEC on
+// exactly those, and sets LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID (exec keeps the pid). Called
+// right before execv.
+Status prepareExecFds(const std::vector<std::pair<std::string, int>> &fds) {
+    // First everything above the target range, so a dup2 never overwrites a source still needed.
+    int floor = SD_LISTEN_FDS_START + static_cast<int>(fds.size());
+    std::vector<int> moved;
+    moved.reserve(fds.size());
+    for (const auto &[name, fd] : fds) {
+        int m = ::fcntl(fd, F_DUPFD_CLOEXEC, floor);
+        if (m < 0) {
+            return Status::fromErrno(errno, "cannot move fd " + name + " for the restart");
+        }
+        moved.push_back(m);
+    }
+    std::string names;
+    for (size_t i = 0; i < fds.size(); ++i) {
+        int target = SD_LISTEN_FDS_START + static_cast<int>(i);
+        if (::dup2(moved[i], target) < 0) {  // dup2 clears FD_CLOEXEC on the target
+            return Status::fromErrno(errno, "cannot place fd " + fds[i].first + " for the restart");
+        }
+        ::close(moved[i]);
+        names += (i == 0 ? "" : ":") + fds[i].first;
+    }
+    setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
+    setenv("LISTEN_FDNAMES", names.c_str(), 1);
+    setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
+    return Status::ok();
+}
+
+// FDSTORE=1 with one FDNAME per message: a name applies to every fd of its message.
+Status storeFds(const std::vector<std::pair<std::string, int>> &fds) {
+    for (const auto &[name, fd] : fds) {
+        std::string msg = "FDSTORE=1\nFDNAME=" + name;
+        int one = fd;
+        int rc = sd_pid_notify_with_fds(0, 0, msg.c_str(), &one, 1);
+        if (rc <= 0) {
+            return Status::fromErrno(rc < 0 ? -rc : ENOTCONN, "FDSTORE of " + name + " failed");
+        }
+    }
+    return Status::ok();
+}
+
+Status unstoreFd(const std::string &name) {
+    std::string msg = "FDSTOREREMOVE=1\nFDNAME=" + name;
+    int rc = sd_notify(0, msg.c_str());
+    return rc > 0 ? Status::ok()
+                  : Status::fromErrno(rc < 0 ? -rc : ENOTCONN, "FDSTOREREMOVE of " + name + " failed");
+}
+
 // True when some broker answers on path (then we must not steal its socket).
 bool socketAnswers(const std::string &path) {
     return connectUnix(path).isOk();
 }
 
-StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
-    *created = false;
-    // Socket activation: systemd hands us exactly one listening Unix stream socket.
-    int n = sd_listen_fds(0);
-    if (n == 1 && sd_is_socket_unix(SD_LISTEN_FDS_START, SOCK_STREAM, 1, nullptr, 0) > 0) {
-        spdlog::info("using the socket passed by systemd");
-        return UniqueFd(SD_LISTEN_FDS_START);
+// The listening socket among the inherited fds: a restart's own ("ibvx.listen": this broker
+// created the path; "ibvx.listen.sd": systemd's), else the one socket systemd's socket unit
+// passed (any name not ours). *created and *activated say which.
+StatusOr<UniqueFd> takeListenSocket(std::vector<std::pair<std::string, UniqueFd>> &fds, bool *created,
+                                    bool *activated) {
+    UniqueFd found;
+    size_t sockets = 0;
+    for (auto it = fds.begin(); it != fds.end();) {
+        const std::string &name = it->first;
+        bool ours = name == "ibvx.listen" || name == "ibvx.listen.sd";
+        if (ours || (name.rfind("ibvx.", 0) != 0 &&
+                     sd_is_socket_unix(it->second.get(), SOCK_STREAM, 1, nullptr, 0) > 0)) {
+            ++sockets;
+            *created = name == "ibvx.listen";
+            *activated = name != "ibvx.listen";
+            found = std::move(it->second);
+            it = fds.erase(it);
+            if (ours) {
+                break;
+            }
+            continue;
+        }
+        ++it;
     }
-    if (n > 1) {
-        return invalidArgument("systemd passed " + std::to_string(n) +
+    if (sockets > 1) {
+        return invalidArgument("systemd passed " + std::to_string(sockets) +
                                " sockets; expected one Unix stream socket");
     }
+    return found;
+}
+
+StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
+    *created = false;
     const std::string &path = cfg.socket;
     auto addr = unixAddress(path);
     if (!addr.isOk()) {
@@ -246,11 +339,62 @@ Status Daemon::init() {
     ASSIGN_OR_RETURN(long admin_gid, adminGid(config_));
     RETURN_IF_ERROR(blockSignals());
     RETURN_IF_ERROR(loadDevices());
-    ASSIGN_OR_RETURN(UniqueFd listen_fd, listenOn(config_, &socket_created_));
+    // What the previous process left: the listening socket and, after a restart, the state.
+    inherited_ = takeListenFds();
+    ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
+    if (listen_fd) {
+        spdlog::info("using the {} socket", socket_activated_ ? "systemd's" : "inherited");
+    } else {
+        ASSIGN_OR_RETURN(listen_fd, listenOn(config_, &socket_created_));
+    }
     makeBroker();
+    RETURN_IF_ERROR(makeRestartState());
+    std::vector<std::shared_ptr<Session>> restored;
+    RestoreReport report = restart_->restore(inherited_, &restored);
+    inherited_.clear();  // fds nobody claimed close here
+    RETURN_IF_ERROR(restart_->start());
     RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
+    for (auto &s : restored) {
+        server_->watchSession(s);
+    }
     started_ = true;
+    if (report.restored) {
+        std::string summary = fmt::format(
+            "restart {}: {} session(s) kept with {} object(s), {} dropped; "
+            "handover took {} ms, restore {} ms",
+            report.restarts, report.sessions_kept, report.objects, report.sessions_dropped, report.took_ms,
+            report.restore_ms);
+        spdlog::info("{}", summary);
+        hub_->publish(AdminEvents::simple(AdminEvents::Event::BROKER_RESTART, summary));
+    }
     spdlog::info("serving on {} ({} device(s))", config_.socket, devices_.size());
+    return Status::ok();
+}
+
+Status Daemon::makeRestartState() {
+    FdStoreHooks hooks;
+    if (config_.fd_store) {
+        if (getenv("NOTIFY_SOCKET") == nullptr) {
+            spdlog::warn(
+                "--fd-store without NOTIFY_SOCKET (not under systemd): no fd store; a crash ends "
+                "every session");
+        } else {
+            hooks.add = storeFds;
+            hooks.remove = unstoreFd;
+        }
+    }
+    restart_ = std::make_unique<RestartState>(*broker_, std::move(hooks));
+    broker_->setCommitSink([this](Session &s) { return restart_->commit(s); });
+    broker_->setEndSink([this](Session &s) { restart_->sessionEnded(s); });
+    char exe[4096];
+    ssize_t n = ::readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+    binary_ = n > 0 ? std::string(exe, static_cast<size_t>(n)) : std::string();
+    // A binary replaced on disk shows as "... (deleted)": the path is what an upgrade execs.
+    const std::string deleted = " (deleted)";
+    if (binary_.size() > deleted.size() &&
+        binary_.compare(binary_.size() - deleted.size(), deleted.size(), deleted) == 0) {
+        binary_.resize(binary_.size() - deleted.size());
+    }
     return Status::ok();
 }
 
@@ -307,9 +451,14 @@ Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
     sopt.events = hub_;
     sopt.admin.admin_group = config_.admin_group;
     sopt.admin.config_path = config_.config_path;
-    sopt.admin.socket_activated = sd_listen_fds(0) == 1;
+    sopt.admin.socket_activated = socket_activated_;
     sopt.admin.socket_path = sopt.admin.socket_activated ? std::string() : config_.socket;
     sopt.admin.reload = [this]() { return reload(); };
+    sopt.admin.restart = [this](bool require_keep) { return requestRestart(require_keep); };
+    sopt.admin.restart_info = [this]() {
+        return RestartInfo{restart_->restarts(), restart_->lastRestartUnixMs(),
+                           restart_->lastRestartTookMs()};
+    };
     // systemd: WATCHDOG=1 at half of WatchdogSec= and a STATUS= line when the counts change,
     // from the serving loop, so a wedged loop gets the broker restarted.
     uint64_t watchdog_usec = 0;
@@ -421,10 +570,95 @@ Status Daemon::run() {
             (void)reload();
             continue;
         }
+        if (restart_requested_) {
+            return execRestart();
+        }
+        if (config_.fd_store && restart_ != nullptr && getenv("NOTIFY_SOCKET") != nullptr) {
+            // systemd decides: a restart keeps the store (the next start restores), a stop drops
+            // it (and with it the tenants' fd channels).
+            spdlog::info("{}: handing the sessions to systemd's fd store",
+                         strsignal(static_cast<int>(si.ssi_signo)));
+            auto fds = handOver();
+            if (!fds.isOk()) {
+                spdlog::error("handover failed ({}); the sessions end", fds.status().message());
+                return Status::ok();
+            }
+            handed_over_ = true;
+            return Status::ok();
+        }
         spdlog::info("{}: stopping (in-flight calls finish, then every session is torn down)",
                      strsignal(static_cast<int>(si.ssi_signo)));
         return Status::ok();
     }
+}
+
+StatusOr<RestartPlan> Daemon::requestRestart(bool require_keep) {
+    RestartState::Plan p = restart_->plan();
+    RestartPlan out{p.kept, p.dropped, p.dropping_drivers, binary_};
+    if (binary_.empty() || ::access(binary_.c_str(), X_OK) != 0) {
+        return Status(Code::kFailedPrecondition, ENOENT,
+                      "cannot restart: the broker's binary '" + binary_ + "' is not executable");
+    }
+    if (require_keep && p.dropped > 0) {
+        std::string drivers;
+        for (const auto &d : p.dropping_drivers) {
+            drivers += (drivers.empty() ? "" : ", ") + d;
+        }
+        return Status(Code::kFailedPrecondition, EBUSY,
+                      "restart refused: " + std::to_string(p.dropped) + " live session(s) would be dropped" +
+                          (drivers.empty() ? std::string(" (not attached yet)")
+                                           : " (driver(s) that cannot hand over: " + drivers + ")"));
+    }
+    if (restart_requested_.exchange(true)) {
+        return Status(Code::kFailedPrecondition, EALREADY, "a restart is already under way");
+    }
+    spdlog::info("restart requested: {} session(s) kept, {} dropped; exec {}", p.kept, p.dropped, binary_);
+    // run()'s thread does it, after this reply has left.
+    ::kill(::getpid(), SIGTERM);
+    return out;
+}
+
+StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver() {
+    sd_notify(0, "STOPPING=1");
+    // In-flight calls finish (and commit); then nothing else reaches the broker.
+    kept_listen_ = server_->handOver(std::chrono::seconds(5));
+    for (auto &s : restart_->plan().to_drop) {
+        spdlog::info("session {} (pid {}) ends: its driver cannot hand over", s->id(),
+                     s->identity().creds.pid);
+        broker_->endSession(s);
+    }
+    // No WQE is mid-flight when the state is taken for the last time.
+    for (const DeviceInfo &info : devices_.list()) {
+        Device *dev = devices_.find(info.name);
+        if (dev != nullptr && dev->verbs.keepsAcrossRestart()) {
+            (void)dev->verbs.setPaused(true);
+        }
+    }
+    ASSIGN_OR_RETURN(auto fds, restart_->handover());
+    if (kept_listen_) {
+        fds.emplace_back(socket_created_ ? "ibvx.listen" : "ibvx.listen.sd", kept_listen_.get());
+    }
+    return fds;
+}
+
+Status Daemon::execRestart() {
+    spdlog::info("restarting: handing over to a fresh {}", binary_);
+    auto fds = handOver();
+    if (!fds.isOk()) {
+        return Status(Code::kInternal, EIO, "restart failed before exec: " + fds.status().message());
+    }
+    if (Status st = prepareExecFds(*fds); !st.isOk()) {
+        return Status(Code::kInternal, EIO, "restart failed before exec: " + st.message());
+    }
+    std::vector<char *> argv;
+    for (std::string &a : config_.argv) {
+        argv.push_back(a.data());
+    }
+    argv.push_back(nullptr);
+    spdlog::default_logger()->flush();
+    ::execv(binary_.c_str(), argv.data());
+    // Only a failed exec gets here; the fds are closed with the process, so the sessions end.
+    return Status::fromErrno(errno, "restart: exec " + binary_ + " failed: " + std::strerror(errno));
 }
 
 int runDaemon(int argc, char **argv) {
@@ -435,6 +669,9 @@ int runDaemon(int argc, char **argv) {
     app.add_option("--config", config_path, "TOML configuration file");
     app.add_flag("--foreground", foreground, "Stay in the foreground (also implied under systemd)");
     app.add_option("--log-level", log_level_flag, "trace, debug, info, warn, error, critical or off");
+    bool fd_store = false;
+    app.add_flag("--fd-store", fd_store,
+                 "Keep what a restart needs in systemd's fd store (the unit sets FileDescriptorStoreMax=)");
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
@@ -452,6 +689,8 @@ int runDaemon(int argc, char **argv) {
     if (!socket_flag.empty()) {
         cfg.socket = socket_flag;
     }
+    cfg.fd_store = fd_store;
+    cfg.argv.assign(argv, argv + argc);
     if (!log_level_flag.empty()) {
         if (!validLogLevel(log_level_flag)) {
             fprintf(stderr,
@@ -484,6 +723,13 @@ int runDaemon(int argc, char **argv) {
     Status served = (*daemon)->run();
     if (!served.isOk()) {
         spdlog::critical("{}", served.message());
+    }
+    if ((*daemon)->handedOver()) {
+        // The sessions belong to the fd store now: tearing them down here would destroy the
+        // queues the next start restores.
+        spdlog::info("state handed over; exiting without teardown");
+        spdlog::shutdown();
+        _exit(0);
     }
     daemon->reset();
     return served.isOk() ? 0 : 1;

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,7 @@
 #include "daemon/edge/admin_events.h"
 #include "daemon/edge/admin_service.h"
 #include "daemon/edge/server.h"
+#include "daemon/restart/restart_state.h"
 
 namespace ibvx::daemon {
 
@@ -56,8 +58,13 @@ class Daemon {
     // Rereads the configuration file, applies its policy and quotas, loads new drivers and scans
     // for new devices. SIGHUP (run()'s thread) and Admin.ReloadDrivers (a gRPC thread) share it.
     ReloadReport reload();
-    // Serves until SIGTERM or SIGINT (OK) or until the signalfd fails; SIGHUP reloads.
+    // Serves until SIGTERM or SIGINT (OK) or until the signalfd fails; SIGHUP reloads. A restart
+    // (Admin.Restart) execs the binary from here and does not return unless the exec failed;
+    // with --fd-store, SIGTERM hands the state to the store and run() returns with handedOver().
     Status run();
+    // The sessions were handed over (fd store): the process must exit without tearing them
+    // down, so the destructor must not run (runDaemon calls _exit).
+    bool handedOver() const { return handed_over_; }
 
     Broker &broker() { return *broker_; }
     DeviceRegistry &devices() { return devices_; }
@@ -71,8 +78,16 @@ class Daemon {
     Status loadDevices();  // drivers, provider options, the device scan
     void makeBroker();     // with the configured policy and quotas, reporting to events_
     Status startServer(long admin_gid, UniqueFd listen_fd);
+    Status makeRestartState();  // the commit and end sinks, the fd store, the binary's path
     // The systemd watchdog ping and STATUS= line, from the server's event loop.
     void heartbeat();
+    // Admin.Restart: plan, refuse or schedule.
+    StatusOr<RestartPlan> requestRestart(bool require_keep);
+    // Stops serving and commits everything for the next process; the sessions a restart drops
+    // end here. Returns the fds the next process needs (named) and keeps them open.
+    StatusOr<std::vector<std::pair<std::string, int>>> handOver();
+    // handOver(), then exec the binary again (returns only on failure).
+    Status execRestart();
 
     DaemonConfig config_;
     sigset_t old_mask_{};
@@ -88,7 +103,14 @@ class Daemon {
     std::shared_ptr<AdminEvents> hub_ = std::make_shared<AdminEvents>();
     AuditEvents events_{hub_};
     std::unique_ptr<Broker> broker_;
+    std::unique_ptr<RestartState> restart_;
     std::unique_ptr<BrokerServer> server_;
+    std::vector<std::pair<std::string, UniqueFd>> inherited_;  // LISTEN_FDS, until restored
+    bool socket_activated_ = false;
+    std::string binary_;  // what a restart execs (the path this process was started from)
+    std::atomic<bool> restart_requested_{false};
+    bool handed_over_ = false;
+    UniqueFd kept_listen_;  // the listening socket across a handover
 };
 
 // Parses the command line, loads the configuration, sets up logging, detaches unless told not

@@ -319,6 +319,29 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
     s->quota_.release();
     s->channel_fd_ = -1;
     s->channel_.reset();
+    if (end_sink_) {
+        end_sink_(*s);
+    }
+}
+
+Status Broker::adoptSession(std::shared_ptr<Session> s) {
+    std::lock_guard lock(sessions_mu_);
+    if (by_token_.count(s->tokenHex()) != 0) {
+        return Status(Code::kAlreadyExists, EEXIST, "a session with this token exists");
+    }
+    next_session_id_ = std::max(next_session_id_, s->id() + 1);
+    by_token_[s->tokenHex()] = std::move(s);
+    return Status::ok();
+}
+
+uint64_t Broker::nextSessionId() {
+    std::lock_guard lock(sessions_mu_);
+    return next_session_id_;
+}
+
+void Broker::raiseNextSessionId(uint64_t next) {
+    std::lock_guard lock(sessions_mu_);
+    next_session_id_ = std::max(next_session_id_, next);
 }
 
 void Broker::endAllSessions() {
@@ -625,6 +648,7 @@ Status Broker::setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
     // The driver dups the fd; ours closes on return.
+    ctx->state_dirty = true;
     return callDriver(s.memory(), ctx->dev, "the device cannot deliver async events",
                       [&] { return ctx->dev->verbs.setAsyncEventFd(ctx->verbs, fd.get()); });
 }
@@ -717,6 +741,8 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     auto obj = std::make_unique<MrObject>();
     obj->quota = std::move(quota);
     obj->mapping = std::move(mapping);
+    obj->fd = std::move(fd);
+    obj->fd_offset = args.offset - args.offset % pageSize();
     obj->pd = pd;
     obj->length = args.length;
     uint64_t iova = args.iova != 0 ? args.iova : reinterpret_cast<uint64_t>(addr);
@@ -925,6 +951,7 @@ StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr att
     ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
     ibv_qp *ibqp = o->qp->qp;
     Device *dev = o->device();
+    o->state_dirty = true;  // a refused modify changes nothing, but re-exporting is harmless
     RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
                                [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
     return ibqp->state;
@@ -950,6 +977,7 @@ StatusOr<uint64_t> Broker::modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_e
         return unimplemented("modify_qp_extend is not supported by this driver or mask");
     }
     attr.qp = o->qp->qp;
+    o->state_dirty = true;
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "modify_qp_extend failed",
                                [&] { return ops->modify_qp(o->context->verbs, &attr, attr_mask); }));
     return o->qp->vendor_priv_info.value;
@@ -991,6 +1019,7 @@ StatusOr<NegoResult> Broker::negoQpHyroceFeature(Session &s, uint64_t qp, const 
     RETURN_IF_ERROR(requireOp(ops, DriverOp::kNegoHyroceFeature,
                               "nego_qp_hyroce_feature is not supported by this driver"));
     NegoResult r;
+    o->state_dirty = true;  // a negotiation may settle the QP's feature
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "nego_qp_hyroce_feature failed", [&] {
         return ops->nego_qp_hyroce_feature(o->context->verbs, o->qp->qp, &input, &r.output,
                                            &r.need_more_nego);

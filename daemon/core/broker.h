@@ -201,6 +201,15 @@ class Broker {
     // happen; the session would then not survive a crash, which the sink logs).
     Status commit(Session &s, StoredReply reply);
 
+    // ---- restart (daemon/restart) ----
+    // Adds a session rebuilt from a snapshot, objects included, under its own token and id.
+    Status adoptSession(std::shared_ptr<Session> s);
+    uint64_t nextSessionId();
+    void raiseNextSessionId(uint64_t next);
+    // Called by endSession once the session is torn down (the restart layer forgets its state).
+    // Set before serving.
+    void setEndSink(std::function<void(Session &)> sink) { end_sink_ = std::move(sink); }
+
     // ---- calls ----
     std::vector<DeviceInfo> listDevices();
     StatusOr<OpenContextResult> openContext(Session &s, const std::string &device_name);
@@ -260,6 +269,7 @@ class Broker {
     Status destroyLocked(Session &s, Object *obj);
     // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
     StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
+    friend class RestartState;  // inserts restored objects under their old handles
     void eraseLocked(Session &s, Object *obj);
     Status sendRegions(Session &s);
     StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
@@ -273,6 +283,7 @@ class Broker {
     DeviceRegistry *devices_;
     RegionSender sender_;
     CommitSink commit_;
+    std::function<void(Session &)> end_sink_;
     BrokerEvents *events_ = nullptr;
     QuotaManager quotas_;
     mutable std::mutex policy_mu_;

@@ -1,6 +1,8 @@
 #include "daemon/core/mapping.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -397,6 +399,139 @@ MemoryStats MappingManager::totals() {
         s.doorbell_pages += mem->doorbells_.size();
     }
     return s;
+}
+
+// ---- restart ---------------------------------------------------------------------------------
+
+void Relocations::add(uint64_t old_base, uint64_t new_base, uint64_t size) {
+    by_old_[old_base] = Range{new_base, size};
+}
+
+uint64_t Relocations::find(uint64_t old_addr, uint64_t length) const {
+    auto it = by_old_.upper_bound(old_addr);
+    if (it == by_old_.begin()) {
+        return 0;
+    }
+    --it;
+    uint64_t off = old_addr - it->first;
+    if (off >= it->second.size || length > it->second.size - off) {
+        return 0;
+    }
+    return it->second.new_base + off;
+}
+
+MemoryState MappingManager::exportState(const SessionMemory &mem) {
+    MemoryState out;
+    std::lock_guard lock(mu_);
+    for (const auto &c : mem.chunks_) {
+        ChunkState cs;
+        cs.id = c->id;
+        cs.fd = c->mem.fd();
+        cs.size = c->mem.size();
+        cs.base = reinterpret_cast<uint64_t>(c->mem.data());
+        cs.sent = c->sent;
+        cs.used.reserve(c->used_blocks.size());
+        for (const auto &b : c->used_blocks) {
+            cs.used.emplace_back(b.offset, b.size);
+        }
+        out.chunks.push_back(std::move(cs));
+    }
+    for (const auto &[page, db] : mem.doorbells_) {
+        DoorbellState ds;
+        ds.id = db.id;
+        ds.fd = db.fd.get();
+        ds.fd_offset = db.fd_offset;
+        ds.map_size = db.map_size;
+        ds.refs = db.refs;
+        ds.sent = db.sent;
+        ds.page = page;
+        out.doorbells.push_back(std::move(ds));
+    }
+    return out;
+}
+
+StatusOr<std::unique_ptr<SessionMemory>> MappingManager::restoreSession(uint64_t session_id,
+                                                                        MemoryState state,
+                                                                        Relocations *reloc) {
+    std::unique_ptr<SessionMemory> mem(new SessionMemory(session_id));
+    for (ChunkState &cs : state.chunks) {
+        if (cs.size == 0 || cs.size > kMaxAlloc || cs.size % pageSize() != 0) {
+            return invalidArgument("arena chunk " + std::to_string(cs.id) + " has a bad size");
+        }
+        auto chunk = std::make_unique<SessionMemory::Chunk>();
+        chunk->id = cs.id;
+        chunk->sent = cs.sent;
+        // The blocks must be sorted, inside the chunk and disjoint: anything else is a corrupt
+        // snapshot, and a bad free list would hand one queue's memory to another.
+        uint64_t end = 0;
+        for (auto [off, size] : cs.used) {
+            if (size == 0 || off < end || uint64_t{off} + size > cs.size) {
+                return invalidArgument("arena chunk " + std::to_string(cs.id) + " has bad blocks");
+            }
+            if (off > end) {
+                chunk->free_blocks.push_back({static_cast<uint32_t>(end), static_cast<uint32_t>(off - end)});
+            }
+            chunk->used_blocks.push_back({off, size});
+            chunk->used_bytes += size;
+            end = uint64_t{off} + size;
+        }
+        if (end < cs.size) {
+            chunk->free_blocks.push_back({static_cast<uint32_t>(end), static_cast<uint32_t>(cs.size - end)});
+        }
+        struct stat st {};
+        if (::fstat(cs.owned.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < cs.size) {
+            return invalidArgument("the fd of arena chunk " + std::to_string(cs.id) + " is not its memfd");
+        }
+        auto region = MemfdRegion::map(std::move(cs.owned), cs.size);
+        if (!region.isOk()) {
+            return region.status();
+        }
+        chunk->mem = std::move(region).value();
+        reloc->add(cs.base, reinterpret_cast<uint64_t>(chunk->mem.data()), cs.size);
+        mem->chunks_.push_back(std::move(chunk));
+    }
+    for (DoorbellState &ds : state.doorbells) {
+        if (ds.refs <= 0 || ds.map_size != ds.fd_offset + kDbPage || ds.fd_offset % kDbPage != 0 ||
+            ds.page % kDbPage != 0) {
+            return invalidArgument("doorbell region " + std::to_string(ds.id) + " is malformed");
+        }
+        // The system page may be bigger than a doorbell page (64 KiB on some aarch64 hosts).
+        const uint64_t sys = pageSize();
+        const uint64_t aligned = ds.fd_offset / sys * sys;
+        const uint64_t len = roundUpToPage(ds.fd_offset + kDbPage - aligned);
+        void *base = ::mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, ds.owned.get(),
+                            static_cast<off_t>(aligned));
+        if (base == MAP_FAILED) {
+            return Status::fromErrno(errno, "cannot map doorbell region " + std::to_string(ds.id));
+        }
+        uint64_t page = reinterpret_cast<uint64_t>(base) + (ds.fd_offset - aligned);
+        SessionMemory::Doorbell db;
+        db.id = ds.id;
+        db.fd = std::move(ds.owned);
+        db.fd_offset = ds.fd_offset;
+        db.map_size = ds.map_size;
+        db.refs = ds.refs;
+        db.sent = ds.sent;
+        db.mapping = UniqueMapping(base, len);
+        reloc->add(ds.page, page, kDbPage);
+        mem->doorbells_.emplace(page, std::move(db));
+    }
+    std::lock_guard lock(mu_);
+    for (auto &c : mem->chunks_) {
+        chunk_owner_[reinterpret_cast<uintptr_t>(c->mem.data())] = mem.get();
+    }
+    live_.insert(mem.get());
+    return mem;
+}
+
+RegionId MappingManager::nextRegionId() {
+    std::lock_guard lock(mu_);
+    return next_region_;
+}
+
+void MappingManager::raiseRegionFloor(RegionId floor) {
+    std::lock_guard lock(mu_);
+    next_region_ = std::max(next_region_, floor);
 }
 
 }  // namespace ibvx::daemon

@@ -55,6 +55,46 @@ struct MemoryStats {
 
 class SessionMemory;
 
+// Restart (docs/restart.md): what a session's memory is made of, as the snapshot records it. In
+// an export the fds are borrowed from the live SessionMemory; in a restore they are owned.
+struct ChunkState {
+    RegionId id = 0;
+    int fd = -1;
+    UniqueFd owned;
+    uint64_t size = 0;
+    uint64_t base = 0;  // where the (old) broker maps it
+    bool sent = false;
+    std::vector<std::pair<uint32_t, uint32_t>> used;  // (offset, size), by offset
+};
+struct DoorbellState {
+    RegionId id = 0;
+    int fd = -1;
+    UniqueFd owned;
+    uint64_t fd_offset = 0;
+    uint64_t map_size = 0;
+    int refs = 0;
+    bool sent = false;
+    uint64_t page = 0;  // the address the driver gave db_mmap (old process)
+};
+struct MemoryState {
+    std::vector<ChunkState> chunks;
+    std::vector<DoorbellState> doorbells;
+};
+// Old address -> new address of memory a restored session's objects used (import_object's
+// relocate): arena chunks, doorbell pages, MR mappings.
+class Relocations {
+  public:
+    void add(uint64_t old_base, uint64_t new_base, uint64_t size);
+    // The new address of [old_addr, old_addr + length), 0 when no single range holds it.
+    uint64_t find(uint64_t old_addr, uint64_t length) const;
+
+  private:
+    struct Range {
+        uint64_t new_base = 0, size = 0;
+    };
+    std::map<uint64_t, Range> by_old_;
+};
+
 class MappingManager {
   public:
     // Chunks are at least this big, so small queues of one session share a region.
@@ -82,6 +122,17 @@ class MappingManager {
 
     MemoryStats stats(const SessionMemory &mem);
     MemoryStats totals();
+
+    // ---- restart (docs/restart.md) ----
+    MemoryState exportState(const SessionMemory &mem);
+    // A session's memory rebuilt from a snapshot: every chunk and doorbell page mapped anew
+    // (adding old -> new to reloc), the same region ids, blocks and sent flags. Takes the fds.
+    StatusOr<std::unique_ptr<SessionMemory>> restoreSession(uint64_t session_id, MemoryState state,
+                                                            Relocations *reloc);
+    // Region ids: the next one to hand out, and a floor it never goes below again (a successor
+    // starts above every id its predecessor may have sent).
+    RegionId nextRegionId();
+    void raiseRegionFloor(RegionId floor);
 
     // The callbacks (public for tests; drivers reach them through ops()).
     void *alloc(size_t size);
@@ -153,6 +204,9 @@ class SessionMemory {
         uint64_t map_size = 0;   // fd_offset + one page: what the tenant maps
         int refs = 0;
         bool sent = false;
+        // Restored doorbells only: the broker's own mapping of the page (its address is the
+        // key), since the driver's mapping of the old process is gone.
+        UniqueMapping mapping;
     };
 
     explicit SessionMemory(uint64_t id) : session_id_(id) {}

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <string>
+#include <vector>
 
 #include <ibv_extend.h>
 #include <ibv_extend_vdev.h>
@@ -75,11 +77,26 @@ struct Object {
     virtual int destroyDriverObject() = 0;
     // Fills what is particular to the kind (the common fields are the inspector's).
     virtual void snapshot(ObjectSnapshot &out) const = 0;
+
+    // ---- restart (docs/restart.md) ----
+    // The kind as the vdev ABI names it, and the driver object export_object takes.
+    virtual ibv_extend_vdev_obj vdevKind() const = 0;
+    virtual const void *driverObject() const = 0;
+    // Takes the object import_object returned (of vdevKind()).
+    virtual void adoptDriverObject(void *made) = 0;
+    // The driver's state as of the object's last control operation (export_object), refreshed
+    // by the next commit while state_dirty. Creates and control calls set state_dirty.
+    std::string driver_state;
+    std::vector<UniqueFd> driver_fds;
+    bool state_dirty = true;
 };
 
 struct ContextObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kContext;
     ContextObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_CONTEXT; }
+    const void *driverObject() const override { return verbs; }
+    void adoptDriverObject(void *made) override { verbs = static_cast<ibv_context *>(made); }
     Device *device() const override { return dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
@@ -91,6 +108,9 @@ struct ContextObject : Object {
 struct PdObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kPd;
     PdObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_PD; }
+    const void *driverObject() const override { return pd; }
+    void adoptDriverObject(void *made) override { pd = static_cast<ibv_pd *>(made); }
     Device *device() const override { return context->dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
@@ -101,6 +121,9 @@ struct PdObject : Object {
 struct MrObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kMr;
     MrObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_MR; }
+    const void *driverObject() const override { return mr; }
+    void adoptDriverObject(void *made) override { mr = static_cast<ibv_mr *>(made); }
     Device *device() const override { return pd->context->dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
@@ -108,11 +131,18 @@ struct MrObject : Object {
     ibv_mr *mr = nullptr;
     UniqueMapping mapping;  // the tenant's memory mapped in the broker
     uint64_t length = 0;
+    // The tenant's memfd and the offset the mapping starts at (mapping + delta = the MR's
+    // address): kept so a restarted broker can map it again.
+    UniqueFd fd;
+    uint64_t fd_offset = 0;
 };
 
 struct CqObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kCq;
     CqObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_CQ; }
+    const void *driverObject() const override { return cq; }
+    void adoptDriverObject(void *made) override { cq = static_cast<ibv_cq_extend *>(made); }
     Device *device() const override { return context->dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
@@ -123,6 +153,9 @@ struct CqObject : Object {
 struct SrqObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kSrq;
     SrqObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_SRQ; }
+    const void *driverObject() const override { return srq; }
+    void adoptDriverObject(void *made) override { srq = static_cast<ibv_srq_extend *>(made); }
     Device *device() const override { return context->dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
@@ -133,6 +166,9 @@ struct SrqObject : Object {
 struct QpObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kQp;
     QpObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_QP; }
+    const void *driverObject() const override { return qp; }
+    void adoptDriverObject(void *made) override { qp = static_cast<ibv_qp_extend *>(made); }
     Device *device() const override { return context->dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;

@@ -257,6 +257,16 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
             }
         }
     }
+    return chargeLocked(st, tenant, want);
+}
+
+QuotaCharge QuotaManager::restore(const TenantKey &tenant, const QuotaValues &amounts) {
+    std::lock_guard lock(state_->mu);
+    return chargeLocked(*state_, tenant, amounts);
+}
+
+QuotaCharge QuotaManager::chargeLocked(QuotaCharge::State &st, const TenantKey &tenant,
+                                       const QuotaValues &want) {
     // Everything that may throw (map nodes) before anything is charged.
     QuotaValues &u = st.uid_used[tenant.uid];
     QuotaValues *c = tenant.container.empty() ? nullptr : &st.container_used[tenant.container];

@@ -141,6 +141,11 @@ class QuotaManager {
     StatusOr<QuotaCharge> reserve(const TenantKey &tenant,
                                   std::initializer_list<std::pair<Quota, uint64_t>> amounts);
 
+    // A restored charge (broker restart, docs/restart.md): what the tenant held before, charged
+    // again without checking limits (it was admitted once; a limit lowered since only refuses
+    // new charges).
+    QuotaCharge restore(const TenantKey &tenant, const QuotaValues &amounts);
+
     // Usage, effective limits, defaults and overrides, copied under the lock.
     QuotaSnapshot snapshot() const;
     // Usage of one account (zeros when nothing is charged).
@@ -155,6 +160,9 @@ class QuotaManager {
     void configure(QuotaConfig config);
 
   private:
+    // Adds want to the tenant's accounts; the caller holds st.mu and checked the limits.
+    QuotaCharge chargeLocked(QuotaCharge::State &st, const TenantKey &tenant, const QuotaValues &want);
+
     std::shared_ptr<QuotaCharge::State> state_;
 };
 

@@ -31,6 +31,19 @@ Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, 
       pidfd_(std::move(pidfd)),
       memory_(MappingManager::instance().createSession(id)) {}
 
+Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
+                 UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel)
+    : id_(id),
+      token_(token),
+      token_hex_(tokenToHex(token)),
+      identity_(std::move(identity)),
+      client_name_(std::move(client_name)),
+      created_(std::chrono::steady_clock::now()),
+      pidfd_(std::move(pidfd)),
+      channel_(std::move(channel)),
+      channel_fd_(channel_.get()),
+      memory_(std::move(memory)) {}
+
 Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
 }

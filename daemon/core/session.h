@@ -52,6 +52,10 @@ class Session {
 
     Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
             UniqueFd pidfd);
+    // A session a restarted broker rebuilt (daemon/restart): its memory and attached fd channel
+    // come from the snapshot's fds; its objects are added by the restore.
+    Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
+            UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -86,6 +90,7 @@ class Session {
   private:
     friend class Broker;
     friend class SessionInspector;  // admin_inspect.h: read-only snapshots
+    friend class RestartState;      // daemon/restart: writes and rebuilds sessions
 
     const uint64_t id_;
     const SessionToken token_;

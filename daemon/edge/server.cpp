@@ -123,6 +123,10 @@ std::shared_future<void> BrokerServer::evictSession(const std::shared_ptr<Sessio
 }
 
 void BrokerServer::shutdown(std::chrono::milliseconds grace) {
+    shutdownImpl(grace, /*keep_sessions=*/false);
+}
+
+void BrokerServer::shutdownImpl(std::chrono::milliseconds grace, bool keep_sessions) {
     if (shut_down_) {
         return;
     }
@@ -158,10 +162,22 @@ void BrokerServer::shutdown(std::chrono::milliseconds grace) {
         server_->Shutdown(std::chrono::system_clock::now() + grace);
         closer.join();
     }
-    // 3. Every session's objects, memory and fds.
-    broker_.endAllSessions();
+    // 3. Every session's objects, memory and fds, unless they are handed over.
+    if (!keep_sessions) {
+        broker_.endAllSessions();
+    }
+    for (auto &[id, e] : entries_) {
+        if (e.kind == EntryKind::kListen) {
+            listen_fd_ = std::move(e.owned);
+        }
+    }
     entries_.clear();
     wake_fd_ = -1;
+}
+
+UniqueFd BrokerServer::handOver(std::chrono::milliseconds grace) {
+    shutdownImpl(grace, /*keep_sessions=*/true);
+    return std::move(listen_fd_);
 }
 
 uint64_t BrokerServer::add(Entry entry, uint32_t events) {
@@ -229,6 +245,14 @@ void BrokerServer::loop() {
                             e.fd = s->pidfd();
                             e.session = s;
                             add(std::move(e), EPOLLIN);
+                        }
+                        // A session restored after a restart comes with its fd channel.
+                        if (s->attached() && !s->ended()) {
+                            Entry e;
+                            e.kind = EntryKind::kChannel;
+                            e.fd = s->channelFd();
+                            e.session = s;
+                            add(std::move(e), EPOLLIN | EPOLLRDHUP);
                         }
                     }
                     for (auto &[session, done] : evict) {
@@ -381,6 +405,11 @@ void BrokerServer::handshake(uint64_t id) {
     e.session = session;
     --handshakes_;
     spdlog::debug("session {} attached its fd channel", session->id());
+    // The commit point of the attach: from now on the session survives a crash (its fd channel
+    // is in the snapshot and the fd store).
+    if (Status st = broker_.commit(*session, StoredReply{}); !st.isOk()) {
+        spdlog::warn("session {}: cannot keep its state for a restart: {}", session->id(), st.message());
+    }
 }
 
 void BrokerServer::readChannel(uint64_t id) {

@@ -63,6 +63,9 @@ class BrokerServer final : public SessionListener {
     Status start(UniqueFd listen_fd);
     // Stops accepting, lets in-flight calls finish (up to grace), ends every session. Idempotent.
     void shutdown(std::chrono::milliseconds grace);
+    // The same, but the sessions stay (a restart hands them to the next process): returns the
+    // listening socket.
+    UniqueFd handOver(std::chrono::milliseconds grace);
 
     RpcStats &stats() { return stats_; }
     std::shared_ptr<AdminEvents> events() { return events_; }
@@ -93,6 +96,7 @@ class BrokerServer final : public SessionListener {
     void readChannel(uint64_t id);
     void endSession(const std::shared_ptr<Session> &session, const char *why);
     void reap();
+    void shutdownImpl(std::chrono::milliseconds grace, bool keep_sessions);
 
     Broker &broker_;
     const ServerOptions options_;
@@ -108,6 +112,7 @@ class BrokerServer final : public SessionListener {
     std::thread thread_;
     std::atomic<bool> stop_{false};
     bool shut_down_ = false;
+    UniqueFd listen_fd_;  // kept by a handover
     int wake_fd_ = -1;
 
     // Loop-thread only.

@@ -1,0 +1,121 @@
+// What carries the broker's state across its own restart (docs/restart.md): the session state
+// files, the fds they name, the commit that keeps them current, the list handed to the next
+// process, and the restore that rebuilds sessions from them.
+//
+// Threading:
+//  - commit() runs with the session's mutex held (Broker::commit), so one session's state is
+//    written by one thread at a time; mu_ guards the per-session table and the globals and is
+//    held only around table operations, never across a driver call or a file write of another
+//    session.
+//  - restore() runs before the server serves; handover() after it stopped.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "common/unique_fd.h"
+#include "daemon/core/broker.h"
+#include "daemon/restart/state_file.h"
+
+namespace ibvx::daemon {
+
+// The snapshot's format: a reader refuses a newer one (a downgrade across a format change).
+inline constexpr uint32_t kSnapshotFormat = 1;
+
+// systemd's fd store, as the restart layer sees it (the daemon wires common/fd_store.h). Empty
+// functions: no store (re-exec only).
+struct FdStoreHooks {
+    std::function<Status(const std::vector<std::pair<std::string, int>> &)> add;
+    std::function<Status(const std::string &)> remove;
+    bool enabled() const { return static_cast<bool>(add); }
+};
+
+// What a restore did.
+struct RestoreReport {
+    bool restored = false;  // there was a state to restore
+    uint32_t sessions_kept = 0;
+    uint32_t sessions_dropped = 0;
+    uint64_t objects = 0;
+    uint64_t restarts = 0;
+    uint64_t took_ms = 0;               // from the old process's handover (0: unknown, e.g. a crash)
+    uint64_t restore_ms = 0;            // this process's part
+    std::vector<std::string> problems;  // one line per dropped session or leftover
+};
+
+class RestartState {
+  public:
+    RestartState(Broker &broker, FdStoreHooks store);
+    ~RestartState();
+    RestartState(const RestartState &) = delete;
+    RestartState &operator=(const RestartState &) = delete;
+
+    // Creates ibvx.global (fresh start) or keeps the adopted one (after restore()).
+    Status start();
+
+    // Broker::commit's sink: exports what changed, writes the session's state file, puts new fds
+    // in the store (and takes gone ones out). Session::mu_ is held by the caller.
+    Status commit(Session &s);
+    // Broker::endSession's sink: the session's state file and store entries go.
+    void sessionEnded(Session &s);
+
+    // Rebuilds sessions from the fds a previous process left (names as LISTEN_FDNAMES). Takes
+    // the fds it recognises ("ibvx.*"), leaves the others in fds (the listening socket). Every
+    // session it cannot restore ends cleanly (its fds are closed and removed from the store).
+    // The caller adds the returned sessions to the server's watch list.
+    RestoreReport restore(std::vector<std::pair<std::string, UniqueFd>> &fds,
+                          std::vector<std::shared_ptr<Session>> *restored);
+
+    // What a restart would keep and drop now.
+    struct Plan {
+        uint32_t kept = 0, dropped = 0;
+        std::vector<std::string> dropping_drivers;
+        std::vector<std::shared_ptr<Session>> to_drop;
+    };
+    Plan plan();
+    // The old process's last step: every session committed, the globals written (with the
+    // handover's start time), and the list of every fd the next process needs, named. The fds
+    // stay owned by their holders (valid until exec).
+    StatusOr<std::vector<std::pair<std::string, int>>> handover();
+
+    uint64_t restarts() const;
+    uint64_t lastRestartUnixMs() const;
+    uint64_t lastRestartTookMs() const;
+
+  private:
+    struct SessionEntry {
+        StateFile file;
+        uint64_t start_time = 0;                                      // /proc/<pid>/stat field 22
+        std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // name -> (dev, ino) in the store
+        bool warned = false;
+    };
+    // Names and fds a session's state needs now (for the store and for exec).
+    std::vector<std::pair<std::string, int>> sessionFds(Session &s, SessionEntry &e);
+    Status syncStore(Session &s, SessionEntry &e);
+    Status writeGlobal(uint64_t handover_started_ms);
+    Status restoreSession(const std::string &bytes, std::map<std::string, UniqueFd> &fds, StateFile file,
+                          std::shared_ptr<Session> *out, uint64_t *objects);
+    void dropNames(const std::vector<std::string> &names);
+
+    Broker &broker_;
+    FdStoreHooks store_;
+    mutable std::mutex mu_;
+    std::map<uint64_t, std::unique_ptr<SessionEntry>> entries_;
+    StateFile global_;
+    uint64_t restarts_ = 0;
+    uint64_t last_restart_unix_ms_ = 0;
+    uint64_t last_took_ms_ = 0;
+    uint64_t region_floor_written_ = 0;
+};
+
+// Reads /proc/<pid>/stat's starttime (clock ticks since boot); 0 when the process is gone.
+uint64_t processStartTime(pid_t pid);
+
+}  // namespace ibvx::daemon
