@@ -343,7 +343,8 @@ Status Daemon::init() {
     inherited_ = takeListenFds();
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
-        spdlog::info("using the {} socket", socket_activated_ ? "systemd's" : "inherited");
+        spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
+                                             : "using the listening socket of the previous broker process");
     } else {
         ASSIGN_OR_RETURN(listen_fd, listenOn(config_, &socket_created_));
     }

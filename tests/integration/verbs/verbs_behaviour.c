@@ -19,100 +19,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static void fail(const char *step, const char *why) {
-    fprintf(stderr, "verbs-behaviour: %s: %s\n", step, why);
-    exit(1);
-}
-
-static const int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-
-static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
-    struct ibv_wc wc;
-    for (long i = 0; i < 200000000L; ++i) {
-        int n = ibv_poll_cq(cq, 1, &wc);
-        if (n < 0) {
-            fail(step, "ibv_poll_cq failed");
-        }
-        if (n == 1) {
-            return wc;
-        }
-    }
-    fail(step, "no completion");
-    return wc;
-}
-
-static void to_init(struct ibv_qp *qp) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qp_access_flags = kAccess;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) != 0) {
-        fail("INIT", "refused");
-    }
-}
-
-static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTR;
-    a.path_mtu = IBV_MTU_2048;
-    a.dest_qp_num = dest;
-    a.rq_psn = 77;
-    a.max_dest_rd_atomic = 1;
-    a.min_rnr_timer = 12;
-    a.ah_attr.dlid = lid;
-    a.ah_attr.port_num = 1;
-    if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
-                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) != 0) {
-        fail("RTR", "refused");
-    }
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_RTS;
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.sq_psn = 77;
-    a.max_rd_atomic = 1;
-    if (ibv_modify_qp(qp, &a,
-                      IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                          IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
-        fail("RTS", "refused");
-    }
-}
-
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 8;
-    ia.cap.max_recv_wr = 8;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-    if (qp == NULL) {
-        fail("ibv_create_qp", strerror(errno));
-    }
-    return qp;
-}
+static const char *rc_prog = "verbs-behaviour";
+#include "rc_helpers.h"
 
 int main(int argc, char **argv) {
-    const char *name = argc > 1 ? argv[1] : "softnda0";
-    int n = 0;
-    struct ibv_device **list = ibv_get_device_list(&n);
-    struct ibv_context *ctx = NULL;
-    for (int i = 0; list != NULL && i < n; ++i) {
-        if (strcmp(ibv_get_device_name(list[i]), name) == 0) {
-            ctx = ibv_open_device(list[i]);
-        }
-    }
-    if (ctx == NULL) {
-        fail("ibv_open_device", "no such device");
-    }
-    ibv_free_device_list(list);
+    struct ibv_context *ctx = open_named(argc > 1 ? argv[1] : "softnda0");
     struct ibv_port_attr port;
     if (ibv_query_port(ctx, 1, &port) != 0) {
         fail("ibv_query_port", "refused");

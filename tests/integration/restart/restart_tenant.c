@@ -1,0 +1,130 @@
+/*
+ * A tenant that must not notice broker restarts: an RC loopback pair on a brokered device, a
+ * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
+ * target), and a control call (create + destroy a CQ) every 20 ms, through the standard verbs
+ * (linked against the system libibverbs; run through ibv-extend-run so the face serves it).
+ *
+ *   restart-tenant DEVICE
+ *
+ * stdout: "ready qpn=A,B\n" once the pair is up, then, when stdin reaches EOF (the test closes
+ * it), "done wrs=N failed=F max_gap_us=G control=C control_failed=X max_control_us=M\n". Exit 0 when nothing
+ * failed. max_gap_us is the longest time between two completions: the stall a restart causes.
+ * "gap" lines ("gap us=G at_wr=N") report each gap over 20 ms as it happens.
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static const char *rc_prog = "restart-tenant";
+#include "../verbs/rc_helpers.h"
+
+static uint64_t now_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+static int stdin_closed(void) {
+    struct pollfd p = {0, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) {
+        return 0;
+    }
+    char c;
+    return read(0, &c, 1) <= 0;
+}
+
+int main(int argc, char **argv) {
+    struct ibv_context *ctx = open_named(argc > 1 ? argv[1] : "softnda0");
+    struct ibv_port_attr port;
+    if (ibv_query_port(ctx, 1, &port) != 0) {
+        fail("ibv_query_port", "refused");
+    }
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    struct ibv_cq *cq = pd != NULL ? ibv_create_cq(ctx, 64, NULL, NULL, 0) : NULL;
+    if (cq == NULL) {
+        fail("PD, CQ", strerror(errno));
+    }
+    struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, port.lid);
+    to_rts(b, a->qp_num, port.lid);
+    uint64_t *src = calloc(1, 64), *dst = calloc(1, 64);
+    struct ibv_mr *smr = ibv_reg_mr(pd, src, 64, kAccess);
+    struct ibv_mr *dmr = ibv_reg_mr(pd, dst, 64, kAccess);
+    if (smr == NULL || dmr == NULL) {
+        fail("ibv_reg_mr", strerror(errno));
+    }
+    printf("ready qpn=%u,%u\n", a->qp_num, b->qp_num);
+    fflush(stdout);
+
+    uint64_t wrs = 0, failed = 0, control = 0, control_failed = 0, max_gap = 0, max_control = 0;
+    uint64_t last = now_us(), last_control = last;
+    for (uint64_t i = 1;; ++i) {
+        if ((i & 63) == 0 && stdin_closed()) {
+            break;
+        }
+        *src = i;
+        struct ibv_sge sge = {(uintptr_t)src, 8, smr->lkey};
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = i;
+        wr.sg_list = &sge;
+        wr.num_sge = 1;
+        wr.opcode = IBV_WR_RDMA_WRITE;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.wr.rdma.remote_addr = (uintptr_t)dst;
+        wr.wr.rdma.rkey = dmr->rkey;
+        if (ibv_post_send(a, &wr, &bad) != 0) {
+            fail("ibv_post_send", strerror(errno));
+        }
+        struct ibv_wc wc = wait_wc(cq, "WRITE");
+        uint64_t t = now_us();
+        if (t - last > max_gap) {
+            max_gap = t - last;
+        }
+        if (t - last > 20000) {
+            printf("gap us=%llu at_wr=%llu\n", (unsigned long long)(t - last), (unsigned long long)i);
+            fflush(stdout);
+        }
+        last = t;
+        ++wrs;
+        if (wc.status != IBV_WC_SUCCESS || wc.wr_id != i || __atomic_load_n(dst, __ATOMIC_ACQUIRE) != i) {
+            ++failed;
+            fprintf(stderr, "restart-tenant: WR %llu: status %s, wr_id %llu, target %llu\n", (unsigned long long)i,
+                    ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id, (unsigned long long)*dst);
+        }
+        if (t - last_control >= 20000) {
+            last_control = t;
+            ++control;
+            struct ibv_cq *extra = ibv_create_cq(ctx, 4, NULL, NULL, 0);
+            if (extra == NULL || ibv_destroy_cq(extra) != 0) {
+                ++control_failed;
+                fprintf(stderr, "restart-tenant: control call %llu failed: %s\n", (unsigned long long)control,
+                        strerror(errno));
+            }
+            last = now_us();  // the control call's own time is not a completion gap
+            if (last - t > max_control) {
+                max_control = last - t;
+            }
+        }
+    }
+    printf("done wrs=%llu failed=%llu max_gap_us=%llu control=%llu control_failed=%llu max_control_us=%llu\n",
+           (unsigned long long)wrs, (unsigned long long)failed, (unsigned long long)max_gap,
+           (unsigned long long)control, (unsigned long long)control_failed, (unsigned long long)max_control);
+    fflush(stdout);
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_dereg_mr(smr);
+    ibv_dereg_mr(dmr);
+    ibv_destroy_cq(cq);
+    ibv_dealloc_pd(pd);
+    ibv_close_device(ctx);
+    return failed == 0 && control_failed == 0 ? 0 : 1;
+}
