@@ -209,6 +209,10 @@ bool enterQpError(Qp *qp) {
     if (qp->state.exchange(IBV_QPS_ERR, std::memory_order_acq_rel) == IBV_QPS_ERR) {
         return false;
     }
+    // In queue memory first, so a successor process finds the QP in ERR (SPEC.md §10).
+    if (qp->sq.pi != nullptr) {
+        __atomic_store_n(qp->recWord(kQpStateWord), static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
+    }
     if (qp->fatal_events != nullptr) {
         __atomic_fetch_add(qp->fatal_events, 1u, __ATOMIC_RELEASE);
     }
@@ -250,6 +254,10 @@ class Engine::Thread {
         syscall(SYS_futex, &kick_word_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
     }
     const Counters &counters() const { return ctr_; }
+    void resume() {
+        rescan_.store(true, std::memory_order_release);
+        kick();
+    }
 
   private:
     void run();
@@ -257,6 +265,8 @@ class Engine::Thread {
     bool handleSlot(DbPage *page, unsigned slot);
     bool takeRings(DbPage *page);
     bool processSq(Qp *qp);
+    void settle(Qp *qp, uint32_t pi);
+    void waitWhilePaused();
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                        uint64_t total);
@@ -282,6 +292,7 @@ class Engine::Thread {
     std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive
     uint64_t pass_no_ = 0;
     bool full_scan_due_ = true;
+    std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
     Counters ctr_;
 };
 
@@ -313,6 +324,11 @@ void Engine::poke(DbPage *page, unsigned slot) {
     __atomic_fetch_or(page->summary(), 1ull << slot, __ATOMIC_SEQ_CST);
     threads_[page->page_no % threads_.size()]->kick();
 }
+void Engine::resume() {
+    for (auto &t : threads_) {
+        t->resume();
+    }
+}
 void Engine::addCounters(softnda_counters *out) const {
     for (auto &t : threads_) {
         softnda::addCounters(t->counters(), out);
@@ -326,6 +342,21 @@ void Engine::Thread::run() {
     bool timed_out = false;
     while (!stop_.load(std::memory_order_acquire)) {
         dev_->gate.enterShared();
+        // Read inside the gate: set_paused(1) stores the flag, then takes the gate once, so a
+        // pass either ends before it returns or sees the flag (SPEC.md §10).
+        if (dev_->paused.load(std::memory_order_acquire)) {
+            dev_->gate.leaveShared();
+            waitWhilePaused();
+            idle_passes = 0;
+            timed_out = false;
+            continue;
+        }
+        if (rescan_.exchange(false, std::memory_order_acq_rel)) {
+            // Resumed: rings that happened while paused have no summary bit seen yet, or only
+            // a register value (a bare store); look at everything once.
+            sweep();
+            full_scan_due_ = true;
+        }
         bool did = pass();
         dev_->gate.leaveShared();
         if (did) {
@@ -353,6 +384,16 @@ void Engine::Thread::run() {
         }
         ibvx_cpu_relax();
     }
+}
+
+void Engine::Thread::waitWhilePaused() {
+    uint32_t seen = __atomic_load_n(&kick_word_, __ATOMIC_SEQ_CST);
+    if (!dev_->paused.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire)) {
+        return;
+    }
+    // resume() and stop kick; the timeout only bounds a lost kick.
+    timespec rel{0, 10'000'000};
+    syscall(SYS_futex, &kick_word_, FUTEX_WAIT_PRIVATE, seen, &rel, nullptr, 0);
 }
 
 bool Engine::Thread::takeRings(DbPage *page) {
@@ -523,7 +564,7 @@ bool Engine::Thread::sleep() {
         bump(ctr_.wakeups);
     }
     bool timed_out = rc < 0 && errno == ETIMEDOUT;
-    if (timed_out) {
+    if (timed_out && !dev_->paused.load(std::memory_order_acquire)) {
         sweep();
     }
     full_scan_due_ = true;  // the page that woke us may be a cold one
@@ -563,6 +604,9 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
     }
     ring.ci_local = pi;
     __atomic_store_n(ring.ci, pi, __ATOMIC_RELEASE);
+    if (qp != nullptr && &ring == &qp->sq) {
+        __atomic_store_n(qp->recWord(kSqExecWord), pi, __ATOMIC_RELEASE);  // nothing in flight
+    }
     bump(ctr_.errors);
     if (qp != nullptr) {
         setQpError(dev_, qp);
@@ -587,10 +631,16 @@ bool Engine::Thread::processSq(Qp *qp) {
     if (state != IBV_QPS_RTS) {
         return false;
     }
+    if (qp->recover_head || qp->recover_psn) {
+        settle(qp, pi);
+    }
     bool did = false;
     uint32_t budget = kMaxWqesPerVisit;
     while (sq.ci_local != pi && budget-- > 0) {
         const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
+        // WQE ci_local starts (SPEC.md §10): a successor that finds this word one ahead of CI
+        // asks the responder whether the WQE took effect before running it again.
+        __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
         std::memcpy(&w.hdr, slot, sizeof(w.hdr));
         if (w.hdr.flags & SOFTNDA_WQE_INLINE) {
@@ -633,9 +683,12 @@ bool Engine::Thread::processSq(Qp *qp) {
             // must see ERR, as with a real NIC (the error completion is the transition's report).
             enterQpError(qp);
         }
+        // CI per WQE, not per batch, and before the CQE: a CQE implies its ring slots are free
+        // (SPEC.md §4), and a successor must not run a finished WQE again (§10). The PSN after
+        // CI: its loss is what settle() repairs.
+        __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
         if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
-            // CI first: a CQE implies its ring slots are free (SPEC.md §4).
-            __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
             softnda_cqe c{};
             c.wr_id = w.hdr.wr_id;
             c.byte_len = res.byte_len;
@@ -764,9 +817,72 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     ExecResult res = respond(qp, peer, w, local, nlocal, total);
     if (res.outcome == Outcome::Done) {
         peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
+        // The commit point of the WQE (SPEC.md §10): once this is in queue memory, a successor
+        // never runs it again.
+        __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
         qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
     }
     return res;
+}
+
+// After an import (SPEC.md §10): the old process died inside the head WQE (recover_head: its
+// execution word is one ahead of CI) or between a WQE's CI and its PSN store (recover_psn). The
+// responder's PSN tells which: one ahead of ours means the WQE took effect there. Then the head
+// WQE is retired without running again (a signalled one gets its success CQE), or our PSN, whose
+// store was lost, is taken from the peer.
+void Engine::Thread::settle(Qp *qp, uint32_t pi) {
+    bool head = qp->recover_head;
+    qp->recover_head = false;
+    qp->recover_psn = false;
+    Qp *peer = peerOf(qp);
+    if (peer == nullptr) {
+        return;
+    }
+    uint32_t r;
+    {
+        std::lock_guard<std::mutex> lk(peer->rq_lock);
+        if (peer->attrs.dest_qpn != qp->qpn) {
+            return;
+        }
+        r = peer->rq_psn;
+    }
+    if (r != ((qp->sq_psn + 1) & kPsnMask)) {
+        return;  // it did not: the head WQE runs (again) as usual
+    }
+    qp->sq_psn = r;
+    Ring &sq = qp->sq;
+    if (!head || sq.ci_local == pi) {
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+        return;
+    }
+    softnda_wqe h;
+    std::memcpy(&h, sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride, sizeof(h));
+    uint32_t byte_len = 0;
+    if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+        byte_len = 8;
+    } else if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+        const auto *sges = reinterpret_cast<const softnda_sge *>(
+            sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride + SOFTNDA_WQE_HEADER_SIZE);
+        uint32_t n = std::min<uint32_t>(h.num_sge, (sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE);
+        for (uint32_t i = 0; i < n; ++i) {
+            softnda_sge s;
+            std::memcpy(&s, &sges[i], sizeof(s));
+            byte_len += s.length;
+        }
+    }
+    sq.ci_local++;
+    bump(ctr_.wqes);
+    __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+    if ((h.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
+        softnda_cqe c{};
+        c.wr_id = h.wr_id;
+        c.byte_len = byte_len;
+        c.qp_num = qp->qpn;
+        c.opcode = wcOpcodeOf(h.opcode);
+        c.status = IBV_WC_SUCCESS;
+        writeCqe(qp->scq, ctr_, c);
+    }
 }
 
 // The responder half of one WQE; peer->rq_lock is held.
