@@ -424,7 +424,7 @@ void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_i
 void *importPd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     PdBlob p;
     Context *ctx = asContext(env->context);
-    if (!readBody(IBV_EXTEND_VDEV_OBJ_PD, in, &p) || ctx == nullptr || in->fd_cnt != 0) {
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_PD, in, &p) || ctx == nullptr || in->fd_cnt != 0 || p.resv != 0) {
         return failNull<void>(EINVAL);
     }
     Device *dev = ctx->dev;
@@ -743,6 +743,12 @@ void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in
     if (in == nullptr || env == nullptr ||
         (kind != IBV_EXTEND_VDEV_OBJ_CONTEXT && env->relocate == nullptr)) {
         return failNull<void>(EINVAL);
+    }
+    // Only while paused, before anything else is looked at (the per-kind imports check again
+    // under Device::ctl).
+    if (Context *ctx = asContext(env->context);
+        kind != IBV_EXTEND_VDEV_OBJ_CONTEXT && ctx != nullptr && !devicePaused(ctx->dev)) {
+        return failNull<void>(EBUSY);
     }
     switch (kind) {
         case IBV_EXTEND_VDEV_OBJ_CONTEXT:

@@ -634,3 +634,135 @@ TEST(Restart, QueuesCarryOnInTheSuccessorAfterAKill) {
 }
 
 }  // namespace
+
+namespace {
+
+using softnda_test::SoftndaTest;
+
+// Relocation in one process: only the exact ranges the test knows map (to themselves).
+struct Known {
+    std::map<uint64_t, uint64_t> ranges;  // old address -> length
+};
+void *knownOnly(void *arg, uint64_t old, uint64_t len) {
+    auto *k = static_cast<Known *>(arg);
+    auto it = k->ranges.find(old);
+    return it != k->ranges.end() && it->second == len ? reinterpret_cast<void *>(old) : nullptr;
+}
+
+class RestartBlob : public SoftndaTest {
+  protected:
+    void TearDown() override {
+        EXPECT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
+        SoftndaTest::TearDown();
+    }
+};
+
+// Garbage never imports: truncated, foreign, other-version or other-kind blobs, bodies of noise,
+// missing relocations and fd counts that do not match answer EINVAL, and leave no fd or memory.
+TEST_F(RestartBlob, CorruptedTruncatedAndForeignBlobsAnswerEinval) {
+    auto cq = makeCq(16);
+    auto qp = makeQp(cq, cq);
+    uint64_t buf[8];
+    ibv_mr *mr = reg(buf, sizeof(buf));
+    struct Item {
+        ibv_extend_vdev_obj kind;
+        const void *obj;
+        ibv_extend_vdev_state st;
+    };
+    std::vector<Item> items = {{IBV_EXTEND_VDEV_OBJ_CONTEXT, ctx_, {}},
+                               {IBV_EXTEND_VDEV_OBJ_PD, pd_, {}},
+                               {IBV_EXTEND_VDEV_OBJ_MR, mr, {}},
+                               {IBV_EXTEND_VDEV_OBJ_CQ, cq.ext, {}},
+                               {IBV_EXTEND_VDEV_OBJ_QP, qp.ext, {}}};
+    for (auto &it : items) {
+        ASSERT_EQ(softnda_vdev_ops.export_object(it.kind, it.obj, &it.st), 0) << it.kind;
+        ASSERT_GE(it.st.len, 16u);
+    }
+    // Not one of ours / wrong kind for the pointer.
+    ibv_extend_vdev_state junk{};
+    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_QP, nullptr, &junk), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.export_object(static_cast<ibv_extend_vdev_obj>(99), pd_, &junk), -EINVAL);
+
+    ibv_extend_vdev_import env{};
+    Known known;
+    env.device = "softnda0";
+    env.context = ctx_;
+    env.pd = pd_;
+    env.send_cq = env.recv_cq = cq.ext->cq;
+    env.ops = arena().ops();
+    env.relocate = knownOnly;
+    env.arg = &known;
+    int fds = countFds();
+    size_t allocs = arena().liveAllocs();
+
+    // Not paused: EBUSY, whatever the blob.
+    for (auto &it : items) {
+        errno = 0;
+        EXPECT_EQ(softnda_vdev_ops.import_object(it.kind, &it.st, &env), nullptr);
+        EXPECT_EQ(errno, EBUSY) << it.kind;
+    }
+    ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 1), 0);
+    auto refuse = [&](ibv_extend_vdev_obj kind, const ibv_extend_vdev_state &st, const char *what) {
+        errno = 0;
+        void *o = softnda_vdev_ops.import_object(kind, &st, &env);
+        EXPECT_EQ(o, nullptr) << what << " kind " << kind;
+        EXPECT_EQ(errno, EINVAL) << what << " kind " << kind;
+    };
+    uint32_t seed = 12345;
+    auto rnd = [&seed] {
+        seed = seed * 1103515245u + 12345u;
+        return seed >> 8;
+    };
+    for (auto &it : items) {
+        ibv_extend_vdev_state s = it.st;
+        for (uint32_t len : {0u, 1u, 15u, 16u, it.st.len - 1, it.st.len + 1}) {
+            s = it.st;
+            s.len = len;
+            refuse(it.kind, s, "length");
+        }
+        s = it.st;
+        s.data[0] ^= 1;
+        refuse(it.kind, s, "magic");
+        s = it.st;
+        s.data[4] = 2;
+        refuse(it.kind, s, "version");
+        s = it.st;
+        s.len = 5000;
+        refuse(it.kind, s, "beyond the buffer");
+        s = it.st;
+        s.fd_cnt = it.st.fd_cnt + 1;
+        refuse(it.kind, s, "fd count");
+        for (auto &other : items) {
+            if (other.kind != it.kind) {
+                refuse(other.kind, it.st, "another kind's blob");
+            }
+        }
+        // Noise behind a valid header.
+        for (int round = 0; round < 200; ++round) {
+            s = it.st;
+            for (uint32_t i = 16; i < s.len; ++i) {
+                s.data[i] = static_cast<uint8_t>(rnd());
+            }
+            refuse(it.kind, s, "noise");
+        }
+    }
+    // No relocation for the memory: EINVAL (the blobs are otherwise good ones).
+    refuse(IBV_EXTEND_VDEV_OBJ_MR, items[2].st, "MR without relocation");
+    refuse(IBV_EXTEND_VDEV_OBJ_CQ, items[3].st, "CQ without relocation");
+    refuse(IBV_EXTEND_VDEV_OBJ_QP, items[4].st, "QP without relocation");
+    env.relocate = nullptr;
+    refuse(IBV_EXTEND_VDEV_OBJ_PD, items[1].st, "no relocate callback");
+    // A QP whose number is in use here, and MR whose key is: refused even with relocation.
+    env.relocate = knownOnly;
+    known.ranges[reinterpret_cast<uintptr_t>(buf)] = sizeof(buf);
+    refuse(IBV_EXTEND_VDEV_OBJ_MR, items[2].st, "MR key in use");
+    for (auto &it : items) {
+        for (uint32_t i = 0; i < it.st.fd_cnt; ++i) {
+            close(it.st.fds[i]);
+        }
+    }
+    EXPECT_EQ(countFds(), fds - static_cast<int>(items[0].st.fd_cnt));
+    EXPECT_EQ(arena().liveAllocs(), allocs);
+}
+
+}  // namespace
