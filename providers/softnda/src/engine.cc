@@ -69,6 +69,17 @@ struct ExecResult {
     Outcome outcome = Outcome::Done;
 };
 
+// A successful receive completion the responder writes only after the request's commit point
+// (SPEC.md §10), so a request that dies before it leaves no receive completed.
+struct PendingRecv {
+    bool set = false;
+    RecvCopy r;
+    uint32_t byte_len;
+    uint8_t opcode;
+    uint32_t imm;
+    uint8_t flags;
+};
+
 // A gather/scatter list already checked against its MRs.
 struct Segment {
     uint8_t *addr;
@@ -269,7 +280,7 @@ class Engine::Thread {
     void waitWhilePaused();
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                       uint64_t total);
+                       uint64_t total, PendingRecv *pending);
     bool takeRecv(Qp *peer, RecvCopy *out);
     void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
                       uint32_t imm, uint8_t flags, uint32_t src);
@@ -814,13 +825,23 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
         return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};
     }
-    ExecResult res = respond(qp, peer, w, local, nlocal, total);
+    PendingRecv pending;
+    ExecResult res = respond(qp, peer, w, local, nlocal, total, &pending);
     if (res.outcome == Outcome::Done) {
         peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
+        if (pending.set && peer->srq == nullptr) {
+            // The receive's CI, held back since takeRecv: a request that dies before here has
+            // consumed nothing a successor can see (SPEC.md §10).
+            __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);
+        }
         // The commit point of the WQE (SPEC.md §10): once this is in queue memory, a successor
         // never runs it again.
         __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
         qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+        if (pending.set) {
+            completeRecv(peer, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
+                         pending.flags, qp->qpn);
+        }
     }
     return res;
 }
@@ -887,7 +908,7 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
 
 // The responder half of one WQE; peer->rq_lock is held.
 ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                                   uint64_t total) {
+                                   uint64_t total, PendingRecv *pending) {
     const softnda_wqe &h = w.hdr;
     auto fail = [&](uint8_t status) {
         if (status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR ||
@@ -920,7 +941,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
     switch (h.opcode) {
         case SOFTNDA_OP_RDMA_WRITE:
         case SOFTNDA_OP_RDMA_WRITE_WITH_IMM: {
-            RecvCopy r;
+            RecvCopy &r = pending->r;  // taken in place: no copy on the fast path
             if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM && !takeRecv(peer, &r)) {
                 return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
             }
@@ -931,8 +952,12 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
             }
             bump(ctr_.bytes, total);
             if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
-                completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), IBV_WC_RECV_RDMA_WITH_IMM,
-                             h.imm_data, SOFTNDA_CQE_WITH_IMM, qp->qpn);
+                *pending = PendingRecv{true,
+                                       r,
+                                       static_cast<uint32_t>(total),
+                                       IBV_WC_RECV_RDMA_WITH_IMM,
+                                       h.imm_data,
+                                       SOFTNDA_CQE_WITH_IMM};
             }
             return ExecResult{};
         }
@@ -967,7 +992,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
             break;
     }
     // SEND / SEND_WITH_IMM
-    RecvCopy r;
+    RecvCopy &r = pending->r;
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
@@ -1011,7 +1036,11 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
         }
     }
     bump(ctr_.bytes, total);
-    completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), op, h.imm_data, flags, qp->qpn);
+    pending->set = true;
+    pending->byte_len = static_cast<uint32_t>(total);
+    pending->opcode = op;
+    pending->imm = h.imm_data;
+    pending->flags = flags;
     return ExecResult{};
 }
 
@@ -1054,8 +1083,9 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
         return false;
     }
     copy(ring, peer->rq_max_sge);
+    // CI in the record waits for the request's commit (execute) or its error completion
+    // (completeRecv): SPEC.md §10. peer->rq_lock is held throughout.
     ring.ci_local++;
-    __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
     return true;
 }
 
@@ -1070,6 +1100,9 @@ void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, u
     c.opcode = opcode;
     c.status = status;
     c.flags = flags;
+    if (peer->srq == nullptr) {
+        __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);  // CI before the CQE (§4)
+    }
     if (status != IBV_WC_SUCCESS) {
         bump(ctr_.errors);
         setQpError(dev_, peer);  // before the CQE, as in processSq

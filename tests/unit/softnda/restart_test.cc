@@ -215,7 +215,7 @@ void handOver(Shared *sh, int sock, int efd, int afd) {
     }
 }
 
-constexpr int kNormal = 0, kDoctored = 1;
+constexpr int kNormal = 0, kDoctored = 1, kDiedBeforeCommit = 2;
 
 // Record words as u32 indexes from dbr_pi (SPEC.md §1.1, §10).
 constexpr unsigned kWCi = 16, kWSqPsn = 18, kWExec = 21;
@@ -374,6 +374,22 @@ void doctor(Shared *sh, softnda_sq *sq, ibv_cq_extend **cq, softnda_cq *cqs, uin
     bad.rkey = 0xdead00;
     post(&sq[2], bad);
     need(waitCqes(cqs[0], 1).size() == 1, 19);
+    if (mode == kDiedBeforeCommit) {
+        // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
+        // point: in queue memory nothing else of it is visible, so the successor runs it.
+        softnda_sge rr{sh->recv + 1024, 8, sh->key[2]};
+        need(softnda_rq_post(&rq[1], 6100, &rr, 1) == 0, 40);
+        softnda_rq_doorbell(&rq[1]);
+        src[250] = 0x6000;
+        static softnda_sge ss{sh->src + 2000, 8, sh->key[0]};
+        auto x = wr(SOFTNDA_OP_SEND, 6000, &ss, 1);
+        need(softnda_sq_post(&sq[0], &x) == 0, 41);
+        __atomic_store_n(sq[0].dbr_pi, sq[0].pi, __ATOMIC_RELEASE);  // published, not rung
+        uint32_t *a = rec(sh->qp_ext[0]);
+        __atomic_store_n(a + kWExec, a[kWCi] + 1, __ATOMIC_RELEASE);
+        handOver(sh, sock, efd, afd);
+        kill(getpid(), SIGKILL);
+    }
     if (mode == kDoctored) {
         doctor(sh, sq, cq, cqs, src);
         handOver(sh, sock, efd, afd);
@@ -775,6 +791,30 @@ TEST_F(SoftndaRestart, AWqeCommittedAtTheResponderIsRetiredNotRunAgain) {
     ASSERT_EQ(softnda_vdev_ops.query_qp(qp[1]->qp, &a, IBV_QP_STATE, &ia), 0);
     EXPECT_EQ(a.sq_psn, 2u);
     EXPECT_EQ(a.rq_psn, 4u);
+    teardown();
+}
+
+// The other side of the same question: a WQE that started but did not commit runs (once).
+TEST_F(SoftndaRestart, AWqeThatDidNotCommitRunsOnce) {
+    restore(kDiedBeforeCommit);
+    ASSERT_FALSE(HasFatalFailure());
+    auto sent = waitCqes(cqs[0], 1);
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_EQ(sent[0].wr_id, 6000u);
+    EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+    auto got = waitCqes(cqs[1], 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].wr_id, 6100u);
+    EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(recv[128], 0x6000u);
+    softnda_cqe extra{};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(softnda_cq_poll(&cqs[0], &extra, 1), 0) << extra.wr_id;
+    EXPECT_EQ(softnda_cq_poll(&cqs[1], &extra, 1), 0) << extra.wr_id;
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[1]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.rq_psn, 3u);
     teardown();
 }
 
