@@ -952,12 +952,11 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
             }
             bump(ctr_.bytes, total);
             if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
-                *pending = PendingRecv{true,
-                                       r,
-                                       static_cast<uint32_t>(total),
-                                       IBV_WC_RECV_RDMA_WITH_IMM,
-                                       h.imm_data,
-                                       SOFTNDA_CQE_WITH_IMM};
+                pending->set = true;
+                pending->byte_len = static_cast<uint32_t>(total);
+                pending->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+                pending->imm = h.imm_data;
+                pending->flags = SOFTNDA_CQE_WITH_IMM;
             }
             return ExecResult{};
         }
