@@ -485,8 +485,9 @@ ibv_context *importContext(const char *name, int bar_fd, int async_fd, const uin
     }
     const uint64_t stride = dbPageStride();
     struct stat st {};
-    if ((n > 0 && (bar_fd < 0 || fstat(bar_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-                   static_cast<uint64_t>(st.st_size) < n * stride)) ||
+    if ((n > 0 && bar_fd < 0) ||
+        (bar_fd >= 0 && (fstat(bar_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+                         static_cast<uint64_t>(st.st_size) < n * stride)) ||
         (async_fd >= 0 && !ibvx::isEventFd(async_fd))) {
         errno = EINVAL;
         return nullptr;
