@@ -1,6 +1,7 @@
 // Devices, contexts and the doorbell BAR: the part of softnda that exists before any queue.
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <map>
 #include <system_error>
 
+#include "common/fd_kind.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -420,6 +422,154 @@ int vdevCloseDevice(ibv_context *context) {
     ctx->magic = 0;
     delete ctx;
     return 0;
+}
+
+int vdevSetPaused(const char *device, int paused) {
+    if (device == nullptr) {
+        return -ENODEV;
+    }
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    ensureDevices(r);
+    Device *dev = findDevice(r, device);
+    if (dev == nullptr) {
+        return -ENODEV;
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (paused != 0) {
+        dev->paused.store(true, std::memory_order_release);
+        // A pass in progress holds the gate shared: taking it once waits for the pass to end,
+        // and every later pass reads the flag inside the gate.
+        dev->gate.lock();
+        dev->gate.unlock();
+    } else if (dev->paused.exchange(false, std::memory_order_acq_rel) && dev->engine) {
+        dev->engine->resume();
+    }
+    return 0;
+}
+
+namespace {
+// Takes device page number no for an imported page (Device::pages_mu held): false when it is in use.
+bool claimPageNo(Device *dev, uint32_t no) {
+    if (no < dev->pages.size()) {
+        auto it = std::find(dev->free_page_nos.begin(), dev->free_page_nos.end(), no);
+        if (dev->pages[no] != nullptr || it == dev->free_page_nos.end()) {
+            return false;
+        }
+        dev->free_page_nos.erase(it);
+        return true;
+    }
+    while (dev->pages.size() < no) {
+        dev->free_page_nos.push_back(static_cast<uint32_t>(dev->pages.size()));
+        dev->pages.push_back(nullptr);
+    }
+    dev->pages.push_back(nullptr);
+    return true;
+}
+}  // namespace
+
+ibv_context *importContext(const char *name, int bar_fd, int async_fd, const uint32_t *page_nos, uint32_t n) {
+    // Device page numbers are dense in practice; a number far beyond any device's is garbage.
+    constexpr uint32_t kMaxPageNo = 1u << 22;
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lk(r.mu);
+    ensureDevices(r);
+    Device *dev = name != nullptr ? findDevice(r, name) : nullptr;
+    if (dev == nullptr) {
+        errno = ENODEV;
+        return nullptr;
+    }
+    if (!devicePaused(dev)) {
+        errno = EBUSY;
+        return nullptr;
+    }
+    const uint64_t stride = dbPageStride();
+    struct stat st {};
+    if ((n > 0 && bar_fd < 0) ||
+        (bar_fd >= 0 && (fstat(bar_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+                         static_cast<uint64_t>(st.st_size) < n * stride)) ||
+        (async_fd >= 0 && !ibvx::isEventFd(async_fd))) {
+        errno = EINVAL;
+        return nullptr;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        if (page_nos[i] >= kMaxPageNo || std::find(page_nos, page_nos + i, page_nos[i]) != page_nos + i) {
+            errno = EINVAL;
+            return nullptr;
+        }
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    {
+        std::lock_guard<std::mutex> pl(dev->pages_mu);
+        for (uint32_t i = 0; i < n; ++i) {
+            if (page_nos[i] < dev->pages.size() && dev->pages[page_nos[i]] != nullptr) {
+                errno = EINVAL;  // another context has that page now
+                return nullptr;
+            }
+        }
+    }
+    std::vector<uint8_t *> vas;
+    for (uint32_t i = 0; i < n; ++i) {
+        void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, bar_fd,
+                        static_cast<off_t>(i * stride));
+        if (va == MAP_FAILED) {
+            int err = errno;
+            for (uint8_t *v : vas) {
+                munmap(v, SOFTNDA_DB_PAGE_SIZE);
+            }
+            errno = err;
+            return nullptr;
+        }
+        vas.push_back(static_cast<uint8_t *>(va));
+    }
+    auto ctx = std::make_unique<Context>();
+    ctx->magic = kMagicContext;
+    ctx->dev = dev;
+    ctx->ib.device = &dev->ib;
+    ctx->ib.cmd_fd = -1;
+    ctx->ib.async_fd = -1;
+    if (dev->open_contexts == 0) {
+        try {
+            dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
+        } catch (const std::system_error &) {
+            for (uint8_t *v : vas) {
+                munmap(v, SOFTNDA_DB_PAGE_SIZE);
+            }
+            errno = EAGAIN;
+            return nullptr;
+        }
+    }
+    dev->open_contexts++;
+    r.open_contexts++;
+    for (uint32_t i = 0; i < n; ++i) {
+        auto *page = new DbPage;
+        page->va = vas[i];
+        page->ctx = ctx.get();
+        page->file_off = i * stride;
+        page->page_no = page_nos[i];
+        {
+            std::lock_guard<std::mutex> pl(dev->pages_mu);
+            claimPageNo(dev, page->page_no);
+        }
+        ctx->pages.push_back(page);
+        {
+            std::lock_guard<std::mutex> ml(mmioMutex());
+            mmioPages()[reinterpret_cast<uintptr_t>(page->va)] = MmioEntry{bar_fd, page->file_off};
+        }
+        dev->gate.lock();
+        {
+            std::lock_guard<std::mutex> pl(dev->pages_mu);
+            dev->pages[page->page_no] = page;
+        }
+        if (dev->engine) {
+            dev->engine->addPage(page);
+        }
+        dev->gate.unlock();
+    }
+    ctx->bar_fd = bar_fd;
+    ctx->bar_pages = n;
+    ctx->async_fd = async_fd;
+    return &ctx.release()->ib;
 }
 
 int vdevIsOwnDevice(const ibv_device *dev) {

@@ -69,6 +69,17 @@ struct ExecResult {
     Outcome outcome = Outcome::Done;
 };
 
+// A successful receive completion the responder writes only after the request's commit point
+// (SPEC.md §10), so a request that dies before it leaves no receive completed.
+struct PendingRecv {
+    bool set = false;
+    RecvCopy r;
+    uint32_t byte_len;
+    uint8_t opcode;
+    uint32_t imm;
+    uint8_t flags;
+};
+
 // A gather/scatter list already checked against its MRs.
 struct Segment {
     uint8_t *addr;
@@ -209,6 +220,10 @@ bool enterQpError(Qp *qp) {
     if (qp->state.exchange(IBV_QPS_ERR, std::memory_order_acq_rel) == IBV_QPS_ERR) {
         return false;
     }
+    // In queue memory first, so a successor process finds the QP in ERR (SPEC.md §10).
+    if (qp->sq.pi != nullptr) {
+        __atomic_store_n(qp->recWord(kQpStateWord), static_cast<uint32_t>(IBV_QPS_ERR), __ATOMIC_RELEASE);
+    }
     if (qp->fatal_events != nullptr) {
         __atomic_fetch_add(qp->fatal_events, 1u, __ATOMIC_RELEASE);
     }
@@ -250,6 +265,10 @@ class Engine::Thread {
         syscall(SYS_futex, &kick_word_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
     }
     const Counters &counters() const { return ctr_; }
+    void resume() {
+        rescan_.store(true, std::memory_order_release);
+        kick();
+    }
 
   private:
     void run();
@@ -257,9 +276,11 @@ class Engine::Thread {
     bool handleSlot(DbPage *page, unsigned slot);
     bool takeRings(DbPage *page);
     bool processSq(Qp *qp);
+    void settle(Qp *qp, uint32_t pi);
+    void waitWhilePaused();
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                       uint64_t total);
+                       uint64_t total, PendingRecv *pending);
     bool takeRecv(Qp *peer, RecvCopy *out);
     void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
                       uint32_t imm, uint8_t flags, uint32_t src);
@@ -282,6 +303,7 @@ class Engine::Thread {
     std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive
     uint64_t pass_no_ = 0;
     bool full_scan_due_ = true;
+    std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
     Counters ctr_;
 };
 
@@ -313,6 +335,11 @@ void Engine::poke(DbPage *page, unsigned slot) {
     __atomic_fetch_or(page->summary(), 1ull << slot, __ATOMIC_SEQ_CST);
     threads_[page->page_no % threads_.size()]->kick();
 }
+void Engine::resume() {
+    for (auto &t : threads_) {
+        t->resume();
+    }
+}
 void Engine::addCounters(softnda_counters *out) const {
     for (auto &t : threads_) {
         softnda::addCounters(t->counters(), out);
@@ -326,6 +353,21 @@ void Engine::Thread::run() {
     bool timed_out = false;
     while (!stop_.load(std::memory_order_acquire)) {
         dev_->gate.enterShared();
+        // Read inside the gate: set_paused(1) stores the flag, then takes the gate once, so a
+        // pass either ends before it returns or sees the flag (SPEC.md §10).
+        if (dev_->paused.load(std::memory_order_acquire)) {
+            dev_->gate.leaveShared();
+            waitWhilePaused();
+            idle_passes = 0;
+            timed_out = false;
+            continue;
+        }
+        if (rescan_.exchange(false, std::memory_order_acq_rel)) {
+            // Resumed: rings that happened while paused have no summary bit seen yet, or only
+            // a register value (a bare store); look at everything once.
+            sweep();
+            full_scan_due_ = true;
+        }
         bool did = pass();
         dev_->gate.leaveShared();
         if (did) {
@@ -353,6 +395,16 @@ void Engine::Thread::run() {
         }
         ibvx_cpu_relax();
     }
+}
+
+void Engine::Thread::waitWhilePaused() {
+    uint32_t seen = __atomic_load_n(&kick_word_, __ATOMIC_SEQ_CST);
+    if (!dev_->paused.load(std::memory_order_acquire) || stop_.load(std::memory_order_acquire)) {
+        return;
+    }
+    // resume() and stop kick; the timeout only bounds a lost kick.
+    timespec rel{0, 10'000'000};
+    syscall(SYS_futex, &kick_word_, FUTEX_WAIT_PRIVATE, seen, &rel, nullptr, 0);
 }
 
 bool Engine::Thread::takeRings(DbPage *page) {
@@ -523,7 +575,7 @@ bool Engine::Thread::sleep() {
         bump(ctr_.wakeups);
     }
     bool timed_out = rc < 0 && errno == ETIMEDOUT;
-    if (timed_out) {
+    if (timed_out && !dev_->paused.load(std::memory_order_acquire)) {
         sweep();
     }
     full_scan_due_ = true;  // the page that woke us may be a cold one
@@ -563,6 +615,9 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
     }
     ring.ci_local = pi;
     __atomic_store_n(ring.ci, pi, __ATOMIC_RELEASE);
+    if (qp != nullptr && &ring == &qp->sq) {
+        __atomic_store_n(qp->recWord(kSqExecWord), pi, __ATOMIC_RELEASE);  // nothing in flight
+    }
     bump(ctr_.errors);
     if (qp != nullptr) {
         setQpError(dev_, qp);
@@ -587,10 +642,16 @@ bool Engine::Thread::processSq(Qp *qp) {
     if (state != IBV_QPS_RTS) {
         return false;
     }
+    if (qp->recover_head || qp->recover_psn) {
+        settle(qp, pi);
+    }
     bool did = false;
     uint32_t budget = kMaxWqesPerVisit;
     while (sq.ci_local != pi && budget-- > 0) {
         const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
+        // WQE ci_local starts (SPEC.md §10): a successor that finds this word one ahead of CI
+        // asks the responder whether the WQE took effect before running it again.
+        __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
         std::memcpy(&w.hdr, slot, sizeof(w.hdr));
         if (w.hdr.flags & SOFTNDA_WQE_INLINE) {
@@ -633,9 +694,12 @@ bool Engine::Thread::processSq(Qp *qp) {
             // must see ERR, as with a real NIC (the error completion is the transition's report).
             enterQpError(qp);
         }
+        // CI per WQE, not per batch, and before the CQE: a CQE implies its ring slots are free
+        // (SPEC.md §4), and a successor must not run a finished WQE again (§10). The PSN after
+        // CI: its loss is what settle() repairs.
+        __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
         if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
-            // CI first: a CQE implies its ring slots are free (SPEC.md §4).
-            __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
             softnda_cqe c{};
             c.wr_id = w.hdr.wr_id;
             c.byte_len = res.byte_len;
@@ -761,17 +825,90 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
         return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};
     }
-    ExecResult res = respond(qp, peer, w, local, nlocal, total);
+    PendingRecv pending;
+    ExecResult res = respond(qp, peer, w, local, nlocal, total, &pending);
     if (res.outcome == Outcome::Done) {
         peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
+        if (pending.set && peer->srq == nullptr) {
+            // The receive's CI, held back since takeRecv: a request that dies before here has
+            // consumed nothing a successor can see (SPEC.md §10).
+            __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);
+        }
+        // The commit point of the WQE (SPEC.md §10): once this is in queue memory, a successor
+        // never runs it again.
+        __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
         qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+        if (pending.set) {
+            completeRecv(peer, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
+                         pending.flags, qp->qpn);
+        }
     }
     return res;
 }
 
+// After an import (SPEC.md §10): the old process died inside the head WQE (recover_head: its
+// execution word is one ahead of CI) or between a WQE's CI and its PSN store (recover_psn). The
+// responder's PSN tells which: one ahead of ours means the WQE took effect there. Then the head
+// WQE is retired without running again (a signalled one gets its success CQE), or our PSN, whose
+// store was lost, is taken from the peer.
+void Engine::Thread::settle(Qp *qp, uint32_t pi) {
+    bool head = qp->recover_head;
+    qp->recover_head = false;
+    qp->recover_psn = false;
+    Qp *peer = peerOf(qp);
+    if (peer == nullptr) {
+        return;
+    }
+    uint32_t r;
+    {
+        std::lock_guard<std::mutex> lk(peer->rq_lock);
+        if (peer->attrs.dest_qpn != qp->qpn) {
+            return;
+        }
+        r = peer->rq_psn;
+    }
+    if (r != ((qp->sq_psn + 1) & kPsnMask)) {
+        return;  // it did not: the head WQE runs (again) as usual
+    }
+    qp->sq_psn = r;
+    Ring &sq = qp->sq;
+    if (!head || sq.ci_local == pi) {
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+        return;
+    }
+    softnda_wqe h;
+    std::memcpy(&h, sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride, sizeof(h));
+    uint32_t byte_len = 0;
+    if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+        byte_len = 8;
+    } else if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+        const auto *sges = reinterpret_cast<const softnda_sge *>(
+            sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride + SOFTNDA_WQE_HEADER_SIZE);
+        uint32_t n = std::min<uint32_t>(h.num_sge, (sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE);
+        for (uint32_t i = 0; i < n; ++i) {
+            softnda_sge s;
+            std::memcpy(&s, &sges[i], sizeof(s));
+            byte_len += s.length;
+        }
+    }
+    sq.ci_local++;
+    bump(ctr_.wqes);
+    __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+    if ((h.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
+        softnda_cqe c{};
+        c.wr_id = h.wr_id;
+        c.byte_len = byte_len;
+        c.qp_num = qp->qpn;
+        c.opcode = wcOpcodeOf(h.opcode);
+        c.status = IBV_WC_SUCCESS;
+        writeCqe(qp->scq, ctr_, c);
+    }
+}
+
 // The responder half of one WQE; peer->rq_lock is held.
 ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                                   uint64_t total) {
+                                   uint64_t total, PendingRecv *pending) {
     const softnda_wqe &h = w.hdr;
     auto fail = [&](uint8_t status) {
         if (status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR ||
@@ -804,7 +941,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
     switch (h.opcode) {
         case SOFTNDA_OP_RDMA_WRITE:
         case SOFTNDA_OP_RDMA_WRITE_WITH_IMM: {
-            RecvCopy r;
+            RecvCopy &r = pending->r;  // taken in place: no copy on the fast path
             if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM && !takeRecv(peer, &r)) {
                 return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
             }
@@ -815,8 +952,11 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
             }
             bump(ctr_.bytes, total);
             if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
-                completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), IBV_WC_RECV_RDMA_WITH_IMM,
-                             h.imm_data, SOFTNDA_CQE_WITH_IMM, qp->qpn);
+                pending->set = true;
+                pending->byte_len = static_cast<uint32_t>(total);
+                pending->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+                pending->imm = h.imm_data;
+                pending->flags = SOFTNDA_CQE_WITH_IMM;
             }
             return ExecResult{};
         }
@@ -851,7 +991,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
             break;
     }
     // SEND / SEND_WITH_IMM
-    RecvCopy r;
+    RecvCopy &r = pending->r;
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
@@ -895,7 +1035,11 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
         }
     }
     bump(ctr_.bytes, total);
-    completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total), op, h.imm_data, flags, qp->qpn);
+    pending->set = true;
+    pending->byte_len = static_cast<uint32_t>(total);
+    pending->opcode = op;
+    pending->imm = h.imm_data;
+    pending->flags = flags;
     return ExecResult{};
 }
 
@@ -938,8 +1082,9 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
         return false;
     }
     copy(ring, peer->rq_max_sge);
+    // CI in the record waits for the request's commit (execute) or its error completion
+    // (completeRecv): SPEC.md §10. peer->rq_lock is held throughout.
     ring.ci_local++;
-    __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
     return true;
 }
 
@@ -954,6 +1099,9 @@ void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, u
     c.opcode = opcode;
     c.status = status;
     c.flags = flags;
+    if (peer->srq == nullptr) {
+        __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);  // CI before the CQE (§4)
+    }
     if (status != IBV_WC_SUCCESS) {
         bump(ctr_.errors);
         setQpError(dev_, peer);  // before the CQE, as in processSq

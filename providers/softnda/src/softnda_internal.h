@@ -253,6 +253,12 @@ struct Qp {
     // responder side: rq_lock
     std::mutex rq_lock;
     uint32_t rq_psn = 0;
+    // Set by import when the records say the process died inside this QP's head WQE or just
+    // after one (SPEC.md §10): the owner thread settles it against the peer on its first visit.
+    bool recover_head = false;
+    bool recover_psn = false;
+    // The SQ record's engine-private words (SPEC.md §10), as u32 indexes from dbr_pi.
+    uint32_t *recWord(unsigned w) const { return sq.pi + w; }
 };
 
 // Per engine thread counters: one writer (its thread), read by softnda_query_counters.
@@ -314,7 +320,9 @@ struct Device {
     uint32_t open_contexts = 0;                                  // Registry::mu
 
     std::unique_ptr<Engine> engine;  // while a context is open
-    Counters retired;                // counters of stopped engines
+    // set_paused (SPEC.md §10): engine passes start only while it is false (read inside the gate).
+    std::atomic<bool> paused{false};
+    Counters retired;  // counters of stopped engines
 
     Mr *lookupMr(uint32_t key) const {
         uint32_t idx = key >> 8;
@@ -385,6 +393,8 @@ class Engine {
     void poke(DbPage *page, unsigned slot);
 
     void addCounters(softnda_counters *out) const;
+    // After set_paused(0): every thread does a full scan and a sweep before anything else.
+    void resume();
 
     class Thread;
 
@@ -409,6 +419,11 @@ void setQpError(Device *dev, Qp *qp);
 constexpr unsigned kCqArmWord = 2;          // CQ offset 8
 constexpr unsigned kCqEventsWord = 3;       // CQ offset 12
 constexpr unsigned kSqFatalEventsWord = 2;  // SQ offset 8
+// Engine-private words of the SQ record (SPEC.md §10), in the CI cache line the engine writes.
+constexpr unsigned kSqPsnWord = 18;    // SQ offset 72: the requester's next PSN
+constexpr unsigned kRqPsnWord = 19;    // SQ offset 76: the responder's expected PSN
+constexpr unsigned kQpStateWord = 20;  // SQ offset 80: the QP state (enum ibv_qp_state)
+constexpr unsigned kSqExecWord = 21;   // SQ offset 84: 1 + index of the WQE last started
 // CQ arm values: the next completion / the next solicited or error completion.
 constexpr uint32_t kCqArmNext = 1;
 constexpr uint32_t kCqArmSolicited = 2;
@@ -419,5 +434,19 @@ void signalEventFd(int fd);
 // under dev->gate; the old dup is closed. -EINVAL when fd is not an eventfd, -EBADF for a bad fd.
 // Caller holds dev->ctl.
 int swapEventFd(Device *dev, int *slot, int fd);
+
+// ---- restart (SPEC.md §10; restart.cc, device.cc) ----
+// set_paused: 0 or -ENODEV.
+int vdevSetPaused(const char *device, int paused);
+int vdevExportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out);
+void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
+                       const ibv_extend_vdev_import *env);
+// A context again, over its old BAR (bar_fd, whose page i holds device page page_nos[i]); takes
+// bar_fd and async_fd on success. NULL + errno (EBUSY: the device is not paused).
+ibv_context *importContext(const char *name, int bar_fd, int async_fd, const uint32_t *page_nos, uint32_t n);
+// Whether a device is paused (caller holds dev->ctl or nothing; a hint for import's EBUSY).
+inline bool devicePaused(const Device *dev) {
+    return dev->paused.load(std::memory_order_acquire);
+}
 
 }  // namespace softnda

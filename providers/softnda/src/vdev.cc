@@ -238,13 +238,16 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     if (mask & IBV_QP_DEST_QPN) {
         q.dest_qpn = attr->dest_qp_num;
     }
+    // The live PSNs are in queue memory too (SPEC.md §10), so a successor process reads them.
     if (mask & IBV_QP_RQ_PSN) {
         q.rq_psn = attr->rq_psn & 0xffffff;
         qp->rq_psn = q.rq_psn;
+        __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
     }
     if (mask & IBV_QP_SQ_PSN) {
         q.sq_psn = attr->sq_psn & 0xffffff;
         qp->sq_psn = q.sq_psn;
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
     }
     if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
         q.max_dest_rd_atomic = attr->max_dest_rd_atomic;
@@ -281,8 +284,14 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
         q.dest_qpn = keep_qpn;
         qp->sq_psn = 0;
         qp->rq_psn = 0;
+        qp->recover_head = false;
+        qp->recover_psn = false;
+        __atomic_store_n(qp->recWord(kSqPsnWord), 0u, __ATOMIC_RELEASE);
+        __atomic_store_n(qp->recWord(kRqPsnWord), 0u, __ATOMIC_RELEASE);
+        __atomic_store_n(qp->recWord(kSqExecWord), qp->sq.ci_local, __ATOMIC_RELEASE);
     }
     qp->state.store(next, std::memory_order_release);
+    __atomic_store_n(qp->recWord(kQpStateWord), static_cast<uint32_t>(next), __ATOMIC_RELEASE);
     dev->gate.unlock();
     qp->ib.state = next;
     // WQEs posted before RTS (or during SQD) run now; ERR needs its flush.
@@ -311,8 +320,9 @@ int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
     attr->port_num = q.port;
     attr->ah_attr = q.ah;
     attr->dest_qp_num = q.dest_qpn;
-    attr->rq_psn = q.rq_psn;
-    attr->sq_psn = q.sq_psn;
+    // The live PSNs (what the next WQE uses), from the words the engine keeps (SPEC.md §10).
+    attr->rq_psn = __atomic_load_n(qp->recWord(kRqPsnWord), __ATOMIC_ACQUIRE);
+    attr->sq_psn = __atomic_load_n(qp->recWord(kSqPsnWord), __ATOMIC_ACQUIRE);
     attr->max_rd_atomic = q.max_rd_atomic;
     attr->max_dest_rd_atomic = q.max_dest_rd_atomic;
     attr->min_rnr_timer = q.min_rnr_timer;
@@ -467,7 +477,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V3,
+    .abi = IBV_EXTEND_VDEV_ABI_V4,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -487,8 +497,8 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .query_gid = softnda::CEntry<softnda::queryGid>::call,
     .set_cq_event_fd = softnda::CEntry<softnda::setCqEventFd>::call,
     .set_async_event_fd = softnda::CEntry<softnda::setAsyncEventFd>::call,
-    // ABI V4 (restart) comes with SPEC.md §10; until then the device reports restart: drops.
-    .export_object = nullptr,
-    .import_object = nullptr,
-    .set_paused = nullptr,
+    // ABI V4: restart with live queues (SPEC.md §10).
+    .export_object = softnda::CEntry<softnda::vdevExportObject>::call,
+    .import_object = softnda::CEntry<softnda::vdevImportObject>::call,
+    .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
 };

@@ -1,0 +1,770 @@
+// Restart with live queues (vdev ABI V4, SPEC.md §10): one versioned blob per object, taken after
+// each control operation, and the import that makes the object again in a new process from the
+// blob, the object's queue memory (relocated) and the words the engine keeps in that memory.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/fd_kind.h"
+#include "providers/softnda/src/softnda_internal.h"
+
+namespace softnda {
+namespace {
+
+constexpr uint32_t kBlobMagic = 0x41444e53;  // "SNDA"
+constexpr uint16_t kBlobVersion = 1;
+constexpr size_t kRecordSize = 128;
+
+struct BlobHdr {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t kind;
+    uint32_t size;  // header included
+    uint32_t resv;
+};
+
+struct SlotBlob {
+    uint64_t mapped;  // what db_mmap returned in the old process
+    uint32_t page_no;
+    uint8_t index;
+    uint8_t ub_res;
+    uint16_t resv;
+};
+
+struct RingBlob {
+    uint64_t buf;  // what ops->alloc returned in the old process
+    uint32_t cnt;
+    uint32_t stride;
+};
+
+struct CtxBlob {
+    uint32_t flags;  // kCtxBar, kCtxAsync: which fds follow, in that order
+    uint32_t bar_pages;
+    uint64_t stride;
+    // then bar_pages u32 device page numbers, page i at offset i * stride of the BAR fd
+};
+constexpr uint32_t kCtxBar = 1, kCtxAsync = 2;
+
+struct PdBlob {
+    uint32_t handle;
+    uint32_t resv;
+};
+
+struct MrBlob {
+    uint64_t addr;
+    uint64_t iova;
+    uint64_t len;
+    uint32_t key;
+    int32_t access;
+    uint32_t handle;
+    uint32_t resv;
+};
+
+struct CqBlob {
+    RingBlob ring;
+    SlotBlob db;
+    uint64_t cq_context;
+    uint32_t handle;
+    uint32_t has_event_fd;  // fds[0]
+};
+
+struct SrqBlob {
+    RingBlob ring;
+    SlotBlob db;
+    uint64_t srq_context;
+    uint32_t max_sge;
+    uint32_t handle;
+};
+
+struct QpBlob {
+    uint32_t qpn;
+    uint32_t handle;
+    uint64_t qp_context;
+    RingBlob sq, rq;
+    SlotBlob sq_db, rq_db;
+    uint32_t has_rq;
+    uint32_t rq_max_sge;
+    ibv_qp_cap cap;
+    int32_t sq_sig_all;
+    // QpAttrs as set by the control path (the live PSNs and state are in the SQ record)
+    uint32_t dest_qpn, sq_psn, rq_psn;
+    int32_t access;
+    uint32_t path_mtu;
+    uint16_t pkey_index;
+    uint8_t port, timeout, retry_cnt, rnr_retry, min_rnr_timer, max_rd_atomic, max_dest_rd_atomic;
+    uint8_t has_ext, feature_set, resv;
+    ibv_ah_attr ah;
+    uint32_t udp_src_port, lb_mode, lag_port;
+    ibv_hyroce_feature feature;
+    ibv_mpath_config mpath;
+    ibv_ar_config ar;
+    ibv_sack_config sack;
+};
+static_assert(sizeof(BlobHdr) + sizeof(QpBlob) <= IBV_EXTEND_VDEV_STATE_MAX, "a QP's blob fits");
+
+constexpr uint32_t kMaxCtxPages =
+    (IBV_EXTEND_VDEV_STATE_MAX - sizeof(BlobHdr) - sizeof(CtxBlob)) / sizeof(uint32_t);
+
+template <typename T>
+void put(ibv_extend_vdev_state *out, ibv_extend_vdev_obj kind, const T &body, const void *tail = nullptr,
+         size_t tail_len = 0) {
+    BlobHdr h{kBlobMagic, kBlobVersion, static_cast<uint16_t>(kind),
+              static_cast<uint32_t>(sizeof(h) + sizeof(body) + tail_len), 0};
+    std::memcpy(out->data, &h, sizeof(h));
+    std::memcpy(out->data + sizeof(h), &body, sizeof(body));
+    if (tail_len != 0) {
+        std::memcpy(out->data + sizeof(h) + sizeof(body), tail, tail_len);
+    }
+    out->len = h.size;
+}
+
+// Dups fd into the next slot of out; false (and errno) on failure.
+bool putFd(ibv_extend_vdev_state *out, int fd) {
+    int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (d < 0) {
+        return false;
+    }
+    out->fds[out->fd_cnt++] = d;
+    return true;
+}
+
+void closeFds(ibv_extend_vdev_state *out) {
+    for (uint32_t i = 0; i < out->fd_cnt; ++i) {
+        ::close(out->fds[i]);
+        out->fds[i] = -1;
+    }
+    out->fd_cnt = 0;
+}
+
+SlotBlob slotBlob(const DbSlot &s) {
+    return SlotBlob{reinterpret_cast<uintptr_t>(s.mapped), s.page != nullptr ? s.page->page_no : 0, s.index,
+                    static_cast<uint8_t>(s.ub_res ? 1 : 0), 0};
+}
+
+RingBlob ringBlob(const Ring &r) {
+    return RingBlob{reinterpret_cast<uintptr_t>(r.buf), r.cnt, r.stride};
+}
+
+int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out) {
+    if (object == nullptr || out == nullptr) {
+        return -EINVAL;
+    }
+    std::memset(out, 0, sizeof(*out));
+    for (int &fd : out->fds) {
+        fd = -1;
+    }
+    // The object's own pointer is checked (asX) before anything behind it is read.
+    auto *obj = const_cast<void *>(object);
+    switch (kind) {
+        case IBV_EXTEND_VDEV_OBJ_CONTEXT: {
+            Context *ctx = asContext(static_cast<ibv_context *>(obj));
+            if (ctx == nullptr) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+            if (ctx->pages.size() > kMaxCtxPages) {
+                return -ENOSPC;
+            }
+            std::vector<uint32_t> nos;
+            for (DbPage *p : ctx->pages) {
+                nos.push_back(p->page_no);
+            }
+            CtxBlob b{0, static_cast<uint32_t>(nos.size()), dbPageStride()};
+            if (ctx->bar_fd >= 0) {
+                b.flags |= kCtxBar;
+                if (!putFd(out, ctx->bar_fd)) {
+                    return -errno;
+                }
+            }
+            if (ctx->async_fd >= 0) {
+                b.flags |= kCtxAsync;
+                if (!putFd(out, ctx->async_fd)) {
+                    int err = errno;
+                    closeFds(out);
+                    return -err;
+                }
+            }
+            put(out, kind, b, nos.data(), nos.size() * sizeof(uint32_t));
+            return 0;
+        }
+        case IBV_EXTEND_VDEV_OBJ_PD: {
+            Pd *pd = asPd(static_cast<ibv_pd *>(obj));
+            if (pd == nullptr) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
+            put(out, kind, PdBlob{pd->ib.handle, 0});
+            return 0;
+        }
+        case IBV_EXTEND_VDEV_OBJ_MR: {
+            Mr *mr = asMr(static_cast<ibv_mr *>(obj));
+            if (mr == nullptr) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
+            put(out, kind,
+                MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access,
+                       mr->ib.handle, 0});
+            return 0;
+        }
+        case IBV_EXTEND_VDEV_OBJ_CQ: {
+            const auto *ext = static_cast<const ibv_cq_extend *>(object);
+            Cq *cq = asCq(ext->cq);
+            if (cq == nullptr || &cq->ext != ext) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(cq->ctx->dev->ctl);
+            CqBlob b{ringBlob(cq->ring), slotBlob(cq->db), reinterpret_cast<uintptr_t>(cq->ib.cq_context),
+                     cq->ib.handle, cq->event_fd >= 0 ? 1u : 0u};
+            if (cq->event_fd >= 0 && !putFd(out, cq->event_fd)) {
+                return -errno;
+            }
+            put(out, kind, b);
+            return 0;
+        }
+        case IBV_EXTEND_VDEV_OBJ_SRQ: {
+            const auto *ext = static_cast<const ibv_srq_extend *>(object);
+            Srq *srq = asSrq(ext->srq);
+            if (srq == nullptr || &srq->ext != ext) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
+            put(out, kind,
+                SrqBlob{ringBlob(srq->ring), slotBlob(srq->db),
+                        reinterpret_cast<uintptr_t>(srq->ib.srq_context), srq->max_sge, srq->ib.handle});
+            return 0;
+        }
+        case IBV_EXTEND_VDEV_OBJ_QP: {
+            const auto *ext = static_cast<const ibv_qp_extend *>(object);
+            Qp *qp = asQp(ext->qp);
+            if (qp == nullptr || &qp->ext != ext) {
+                return -EINVAL;
+            }
+            std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
+            QpBlob b{};
+            b.qpn = qp->qpn;
+            b.handle = qp->ib.handle;
+            b.qp_context = reinterpret_cast<uintptr_t>(qp->ib.qp_context);
+            b.sq = ringBlob(qp->sq);
+            b.rq = ringBlob(qp->rq);
+            b.sq_db = slotBlob(qp->sq_db);
+            b.rq_db = slotBlob(qp->rq_db);
+            b.has_rq = qp->srq == nullptr ? 1 : 0;
+            b.rq_max_sge = qp->rq_max_sge;
+            b.cap = qp->init.cap;
+            b.sq_sig_all = qp->init.sq_sig_all;
+            const QpAttrs &q = qp->attrs;
+            b.dest_qpn = q.dest_qpn;
+            b.sq_psn = q.sq_psn;
+            b.rq_psn = q.rq_psn;
+            b.access = q.access;
+            b.path_mtu = q.path_mtu;
+            b.pkey_index = q.pkey_index;
+            b.port = q.port;
+            b.timeout = q.timeout;
+            b.retry_cnt = q.retry_cnt;
+            b.rnr_retry = q.rnr_retry;
+            b.min_rnr_timer = q.min_rnr_timer;
+            b.max_rd_atomic = q.max_rd_atomic;
+            b.max_dest_rd_atomic = q.max_dest_rd_atomic;
+            b.ah = q.ah;
+            b.udp_src_port = q.udp_src_port;
+            b.lb_mode = q.lb_mode;
+            b.lag_port = q.lag_port;
+            if (q.ext) {
+                b.has_ext = 1;
+                b.feature_set = q.ext->feature_set ? 1 : 0;
+                b.feature = q.ext->feature;
+                b.mpath = q.ext->mpath;
+                b.ar = q.ext->ar;
+                b.sack = q.ext->sack;
+            }
+            put(out, kind, b);
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+// ---- import ----
+
+// The blob's body of kind, or nullptr (EINVAL) for anything but a blob of this version and kind
+// whose sizes add up.
+const uint8_t *body(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in, size_t fixed) {
+    BlobHdr h;
+    if (in == nullptr || in->len < sizeof(h) || in->len > sizeof(in->data) ||
+        in->fd_cnt > IBV_EXTEND_VDEV_STATE_FDS) {
+        return nullptr;
+    }
+    std::memcpy(&h, in->data, sizeof(h));
+    if (h.magic != kBlobMagic || h.version != kBlobVersion || h.kind != kind || h.size != in->len ||
+        h.resv != 0 || in->len < sizeof(h) + fixed) {
+        return nullptr;
+    }
+    return in->data + sizeof(h);
+}
+
+template <typename T>
+bool readBody(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in, T *out) {
+    const uint8_t *b = body(kind, in, sizeof(T));
+    if (b == nullptr || in->len != sizeof(BlobHdr) + sizeof(T)) {
+        return false;
+    }
+    std::memcpy(out, b, sizeof(T));
+    return true;
+}
+
+void *reloc(const ibv_extend_vdev_import *env, uint64_t old, uint64_t len) {
+    return old != 0 ? env->relocate(env->arg, old, len) : nullptr;
+}
+
+bool pow2(uint32_t v) {
+    return v != 0 && (v & (v - 1)) == 0;
+}
+
+// A ring of the old process at its new address; false for geometry no create makes.
+bool importRing(const ibv_extend_vdev_import *env, const RingBlob &b, uint32_t max_cnt, uint32_t min_stride,
+                uint32_t max_stride, Ring *r) {
+    if (!pow2(b.cnt) || b.cnt > max_cnt || !pow2(b.stride) || b.stride < min_stride ||
+        b.stride > max_stride) {
+        return false;
+    }
+    uint64_t ring_bytes = static_cast<uint64_t>(b.cnt) * b.stride;
+    auto *buf = static_cast<uint8_t *>(reloc(env, b.buf, ring_bytes + kRecordSize));
+    if (buf == nullptr || reinterpret_cast<uintptr_t>(buf) % 64 != 0) {
+        return false;
+    }
+    r->buf = buf;
+    r->cnt = b.cnt;
+    r->stride = b.stride;
+    r->pi = reinterpret_cast<uint32_t *>(buf + ring_bytes);
+    r->ci = reinterpret_cast<uint32_t *>(buf + ring_bytes + SOFTNDA_DBR_CI_OFFSET);
+    return true;
+}
+
+// The doorbell slot b names, checked against ctx (caller holds dev->ctl): its page is one of
+// ctx's and the register is free.
+bool importSlot(Context *ctx, const ibv_extend_vdev_import *env, const SlotBlob &b, DbSlot *out) {
+    if (b.index >= SOFTNDA_DB_REGS_PER_PAGE || b.ub_res > 1 || b.resv != 0) {
+        return false;
+    }
+    DbPage *page = nullptr;
+    for (DbPage *p : ctx->pages) {
+        if (p->page_no == b.page_no) {
+            page = p;
+        }
+    }
+    if (page == nullptr || (page->used & (1ull << b.index)) != 0) {
+        return false;
+    }
+    void *mapped = reloc(env, b.mapped, SOFTNDA_DB_REG_STRIDE);
+    if (mapped == nullptr) {
+        return false;
+    }
+    out->page = page;
+    out->mapped = mapped;
+    out->index = b.index;
+    out->ub_res = b.ub_res != 0;
+    return true;
+}
+
+// Publishes an imported slot (caller holds ctl): the owner and kind, the register value as seen
+// (the ring itself is read from the record), and a summary bit so the first pass after the
+// resume looks at the queue whatever happened while no engine ran.
+void publishSlot(Device *dev, DbSlot *s, SlotKind kind, void *owner) {
+    DbPage *page = s->page;
+    page->used |= 1ull << s->index;
+    dev->gate.lock();
+    page->kind[s->index] = kind;
+    page->owner[s->index] = owner;
+    page->last_seen[s->index] = __atomic_load_n(page->reg(s->index), __ATOMIC_ACQUIRE);
+    __atomic_fetch_or(page->summary(), 1ull << s->index, __ATOMIC_RELAXED);
+    dev->gate.unlock();
+}
+
+void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
+    std::memset(qi, 0, sizeof(*qi));
+    qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
+    qi->qbuf.entry_cnt = r.cnt;
+    qi->qbuf.entry_size = r.stride;
+    qi->dbr_pi_va = iov_addr_desc{r.pi, 8};
+    qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
+    qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
+}
+
+bool opsComplete(const ibv_extend_ops *o) {
+    return o != nullptr && o->alloc != nullptr && o->free != nullptr && o->memset_s != nullptr &&
+           o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
+}
+
+void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    const uint8_t *b = body(IBV_EXTEND_VDEV_OBJ_CONTEXT, in, sizeof(CtxBlob));
+    if (b == nullptr || env->device == nullptr) {
+        return failNull<void>(EINVAL);
+    }
+    CtxBlob c;
+    std::memcpy(&c, b, sizeof(c));
+    uint32_t want_fds = ((c.flags & kCtxBar) ? 1 : 0) + ((c.flags & kCtxAsync) ? 1 : 0);
+    if ((c.flags & ~(kCtxBar | kCtxAsync)) != 0 || c.bar_pages > kMaxCtxPages ||
+        in->len != sizeof(BlobHdr) + sizeof(CtxBlob) + c.bar_pages * sizeof(uint32_t) ||
+        in->fd_cnt != want_fds || c.stride != dbPageStride() ||
+        (c.bar_pages > 0 && (c.flags & kCtxBar) == 0)) {
+        return failNull<void>(EINVAL);
+    }
+    std::vector<uint32_t> nos(c.bar_pages);
+    std::memcpy(nos.data(), b + sizeof(CtxBlob), nos.size() * sizeof(uint32_t));
+    int bar_fd = (c.flags & kCtxBar) ? in->fds[0] : -1;
+    int async_fd = (c.flags & kCtxAsync) ? in->fds[want_fds - 1] : -1;
+    return importContext(env->device, bar_fd, async_fd, nos.data(), c.bar_pages);
+}
+
+void *importPd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    PdBlob p;
+    Context *ctx = asContext(env->context);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_PD, in, &p) || ctx == nullptr || in->fd_cnt != 0 || p.resv != 0) {
+        return failNull<void>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (!devicePaused(dev)) {
+        return failNull<void>(EBUSY);
+    }
+    auto *pd = new Pd;
+    pd->magic = kMagicPd;
+    pd->ctx = ctx;
+    pd->ib.context = env->context;
+    pd->ib.handle = p.handle;
+    dev->n_pd++;
+    ctx->objects++;
+    return &pd->ib;
+}
+
+constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+
+void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    MrBlob m;
+    Pd *pd = asPd(env->pd);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_MR, in, &m) || pd == nullptr || in->fd_cnt != 0 || m.len == 0 ||
+        m.iova + m.len < m.iova || (m.access & ~kKnownAccess) != 0 || m.resv != 0) {
+        return failNull<void>(EINVAL);
+    }
+    Device *dev = pd->ctx->dev;
+    uint32_t idx = m.key >> 8;
+    if (m.len > dev->cfg.max_mr_size || idx >= dev->cfg.max_mr) {
+        return failNull<void>(EINVAL);
+    }
+    auto *addr = static_cast<uint8_t *>(reloc(env, m.addr, m.len));
+    if (addr == nullptr) {
+        return failNull<void>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (!devicePaused(dev)) {
+        return failNull<void>(EBUSY);
+    }
+    if (idx < dev->mrs.size() &&
+        (dev->mrs[idx] != nullptr ||
+         std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx) == dev->free_mr_slots.end())) {
+        return failNull<void>(EINVAL);  // the key is taken in this process
+    }
+    auto mr = std::make_unique<Mr>();
+    mr->magic = kMagicMr;
+    mr->pd = pd;
+    mr->addr = addr;
+    mr->iova = m.iova;
+    mr->len = m.len;
+    mr->access = m.access;
+    mr->key = m.key;
+    mr->ib.context = pd->ib.context;
+    mr->ib.pd = env->pd;
+    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(m.iova));
+    mr->ib.length = m.len;
+    mr->ib.handle = m.handle;
+    mr->ib.lkey = m.key;
+    mr->ib.rkey = m.key;
+    // New keys must not collide: the slot leaves the free list, and slots below it that this
+    // process never used join it.
+    dev->gate.lock();
+    if (idx < dev->mrs.size()) {
+        dev->free_mr_slots.erase(std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx));
+    } else {
+        for (auto i = static_cast<uint32_t>(dev->mrs.size()); i < idx; ++i) {
+            dev->free_mr_slots.push_back(i);
+        }
+        dev->mrs.resize(idx + 1, nullptr);
+    }
+    dev->mrs[idx] = mr.get();
+    dev->gate.unlock();
+    pd->refs++;
+    dev->n_mr++;
+    pd->ctx->objects++;
+    return &mr.release()->ib;
+}
+
+void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    CqBlob b;
+    Context *ctx = asContext(env->context);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_CQ, in, &b) || ctx == nullptr || !opsComplete(env->ops) ||
+        b.has_event_fd > 1 || in->fd_cnt != b.has_event_fd ||
+        (b.has_event_fd != 0 && !ibvx::isEventFd(in->fds[0]))) {
+        return failNull<void>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (!devicePaused(dev)) {
+        return failNull<void>(EBUSY);
+    }
+    auto cq = std::make_unique<Cq>();
+    if (!importRing(env, b.ring, std::max<uint32_t>(2, dev->cfg.max_cqe) * 2, SOFTNDA_CQE_SIZE,
+                    SOFTNDA_CQE_SIZE, &cq->ring) ||
+        !importSlot(ctx, env, b.db, &cq->db)) {
+        return failNull<void>(EINVAL);
+    }
+    cq->magic = kMagicCq;
+    cq->ctx = ctx;
+    cq->ops = env->ops;
+    cq->state = cq->ring.pi + 1;
+    cq->arm = cq->ring.pi + kCqArmWord;
+    cq->events = cq->ring.pi + kCqEventsWord;
+    Ring &r = cq->ring;
+    // The engine's producer index: the published PI, then every CQE already written in the
+    // current phase (a CQE whose owner store happened and whose PI store did not is visible to
+    // a consumer polling the phase bit: it must not be overwritten).
+    uint32_t pi = __atomic_load_n(r.pi, __ATOMIC_ACQUIRE);
+    uint32_t ci = __atomic_load_n(r.ci, __ATOMIC_ACQUIRE);
+    uint32_t log = static_cast<uint32_t>(__builtin_ctz(r.cnt));
+    while (pi - ci < r.cnt) {
+        const auto *e = reinterpret_cast<const softnda_cqe *>(r.buf + static_cast<size_t>(pi & (r.cnt - 1)) *
+                                                                          SOFTNDA_CQE_SIZE);
+        if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != (((pi >> log) & 1u) ^ 1u)) {
+            break;
+        }
+        pi++;
+    }
+    r.ci_local = pi;
+    __atomic_store_n(r.pi, pi, __ATOMIC_RELEASE);
+    cq->error = __atomic_load_n(cq->state, __ATOMIC_ACQUIRE) != 0;
+    cq->event_fd = b.has_event_fd != 0 ? in->fds[0] : -1;
+    cq->ib.context = env->context;
+    cq->ib.cq_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.cq_context));
+    cq->ib.cqe = static_cast<int>(r.cnt);
+    cq->ib.handle = b.handle;
+    cq->ext.cq = &cq->ib;
+    fillQueueInfo(&cq->ext.cq_info, r, cq->db);
+    publishSlot(dev, &cq->db, SlotKind::Cq, cq.get());
+    dev->n_cq++;
+    ctx->objects++;
+    return &cq.release()->ext;
+}
+
+void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    SrqBlob b;
+    Context *ctx = asContext(env->context);
+    Pd *pd = asPd(env->pd);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &b) || ctx == nullptr || pd == nullptr || pd->ctx != ctx ||
+        !opsComplete(env->ops) || in->fd_cnt != 0) {
+        return failNull<void>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (!devicePaused(dev)) {
+        return failNull<void>(EBUSY);
+    }
+    auto srq = std::make_unique<Srq>();
+    if (!importRing(env, b.ring, dev->cfg.max_srq_wr * 2, 32, 1024, &srq->ring) ||
+        b.max_sge != (b.ring.stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE ||
+        !importSlot(ctx, env, b.db, &srq->db)) {
+        return failNull<void>(EINVAL);
+    }
+    srq->magic = kMagicSrq;
+    srq->ctx = ctx;
+    srq->pd = pd;
+    srq->ops = env->ops;
+    srq->max_sge = b.max_sge;
+    srq->limit = srq->ring.pi + 1;
+    srq->limit_events = srq->ring.ci + 1;
+    srq->ring.ci_local = __atomic_load_n(srq->ring.ci, __ATOMIC_ACQUIRE);
+    srq->ib.context = env->context;
+    srq->ib.srq_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.srq_context));
+    srq->ib.pd = env->pd;
+    srq->ib.handle = b.handle;
+    srq->ext.srq = &srq->ib;
+    fillQueueInfo(&srq->ext.srq_info, srq->ring, srq->db);
+    publishSlot(dev, &srq->db, SlotKind::Srq, srq.get());
+    pd->refs++;
+    dev->n_srq++;
+    ctx->objects++;
+    return &srq.release()->ext;
+}
+
+void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    QpBlob b;
+    Context *ctx = asContext(env->context);
+    Pd *pd = asPd(env->pd);
+    Cq *scq = asCq(env->send_cq);
+    Cq *rcq = asCq(env->recv_cq);
+    Srq *srq = env->srq != nullptr ? asSrq(env->srq) : nullptr;
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 || pd == nullptr ||
+        pd->ctx != ctx || scq == nullptr || scq->ctx != ctx || rcq == nullptr || rcq->ctx != ctx ||
+        (env->srq != nullptr && (srq == nullptr || srq->ctx != ctx)) ||
+        b.has_rq != (srq == nullptr ? 1u : 0u) || !opsComplete(env->ops) || b.qpn == 0 || b.qpn > 0xffffff ||
+        b.has_ext > 1 || b.feature_set > 1 || b.path_mtu < IBV_MTU_256 || b.path_mtu > IBV_MTU_4096) {
+        return failNull<void>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    const Config &cfg = dev->cfg;
+    if (b.cap.max_send_sge > cfg.max_sge || b.cap.max_inline_data > cfg.max_inline_data ||
+        b.cap.max_recv_sge > cfg.max_sge || b.rq_max_sge > cfg.max_sge) {
+        return failNull<void>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (!devicePaused(dev)) {
+        return failNull<void>(EBUSY);
+    }
+    if (dev->qps.count(b.qpn) != 0) {
+        return failNull<void>(EINVAL);  // a QP of this process has the number
+    }
+    auto qp = std::make_unique<Qp>();
+    DbSlot sq_db, rq_db;
+    if (!importRing(env, b.sq, cfg.max_qp_wr * 2, 64, 512, &qp->sq) ||
+        !importSlot(ctx, env, b.sq_db, &sq_db) ||
+        (b.has_rq != 0 && (!importRing(env, b.rq, cfg.max_qp_wr * 2, 32, 1024, &qp->rq) ||
+                           b.rq_max_sge != (b.rq.stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE ||
+                           !importSlot(ctx, env, b.rq_db, &rq_db) ||
+                           (rq_db.page == sq_db.page && rq_db.index == sq_db.index)))) {
+        return failNull<void>(EINVAL);
+    }
+    uint32_t state = __atomic_load_n(qp->recWord(kQpStateWord), __ATOMIC_ACQUIRE);
+    if (state > IBV_QPS_ERR) {
+        return failNull<void>(EINVAL);
+    }
+    qp->magic = kMagicQp;
+    qp->ctx = ctx;
+    qp->pd = pd;
+    qp->scq = scq;
+    qp->rcq = rcq;
+    qp->srq = srq;
+    qp->ops = env->ops;
+    qp->qpn = b.qpn;
+    qp->rq_max_sge = b.rq_max_sge;
+    qp->sq_db = sq_db;
+    qp->rq_db = rq_db;
+    qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
+    ibv_qp_init_attr &ia = qp->init;
+    ia.qp_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.qp_context));
+    ia.send_cq = env->send_cq;
+    ia.recv_cq = env->recv_cq;
+    ia.srq = env->srq;
+    ia.cap = b.cap;
+    ia.qp_type = IBV_QPT_RC;
+    ia.sq_sig_all = b.sq_sig_all;
+    QpAttrs &q = qp->attrs;
+    q.dest_qpn = b.dest_qpn;
+    q.sq_psn = b.sq_psn;
+    q.rq_psn = b.rq_psn;
+    q.access = b.access;
+    q.path_mtu = b.path_mtu;
+    q.pkey_index = b.pkey_index;
+    q.port = b.port;
+    q.timeout = b.timeout;
+    q.retry_cnt = b.retry_cnt;
+    q.rnr_retry = b.rnr_retry;
+    q.min_rnr_timer = b.min_rnr_timer;
+    q.max_rd_atomic = b.max_rd_atomic;
+    q.max_dest_rd_atomic = b.max_dest_rd_atomic;
+    q.ah = b.ah;
+    q.udp_src_port = b.udp_src_port;
+    q.lb_mode = b.lb_mode;
+    q.lag_port = b.lag_port;
+    if (b.has_ext != 0) {
+        q.ext = std::make_unique<QpExtAttrs>();
+        q.ext->feature = b.feature;
+        q.ext->feature_set = b.feature_set != 0;
+        q.ext->mpath = b.mpath;
+        q.ext->ar = b.ar;
+        q.ext->sack = b.sack;
+    }
+    // What the engine changed since the blob: from queue memory (SPEC.md §10).
+    qp->state.store(static_cast<int>(state), std::memory_order_relaxed);
+    qp->sq_psn = __atomic_load_n(qp->recWord(kSqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
+    qp->rq_psn = __atomic_load_n(qp->recWord(kRqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
+    qp->sq.ci_local = __atomic_load_n(qp->sq.ci, __ATOMIC_ACQUIRE);
+    if (b.has_rq != 0) {
+        qp->rq.ci_local = __atomic_load_n(qp->rq.ci, __ATOMIC_ACQUIRE);
+    }
+    uint32_t exec = __atomic_load_n(qp->recWord(kSqExecWord), __ATOMIC_ACQUIRE);
+    qp->recover_head = exec == qp->sq.ci_local + 1;
+    qp->recover_psn = exec == qp->sq.ci_local && exec != 0;
+    qp->ib.context = env->context;
+    qp->ib.qp_context = ia.qp_context;
+    qp->ib.pd = env->pd;
+    qp->ib.send_cq = env->send_cq;
+    qp->ib.recv_cq = env->recv_cq;
+    qp->ib.srq = env->srq;
+    qp->ib.handle = b.handle;
+    qp->ib.qp_num = b.qpn;
+    qp->ib.state = static_cast<ibv_qp_state>(state);
+    qp->ib.qp_type = IBV_QPT_RC;
+    qp->ext.qp = &qp->ib;
+    fillQueueInfo(&qp->ext.sq_info, qp->sq, qp->sq_db);
+    if (b.has_rq != 0) {
+        fillQueueInfo(&qp->ext.rq_info, qp->rq, qp->rq_db);
+    }
+    publishSlot(dev, &qp->sq_db, SlotKind::Sq, qp.get());
+    if (b.has_rq != 0) {
+        publishSlot(dev, &qp->rq_db, SlotKind::Rq, qp.get());
+    }
+    dev->gate.lock();
+    dev->qps[qp->qpn] = qp.get();
+    dev->qp_epoch++;
+    dev->gate.unlock();
+    pd->refs++;
+    scq->refs++;
+    rcq->refs++;
+    if (srq != nullptr) {
+        srq->refs++;
+    }
+    dev->n_qp++;
+    ctx->objects++;
+    return &qp.release()->ext;
+}
+
+}  // namespace
+
+int vdevExportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out) {
+    return exportObject(kind, object, out);
+}
+
+void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
+                       const ibv_extend_vdev_import *env) {
+    if (in == nullptr || env == nullptr ||
+        (kind != IBV_EXTEND_VDEV_OBJ_CONTEXT && env->relocate == nullptr)) {
+        return failNull<void>(EINVAL);
+    }
+    // Only while paused, before anything else is looked at (the per-kind imports check again
+    // under Device::ctl).
+    if (Context *ctx = asContext(env->context);
+        kind != IBV_EXTEND_VDEV_OBJ_CONTEXT && ctx != nullptr && !devicePaused(ctx->dev)) {
+        return failNull<void>(EBUSY);
+    }
+    switch (kind) {
+        case IBV_EXTEND_VDEV_OBJ_CONTEXT:
+            return importContextBlob(in, env);
+        case IBV_EXTEND_VDEV_OBJ_PD:
+            return importPd(in, env);
+        case IBV_EXTEND_VDEV_OBJ_MR:
+            return importMr(in, env);
+        case IBV_EXTEND_VDEV_OBJ_CQ:
+            return importCq(in, env);
+        case IBV_EXTEND_VDEV_OBJ_SRQ:
+            return importSrq(in, env);
+        case IBV_EXTEND_VDEV_OBJ_QP:
+            return importQp(in, env);
+    }
+    return failNull<void>(EINVAL);
+}
+
+}  // namespace softnda

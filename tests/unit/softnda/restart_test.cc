@@ -1,0 +1,953 @@
+// Restart with live queues (SPEC.md §10): a forked child plays the old broker (creates
+// everything over one memfd, runs traffic, exports every object, posts more work and dies with
+// SIGKILL); the parent plays the new one (maps the memfd and the doorbell BAR elsewhere, imports
+// with relocation, resumes) and checks that the queues carry on exactly where they were.
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/qp_init_attr.h"
+#include "providers/softnda/include/softnda.h"
+#include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/include/softnda_ops.h"
+#include "tests/unit/softnda/fixture.h"
+
+namespace {
+
+constexpr size_t kArenaSize = 8u << 20;
+constexpr int kAll =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+
+// ibv_extend_ops over one memfd: a bump allocator (the callbacks have no context pointer, so the
+// arena is global), doorbells mapped through export_mmio, every free and unmap recorded.
+struct Arena {
+    int fd = -1;
+    uint8_t *base = nullptr;
+    size_t used = 0;
+    std::set<uintptr_t> live;                // allocations
+    std::vector<uintptr_t> freed;            // what ops->free got
+    std::map<uintptr_t, uint64_t> db_pages;  // page va -> offset in the BAR fd
+    std::vector<uintptr_t> unmapped;         // what ops->db_unmap got
+    int bar_fd = -1;                         // the parent's BAR fd (relocated doorbells)
+};
+Arena g;
+
+void *arenaAlloc(size_t size) {
+    size_t at = (g.used + 4095) & ~size_t{4095};
+    if (at + size > kArenaSize) {
+        return nullptr;
+    }
+    g.used = at + size;
+    g.live.insert(reinterpret_cast<uintptr_t>(g.base + at));
+    return g.base + at;
+}
+void arenaFree(void *p) {
+    g.freed.push_back(reinterpret_cast<uintptr_t>(p));
+    g.live.erase(reinterpret_cast<uintptr_t>(p));
+}
+void arenaMemset(void *d, int v, size_t n) {
+    std::memset(d, v, n);
+}
+int arenaMemcpy(void *d, size_t dmax, void *s, size_t n, uint32_t) {
+    if (n > dmax) {
+        return -EINVAL;
+    }
+    std::memcpy(d, s, n);
+    return 0;
+}
+void *arenaDbMmap(doorbell_map_desc *desc) {
+    int fd;
+    uint64_t off;
+    if (desc->type != DB_MAP_MODE_HOST_VA ||
+        softnda_vdev_ops.export_mmio(reinterpret_cast<void *>(desc->hva), &fd, &off) != 0) {
+        return nullptr;
+    }
+    void *va =
+        mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
+    close(fd);
+    if (va == MAP_FAILED) {
+        return nullptr;
+    }
+    g.db_pages[reinterpret_cast<uintptr_t>(va)] = off;
+    return static_cast<uint8_t *>(va) + (desc->hva & (SOFTNDA_DB_PAGE_SIZE - 1));
+}
+int arenaDbUnmap(void *p, doorbell_map_desc *) {
+    uintptr_t page = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{SOFTNDA_DB_PAGE_SIZE - 1};
+    g.unmapped.push_back(reinterpret_cast<uintptr_t>(p));
+    g.db_pages.erase(page);
+    return munmap(reinterpret_cast<void *>(page), SOFTNDA_DB_PAGE_SIZE);
+}
+ibv_extend_ops g_ops = {arenaAlloc, arenaFree, arenaMemset, arenaMemcpy, arenaDbMmap, arenaDbUnmap};
+
+// What the child leaves for the parent, in shared memory.
+enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kObjs };
+constexpr int kWrites = 16, kSends = 4;
+struct Shared {
+    ibv_extend_vdev_state st[kObjs];
+    uint64_t old_base;
+    struct {
+        uint64_t va, off;
+    } db[32];
+    int n_db;
+    uint32_t qpn[3];
+    uint32_t key[3];
+    uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
+    int ready;
+    ibv_qp_extend *qp_ext[3];  // the child's own pointers (used in the child only)
+};
+
+int countFds() {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    while (readdir(d) != nullptr) {
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+softnda_send_wr wr(uint8_t op, uint64_t id, const softnda_sge *s, uint32_t n,
+                   uint8_t flags = SOFTNDA_WQE_SIGNALED) {
+    softnda_send_wr w{};
+    w.opcode = op;
+    w.wr_id = id;
+    w.sg_list = s;
+    w.num_sge = n;
+    w.flags = flags;
+    return w;
+}
+
+int modify(ibv_qp *qp, ibv_qp_state s, uint32_t dest) {
+    ibv_qp_attr a{};
+    a.qp_state = s;
+    if (s == IBV_QPS_INIT) {
+        a.port_num = 1;
+        a.qp_access_flags = kAll;
+        return softnda_vdev_ops.modify_qp(
+            qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+    }
+    if (s == IBV_QPS_RTR) {
+        a.path_mtu = IBV_MTU_4096;
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 1;
+        a.ah_attr.port_num = 1;
+        return softnda_vdev_ops.modify_qp(qp, &a,
+                                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                              IBV_QP_MIN_RNR_TIMER);
+    }
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    return softnda_vdev_ops.modify_qp(qp, &a,
+                                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                                          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+void post(softnda_sq *sq, const softnda_send_wr &w) {
+    if (softnda_sq_post(sq, &w) != 0) {
+        _exit(3);
+    }
+    softnda_sq_doorbell(sq);
+}
+
+std::vector<softnda_cqe> waitCqes(softnda_cq &cq, size_t n) {
+    std::vector<softnda_cqe> out;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    softnda_cqe buf[64];
+    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
+        int got = softnda_cq_poll(&cq, buf, 64);
+        if (got > 0) {
+            out.insert(out.end(), buf, buf + got);
+        } else {
+            std::this_thread::yield();
+        }
+    }
+    return out;
+}
+
+// The fds go to the parent first (the broker's fd store): the states' own, and one more end of
+// each eventfd for the test to read.
+void handOver(Shared *sh, int sock, int efd, int afd) {
+    sh->n_db = 0;
+    for (auto &[va, off] : g.db_pages) {
+        sh->db[sh->n_db++] = {va, off};
+    }
+    std::vector<int> fds;
+    for (auto &st : sh->st) {
+        for (uint32_t i = 0; i < st.fd_cnt; ++i) {
+            fds.push_back(st.fds[i]);
+        }
+    }
+    fds.push_back(efd);
+    fds.push_back(afd);
+    char cbuf[CMSG_SPACE(sizeof(int) * 16)] = {};
+    char one = 1;
+    iovec iov{&one, 1};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = cbuf;
+    m.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * fds.size());
+    if (sendmsg(sock, &m, 0) != 1) {
+        _exit(22);
+    }
+}
+
+constexpr int kNormal = 0, kDoctored = 1, kDiedBeforeCommit = 2;
+
+// Record words as u32 indexes from dbr_pi (SPEC.md §1.1, §10).
+constexpr unsigned kWCi = 16, kWSqPsn = 18, kWExec = 21;
+uint32_t *rec(const ibv_qp_extend *q) {
+    return static_cast<uint32_t *>(q->sq_info.dbr_pi_va.iov_base);
+}
+
+// Makes queue memory look as a kill at the worst moments would leave it, deterministically:
+//  - A's FETCH_ADD (wr 5000) took effect at B (B's rq_psn committed) but the process died before
+//    A's CI, PSN and CQE: A's CI and PSN go back one and the CQE is unwritten;
+//  - B's WRITE (wr 5100) finished, but its PSN store was lost: B's PSN goes back one;
+//  - A's WRITE (wr 5200) is posted (pi) but never rung.
+void doctor(Shared *sh, softnda_sq *sq, ibv_cq_extend **cq, softnda_cq *cqs, uint64_t *src) {
+    auto need = [](bool ok, int code) {
+        if (!ok) {
+            _exit(code);
+        }
+    };
+    auto *cq_rec = static_cast<uint32_t *>(cq[0]->cq_info.dbr_pi_va.iov_base);
+    uint32_t cq_pi = __atomic_load_n(cq_rec, __ATOMIC_ACQUIRE);
+    softnda_sge fs{sh->src + 1600, 8, sh->key[0]};
+    auto fa = wr(SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 5000, &fs, 1);
+    fa.remote_addr = sh->dst + 1600;
+    fa.rkey = sh->key[1];
+    fa.compare_add = 5;
+    post(&sq[0], fa);
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (__atomic_load_n(cq_rec, __ATOMIC_ACQUIRE) == cq_pi) {
+        need(std::chrono::steady_clock::now() < deadline, 30);
+        std::this_thread::yield();
+    }
+    uint32_t *a = rec(sh->qp_ext[0]);
+    __atomic_store_n(a + kWCi, a[kWCi] - 1, __ATOMIC_RELEASE);
+    __atomic_store_n(a + kWSqPsn, a[kWSqPsn] - 1, __ATOMIC_RELEASE);
+    need(a[kWExec] == a[kWCi] + 1, 31);
+    auto *e =
+        reinterpret_cast<softnda_cqe *>(cqs[0].buf + (cq_pi & (cqs[0].entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+    need(e->wr_id == 5000, 32);
+    e->owner ^= 1;
+    __atomic_store_n(cq_rec, cq_pi, __ATOMIC_RELEASE);
+
+    src[210] = 0x77;
+    softnda_sge bs{sh->src + 1680, 8, sh->key[0]};
+    auto bw = wr(SOFTNDA_OP_RDMA_WRITE, 5100, &bs, 1);
+    bw.remote_addr = sh->dst + 1680;
+    bw.rkey = sh->key[1];
+    post(&sq[1], bw);
+    need(waitCqes(cqs[1], 1).size() == 1, 33);
+    uint32_t *b = rec(sh->qp_ext[1]);
+    __atomic_store_n(b + kWSqPsn, b[kWSqPsn] - 1, __ATOMIC_RELEASE);
+
+    src[220] = 0x88;
+    static softnda_sge ws{sh->src + 1760, 8, sh->key[0]};
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 5200, &ws, 1);
+    w.remote_addr = sh->dst + 1760;
+    w.rkey = sh->key[1];
+    need(softnda_sq_post(&sq[0], &w) == 0, 34);
+    __atomic_store_n(sq[0].dbr_pi, sq[0].pi, __ATOMIC_RELEASE);  // published, not rung
+}
+
+// The old broker. Exits with SIGKILL right after posting work it does not wait for; any other
+// exit status is a failure (the code says which step).
+[[noreturn]] void oldBroker(Shared *sh, int sock, int mode) {
+    auto need = [](bool ok, int code) {
+        if (!ok) {
+            _exit(code);
+        }
+    };
+    sh->old_base = reinterpret_cast<uintptr_t>(g.base);
+    ibv_context *ctx = softnda_vdev_ops.open_device("softnda0");
+    need(ctx != nullptr, 10);
+    ibv_context_extend *ext = softnda_driver_ops.alloc_context(ctx);
+    ibv_pd *pd = softnda_vdev_ops.alloc_pd(ctx);
+    auto *src = static_cast<uint64_t *>(arenaAlloc(4096));
+    auto *dst = static_cast<uint64_t *>(arenaAlloc(4096));
+    auto *recv = static_cast<uint64_t *>(arenaAlloc(4096));
+    sh->src = reinterpret_cast<uintptr_t>(src);
+    sh->dst = reinterpret_cast<uintptr_t>(dst);
+    sh->recv = reinterpret_cast<uintptr_t>(recv);
+    ibv_mr *mr[3];
+    uint64_t *bufs[3] = {src, dst, recv};
+    for (int i = 0; i < 3; ++i) {
+        mr[i] = softnda_vdev_ops.reg_mr(pd, bufs[i], 4096, reinterpret_cast<uintptr_t>(bufs[i]), kAll);
+        need(mr[i] != nullptr, 11);
+        sh->key[i] = mr[i]->lkey;
+    }
+    ibv_cq_extend *cq[2];
+    softnda_cq cqs[2];
+    for (auto &c : cq) {
+        ibv_cq_init_attr_extend a{};
+        a.attr.cqe = 64;
+        a.ops = &g_ops;
+        c = ext->ops->create_cq(ctx, &a);
+        need(c != nullptr, 12);
+    }
+    for (int i = 0; i < 2; ++i) {
+        softnda_cq_init(&cqs[i], &cq[i]->cq_info);
+    }
+    ibv_qp_extend *qp[3];
+    softnda_sq sq[3];
+    softnda_rq rq[3];
+    for (int i = 0; i < 3; ++i) {
+        auto a = ibvx::qpInitAttr({.pd = pd,
+                                   .send_cq = cq[i == 1 ? 1 : 0]->cq,
+                                   .recv_cq = cq[i == 1 ? 1 : 0]->cq,
+                                   .srq = nullptr,
+                                   .send_wr = 64,
+                                   .recv_wr = 64,
+                                   .send_sge = 2,
+                                   .recv_sge = 2,
+                                   .inline_data = 0,
+                                   .sq_sig_all = 0,
+                                   .ops = &g_ops});
+        qp[i] = ext->ops->create_qp(ctx, &a);
+        need(qp[i] != nullptr, 13);
+        sh->qpn[i] = qp[i]->qp->qp_num;
+        sh->qp_ext[i] = qp[i];
+        softnda_sq_init(&sq[i], &qp[i]->sq_info);
+        softnda_rq_init(&rq[i], &qp[i]->rq_info);
+    }
+    // A and B connected; C to itself.
+    uint32_t dest[3] = {sh->qpn[1], sh->qpn[0], sh->qpn[2]};
+    for (int i = 0; i < 3; ++i) {
+        need(modify(qp[i]->qp, IBV_QPS_INIT, 0) == 0 && modify(qp[i]->qp, IBV_QPS_RTR, dest[i]) == 0 &&
+                 modify(qp[i]->qp, IBV_QPS_RTS, 0) == 0,
+             14);
+    }
+    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    int afd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    need(softnda_vdev_ops.set_cq_event_fd(cq[1]->cq, efd) == 0, 15);
+    need(softnda_vdev_ops.set_async_event_fd(ctx, afd) == 0, 15);
+    // Blobs after each object's last control operation, as the broker takes them.
+    const void *objs[kObjs] = {ctx, pd, mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1], qp[2]};
+    ibv_extend_vdev_obj kinds[kObjs] = {
+        IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_MR,
+        IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_QP,
+        IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP};
+    for (int i = 0; i < kObjs; ++i) {
+        need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
+    }
+    // Traffic before the crash, waited for: a WRITE and a SEND A -> B.
+    src[0] = 0x1111;
+    softnda_sge s{sh->src, 8, sh->key[0]};
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 100, &s, 1);
+    w.remote_addr = sh->dst;
+    w.rkey = sh->key[1];
+    post(&sq[0], w);
+    softnda_sge r{sh->recv, 8, sh->key[2]};
+    need(softnda_rq_post(&rq[1], 200, &r, 1) == 0, 17);
+    softnda_rq_doorbell(&rq[1]);
+    post(&sq[0], wr(SOFTNDA_OP_SEND, 101, &s, 1));
+    need(waitCqes(cqs[0], 2).size() == 2 && waitCqes(cqs[1], 1).size() == 1, 18);
+    // C's WRITE with a bad rkey: the engine moves C to ERR (after C's last control operation).
+    auto bad = wr(SOFTNDA_OP_RDMA_WRITE, 300, &s, 1);
+    bad.remote_addr = sh->dst;
+    bad.rkey = 0xdead00;
+    post(&sq[2], bad);
+    need(waitCqes(cqs[0], 1).size() == 1, 19);
+    if (mode == kDiedBeforeCommit) {
+        // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
+        // point: in queue memory nothing else of it is visible, so the successor runs it.
+        softnda_sge rr{sh->recv + 1024, 8, sh->key[2]};
+        need(softnda_rq_post(&rq[1], 6100, &rr, 1) == 0, 40);
+        softnda_rq_doorbell(&rq[1]);
+        src[250] = 0x6000;
+        static softnda_sge ss{sh->src + 2000, 8, sh->key[0]};
+        auto x = wr(SOFTNDA_OP_SEND, 6000, &ss, 1);
+        need(softnda_sq_post(&sq[0], &x) == 0, 41);
+        __atomic_store_n(sq[0].dbr_pi, sq[0].pi, __ATOMIC_RELEASE);  // published, not rung
+        uint32_t *a = rec(sh->qp_ext[0]);
+        __atomic_store_n(a + kWExec, a[kWCi] + 1, __ATOMIC_RELEASE);
+        handOver(sh, sock, efd, afd);
+        kill(getpid(), SIGKILL);
+    }
+    if (mode == kDoctored) {
+        doctor(sh, sq, cq, cqs, src);
+        handOver(sh, sock, efd, afd);
+        kill(getpid(), SIGKILL);
+    }
+    // Work the new broker must finish: WRITEs of distinct values into distinct words (every
+    // other one unsignalled) and SENDs into posted receives; not waited for.
+    for (int i = 0; i < kSends; ++i) {
+        softnda_sge rr{sh->recv + 64 + 8u * i, 8, sh->key[2]};
+        softnda_rq_post(&rq[1], 210 + i, &rr, 1);
+    }
+    softnda_rq_doorbell(&rq[1]);
+    static softnda_sge ws[kWrites + kSends];
+    for (int i = 0; i < kWrites; ++i) {
+        src[8 + i] = 0xa000 + i;
+        ws[i] = softnda_sge{sh->src + 64 + 8u * i, 8, sh->key[0]};
+        auto x = wr(SOFTNDA_OP_RDMA_WRITE, 1000 + i, &ws[i], 1, i % 2 == 0 ? SOFTNDA_WQE_SIGNALED : 0);
+        x.remote_addr = sh->dst + 64 + 8u * i;
+        x.rkey = sh->key[1];
+        need(softnda_sq_post(&sq[0], &x) == 0, 20);
+    }
+    for (int i = 0; i < kSends; ++i) {
+        src[40 + i] = 0xb000 + i;
+        ws[kWrites + i] = softnda_sge{sh->src + 320 + 8u * i, 8, sh->key[0]};
+        auto x = wr(SOFTNDA_OP_SEND, 2000 + i, &ws[kWrites + i], 1);
+        need(softnda_sq_post(&sq[0], &x) == 0, 21);
+    }
+    handOver(sh, sock, efd, afd);
+    // Ring and die: some of this work runs here, the rest in the successor.
+    softnda_sq_doorbell(&sq[0]);
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+    kill(getpid(), SIGKILL);
+    _exit(23);
+}
+
+// The new broker's relocation: the arena at its new address, doorbells through the BAR fd.
+struct Reloc {
+    Shared *sh;
+    int bar_fd;
+    std::vector<uintptr_t> db_mapped;  // what relocation returned for doorbells
+};
+void *relocate(void *arg, uint64_t old, uint64_t len) {
+    auto *r = static_cast<Reloc *>(arg);
+    if (old >= r->sh->old_base && old + len <= r->sh->old_base + kArenaSize) {
+        return g.base + (old - r->sh->old_base);
+    }
+    uint64_t page = old & ~uint64_t{SOFTNDA_DB_PAGE_SIZE - 1};
+    for (int i = 0; i < r->sh->n_db; ++i) {
+        if (r->sh->db[i].va == page) {
+            void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, r->bar_fd,
+                            static_cast<off_t>(r->sh->db[i].off));
+            if (va == MAP_FAILED) {
+                return nullptr;
+            }
+            g.db_pages[reinterpret_cast<uintptr_t>(va)] = r->sh->db[i].off;
+            auto *p = static_cast<uint8_t *>(va) + (old & (SOFTNDA_DB_PAGE_SIZE - 1));
+            r->db_mapped.push_back(reinterpret_cast<uintptr_t>(p));
+            return p;
+        }
+    }
+    return nullptr;
+}
+
+// The successor's side: receive the fds, map everything elsewhere, import, resume.
+class SoftndaRestart : public ::testing::Test {
+  protected:
+    void restore(int mode) {
+        softnda_test::resetConfig();
+        fds_before = countFds();
+        g.fd = memfd_create("restart-arena", MFD_CLOEXEC);
+        ASSERT_GE(g.fd, 0);
+        ASSERT_EQ(ftruncate(g.fd, kArenaSize), 0);
+        g.base =
+            static_cast<uint8_t *>(mmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0));
+        ASSERT_NE(g.base, MAP_FAILED);
+        sh = static_cast<Shared *>(
+            mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+        ASSERT_NE(sh, MAP_FAILED);
+        int sp[2];
+        ASSERT_EQ(socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sp), 0);
+        pid_t pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            close(sp[0]);
+            oldBroker(sh, sp[1], mode);
+        }
+        close(sp[1]);
+        char cbuf[CMSG_SPACE(sizeof(int) * 16)] = {};
+        char one;
+        iovec iov{&one, 1};
+        msghdr m{};
+        m.msg_iov = &iov;
+        m.msg_iovlen = 1;
+        m.msg_control = cbuf;
+        m.msg_controllen = sizeof(cbuf);
+        ssize_t got = recvmsg(sp[0], &m, MSG_CMSG_CLOEXEC);
+        int status = 0;
+        ASSERT_EQ(waitpid(pid, &status, 0), pid);
+        close(sp[0]);
+        ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "child status " << status;
+        ASSERT_EQ(got, 1);
+        cmsghdr *c = CMSG_FIRSTHDR(&m);
+        ASSERT_NE(c, nullptr);
+        std::vector<int> fds((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        std::memcpy(fds.data(), CMSG_DATA(c), fds.size() * sizeof(int));
+        size_t k = 0;
+        for (auto &st : sh->st) {
+            for (uint32_t i = 0; i < st.fd_cnt; ++i) {
+                st.fds[i] = fds[k++];
+            }
+        }
+        ASSERT_EQ(k + 2, fds.size());
+        efd = fds[k];
+        afd = fds[k + 1];
+        int bar_fd = sh->st[kCtx].fds[0];
+
+        // The successor: the arena at another address (the old mapping goes away).
+        auto *old_map = g.base;
+        g.base =
+            static_cast<uint8_t *>(mmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0));
+        ASSERT_NE(g.base, MAP_FAILED);
+        ASSERT_NE(g.base, old_map);
+        munmap(old_map, kArenaSize);
+        g.db_pages.clear();
+        g.live.clear();
+        rel = Reloc{sh, -1, {}};
+        // bar_fd is the context's once imported; relocation maps doorbells through a dup of it.
+        rel.bar_fd = fcntl(bar_fd, F_DUPFD_CLOEXEC, 0);
+        env = ibv_extend_vdev_import{};
+        env.device = "softnda0";
+        env.relocate = relocate;
+        env.arg = &rel;
+        env.ops = &g_ops;
+
+        // Import only while paused.
+        errno = 0;
+        EXPECT_EQ(softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CONTEXT, &sh->st[kCtx], &env), nullptr);
+        EXPECT_EQ(errno, EBUSY);
+        ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 1), 0);
+        EXPECT_EQ(softnda_vdev_ops.set_paused("nosuch", 1), -ENODEV);
+        ctx = static_cast<ibv_context *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CONTEXT, &sh->st[kCtx], &env));
+        ASSERT_NE(ctx, nullptr) << errno;
+        ext = softnda_driver_ops.alloc_context(ctx);
+        env.context = ctx;
+        pd =
+            static_cast<ibv_pd *>(softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_PD, &sh->st[kPd], &env));
+        ASSERT_NE(pd, nullptr);
+        env.pd = pd;
+        for (int i = 0; i < 3; ++i) {
+            mr[i] = static_cast<ibv_mr *>(
+                softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_MR, &sh->st[kMrSrc + i], &env));
+            ASSERT_NE(mr[i], nullptr);
+            EXPECT_EQ(mr[i]->lkey, sh->key[i]);
+        }
+        for (int i = 0; i < 2; ++i) {
+            cq[i] = static_cast<ibv_cq_extend *>(
+                softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CQ, &sh->st[kCqA + i], &env));
+            ASSERT_NE(cq[i], nullptr) << errno;
+        }
+        for (int i = 0; i < 3; ++i) {
+            env.send_cq = env.recv_cq = cq[i == 1 ? 1 : 0]->cq;
+            qp[i] = static_cast<ibv_qp_extend *>(
+                softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpA + i], &env));
+            ASSERT_NE(qp[i], nullptr) << errno;
+            EXPECT_EQ(qp[i]->qp->qp_num, sh->qpn[i]);
+        }
+        ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
+
+        for (int i = 0; i < 2; ++i) {
+            ASSERT_EQ(softnda_cq_init(&cqs[i], &cq[i]->cq_info), 0);
+        }
+        src = reinterpret_cast<uint64_t *>(g.base + (sh->src - sh->old_base));
+        dst = reinterpret_cast<uint64_t *>(g.base + (sh->dst - sh->old_base));
+        recv = reinterpret_cast<uint64_t *>(g.base + (sh->recv - sh->old_base));
+    }
+
+    // Destroys every imported object and checks that each gave back what it used.
+    void teardown() {
+        // Destroying imported objects frees the relocated memory and doorbells.
+        std::set<uintptr_t> rings;
+        for (auto *q : qp) {
+            rings.insert(q->sq_info.qbuf.base);
+            rings.insert(q->rq_info.qbuf.base);
+        }
+        for (auto *x : cq) {
+            rings.insert(x->cq_info.qbuf.base);
+        }
+        g.freed.clear();
+        g.unmapped.clear();
+        for (auto *q : qp) {
+            EXPECT_EQ(ext->ops->destroy_qp(q), 0);
+        }
+        for (auto *x : cq) {
+            EXPECT_EQ(ext->ops->destroy_cq(x), 0);
+        }
+        for (auto *x : mr) {
+            EXPECT_EQ(softnda_vdev_ops.dereg_mr(x), 0);
+        }
+        EXPECT_EQ(softnda_vdev_ops.dealloc_pd(pd), 0);
+        softnda_driver_ops.free_context(ext);
+        EXPECT_EQ(softnda_vdev_ops.close_device(ctx), 0);
+        EXPECT_EQ(std::set<uintptr_t>(g.freed.begin(), g.freed.end()), rings);
+        EXPECT_EQ(g.freed.size(), rings.size());
+        std::sort(rel.db_mapped.begin(), rel.db_mapped.end());
+        std::sort(g.unmapped.begin(), g.unmapped.end());
+        EXPECT_EQ(g.unmapped, rel.db_mapped);
+        EXPECT_TRUE(g.db_pages.empty());
+
+        close(efd);
+        close(afd);
+        close(rel.bar_fd);
+        munmap(g.base, kArenaSize);
+        close(g.fd);
+        munmap(sh, sizeof(Shared));
+        EXPECT_EQ(countFds(), fds_before);  // bar_fd and the event fd dups went with their objects
+    }
+
+    int fds_before = 0;
+    Shared *sh = nullptr;
+    int efd = -1, afd = -1;
+    Reloc rel{};
+    ibv_extend_vdev_import env{};
+    ibv_context *ctx = nullptr;
+    ibv_context_extend *ext = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_mr *mr[3] = {};
+    ibv_cq_extend *cq[2] = {};
+    ibv_qp_extend *qp[3] = {};
+    softnda_cq cqs[2] = {};
+    uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
+};
+
+TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    // Exactly once: every signalled WRITE and every SEND of the work posted before the kill
+    // completes once (the child polled nothing after posting it), the data is there, and B got
+    // each SEND once, in order.
+    auto sent = waitCqes(cqs[0], kWrites / 2 + kSends);
+    std::map<uint64_t, int> seen;
+    for (auto &e : sent) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+        seen[e.wr_id]++;
+    }
+    for (int i = 0; i < kWrites; i += 2) {
+        EXPECT_EQ(seen[1000 + i], 1) << i;
+    }
+    for (int i = 0; i < kSends; ++i) {
+        EXPECT_EQ(seen[2000 + i], 1) << i;
+    }
+    auto recvd = waitCqes(cqs[1], kSends);
+    ASSERT_EQ(recvd.size(), static_cast<size_t>(kSends));
+    for (int i = 0; i < kSends; ++i) {
+        EXPECT_EQ(recvd[i].wr_id, 210u + i);
+        EXPECT_EQ(recvd[i].src_qp, sh->qpn[0]);
+    }
+    for (int i = 0; i < kWrites; ++i) {
+        EXPECT_EQ(dst[8 + i], 0xa000u + i) << i;
+    }
+    for (int i = 0; i < kSends; ++i) {
+        EXPECT_EQ(recv[8 + i], 0xb000u + i) << i;
+    }
+    softnda_cqe extra{};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(softnda_cq_poll(&cqs[0], &extra, 1), 0) << "a completion twice: " << extra.wr_id;
+
+    // The PSNs continued: 2 WQEs before, 20 after; C stayed in ERR.
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[0]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(a.sq_psn, 2u + kWrites + kSends);
+    EXPECT_EQ(a.dest_qp_num, sh->qpn[1]);
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[1]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.rq_psn, 2u + kWrites + kSends);
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[2]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.qp_state, IBV_QPS_ERR);
+
+    // Both directions work on: READ, atomic and SEND from B to A, with B's CQ event fd armed.
+    softnda_sq sqA, sqB;
+    softnda_rq rqA;
+    ASSERT_EQ(softnda_sq_init(&sqA, &qp[0]->sq_info), 0);
+    ASSERT_EQ(softnda_sq_init(&sqB, &qp[1]->sq_info), 0);
+    ASSERT_EQ(softnda_rq_init(&rqA, &qp[0]->rq_info), 0);
+    uint64_t ev;
+    while (read(efd, &ev, 8) == 8) {
+    }
+    __atomic_store_n(reinterpret_cast<uint32_t *>(cq[1]->cq_info.dbr_pi_va.iov_base) + 2, 1u,
+                     __ATOMIC_RELEASE);
+    dst[100] = 41;
+    softnda_sge rs{sh->src + 800, 8, sh->key[0]};
+    auto rd = wr(SOFTNDA_OP_RDMA_READ, 3000, &rs, 1);
+    rd.remote_addr = sh->dst + 800;
+    rd.rkey = sh->key[1];
+    post(&sqB, rd);  // B reads A's src: both in one PD
+    softnda_sge fs{sh->src + 808, 8, sh->key[0]};
+    auto fa = wr(SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 3001, &fs, 1);
+    fa.remote_addr = sh->dst + 800;
+    fa.rkey = sh->key[1];
+    fa.compare_add = 1;
+    post(&sqB, fa);
+    softnda_sge ar{sh->recv + 512, 8, sh->key[2]};
+    ASSERT_EQ(softnda_rq_post(&rqA, 4000, &ar, 1), 0);
+    softnda_rq_doorbell(&rqA);
+    src[120] = 0x5e5e;
+    softnda_sge ss{sh->src + 960, 8, sh->key[0]};
+    post(&sqB, wr(SOFTNDA_OP_SEND, 3002, &ss, 1));
+    auto bdone = waitCqes(cqs[1], 3);
+    ASSERT_EQ(bdone.size(), 3u);
+    for (auto &e : bdone) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+    }
+    EXPECT_EQ(src[100], 41u);
+    EXPECT_EQ(src[101], 41u);
+    EXPECT_EQ(dst[100], 42u);
+    auto arecv = waitCqes(cqs[0], 1);
+    ASSERT_EQ(arecv.size(), 1u);
+    EXPECT_EQ(arecv[0].wr_id, 4000u);
+    EXPECT_EQ(recv[64], 0x5e5eu);
+    ASSERT_EQ(read(efd, &ev, 8), 8);  // the imported dup of the child's eventfd signalled
+    EXPECT_GE(ev, 1u);
+    // A WRITE A -> B after the restart.
+    src[130] = 77;
+    softnda_sge w2{sh->src + 1040, 8, sh->key[0]};
+    auto wr2 = wr(SOFTNDA_OP_RDMA_WRITE, 3003, &w2, 1);
+    wr2.remote_addr = sh->dst + 1040;
+    wr2.rkey = sh->key[1];
+    post(&sqA, wr2);
+    ASSERT_EQ(waitCqes(cqs[0], 1).size(), 1u);
+    EXPECT_EQ(dst[130], 77u);
+
+    // New objects do not collide with imported ones.
+    auto na = ibvx::qpInitAttr({.pd = pd,
+                                .send_cq = cq[0]->cq,
+                                .recv_cq = cq[0]->cq,
+                                .srq = nullptr,
+                                .send_wr = 4,
+                                .recv_wr = 4,
+                                .send_sge = 1,
+                                .recv_sge = 1,
+                                .inline_data = 0,
+                                .sq_sig_all = 0,
+                                .ops = &g_ops});
+    ibv_qp_extend *nq = ext->ops->create_qp(ctx, &na);
+    ASSERT_NE(nq, nullptr);
+    for (uint32_t q : sh->qpn) {
+        EXPECT_NE(nq->qp->qp_num, q);
+    }
+    ibv_mr *nm = softnda_vdev_ops.reg_mr(pd, src, 64, reinterpret_cast<uintptr_t>(src), kAll);
+    ASSERT_NE(nm, nullptr);
+    for (uint32_t key : sh->key) {
+        EXPECT_NE(nm->lkey, key);
+    }
+    EXPECT_EQ(softnda_vdev_ops.dereg_mr(nm), 0);
+    EXPECT_EQ(ext->ops->destroy_qp(nq), 0);
+
+    teardown();
+}
+
+// The worst moments of a kill, made deterministic (doctor() above): a WQE that took effect at
+// the responder but not at the requester is retired without running again (an atomic applied
+// once, its CQE once), a lost PSN store is repaired from the peer, and work posted but never rung
+// runs after the resume.
+TEST_F(SoftndaRestart, AWqeCommittedAtTheResponderIsRetiredNotRunAgain) {
+    restore(kDoctored);
+    ASSERT_FALSE(HasFatalFailure());
+    auto done = waitCqes(cqs[0], 2);
+    ASSERT_EQ(done.size(), 2u);
+    EXPECT_EQ(done[0].wr_id, 5000u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(done[0].opcode, IBV_WC_FETCH_ADD);
+    EXPECT_EQ(done[0].byte_len, 8u);
+    EXPECT_EQ(done[1].wr_id, 5200u);
+    EXPECT_EQ(done[1].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[200], 5u);  // added once
+    EXPECT_EQ(dst[220], 0x88u);
+    softnda_cqe extra{};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(softnda_cq_poll(&cqs[0], &extra, 1), 0) << "a completion twice: " << extra.wr_id;
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[0]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.sq_psn, 4u);  // WRITE, SEND, FETCH_ADD, WRITE
+    // B's next WRITE uses the repaired PSN: A's responder expects 1, not the lost 0.
+    softnda_sq sqB;
+    ASSERT_EQ(softnda_sq_init(&sqB, &qp[1]->sq_info), 0);
+    src[230] = 0x99;
+    softnda_sge bs{sh->src + 1840, 8, sh->key[0]};
+    auto bw = wr(SOFTNDA_OP_RDMA_WRITE, 5101, &bs, 1);
+    bw.remote_addr = sh->dst + 1840;
+    bw.rkey = sh->key[1];
+    post(&sqB, bw);
+    auto b = waitCqes(cqs[1], 1);
+    ASSERT_EQ(b.size(), 1u);
+    EXPECT_EQ(b[0].wr_id, 5101u);
+    EXPECT_EQ(b[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[230], 0x99u);
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[1]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.sq_psn, 2u);
+    EXPECT_EQ(a.rq_psn, 4u);
+    teardown();
+}
+
+// The other side of the same question: a WQE that started but did not commit runs (once).
+TEST_F(SoftndaRestart, AWqeThatDidNotCommitRunsOnce) {
+    restore(kDiedBeforeCommit);
+    ASSERT_FALSE(HasFatalFailure());
+    auto sent = waitCqes(cqs[0], 1);
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_EQ(sent[0].wr_id, 6000u);
+    EXPECT_EQ(sent[0].status, IBV_WC_SUCCESS);
+    auto got = waitCqes(cqs[1], 1);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_EQ(got[0].wr_id, 6100u);
+    EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(recv[128], 0x6000u);
+    softnda_cqe extra{};
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    EXPECT_EQ(softnda_cq_poll(&cqs[0], &extra, 1), 0) << extra.wr_id;
+    EXPECT_EQ(softnda_cq_poll(&cqs[1], &extra, 1), 0) << extra.wr_id;
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp[1]->qp, &a, IBV_QP_STATE, &ia), 0);
+    EXPECT_EQ(a.rq_psn, 3u);
+    teardown();
+}
+
+}  // namespace
+
+namespace {
+
+using softnda_test::SoftndaTest;
+
+// Relocation in one process: only the exact ranges the test knows map (to themselves).
+struct Known {
+    std::map<uint64_t, uint64_t> ranges;  // old address -> length
+};
+void *knownOnly(void *arg, uint64_t old, uint64_t len) {
+    auto *k = static_cast<Known *>(arg);
+    auto it = k->ranges.find(old);
+    return it != k->ranges.end() && it->second == len ? reinterpret_cast<void *>(old) : nullptr;
+}
+
+class SoftndaRestartBlob : public SoftndaTest {
+  protected:
+    void TearDown() override {
+        EXPECT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
+        SoftndaTest::TearDown();
+    }
+};
+
+// Garbage never imports: truncated, foreign, other-version or other-kind blobs, bodies of noise,
+// missing relocations and fd counts that do not match answer EINVAL, and leave no fd or memory.
+TEST_F(SoftndaRestartBlob, CorruptedTruncatedAndForeignBlobsAnswerEinval) {
+    auto cq = makeCq(16);
+    auto qp = makeQp(cq, cq);
+    uint64_t buf[8];
+    ibv_mr *mr = reg(buf, sizeof(buf));
+    struct Item {
+        ibv_extend_vdev_obj kind;
+        const void *obj;
+        ibv_extend_vdev_state st;
+    };
+    std::vector<Item> items = {{IBV_EXTEND_VDEV_OBJ_CONTEXT, ctx_, {}},
+                               {IBV_EXTEND_VDEV_OBJ_PD, pd_, {}},
+                               {IBV_EXTEND_VDEV_OBJ_MR, mr, {}},
+                               {IBV_EXTEND_VDEV_OBJ_CQ, cq.ext, {}},
+                               {IBV_EXTEND_VDEV_OBJ_QP, qp.ext, {}}};
+    for (auto &it : items) {
+        ASSERT_EQ(softnda_vdev_ops.export_object(it.kind, it.obj, &it.st), 0) << it.kind;
+        ASSERT_GE(it.st.len, 16u);
+    }
+    // Not one of ours / wrong kind for the pointer.
+    ibv_extend_vdev_state junk{};
+    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_QP, nullptr, &junk), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.export_object(static_cast<ibv_extend_vdev_obj>(99), pd_, &junk), -EINVAL);
+
+    ibv_extend_vdev_import env{};
+    Known known;
+    env.device = "softnda0";
+    env.context = ctx_;
+    env.pd = pd_;
+    env.send_cq = env.recv_cq = cq.ext->cq;
+    env.ops = arena().ops();
+    env.relocate = knownOnly;
+    env.arg = &known;
+    int fds = countFds();
+    size_t allocs = arena().liveAllocs();
+
+    // Not paused: EBUSY, whatever the blob.
+    for (auto &it : items) {
+        errno = 0;
+        EXPECT_EQ(softnda_vdev_ops.import_object(it.kind, &it.st, &env), nullptr);
+        EXPECT_EQ(errno, EBUSY) << it.kind;
+    }
+    ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 1), 0);
+    auto refuse = [&](ibv_extend_vdev_obj kind, const ibv_extend_vdev_state &st, const char *what) {
+        errno = 0;
+        void *o = softnda_vdev_ops.import_object(kind, &st, &env);
+        EXPECT_EQ(o, nullptr) << what << " kind " << kind;
+        EXPECT_EQ(errno, EINVAL) << what << " kind " << kind;
+    };
+    uint32_t seed = 12345;
+    auto rnd = [&seed] {
+        seed = seed * 1103515245u + 12345u;
+        return seed >> 8;
+    };
+    for (auto &it : items) {
+        ibv_extend_vdev_state s = it.st;
+        for (uint32_t len : {0u, 1u, 15u, 16u, it.st.len - 1, it.st.len + 1}) {
+            s = it.st;
+            s.len = len;
+            refuse(it.kind, s, "length");
+        }
+        s = it.st;
+        s.data[0] ^= 1;
+        refuse(it.kind, s, "magic");
+        s = it.st;
+        s.data[4] = 2;
+        refuse(it.kind, s, "version");
+        s = it.st;
+        s.len = 5000;
+        refuse(it.kind, s, "beyond the buffer");
+        s = it.st;
+        s.fd_cnt = it.st.fd_cnt + 1;
+        refuse(it.kind, s, "fd count");
+        for (auto &other : items) {
+            if (other.kind != it.kind) {
+                refuse(other.kind, it.st, "another kind's blob");
+            }
+        }
+        // Noise behind a valid header.
+        for (int round = 0; round < 200; ++round) {
+            s = it.st;
+            for (uint32_t i = 16; i < s.len; ++i) {
+                s.data[i] = static_cast<uint8_t>(rnd());
+            }
+            refuse(it.kind, s, "noise");
+        }
+    }
+    // No relocation for the memory: EINVAL (the blobs are otherwise good ones).
+    refuse(IBV_EXTEND_VDEV_OBJ_MR, items[2].st, "MR without relocation");
+    refuse(IBV_EXTEND_VDEV_OBJ_CQ, items[3].st, "CQ without relocation");
+    refuse(IBV_EXTEND_VDEV_OBJ_QP, items[4].st, "QP without relocation");
+    env.relocate = nullptr;
+    refuse(IBV_EXTEND_VDEV_OBJ_PD, items[1].st, "no relocate callback");
+    // A QP whose number is in use here, and MR whose key is: refused even with relocation.
+    env.relocate = knownOnly;
+    known.ranges[reinterpret_cast<uintptr_t>(buf)] = sizeof(buf);
+    refuse(IBV_EXTEND_VDEV_OBJ_MR, items[2].st, "MR key in use");
+    for (auto &it : items) {
+        for (uint32_t i = 0; i < it.st.fd_cnt; ++i) {
+            close(it.st.fds[i]);
+        }
+    }
+    EXPECT_EQ(countFds(), fds - static_cast<int>(items[0].st.fd_cnt));
+    EXPECT_EQ(arena().liveAllocs(), allocs);
+}
+
+}  // namespace
