@@ -132,6 +132,8 @@ StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerConte
         return a;  // a client from before idempotency keys: the call runs as it always did
     }
     ASSIGN_OR_RETURN(a.key, parseIdempotencyKey(std::string_view(it->second.data(), it->second.size())));
+    // No lock from here to the commit: a client sends a key again only after the try before
+    // failed, so two calls with one key at once are a broken client, and each just runs.
     std::optional<StoredReply> stored = a.session->findReply(a.key);
     if (!stored) {
         return a;
