@@ -3,16 +3,19 @@
 #include <poll.h>
 #include <pthread.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 #include <vector>
 
 #include "common/unix_socket.h"
@@ -102,6 +105,26 @@ Registry &registry() {
 
 }  // namespace
 
+std::string newIdempotencyKey() {
+    uint64_t v = 0;
+    while (v == 0) {
+        if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
+            // No getrandom (an old kernel, a seccomp filter): a key must only differ from this
+            // session's other recent keys, which time, pid and a counter do.
+            static std::atomic<uint64_t> counter{0};
+            uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+            v = (t * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(getpid()) << 40) ^ ++counter;
+        }
+    }
+    char hex[17];
+    snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
+    return hex;
+}
+
+bool retryAfter(grpc::StatusCode code, bool fd_channel_open) {
+    return code == grpc::StatusCode::UNAVAILABLE && fd_channel_open;
+}
+
 const Settings &settings() {
     static const Settings s = readSettings();
     return s;
@@ -134,6 +157,14 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
     // (after a broker restart, or in a forked child) the old session's connection or its
     // reconnect back-off.
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    // A broker restart closes the connection; the socket queues the reconnect until the new
+    // broker serves. gRPC's defaults (1 s initial back-off growing to 120 s, 20 s per attempt)
+    // are for networks: a refused local connect would make a retried call sleep past its
+    // deadline. Back off 50..250 ms between attempts; give one attempt 1 s, enough for a
+    // restoring broker to take the queued connection, or the next attempt picks up.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
     s->channel_ =
         grpc::CreateCustomChannel("unix:" + settings.socket_path, grpc::InsecureChannelCredentials(), args);
     s->stub_ = pb::Broker::NewStub(s->channel_);
@@ -188,9 +219,51 @@ int Session::checkUsable() {
     return rc == -ECONNRESET ? rc : 0;
 }
 
-void Session::prepare(grpc::ClientContext *ctx) const {
+Session::Attempts Session::startCall(bool mutating) const {
+    Attempts a;
+    a.deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_);
+    if (mutating) {
+        a.key = newIdempotencyKey();
+    }
+    return a;
+}
+
+void Session::prepare(grpc::ClientContext *ctx, const Attempts &attempts) const {
     ctx->AddMetadata("ibvx-session", token_hex_);
-    ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+    if (!attempts.key.empty()) {
+        ctx->AddMetadata(kIdempotencyMetadataKey, attempts.key);
+    }
+    ctx->set_deadline(attempts.deadline);
+    // A retry waits for gRPC to reconnect (bounded by the deadline) instead of failing at once
+    // while the channel is still in transient failure.
+    ctx->set_wait_for_ready(attempts.retries > 0);
+}
+
+bool Session::fdChannelOpen() {
+    std::lock_guard lock(fd_mu_);
+    return pumpLocked(0) != -ECONNRESET && alive();
+}
+
+bool Session::again(const char *what, const grpc::Status &status, Attempts *attempts) {
+    if (status.ok() || !retryAfter(status.error_code(), fdChannelOpen())) {
+        return false;
+    }
+    auto now = std::chrono::system_clock::now();
+    if (now >= attempts->deadline) {
+        return false;
+    }
+    if (attempts->retries == 0) {
+        warn("%s: the broker restarted (%s); the session is kept, retrying the call until its deadline", what,
+             status.error_message().c_str());
+    } else {
+        // A retry already waited for the connection, so the broker itself answered UNAVAILABLE
+        // (busy, or not serving yet): pause before asking again, 10 ms doubling to 160 ms.
+        auto pause = std::chrono::milliseconds(10 << std::min(attempts->retries - 1, 4));
+        std::this_thread::sleep_for(
+            std::min<std::chrono::system_clock::duration>(pause, attempts->deadline - now));
+    }
+    ++attempts->retries;
+    return true;
 }
 
 int Session::finish(const char *what, const grpc::Status &status) {

@@ -5,6 +5,10 @@
 // its own. fd_mu_ guards the fd channel socket, the region cache and the xfer id counter; it is
 // held while reading pending frames (bounded by the call deadline) and never across a gRPC call.
 //
+// A broker restart keeps the session (docs/restart.md): the fd channel stays open while the gRPC
+// connection dies. call() then retries the same request, with the same idempotency key, until
+// the call's deadline; gRPC reconnects to the same socket meanwhile.
+//
 // Lifetime: sessions are never destroyed. A session whose broker went away stays allocated so
 // the shadow objects pointing at it keep answering -ECONNRESET; a session inherited through
 // fork() stays allocated so the child never runs the parent's gRPC destructors (whose threads do
@@ -16,11 +20,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <type_traits>
 
 #include <grpcpp/grpcpp.h>
 
@@ -42,6 +48,26 @@ struct Settings {
 const Settings &settings();
 
 inline constexpr const char *kDefaultSocket = IBVX_DEFAULT_SOCKET;
+inline constexpr const char *kIdempotencyMetadataKey = "ibvx-idempotency-key";
+
+// The calls that change nothing on the broker (by request type). Every other call carries an
+// idempotency key, so a retry after a broker restart is answered, never applied twice; a method
+// added later gets one by default, which is the safe side.
+template <typename Req>
+inline constexpr bool kReadOnlyCall =
+    std::is_same_v<Req, pb::HelloRequest> || std::is_same_v<Req, pb::ListDevicesRequest> ||
+    std::is_same_v<Req, pb::QueryDeviceRequest> || std::is_same_v<Req, pb::QueryDeviceAttrRequest> ||
+    std::is_same_v<Req, pb::QueryPortRequest> || std::is_same_v<Req, pb::QueryQpRequest> ||
+    std::is_same_v<Req, pb::QueryQpExtendRequest> ||
+    std::is_same_v<Req, pb::QueryQpSupportedHyroceFeatureRequest>;
+
+// A new idempotency key: 16 lower-case hex digits of a random non-zero 64-bit value.
+std::string newIdempotencyKey();
+
+// Whether a failed call is tried again: only UNAVAILABLE (the connection failed or the channel
+// is in transient failure) while the session's fd channel is open means "the broker is
+// restarting". With the fd channel at EOF the session ended; any other code is an answer.
+bool retryAfter(grpc::StatusCode code, bool fd_channel_open);
 
 class Session {
   public:
@@ -59,8 +85,10 @@ class Session {
     // ended it, or this is a forked child holding the parent's objects): free them locally.
     bool gone() const { return !alive() || pid_ != getpid(); }
 
-    // One unary call with the session token and a deadline. 0 or a negative errno (the
-    // ErrorDetail errno when the broker sent one, else one mapped from the gRPC code).
+    // One unary call with the session token and a deadline (a mutating call also with a new
+    // idempotency key), retried while the broker restarts (retryAfter) until that deadline.
+    // 0 or a negative errno (the ErrorDetail errno when the broker sent one, else one mapped
+    // from the gRPC code).
     template <typename Req, typename Resp>
     int call(const char *what,
              grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
@@ -69,9 +97,16 @@ class Session {
         if (rc != 0) {
             return rc;
         }
-        grpc::ClientContext ctx;
-        prepare(&ctx);
-        return finish(what, (stub_.get()->*method)(&ctx, req, resp));
+        Attempts attempts = startCall(!kReadOnlyCall<Req>);
+        for (;;) {
+            grpc::ClientContext ctx;
+            prepare(&ctx, attempts);
+            grpc::Status status = (stub_.get()->*method)(&ctx, req, resp);
+            if (!again(what, status, &attempts)) {
+                return finish(what, status);
+            }
+            resp->Clear();
+        }
     }
 
     // The local address of a RegionRef, mapping regions the broker sent (pending frames are read
@@ -89,9 +124,21 @@ class Session {
     void abandonAfterFork();
 
   private:
+    // One call across its tries: one deadline and one key for all of them.
+    struct Attempts {
+        std::chrono::system_clock::time_point deadline;
+        std::string key;  // empty: a read-only call
+        int retries = 0;
+    };
+
     Session() = default;
     int checkUsable();
-    void prepare(grpc::ClientContext *ctx) const;
+    Attempts startCall(bool mutating) const;
+    void prepare(grpc::ClientContext *ctx, const Attempts &attempts) const;
+    // After a try: true (with a pause when the broker answered UNAVAILABLE itself) when the
+    // call is to be tried again; warns on its first retry.
+    bool again(const char *what, const grpc::Status &status, Attempts *attempts);
+    bool fdChannelOpen();
     int finish(const char *what, const grpc::Status &status);
     // Reads frames until `region` is mapped (region == 0: only what is already pending).
     // Caller holds fd_mu_.

@@ -2,6 +2,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <string>
+
 #include "daemon/edge/convert.h"
 #include "daemon/edge/grpc_status.h"
 
@@ -14,7 +16,87 @@ void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out
     }
 }
 
+// The full gRPC name ("/ibv_extend.v1.Broker/CreateCq"): what a stored reply is filed under, so
+// a reply stored by one build is recognised by the next.
+std::string fullMethodName(Method m) {
+    return std::string("/") + pb::Broker::service_full_name() + "/" + methodName(m);
+}
+
+// The status a stored reply was sent with. The reply was built by toGrpc() from a Status (here
+// or in the broker this one restarted from), so the code maps back and toGrpc() of the result
+// sends the same code, message and errno again.
+Status storedStatus(const StoredReply &r) {
+    if (r.code == static_cast<int>(grpc::StatusCode::OK)) {
+        return Status::ok();
+    }
+    Code code = Code::kInternal;
+    for (int c = static_cast<int>(Code::kInvalidArgument); c <= static_cast<int>(Code::kInternal); ++c) {
+        if (static_cast<int>(grpcCode(static_cast<Code>(c))) == r.code) {
+            code = static_cast<Code>(c);
+        }
+    }
+    pb::ErrorDetail detail;
+    int err = !r.details.empty() && detail.ParseFromString(r.details) ? detail.errno_value() : 0;
+    return Status(code, err, r.message);
+}
+
 }  // namespace
+
+bool isMutating(Method m) {
+    switch (m) {
+        case Method::kOpenContext:
+        case Method::kCloseContext:
+        case Method::kAllocPd:
+        case Method::kDeallocPd:
+        case Method::kRegMr:
+        case Method::kDeregMr:
+        case Method::kCreateCq:
+        case Method::kDestroyCq:
+        case Method::kCreateQp:
+        case Method::kDestroyQp:
+        case Method::kCreateSrq:
+        case Method::kDestroySrq:
+        case Method::kModifyQp:
+        case Method::kModifyQpExtend:
+        case Method::kNegoQpHyroceFeature:  // the driver's negotiation moves the QP's state
+        case Method::kSetAsyncEventFd:
+            return true;
+        case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
+        case Method::kListDevices:
+        case Method::kQueryDevice:
+        case Method::kQueryQp:
+        case Method::kQueryQpExtend:
+        case Method::kQueryQpSupportedHyroceFeature:
+        case Method::kQueryDeviceAttr:
+        case Method::kQueryPort:
+        case Method::kCount:
+            return false;
+    }
+    return false;
+}
+
+StatusOr<uint64_t> parseIdempotencyKey(std::string_view text) {
+    auto bad = [&] {
+        return invalidArgument(
+            "ibvx-idempotency-key must be 16 lower-case hex digits of a non-zero value, got '" +
+            std::string(text.substr(0, 32)) + "'");
+    };
+    if (text.size() != 16) {
+        return bad();
+    }
+    uint64_t key = 0;
+    for (char c : text) {
+        int digit = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (digit < 0) {
+            return bad();
+        }
+        key = key << 4 | static_cast<uint64_t>(digit);
+    }
+    if (key == 0) {
+        return bad();
+    }
+    return key;
+}
 
 BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
                              SessionListener *listener, BlockingLimits blocking)
@@ -37,27 +119,96 @@ StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServer
     return broker_.authenticate(std::string(it->second.data(), it->second.size()), peer->creds);
 }
 
-template <typename Fn>
-grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn) {
-    auto call = calls_.begin(ctx, m);
-    auto s = sessionOf(ctx);
-    if (!s.isOk()) {
-        return call.finish(s.status());
+StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerContext *ctx, Method m,
+                                                       google::protobuf::Message *resp) {
+    Admitted a;
+    ASSIGN_OR_RETURN(a.session, sessionOf(ctx));
+    if (!isMutating(m)) {
+        return a;
     }
-    return call.finish(fn(**s), (*s)->id());
+    const auto &md = ctx->client_metadata();
+    auto it = md.find(kIdempotencyMetadataKey);
+    if (it == md.end()) {
+        return a;  // a client from before idempotency keys: the call runs as it always did
+    }
+    ASSIGN_OR_RETURN(a.key, parseIdempotencyKey(std::string_view(it->second.data(), it->second.size())));
+    // No lock from here to the commit: a client sends a key again only after the try before
+    // failed, so two calls with one key at once are a broken client, and each just runs.
+    std::optional<StoredReply> stored = a.session->findReply(a.key);
+    if (!stored) {
+        return a;
+    }
+    if (stored->method != fullMethodName(m)) {
+        return invalidArgument(
+            "idempotency key reused: " + std::string(it->second.data(), it->second.size()) +
+            " was sent with " + stored->method + "; every call needs a new key");
+    }
+    if (!resp->ParseFromString(stored->response)) {
+        return Status(Code::kInternal, EIO, "the stored reply of this call does not parse");
+    }
+    a.replayed = storedStatus(*stored);
+    return a;
+}
+
+void BrokerService::commitReply(Session &s, Method m, uint64_t key, const Status &result,
+                                const google::protobuf::Message &resp) {
+    grpc::Status wire = toGrpc(result);
+    StoredReply reply;
+    reply.key = key;
+    reply.method = fullMethodName(m);
+    reply.code = static_cast<int>(wire.error_code());
+    reply.message = wire.error_message();
+    reply.details = wire.error_details();
+    if (result.isOk()) {
+        reply.response = resp.SerializeAsString();  // a failed call sends no message
+    }
+    // The call did happen: its reply goes out either way; only a crash now would lose it.
+    if (Status st = broker_.commit(s, std::move(reply)); !st.isOk()) {
+        spdlog::warn("session {}: {} could not be committed: {}", s.id(), methodName(m), st.toString());
+    }
 }
 
 template <typename Fn>
-grpc::ServerUnaryReactor *BrokerService::serveBlocking(grpc::CallbackServerContext *ctx, Method m, Fn fn) {
+grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx, Method m,
+                                               google::protobuf::Message *resp, Fn &&fn) {
     auto call = calls_.begin(ctx, m);
-    auto s = sessionOf(ctx);
-    if (!s.isOk()) {
-        return call.finish(s.status());
+    auto a = admit(ctx, m, resp);
+    if (!a.isOk()) {
+        return call.finish(a.status());
     }
-    std::shared_ptr<Session> session = *s;
-    uint64_t id = session->id();
+    Session &s = *a->session;
+    if (a->replayed) {
+        return call.finish(*a->replayed, s.id());
+    }
+    Status result = fn(s);
+    if (isMutating(m)) {
+        commitReply(s, m, a->key, result, *resp);
+    }
+    return call.finish(result, s.id());
+}
+
+template <typename Fn>
+grpc::ServerUnaryReactor *BrokerService::serveBlocking(grpc::CallbackServerContext *ctx, Method m,
+                                                       google::protobuf::Message *resp, Fn fn) {
+    auto call = calls_.begin(ctx, m);
+    auto a = admit(ctx, m, resp);
+    if (!a.isOk()) {
+        return call.finish(a.status());
+    }
+    uint64_t id = a->session->id();
+    if (a->replayed) {
+        return call.finish(*a->replayed, id);
+    }
     return calls_.finishOn(
-        blocking_, call, [session = std::move(session), fn = std::move(fn)]() { return fn(*session); }, id);
+        blocking_, call,
+        [this, m, resp, key = a->key, session = std::move(a->session), fn = std::move(fn)]() {
+            Status result = fn(*session);
+            if (isMutating(m)) {
+                commitReply(*session, m, key, result, *resp);
+            }
+            return result;
+        },
+        id);
 }
 
 grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
@@ -102,7 +253,7 @@ grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx,
 grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
                                                      const pb::ListDevicesRequest *,
                                                      pb::ListDevicesResponse *resp) {
-    return serve(ctx, Method::kListDevices, [&](Session &s) {
+    return serve(ctx, Method::kListDevices, resp, [&](Session &s) {
         std::shared_ptr<const Policy> policy = broker_.policy();
         for (const DeviceInfo &d : broker_.listDevices()) {
             if (resp->devices_size() >= 1024) {
@@ -120,7 +271,7 @@ grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext
 grpc::ServerUnaryReactor *BrokerService::OpenContext(grpc::CallbackServerContext *ctx,
                                                      const pb::OpenContextRequest *req,
                                                      pb::OpenContextResponse *resp) {
-    return serve(ctx, Method::kOpenContext, [&](Session &s) {
+    return serve(ctx, Method::kOpenContext, resp, [&](Session &s) {
         auto r = broker_.openContext(s, req->device_name());
         if (!r.isOk()) {
             return r.status();
@@ -136,7 +287,7 @@ grpc::ServerUnaryReactor *BrokerService::OpenContext(grpc::CallbackServerContext
 grpc::ServerUnaryReactor *BrokerService::CloseContext(grpc::CallbackServerContext *ctx,
                                                       const pb::CloseContextRequest *req,
                                                       pb::CloseContextResponse *resp) {
-    return serve(ctx, Method::kCloseContext, [&](Session &s) {
+    return serve(ctx, Method::kCloseContext, resp, [&](Session &s) {
         auto r = broker_.closeContext(s, req->context());
         if (!r.isOk()) {
             return r.status();
@@ -149,7 +300,7 @@ grpc::ServerUnaryReactor *BrokerService::CloseContext(grpc::CallbackServerContex
 grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext *ctx,
                                                      const pb::QueryDeviceRequest *req,
                                                      pb::QueryDeviceResponse *resp) {
-    return serve(ctx, Method::kQueryDevice, [&](Session &s) {
+    return serve(ctx, Method::kQueryDevice, resp, [&](Session &s) {
         auto r = broker_.queryDevice(s, req->context());
         if (!r.isOk()) {
             return r.status();
@@ -163,7 +314,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext
 grpc::ServerUnaryReactor *BrokerService::QueryDeviceAttr(grpc::CallbackServerContext *ctx,
                                                          const pb::QueryDeviceAttrRequest *req,
                                                          pb::QueryDeviceAttrResponse *resp) {
-    return serve(ctx, Method::kQueryDeviceAttr, [&](Session &s) {
+    return serve(ctx, Method::kQueryDeviceAttr, resp, [&](Session &s) {
         ASSIGN_OR_RETURN(ibv_device_attr attr, broker_.queryDeviceAttr(s, req->context()));
         toProto(attr, resp->mutable_attr());
         return Status::ok();
@@ -173,7 +324,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryDeviceAttr(grpc::CallbackServerCon
 grpc::ServerUnaryReactor *BrokerService::QueryPort(grpc::CallbackServerContext *ctx,
                                                    const pb::QueryPortRequest *req,
                                                    pb::QueryPortResponse *resp) {
-    return serve(ctx, Method::kQueryPort, [&](Session &s) {
+    return serve(ctx, Method::kQueryPort, resp, [&](Session &s) {
         if (req->port_num() == 0 || req->port_num() > 255) {
             return invalidArgument("port_num must be 1..255");
         }
@@ -189,18 +340,18 @@ grpc::ServerUnaryReactor *BrokerService::QueryPort(grpc::CallbackServerContext *
 
 grpc::ServerUnaryReactor *BrokerService::SetAsyncEventFd(grpc::CallbackServerContext *ctx,
                                                          const pb::SetAsyncEventFdRequest *req,
-                                                         pb::SetAsyncEventFdResponse *) {
+                                                         pb::SetAsyncEventFdResponse *resp) {
     // Waits for the eventfd on the fd channel: never on a callback thread.
     uint64_t context = req->context();
     uint64_t xfer_id = req->xfer_id();
-    return serveBlocking(ctx, Method::kSetAsyncEventFd, [this, context, xfer_id](Session &s) {
+    return serveBlocking(ctx, Method::kSetAsyncEventFd, resp, [this, context, xfer_id](Session &s) {
         return broker_.setAsyncEventFd(s, context, xfer_id);
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ctx,
                                                  const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) {
-    return serve(ctx, Method::kAllocPd, [&](Session &s) {
+    return serve(ctx, Method::kAllocPd, resp, [&](Session &s) {
         auto r = broker_.allocPd(s, req->context());
         if (!r.isOk()) {
             return r.status();
@@ -211,8 +362,9 @@ grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ct
 }
 
 grpc::ServerUnaryReactor *BrokerService::DeallocPd(grpc::CallbackServerContext *ctx,
-                                                   const pb::DeallocPdRequest *req, pb::DeallocPdResponse *) {
-    return serve(ctx, Method::kDeallocPd, [&](Session &s) { return broker_.deallocPd(s, req->pd()); });
+                                                   const pb::DeallocPdRequest *req,
+                                                   pb::DeallocPdResponse *resp) {
+    return serve(ctx, Method::kDeallocPd, resp, [&](Session &s) { return broker_.deallocPd(s, req->pd()); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
@@ -225,7 +377,7 @@ grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx,
     a.access = req->access();
     a.iova = req->iova();
     // Waits for the fd on the fd channel: never on a callback thread. resp lives until Finish.
-    return serveBlocking(ctx, Method::kRegMr, [this, a, resp](Session &s) {
+    return serveBlocking(ctx, Method::kRegMr, resp, [this, a, resp](Session &s) {
         auto r = broker_.regMr(s, a);
         if (!r.isOk()) {
             return r.status();
@@ -239,8 +391,8 @@ grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx,
 }
 
 grpc::ServerUnaryReactor *BrokerService::DeregMr(grpc::CallbackServerContext *ctx,
-                                                 const pb::DeregMrRequest *req, pb::DeregMrResponse *) {
-    return serve(ctx, Method::kDeregMr, [&](Session &s) { return broker_.deregMr(s, req->mr()); });
+                                                 const pb::DeregMrRequest *req, pb::DeregMrResponse *resp) {
+    return serve(ctx, Method::kDeregMr, resp, [&](Session &s) { return broker_.deregMr(s, req->mr()); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *ctx,
@@ -273,15 +425,15 @@ grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *c
     // With an event fd the call waits for it on the fd channel, as RegMr does: never on a
     // callback thread.
     if (a.event_xfer_id != 0) {
-        return serveBlocking(ctx, Method::kCreateCq, create);
+        return serveBlocking(ctx, Method::kCreateCq, resp, create);
     }
-    return serve(ctx, Method::kCreateCq, create);
+    return serve(ctx, Method::kCreateCq, resp, create);
 }
 
 grpc::ServerUnaryReactor *BrokerService::DestroyCq(grpc::CallbackServerContext *ctx,
                                                    const pb::DestroyCqRequest *req,
                                                    pb::DestroyCqResponse *resp) {
-    return serve(ctx, Method::kDestroyCq, [&](Session &s) {
+    return serve(ctx, Method::kDestroyCq, resp, [&](Session &s) {
         auto r = broker_.destroyCq(s, req->cq());
         if (!r.isOk()) {
             return r.status();
@@ -294,7 +446,7 @@ grpc::ServerUnaryReactor *BrokerService::DestroyCq(grpc::CallbackServerContext *
 grpc::ServerUnaryReactor *BrokerService::CreateQp(grpc::CallbackServerContext *ctx,
                                                   const pb::CreateQpRequest *req,
                                                   pb::CreateQpResponse *resp) {
-    return serve(ctx, Method::kCreateQp, [&](Session &s) {
+    return serve(ctx, Method::kCreateQp, resp, [&](Session &s) {
         auto mode = fromProto(req->dma_mode());
         if (!mode.isOk()) {
             return mode.status();
@@ -333,7 +485,7 @@ grpc::ServerUnaryReactor *BrokerService::CreateQp(grpc::CallbackServerContext *c
 grpc::ServerUnaryReactor *BrokerService::DestroyQp(grpc::CallbackServerContext *ctx,
                                                    const pb::DestroyQpRequest *req,
                                                    pb::DestroyQpResponse *resp) {
-    return serve(ctx, Method::kDestroyQp, [&](Session &s) {
+    return serve(ctx, Method::kDestroyQp, resp, [&](Session &s) {
         auto r = broker_.destroyQp(s, req->qp());
         if (!r.isOk()) {
             return r.status();
@@ -346,7 +498,7 @@ grpc::ServerUnaryReactor *BrokerService::DestroyQp(grpc::CallbackServerContext *
 grpc::ServerUnaryReactor *BrokerService::CreateSrq(grpc::CallbackServerContext *ctx,
                                                    const pb::CreateSrqRequest *req,
                                                    pb::CreateSrqResponse *resp) {
-    return serve(ctx, Method::kCreateSrq, [&](Session &s) {
+    return serve(ctx, Method::kCreateSrq, resp, [&](Session &s) {
         auto mode = fromProto(req->dma_mode());
         if (!mode.isOk()) {
             return mode.status();
@@ -375,7 +527,7 @@ grpc::ServerUnaryReactor *BrokerService::CreateSrq(grpc::CallbackServerContext *
 grpc::ServerUnaryReactor *BrokerService::DestroySrq(grpc::CallbackServerContext *ctx,
                                                     const pb::DestroySrqRequest *req,
                                                     pb::DestroySrqResponse *resp) {
-    return serve(ctx, Method::kDestroySrq, [&](Session &s) {
+    return serve(ctx, Method::kDestroySrq, resp, [&](Session &s) {
         auto r = broker_.destroySrq(s, req->srq());
         if (!r.isOk()) {
             return r.status();
@@ -388,7 +540,7 @@ grpc::ServerUnaryReactor *BrokerService::DestroySrq(grpc::CallbackServerContext 
 grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *ctx,
                                                   const pb::ModifyQpRequest *req,
                                                   pb::ModifyQpResponse *resp) {
-    return serve(ctx, Method::kModifyQp, [&](Session &s) {
+    return serve(ctx, Method::kModifyQp, resp, [&](Session &s) {
         ibv_qp_attr attr;
         int mask = static_cast<int>(req->attr_mask());
         if (Status st = fromProto(req->attr(), mask, &attr); !st.isOk()) {
@@ -405,7 +557,7 @@ grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *c
 
 grpc::ServerUnaryReactor *BrokerService::QueryQp(grpc::CallbackServerContext *ctx,
                                                  const pb::QueryQpRequest *req, pb::QueryQpResponse *resp) {
-    return serve(ctx, Method::kQueryQp, [&](Session &s) {
+    return serve(ctx, Method::kQueryQp, resp, [&](Session &s) {
         auto r = broker_.queryQp(s, req->qp(), static_cast<int>(req->attr_mask()));
         if (!r.isOk()) {
             return r.status();
@@ -421,7 +573,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryQp(grpc::CallbackServerContext *ct
 grpc::ServerUnaryReactor *BrokerService::ModifyQpExtend(grpc::CallbackServerContext *ctx,
                                                         const pb::ModifyQpExtendRequest *req,
                                                         pb::ModifyQpExtendResponse *resp) {
-    return serve(ctx, Method::kModifyQpExtend, [&](Session &s) {
+    return serve(ctx, Method::kModifyQpExtend, resp, [&](Session &s) {
         ibv_qp_attr_extend attr;
         if (Status st = fromProto(req->attr(), &attr); !st.isOk()) {
             return st;
@@ -438,7 +590,7 @@ grpc::ServerUnaryReactor *BrokerService::ModifyQpExtend(grpc::CallbackServerCont
 grpc::ServerUnaryReactor *BrokerService::QueryQpExtend(grpc::CallbackServerContext *ctx,
                                                        const pb::QueryQpExtendRequest *req,
                                                        pb::QueryQpExtendResponse *resp) {
-    return serve(ctx, Method::kQueryQpExtend, [&](Session &s) {
+    return serve(ctx, Method::kQueryQpExtend, resp, [&](Session &s) {
         auto r = broker_.queryQpExtend(s, req->qp(), static_cast<int>(req->attr_mask()));
         if (!r.isOk()) {
             return r.status();
@@ -451,7 +603,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryQpExtend(grpc::CallbackServerConte
 grpc::ServerUnaryReactor *BrokerService::QueryQpSupportedHyroceFeature(
     grpc::CallbackServerContext *ctx, const pb::QueryQpSupportedHyroceFeatureRequest *req,
     pb::QueryQpSupportedHyroceFeatureResponse *resp) {
-    return serve(ctx, Method::kQueryQpSupportedHyroceFeature, [&](Session &s) {
+    return serve(ctx, Method::kQueryQpSupportedHyroceFeature, resp, [&](Session &s) {
         auto r = broker_.queryQpSupportedHyroceFeature(s, req->qp(), req->sl(), req->tc());
         if (!r.isOk()) {
             return r.status();
@@ -464,7 +616,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryQpSupportedHyroceFeature(
 grpc::ServerUnaryReactor *BrokerService::NegoQpHyroceFeature(grpc::CallbackServerContext *ctx,
                                                              const pb::NegoQpHyroceFeatureRequest *req,
                                                              pb::NegoQpHyroceFeatureResponse *resp) {
-    return serve(ctx, Method::kNegoQpHyroceFeature, [&](Session &s) {
+    return serve(ctx, Method::kNegoQpHyroceFeature, resp, [&](Session &s) {
         ibv_hyroce_feature in;
         if (Status st = fromProto(req->input(), &in); !st.isOk()) {
             return st;

@@ -2,6 +2,11 @@
 // authenticates the call (token + connection credentials), converts proto -> core, calls the
 // core and converts back. No state of its own beyond counters.
 //
+// Mutating calls (isMutating) are idempotent under their "ibvx-idempotency-key" metadata: a key
+// whose reply the session stored is answered from it without running anything, and every
+// mutating call that ran ends at Broker::commit (reply stored, session state written) before
+// its reply leaves (docs/restart.md, "The commit point").
+//
 // Threading: handlers run on gRPC's callback threads and never wait there. The calls that wait
 // up to Broker::Options::xfer_wait for an fd on the fd channel (RegMr, SetAsyncEventFd, CreateCq
 // with an event fd) run on the service's BlockingExecutor and finish their reactors from there.
@@ -11,6 +16,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string_view>
 
 #include "daemon/core/broker.h"
 #include "daemon/edge/blocking_executor.h"
@@ -25,6 +32,14 @@ namespace ibvx::daemon {
 namespace pb = ::ibv_extend::v1;
 
 inline constexpr char kSessionMetadataKey[] = "ibvx-session";
+// 16 lower-case hex digits of a non-zero 64-bit value, new per call, the same on its retries.
+inline constexpr char kIdempotencyMetadataKey[] = "ibvx-idempotency-key";
+
+// True for the methods that change the session (create, destroy, modify, register, negotiate):
+// they take an idempotency key and commit. Hello, ListDevices and the Query* methods do not.
+bool isMutating(Method m);
+// The key of an "ibvx-idempotency-key" value; INVALID_ARGUMENT unless 16 hex digits, not 0.
+StatusOr<uint64_t> parseIdempotencyKey(std::string_view text);
 
 // Threads and queue of the Broker service's BlockingExecutor.
 struct BlockingLimits {
@@ -110,13 +125,30 @@ class BrokerService final : public pb::Broker::CallbackService {
     int inflight() const { return calls_.inflight(); }
 
   private:
-    // Authenticates, runs fn(session) on this thread, counts and finishes the call.
+    // Authenticates, runs fn(session) on this thread (filling resp), commits a mutating call,
+    // counts and finishes the call. A mutating call whose key has a stored reply is answered
+    // from it instead.
     template <typename Fn>
-    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m, Fn &&fn);
-    // The same with fn run on blocking_ (fn copies what it needs from the request).
+    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m,
+                                    google::protobuf::Message *resp, Fn &&fn);
+    // The same with fn (and the commit) run on blocking_ (fn copies what it needs from the
+    // request; resp lives until the call finishes).
     template <typename Fn>
-    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, Method m, Fn fn);
+    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, Method m,
+                                            google::protobuf::Message *resp, Fn fn);
     StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
+
+    // What happens before a call runs: its session and, for a mutating call, its key (0: none).
+    // `replayed` is set when the key's reply is stored: resp holds it, the call must not run.
+    struct Admitted {
+        std::shared_ptr<Session> session;
+        uint64_t key = 0;
+        std::optional<Status> replayed;
+    };
+    StatusOr<Admitted> admit(grpc::CallbackServerContext *ctx, Method m, google::protobuf::Message *resp);
+    // The commit point of a mutating call that ran (a failed one included).
+    void commitReply(Session &s, Method m, uint64_t key, const Status &result,
+                     const google::protobuf::Message &resp);
 
     Broker &broker_;
     ConnectionRegistry &connections_;

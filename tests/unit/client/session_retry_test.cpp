@@ -1,0 +1,64 @@
+// The pieces of the broker-restart retry in client/broker/session.h that a fake broker cannot
+// show one by one (tests/integration/client/restart_retry_test.cpp runs them together): which
+// failures are retried, which calls carry a key, and what a key looks like.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "client/broker/session.h"
+
+namespace ibvx::client::broker {
+namespace {
+
+TEST(SessionRetry, OnlyUnavailableWithTheFdChannelOpenIsRetried) {
+    EXPECT_TRUE(retryAfter(grpc::StatusCode::UNAVAILABLE, true));
+    EXPECT_FALSE(retryAfter(grpc::StatusCode::UNAVAILABLE, false));  // EOF: the session ended
+    for (grpc::StatusCode c :
+         {grpc::StatusCode::OK, grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::CANCELLED,
+          grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::NOT_FOUND, grpc::StatusCode::INTERNAL,
+          grpc::StatusCode::UNKNOWN, grpc::StatusCode::RESOURCE_EXHAUSTED}) {
+        EXPECT_FALSE(retryAfter(c, true)) << c;
+        EXPECT_FALSE(retryAfter(c, false)) << c;
+    }
+}
+
+TEST(SessionRetry, KeysAreSixteenLowerCaseHexDigitsNewPerCall) {
+    std::set<std::string> seen;
+    for (int i = 0; i < 1000; ++i) {
+        std::string k = newIdempotencyKey();
+        ASSERT_EQ(k.size(), 16u) << k;
+        EXPECT_EQ(k.find_first_not_of("0123456789abcdef"), std::string::npos) << k;
+        EXPECT_NE(k, "0000000000000000");
+        seen.insert(k);
+    }
+    EXPECT_EQ(seen.size(), 1000u);
+}
+
+// Which calls carry a key: checked when this test compiles.
+static_assert(kReadOnlyCall<pb::ListDevicesRequest>);
+static_assert(kReadOnlyCall<pb::QueryDeviceRequest>);
+static_assert(kReadOnlyCall<pb::QueryDeviceAttrRequest>);
+static_assert(kReadOnlyCall<pb::QueryPortRequest>);
+static_assert(kReadOnlyCall<pb::QueryQpRequest>);
+static_assert(kReadOnlyCall<pb::QueryQpExtendRequest>);
+static_assert(kReadOnlyCall<pb::QueryQpSupportedHyroceFeatureRequest>);
+static_assert(!kReadOnlyCall<pb::OpenContextRequest>);
+static_assert(!kReadOnlyCall<pb::CloseContextRequest>);
+static_assert(!kReadOnlyCall<pb::AllocPdRequest>);
+static_assert(!kReadOnlyCall<pb::DeallocPdRequest>);
+static_assert(!kReadOnlyCall<pb::RegMrRequest>);
+static_assert(!kReadOnlyCall<pb::DeregMrRequest>);
+static_assert(!kReadOnlyCall<pb::CreateCqRequest>);
+static_assert(!kReadOnlyCall<pb::DestroyCqRequest>);
+static_assert(!kReadOnlyCall<pb::CreateQpRequest>);
+static_assert(!kReadOnlyCall<pb::DestroyQpRequest>);
+static_assert(!kReadOnlyCall<pb::CreateSrqRequest>);
+static_assert(!kReadOnlyCall<pb::DestroySrqRequest>);
+static_assert(!kReadOnlyCall<pb::ModifyQpRequest>);
+static_assert(!kReadOnlyCall<pb::ModifyQpExtendRequest>);
+static_assert(!kReadOnlyCall<pb::NegoQpHyroceFeatureRequest>);
+static_assert(!kReadOnlyCall<pb::SetAsyncEventFdRequest>);
+
+}  // namespace
+}  // namespace ibvx::client::broker

@@ -1,0 +1,296 @@
+// Idempotency keys on the Broker service: a mutating call retried with its key (as the client
+// does after a broker restart) is answered from the stored reply, never applied twice; every
+// mutating call that ran reaches the commit point, read-only calls do not. The real
+// BrokerService over the real core and softnda, in-process, on a socketpair connection.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+#include "daemon/edge/services.h"
+#include "tests/unit/edge/in_process.h"
+
+namespace ibvx::daemon {
+namespace {
+
+constexpr char kKey[] = "0123456789abcdef";
+
+class Edge : public SessionListener {
+  public:
+    Edge() : core_(shortWaits()) {
+        broker().setCommitSink([this](Session &) {
+            ++commits_;
+            return commit_result_;
+        });
+        service_ = std::make_unique<BrokerService>(broker(), connections_, stats_, this);
+        grpc::ServerBuilder builder;
+        builder.RegisterService(service_.get());
+        server_ = builder.BuildAndStart();
+        stub_ = pb::Broker::NewStub(connectInProcess(*server_, connections_));
+    }
+    ~Edge() {
+        broker().endAllSessions();
+        server_->Shutdown();
+        server_->Wait();
+    }
+
+    std::string hello() {
+        grpc::ClientContext ctx;
+        pb::HelloRequest req;
+        req.mutable_client_version()->set_major(broker().options().version.major);
+        pb::HelloResponse resp;
+        EXPECT_TRUE(stub_->Hello(&ctx, req, &resp).ok());
+        std::lock_guard lock(mu_);
+        return sessions_.back()->tokenHex();
+    }
+
+    // One call under token, with the idempotency key when key != nullptr.
+    template <typename Req, typename Resp>
+    grpc::Status call(grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
+                      const std::string &token, const char *key, const Req &req, Resp *resp) {
+        grpc::ClientContext ctx;
+        ctx.AddMetadata(kSessionMetadataKey, token);
+        if (key != nullptr) {
+            ctx.AddMetadata(kIdempotencyMetadataKey, key);
+        }
+        return (stub_.get()->*method)(&ctx, req, resp);
+    }
+
+    uint64_t openContext(const std::string &token) {
+        pb::OpenContextRequest req;
+        req.set_device_name("softnda0");
+        pb::OpenContextResponse resp;
+        EXPECT_TRUE(call(&pb::Broker::Stub::OpenContext, token, nullptr, req, &resp).ok());
+        return resp.context();
+    }
+
+    static pb::CreateCqRequest cqRequest(uint64_t context) {
+        pb::CreateCqRequest req;
+        req.set_context(context);
+        req.set_cqe(16);
+        req.set_dma_mode(pb::DMA_MODE_DEFAULT);
+        return req;
+    }
+
+    Broker &broker() { return core_.broker(); }
+    int commits() const { return commits_.load(); }
+    void failCommits() { commit_result_ = Status(Code::kInternal, EIO, "state file not writable"); }
+
+    void sessionOpened(const std::shared_ptr<Session> &s) override {
+        std::lock_guard lock(mu_);
+        sessions_.push_back(s);
+    }
+
+  private:
+    static Broker::Options shortWaits() {
+        Broker::Options opt;
+        opt.xfer_wait = std::chrono::milliseconds(20);  // RegMr without its fd fails soon
+        return opt;
+    }
+
+    InProcessCore core_;
+    std::atomic<int> commits_{0};
+    Status commit_result_;  // set before the calls that read it
+    ConnectionRegistry connections_;
+    RpcStats stats_;
+    std::unique_ptr<BrokerService> service_;
+    std::unique_ptr<grpc::Server> server_;
+    std::unique_ptr<pb::Broker::Stub> stub_;
+    std::mutex mu_;
+    std::vector<std::shared_ptr<Session>> sessions_;
+};
+
+std::string errnoDetail(const grpc::Status &st) {
+    pb::ErrorDetail d;
+    EXPECT_TRUE(d.ParseFromString(st.error_details()));
+    return std::to_string(d.errno_value());
+}
+
+TEST(IdempotencyKey, ParsesSixteenLowerCaseHexDigitsOfANonZeroValue) {
+    auto k = parseIdempotencyKey("0123456789abcdef");
+    ASSERT_TRUE(k.isOk());
+    EXPECT_EQ(*k, 0x0123456789abcdefULL);
+    for (const char *bad : {"", "0123456789abcde", "0123456789abcdef0", "0123456789ABCDEF",
+                            "0123456789abcdeg", "0000000000000000", " 123456789abcdef"}) {
+        auto r = parseIdempotencyKey(bad);
+        EXPECT_FALSE(r.isOk()) << bad;
+        EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << bad;
+    }
+}
+
+TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
+    for (Method m :
+         {Method::kOpenContext, Method::kCloseContext, Method::kAllocPd, Method::kDeallocPd, Method::kRegMr,
+          Method::kDeregMr, Method::kCreateCq, Method::kDestroyCq, Method::kCreateQp, Method::kDestroyQp,
+          Method::kCreateSrq, Method::kDestroySrq, Method::kModifyQp, Method::kModifyQpExtend,
+          Method::kNegoQpHyroceFeature, Method::kSetAsyncEventFd}) {
+        EXPECT_TRUE(isMutating(m)) << methodName(m);
+    }
+    for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,
+                     Method::kQueryQpExtend, Method::kQueryQpSupportedHyroceFeature, Method::kQueryDeviceAttr,
+                     Method::kQueryPort}) {
+        EXPECT_FALSE(isMutating(m)) << methodName(m);
+    }
+}
+
+TEST(Idempotency, TheSameCreateCqTwiceIsAnsweredOnceWithTheSameHandle) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    ASSERT_NE(context, 0u);
+    const size_t objects = edge.broker().objectCount();
+    const int commits = edge.commits();
+
+    pb::CreateCqResponse first;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context), &first).ok());
+    EXPECT_EQ(edge.broker().objectCount(), objects + 1);
+    EXPECT_EQ(edge.commits(), commits + 1);
+
+    pb::CreateCqResponse again;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context), &again).ok());
+    EXPECT_EQ(again.cq(), first.cq());
+    EXPECT_EQ(again.SerializeAsString(), first.SerializeAsString());
+    EXPECT_EQ(edge.broker().objectCount(), objects + 1);  // one CQ, not two
+    EXPECT_EQ(edge.commits(), commits + 1);               // an answered retry changes nothing
+
+    // The handle is the live object: destroying it works once.
+    pb::DestroyCqRequest d;
+    d.set_cq(first.cq());
+    pb::DestroyCqResponse dr;
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::DestroyCq, token, "00000000000000a1", d, &dr).ok());
+    EXPECT_EQ(edge.broker().objectCount(), objects);
+}
+
+TEST(Idempotency, AKeyReusedByAnotherMethodIsRefused) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    pb::AllocPdResponse pdr;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, kKey, pd, &pdr).ok());
+    const size_t objects = edge.broker().objectCount();
+
+    pb::CreateCqResponse cq;
+    grpc::Status st = edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context), &cq);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(st.error_message().find("idempotency key reused"), std::string::npos) << st.error_message();
+    EXPECT_NE(st.error_message().find("/ibv_extend.v1.Broker/AllocPd"), std::string::npos)
+        << st.error_message();
+    EXPECT_EQ(edge.broker().objectCount(), objects);
+}
+
+TEST(Idempotency, ABadKeyIsRefusedBeforeAnythingRuns) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    const size_t objects = edge.broker().objectCount();
+    const int commits = edge.commits();
+    for (const char *bad : {"", "0000000000000000", "0123456789ABCDEF", "12345", "0123456789abcdef01"}) {
+        pb::CreateCqResponse cq;
+        grpc::Status st = edge.call(&pb::Broker::Stub::CreateCq, token, bad, Edge::cqRequest(context), &cq);
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << "'" << bad << "'";
+        EXPECT_NE(st.error_message().find("ibvx-idempotency-key"), std::string::npos) << st.error_message();
+        EXPECT_EQ(errnoDetail(st), std::to_string(EINVAL));
+    }
+    EXPECT_EQ(edge.broker().objectCount(), objects);
+    EXPECT_EQ(edge.commits(), commits);
+}
+
+TEST(Idempotency, WithoutAKeyEveryCallRunsAndCommits) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    const int commits = edge.commits();
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    pb::AllocPdResponse a, b;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, nullptr, pd, &a).ok());
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, nullptr, pd, &b).ok());
+    EXPECT_NE(a.pd(), b.pd());
+    EXPECT_EQ(edge.commits(), commits + 2);
+}
+
+TEST(Idempotency, ReadOnlyCallsNeitherCommitNorLookAtTheKey) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    const int commits = edge.commits();
+    pb::QueryDeviceRequest q;
+    q.set_context(context);
+    pb::QueryDeviceResponse qr;
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::QueryDevice, token, "not-a-key", q, &qr).ok());
+    pb::ListDevicesResponse lr;
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::ListDevices, token, kKey, pb::ListDevicesRequest{}, &lr).ok());
+    EXPECT_EQ(edge.commits(), commits);
+}
+
+TEST(Idempotency, AFailedCallIsAnsweredWithItsStoredFailure) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    const int commits = edge.commits();
+    pb::CreateCqResponse cq;
+    grpc::Status first =
+        edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context + 1), &cq);  // no context
+    ASSERT_FALSE(first.ok());
+    EXPECT_EQ(edge.commits(), commits + 1);  // a failure is a reply too
+
+    grpc::Status again =
+        edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context + 1), &cq);
+    EXPECT_EQ(again.error_code(), first.error_code());
+    EXPECT_EQ(again.error_message(), first.error_message());
+    EXPECT_EQ(errnoDetail(again), errnoDetail(first));
+    EXPECT_EQ(edge.commits(), commits + 1);
+}
+
+TEST(Idempotency, ACallOnTheBlockingExecutorCommitsAndIsAnsweredToo) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    pb::AllocPdResponse pdr;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, nullptr, pd, &pdr).ok());
+    const int commits = edge.commits();
+    // RegMr waits for its fd on the executor; none is sent, so it fails after xfer_wait.
+    pb::RegMrRequest mr;
+    mr.set_pd(pdr.pd());
+    mr.set_xfer_id(77);
+    mr.set_length(4096);
+    pb::RegMrResponse mrr;
+    grpc::Status first = edge.call(&pb::Broker::Stub::RegMr, token, kKey, mr, &mrr);
+    ASSERT_FALSE(first.ok());
+    EXPECT_EQ(edge.commits(), commits + 1);
+    grpc::Status again = edge.call(&pb::Broker::Stub::RegMr, token, kKey, mr, &mrr);
+    EXPECT_EQ(again.error_code(), first.error_code());
+    EXPECT_EQ(again.error_message(), first.error_message());
+    EXPECT_EQ(edge.commits(), commits + 1);
+}
+
+TEST(Idempotency, KeysBelongToTheirSession) {
+    Edge edge;
+    std::string a = edge.hello();
+    std::string b = edge.hello();
+    uint64_t ca = edge.openContext(a);
+    uint64_t cb = edge.openContext(b);
+    pb::CreateCqResponse ra, rb;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, a, kKey, Edge::cqRequest(ca), &ra).ok());
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, b, kKey, Edge::cqRequest(cb), &rb).ok());
+    EXPECT_NE(ra.cq(), rb.cq());
+}
+
+TEST(Idempotency, AFailedCommitStillAnswersTheCall) {
+    Edge edge;
+    edge.failCommits();
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    ASSERT_NE(context, 0u);
+    pb::CreateCqResponse cq;
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context), &cq).ok());
+    EXPECT_NE(cq.cq(), 0u);
+}
+
+}  // namespace
+}  // namespace ibvx::daemon
