@@ -392,7 +392,12 @@ Status Broker::commit(Session &s, StoredReply reply) {
     if (reply.key != 0) {
         s.addReply(std::move(reply));
     }
-    return commit_ ? commit_(s) : Status::ok();
+    if (!commit_) {
+        s.touched_.clear();
+        s.erased_.clear();
+        return Status::ok();
+    }
+    return commit_(s);
 }
 
 StatusOr<Broker::SessionLock> Broker::lockLive(Session &s) {
@@ -444,10 +449,16 @@ uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
     ObjectKind kind = obj->kind;
     s.objects_.emplace(h, std::move(obj));
     s.object_count_ = s.objects_.size();
+    s.touched_.push_back(h);
     if (events_ != nullptr) {
         events_->objectCreated(s, kind, h);
     }
     return h;
+}
+
+void Broker::touch(Session &s, Object *obj) {
+    obj->state_dirty = true;
+    s.touched_.push_back(obj->handle);
 }
 
 void Broker::eraseLocked(Session &s, Object *obj) {
@@ -458,6 +469,7 @@ void Broker::eraseLocked(Session &s, Object *obj) {
     ObjectKind kind = obj->kind;
     s.objects_.erase(h);
     s.object_count_ = s.objects_.size();
+    s.erased_.push_back(h);
     if (events_ != nullptr) {
         events_->objectDestroyed(s, kind, h);
     }
@@ -648,7 +660,7 @@ Status Broker::setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
     // The driver dups the fd; ours closes on return.
-    ctx->state_dirty = true;
+    touch(s, ctx);
     return callDriver(s.memory(), ctx->dev, "the device cannot deliver async events",
                       [&] { return ctx->dev->verbs.setAsyncEventFd(ctx->verbs, fd.get()); });
 }
@@ -951,7 +963,7 @@ StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr att
     ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
     ibv_qp *ibqp = o->qp->qp;
     Device *dev = o->device();
-    o->state_dirty = true;  // a refused modify changes nothing, but re-exporting is harmless
+    touch(s, o);  // a refused modify changes nothing, but re-exporting is harmless
     RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
                                [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
     return ibqp->state;
@@ -977,7 +989,7 @@ StatusOr<uint64_t> Broker::modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_e
         return unimplemented("modify_qp_extend is not supported by this driver or mask");
     }
     attr.qp = o->qp->qp;
-    o->state_dirty = true;
+    touch(s, o);
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "modify_qp_extend failed",
                                [&] { return ops->modify_qp(o->context->verbs, &attr, attr_mask); }));
     return o->qp->vendor_priv_info.value;
@@ -1019,7 +1031,7 @@ StatusOr<NegoResult> Broker::negoQpHyroceFeature(Session &s, uint64_t qp, const 
     RETURN_IF_ERROR(requireOp(ops, DriverOp::kNegoHyroceFeature,
                               "nego_qp_hyroce_feature is not supported by this driver"));
     NegoResult r;
-    o->state_dirty = true;  // a negotiation may settle the QP's feature
+    touch(s, o);  // a negotiation may settle the QP's feature
     RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "nego_qp_hyroce_feature failed", [&] {
         return ops->nego_qp_hyroce_feature(o->context->verbs, o->qp->qp, &input, &r.output,
                                            &r.need_more_nego);

@@ -261,6 +261,8 @@ class Broker {
     // Hands a CreateCq's eventfd to the driver's new CQ (set_cq_event_fd).
     Status attachCqEventFd(Session &s, CqObject &cq, const UniqueFd &fd);
     uint64_t newHandle(Session &s);
+    // A control call changed obj: its driver state is exported again at the next commit.
+    static void touch(Session &s, Object *obj);
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
     // The one publish step of every create: translate the queues' memory for the tenant, charge
     // their bytes, insert, send the new regions; any failure destroys the object again.

@@ -147,6 +147,7 @@ void *MappingManager::alloc(size_t size) {
                 c->free_blocks.erase(it);
             }
             c->used_bytes += want;
+            ++c->version;
             return static_cast<uint8_t *>(c->mem.data()) + off;
         }
     }
@@ -222,6 +223,7 @@ void MappingManager::free(void *ptr) {
         }
         c->used_blocks.erase(used);
         c->used_bytes -= size;
+        ++c->version;
         if (c->used_bytes == 0) {
             releaseChunkLocked(mem, i);
         }
@@ -354,6 +356,7 @@ std::vector<RegionToSend> MappingManager::takeUnsent(SessionMemory &mem) {
     for (auto &c : mem.chunks_) {
         if (!c->sent) {
             c->sent = true;
+            ++c->version;
             out.push_back({c->id, UniqueFd(::fcntl(c->mem.fd(), F_DUPFD_CLOEXEC, 0)), c->mem.size()});
         }
     }
@@ -420,7 +423,7 @@ uint64_t Relocations::find(uint64_t old_addr, uint64_t length) const {
     return it->second.new_base + off;
 }
 
-MemoryState MappingManager::exportState(const SessionMemory &mem) {
+MemoryState MappingManager::exportState(const SessionMemory &mem, const std::map<RegionId, uint64_t> *known) {
     MemoryState out;
     std::lock_guard lock(mu_);
     for (const auto &c : mem.chunks_) {
@@ -430,6 +433,15 @@ MemoryState MappingManager::exportState(const SessionMemory &mem) {
         cs.size = c->mem.size();
         cs.base = reinterpret_cast<uint64_t>(c->mem.data());
         cs.sent = c->sent;
+        cs.version = c->version;
+        if (known != nullptr) {
+            auto it = known->find(c->id);
+            if (it != known->end() && it->second == c->version) {
+                cs.unchanged = true;
+                out.chunks.push_back(std::move(cs));
+                continue;
+            }
+        }
         cs.used.reserve(c->used_blocks.size());
         for (const auto &b : c->used_blocks) {
             cs.used.emplace_back(b.offset, b.size);

@@ -64,6 +64,8 @@ struct ChunkState {
     uint64_t size = 0;
     uint64_t base = 0;  // where the (old) broker maps it
     bool sent = false;
+    uint64_t version = 0;                             // changes with every allocation or free in the chunk
+    bool unchanged = false;                           // export: version as known, `used` left empty
     std::vector<std::pair<uint32_t, uint32_t>> used;  // (offset, size), by offset
 };
 struct DoorbellState {
@@ -124,7 +126,9 @@ class MappingManager {
     MemoryStats totals();
 
     // ---- restart (docs/restart.md) ----
-    MemoryState exportState(const SessionMemory &mem);
+    // known: chunk versions the caller has already recorded; those chunks come back marked
+    // unchanged and without their blocks (a commit then costs what changed).
+    MemoryState exportState(const SessionMemory &mem, const std::map<RegionId, uint64_t> *known = nullptr);
     // A session's memory rebuilt from a snapshot: every chunk and doorbell page mapped anew
     // (adding old -> new to reloc), the same region ids, blocks and sent flags. Takes the fds.
     StatusOr<std::unique_ptr<SessionMemory>> restoreSession(uint64_t session_id, MemoryState state,
@@ -196,6 +200,7 @@ class SessionMemory {
         std::vector<Block> used_blocks;  // by offset
         size_t used_bytes = 0;
         bool sent = false;
+        uint64_t version = 1;  // bumped by every alloc and free in it (restart's commits)
     };
     struct Doorbell {
         RegionId id = 0;

@@ -69,6 +69,7 @@ void Session::addReply(StoredReply reply) {
         replies_.pop_front();
     }
     replies_.push_back(std::move(reply));
+    ++reply_seq_;
 }
 
 bool Session::putXfer(uint64_t xfer_id, UniqueFd fd) {

@@ -107,11 +107,16 @@ class Session {
     std::atomic<bool> ended_{false};
     std::unordered_map<uint64_t, std::unique_ptr<Object>> objects_;
     std::atomic<size_t> object_count_{0};
+    // What changed since the restart layer's last commit (guarded by mu_): handles of objects
+    // created or touched by a control call, and of objects destroyed.
+    std::vector<uint64_t> touched_;
+    std::vector<uint64_t> erased_;
     std::unique_ptr<SessionMemory> memory_;
 
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;
     std::deque<StoredReply> replies_;
+    uint64_t reply_seq_ = 0;  // replies ever added (the restart layer logs the new ones)
     void addReply(StoredReply reply);
 
     std::mutex xfer_mu_;

@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cinttypes>
 #include <cstring>
+#include <deque>
 #include <fstream>
 #include <sstream>
 
@@ -214,7 +215,7 @@ Status RestartState::writeGlobal(uint64_t handover_started_ms) {
     }
     std::string bytes;
     g.SerializeToString(&bytes);
-    return global_.write(bytes);
+    return global_.compact({{uint8_t{1}, bytes}});  // one header record, rewritten whole
 }
 
 std::vector<std::pair<std::string, int>> RestartState::sessionFds(Session &s, SessionEntry &e) {
@@ -245,61 +246,133 @@ std::vector<std::pair<std::string, int>> RestartState::sessionFds(Session &s, Se
     return out;
 }
 
-Status RestartState::syncStore(Session &s, SessionEntry &e) {
-    std::vector<std::pair<std::string, int>> now = sessionFds(s, e);
-    std::vector<std::pair<std::string, int>> add;
-    std::set<std::string> keep;
-    Status result = Status::ok();
-    for (auto &[name, fd] : now) {
-        keep.insert(name);
-        auto id = fileId(fd);
-        auto it = e.stored.find(name);
-        if (it != e.stored.end() && it->second == id) {
-            continue;
-        }
-        if (it != e.stored.end()) {
-            (void)store_.remove(name);  // the same name now carries another file
-        }
-        add.emplace_back(name, fd);
-        e.stored[name] = id;
-    }
-    for (auto it = e.stored.begin(); it != e.stored.end();) {
-        if (keep.count(it->first) == 0) {
-            (void)store_.remove(it->first);
-            it = e.stored.erase(it);
-        } else {
-            ++it;
-        }
-    }
-    if (!add.empty()) {
-        result = store_.add(add);
-    }
-    return result;
+namespace {
+
+// ---- log records (StateFile::Record types) ----
+enum RecordType : uint8_t {
+    kHeader = 1,
+    kObjectPut = 2,
+    kObjectDel = 3,
+    kChunkPut = 4,
+    kChunkDel = 5,
+    kDoorbellPut = 6,
+    kDoorbellDel = 7,
+    kReply = 8,
+};
+
+std::string u64Payload(uint64_t v) {
+    return std::string(reinterpret_cast<const char *>(&v), sizeof(v));
 }
 
-Status RestartState::commit(Session &s) {
-    SessionEntry *e = nullptr;
-    {
-        std::lock_guard lock(mu_);
-        auto &slot = entries_[s.id()];
-        if (!slot) {
-            auto made = StateFile::create("ibvx-state-" + std::to_string(s.id()));
-            if (!made.isOk()) {
-                entries_.erase(s.id());
-                return made.status();
-            }
-            slot = std::make_unique<SessionEntry>();
-            slot->file = std::move(made).value();
-            slot->start_time = processStartTime(s.identity().creds.pid);
-        }
-        e = slot.get();
+bool u64From(const std::string &p, uint64_t *v) {
+    if (p.size() != sizeof(*v)) {
+        return false;
     }
-    // Only objects a control call touched are exported again: a commit costs the session's
-    // object count in serialization, not in driver calls.
-    for (auto &[handle, obj] : s.objects_) {
-        if (!obj->state_dirty) {
-            continue;
+    std::memcpy(v, p.data(), sizeof(*v));
+    return true;
+}
+
+template <typename Msg>
+std::string serialized(const Msg &m) {
+    std::string out;
+    m.SerializeToString(&out);
+    return out;
+}
+
+std::string objectRecord(uint64_t id, const Object *obj) {
+    rpb::Object out;
+    out.set_handle(obj->handle);
+    out.set_kind(static_cast<uint32_t>(obj->kind));
+    for (Object *u : obj->uses) {
+        out.add_uses(u->handle);
+    }
+    for (size_t q = 0; q < kQuotaCount; ++q) {
+        out.add_quota(obj->quota.amount(static_cast<Quota>(q)));
+    }
+    out.set_queue_bytes(obj->queue_bytes);
+    rpb::DriverState *ds = out.mutable_driver();
+    ds->set_data(obj->driver_state);
+    for (size_t i = 0; i < obj->driver_fds.size(); ++i) {
+        ds->add_fds(driverFdName(id, obj->handle, i));
+    }
+    switch (obj->kind) {
+        case ObjectKind::kContext:
+            out.set_device(static_cast<const ContextObject *>(obj)->dev->info.name);
+            break;
+        case ObjectKind::kMr: {
+            auto *mr = static_cast<const MrObject *>(obj);
+            out.set_mr_length(mr->length);
+            out.set_mr_map_length(mr->mapping.size());
+            out.set_mr_fd(mr->fd ? mrName(id, obj->handle) : std::string());
+            out.set_mr_offset(mr->fd_offset);
+            out.set_mr_old_address(reinterpret_cast<uint64_t>(mr->mapping.get()));
+            break;
         }
+        case ObjectKind::kQp: {
+            auto *qp = static_cast<const QpObject *>(obj);
+            out.set_qp_type(static_cast<uint32_t>(qp->qp_type));
+            out.set_sq_sig_all(qp->sq_sig_all);
+            out.set_has_srq(qp->has_srq);
+            out.set_cap_max_send_wr(qp->cap.max_send_wr);
+            out.set_cap_max_recv_wr(qp->cap.max_recv_wr);
+            out.set_cap_max_send_sge(qp->cap.max_send_sge);
+            out.set_cap_max_recv_sge(qp->cap.max_recv_sge);
+            out.set_cap_max_inline_data(qp->cap.max_inline_data);
+            break;
+        }
+        default:
+            break;
+    }
+    return serialized(out);
+}
+
+std::string chunkRecord(uint64_t id, const ChunkState &c) {
+    rpb::Chunk out;
+    out.set_region(c.id);
+    out.set_fd(chunkName(id, c.id));
+    out.set_size(c.size);
+    out.set_old_address(c.base);
+    out.set_sent(c.sent);
+    for (auto [off, size] : c.used) {
+        rpb::Block *b = out.add_used();
+        b->set_offset(off);
+        b->set_size(size);
+    }
+    return serialized(out);
+}
+
+std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
+    rpb::Doorbell out;
+    out.set_region(d.id);
+    out.set_fd(doorbellName(id, d.id));
+    out.set_fd_offset(d.fd_offset);
+    out.set_map_size(d.map_size);
+    out.set_refs(d.refs);
+    out.set_sent(d.sent);
+    out.set_old_address(d.page);
+    return serialized(out);
+}
+
+std::string replyRecord(const StoredReply &r) {
+    rpb::Reply out;
+    out.set_key(r.key);
+    out.set_method(r.method);
+    out.set_code(r.code);
+    out.set_message(r.message);
+    out.set_details(r.details);
+    out.set_response(r.response);
+    return serialized(out);
+}
+
+}  // namespace
+
+void RestartState::exportTouched(Session &s, const std::vector<uint64_t> &handles) {
+    for (uint64_t handle : handles) {
+        auto it = s.objects_.find(handle);
+        if (it == s.objects_.end() || !it->second->state_dirty) {
+            continue;  // destroyed since, or already exported (a handle touched twice)
+        }
+        Object *obj = it->second.get();
         obj->state_dirty = false;
         obj->driver_state.clear();
         obj->driver_fds.clear();
@@ -333,37 +406,28 @@ Status RestartState::commit(Session &s) {
             obj->driver_fds.emplace_back(st.fds[i]);
         }
     }
+}
 
-    rpb::Session m;
+std::vector<StateFile::Record> RestartState::fullImage(Session &s, SessionEntry &e) {
+    std::vector<StateFile::Record> out;
     const uint64_t id = s.id();
-    m.set_id(id);
-    m.set_token(std::string(reinterpret_cast<const char *>(s.token().data()), s.token().size()));
-    toProto(s.identity(), e->start_time, m.mutable_identity());
-    m.set_client_name(s.clientName());
-    m.set_channel_fd(s.channel_ ? channelName(id) : std::string());
+    rpb::Session h;
+    h.set_id(id);
+    h.set_token(std::string(reinterpret_cast<const char *>(s.token().data()), s.token().size()));
+    toProto(s.identity(), e.start_time, h.mutable_identity());
+    h.set_client_name(s.clientName());
+    h.set_channel_fd(s.channel_ ? channelName(id) : std::string());
+    out.emplace_back(kHeader, serialized(h));
     MemoryState mem = MappingManager::instance().exportState(*s.memory_);
+    e.chunks.clear();
     for (const ChunkState &c : mem.chunks) {
-        rpb::Chunk *out = m.add_chunks();
-        out->set_region(c.id);
-        out->set_fd(chunkName(id, c.id));
-        out->set_size(c.size);
-        out->set_old_address(c.base);
-        out->set_sent(c.sent);
-        for (auto [off, size] : c.used) {
-            rpb::Block *b = out->add_used();
-            b->set_offset(off);
-            b->set_size(size);
-        }
+        out.emplace_back(kChunkPut, chunkRecord(id, c));
+        e.chunks[c.id] = c.version;
     }
+    e.doorbells.clear();
     for (const DoorbellState &d : mem.doorbells) {
-        rpb::Doorbell *out = m.add_doorbells();
-        out->set_region(d.id);
-        out->set_fd(doorbellName(id, d.id));
-        out->set_fd_offset(d.fd_offset);
-        out->set_map_size(d.map_size);
-        out->set_refs(d.refs);
-        out->set_sent(d.sent);
-        out->set_old_address(d.page);
+        out.emplace_back(kDoorbellPut, doorbellRecord(id, d));
+        e.doorbells[d.id] = {d.refs, d.sent};
     }
     std::vector<Object *> order;
     order.reserve(s.objects_.size());
@@ -373,67 +437,163 @@ Status RestartState::commit(Session &s) {
     std::stable_sort(order.begin(), order.end(),
                      [](const Object *a, const Object *b) { return rank(a->kind) < rank(b->kind); });
     for (Object *obj : order) {
-        rpb::Object *out = m.add_objects();
-        out->set_handle(obj->handle);
-        out->set_kind(static_cast<uint32_t>(obj->kind));
-        for (Object *u : obj->uses) {
-            out->add_uses(u->handle);
-        }
-        for (size_t q = 0; q < kQuotaCount; ++q) {
-            out->add_quota(obj->quota.amount(static_cast<Quota>(q)));
-        }
-        out->set_queue_bytes(obj->queue_bytes);
-        rpb::DriverState *ds = out->mutable_driver();
-        ds->set_data(obj->driver_state);
-        for (size_t i = 0; i < obj->driver_fds.size(); ++i) {
-            ds->add_fds(driverFdName(id, obj->handle, i));
-        }
-        switch (obj->kind) {
-            case ObjectKind::kContext:
-                out->set_device(static_cast<ContextObject *>(obj)->dev->info.name);
-                break;
-            case ObjectKind::kMr: {
-                auto *mr = static_cast<MrObject *>(obj);
-                out->set_mr_length(mr->length);
-                out->set_mr_map_length(mr->mapping.size());
-                out->set_mr_fd(mr->fd ? mrName(id, obj->handle) : std::string());
-                out->set_mr_offset(mr->fd_offset);
-                out->set_mr_old_address(reinterpret_cast<uint64_t>(mr->mapping.get()));
-                break;
-            }
-            case ObjectKind::kQp: {
-                auto *qp = static_cast<QpObject *>(obj);
-                out->set_qp_type(static_cast<uint32_t>(qp->qp_type));
-                out->set_sq_sig_all(qp->sq_sig_all);
-                out->set_has_srq(qp->has_srq);
-                out->set_cap_max_send_wr(qp->cap.max_send_wr);
-                out->set_cap_max_recv_wr(qp->cap.max_recv_wr);
-                out->set_cap_max_send_sge(qp->cap.max_send_sge);
-                out->set_cap_max_recv_sge(qp->cap.max_recv_sge);
-                out->set_cap_max_inline_data(qp->cap.max_inline_data);
-                break;
-            }
-            default:
-                break;
-        }
+        out.emplace_back(kObjectPut, objectRecord(id, obj));
     }
     for (const StoredReply &r : s.replies()) {
-        rpb::Reply *out = m.add_replies();
-        out->set_key(r.key);
-        out->set_method(r.method);
-        out->set_code(r.code);
-        out->set_message(r.message);
-        out->set_details(r.details);
-        out->set_response(r.response);
+        out.emplace_back(kReply, replyRecord(r));
     }
-    m.set_generation(e->file.generation() + 1);
-    std::string bytes;
-    if (!m.SerializeToString(&bytes)) {
-        return Status(Code::kInternal, EIO, "cannot serialize session " + std::to_string(id));
+    e.reply_seq = s.reply_seq_;
+    e.header_logged = true;
+    e.compact_next = false;
+    return out;
+}
+
+void RestartState::storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch,
+                            const std::string &name, int fd) {
+    if (!store_.enabled() || fd < 0) {
+        return;
     }
-    RETURN_IF_ERROR(e->file.write(bytes));
-    if (store_.enabled()) {
-        Status st = syncStore(s, *e);
+    auto id = fileId(fd);
+    auto it = e.stored.find(name);
+    if (it != e.stored.end() && it->second == id) {
+        return;
+    }
+    if (it != e.stored.end()) {
+        (void)store_.remove(name);  // the same name now carries another file
+    }
+    e.stored[name] = id;
+    batch.emplace_back(name, fd);
+}
+
+void RestartState::storeRemovePrefix(SessionEntry &e, const std::string &prefix) {
+    for (auto it = e.stored.lower_bound(prefix); it != e.stored.end() && it->first.rfind(prefix, 0) == 0;) {
+        if (store_.enabled()) {
+            (void)store_.remove(it->first);
+        }
+        it = e.stored.erase(it);
+    }
+}
+
+Status RestartState::commit(Session &s) {
+    SessionEntry *e = nullptr;
+    {
+        std::lock_guard lock(mu_);
+        auto &slot = entries_[s.id()];
+        if (!slot) {
+            auto made = StateFile::create("ibvx-state-" + std::to_string(s.id()));
+            if (!made.isOk()) {
+                entries_.erase(s.id());
+                return made.status();
+            }
+            slot = std::make_unique<SessionEntry>();
+            slot->file = std::move(made).value();
+            slot->start_time = processStartTime(s.identity().creds.pid);
+        }
+        e = slot.get();
+    }
+    const uint64_t id = s.id();
+    std::vector<uint64_t> touched = std::exchange(s.touched_, {});
+    std::vector<uint64_t> erased = std::exchange(s.erased_, {});
+    // Only objects a control call touched are exported again, and only what changed is logged:
+    // a commit costs the call's changes, whatever the session holds.
+    exportTouched(s, touched);
+    std::vector<std::pair<std::string, int>> batch;
+    Status written = Status::ok();
+    if (!e->header_logged || e->compact_next) {
+        written = e->file.compact(fullImage(s, *e));
+        if (store_.enabled()) {
+            std::set<std::string> now;
+            for (auto &[name, fd] : sessionFds(s, *e)) {
+                now.insert(name);
+                storeAdd(*e, batch, name, fd);
+            }
+            for (auto it = e->stored.begin(); it != e->stored.end();) {
+                if (now.count(it->first) == 0) {
+                    (void)store_.remove(it->first);
+                    it = e->stored.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+    } else {
+        std::vector<StateFile::Record> records;
+        MemoryState mem = MappingManager::instance().exportState(*s.memory_, &e->chunks);
+        std::set<RegionId> live;
+        for (const ChunkState &c : mem.chunks) {
+            live.insert(c.id);
+            if (c.unchanged) {
+                continue;
+            }
+            records.emplace_back(kChunkPut, chunkRecord(id, c));
+            storeAdd(*e, batch, chunkName(id, c.id), c.fd);
+            e->chunks[c.id] = c.version;
+        }
+        for (auto it = e->chunks.begin(); it != e->chunks.end();) {
+            if (live.count(it->first) == 0) {
+                records.emplace_back(kChunkDel, u64Payload(it->first));
+                storeRemovePrefix(*e, chunkName(id, it->first));
+                it = e->chunks.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        live.clear();
+        for (const DoorbellState &d : mem.doorbells) {
+            live.insert(d.id);
+            auto it = e->doorbells.find(d.id);
+            if (it != e->doorbells.end() && it->second == std::make_pair(d.refs, d.sent)) {
+                continue;
+            }
+            records.emplace_back(kDoorbellPut, doorbellRecord(id, d));
+            storeAdd(*e, batch, doorbellName(id, d.id), d.fd);
+            e->doorbells[d.id] = {d.refs, d.sent};
+        }
+        for (auto it = e->doorbells.begin(); it != e->doorbells.end();) {
+            if (live.count(it->first) == 0) {
+                records.emplace_back(kDoorbellDel, u64Payload(it->first));
+                storeRemovePrefix(*e, doorbellName(id, it->first));
+                it = e->doorbells.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        for (uint64_t h : erased) {
+            records.emplace_back(kObjectDel, u64Payload(h));
+            storeRemovePrefix(*e, mrName(id, h));
+            storeRemovePrefix(*e, prefix(id) + "o" + hex(h) + ".");
+        }
+        std::set<uint64_t> seen;
+        for (uint64_t h : touched) {
+            auto it = s.objects_.find(h);
+            if (it == s.objects_.end() || !seen.insert(h).second) {
+                continue;
+            }
+            Object *obj = it->second.get();
+            records.emplace_back(kObjectPut, objectRecord(id, obj));
+            if (obj->kind == ObjectKind::kMr) {
+                storeAdd(*e, batch, mrName(id, h), static_cast<MrObject *>(obj)->fd.get());
+            }
+            for (size_t i = 0; i < obj->driver_fds.size(); ++i) {
+                storeAdd(*e, batch, driverFdName(id, h, i), obj->driver_fds[i].get());
+            }
+        }
+        if (s.reply_seq_ > e->reply_seq) {
+            std::vector<StoredReply> all = s.replies();
+            size_t fresh = std::min<uint64_t>(s.reply_seq_ - e->reply_seq, all.size());
+            for (size_t i = all.size() - fresh; i < all.size(); ++i) {
+                records.emplace_back(kReply, replyRecord(all[i]));
+            }
+            e->reply_seq = s.reply_seq_;
+        }
+        written = e->file.append(records);
+        // A long-lived session's log is rewritten once it is twice its image: amortized O(1).
+        if (e->file.appendedBytes() > std::max<uint64_t>(uint64_t{1} << 20, 2 * e->file.compactedBytes())) {
+            e->compact_next = true;
+        }
+    }
+    if (!batch.empty()) {
+        Status st = store_.add(batch);
         if (!st.isOk() && !e->warned) {
             e->warned = true;
             spdlog::warn(
@@ -441,6 +601,10 @@ Status RestartState::commit(Session &s) {
                 "ibv-extendctl restart, not a crash",
                 id, st.message());
         }
+    }
+    if (!written.isOk()) {
+        e->compact_next = true;  // the log may be behind: the next commit rewrites it whole
+        return written;
     }
     bool floor_due = false;
     {
@@ -531,11 +695,98 @@ void RestartState::dropNames(const std::vector<std::string> &names) {
     }
 }
 
-Status RestartState::restoreSession(const std::string &bytes, std::map<std::string, UniqueFd> &fds,
-                                    StateFile file, std::shared_ptr<Session> *out, uint64_t *objects) {
+Status RestartState::restoreSession(const std::vector<StateFile::Record> &records,
+                                    std::map<std::string, UniqueFd> &fds, StateFile file,
+                                    std::shared_ptr<Session> *out, uint64_t *objects) {
+    // Replay the log into one image: the header, then the last put of everything not deleted.
     rpb::Session m;
-    if (!m.ParseFromString(bytes)) {
-        return restoreError("its state does not parse");
+    bool have_header = false;
+    std::map<uint64_t, rpb::Object> objs;
+    std::map<uint64_t, rpb::Chunk> chunks;
+    std::map<uint64_t, rpb::Doorbell> doorbells;
+    std::deque<rpb::Reply> replies;
+    for (const auto &[type, payload] : records) {
+        bool ok = true;
+        uint64_t key = 0;
+        switch (type) {
+            case kHeader:
+                ok = !have_header && m.ParseFromString(payload);
+                have_header = true;
+                break;
+            case kObjectPut: {
+                rpb::Object o;
+                ok = o.ParseFromString(payload);
+                if (ok) {
+                    objs[o.handle()] = std::move(o);
+                }
+                break;
+            }
+            case kObjectDel:
+                ok = u64From(payload, &key);
+                objs.erase(key);
+                break;
+            case kChunkPut: {
+                rpb::Chunk c;
+                ok = c.ParseFromString(payload);
+                if (ok) {
+                    chunks[c.region()] = std::move(c);
+                }
+                break;
+            }
+            case kChunkDel:
+                ok = u64From(payload, &key);
+                chunks.erase(key);
+                break;
+            case kDoorbellPut: {
+                rpb::Doorbell d;
+                ok = d.ParseFromString(payload);
+                if (ok) {
+                    doorbells[d.region()] = std::move(d);
+                }
+                break;
+            }
+            case kDoorbellDel:
+                ok = u64From(payload, &key);
+                doorbells.erase(key);
+                break;
+            case kReply: {
+                rpb::Reply r;
+                ok = r.ParseFromString(payload);
+                replies.push_back(std::move(r));
+                if (replies.size() > Session::kMaxReplies) {
+                    replies.pop_front();
+                }
+                break;
+            }
+            default:
+                ok = false;
+        }
+        if (!ok) {
+            return restoreError("its state holds a record that does not parse (type " + std::to_string(type) +
+                                ")");
+        }
+    }
+    if (!have_header) {
+        return restoreError("its state has no header");
+    }
+    std::vector<rpb::Object *> order;
+    for (auto &[h, o] : objs) {
+        order.push_back(&o);
+    }
+    std::stable_sort(order.begin(), order.end(), [](const rpb::Object *a, const rpb::Object *b) {
+        return rank(static_cast<ObjectKind>(a->kind())) < rank(static_cast<ObjectKind>(b->kind()));
+    });
+    for (rpb::Object *o : order) {
+        *m.add_objects() = std::move(*o);
+    }
+    for (auto &[r, c] : chunks) {
+        *m.add_chunks() = std::move(c);
+    }
+    for (auto &[r, d] : doorbells) {
+        *m.add_doorbells() = std::move(d);
+    }
+    for (auto &r : replies) {
+        *m.add_replies() = std::move(r);
     }
     SessionToken token{};
     if (m.token().size() != token.size() || m.id() == 0) {
@@ -794,6 +1045,11 @@ Status RestartState::restoreSession(const std::string &bytes, std::map<std::stri
     auto entry = std::make_unique<SessionEntry>();
     entry->file = std::move(file);
     entry->start_time = start;
+    entry->header_logged = true;
+    entry->compact_next = true;  // the first commit rewrites the log from this process's state
+    for (auto &[h, o] : s->objects_) {
+        s->touched_.push_back(h);  // every object is exported again from this process
+    }
     if (store_.enabled()) {
         // What the store holds already: the fds came from it.
         for (auto &[name, fd] : sessionFds(*s, *entry)) {
@@ -840,8 +1096,9 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
         auto file = StateFile::adopt(std::move(it->second));
         mine.erase(it);
         if (file.isOk()) {
-            auto bytes = file->read();
-            if (bytes.isOk() && g.ParseFromString(*bytes)) {
+            auto recs = file->records();
+            if (recs.isOk() && recs->size() == 1 && (*recs)[0].first == 1 &&
+                g.ParseFromString((*recs)[0].second)) {
                 have_global = true;
                 global_ = std::move(file).value();
             }
@@ -904,11 +1161,11 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
         if (!file.isOk()) {
             why = file.status().message();
         } else {
-            auto bytes = file->read();
-            if (!bytes.isOk()) {
-                why = bytes.status().message();
+            auto recs = file->records();
+            if (!recs.isOk()) {
+                why = recs.status().message();
             } else {
-                Status st = restoreSession(*bytes, mine, std::move(file).value(), &s, &objects);
+                Status st = restoreSession(*recs, mine, std::move(file).value(), &s, &objects);
                 if (!st.isOk()) {
                     why = st.message();
                 } else if (Status a = broker_.adoptSession(s); !a.isOk()) {

@@ -92,16 +92,27 @@ class RestartState {
   private:
     struct SessionEntry {
         StateFile file;
-        uint64_t start_time = 0;                                      // /proc/<pid>/stat field 22
-        std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // name -> (dev, ino) in the store
+        uint64_t start_time = 0;  // /proc/<pid>/stat field 22
+        bool header_logged = false;
+        bool compact_next = false;
+        std::map<RegionId, uint64_t> chunks;                          // logged chunk versions
+        std::map<RegionId, std::pair<int, bool>> doorbells;           // logged (refs, sent)
+        uint64_t reply_seq = 0;                                       // replies logged
+        std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // fd store: name -> (dev, ino)
         bool warned = false;
     };
     // Names and fds a session's state needs now (for the store and for exec).
     std::vector<std::pair<std::string, int>> sessionFds(Session &s, SessionEntry &e);
-    Status syncStore(Session &s, SessionEntry &e);
+    // The session's whole state as log records (a compaction, or the first commit).
+    std::vector<StateFile::Record> fullImage(Session &s, SessionEntry &e);
+    // Exports the driver state of the objects a call touched.
+    void exportTouched(Session &s, const std::vector<uint64_t> &handles);
+    void storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch, const std::string &name,
+                  int fd);
+    void storeRemovePrefix(SessionEntry &e, const std::string &prefix);
     Status writeGlobal(uint64_t handover_started_ms);
-    Status restoreSession(const std::string &bytes, std::map<std::string, UniqueFd> &fds, StateFile file,
-                          std::shared_ptr<Session> *out, uint64_t *objects);
+    Status restoreSession(const std::vector<StateFile::Record> &records, std::map<std::string, UniqueFd> &fds,
+                          StateFile file, std::shared_ptr<Session> *out, uint64_t *objects);
     void dropNames(const std::vector<std::string> &names);
 
     Broker &broker_;

@@ -1,38 +1,29 @@
 #include "daemon/restart/state_file.h"
 
+#include <fcntl.h>
+#include <linux/falloc.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 namespace ibvx::daemon {
 namespace {
 
-constexpr char kMagic[8] = {'I', 'B', 'V', 'X', 'S', 'T', '0', '1'};
+constexpr char kMagic[8] = {'I', 'B', 'V', 'X', 'L', 'G', '0', '1'};
 constexpr uint64_t kHeaderBytes = 4096;
-constexpr uint64_t kDescOffset = 8;  // two descriptors follow the magic
+constexpr uint64_t kBoundsOffset = 8;  // {start, end}: one 16-byte write
+constexpr size_t kRecordHead = 9;      // u32 length, u32 crc, u8 type
+constexpr uint32_t kMaxRecord = 64u << 20;
 
-// One slot's descriptor as stored (little-endian hosts only: the file never leaves the host).
-struct Desc {
-    uint64_t gen;
-    uint64_t offset;
-    uint64_t length;
-    uint32_t crc;
-    uint32_t capacity_pages;  // the area's size in 4 KiB pages
-};
-static_assert(sizeof(Desc) == 32);
-
-uint32_t crcOf(const char *data, uint64_t n) {
+uint32_t crcOf(uint8_t type, const std::string &payload) {
     uLong c = crc32(0L, Z_NULL, 0);
-    while (n > 0) {
-        auto chunk = static_cast<uInt>(std::min<uint64_t>(n, 1u << 30));
-        c = crc32(c, reinterpret_cast<const Bytef *>(data), chunk);
-        data += chunk;
-        n -= chunk;
-    }
+    c = crc32(c, &type, 1);
+    c = crc32(c, reinterpret_cast<const Bytef *>(payload.data()), static_cast<uInt>(payload.size()));
     return static_cast<uint32_t>(c);
 }
 
@@ -53,7 +44,7 @@ Status pwriteAll(int fd, const void *buf, uint64_t n, uint64_t off) {
     return Status::ok();
 }
 
-Status preadAll(int fd, void *buf, uint64_t n, uint64_t off) {
+bool preadAll(int fd, void *buf, uint64_t n, uint64_t off) {
     char *p = static_cast<char *>(buf);
     while (n > 0) {
         ssize_t r = ::pread(fd, p, n, static_cast<off_t>(off));
@@ -61,17 +52,13 @@ Status preadAll(int fd, void *buf, uint64_t n, uint64_t off) {
             continue;
         }
         if (r <= 0) {
-            return Status(Code::kInvalidArgument, EIO, "the state file is shorter than its header says");
+            return false;
         }
         p += r;
         off += static_cast<uint64_t>(r);
         n -= static_cast<uint64_t>(r);
     }
-    return Status::ok();
-}
-
-uint64_t pagesUp(uint64_t n) {
-    return (n + 4095) / 4096 * 4096;
+    return true;
 }
 
 }  // namespace
@@ -84,97 +71,107 @@ StatusOr<StateFile> StateFile::create(const std::string &name) {
     }
     char header[kHeaderBytes] = {};
     std::memcpy(header, kMagic, sizeof(kMagic));
+    uint64_t bounds[2] = {kHeaderBytes, kHeaderBytes};
+    std::memcpy(header + kBoundsOffset, bounds, sizeof(bounds));
     RETURN_IF_ERROR(pwriteAll(f.fd_.get(), header, sizeof(header), 0));
-    f.end_ = kHeaderBytes;
+    f.start_ = f.end_ = f.compacted_end_ = kHeaderBytes;
     return f;
 }
 
 StatusOr<StateFile> StateFile::adopt(UniqueFd fd) {
     StateFile f;
     f.fd_ = std::move(fd);
-    RETURN_IF_ERROR(f.loadHeader());
+    struct stat st {};
+    char head[kBoundsOffset + 16];
+    if (::fstat(f.fd_.get(), &st) != 0 || static_cast<uint64_t>(st.st_size) < kHeaderBytes ||
+        !preadAll(f.fd_.get(), head, sizeof(head), 0) || std::memcmp(head, kMagic, sizeof(kMagic)) != 0) {
+        return invalidArgument("not a state file");
+    }
+    uint64_t bounds[2];
+    std::memcpy(bounds, head + kBoundsOffset, sizeof(bounds));
+    if (bounds[0] < kHeaderBytes || bounds[1] < bounds[0] || bounds[1] > static_cast<uint64_t>(st.st_size)) {
+        return invalidArgument("the state file's header points outside it");
+    }
+    f.start_ = bounds[0];
+    f.end_ = bounds[1];
+    f.compacted_end_ = f.end_;  // unknown: the next compaction comes after as much again
     return f;
 }
 
-Status StateFile::loadHeader() {
-    struct stat st {};
-    if (::fstat(fd_.get(), &st) != 0) {
-        return Status::fromErrno(errno, "cannot stat the state file");
-    }
-    if (static_cast<uint64_t>(st.st_size) < kHeaderBytes) {
-        return invalidArgument("the state file is too short");
-    }
-    end_ = static_cast<uint64_t>(st.st_size);
-    char head[kDescOffset + 2 * sizeof(Desc)];
-    RETURN_IF_ERROR(preadAll(fd_.get(), head, sizeof(head), 0));
-    if (std::memcmp(head, kMagic, sizeof(kMagic)) != 0) {
-        return invalidArgument("not a state file (bad magic)");
-    }
-    for (int i = 0; i < 2; ++i) {
-        Desc d;
-        std::memcpy(&d, head + kDescOffset + i * sizeof(Desc), sizeof(d));
-        uint64_t cap = uint64_t{d.capacity_pages} * 4096;
-        // A descriptor pointing outside the file is treated as empty, never followed.
-        if (d.gen == 0 || d.offset < kHeaderBytes || d.length > cap || d.offset > end_ ||
-            cap > end_ - d.offset) {
-            slots_[i] = Slot{};
-            continue;
+Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end) {
+    std::string buf;
+    for (const auto &[type, payload] : records) {
+        if (payload.size() > kMaxRecord) {
+            return invalidArgument("state record too large");
         }
-        slots_[i] = Slot{d.gen, d.offset, d.length, cap};
-        gen_ = std::max(gen_, d.gen);
+        uint32_t head[2] = {static_cast<uint32_t>(payload.size()), crcOf(type, payload)};
+        buf.append(reinterpret_cast<const char *>(head), sizeof(head));
+        buf.push_back(static_cast<char>(type));
+        buf += payload;
     }
+    RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at));
+    *end = at + buf.size();
     return Status::ok();
 }
 
-Status StateFile::write(const std::string &bytes) {
+Status StateFile::publish(uint64_t start, uint64_t end) {
+    uint64_t bounds[2] = {start, end};
+    return pwriteAll(fd_.get(), bounds, sizeof(bounds), kBoundsOffset);
+}
+
+Status StateFile::append(const std::vector<Record> &records) {
     if (!fd_) {
         return Status(Code::kFailedPrecondition, EBADF, "no state file");
     }
-    int s = slots_[0].gen <= slots_[1].gen ? 0 : 1;  // the older one
-    Slot slot = slots_[s];
-    if (slot.capacity < bytes.size() || slot.offset == 0) {
-        // A new area at the end, with room to grow: the file grows at most to about four times
-        // the largest record.
-        slot.offset = end_;
-        slot.capacity = pagesUp(std::max<uint64_t>(bytes.size() * 2, 4096));
-        if (slot.capacity / 4096 > UINT32_MAX) {
-            return invalidArgument("state record too large");
-        }
-        if (::ftruncate(fd_.get(), static_cast<off_t>(slot.offset + slot.capacity)) != 0) {
-            return Status::fromErrno(errno, "cannot grow the state file");
-        }
-        end_ = slot.offset + slot.capacity;
+    if (records.empty()) {
+        return Status::ok();
     }
-    RETURN_IF_ERROR(pwriteAll(fd_.get(), bytes.data(), bytes.size(), slot.offset));
-    Desc d{gen_ + 1, slot.offset, bytes.size(), crcOf(bytes.data(), bytes.size()),
-           static_cast<uint32_t>(slot.capacity / 4096)};
-    RETURN_IF_ERROR(pwriteAll(fd_.get(), &d, sizeof(d), kDescOffset + s * sizeof(Desc)));
-    slot.gen = d.gen;
-    slot.length = bytes.size();
-    slots_[s] = slot;
-    gen_ = d.gen;
+    uint64_t end = 0;
+    RETURN_IF_ERROR(writeRecords(records, end_, &end));
+    RETURN_IF_ERROR(publish(start_, end));
+    end_ = end;
     return Status::ok();
 }
 
-StatusOr<std::string> StateFile::read() const {
-    int order[2] = {slots_[0].gen >= slots_[1].gen ? 0 : 1, slots_[0].gen >= slots_[1].gen ? 1 : 0};
-    for (int i : order) {
-        const Slot &slot = slots_[i];
-        if (slot.gen == 0) {
-            continue;
-        }
-        std::string out(slot.length, '\0');
-        if (!preadAll(fd_.get(), out.data(), slot.length, slot.offset).isOk()) {
-            continue;
-        }
-        Desc d;
-        if (!preadAll(fd_.get(), &d, sizeof(d), kDescOffset + i * sizeof(Desc)).isOk() ||
-            d.crc != crcOf(out.data(), out.size())) {
-            continue;  // torn or corrupt: the other slot is the last good commit
-        }
-        return out;
+Status StateFile::compact(const std::vector<Record> &records) {
+    if (!fd_) {
+        return Status(Code::kFailedPrecondition, EBADF, "no state file");
     }
-    return Status(Code::kNotFound, ENOENT, "the state file holds no valid commit");
+    uint64_t at = end_, end = 0;
+    RETURN_IF_ERROR(writeRecords(records, at, &end));
+    RETURN_IF_ERROR(publish(at, end));
+    // The old records are dead now: give their memory back (the offsets keep growing, a memfd
+    // holds only the pages in use).
+    uint64_t dead_from = (start_ + 4095) / 4096 * 4096, dead_to = at / 4096 * 4096;
+    if (dead_to > dead_from) {
+        (void)::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                          static_cast<off_t>(dead_from), static_cast<off_t>(dead_to - dead_from));
+    }
+    start_ = at;
+    end_ = compacted_end_ = end;
+    return Status::ok();
+}
+
+StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
+    std::vector<Record> out;
+    uint64_t at = start_;
+    while (at < end_) {
+        uint32_t head[2];
+        uint8_t type = 0;
+        if (end_ - at < kRecordHead || !preadAll(fd_.get(), head, sizeof(head), at) ||
+            !preadAll(fd_.get(), &type, 1, at + 8) || head[0] > kMaxRecord ||
+            head[0] > end_ - at - kRecordHead) {
+            return invalidArgument("the state file holds a truncated record");
+        }
+        std::string payload(head[0], '\0');
+        if (!preadAll(fd_.get(), payload.data(), head[0], at + kRecordHead) ||
+            crcOf(type, payload) != head[1]) {
+            return invalidArgument("the state file holds a record that fails its CRC");
+        }
+        out.emplace_back(type, std::move(payload));
+        at += kRecordHead + head[0];
+    }
+    return out;
 }
 
 }  // namespace ibvx::daemon

@@ -1,19 +1,20 @@
-// A memfd holding the newest committed bytes of one state record (a session's snapshot, the
-// broker's globals), double-buffered so that a kill at any instant leaves the previous commit
-// readable (docs/restart.md).
+// A memfd holding one state record stream (a session's snapshot, the broker's globals) as an
+// append-only log, so a commit costs what changed, not the size of the state (docs/restart.md).
 //
-// Layout: a 4 KiB header page, then the two slots' data areas wherever the header says. The
-// header holds a magic and, per slot, {generation, offset, length, CRC-32}. A write fills the
-// older slot's area (moving it to the end of the file when it is too small), then rewrites that
-// slot's 32-byte descriptor in one pwrite inside the header page: a write either lands whole or
-// not at all, and a torn data area fails its CRC. read() answers the valid slot with the
-// highest generation.
+// Layout: a 4 KiB header page {magic, start, end}, then records from `start` to `end`, each
+// {u32 length, u32 CRC-32, u8 type, payload}. An append writes its records past `end`, then
+// moves `end` with one 16-byte pwrite inside the header page: a kill at any instant leaves the
+// previous `end` (records past it are ignored), and a record that fails its CRC ends the replay.
+// A compaction writes the whole state as new records past `end` and moves `start` and `end` in
+// that same single write; the dead prefix is given back with FALLOC_FL_PUNCH_HOLE.
 //
 // Threading: none; the owner serializes writes (a session's mutex).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -22,33 +23,37 @@ namespace ibvx::daemon {
 
 class StateFile {
   public:
+    using Record = std::pair<uint8_t, std::string>;  // type, payload
+
     // A new, empty file (memfd named so in /proc/<pid>/fd).
     static StatusOr<StateFile> create(const std::string &name);
     // A file a previous process wrote (from the fd store or across exec). INVALID_ARGUMENT when
-    // the fd is not one (wrong magic, too short).
+    // the fd is not one (wrong magic, bad header).
     static StatusOr<StateFile> adopt(UniqueFd fd);
 
     StateFile() = default;
     StateFile(StateFile &&) noexcept = default;
     StateFile &operator=(StateFile &&) noexcept = default;
 
-    Status write(const std::string &bytes);
-    // The newest valid commit; NOT_FOUND when nothing valid was ever written.
-    StatusOr<std::string> read() const;
+    // Adds records after the last committed one.
+    Status append(const std::vector<Record> &records);
+    // Replaces everything with records (a full image).
+    Status compact(const std::vector<Record> &records);
+    // Every committed record, in order. A record that fails its CRC (a corrupt file) is an
+    // INVALID_ARGUMENT, never a silently shorter state.
+    StatusOr<std::vector<Record>> records() const;
 
     int fd() const { return fd_.get(); }
-    uint64_t generation() const { return gen_; }
+    // Bytes of records written since the last compaction, and in that compaction.
+    uint64_t appendedBytes() const { return end_ - compacted_end_; }
+    uint64_t compactedBytes() const { return compacted_end_ - start_; }
 
   private:
-    struct Slot {
-        uint64_t gen = 0, offset = 0, length = 0, capacity = 0;
-    };
-    Status loadHeader();
+    Status writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end);
+    Status publish(uint64_t start, uint64_t end);
 
     UniqueFd fd_;
-    Slot slots_[2];
-    uint64_t gen_ = 0;
-    uint64_t end_ = 0;  // file size
+    uint64_t start_ = 0, end_ = 0, compacted_end_ = 0;
 };
 
 }  // namespace ibvx::daemon

@@ -97,8 +97,9 @@ int main(int argc, char **argv) {
         ++wrs;
         if (wc.status != IBV_WC_SUCCESS || wc.wr_id != i || __atomic_load_n(dst, __ATOMIC_ACQUIRE) != i) {
             ++failed;
-            fprintf(stderr, "restart-tenant: WR %llu: status %s, wr_id %llu, target %llu\n", (unsigned long long)i,
-                    ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id, (unsigned long long)*dst);
+            fprintf(stderr, "restart-tenant: WR %llu: status %s, wr_id %llu, target %llu\n",
+                    (unsigned long long)i, ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id,
+                    (unsigned long long)*dst);
         }
         if (t - last_control >= 20000) {
             last_control = t;

@@ -1,0 +1,301 @@
+// Broker restarts with live queues (docs/restart.md), as an operator and a tenant meet them: the
+// real ibv-extendd, restarted through Admin.Restart (what `ibv-extendctl restart` calls), while
+// real tenant processes (restart-tenant through ibv-extend-run, over the libibverbs face) keep a
+// verified WRITE loop and control calls going.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/integration/daemon/broker_process.h"
+#include "tests/integration/daemon/test_client.h"
+
+namespace ibvx::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// A tenant process with a pipe on stdin (closed to stop it) and one on stdout (read by line).
+class Tenant {
+  public:
+    Tenant(const std::string &socket, const std::string &err_path) {
+        int in[2], out[2];
+        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+            return;
+        }
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            dup2(err, 2);
+            std::vector<std::string> argv = {IBVX_RUN_BINARY,     "--socket", socket, "--",
+                                             IBVX_RESTART_TENANT, "softnda0"};
+            std::vector<char *> args;
+            for (auto &a : argv) {
+                args.push_back(a.data());
+            }
+            args.push_back(nullptr);
+            std::string ld = "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR;
+            std::string preload = "LD_PRELOAD=" IBVX_SANITIZER_PRELOAD;
+            std::vector<char *> env = {const_cast<char *>("PATH=/usr/bin:/bin"), ld.data(),
+                                       const_cast<char *>("IBV_EXTEND_SHOW_WARNINGS=1"),
+                                       const_cast<char *>("ASAN_OPTIONS=detect_leaks=0")};
+            if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
+                env.push_back(preload.data());
+            }
+            env.push_back(nullptr);
+            execve(args[0], args.data(), env.data());
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        in_ = in[1];
+        out_ = fdopen(out[0], "r");
+    }
+    ~Tenant() {
+        if (in_ >= 0) {
+            close(in_);
+        }
+        if (pid_ > 0 && !reaped_) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+        if (out_ != nullptr) {
+            fclose(out_);
+        }
+    }
+    pid_t pid() const { return pid_; }
+    // The next stdout line starting with prefix ("" at EOF); other lines are kept in lines().
+    std::string lineStarting(const std::string &prefix) {
+        char buf[512];
+        while (out_ != nullptr && fgets(buf, sizeof(buf), out_) != nullptr) {
+            std::string line(buf);
+            lines_ += line;
+            if (line.rfind(prefix, 0) == 0) {
+                return line;
+            }
+        }
+        return "";
+    }
+    // Closes stdin (the tenant stops) and returns its "done" line.
+    std::string finish() {
+        close(in_);
+        in_ = -1;
+        return lineStarting("done ");
+    }
+    int wait() {
+        int status = 0;
+        waitpid(pid_, &status, 0);
+        reaped_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    void kill9() {
+        kill(pid_, SIGKILL);
+        wait();
+    }
+    const std::string &lines() const { return lines_; }
+
+  private:
+    pid_t pid_ = -1;
+    int in_ = -1;
+    FILE *out_ = nullptr;
+    bool reaped_ = false;
+    std::string lines_;
+};
+
+// "key=value" out of a line like "done wrs=1 failed=0 ...".
+uint64_t field(const std::string &line, const std::string &key) {
+    size_t at = line.find(" " + key + "=");
+    if (at == std::string::npos) {
+        ADD_FAILURE() << "no " << key << " in '" << line << "'";
+        return UINT64_MAX;
+    }
+    return std::strtoull(line.c_str() + at + key.size() + 2, nullptr, 10);
+}
+
+std::string slurp(const std::string &path) {
+    std::string s;
+    if (FILE *f = fopen(path.c_str(), "r")) {
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
+            s.append(buf, n);
+        }
+        fclose(f);
+    }
+    return s;
+}
+
+class AdminClient {
+  public:
+    explicit AdminClient(const std::string &socket) : socket_(socket) { reconnect(); }
+    void reconnect() {
+        channel_ = grpc::CreateChannel("unix:" + socket_, grpc::InsecureChannelCredentials());
+        stub_ = pb::Admin::NewStub(channel_);
+    }
+    grpc::Status restart(bool require_keep, pb::RestartResponse *resp) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+        pb::RestartRequest req;
+        req.set_require_keep(require_keep);
+        return stub_->Restart(&ctx, req, resp);
+    }
+    grpc::Status status(pb::GetStatusResponse *resp) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+        ctx.set_wait_for_ready(true);
+        return stub_->GetStatus(&ctx, pb::GetStatusRequest{}, resp);
+    }
+    // Handles of every object, by session pid.
+    std::map<int, std::set<uint64_t>> objects() {
+        std::map<int, std::set<uint64_t>> out;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+        pb::ListObjectsRequest req;
+        req.set_page_size(4096);
+        pb::ListObjectsResponse resp;
+        EXPECT_TRUE(stub_->ListObjects(&ctx, req, &resp).ok());
+        std::map<uint64_t, int> pid_of;
+        for (const auto &s : sessions()) {
+            pid_of[s.first] = s.second;
+        }
+        for (const auto &o : resp.objects()) {
+            out[pid_of[o.session()]].insert(o.handle());
+        }
+        return out;
+    }
+    // session id -> pid
+    std::map<uint64_t, int> sessions() {
+        std::map<uint64_t, int> out;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+        pb::ListSessionsResponse resp;
+        EXPECT_TRUE(stub_->ListSessions(&ctx, pb::ListSessionsRequest{}, &resp).ok());
+        for (const auto &s : resp.sessions()) {
+            out[s.id()] = s.pid();
+        }
+        return out;
+    }
+    // Waits until the broker serves with `restarts` restarts behind it.
+    bool waitRestarts(uint64_t restarts, std::chrono::milliseconds timeout = 20s) {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        while (std::chrono::steady_clock::now() < deadline) {
+            pb::GetStatusResponse st;
+            if (status(&st).ok() && st.restarts() >= restarts) {
+                return true;
+            }
+            std::this_thread::sleep_for(20ms);
+        }
+        return false;
+    }
+
+  private:
+    std::string socket_;
+    std::shared_ptr<grpc::Channel> channel_;
+    std::unique_ptr<pb::Admin::Stub> stub_;
+};
+
+template <typename Fn>
+bool eventually(Fn fn, std::chrono::milliseconds timeout = 10s) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (fn()) {
+            return true;
+        }
+        std::this_thread::sleep_for(20ms);
+    }
+    return fn();
+}
+
+TEST(Restart, FiveRestartsThroughAdminKeepEveryQueueAndHandle) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    AdminClient admin(broker.socket());
+    ASSERT_TRUE(admin.waitRestarts(0));
+    const int baseline_fds = broker.fdCount();
+
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    std::string ready = tenant.lineStarting("ready ");
+    ASSERT_FALSE(ready.empty()) << slurp(broker.dir() + "/tenant.err") << broker.log();
+    std::map<int, std::set<uint64_t>> before = admin.objects();
+    ASSERT_GE(before[tenant.pid()].size(), 7u);  // context, PD, CQ, 2 QPs, 2 MRs
+
+    std::unique_ptr<Tenant> victim;
+    for (uint64_t i = 1; i <= 5; ++i) {
+        if (i == 3) {
+            victim = std::make_unique<Tenant>(broker.socket(), broker.dir() + "/victim.err");
+            ASSERT_FALSE(victim->lineStarting("ready ").empty()) << slurp(broker.dir() + "/victim.err");
+        }
+        pb::RestartResponse resp;
+        grpc::Status st = admin.restart(false, &resp);
+        ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
+        EXPECT_GE(resp.sessions_kept(), 1u);
+        EXPECT_EQ(resp.sessions_dropped(), 0u);
+        EXPECT_FALSE(resp.binary().empty());
+        if (victim != nullptr && i == 3) {
+            victim->kill9();  // dies during the window: the new broker must reclaim it
+        }
+        admin.reconnect();
+        ASSERT_TRUE(admin.waitRestarts(i)) << "restart " << i << " did not come back\n" << broker.log();
+        EXPECT_EQ(admin.objects()[tenant.pid()], before[tenant.pid()]) << "after restart " << i;
+    }
+    pb::GetStatusResponse status;
+    ASSERT_TRUE(admin.status(&status).ok());
+    EXPECT_EQ(status.restarts(), 5u);
+    EXPECT_GT(status.last_restart_unix_ms(), 0u);
+    EXPECT_EQ(status.pid(), broker.pid());  // exec keeps the process
+
+    // The victim's session is gone, reclaimed by the broker it died under or the next.
+    EXPECT_TRUE(eventually([&] {
+        for (auto &[id, pid] : admin.sessions()) {
+            if (pid == victim->pid()) {
+                return false;
+            }
+        }
+        return true;
+    })) << broker.log();
+
+    std::string done = tenant.finish();
+    ASSERT_FALSE(done.empty()) << tenant.lines() << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "failed"), 0u) << done;
+    EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_GT(field(done, "wrs"), 0u);
+    EXPECT_GT(field(done, "control"), 0u);
+    ::testing::Test::RecordProperty("max_gap_us", std::to_string(field(done, "max_gap_us")));
+    ::testing::Test::RecordProperty("max_control_us", std::to_string(field(done, "max_control_us")));
+    printf("restart: %s", done.c_str());
+
+    // Everything the tenants held is given back.
+    EXPECT_TRUE(eventually([&] { return admin.sessions().empty(); })) << broker.log();
+    EXPECT_TRUE(eventually([&] { return broker.fdCount() == baseline_fds; }))
+        << "broker fds " << broker.fdCount() << ", baseline " << baseline_fds;
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+}
+
+TEST(Restart, RequireKeepRefusesNothingToRefuseAndAnswersTheBinary) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    AdminClient admin(broker.socket());
+    // No session holds a dropping driver's object: require_keep restarts.
+    pb::RestartResponse resp;
+    ASSERT_TRUE(admin.restart(true, &resp).ok());
+    EXPECT_EQ(resp.sessions_dropped(), 0u);
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+}
+
+}  // namespace
+}  // namespace ibvx::test
