@@ -34,7 +34,11 @@
 //   fdstore-dropped fds=K               the store emptied because the unit stopped
 //   stopped                             | status pid=N restarts=R store=S ready=0|1 state=running|stopped
 //   error message=...                   a control line not understood, a failed start
-// Messages are accepted from the main process only (NotifyAccess=main): SO_PASSCRED credentials.
+//   ignored pid=N                       a message from another process than the main one
+// Messages are accepted from the main process only (NotifyAccess=main, by SO_PASSCRED
+// credentials). As in systemd, one FDNAME= names every fd of its message (no FDNAME: "stored"),
+// an fd already in the store (same inode and flags) is not stored twice, fds beyond
+// --fdstore-max and fds of a message without FDSTORE=1 are closed.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
