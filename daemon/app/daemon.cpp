@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "common/build_config.h"
+#include "common/fd_store.h"
 #include "common/unix_socket.h"
 #include "daemon/app/config.h"
 #include "daemon/core/broker.h"
@@ -43,77 +44,6 @@ void setupLogging(const std::string &level) {
     }
     logger->set_level(spdlog::level::from_str(level));
     spdlog::set_default_logger(logger);
-}
-
-// The fds a previous process (systemd's fd store, socket activation, or a restart's exec) passed
-// in the LISTEN_FDS convention, with their LISTEN_FDNAMES; the environment is cleared so no child
-// inherits it. Empty when none were passed.
-std::vector<std::pair<std::string, UniqueFd>> takeListenFds() {
-    std::vector<std::pair<std::string, UniqueFd>> out;
-    char **names = nullptr;
-    int n = sd_listen_fds_with_names(1, &names);
-    for (int i = 0; i < n; ++i) {
-        int fd = SD_LISTEN_FDS_START + i;
-        (void)::fcntl(fd, F_SETFD, FD_CLOEXEC);
-        out.emplace_back(names != nullptr && names[i] != nullptr ? names[i] : "unknown", UniqueFd(fd));
-    }
-    if (names != nullptr) {
-        for (int i = 0; i < n; ++i) {
-            free(names[i]);
-        }
-        free(names);
-    }
-    return out;
-}
-
-// Puts fds at 3, 4, ... (LISTEN_FDS order) without clobbering each other, clears FD_CLOEXEC on
-// exactly those, and sets LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID (exec keeps the pid). Called
-// right before execv.
-Status prepareExecFds(const std::vector<std::pair<std::string, int>> &fds) {
-    // First everything above the target range, so a dup2 never overwrites a source still needed.
-    int floor = SD_LISTEN_FDS_START + static_cast<int>(fds.size());
-    std::vector<int> moved;
-    moved.reserve(fds.size());
-    for (const auto &[name, fd] : fds) {
-        int m = ::fcntl(fd, F_DUPFD_CLOEXEC, floor);
-        if (m < 0) {
-            return Status::fromErrno(errno, "cannot move fd " + name + " for the restart");
-        }
-        moved.push_back(m);
-    }
-    std::string names;
-    for (size_t i = 0; i < fds.size(); ++i) {
-        int target = SD_LISTEN_FDS_START + static_cast<int>(i);
-        if (::dup2(moved[i], target) < 0) {  // dup2 clears FD_CLOEXEC on the target
-            return Status::fromErrno(errno, "cannot place fd " + fds[i].first + " for the restart");
-        }
-        ::close(moved[i]);
-        names += (i == 0 ? "" : ":") + fds[i].first;
-    }
-    setenv("LISTEN_FDS", std::to_string(fds.size()).c_str(), 1);
-    setenv("LISTEN_FDNAMES", names.c_str(), 1);
-    setenv("LISTEN_PID", std::to_string(getpid()).c_str(), 1);
-    return Status::ok();
-}
-
-// FDSTORE=1 with one FDNAME per message: a name applies to every fd of its message.
-Status storeFds(const std::vector<std::pair<std::string, int>> &fds) {
-    for (const auto &[name, fd] : fds) {
-        std::string msg = "FDSTORE=1\nFDNAME=" + name;
-        int one = fd;
-        int rc = sd_pid_notify_with_fds(0, 0, msg.c_str(), &one, 1);
-        if (rc <= 0) {
-            return Status::fromErrno(rc < 0 ? -rc : ENOTCONN, "FDSTORE of " + name + " failed");
-        }
-    }
-    return Status::ok();
-}
-
-Status unstoreFd(const std::string &name) {
-    std::string msg = "FDSTOREREMOVE=1\nFDNAME=" + name;
-    int rc = sd_notify(0, msg.c_str());
-    return rc > 0 ? Status::ok()
-                  : Status::fromErrno(rc < 0 ? -rc : ENOTCONN, "FDSTOREREMOVE of " + name + " failed");
 }
 
 // True when some broker answers on path (then we must not steal its socket).
@@ -340,7 +270,7 @@ Status Daemon::init() {
     RETURN_IF_ERROR(blockSignals());
     RETURN_IF_ERROR(loadDevices());
     // What the previous process left: the listening socket and, after a restart, the state.
-    inherited_ = takeListenFds();
+    ASSIGN_OR_RETURN(inherited_, listenFdsWithNames());
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
         spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
@@ -380,8 +310,11 @@ Status Daemon::makeRestartState() {
                 "--fd-store without NOTIFY_SOCKET (not under systemd): no fd store; a crash ends "
                 "every session");
         } else {
-            hooks.add = storeFds;
-            hooks.remove = unstoreFd;
+            auto store = std::make_shared<FdStore>(true);
+            hooks.add = [store](const std::vector<std::pair<std::string, int>> &fds) {
+                return store->addBatch(fds);
+            };
+            hooks.remove = [store](const std::string &name) { return store->remove(name); };
         }
     }
     restart_ = std::make_unique<RestartState>(*broker_, std::move(hooks));

@@ -266,6 +266,18 @@ class WatchReactor final : public grpc::ServerWriteReactor<pb::AdminEvent>, publ
     bool finished_ = false;
 };
 
+// Whether a vdev provider's ops carry the restart entries (ibv_extend_vdev.h, ABI V4: all three
+// or none), for a provider that serves no device yet. rdma-core extension drivers never do.
+bool vdevOpsKeep(const std::vector<const ibv_extend_vdev_ops *> &vdevs, const std::string &provider) {
+    for (const ibv_extend_vdev_ops *v : vdevs) {
+        if (v->provider != nullptr && provider == v->provider) {
+            return v->abi >= IBV_EXTEND_VDEV_ABI_V4 && v->export_object != nullptr &&
+                   v->import_object != nullptr && v->set_paused != nullptr;
+        }
+    }
+    return false;
+}
+
 void quotaValues(const QuotaValues *used, const QuotaValues &limit,
                  google::protobuf::RepeatedPtrField<pb::QuotaValue> *out) {
     for (size_t i = 0; i < kQuotaCount; ++i) {
@@ -405,6 +417,12 @@ grpc::ServerUnaryReactor *AdminService::GetStatus(grpc::CallbackServerContext *c
         resp->set_doorbell_pages(m.doorbell_pages);
         resp->set_admin_group(hooks_.admin_gid >= 0 ? hooks_.admin_group : "");
         resp->set_total_calls(stats_.total());
+        if (hooks_.restart_info) {
+            RestartInfo r = hooks_.restart_info();
+            resp->set_restarts(r.restarts);
+            resp->set_last_restart_unix_ms(r.last_unix_ms);
+            resp->set_last_restart_took_ms(r.last_took_ms);
+        }
         return Status::ok();
     });
 }
@@ -425,14 +443,20 @@ grpc::ServerUnaryReactor *AdminService::ListDrivers(grpc::CallbackServerContext 
                     e->set_ops_version(v->abi);
                 }
             }
+            bool served_any = false, every_device_keeps = true;
             for (const DeviceInfo &dev : devices) {
                 if (dev.provider == d.name) {
                     e->add_devices(dev.name);
                     if (!e->virtual_provider()) {
                         e->set_ops_version(dev.driver_version);
                     }
+                    served_any = true;
+                    Device *found = broker_.devices().find(dev.name);
+                    every_device_keeps =
+                        every_device_keeps && found != nullptr && found->verbs.keepsAcrossRestart();
                 }
             }
+            e->set_restart_keeps(served_any ? every_device_keeps : vdevOpsKeep(vdevs, d.name));
         }
         for (const loader::LoadRecord &r : loader::loadRecords()) {
             auto *a = resp->add_load_attempts();
@@ -645,6 +669,37 @@ grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ct
             peer ? peer->creds.uid : 0);
         return Status::ok();
     });
+}
+
+grpc::ServerUnaryReactor *AdminService::Restart(grpc::CallbackServerContext *ctx,
+                                                const pb::RestartRequest *req, pb::RestartResponse *resp) {
+    auto call = calls_.begin(ctx, AdminMethod::kRestart);
+    if (Status st = authorize(ctx); !st.isOk()) {
+        return call.finish(st);
+    }
+    if (!hooks_.restart) {
+        return call.finish(Status(Code::kUnimplemented, ENOSYS, "this broker cannot restart itself"));
+    }
+    auto peer = connections_.lookup(ctx->peer());
+    uint32_t uid = peer ? peer->creds.uid : 0;
+    // Planning walks every session's objects under the core's locks: not on a callback thread.
+    return calls_.finishOn(
+        blocking_, call, [this, resp, uid, require_keep = req->require_keep()]() -> Status {
+            StatusOr<RestartPlan> plan = hooks_.restart(require_keep);
+            if (!plan.isOk()) {
+                return plan.status();
+            }
+            spdlog::warn("restart requested by uid {}{}: {} session(s) kept, {} dropped, exec {}", uid,
+                         require_keep ? " (require keep)" : "", plan->sessions_kept, plan->sessions_dropped,
+                         plan->binary);
+            resp->set_sessions_kept(plan->sessions_kept);
+            resp->set_sessions_dropped(plan->sessions_dropped);
+            for (const std::string &d : plan->dropping_drivers) {
+                resp->add_dropping_drivers(d);
+            }
+            resp->set_binary(plan->binary);
+            return Status::ok();
+        });
 }
 
 // A stream: counted once, when it starts (accepted or refused).

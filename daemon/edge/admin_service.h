@@ -100,6 +100,8 @@ class AdminService final : public pb::Admin::CallbackService {
                                         pb::GetQuotasResponse *resp) override;
     grpc::ServerUnaryReactor *SetQuota(grpc::CallbackServerContext *ctx, const pb::SetQuotaRequest *req,
                                        pb::SetQuotaResponse *resp) override;
+    grpc::ServerUnaryReactor *Restart(grpc::CallbackServerContext *ctx, const pb::RestartRequest *req,
+                                      pb::RestartResponse *resp) override;
 
     uint64_t sessionsOpened() const { return sessions_opened_.load(); }
     void countSessionOpened() { ++sessions_opened_; }

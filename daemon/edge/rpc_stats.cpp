@@ -33,7 +33,7 @@ static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",
                                          "ListObjects", "EvictSession", "ReloadDrivers", "Watch",
-                                         "GetQuotas",   "SetQuota"};
+                                         "GetQuotas",   "SetQuota",     "Restart"};
 static_assert(std::size(kAdminMethodNames) == static_cast<size_t>(AdminMethod::kCount));
 
 template <typename M, size_t N>

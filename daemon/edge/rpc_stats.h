@@ -57,6 +57,7 @@ enum class AdminMethod {
     kWatch,
     kGetQuotas,
     kSetQuota,
+    kRestart,
     kCount
 };
 

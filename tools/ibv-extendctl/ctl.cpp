@@ -173,7 +173,12 @@ int cmdStatus(Client &c, const Options &o) {
               << " arena chunk(s), " << humanBytes(r.allocated_bytes()) << " allocated, "
               << r.doorbell_pages() << " doorbell page(s)\n"
               << "calls:      " << r.total_calls() << '\n'
-              << "devices:    " << r.devices_size() << '\n';
+              << "restarts: " << r.restarts();
+    if (r.last_restart_unix_ms() != 0) {
+        std::cout << " (last " << isoUtc(r.last_restart_unix_ms()) << ", took "
+                  << humanDuration(r.last_restart_took_ms()) << ")";
+    }
+    std::cout << '\n' << "devices:    " << r.devices_size() << '\n';
     if (r.devices_size() > 0) {
         Table t({"DEVICE", "DRIVER", "KIND", "OPS", "CAPS", "MAX_QP", "MAX_CQ", "MAX_QP_WR", "MAX_CQE"});
         for (const auto &d : r.devices()) {
@@ -196,14 +201,15 @@ int cmdDrivers(Client &c, const Options &o) {
         std::cout << toJson(r) << '\n';
         return kExitOk;
     }
-    Table t({"DRIVER", "KIND", "OPS", "DEVICES", "LIBRARY"});
+    Table t({"DRIVER", "KIND", "OPS", "RESTART", "DEVICES", "LIBRARY"});
     for (const auto &d : r.drivers()) {
         std::string devs;
         for (const auto &n : d.devices()) {
             devs += devs.empty() ? n : "," + n;
         }
         t.add({d.name(), d.virtual_provider() ? "vdev" : "rdma-core", std::to_string(d.ops_version()),
-               devs.empty() ? "-" : devs, d.library().empty() ? "(built in)" : d.library()});
+               d.restart_keeps() ? "restart: keeps" : "restart: drops", devs.empty() ? "-" : devs,
+               d.library().empty() ? "(built in)" : d.library()});
     }
     std::cout << t.render();
     Table errors({"FAILED", "SOURCE", "ERROR"});
@@ -376,6 +382,39 @@ int cmdReload(Client &c, const Options &o) {
     return r.errors_size() == 0 ? kExitOk : kExitFailed;
 }
 
+int cmdRestart(Client &c, const Options &o, bool require_keep) {
+    pb::RestartRequest req;
+    req.set_require_keep(require_keep);
+    pb::RestartResponse r;
+    grpc::ClientContext ctx;
+    c.deadline(ctx);
+    grpc::Status st = c.admin().Restart(&ctx, req, &r);
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        // --require-keep and a session that would end: the broker says which and nothing changed.
+        std::fprintf(stderr, "ibv-extendctl: restart refused: %s\n", st.error_message().c_str());
+        return kExitFailed;
+    }
+    if (!st.ok()) {
+        return failed("Admin.Restart", st, o.socket);
+    }
+    if (o.json) {
+        std::cout << toJson(r) << '\n';
+        return kExitOk;
+    }
+    std::cout << "restarting: exec " << r.binary() << '\n'
+              << "sessions kept:    " << r.sessions_kept() << '\n'
+              << "sessions dropped: " << r.sessions_dropped();
+    if (r.dropping_drivers_size() > 0) {
+        std::string drivers;
+        for (const auto &d : r.dropping_drivers()) {
+            drivers += drivers.empty() ? d : ", " + d;
+        }
+        std::cout << " (drivers that cannot hand over: " << drivers << ")";
+    }
+    std::cout << '\n';
+    return kExitOk;
+}
+
 const char *eventKind(pb::AdminEvent::Kind k) {
     switch (k) {
         case pb::AdminEvent::SESSION_OPEN:
@@ -394,6 +433,8 @@ const char *eventKind(pb::AdminEvent::Kind k) {
             return "quota-denial";
         case pb::AdminEvent::RELOAD:
             return "reload";
+        case pb::AdminEvent::BROKER_RESTART:
+            return "broker-restart";
         default:
             return "unknown";
     }
@@ -706,11 +747,12 @@ struct Args {
     std::string format = "prometheus";
     uint64_t evict_id = 0;
     int count = 0;
+    bool require_keep = false;
     int64_t q_uid = -1;
     std::string q_container, q_name, q_value;
     bool q_default = false;
-    CLI::App *status, *drivers, *sessions, *objects, *stats, *metrics, *evict, *reload, *watch, *quotas,
-        *quota_set, *devinfo;
+    CLI::App *status, *drivers, *sessions, *objects, *stats, *metrics, *evict, *reload, *restart, *watch,
+        *quotas, *quota_set, *devinfo;
 };
 
 void addGlobalOptions(CLI::App &app, Options *o) {
@@ -767,6 +809,10 @@ void addCommands(CLI::App &app, Args *a) {
     a->evict = app.add_subcommand("evict", "End a session and destroy everything it owns");
     a->evict->add_option("session", a->evict_id, "Session id (from 'sessions')")->required();
     a->reload = app.add_subcommand("reload", "Re-read the configuration and load new drivers (as SIGHUP)");
+    a->restart = app.add_subcommand(
+        "restart", "Hand every session over to a fresh exec of the broker's binary (the upgrade path)");
+    a->restart->add_flag("--require-keep", a->require_keep,
+                         "Refuse (nothing changes) if any live session would be dropped");
     a->watch = app.add_subcommand("watch", "Stream events: sessions, objects, evictions, driver errors");
     a->watch->add_option("--count", a->count, "Stop after this many events");
     addQuotaCommands(app, a);
@@ -827,6 +873,9 @@ int dispatch(Client &c, const Args &a) {
     }
     if (a.reload->parsed()) {
         return cmdReload(c, o);
+    }
+    if (a.restart->parsed()) {
+        return cmdRestart(c, o, a.require_keep);
     }
     if (a.watch->parsed()) {
         return cmdWatch(c, o, a.count);

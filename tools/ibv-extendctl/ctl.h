@@ -1,5 +1,5 @@
 // ibv-extendctl: subcommands over ibv_extend.v1.Admin (status, drivers, sessions, objects,
-// stats, metrics, evict, reload, watch) and devinfo over ibv_extend.v1.Broker for tenants.
+// stats, metrics, evict, reload, restart, watch) and devinfo over ibv_extend.v1.Broker for tenants.
 #pragma once
 
 namespace ibvx::ctl {

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cinttypes>
 #include <cstdio>
+#include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -127,6 +128,18 @@ std::string humanDuration(uint64_t ms) {
 std::string hex64(uint64_t v) {
     char buf[20];
     std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+    return buf;
+}
+
+std::string isoUtc(uint64_t unix_ms) {
+    time_t t = static_cast<time_t>(unix_ms / 1000);
+    struct tm tm {};
+    char day[32];
+    if (::gmtime_r(&t, &tm) == nullptr || std::strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm) == 0) {
+        return "?";
+    }
+    char buf[48];
+    std::snprintf(buf, sizeof(buf), "%s.%03" PRIu64 "Z", day, unix_ms % 1000);
     return buf;
 }
 

@@ -26,6 +26,7 @@ class Table {
 std::string humanBytes(uint64_t bytes);     // "0 B", "256.0 KiB", "1.5 GiB"
 std::string humanDuration(uint64_t ms);     // "850ms", "12s", "3m04s", "2h05m", "3d04h"
 std::string hex64(uint64_t v);              // 16 lower-case hex digits
+std::string isoUtc(uint64_t unix_ms);       // "2026-12-01T15:20:01.123Z"
 std::string extCapNames(uint32_t ext_cap);  // "NDA_DIRECT_WQE|..." or "none"
 // The latency (µs) below which q (0..1) of the calls finished, from the histogram's bucket
 // bounds (an upper estimate); 0 when there were no calls.

@@ -186,10 +186,12 @@ TEST_F(CtlTest, ObjectsShowQpDetailsAndFilter) {
 
 TEST_F(CtlTest, DriversListSoftnda) {
     json j = ctlJson({"drivers"});
-    bool found = false;
+    bool found = false, keeps = false;
     for (const auto &d : j["drivers"]) {
         if (d["name"] == "softnda") {
             found = true;
+            ASSERT_TRUE(d.contains("restart_keeps")) << d.dump();
+            keeps = d["restart_keeps"].get<bool>();
             EXPECT_TRUE(d["virtual_provider"].get<bool>());
             EXPECT_EQ(d["devices"][0], "softnda0");
             EXPECT_NE(d["library"].get<std::string>().find("libsoftnda.so"), std::string::npos);
@@ -199,6 +201,14 @@ TEST_F(CtlTest, DriversListSoftnda) {
     ProcessResult r = ctl({"drivers"});
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_NE(r.out.find("softnda  vdev"), std::string::npos) << r.out;
+    // The table says what the JSON says (whether softnda hands over depends on its ABI V4 entries).
+    std::istringstream lines(r.out);
+    bool row = false;
+    for (std::string line; std::getline(lines, line);) {
+        row = row || (line.rfind("softnda ", 0) == 0 &&
+                      line.find(keeps ? "restart: keeps" : "restart: drops") != std::string::npos);
+    }
+    EXPECT_TRUE(row) << r.out;
 }
 
 // The mlx5 extension driver is loaded and listed although this machine has no mlx5 device, and
@@ -222,6 +232,8 @@ TEST(CtlDrivers, BrokerLoadsTheMlx5DriverWithoutAMatchingDevice) {
             mlx5 = true;
             EXPECT_EQ(d.value("devices", json::array()).size(), 0u) << d.dump();
             EXPECT_NE(d["library"].get<std::string>().find("libibvx_mlx5.so"), std::string::npos) << d.dump();
+            // rdma-core objects live in the kernel, tied to the broker's fds: mlx5 cannot hand over.
+            EXPECT_FALSE(d.value("restart_keeps", true)) << d.dump();
         }
         softnda = softnda || d["name"] == "softnda";
     }
