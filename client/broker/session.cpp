@@ -122,7 +122,10 @@ std::string newIdempotencyKey() {
 }
 
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open) {
-    return code == grpc::StatusCode::UNAVAILABLE && fd_channel_open;
+    // CANCELLED too: this library never cancels its calls, so it means the broker went away
+    // with the call in flight (its shutdown cancels what has not finished). Whether the old
+    // broker applied it or not, the idempotency key makes the retry safe.
+    return (code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::CANCELLED) && fd_channel_open;
 }
 
 const Settings &settings() {

@@ -64,9 +64,10 @@ inline constexpr bool kReadOnlyCall =
 // A new idempotency key: 16 lower-case hex digits of a random non-zero 64-bit value.
 std::string newIdempotencyKey();
 
-// Whether a failed call is tried again: only UNAVAILABLE (the connection failed or the channel
-// is in transient failure) while the session's fd channel is open means "the broker is
-// restarting". With the fd channel at EOF the session ended; any other code is an answer.
+// Whether a failed call is tried again: UNAVAILABLE (the connection failed or the channel is in
+// transient failure) or CANCELLED (the broker shut down with the call in flight) while the
+// session's fd channel is open means "the broker is restarting". With the fd channel at EOF the
+// session ended; any other code is an answer.
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open);
 
 class Session {

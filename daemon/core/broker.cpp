@@ -445,6 +445,7 @@ uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
     obj->handle = h;
     for (Object *u : obj->uses) {
         ++u->users;
+        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
     }
     ObjectKind kind = obj->kind;
     s.objects_.emplace(h, std::move(obj));
@@ -464,6 +465,7 @@ void Broker::touch(Session &s, Object *obj) {
 void Broker::eraseLocked(Session &s, Object *obj) {
     for (Object *u : obj->uses) {
         --u->users;
+        touch(s, u);
     }
     uint64_t h = obj->handle;
     ObjectKind kind = obj->kind;

@@ -1,7 +1,7 @@
 /*
  * A tenant that must not notice broker restarts: an RC loopback pair on a brokered device, a
  * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
- * target), and a control call (create + destroy a CQ) every 20 ms, through the standard verbs
+ * target), and a control call (create + destroy a QP) every 20 ms, through the standard verbs
  * (linked against the system libibverbs; run through ibv-extend-run so the face serves it).
  *
  *   restart-tenant DEVICE
@@ -104,8 +104,8 @@ int main(int argc, char **argv) {
         if (t - last_control >= 20000) {
             last_control = t;
             ++control;
-            struct ibv_cq *extra = ibv_create_cq(ctx, 4, NULL, NULL, 0);
-            if (extra == NULL || ibv_destroy_cq(extra) != 0) {
+            struct ibv_qp *extra = rc_qp_or_null(pd, cq);
+            if (extra == NULL || ibv_destroy_qp(extra) != 0) {
                 ++control_failed;
                 fprintf(stderr, "restart-tenant: control call %llu failed: %s\n", (unsigned long long)control,
                         strerror(errno));

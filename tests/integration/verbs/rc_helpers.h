@@ -76,7 +76,7 @@ static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
     }
 }
 
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
+static struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof(ia));
     ia.send_cq = cq;
@@ -86,7 +86,11 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
     ia.cap.max_recv_wr = 8;
     ia.cap.max_send_sge = 1;
     ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    return ibv_create_qp(pd, &ia);
+}
+
+static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
+    struct ibv_qp *qp = rc_qp_or_null(pd, cq);
     if (qp == NULL) {
         fail("ibv_create_qp", strerror(errno));
     }

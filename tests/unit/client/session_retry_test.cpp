@@ -11,13 +11,16 @@
 namespace ibvx::client::broker {
 namespace {
 
-TEST(SessionRetry, OnlyUnavailableWithTheFdChannelOpenIsRetried) {
+TEST(SessionRetry, OnlyUnavailableOrCancelledWithTheFdChannelOpenIsRetried) {
     EXPECT_TRUE(retryAfter(grpc::StatusCode::UNAVAILABLE, true));
     EXPECT_FALSE(retryAfter(grpc::StatusCode::UNAVAILABLE, false));  // EOF: the session ended
+    // The broker shut down with the call in flight (this library never cancels its own calls).
+    EXPECT_TRUE(retryAfter(grpc::StatusCode::CANCELLED, true));
+    EXPECT_FALSE(retryAfter(grpc::StatusCode::CANCELLED, false));
     for (grpc::StatusCode c :
-         {grpc::StatusCode::OK, grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::CANCELLED,
-          grpc::StatusCode::INVALID_ARGUMENT, grpc::StatusCode::NOT_FOUND, grpc::StatusCode::INTERNAL,
-          grpc::StatusCode::UNKNOWN, grpc::StatusCode::RESOURCE_EXHAUSTED}) {
+         {grpc::StatusCode::OK, grpc::StatusCode::DEADLINE_EXCEEDED, grpc::StatusCode::INVALID_ARGUMENT,
+          grpc::StatusCode::NOT_FOUND, grpc::StatusCode::INTERNAL, grpc::StatusCode::UNKNOWN,
+          grpc::StatusCode::RESOURCE_EXHAUSTED}) {
         EXPECT_FALSE(retryAfter(c, true)) << c;
         EXPECT_FALSE(retryAfter(c, false)) << c;
     }
