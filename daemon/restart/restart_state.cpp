@@ -1,5 +1,6 @@
 #include "daemon/restart/restart_state.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -258,6 +259,7 @@ enum RecordType : uint8_t {
     kDoorbellPut = 6,
     kDoorbellDel = 7,
     kReply = 8,
+    kAlias = 9,  // "name\ncanonical": name's fd is the file stored as canonical
 };
 
 std::string u64Payload(uint64_t v) {
@@ -442,6 +444,9 @@ std::vector<StateFile::Record> RestartState::fullImage(Session &s, SessionEntry 
     for (const StoredReply &r : s.replies()) {
         out.emplace_back(kReply, replyRecord(r));
     }
+    for (const auto &[name, canonical] : e.aliases) {
+        out.emplace_back(kAlias, name + "\n" + canonical);
+    }
     e.reply_seq = s.reply_seq_;
     e.header_logged = true;
     e.compact_next = false;
@@ -459,16 +464,35 @@ void RestartState::storeAdd(SessionEntry &e, std::vector<std::pair<std::string, 
         return;
     }
     if (it != e.stored.end()) {
-        (void)store_.remove(name);  // the same name now carries another file
+        storeForget(e, name, it->second);  // the same name now carries another file
     }
     e.stored[name] = id;
-    batch.emplace_back(name, fd);
+    SessionEntry::File &f = e.files[id];
+    if (f.names++ == 0) {
+        f.canonical = name;
+        batch.emplace_back(name, fd);
+        return;
+    }
+    e.aliases[name] = f.canonical;
+    e.new_aliases.emplace_back(kAlias, name + "\n" + f.canonical);
+}
+
+void RestartState::storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id) {
+    e.aliases.erase(name);
+    auto f = e.files.find(id);
+    if (f == e.files.end()) {
+        return;
+    }
+    if (--f->second.names == 0) {
+        (void)store_.remove(f->second.canonical);
+        e.files.erase(f);
+    }
 }
 
 void RestartState::storeRemovePrefix(SessionEntry &e, const std::string &prefix) {
     for (auto it = e.stored.lower_bound(prefix); it != e.stored.end() && it->first.rfind(prefix, 0) == 0;) {
         if (store_.enabled()) {
-            (void)store_.remove(it->first);
+            storeForget(e, it->first, it->second);
         }
         it = e.stored.erase(it);
     }
@@ -500,7 +524,6 @@ Status RestartState::commit(Session &s) {
     std::vector<std::pair<std::string, int>> batch;
     Status written = Status::ok();
     if (!e->header_logged || e->compact_next) {
-        written = e->file.compact(fullImage(s, *e));
         if (store_.enabled()) {
             std::set<std::string> now;
             for (auto &[name, fd] : sessionFds(s, *e)) {
@@ -509,13 +532,15 @@ Status RestartState::commit(Session &s) {
             }
             for (auto it = e->stored.begin(); it != e->stored.end();) {
                 if (now.count(it->first) == 0) {
-                    (void)store_.remove(it->first);
+                    storeForget(*e, it->first, it->second);
                     it = e->stored.erase(it);
                 } else {
                     ++it;
                 }
             }
         }
+        e->new_aliases.clear();  // the image carries every alias
+        written = e->file.compact(fullImage(s, *e));
     } else {
         std::vector<StateFile::Record> records;
         MemoryState mem = MappingManager::instance().exportState(*s.memory_, &e->chunks);
@@ -586,6 +611,10 @@ Status RestartState::commit(Session &s) {
             }
             e->reply_seq = s.reply_seq_;
         }
+        for (auto &a : e->new_aliases) {
+            records.push_back(std::move(a));
+        }
+        e->new_aliases.clear();
         written = e->file.append(records);
         // A long-lived session's log is rewritten once it is twice its image: amortized O(1).
         if (e->file.appendedBytes() > std::max<uint64_t>(uint64_t{1} << 20, 2 * e->file.compactedBytes())) {
@@ -705,6 +734,7 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
     std::map<uint64_t, rpb::Chunk> chunks;
     std::map<uint64_t, rpb::Doorbell> doorbells;
     std::deque<rpb::Reply> replies;
+    std::map<std::string, std::string> aliases;
     for (const auto &[type, payload] : records) {
         bool ok = true;
         uint64_t key = 0;
@@ -758,6 +788,14 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
                 }
                 break;
             }
+            case kAlias: {
+                size_t nl = payload.find('\n');
+                ok = nl != std::string::npos;
+                if (ok) {
+                    aliases[payload.substr(0, nl)] = payload.substr(nl + 1);
+                }
+                break;
+            }
             default:
                 ok = false;
         }
@@ -793,13 +831,23 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
         return restoreError("its state has no valid token or id");
     }
     std::memcpy(token.data(), m.token().data(), token.size());
+    // A name's fd, or its canonical's (the store kept one copy of a file stored under several
+    // names): a new fd either way, the originals close when the restore is over.
     auto take = [&](const std::string &name, UniqueFd *fd) -> Status {
         auto it = fds.find(name);
+        if (it == fds.end()) {
+            auto a = aliases.find(name);
+            if (a != aliases.end()) {
+                it = fds.find(a->second);
+            }
+        }
         if (name.empty() || it == fds.end()) {
             return restoreError("missing fd " + (name.empty() ? std::string("(unnamed)") : name));
         }
-        *fd = std::move(it->second);
-        fds.erase(it);
+        fd->reset(::fcntl(it->second.get(), F_DUPFD_CLOEXEC, 0));
+        if (!*fd) {
+            return Status::fromErrno(errno, "cannot duplicate fd " + name);
+        }
         return Status::ok();
     };
     PeerIdentity identity = fromProto(m.identity());
@@ -1051,9 +1099,20 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
         s->touched_.push_back(h);  // every object is exported again from this process
     }
     if (store_.enabled()) {
-        // What the store holds already: the fds came from it.
+        // What the store holds already: the fds came from it, under their canonical names; the
+        // other names of the same files are the aliases the log recorded.
         for (auto &[name, fd] : sessionFds(*s, *entry)) {
-            entry->stored[name] = fileId(fd);
+            auto id = fileId(fd);
+            entry->stored[name] = id;
+            SessionEntry::File &f = entry->files[id];
+            ++f.names;
+            auto a = aliases.find(name);
+            if (a != aliases.end()) {
+                entry->aliases[name] = a->second;
+                f.canonical = a->second;
+            } else if (f.canonical.empty()) {
+                f.canonical = name;
+            }
         }
     }
     {
@@ -1172,6 +1231,14 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
                     broker_.endSession(s);
                     why = a.message();
                 }
+            }
+        }
+        // The session's fds as they came back: what it uses was duplicated, these close now.
+        for (auto it = mine.begin(); it != mine.end();) {
+            if (it->first.rfind(pre, 0) == 0) {
+                it = mine.erase(it);
+            } else {
+                ++it;
             }
         }
         if (why.empty()) {

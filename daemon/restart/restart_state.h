@@ -99,6 +99,17 @@ class RestartState {
         std::map<RegionId, std::pair<int, bool>> doorbells;           // logged (refs, sent)
         uint64_t reply_seq = 0;                                       // replies logged
         std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // fd store: name -> (dev, ino)
+        // systemd keeps one copy of a file however many names it is stored under (a shared
+        // memfd behind several MRs, a context's doorbell file behind its doorbell regions): the
+        // first name stored is the canonical one, the others are logged as aliases of it, and
+        // the canonical stays in the store while any of its names lives.
+        struct File {
+            std::string canonical;
+            size_t names = 0;
+        };
+        std::map<std::pair<uint64_t, uint64_t>, File> files;
+        std::map<std::string, std::string> aliases;  // name -> canonical
+        std::vector<StateFile::Record> new_aliases;  // not logged yet
         bool warned = false;
     };
     // Names and fds a session's state needs now (for the store and for exec).
@@ -110,6 +121,7 @@ class RestartState {
     void storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch, const std::string &name,
                   int fd);
     void storeRemovePrefix(SessionEntry &e, const std::string &prefix);
+    void storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id);
     Status writeGlobal(uint64_t handover_started_ms);
     Status restoreSession(const std::vector<StateFile::Record> &records, std::map<std::string, UniqueFd> &fds,
                           StateFile file, std::shared_ptr<Session> *out, uint64_t *objects);

@@ -18,12 +18,17 @@
 //   --restart POLICY    Restart= (default no); on-failure restarts after a non-zero exit or a
 //                       death by signal, keeping the store
 //   --stop-timeout S    TimeoutStopSec= (default 10): SIGKILL after SIGTERM and this long
+//   --restart-sec MS    RestartSec= in milliseconds (default 0) before an automatic restart
 // The service starts at once. Control: one command a line on stdin:
 //   restart   SIGTERM, wait, start again with the store        (systemctl restart)
 //   stop      SIGTERM, wait, drop the store (close every fd)   (systemctl stop)
 //   start     start the service if it is not running           (systemctl start)
 //   kill9     SIGKILL the service (then Restart= decides)      (kill -9 MAINPID)
 //   status    prints a "status ..." line
+// and, for fault-injection tests only (no systemd counterpart), on the store while the service
+// is down (a RestartSec= window):
+//   corrupt-fd NAME   overwrites bytes 4096.. of every stored fd named NAME with 'x'
+//   drop-fd NAME      closes and forgets every stored fd named NAME (an fd that did not come back)
 //   quit      (or end of stdin, SIGTERM, SIGINT) stop as above and exit 0
 // Events, one a line on stdout, flushed at once:
 //   started pid=N fds=K                 K fds passed (the socket first, then the store, in order)
@@ -100,6 +105,7 @@ class Manager {
     size_t fdstore_max = 0;
     bool restart_on_failure = false;
     int stop_timeout_s = 10;
+    int restart_sec_ms = 0;
     std::vector<std::string> command;
 
     void run() {
@@ -112,6 +118,11 @@ class Manager {
             }
             pollfd p[3] = {{notify_, POLLIN, 0}, {signals_, POLLIN, 0}, {stdin_open_ ? 0 : -1, POLLIN, 0}};
             int timeout = -1;
+            if (restart_at_) {
+                auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    *restart_at_ - std::chrono::steady_clock::now());
+                timeout = static_cast<int>(std::max<int64_t>(0, left.count()));
+            }
             if (pid_ > 0 && kill_at_) {
                 auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                     *kill_at_ - std::chrono::steady_clock::now());
@@ -122,6 +133,10 @@ class Manager {
                     continue;
                 }
                 die("poll: " + std::string(std::strerror(errno)));
+            }
+            if (restart_at_ && std::chrono::steady_clock::now() >= *restart_at_) {
+                restart_at_.reset();
+                start();
             }
             if (pid_ > 0 && kill_at_ && std::chrono::steady_clock::now() >= *kill_at_) {
                 ::kill(pid_, SIGKILL);  // TimeoutStopSec= passed
@@ -413,9 +428,17 @@ class Manager {
             ready_ = false;
             kill_at_.reset();
             Pending why = std::exchange(pending_, Pending::kNone);
-            if (why == Pending::kRestart || (why == Pending::kNone && failed && restart_on_failure)) {
+            if (why == Pending::kRestart) {
                 ++restarts_;
                 start();
+            } else if (why == Pending::kNone && failed && restart_on_failure) {
+                ++restarts_;
+                if (restart_sec_ms > 0) {
+                    restart_at_ =
+                        std::chrono::steady_clock::now() + std::chrono::milliseconds(restart_sec_ms);
+                } else {
+                    start();
+                }
             } else {
                 dropStore();
                 event("stopped");
@@ -467,6 +490,30 @@ class Manager {
             event("status pid=" + std::to_string(std::max(pid_, 0)) +
                   " restarts=" + std::to_string(restarts_) + " store=" + std::to_string(store_.size()) +
                   " ready=" + (ready_ ? "1" : "0") + " state=" + (pid_ > 0 ? "running" : "stopped"));
+        } else if (cmd.rfind("corrupt-fd ", 0) == 0 || cmd.rfind("drop-fd ", 0) == 0) {
+            bool drop = cmd[0] == 'd';
+            std::string name = cmd.substr(cmd.find(' ') + 1);
+            size_t n = 0;
+            for (auto it = store_.begin(); it != store_.end();) {
+                if (it->name != name) {
+                    ++it;
+                    continue;
+                }
+                ++n;
+                if (drop) {
+                    ::close(it->fd);
+                    it = store_.erase(it);
+                    continue;
+                }
+                struct stat st {};
+                if (::fstat(it->fd, &st) == 0 && st.st_size > 4096) {
+                    std::string junk(static_cast<size_t>(st.st_size - 4096), 'x');
+                    (void)!::pwrite(it->fd, junk.data(), junk.size(), 4096);
+                }
+                ++it;
+            }
+            event(std::string(drop ? "dropped" : "corrupted") + " name=" + name +
+                  " fds=" + std::to_string(n));
         } else if (cmd == "quit") {
             return true;
         } else if (!cmd.empty()) {
@@ -480,6 +527,7 @@ class Manager {
     pid_t pid_ = -1;
     bool ready_ = false, stdin_open_ = true;
     Pending pending_ = Pending::kNone;
+    std::optional<std::chrono::steady_clock::time_point> restart_at_;
     std::optional<std::chrono::steady_clock::time_point> kill_at_;
     uint64_t restarts_ = 0;
     std::vector<Stored> store_;
@@ -520,6 +568,8 @@ int main(int argc, char **argv) {
                 m.restart_on_failure = p == "on-failure";
             } else if (a == "--stop-timeout") {
                 m.stop_timeout_s = std::stoi(value("--stop-timeout"));
+            } else if (a == "--restart-sec") {
+                m.restart_sec_ms = std::stoi(value("--restart-sec"));
             } else {
                 die("unknown option '" + a + "' (the service's command goes after --)");
             }
@@ -532,7 +582,7 @@ int main(int argc, char **argv) {
     }
     if (m.command.empty()) {
         die("usage: fdstore_harness [--listen PATH] [--listen-name NAME] [--fdstore-max N] "
-            "[--restart no|on-failure] [--stop-timeout S] -- COMMAND [ARG...]");
+            "[--restart no|on-failure] [--stop-timeout S] [--restart-sec MS] -- COMMAND [ARG...]");
     }
     m.run();
     return 0;

@@ -333,5 +333,187 @@ TEST(Restart, RequireKeepRefusesNothingToRefuseAndAnswersTheBinary) {
     EXPECT_EQ(broker.terminate(), 0) << broker.log();
 }
 
+// ---- through systemd's fd store ----------------------------------------------------------
+// systemd cannot run as PID 1 here: fdstore_harness is a test double of its service manager,
+// written on the published sd_notify/sd_listen_fds protocol (see the top of that file). It owns
+// the listening socket like a .socket unit and the fd store like the service's unit.
+class StoreBroker {
+  public:
+    explicit StoreBroker(int restart_sec_ms = 0) {
+        char tmpl[] = "/tmp/ibvx-fds.XXXXXX";
+        dir_ = mkdtemp(tmpl);
+        socket_ = dir_ + "/b.sock";
+        int in[2], out[2];
+        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+            return;
+        }
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            int err = open((dir_ + "/log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            dup2(err, 2);
+            std::string daemon = std::string(std::getenv("IBVX_BUILD_DIR")) + "/daemon/ibv-extendd";
+            std::vector<std::string> argv = {IBVX_FDSTORE_HARNESS,
+                                             "--listen",
+                                             socket_,
+                                             "--fdstore-max",
+                                             "65536",
+                                             "--restart",
+                                             "on-failure",
+                                             "--restart-sec",
+                                             std::to_string(restart_sec_ms),
+                                             "--",
+                                             daemon,
+                                             "--foreground",
+                                             "--fd-store",
+                                             "--log-level",
+                                             "debug"};
+            std::vector<char *> args;
+            for (auto &a : argv) {
+                args.push_back(a.data());
+            }
+            args.push_back(nullptr);
+            execv(args[0], args.data());
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        control_ = in[1];
+        events_ = fdopen(out[0], "r");
+    }
+    ~StoreBroker() {
+        if (control_ >= 0) {
+            close(control_);  // the harness stops the broker, drops the store and exits
+        }
+        if (pid_ > 0) {
+            waitpid(pid_, nullptr, 0);
+        }
+        if (events_ != nullptr) {
+            fclose(events_);
+        }
+        std::string cmd = "rm -rf " + dir_;
+        (void)!system(cmd.c_str());
+    }
+    void send(const std::string &line) {
+        std::string l = line + "\n";
+        ASSERT_EQ(write(control_, l.data(), l.size()), static_cast<ssize_t>(l.size()));
+    }
+    // The next harness event starting with prefix ("" when the harness ended).
+    std::string waitFor(const std::string &prefix) {
+        char buf[1024];
+        while (events_ != nullptr && fgets(buf, sizeof(buf), events_) != nullptr) {
+            std::string line(buf);
+            seen_ += line;
+            if (line.rfind(prefix, 0) == 0) {
+                return line;
+            }
+        }
+        return "";
+    }
+    const std::string &socket() const { return socket_; }
+    std::string log() const { return slurp(dir_ + "/log"); }
+    const std::string &seen() const { return seen_; }
+    const std::string &dir() const { return dir_; }
+
+  private:
+    std::string dir_, socket_, seen_;
+    pid_t pid_ = -1;
+    int control_ = -1;
+    FILE *events_ = nullptr;
+};
+
+TEST(RestartFdStore, SystemdRestartAndKill9KeepEveryQueue) {
+    StoreBroker broker;
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    ASSERT_FALSE(tenant.lineStarting("ready ").empty())
+        << slurp(broker.dir() + "/tenant.err") << broker.log();
+    std::set<uint64_t> before = admin.objects()[tenant.pid()];
+    ASSERT_GE(before.size(), 7u);
+    // systemctl restart (SIGTERM, the store kept), then crashes under Restart=on-failure.
+    for (const char *how : {"restart", "kill9", "restart", "kill9"}) {
+        broker.send(how);
+        ASSERT_FALSE(broker.waitFor("exited ").empty()) << how;
+        ASSERT_FALSE(broker.waitFor("ready ").empty()) << how << "\n" << broker.log();
+        admin.reconnect();
+        ASSERT_TRUE(admin.waitRestarts(0)) << broker.log();
+        std::set<uint64_t> now = admin.objects()[tenant.pid()];
+        EXPECT_TRUE(std::includes(now.begin(), now.end(), before.begin(), before.end())) << how << "\n"
+                                                                                         << broker.log();
+    }
+    std::string done = tenant.finish();
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "failed"), 0u) << done;
+    EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(broker.dir() + "/tenant.err");
+    printf("restart (fd store): %s", done.c_str());
+    EXPECT_TRUE(eventually([&] { return admin.sessions().empty(); })) << broker.log();
+}
+
+// Fault injection in the window between a crash and the automatic restart (RestartSec=): one
+// tenant's state file corrupted, another's arena chunk missing. Those two sessions end, with a
+// log line each naming why; the third tenant does not notice.
+TEST(RestartFdStore, CorruptStateAndMissingArenaEndOnlyThoseSessions) {
+    StoreBroker broker(/*restart_sec_ms=*/1500);
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant corrupt(broker.socket(), broker.dir() + "/corrupt.err");
+    Tenant missing(broker.socket(), broker.dir() + "/missing.err");
+    Tenant good(broker.socket(), broker.dir() + "/good.err");
+    for (Tenant *t : {&corrupt, &missing, &good}) {
+        ASSERT_FALSE(t->lineStarting("ready ").empty()) << broker.log();
+    }
+    std::map<int, uint64_t> session_of;
+    for (auto &[id, pid] : admin.sessions()) {
+        session_of[pid] = id;
+    }
+    const std::string corrupt_state = "ibvx.s" + std::to_string(session_of[corrupt.pid()]) + ".state";
+    // An arena chunk of the second tenant, as the harness saw it stored: "ibvx.s<id>.c<region>".
+    const std::string chunk_prefix = "ibvx.s" + std::to_string(session_of[missing.pid()]) + ".c";
+    auto chunkIn = [&](const std::string &text) -> std::string {
+        for (size_t at = text.find("fdstore-add name=" + chunk_prefix); at != std::string::npos;
+             at = text.find("fdstore-add name=" + chunk_prefix, at + 1)) {
+            std::string name = text.substr(at + 17);
+            name = name.substr(0, name.find(' '));
+            if (name.size() > chunk_prefix.size() &&
+                isdigit(static_cast<unsigned char>(name[chunk_prefix.size()]))) {
+                return name;
+            }
+        }
+        return "";
+    };
+    std::string chunk = chunkIn(broker.seen());
+    while (chunk.empty() && !broker.waitFor("fdstore-add ").empty()) {
+        chunk = chunkIn(broker.seen());
+    }
+    ASSERT_FALSE(chunk.empty()) << broker.seen();
+
+    broker.send("kill9");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    broker.send("corrupt-fd " + corrupt_state);
+    ASSERT_NE(broker.waitFor("corrupted ").find("fds=1"), std::string::npos) << broker.seen();
+    broker.send("drop-fd " + chunk);
+    ASSERT_NE(broker.waitFor("dropped ").find("fds=1"), std::string::npos) << broker.seen();
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    std::string log = broker.log();
+    EXPECT_NE(log.find("restore: s" + std::to_string(session_of[corrupt.pid()]) + ": "), std::string::npos)
+        << log;
+    EXPECT_NE(log.find("missing fd " + chunk), std::string::npos) << log;
+    auto sessions = admin.sessions();
+    EXPECT_EQ(sessions.count(session_of[corrupt.pid()]), 0u);
+    EXPECT_EQ(sessions.count(session_of[missing.pid()]), 0u);
+    EXPECT_EQ(sessions.count(session_of[good.pid()]), 1u) << log;
+    // The two see their session end (the fd channel closes: calls answer ECONNRESET).
+    corrupt.kill9();
+    missing.kill9();
+    std::string done = good.finish();
+    EXPECT_EQ(good.wait(), 0) << done << slurp(broker.dir() + "/good.err");
+    EXPECT_EQ(field(done, "failed"), 0u);
+    EXPECT_EQ(field(done, "control_failed"), 0u) << slurp(broker.dir() + "/good.err");
+}
+
 }  // namespace
 }  // namespace ibvx::test
