@@ -86,14 +86,6 @@ int rank(ObjectKind k) {
     return 6;
 }
 
-std::pair<uint64_t, uint64_t> fileId(int fd) {
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        return {0, 0};
-    }
-    return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-}
-
 void *relocThunk(void *arg, uint64_t old_addr, uint64_t length) {
     uint64_t a = static_cast<const Relocations *>(arg)->find(old_addr, length);
     return a != 0 ? reinterpret_cast<void *>(a) : nullptr;
@@ -458,7 +450,7 @@ void RestartState::storeAdd(SessionEntry &e, std::vector<std::pair<std::string, 
     if (!store_.enabled() || fd < 0) {
         return;
     }
-    auto id = fileId(fd);
+    auto id = fileOf(e, fd);
     auto it = e.stored.find(name);
     if (it != e.stored.end() && it->second == id) {
         return;
@@ -475,6 +467,25 @@ void RestartState::storeAdd(SessionEntry &e, std::vector<std::pair<std::string, 
     }
     e.aliases[name] = f.canonical;
     e.new_aliases.emplace_back(kAlias, name + "\n" + f.canonical);
+}
+
+std::pair<uint64_t, uint64_t> RestartState::fileOf(SessionEntry &e, int fd) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+        return {0, 0};
+    }
+    if (S_ISREG(st.st_mode)) {
+        return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    }
+    const pid_t self = ::getpid();
+    for (auto &[probe, id] : e.probes) {
+        if (::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, probe.get()) == 0) {
+            return {UINT64_MAX, id};
+        }
+    }
+    uint64_t id = e.probes.size() + 1;
+    e.probes.emplace_back(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)), id);
+    return {UINT64_MAX, id};
 }
 
 void RestartState::storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id) {
@@ -1102,7 +1113,7 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
         // What the store holds already: the fds came from it, under their canonical names; the
         // other names of the same files are the aliases the log recorded.
         for (auto &[name, fd] : sessionFds(*s, *entry)) {
-            auto id = fileId(fd);
+            auto id = fileOf(*entry, fd);
             entry->stored[name] = id;
             SessionEntry::File &f = entry->files[id];
             ++f.names;

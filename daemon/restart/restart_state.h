@@ -109,6 +109,9 @@ class RestartState {
         };
         std::map<std::pair<uint64_t, uint64_t>, File> files;
         std::map<std::string, std::string> aliases;  // name -> canonical
+        // Files that are not regular (eventfds share one anonymous inode): one dup of each, so
+        // a new fd is told apart by kcmp(KCMP_FILE), as systemd does.
+        std::vector<std::pair<UniqueFd, uint64_t>> probes;
         std::vector<StateFile::Record> new_aliases;  // not logged yet
         bool warned = false;
     };
@@ -122,6 +125,9 @@ class RestartState {
                   int fd);
     void storeRemovePrefix(SessionEntry &e, const std::string &prefix);
     void storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id);
+    // Which file fd is, as systemd tells stored fds apart: (dev, inode) for a regular file (a
+    // memfd), a per-session number per open file description for anything else.
+    std::pair<uint64_t, uint64_t> fileOf(SessionEntry &e, int fd);
     Status writeGlobal(uint64_t handover_started_ms);
     Status restoreSession(const std::vector<StateFile::Record> &records, std::map<std::string, UniqueFd> &fds,
                           StateFile file, std::shared_ptr<Session> *out, uint64_t *objects);

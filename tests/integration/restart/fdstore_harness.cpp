@@ -50,6 +50,7 @@
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -91,8 +92,14 @@ bool validName(const std::string &n) {
            });
 }
 
-// The same open file (systemd's same_fd(): equal inode and the same open file status flags).
+// The same open file, as systemd's same_fd() decides it: kcmp(KCMP_FILE) when the kernel has it (one open file description), else
+// the same inode and flags.
 bool sameFile(int a, int b) {
+    const pid_t self = ::getpid();
+    long k = ::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, a, b);
+    if (k >= 0) {
+        return k == 0;
+    }
     struct stat sa {
     }, sb{};
     return ::fstat(a, &sa) == 0 && ::fstat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino &&
