@@ -200,6 +200,37 @@ BrokerStats BrokerHarness::stats() {
     return out;
 }
 
+uint64_t BrokerHarness::restart() {
+    auto status = [&](ibv_extend::v1::GetStatusResponse *resp) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+        ctx.set_wait_for_ready(true);
+        return rpc_->admin->GetStatus(&ctx, ibv_extend::v1::GetStatusRequest{}, resp);
+    };
+    ibv_extend::v1::GetStatusResponse before;
+    if (!status(&before).ok()) {
+        throw std::runtime_error("Admin/GetStatus failed before the restart");
+    }
+    {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        ibv_extend::v1::RestartResponse resp;
+        grpc::Status s = rpc_->admin->Restart(&ctx, ibv_extend::v1::RestartRequest{}, &resp);
+        if (!s.ok()) {
+            throw std::runtime_error("Admin/Restart: " + s.error_message());
+        }
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+        ibv_extend::v1::GetStatusResponse now;
+        if (status(&now).ok() && now.restarts() > before.restarts()) {
+            return now.last_restart_took_ms();
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    throw std::runtime_error("the broker did not come back from its restart");
+}
+
 std::shared_ptr<grpc::Channel> healthChannel(const std::string &socket) {
     grpc::ChannelArguments args;
     args.SetInt("grpc.use_local_subchannel_pool", 1);

@@ -55,6 +55,10 @@ class BrokerHarness {
     uint64_t healthCheckNs();
     // The daemon's log (started broker only).
     std::string log() const;
+    // Admin.Restart, then waits until the restarted broker serves (GetStatus counts it); returns
+    // GetStatus.last_restart_took_ms. Throws on failure. Started broker only.
+    uint64_t restart();
+    bool owned() const { return own_; }
 
   private:
     struct Rpc;

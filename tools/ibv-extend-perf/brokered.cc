@@ -1002,6 +1002,66 @@ void reclaim(const Options &opt, Results &out, BrokerHarness &broker) {
             "SIGKILL of a tenant to its objects gone (median of " + std::to_string(reps) + ")");
 }
 
+// ---- restart with live queues (docs/restart.md) ----------------------------------------------
+
+// The longest completion gap this process's WRITE loop sees across each of `reps` broker restarts,
+// with a second tenant holding QPs (100 QPs in all); then one restart with a session of 10,000
+// objects: how long the handover and the restore took.
+void restartScenario(const Options &opt, Results &out, BrokerHarness &broker) {
+    if (!broker.owned()) {
+        return;  // never restart a broker the tool did not start
+    }
+    const int reps = opt.quick ? 2 : 10;
+    Worker other = spawnWorker({"hold", "98"});
+    if (readByte(other, 60000) != 'S' || !sendByte(other, 'C') || readByte(other, 120000) != 'R') {
+        die("restart worker");
+    }
+    std::vector<uint64_t> gaps;
+    {
+        BrokerProbe probe;  // this process's two QPs
+        std::atomic<bool> stop{false};
+        std::atomic<uint64_t> max_gap{0};
+        std::thread loop([&] {
+            auto last = Clock::now();
+            while (!stop.load(std::memory_order_relaxed)) {
+                probe.once();
+                auto t = Clock::now();
+                uint64_t gap = static_cast<uint64_t>(
+                    std::chrono::duration_cast<std::chrono::nanoseconds>(t - last).count());
+                uint64_t seen = max_gap.load(std::memory_order_relaxed);
+                while (gap > seen && !max_gap.compare_exchange_weak(seen, gap)) {
+                }
+                last = t;
+            }
+        });
+        for (int i = 0; i < reps; ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            max_gap.store(0);
+            broker.restart();
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));  // completions resume
+            gaps.push_back(max_gap.exchange(0));
+        }
+        stop.store(true);
+        loop.join();
+    }
+    reapWorker(other);
+    out.add("restart", "restart_stall_ms_p50", percentile(gaps, 50) / 1e6, "ms",
+            "longest completion gap of a WRITE loop across a restart (2 tenants, 100 QPs), median of " +
+                std::to_string(reps));
+    out.add("restart", "restart_stall_ms_max", percentile(gaps, 100) / 1e6, "ms",
+            "goal <= 100 (the worst of them)");
+    const uint32_t n = opt.quick ? 200 : 10000;
+    Worker big = spawnWorker({"hold", std::to_string(n)});
+    if (readByte(big, 60000) != 'S' || !sendByte(big, 'C') || readByte(big, 600000) != 'R') {
+        die("restart restore worker");
+    }
+    uint64_t took = broker.restart();
+    out.add("restart", "restart_restore_ms", static_cast<double>(took), "ms",
+            "handover and restore of a session of " + std::to_string(n + 3) +
+                " objects (old process stops to new one serving)");
+    reapWorker(big);
+}
+
 void ratio(Results &out, const char *sec, const char *key, const char *num_sec, const char *num,
            const char *den_sec, const char *den, const char *note) {
     const Row *a = out.find(num_sec, num);
@@ -1015,7 +1075,7 @@ void ratio(Results &out, const char *sec, const char *key, const char *num_sec, 
 
 bool wantsBroker(const Options &opt) {
     for (const char *s : {"nullrpc", "write8broker", "verbs", "createqp", "bringup", "clients", "scale",
-                          "teardown", "reclaim"}) {
+                          "teardown", "reclaim", "restart"}) {
         if (opt.wants(s)) {
             return true;
         }
@@ -1063,6 +1123,9 @@ void runBrokered(const Options &opt, Results &out) {
     }
     if (opt.wants("scale")) {
         scale(opt, out, broker);
+    }
+    if (opt.wants("restart")) {
+        restartScenario(opt, out, broker);
     }
     ratio(out, "fastpath", "write8_over_shm_floor", "fastpath", "write8_p50_ns_broker", "floors",
           "shm_pingpong_p50_ns", "goal <= 10 (broker figure)");

@@ -92,8 +92,8 @@ bool validName(const std::string &n) {
            });
 }
 
-// The same open file, as systemd's same_fd() decides it: kcmp(KCMP_FILE) when the kernel has it (one open file description), else
-// the same inode and flags.
+// The same open file, as systemd's same_fd() decides it: kcmp(KCMP_FILE) when the kernel has it (one open
+// file description), else the same inode and flags.
 bool sameFile(int a, int b) {
     const pid_t self = ::getpid();
     long k = ::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, a, b);
