@@ -423,6 +423,11 @@ Daemon::~Daemon() {
         server_->shutdown(std::chrono::seconds(5));
     }
     server_.reset();
+    // restart_ goes before broker_, whose destructor ends what sessions are left.
+    if (broker_ != nullptr) {
+        broker_->setCommitSink({});
+        broker_->setEndSink({});
+    }
     if (socket_created_) {
         ::unlink(config_.socket.c_str());
     }
@@ -591,8 +596,13 @@ Status Daemon::execRestart() {
     argv.push_back(nullptr);
     spdlog::default_logger()->flush();
     ::execv(binary_.c_str(), argv.data());
-    // Only a failed exec gets here; the fds are closed with the process, so the sessions end.
-    return Status::fromErrno(errno, "restart: exec " + binary_ + " failed: " + std::strerror(errno));
+    // Only a failed exec gets here, with the fd table already rearranged for the next process:
+    // nothing here can be trusted to run on. Exit: the tenants' fd channels close with the
+    // process (their sessions end), or systemd's fd store restarts the broker from its copies.
+    int err = errno;
+    spdlog::critical("restart: exec {} failed: {}; exiting", binary_, std::strerror(err));
+    spdlog::shutdown();
+    _exit(1);
 }
 
 int runDaemon(int argc, char **argv) {
