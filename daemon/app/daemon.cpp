@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -61,8 +62,11 @@ StatusOr<UniqueFd> takeListenSocket(std::vector<std::pair<std::string, UniqueFd>
     for (auto it = fds.begin(); it != fds.end();) {
         const std::string &name = it->first;
         bool ours = name == "ibvx.listen" || name == "ibvx.listen.sd";
-        if (ours || (name.rfind("ibvx.", 0) != 0 &&
-                     sd_is_socket_unix(it->second.get(), SOCK_STREAM, 1, nullptr, 0) > 0)) {
+        // The restart state's own names; anything else that listens is a socket unit's (whose
+        // name is its FileDescriptorName=, by default the unit's name: "ibvx.socket" is possible).
+        bool state = name == "ibvx.global" || (name.rfind("ibvx.s", 0) == 0 && name.size() > 6 &&
+                                               std::isdigit(static_cast<unsigned char>(name[6])));
+        if (ours || (!state && sd_is_socket_unix(it->second.get(), SOCK_STREAM, 1, nullptr, 0) > 0)) {
             ++sockets;
             *created = name == "ibvx.listen";
             *activated = name != "ibvx.listen";
