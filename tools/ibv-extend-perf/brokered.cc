@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -1010,6 +1011,13 @@ void reclaim(const Options &opt, Results &out, BrokerHarness &broker) {
 void restartScenario(const Options &opt, Results &out, BrokerHarness &broker) {
     if (!broker.owned()) {
         return;  // never restart a broker the tool did not start
+    }
+    if (const char *emu = std::getenv("IBV_EXTEND_PERF_EMULATOR"); emu != nullptr && *emu != '\0') {
+        // A restart execs the broker's own binary, which under qemu-user without a binfmt_misc
+        // handler the kernel cannot start (docs/arm64.md): nothing to measure there.
+        std::cerr << "ibv-extend-perf: restart scenario skipped under an emulator (the broker cannot exec "
+                     "itself)\n";
+        return;
     }
     const int reps = opt.quick ? 2 : 10;
     Worker other = spawnWorker({"hold", "98"});
