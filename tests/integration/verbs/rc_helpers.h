@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static void fail(const char *step, const char *why) {
     fprintf(stderr, "%s: %s: %s\n", rc_prog, step, why);
@@ -20,9 +21,14 @@ static void fail(const char *step, const char *why) {
 
 static const int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
+/* A completion, or the program fails after 30 s without one: a deadline by the clock, not by a
+ * number of polls, since a broker restart (a crash and a RestartSec=, say) pauses completions
+ * for a while and polls are cheap. */
 static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
     struct ibv_wc wc;
-    for (long i = 0; i < 200000000L; ++i) {
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (unsigned long i = 1;; ++i) {
         int n = ibv_poll_cq(cq, 1, &wc);
         if (n < 0) {
             fail(step, "ibv_poll_cq failed");
@@ -30,9 +36,13 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
         if (n == 1) {
             return wc;
         }
+        if ((i & 0xffff) == 0) {
+            clock_gettime(CLOCK_MONOTONIC, &t);
+            if (t.tv_sec - t0.tv_sec > 30) {
+                fail(step, "no completion in 30 s");
+            }
+        }
     }
-    fail(step, "no completion");
-    return wc;
 }
 
 static void to_init(struct ibv_qp *qp) {
