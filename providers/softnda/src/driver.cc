@@ -11,19 +11,12 @@
 namespace softnda {
 namespace {
 
-constexpr size_t kRecordSize = 128;
-
 uint32_t pow2Ceil(uint32_t v) {
     uint32_t p = 1;
     while (p < v) {
         p <<= 1;
     }
     return p;
-}
-
-bool opsComplete(const ibv_extend_ops *o) {
-    return o != nullptr && o->alloc != nullptr && o->free != nullptr && o->memset_s != nullptr &&
-           o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
 }
 
 // One allocation: the ring then its 128 B doorbell record (SPEC.md §1).
@@ -53,16 +46,6 @@ void freeRing(ibv_extend_ops *ops, Ring *r) {
         ops->free(r->buf);
         r->buf = nullptr;
     }
-}
-
-void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
-    std::memset(qi, 0, sizeof(*qi));
-    qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
-    qi->qbuf.entry_cnt = r.cnt;
-    qi->qbuf.entry_size = r.stride;
-    qi->dbr_pi_va = iov_addr_desc{r.pi, 8};
-    qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
-    qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
 }
 
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
@@ -303,17 +286,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (srq == nullptr) {
         fillQueueInfo(&qp->ext.rq_info, qp->rq, qp->rq_db);
     }
-    dev->gate.lock();
-    dev->qps[qp->qpn] = qp;
-    dev->gate.unlock();
-    pd->refs++;
-    scq->refs++;
-    rcq->refs++;
-    if (srq != nullptr) {
-        srq->refs++;
-    }
-    dev->n_qp++;
-    ctx->objects++;
+    linkQp(qp, /*new_epoch=*/false);
     return &qp->ext;
 }
 
@@ -519,6 +492,39 @@ void freeContext(ibv_context_extend *ext) {
 }
 
 }  // namespace
+
+bool opsComplete(const ibv_extend_ops *o) {
+    return o != nullptr && o->alloc != nullptr && o->free != nullptr && o->memset_s != nullptr &&
+           o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
+}
+
+void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
+    std::memset(qi, 0, sizeof(*qi));
+    qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
+    qi->qbuf.entry_cnt = r.cnt;
+    qi->qbuf.entry_size = r.stride;
+    qi->dbr_pi_va = iov_addr_desc{r.pi, 8};
+    qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
+    qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
+}
+
+void linkQp(Qp *qp, bool new_epoch) {
+    Device *dev = qp->ctx->dev;
+    dev->gate.lock();
+    dev->qps[qp->qpn] = qp;
+    if (new_epoch) {
+        dev->qp_epoch++;
+    }
+    dev->gate.unlock();
+    qp->pd->refs++;
+    qp->scq->refs++;
+    qp->rcq->refs++;
+    if (qp->srq != nullptr) {
+        qp->srq->refs++;
+    }
+    dev->n_qp++;
+    qp->ctx->objects++;
+}
 }  // namespace softnda
 
 extern "C" const struct verbs_device_extend_ops softnda_driver_ops = {

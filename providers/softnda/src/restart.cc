@@ -16,7 +16,6 @@ namespace {
 
 constexpr uint32_t kBlobMagic = 0x41444e53;  // "SNDA"
 constexpr uint16_t kBlobVersion = 1;
-constexpr size_t kRecordSize = 128;
 
 struct BlobHdr {
     uint32_t magic;
@@ -385,21 +384,6 @@ void publishSlot(Device *dev, DbSlot *s, SlotKind kind, void *owner) {
     dev->gate.unlock();
 }
 
-void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
-    std::memset(qi, 0, sizeof(*qi));
-    qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
-    qi->qbuf.entry_cnt = r.cnt;
-    qi->qbuf.entry_size = r.stride;
-    qi->dbr_pi_va = iov_addr_desc{r.pi, 8};
-    qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
-    qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
-}
-
-bool opsComplete(const ibv_extend_ops *o) {
-    return o != nullptr && o->alloc != nullptr && o->free != nullptr && o->memset_s != nullptr &&
-           o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
-}
-
 void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     const uint8_t *b = body(IBV_EXTEND_VDEV_OBJ_CONTEXT, in, sizeof(CtxBlob));
     if (b == nullptr || env->device == nullptr) {
@@ -717,18 +701,7 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     if (b.has_rq != 0) {
         publishSlot(dev, &qp->rq_db, SlotKind::Rq, qp.get());
     }
-    dev->gate.lock();
-    dev->qps[qp->qpn] = qp.get();
-    dev->qp_epoch++;
-    dev->gate.unlock();
-    pd->refs++;
-    scq->refs++;
-    rcq->refs++;
-    if (srq != nullptr) {
-        srq->refs++;
-    }
-    dev->n_qp++;
-    ctx->objects++;
+    linkQp(qp.get(), /*new_epoch=*/true);
     return &qp.release()->ext;
 }
 

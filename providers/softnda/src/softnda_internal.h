@@ -363,6 +363,16 @@ Mr *asMr(ibv_mr *ib);
 
 // Takes a free doorbell register of ctx (growing its BAR) and maps it through ops->db_mmap.
 // Caller holds dev->ctl. -errno on failure, leaving nothing behind.
+// A queue's allocation: the ring, then its 128 B doorbell record (SPEC.md §1).
+inline constexpr size_t kRecordSize = 128;
+// Whether a caller's ibv_extend_ops has every callback a queue needs.
+bool opsComplete(const ibv_extend_ops *o);
+// The queue_info a create (or an import, restart.cc) hands back for a ring and its doorbell.
+void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db);
+// Makes a built QP reachable (the device's QPN table) and takes its references on its PD, CQs
+// and SRQ; caller holds Device::ctl. new_epoch: peers must look their peer up again (an import,
+// where a QP's peer may have come back after it).
+void linkQp(Qp *qp, bool new_epoch);
 int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out);
 // Publishes / unpublishes the slot owner to the engine (caller holds ctl; takes the gate).
 void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot);
