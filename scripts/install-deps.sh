@@ -28,6 +28,7 @@ PACKAGES=(
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
   iproute2 util-linux procps
   ibverbs-utils perftest python3-pyverbs
+  go-md2man systemd-container
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all
