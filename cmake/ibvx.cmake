@@ -116,7 +116,7 @@ function(ibvx_provider name)
   target_link_libraries(${name} PRIVATE ${A_LIBS})
   set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/providers-out)
   ibvx_warnings(${name})
-  install(TARGETS ${name} LIBRARY DESTINATION lib/ibv_extend)
+  install(TARGETS ${name} LIBRARY DESTINATION ${IBVX_PROVIDER_INSTALL_DIR})
 endfunction()
 
 # ibvx_test(NAME SOURCES ... [LIBS ...] [LABELS ...]): a GoogleTest binary, every test a ctest.

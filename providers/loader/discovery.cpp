@@ -11,12 +11,16 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #ifndef IBVX_DEFAULT_CONFIG_DIR
 #error "IBVX_DEFAULT_CONFIG_DIR must come from the build (CMake cache IBVX_CONFIG_DIR)"
 #endif
 #ifndef IBVX_DEFAULT_PROVIDER_DIR
 #error "IBVX_DEFAULT_PROVIDER_DIR must come from the build (CMake cache IBVX_PROVIDER_DIR)"
+#endif
+#ifndef IBVX_PREFIX_PROVIDER_DIR
+#error "IBVX_PREFIX_PROVIDER_DIR must come from the build (the provider dir relative to the prefix, or empty)"
 #endif
 #ifndef IBVX_BUILD_DIR
 #error "IBVX_BUILD_DIR must come from the build (PROJECT_BINARY_DIR)"
@@ -94,6 +98,11 @@ std::string selfPath() {
     return realPath("/proc/self/exe");
 }
 
+bool isDirectory(const std::string &path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
 std::string envOr(const char *var, const std::string &fallback) {
     if (environmentTrusted()) {
         const char *v = getenv(var);
@@ -159,7 +168,31 @@ std::string defaultProviderDir(const std::string &self) {
         self[build.size()] == '/') {
         return std::string(IBVX_BUILD_DIR) + "/providers-out";
     }
+    if (IBVX_PREFIX_PROVIDER_DIR[0] != '\0') {
+        if (std::optional<std::string> prefix = installPrefixOf(self)) {
+            std::string dir = *prefix + "/" + IBVX_PREFIX_PROVIDER_DIR;
+            if (isDirectory(dir)) {
+                return dir;
+            }
+        }
+    }
     return IBVX_DEFAULT_PROVIDER_DIR;
+}
+
+std::optional<std::string> installPrefixOf(const std::string &self) {
+    size_t file = self.rfind('/');
+    if (file == std::string::npos || file == 0) {
+        return std::nullopt;
+    }
+    size_t dir = self.rfind('/', file - 1);
+    if (dir == std::string::npos) {
+        return std::nullopt;
+    }
+    std::string_view leaf = std::string_view(self).substr(dir + 1, file - dir - 1);
+    if (leaf != "bin" && leaf != "sbin" && leaf != "lib") {
+        return std::nullopt;
+    }
+    return self.substr(0, dir);
 }
 
 std::string providerDir() {

@@ -3,6 +3,7 @@
 // dlopen() path. registry.cpp strings them together under its locks.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -29,9 +30,15 @@ std::string configDir();
 // loader runs from (the executable, or libibv_extend.so).
 std::string providerDir();
 // The build tree's provider dir (<build>/providers-out) when self, a real path, lies inside the
-// build tree this loader was compiled in, as rdma-core's in-place build does; the installed
-// IBVX_PROVIDER_DIR otherwise.
+// build tree this loader was compiled in, as rdma-core's in-place build does. Otherwise the
+// provider dir of the prefix self is installed in (<prefix>/lib/ibv_extend for
+// <prefix>/sbin/ibv-extendd or <prefix>/lib/libibv_extend.so) when that directory exists, so an
+// install made with `cmake --install --prefix`, or moved, finds its own drivers; else the
+// configured IBVX_PROVIDER_DIR.
 std::string defaultProviderDir(const std::string &self);
+// The prefix of a file installed in <prefix>/bin, <prefix>/sbin or <prefix>/lib (where the install
+// rules put programs and libibv_extend.so); nullopt for any other place.
+std::optional<std::string> installPrefixOf(const std::string &self);
 
 // [A-Za-z0-9_-]{1,128}
 bool validDriverName(std::string_view name);
