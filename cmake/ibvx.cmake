@@ -107,6 +107,11 @@ function(ibvx_library name)
   ibvx_warnings(${name})
 endfunction()
 
+# The RUNPATH of an installed program that links libibv_extend.so: programs go to <prefix>/bin,
+# the library to <prefix>/lib, so relative to the program it holds for any install prefix and
+# needs neither LD_LIBRARY_PATH nor ldconfig.
+set(IBVX_PROGRAM_INSTALL_RPATH "\$ORIGIN/../lib")
+
 # ibvx_provider(NAME SOURCES ... [LIBS ...]): an extension driver lib<NAME>.so, placed in the
 # build tree's provider dir so tests and the demo load it exactly as an installed one.
 function(ibvx_provider name)
