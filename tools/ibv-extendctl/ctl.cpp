@@ -896,6 +896,7 @@ int dispatch(Client &c, const Args &a) {
 
 int run(int argc, char **argv) {
     CLI::App app{"ibv-extendctl: inspect and steer the ibv-extend broker (ibv-extendd)"};
+    app.set_version_flag("--version", "ibv-extendctl " IBVX_PROJECT_VERSION, "Print the version and exit");
     app.require_subcommand(1);
     Args a;
     addGlobalOptions(app, &a.o);
