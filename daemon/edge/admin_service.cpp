@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <charconv>
 #include <deque>
+#include <limits>
 #include <mutex>
 #include <tuple>
 
@@ -634,6 +635,15 @@ grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ct
         if (!q) {
             return invalidArgument("unknown quota '" + req->quota() +
                                    "' (contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions)");
+        }
+        // The configuration's range (a [quotas] entry is a TOML integer, signed 64-bit). Above it
+        // is no real limit but a mistake, most likely a negative number sent as unsigned (an
+        // older ibv-extendctl stored "-5" as 18446744073709551611); kUnlimited among them.
+        constexpr uint64_t kMaxLimit = std::numeric_limits<int64_t>::max();
+        if (!req->clear() && !req->unlimited() && req->limit() > kMaxLimit) {
+            return invalidArgument("quota " + req->quota() + " limit " + std::to_string(req->limit()) +
+                                   " is out of range: a limit is 0.." + std::to_string(kMaxLimit) +
+                                   "; set unlimited for no limit");
         }
         std::optional<uint64_t> limit;
         if (!req->clear()) {

@@ -8,12 +8,13 @@
 #include <CLI/CLI.hpp>
 #include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <nlohmann/json.hpp>
-#include <stdexcept>
 
 #include "common/build_config.h"
 #include "common/fd_channel.h"
@@ -694,23 +695,40 @@ int cmdQuotas(Client &c, const Options &o) {
     return kExitOk;
 }
 
+// The largest quota limit: what a [quotas] entry of the configuration can hold (TOML integers
+// are signed 64-bit), and what the broker's Admin.SetQuota accepts.
+constexpr uint64_t kMaxQuotaLimit = std::numeric_limits<int64_t>::max();
+
+// Why VALUE of `quotas set` is not one, or "" when it is: checked while the command line is
+// parsed, so a bad value is a usage error (exit 2) whether or not a broker runs. std::stoull
+// would take "-5" and wrap it to 18446744073709551611.
+std::string quotaValueError(const std::string &value) {
+    if (value == "unlimited" || value == "clear") {
+        return "";
+    }
+    const std::string what = "a quota VALUE is a whole number from 0 (nothing may be created) to " +
+                             std::to_string(kMaxQuotaLimit) + ", 'unlimited' or 'clear'";
+    if (!value.empty() && value[0] == '-') {
+        return "'" + value + "' is negative: " + what;
+    }
+    uint64_t limit = 0;
+    auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), limit);
+    if (ec == std::errc::invalid_argument || end != value.data() + value.size()) {
+        return "'" + value + "' is not a number: " + what;
+    }
+    if (ec == std::errc::result_out_of_range || limit > kMaxQuotaLimit) {
+        return "'" + value + "' is too large: " + what;
+    }
+    return "";
+}
+
 int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std::string &value) {
     if (value == "unlimited") {
         req.set_unlimited(true);
     } else if (value == "clear") {
         req.set_clear(true);
     } else {
-        try {
-            size_t used = 0;
-            req.set_limit(std::stoull(value, &used));
-            if (used != value.size()) {
-                throw std::invalid_argument(value);
-            }
-        } catch (const std::exception &) {
-            std::fprintf(stderr, "ibv-extendctl: quota value '%s' is not a number, 'unlimited' or 'clear'\n",
-                         value.c_str());
-            return kExitUsage;
-        }
+        req.set_limit(std::stoull(value));  // quotaValueError() passed it
     }
     pb::SetQuotaResponse r;
     if (int rc = call(c, o, "Admin.SetQuota", &pb::Admin::Stub::SetQuota, req, &r)) {
@@ -785,7 +803,8 @@ void addQuotaCommands(CLI::App &app, Args *a) {
                      "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions")
         ->required();
     a->quota_set->add_option("value", a->q_value, "A number, 'unlimited', or 'clear' (drop the override)")
-        ->required();
+        ->required()
+        ->check(CLI::Validator([](std::string &v) { return quotaValueError(v); }, "VALUE", "quota value"));
 }
 
 void addCommands(CLI::App &app, Args *a) {

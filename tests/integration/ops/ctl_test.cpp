@@ -454,6 +454,68 @@ TEST_F(CtlTest, QuotaOverrideLimitsTheTenantAndShowsUsage) {
     EXPECT_EQ(ctl({"quotas", "set", "qps", "1"}).exit_code, 2);
 }
 
+// A quota VALUE that is no limit is a usage error before any broker is asked: "-5" was stored
+// as 18446744073709551611.
+TEST_F(CtlTest, QuotaValuesMustBeLimits) {
+    struct Case {
+        const char *value, *says;
+    } cases[] = {{"-5", "'-5' is negative"},
+                 {"-0", "'-0' is negative"},
+                 {"5x", "'5x' is not a number"},
+                 {"lots", "'lots' is not a number"},
+                 {"+5", "'+5' is not a number"},
+                 {"9223372036854775808", "is too large"},
+                 {"18446744073709551616", "is too large"}};
+    for (const Case &c : cases) {
+        ProcessResult r = ctl({"quotas", "set", "--uid", "1000", "qps", c.value});
+        EXPECT_EQ(r.exit_code, 2) << c.value << ": " << r.out << r.err;
+        EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("from 0 (nothing may be created) to 9223372036854775807, 'unlimited' or 'clear'"),
+                  std::string::npos)
+            << r.err;
+    }
+    EXPECT_EQ(ctlJson({"quotas"})["overrides"].size(), 0u);
+    // Checked with the command line: no broker needed to say so.
+    ProcessResult offline = runProcess({ctlBinary(), "--socket", broker_.dir() + "/none.sock", "quotas", "set",
+                                        "--uid", "1000", "qps", "-5"});
+    EXPECT_EQ(offline.exit_code, 2) << offline.err;
+    // The largest limit is one.
+    ASSERT_EQ(ctl({"quotas", "set", "--uid", "1000", "qps", "9223372036854775807"}).exit_code, 0);
+    json q = ctlJson({"quotas"});
+    ASSERT_EQ(q["overrides"].size(), 1u) << q.dump();
+    EXPECT_EQ(u64(q["overrides"][0]["quotas"][0]["limit"]), 9223372036854775807u) << q.dump();
+}
+
+// The broker itself refuses a limit no configuration could hold (what an older ibv-extendctl
+// sent for "-5"), and keeps taking unlimited.
+TEST_F(CtlTest, BrokerRefusesAbsurdQuotaLimits) {
+    auto admin = pb::Admin::NewStub(
+        grpc::CreateChannel("unix:" + broker_.socket(), grpc::InsecureChannelCredentials()));
+    for (uint64_t absurd : {uint64_t{18446744073709551611u}, uint64_t{1} << 63, ~uint64_t{0}}) {
+        pb::SetQuotaRequest req;
+        req.set_scope(pb::QUOTA_SCOPE_UID);
+        req.set_uid(1000);
+        req.set_quota("qps");
+        req.set_limit(absurd);
+        pb::SetQuotaResponse resp;
+        grpc::ClientContext ctx;
+        grpc::Status st = admin->SetQuota(&ctx, req, &resp);
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << absurd;
+        EXPECT_NE(st.error_message().find("out of range: a limit is 0..9223372036854775807"), std::string::npos)
+            << st.error_message();
+        EXPECT_NE(st.error_message().find("unlimited"), std::string::npos) << st.error_message();
+    }
+    pb::SetQuotaRequest unlimited;
+    unlimited.set_scope(pb::QUOTA_SCOPE_DEFAULT);
+    unlimited.set_quota("qps");
+    unlimited.set_unlimited(true);
+    unlimited.set_limit(~uint64_t{0});  // ignored when unlimited
+    pb::SetQuotaResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(admin->SetQuota(&ctx, unlimited, &resp).ok());
+    EXPECT_EQ(ctlJson({"quotas"})["overrides"].size(), 0u);
+}
+
 TEST_F(CtlTest, WatchReportsQuotaDenialsNamingTheQuota) {
     std::string uid = std::to_string(::getuid());
     ASSERT_EQ(ctl({"quotas", "set", "--uid", uid, "pds", "0"}).exit_code, 0);
