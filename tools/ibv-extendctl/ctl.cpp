@@ -911,6 +911,28 @@ int dispatch(Client &c, const Args &a) {
     return kExitUsage;
 }
 
+// A command line CLI11 refused. Without a command CLI11 would only say "A subcommand is
+// required", also for a misspelt one: name what was typed and list the commands instead.
+int parseFailure(CLI::App &app, const CLI::ParseError &e) {
+    std::vector<std::string> rest = app.remaining();
+    bool no_command = app.get_subcommands().empty() && (rest.empty() || rest[0].rfind('-', 0) != 0);
+    if (!no_command || e.get_exit_code() == static_cast<int>(CLI::ExitCodes::Success)) {
+        int rc = app.exit(e);
+        return rc == 0 ? kExitOk : kExitUsage;
+    }
+    std::string commands;
+    for (const CLI::App *sub : app.get_subcommands([](const CLI::App *) { return true; })) {
+        commands += (commands.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (rest.empty()) {
+        std::fprintf(stderr, "ibv-extendctl: a command is required\n");
+    } else {
+        std::fprintf(stderr, "ibv-extendctl: unknown command '%s'\n", rest[0].c_str());
+    }
+    std::fprintf(stderr, "  commands: %s\n  (ibv-extendctl --help describes them)\n", commands.c_str());
+    return kExitUsage;
+}
+
 }  // namespace
 
 int run(int argc, char **argv) {
@@ -923,8 +945,7 @@ int run(int argc, char **argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
-        int rc = app.exit(e);
-        return rc == 0 ? kExitOk : kExitUsage;
+        return parseFailure(app, e);
     }
     if (int rc = probe(a.o.socket); rc != kExitOk) {
         return rc;

@@ -694,6 +694,29 @@ TEST(CtlErrors, BrokerNotRunningNamesTheSocketAndSystemctl) {
     EXPECT_NE(r.err.find("systemctl status ibv-extendd"), std::string::npos) << r.err;
 }
 
+TEST(CtlErrors, AnUnknownCommandIsNamedAndTheCommandsListed) {
+    for (const std::vector<std::string> &argv :
+         {std::vector<std::string>{ctlBinary(), "frobnicate"},
+          std::vector<std::string>{ctlBinary(), "--json", "frobnicate", "--count", "3"}}) {
+        ProcessResult r = runProcess(argv);
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find("ibv-extendctl: unknown command 'frobnicate'"), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("commands: status, drivers, sessions, objects, stats, metrics, evict, reload, "
+                             "restart, watch, quotas, devinfo"),
+                  std::string::npos)
+            << r.err;
+        EXPECT_EQ(r.err.find("A subcommand is required"), std::string::npos) << r.err;
+    }
+    ProcessResult none = runProcess({ctlBinary()});
+    EXPECT_EQ(none.exit_code, 2);
+    EXPECT_NE(none.err.find("a command is required"), std::string::npos) << none.err;
+    EXPECT_NE(none.err.find("commands: status,"), std::string::npos) << none.err;
+    // An unknown option is CLI11's to describe.
+    ProcessResult option = runProcess({ctlBinary(), "--frobnicate", "status"});
+    EXPECT_EQ(option.exit_code, 2);
+    EXPECT_NE(option.err.find("--frobnicate"), std::string::npos) << option.err;
+}
+
 TEST(CtlErrors, UsageErrorsExitTwo) {
     EXPECT_EQ(runProcess({ctlBinary()}).exit_code, 2);
     EXPECT_EQ(runProcess({ctlBinary(), "no-such-command"}).exit_code, 2);
