@@ -320,14 +320,19 @@ int vdevConfigure(const char *key, const char *value) {
     }
     Registry &r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
+    // An unknown key or a bad value is refused (-EINVAL) whether or not devices are open: the
+    // broker makes that a configuration error, where -EBUSY only means "valid, but not while a
+    // device is open" (a reload under load).
+    Config trial = r.cfg;
+    if (int rc = configSet(trial, key, value); rc < 0) {
+        return rc;
+    }
     if (r.open_contexts != 0) {
         return -EBUSY;
     }
-    int rc = configSet(r.cfg, key, value);
-    if (rc == 0) {
-        r.devices_stale = true;
-    }
-    return rc;
+    r.cfg = trial;
+    r.devices_stale = true;
+    return 0;
 }
 
 int vdevQueryDevices(ibv_extend_vdev_attr *attrs, int max) {

@@ -42,6 +42,25 @@ TEST(SoftndaConfig, DevicesAndOptions) {
     resetConfig();
 }
 
+// With a device open, a valid option is -EBUSY (not applied now), but an unknown key or a bad
+// value is still -EINVAL: the broker turns that into a configuration error on a reload, where
+// -EBUSY would only be a warning.
+TEST(SoftndaConfig, BadOptionsAreRefusedWhileDevicesAreOpen) {
+    resetConfig();
+    ibv_context *c = softnda_vdev_ops.open_device("softnda0");
+    ASSERT_NE(c, nullptr);
+    EXPECT_EQ(softnda_vdev_ops.configure("names", "nosuch"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("max_qp", "0"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("max_qp", "lots"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("max_qp", "8"), -EBUSY);
+    EXPECT_EQ(softnda_vdev_ops.close_device(c), 0);
+    // Nothing of the refused or busy calls was kept.
+    ibv_extend_vdev_attr attrs[1];
+    ASSERT_EQ(softnda_vdev_ops.query_devices(attrs, 1), 1);
+    EXPECT_EQ(attrs[0].max_qp, 131072u);
+    resetConfig();
+}
+
 TEST(SoftndaConfig, EnvironmentVariables) {
     softnda::Config cfg;
     setenv("SOFTNDA_MAX_QP", "12", 1);
