@@ -368,18 +368,24 @@ int cmdReload(Client &c, const Options &o) {
                       pb::ReloadDriversRequest{}, &r)) {
         return rc;
     }
+    // Errors first, on stderr in either format and flushed before the summary: a terminal or
+    // the journal (ExecReload=ibv-extendctl reload) then reads what went wrong before any line
+    // that could pass for success, and the exit code makes `systemctl reload` fail.
+    for (const auto &e : r.errors()) {
+        std::cerr << "ibv-extendctl: reload error: " << e << std::endl;
+    }
     if (o.json) {
         std::cout << toJson(r) << '\n';
         return r.errors_size() == 0 ? kExitOk : kExitFailed;
     }
-    std::cout << "reloaded: " << r.new_devices() << " new device(s), " << r.devices() << " total";
+    std::cout << (r.errors_size() == 0 ? "reloaded: "
+                                        : "reload incomplete (" + std::to_string(r.errors_size()) +
+                                              " error(s), above): ")
+              << r.new_devices() << " new device(s), " << r.devices() << " total";
     for (const auto &l : r.loaded()) {
         std::cout << "; loaded " << l;
     }
     std::cout << '\n';
-    for (const auto &e : r.errors()) {
-        std::cerr << "ibv-extendctl: reload error: " << e << '\n';
-    }
     return r.errors_size() == 0 ? kExitOk : kExitFailed;
 }
 

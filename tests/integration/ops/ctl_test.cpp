@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -558,6 +559,53 @@ TEST_F(CtlTest, ReloadReportsDevices) {
     ProcessResult r = ctl({"reload"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("reloaded: 0 new device(s), 1 total"), std::string::npos) << r.out;
+}
+
+// A reload that reports an error says so first, on stderr, and exits 1, so that
+// ExecReload=ibv-extendctl reload makes `systemctl reload` fail.
+TEST(CtlReload, ErrorsComeFirstAndTheExitCodeIsOne) {
+    BrokerProcess broker("[broker]\nlog_level = \"debug\"\n");
+    ASSERT_TRUE(broker.started()) << broker.log();
+    std::ofstream(broker.dir() + "/ibv-extendd.toml") << "[broker]\nbogus = 1\n";
+    ProcessResult r = runProcess({ctlBinary(), "--socket", broker.socket(), "reload"});
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("ibv-extendctl: reload error: "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("ibv-extendd.toml:2: unknown key 'broker.bogus'"), std::string::npos) << r.err;
+    EXPECT_EQ(r.out.find("reloaded:"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("reload incomplete (1 error(s), above)"), std::string::npos) << r.out;
+    // On one stream (a terminal, the journal) the error comes before the summary.
+    ProcessResult merged = runProcess(
+        {"/bin/sh", "-c", "\"$0\" --socket \"$1\" reload 2>&1", ctlBinary(), broker.socket()});
+    EXPECT_EQ(merged.exit_code, 1);
+    size_t error = merged.out.find("reload error"), summary = merged.out.find("reload incomplete");
+    ASSERT_NE(error, std::string::npos) << merged.out;
+    ASSERT_NE(summary, std::string::npos) << merged.out;
+    EXPECT_LT(error, summary) << merged.out;
+    ProcessResult j = runProcess({ctlBinary(), "--socket", broker.socket(), "--json", "reload"});
+    EXPECT_EQ(j.exit_code, 1);
+    EXPECT_NE(j.err.find("reload error"), std::string::npos) << j.err;
+    EXPECT_EQ(json::parse(j.out, nullptr, false)["errors"].size(), 1u) << j.out;
+    // Fixed again, the reload succeeds.
+    std::ofstream(broker.dir() + "/ibv-extendd.toml") << "[broker]\n";
+    ProcessResult ok = runProcess({ctlBinary(), "--socket", broker.socket(), "reload"});
+    EXPECT_EQ(ok.exit_code, 0) << ok.err;
+    EXPECT_EQ(ok.err, "");
+    EXPECT_NE(ok.out.find("reloaded: "), std::string::npos) << ok.out;
+}
+
+// A provider option softnda does not know is an error on a reload too, while a tenant has a
+// device open (when softnda can apply no option at all): not a "not applied" warning.
+TEST(CtlReload, AnUnknownProviderOptionIsAnErrorWhileDevicesAreOpen) {
+    BrokerProcess broker("[softnda]\nmax_qp = 1024\n");
+    ASSERT_TRUE(broker.started()) << broker.log();
+    Tenant t(broker.socket());
+    ASSERT_TRUE(t.open());
+    std::ofstream(broker.dir() + "/ibv-extendd.toml") << "[softnda]\nnames = \"nosuch\"\n";
+    ProcessResult r = runProcess({ctlBinary(), "--socket", broker.socket(), "reload"});
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.err.find("ibv-extendd.toml:2: softnda.names = 'nosuch' rejected by the provider"),
+              std::string::npos)
+        << r.err;
 }
 
 TEST_F(CtlTest, DevinfoNeedsNoAdminAndShowsCapabilities) {
