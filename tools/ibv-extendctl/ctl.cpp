@@ -458,11 +458,7 @@ int cmdWatch(Client &c, const Options &o, int count) {
     while ((count <= 0 || seen < count) && reader->Read(&e)) {
         ++seen;
         if (o.json) {
-            google::protobuf::util::JsonPrintOptions jo;
-            jo.preserve_proto_field_names = true;
-            std::string line;
-            (void)google::protobuf::util::MessageToJsonString(e, &line, jo);
-            std::cout << line << std::endl;
+            std::cout << toJsonLine(e) << std::endl;
             continue;
         }
         time_t t = static_cast<time_t>(e.time_unix_ms() / 1000);

@@ -4,11 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 namespace ibvx::ctl {
@@ -252,7 +254,32 @@ constexpr std::pair<const char *, bool> kEnumPrefixes[] = {{"OBJECT_KIND_", true
                                                            {"QP_TYPE_", false},
                                                            {"ERROR_CODE_", false}};
 // The JSON keys whose string values are such enums.
-const char *const kEnumKeys[] = {"kind", "state", "qp_type", "scope", "code"};
+const char *const kEnumKeys[] = {"kind", "object_kind", "state", "qp_type", "scope", "code"};
+// The JSON keys whose values are object handles (ObjectInfo.handle and .uses, AdminEvent.handle).
+const char *const kHandleKeys[] = {"handle", "uses"};
+
+bool oneOf(const std::string &key, const auto &keys) {
+    return std::find_if(std::begin(keys), std::end(keys), [&](const char *k) { return key == k; }) !=
+           std::end(keys);
+}
+
+// proto3 JSON writes a uint64 as a decimal string; a handle is read by people next to a table
+// or a log line, which show it as hex64().
+void handleToHex(nlohmann::ordered_json &v) {
+    if (v.is_array()) {
+        for (auto &e : v) {
+            handleToHex(e);
+        }
+    } else if (const std::string *s = v.get_ptr<const std::string *>(); s != nullptr) {
+        uint64_t handle = 0;
+        auto [end, ec] = std::from_chars(s->data(), s->data() + s->size(), handle);
+        if (ec == std::errc() && end == s->data() + s->size()) {
+            v = hex64(handle);
+        }
+    } else if (v.is_number_unsigned()) {
+        v = hex64(v.get<uint64_t>());
+    }
+}
 
 void relabel(nlohmann::ordered_json &j) {
     if (j.is_array()) {
@@ -266,14 +293,30 @@ void relabel(nlohmann::ordered_json &j) {
     }
     j.erase("next_page_token");
     for (auto it = j.begin(); it != j.end(); ++it) {
-        bool is_enum = std::find_if(std::begin(kEnumKeys), std::end(kEnumKeys),
-                                    [&](const char *k) { return it.key() == k; }) != std::end(kEnumKeys);
-        if (is_enum && it.value().is_string()) {
+        if (oneOf(it.key(), kEnumKeys) && it.value().is_string()) {
             it.value() = enumLabel(it.value().get<std::string>());
+        } else if (oneOf(it.key(), kHandleKeys)) {
+            handleToHex(it.value());
         } else {
             relabel(it.value());
         }
     }
+}
+
+// Every field present (a root tenant's uid 0 too), then relabel()led; nullopt when the message
+// does not convert (cannot happen for a message protobuf built).
+std::optional<nlohmann::ordered_json> jsonOf(const google::protobuf::Message &m) {
+    google::protobuf::util::JsonPrintOptions opt;
+    opt.preserve_proto_field_names = true;
+    opt.always_print_primitive_fields = true;
+    std::string out;
+    (void)google::protobuf::util::MessageToJsonString(m, &out, opt);
+    auto j = nlohmann::ordered_json::parse(out, nullptr, false);
+    if (j.is_discarded()) {
+        return std::nullopt;
+    }
+    relabel(j);
+    return j;
 }
 
 }  // namespace
@@ -310,17 +353,13 @@ std::string label(::ibv_extend::v1::ErrorCode v) {
 }
 
 std::string toJson(const google::protobuf::Message &m) {
-    google::protobuf::util::JsonPrintOptions opt;
-    opt.preserve_proto_field_names = true;
-    opt.always_print_primitive_fields = true;
-    std::string out;
-    (void)google::protobuf::util::MessageToJsonString(m, &out, opt);
-    auto j = nlohmann::ordered_json::parse(out, nullptr, false);
-    if (j.is_discarded()) {
-        return out;
-    }
-    relabel(j);
-    return j.dump(1);
+    auto j = jsonOf(m);
+    return j ? j->dump(1) : "{}";
+}
+
+std::string toJsonLine(const google::protobuf::Message &m) {
+    auto j = jsonOf(m);
+    return j ? j->dump() : "{}";
 }
 
 }  // namespace ibvx::ctl

@@ -45,7 +45,10 @@ std::string label(::ibv_extend::v1::QuotaScope v);
 std::string label(::ibv_extend::v1::ErrorCode v);
 
 // The reply as JSON (proto field names, defaults included), enum values as enumLabel() shows
-// them; a listing's next_page_token is left out (ibv-extendctl fetches every page).
+// them, object handles ("handle", "uses") as the 16-digit hex64() strings the tables and the
+// broker's log show; a listing's next_page_token is left out (ibv-extendctl fetches every page).
 std::string toJson(const google::protobuf::Message &m);
+// The same, on one line (watch --json prints one event a line).
+std::string toJsonLine(const google::protobuf::Message &m);
 
 }  // namespace ibvx::ctl

@@ -28,6 +28,12 @@ uint64_t u64(const json &j) {
     return j.is_string() ? std::stoull(j.get<std::string>()) : j.get<uint64_t>();
 }
 
+// A handle as --json prints it: the 16 hex digits the tables and the broker's log show.
+uint64_t handleOf(const json &j) {
+    EXPECT_TRUE(j.is_string() && j.get<std::string>().size() == 16) << j.dump();
+    return j.is_string() ? std::stoull(j.get<std::string>(), nullptr, 16) : 0;
+}
+
 struct Tenant {
     explicit Tenant(const std::string &sock) : client(sock) {}
     TestClient client;
@@ -156,7 +162,7 @@ TEST_F(CtlTest, ObjectsShowQpDetailsAndFilter) {
     json j = ctlJson({"objects", "--kind", "qp"});
     ASSERT_EQ(j["objects"].size(), 1u) << j.dump();
     const json &q = j["objects"][0];
-    EXPECT_EQ(u64(q["handle"]), t.qp);
+    EXPECT_EQ(handleOf(q["handle"]), t.qp);
     EXPECT_EQ(q["device"], "softnda0");
     EXPECT_EQ(q["qp"]["qp_num"].get<uint32_t>(), t.qp_num);
     EXPECT_EQ(q["qp"]["state"], "RESET");
@@ -396,6 +402,14 @@ TEST_F(CtlTest, WatchStreamsSessionAndObjectEvents) {
         EXPECT_GT(seq, last_seq);
         last_seq = seq;
         kinds.insert(e["kind"].get<std::string>());
+        // As docs/ibv-extendctl.md says: every field present, object kinds as the tables
+        // show them, handles in hex.
+        EXPECT_TRUE(e.contains("uid") && e.contains("pid")) << line;
+        if (e["kind"] == "OBJECT_CREATE" || e["kind"] == "OBJECT_DESTROY") {
+            EXPECT_EQ(e["object_kind"], "context") << line;
+            EXPECT_NE(handleOf(e["handle"]), 0u) << line;
+        }
+        EXPECT_EQ(line.find("OBJECT_KIND_"), std::string::npos) << line;
         ++n;
     }
     EXPECT_EQ(n, 4);
@@ -667,7 +681,7 @@ TEST_F(CtlTest, SessionsAndObjectsListEveryPage) {
     json qps = ctlJson({"objects", "--kind", "qp", "--page-size", "1"});
     ASSERT_EQ(qps["objects"].size(), 3u);
     for (size_t i = 0; i < 3; ++i) {
-        EXPECT_EQ(u64(qps["objects"][i]["handle"]), tenants[i]->qp);
+        EXPECT_EQ(handleOf(qps["objects"][i]["handle"]), tenants[i]->qp);
     }
 }
 

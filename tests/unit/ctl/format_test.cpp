@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 namespace ibvx::ctl {
 namespace {
 
@@ -96,6 +98,44 @@ TEST(Prometheus, HistogramIsCumulativeWithInfEqualToCount) {
     // Label values are escaped.
     EXPECT_NE(text.find("device=\"soft\\\"nda0\""), std::string::npos) << text;
     EXPECT_EQ(text.back(), '\n');
+}
+
+// Handles in JSON are the hex64() strings of the tables and the broker's log, not proto3's
+// decimal strings.
+TEST(Json, HandlesAreHexAsInTables) {
+    pb::ListObjectsResponse r;
+    auto *o = r.add_objects();
+    o->set_handle(0xabc);
+    o->set_kind(pb::OBJECT_KIND_CQ);
+    o->add_uses(0x1f);
+    o->add_uses(0xfedcba9876543210);
+    auto j = nlohmann::json::parse(toJson(r));
+    EXPECT_EQ(j["objects"][0]["handle"], hex64(0xabc));
+    EXPECT_EQ(j["objects"][0]["handle"], "0000000000000abc");
+    EXPECT_EQ(j["objects"][0]["uses"], (nlohmann::json{"000000000000001f", "fedcba9876543210"}));
+    EXPECT_EQ(j["objects"][0]["kind"], "cq");
+}
+
+// watch --json: one line an event, every field present (uid 0 of a root tenant too), the object
+// kind as the tables show it, the handle in hex.
+TEST(Json, WatchEventsAreOneLineWithShortKindsAndEveryField) {
+    pb::AdminEvent e;
+    e.set_seq(7);
+    e.set_kind(pb::AdminEvent::OBJECT_CREATE);
+    e.set_session(3);
+    e.set_uid(0);
+    e.set_object_kind(pb::OBJECT_KIND_CONTEXT);
+    e.set_handle(0x10002);
+    std::string line = toJsonLine(e);
+    EXPECT_EQ(line.find('\n'), std::string::npos) << line;
+    EXPECT_EQ(line.find("OBJECT_KIND_"), std::string::npos) << line;
+    auto j = nlohmann::json::parse(line);
+    EXPECT_EQ(j["object_kind"], "context");
+    ASSERT_TRUE(j.contains("uid")) << line;
+    EXPECT_EQ(j["uid"], 0);
+    EXPECT_EQ(j["handle"], "0000000000010002");
+    EXPECT_EQ(j["kind"], "OBJECT_CREATE");  // the event kind keeps its name (scripts match on it)
+    EXPECT_NE(line.find("\"kind\":\"OBJECT_CREATE\""), std::string::npos) << line;
 }
 
 }  // namespace
