@@ -6,6 +6,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <string_view>
 
 namespace ibvx::daemon {
 namespace {
@@ -95,8 +96,10 @@ Status parseBroker(const std::string &path, const toml::table &t, DaemonConfig *
             }
         } else if (key == "socket_group") {
             st = getString(path, full, node, &out->socket_group);
+            out->socket_group_origin = where(path, node) + ": " + full;
         } else if (key == "admin_group") {
             st = getString(path, full, node, &out->admin_group);
+            out->admin_group_origin = where(path, node) + ": " + full;
         } else if (key == "log_level") {
             st = getString(path, full, node, &out->log_level);
             if (st.isOk() && !validLogLevel(out->log_level)) {
@@ -132,6 +135,7 @@ Status parseDrivers(const std::string &path, const toml::table &t, DaemonConfig 
                 return bad(path, n, "drivers.names entries must be non-empty strings");
             }
             out->drivers.push_back(*v);
+            out->driver_where.push_back(where(path, n));
         }
     }
     return Status::ok();
@@ -259,6 +263,7 @@ Status parsePolicy(const std::string &path, const toml::table &t, DaemonConfig *
             }
             if (st.isOk()) {
                 out->admin_group = g;
+                out->admin_group_origin = where(path, node) + ": " + full;
             }
         } else if (key == "class") {
             const toml::table *classes = node.as_table();
@@ -353,6 +358,72 @@ Status parseQuotas(const std::string &path, const toml::table &t, DaemonConfig *
     return parseQuotaValues(path, "quotas.", t, &out->quotas.defaults, nullptr);
 }
 
+std::string trimmed(std::string_view s) {
+    size_t b = s.find_first_not_of(" \t\r");
+    size_t e = s.find_last_not_of(" \t\r");
+    return b == std::string_view::npos ? std::string() : std::string(s.substr(b, e - b + 1));
+}
+
+// The key that line `line` (from 1) of text sets, with its table: "broker.socket_mode" for
+// `socket_mode = 0660` under [broker]. "" when that line sets none (a table header, a comment,
+// the inside of a multi-line array). For toml++'s own errors, which name only a line.
+std::string keyOnLine(const std::string &text, size_t line) {
+    std::istringstream in(text);
+    std::string table;
+    std::string l;
+    for (size_t n = 1; std::getline(in, l); ++n) {
+        std::string t = trimmed(l);
+        if (n == line) {
+            size_t eq = t.find('=');
+            std::string key = eq == std::string::npos ? std::string() : trimmed(t.substr(0, eq));
+            if (key.empty() || key.find_first_not_of(
+                                   "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.\"' ") !=
+                                   std::string::npos) {
+                return "";
+            }
+            return table.empty() ? key : table + "." + key;
+        }
+        // A header: [name] or [[name]], a comment after it allowed.
+        size_t open = t.find_first_not_of('[');
+        size_t close = t.find(']');
+        if (!t.empty() && t[0] == '[' && open != std::string::npos && close != std::string::npos &&
+            open <= close && t.find('=') > close) {
+            table = trimmed(std::string_view(t).substr(open, close - open));
+        }
+    }
+    return "";
+}
+
+// A toml++ syntax error as "FILE:LINE: KEY: what", with how to write an octal socket_mode
+// (TOML forbids 0660, the way chmod spells it).
+Status syntaxError(const std::string &text, const std::string &path, const toml::parse_error &e) {
+    size_t line = e.source().begin.line;
+    std::string key = keyOnLine(text, line);
+    std::string msg = path + ":" + std::to_string(line) + ": " + (key.empty() ? "" : key + ": ") +
+                      std::string(e.description());
+    if (key == "broker.socket_mode") {
+        msg += " (write the mode as a string: socket_mode = \"0660\")";
+    }
+    return invalidArgument(msg);
+}
+
+// getgrnam() for the groups of cfg; "FILE:LINE: KEY: ..." when this host has no such group.
+Status checkGroupsExist(const DaemonConfig &cfg) {
+    struct Named {
+        const std::string &group, &origin;
+        const char *role;
+    };
+    for (const Named &n : {Named{cfg.socket_group, cfg.socket_group_origin, "the socket's group"},
+                           Named{cfg.admin_group, cfg.admin_group_origin, "the admin group"}}) {
+        if (!n.group.empty() && ::getgrnam(n.group.c_str()) == nullptr) {
+            return invalidArgument(n.origin + ": " + n.role + " '" + n.group +
+                                   "' does not exist on this host: create it (groupadd --system " + n.group +
+                                   ", or install the shipped sysusers.d file) or name an existing group");
+        }
+    }
+    return Status::ok();
+}
+
 }  // namespace
 
 bool validLogLevel(const std::string &level) {
@@ -377,8 +448,7 @@ Status parseConfig(const std::string &text, const std::string &path, DaemonConfi
     try {
         root = toml::parse(text, path);
     } catch (const toml::parse_error &e) {
-        return invalidArgument(path + ":" + std::to_string(e.source().begin.line) + ": " +
-                               std::string(e.description()));
+        return syntaxError(text, path, e);
     }
     out->config_path = path;
     for (auto &&[k, node] : root) {
@@ -417,7 +487,8 @@ Status loadConfigFile(const std::string &path, DaemonConfig *out) {
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    return parseConfig(ss.str(), path, out);
+    RETURN_IF_ERROR(parseConfig(ss.str(), path, out));
+    return checkGroupsExist(*out);
 }
 
 }  // namespace ibvx::daemon

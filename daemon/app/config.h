@@ -37,10 +37,14 @@ struct DaemonConfig {
     std::optional<mode_t> socket_mode;  // applied to a socket we create
     std::string socket_group;           // group owning the socket ("" keeps ours)
     std::string admin_group;            // may call the Admin service besides root
+    // Where the file set each group, "FILE:LINE: KEY", for loadConfigFile()'s error when this
+    // host has no such group ("" when not from a file).
+    std::string socket_group_origin, admin_group_origin;
     std::string log_level = "info";
     uint32_t attach_timeout_ms = 5000;
     uint32_t handshake_timeout_ms = 2000;
     std::vector<std::string> drivers;  // extra extension drivers to load ([drivers] names)
+    std::vector<std::string> driver_where;  // "FILE:LINE" of each drivers entry, for a load error
     std::vector<ProviderOption> provider_options;
     PolicyConfig policy;  // [policy]; policy.enabled when the section exists (see docs/security.md)
     QuotaConfig quotas;   // [quotas] defaults, [quotas.uid.<uid>], [quotas.container.<id>]
@@ -53,8 +57,13 @@ struct DaemonConfig {
     std::vector<std::string> argv;
 };
 
-// Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: ..." on error.
+// Parses TOML text (path names it in messages). INVALID_ARGUMENT with "path:line: key: ..." on
+// error (a line holding no key, such as a broken table header, has no key to name).
 Status parseConfig(const std::string &text, const std::string &path, DaemonConfig *out);
+// Reads and parses the file, then checks that socket_group and admin_group name groups of this
+// host (parseConfig keeps them as text): the broker would otherwise find out only when it
+// chowns the socket or resolves the admin group, with no line to point at. INVALID_ARGUMENT
+// "FILE:LINE: KEY: ..." when one does not exist.
 Status loadConfigFile(const std::string &path, DaemonConfig *out);
 
 bool validLogLevel(const std::string &level);
