@@ -2,8 +2,12 @@
 // first on LD_LIBRARY_PATH and broker mode selected, as torsocks does for its library. Checks
 // first that a broker answers, so a missing daemon is one clear line here rather than a failing
 // ibv_get_device_list() deep inside the program.
+#include <grp.h>
+#include <pwd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -11,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/build_config.h"
 #include "common/unix_socket.h"
@@ -50,6 +55,98 @@ std::string faceDir() {
 int usageError(const char *what, const char *arg) {
     std::fprintf(stderr, "ibv-extend-run: %s%s\n%s", what, arg, kUsage);
     return 2;
+}
+
+std::string groupName(gid_t gid) {
+    const group *g = ::getgrgid(gid);
+    return g != nullptr ? g->gr_name : std::to_string(gid);
+}
+
+std::string userName(uid_t uid) {
+    const passwd *pw = ::getpwuid(uid);
+    return pw != nullptr ? pw->pw_name : std::to_string(uid);
+}
+
+// Whether this process has gid among its groups now, and whether the group database lists the
+// user in it (after a usermod, until the next login, only the second is true).
+struct Membership {
+    bool now = false;
+    bool listed = false;
+};
+
+Membership membership(gid_t gid) {
+    Membership m;
+    std::vector<gid_t> groups(static_cast<size_t>(std::max(::getgroups(0, nullptr), 0)));
+    groups.resize(static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
+    m.now = ::getegid() == gid || std::find(groups.begin(), groups.end(), gid) != groups.end();
+    if (const passwd *pw = ::getpwuid(::geteuid()); pw != nullptr) {
+        int count = 64;
+        std::vector<gid_t> listed(static_cast<size_t>(count));
+        if (::getgrouplist(pw->pw_name, pw->pw_gid, listed.data(), &count) < 0) {
+            listed.resize(static_cast<size_t>(count));  // count is now the number needed
+            (void)::getgrouplist(pw->pw_name, pw->pw_gid, listed.data(), &count);
+        }
+        listed.resize(static_cast<size_t>(std::max(count, 0)));
+        m.listed = std::find(listed.begin(), listed.end(), gid) != listed.end();
+    }
+    return m;
+}
+
+// connect() was refused (EACCES): the socket, or a directory on its path, does not let this
+// user in. "Permission denied" alone sends an operator looking at the broker; what they must
+// change is the group membership (or the unit's modes), so say whose group and mode it is.
+void explainDenied(const std::string &socket) {
+    // The first directory this user cannot search, else the socket itself (connect needs write).
+    std::string blocker = socket;
+    std::string what = "it";
+    int need = W_OK;
+    for (size_t slash = socket.find('/', 1); slash != std::string::npos; slash = socket.find('/', slash + 1)) {
+        std::string dir = socket.substr(0, slash);
+        if (::access(dir.c_str(), X_OK) < 0 && errno == EACCES) {
+            blocker = dir;
+            what = "its directory " + dir;
+            need = X_OK;
+            break;
+        }
+    }
+    struct stat st {};
+    if (::stat(blocker.c_str(), &st) < 0) {
+        std::fprintf(stderr, "ibv-extend-run: permission denied on the broker socket %s\n", socket.c_str());
+        return;
+    }
+    std::string group = groupName(st.st_gid);
+    std::string user = userName(::geteuid());
+    std::fprintf(stderr,
+                 "ibv-extend-run: permission denied on the broker socket %s: %s is owned by %s:%s "
+                 "with mode %04o,\n",
+                 socket.c_str(), what.c_str(), userName(st.st_uid).c_str(), group.c_str(),
+                 static_cast<unsigned>(st.st_mode & 07777));
+    Membership m = membership(st.st_gid);
+    bool group_may = (st.st_mode & (need == X_OK ? S_IXGRP : S_IWGRP)) != 0;
+    if (!m.now && !m.listed) {
+        std::fprintf(stderr,
+                     "  and user '%s' (uid %u) is not in group '%s'.\n"
+                     "  Add the user to it (as root): usermod -aG %s %s\n"
+                     "  then log in again: a running login keeps the groups it started with.\n",
+                     user.c_str(), static_cast<unsigned>(::geteuid()), group.c_str(), group.c_str(),
+                     user.c_str());
+    } else if (!m.now) {
+        std::fprintf(stderr,
+                     "  and user '%s' is in group '%s', but this login started before that.\n"
+                     "  Log in again (or run 'newgrp %s') to get the group.\n",
+                     user.c_str(), group.c_str(), group.c_str());
+    } else if (!group_may) {
+        std::fprintf(stderr,
+                     "  which gives group '%s' (yours) no %s permission.\n"
+                     "  The socket unit sets it: SocketMode=0660 and DirectoryMode=0755 in "
+                     "ibv-extendd.socket (or [broker] socket_mode without socket activation).\n",
+                     group.c_str(), need == X_OK ? "search" : "write");
+    } else {
+        std::fprintf(stderr,
+                     "  and group '%s' (yours) may open it: something else refused (a security module "
+                     "such as AppArmor or SELinux?).\n",
+                     group.c_str());
+    }
 }
 
 }  // namespace
@@ -98,8 +195,13 @@ int main(int argc, char **argv) {
     // A connection is what the program's first verb would make; refusing here names the socket.
     auto connected = ibvx::connectUnix(socket);
     if (!connected.isOk()) {
-        std::fprintf(stderr, "ibv-extend-run: no broker answers on %s: %s\n", socket.c_str(),
-                     std::strerror(connected.status().errnoValue()));
+        int err = connected.status().errnoValue();
+        if (err == EACCES || err == EPERM) {
+            explainDenied(socket);
+        } else {
+            std::fprintf(stderr, "ibv-extend-run: no broker answers on %s: %s\n", socket.c_str(),
+                         std::strerror(err));
+        }
         return 1;
     }
     connected.value().reset();
