@@ -37,7 +37,9 @@ StatusOr<PeerIdentity> peerIdentity(int sock) {
     id.cgroup = readCgroup(id.creds.pid);
     id.groups = readGroups(id.creds.pid);
     id.k8s_device = readDeviceMarker(id.creds.pid);
-    if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) < 0) {
+    // Signal 0 checks existence only, but the permission check still applies: without CAP_KILL
+    // (the unit grants none) another uid's live process answers EPERM. Only ESRCH means gone.
+    if (pidfd && ::syscall(SYS_pidfd_send_signal, pidfd.get(), 0, nullptr, 0) < 0 && errno == ESRCH) {
         return Status(Code::kUnavailable, ESRCH, "the peer exited while it was being identified");
     }
     CgroupOwner owner = classifyCgroup(id.cgroup);

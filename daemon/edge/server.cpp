@@ -291,6 +291,20 @@ void BrokerServer::loop() {
     }
 }
 
+template <typename... Args>
+void BrokerServer::logDropped(fmt::format_string<Args...> what, Args &&...args) {
+    uint64_t suppressed = 0;
+    if (!drop_log_.allow(&suppressed)) {
+        return;
+    }
+    std::string line = fmt::format(what, std::forward<Args>(args)...);
+    if (suppressed > 0) {
+        spdlog::warn("{} ({} more dropped connection(s) not logged)", line, suppressed);
+    } else {
+        spdlog::warn("{}", line);
+    }
+}
+
 void BrokerServer::acceptAll(int listen_fd) {
     for (;;) {
         // Non-blocking: gRPC's event engine hangs on a blocking fd.
@@ -305,11 +319,12 @@ void BrokerServer::acceptAll(int listen_fd) {
             return;
         }
         if (handshakes_ >= options_.max_pending_handshakes) {
-            spdlog::warn("too many connections in handshake ({}); connection dropped", handshakes_);
+            logDropped("too many connections in handshake ({}); connection dropped", handshakes_);
             continue;
         }
         auto peer = peerIdentity(fd.get());
         if (!peer.isOk()) {
+            logDropped("connection dropped: {}", peer.status().message());
             continue;
         }
         size_t mine = 0;
@@ -319,8 +334,8 @@ void BrokerServer::acceptAll(int listen_fd) {
             }
         }
         if (mine >= options_.max_handshakes_per_uid) {
-            spdlog::debug("uid {} already has {} connections in handshake; connection dropped",
-                          peer->creds.uid, mine);
+            logDropped("uid {} (pid {}) already has {} connections in handshake; connection dropped",
+                       peer->creds.uid, peer->creds.pid, mine);
             continue;
         }
         Entry e;

@@ -29,6 +29,7 @@
 #include "daemon/edge/admin_events.h"
 #include "daemon/edge/admin_service.h"
 #include "daemon/edge/connections.h"
+#include "daemon/edge/rate_limit.h"
 #include "daemon/edge/rpc_stats.h"
 #include "daemon/edge/services.h"
 
@@ -92,6 +93,9 @@ class BrokerServer final : public SessionListener {
     uint64_t add(Entry entry, uint32_t events);
     void remove(uint64_t id);
     void acceptAll(int listen_fd);
+    // Every connection the loop drops gets a log line (rate-limited: a tenant may cause them).
+    template <typename... Args>
+    void logDropped(fmt::format_string<Args...> what, Args &&...args);
     void handshake(uint64_t id);
     void readChannel(uint64_t id);
     void endSession(const std::shared_ptr<Session> &session, const char *why);
@@ -119,6 +123,7 @@ class BrokerServer final : public SessionListener {
     std::unordered_map<uint64_t, Entry> entries_;
     uint64_t next_id_ = 1;
     size_t handshakes_ = 0;
+    RateLimiter drop_log_{20};
 
     std::mutex queue_mu_;  // guards to_watch_ and to_evict_
     std::vector<std::shared_ptr<Session>> to_watch_;
