@@ -6,6 +6,7 @@
 #pragma once
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <mutex>
 #include <optional>
@@ -19,8 +20,9 @@ namespace ibvx::daemon {
 class ConnectionRegistry {
   public:
     void set(int fd, PeerIdentity identity) {
+        Entry e{std::move(identity), socketInode(fd)};
         std::lock_guard lock(mu_);
-        by_fd_[fd] = std::move(identity);
+        by_fd_[fd] = std::move(e);
     }
     // The identity of the connection gRPC calls `peer` ("fd:N"); nullopt when unknown.
     std::optional<PeerIdentity> lookup(const std::string &peer) {
@@ -42,23 +44,35 @@ class ConnectionRegistry {
         if (it == by_fd_.end()) {
             return std::nullopt;
         }
-        return it->second;
+        return it->second.identity;
     }
 
     // At shutdown, once no call is in flight: EOF on every connection handed to gRPC, so the
     // server does not wait out its deadline for idle clients to hang up. An entry may name an fd
-    // gRPC already closed and the number reused; shutdown() on that is harmless at exit (a
-    // non-socket answers ENOTSOCK, any other socket of ours is about to be closed anyway).
+    // gRPC already closed and the number reused, by a session's fd channel say: shutdown() acts
+    // on the socket, not the fd, so it would end that channel for the tenant and for every copy
+    // (systemd's fd store, the next process). Only the socket the entry was made for is shut.
     void shutdownAll() {
         std::lock_guard lock(mu_);
-        for (auto &[fd, id] : by_fd_) {
-            (void)::shutdown(fd, SHUT_RDWR);
+        for (auto &[fd, e] : by_fd_) {
+            if (e.inode != 0 && socketInode(fd) == e.inode) {
+                (void)::shutdown(fd, SHUT_RDWR);
+            }
         }
     }
 
   private:
+    struct Entry {
+        PeerIdentity identity;
+        ino_t inode = 0;  // of the socket handed to gRPC (sockfs numbers inodes from a counter)
+    };
+    static ino_t socketInode(int fd) {
+        struct stat st {};
+        return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) ? st.st_ino : 0;
+    }
+
     std::mutex mu_;
-    std::unordered_map<int, PeerIdentity> by_fd_;
+    std::unordered_map<int, Entry> by_fd_;
 };
 
 }  // namespace ibvx::daemon
