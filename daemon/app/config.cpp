@@ -487,7 +487,12 @@ Status loadConfigFile(const std::string &path, DaemonConfig *out) {
     }
     std::stringstream ss;
     ss << in.rdbuf();
-    RETURN_IF_ERROR(parseConfig(ss.str(), path, out));
+    return loadConfigText(ss.str(), path, out);
+}
+
+Status loadConfigText(const std::string &text, const std::string &path, DaemonConfig *out) {
+    RETURN_IF_ERROR(parseConfig(text, path, out));
+    out->config_text = text;
     return checkGroupsExist(*out);
 }
 

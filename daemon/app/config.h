@@ -53,6 +53,9 @@ struct DaemonConfig {
     // (--fd-store; the unit sets FileDescriptorStoreMax=), so SIGTERM leaves the sessions to the
     // next start instead of ending them.
     bool fd_store = false;
+    // The text the configuration was parsed from: a restart whose file has become invalid
+    // carries on with it (docs/restart.md), so a typo never costs the tenants their queues.
+    std::string config_text;
     // The command line, for a restart that execs the binary again.
     std::vector<std::string> argv;
 };
@@ -65,6 +68,9 @@ Status parseConfig(const std::string &text, const std::string &path, DaemonConfi
 // chowns the socket or resolves the admin group, with no line to point at. INVALID_ARGUMENT
 // "FILE:LINE: KEY: ..." when one does not exist.
 Status loadConfigFile(const std::string &path, DaemonConfig *out);
+// loadConfigFile() of text already read (path names it in messages); keeps the text in
+// out->config_text.
+Status loadConfigText(const std::string &text, const std::string &path, DaemonConfig *out);
 
 bool validLogLevel(const std::string &level);
 

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/sinks/systemd_sink.h>
 #include <spdlog/spdlog.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -137,11 +140,16 @@ StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
     return fd;
 }
 
-void loadDrivers(const DaemonConfig &cfg, bool first) {
+// The drivers [drivers] names. At a fresh start (first, strict) one that does not load is a
+// configuration error naming file, line and name: a broker that served without it would hide
+// the typo. A restart (not strict) logs it and goes on, so the sessions of every other driver
+// are kept; on a reload the failure is reported (reload() collects it from the load records).
+Status loadDrivers(const DaemonConfig &cfg, bool first, bool strict) {
     if (first) {
         loader::loadAll();  // the reference's discovery: config dir and IBV_EXTEND_DRIVERS
     }
-    for (const std::string &name : cfg.drivers) {
+    for (size_t i = 0; i < cfg.drivers.size(); ++i) {
+        const std::string &name = cfg.drivers[i];
         bool known = false;
         for (const auto &rec : loader::loadRecords()) {
             known = known || (rec.name == name && rec.loaded);
@@ -152,11 +160,16 @@ void loadDrivers(const DaemonConfig &cfg, bool first) {
         loader::LoadRecord rec = loader::loadDriver(name, cfg.config_path);
         if (rec.loaded) {
             spdlog::info("loaded extension driver '{}' from {}", name, rec.path);
-        } else {
-            spdlog::error("cannot load extension driver '{}' (from {}): {}", name, cfg.config_path,
-                          rec.error);
+            continue;
         }
+        std::string where = i < cfg.driver_where.size() ? cfg.driver_where[i] : cfg.config_path;
+        if (first && strict) {
+            return invalidArgument(where + ": drivers.names: cannot load extension driver '" + name +
+                                   "': " + rec.error);
+        }
+        spdlog::error("{}: drivers.names: cannot load extension driver '{}': {}", where, name, rec.error);
     }
+    return Status::ok();
 }
 
 // softnda is the embedded default: loaded when no rdma-core device has an extension driver.
@@ -228,6 +241,91 @@ StatusOr<long> adminGid(const DaemonConfig &cfg) {
     return static_cast<long>(g->gr_gid);
 }
 
+// The shipped unit's configuration file, what --check-config checks when told no other.
+constexpr const char *kDefaultConfig = "/etc/ibv-extend/ibv-extendd.toml";
+
+// The name of the memfd that carries the running configuration's text to the next process.
+constexpr const char *kConfigFdName = "ibvx.config";
+
+// The configuration text a previous broker process ran with, when this process is its restart
+// (systemd's fd store or an exec passed "ibvx.config"); "" otherwise. Leaves LISTEN_FDS in place
+// for Daemon::init().
+std::string inheritedConfigText() {
+    char **names = nullptr;
+    int n = sd_listen_fds_with_names(0, &names);
+    std::string text;
+    for (int i = 0; i < n; ++i) {
+        if (names != nullptr && names[i] != nullptr && std::strcmp(names[i], kConfigFdName) == 0) {
+            char buf[4096];
+            off_t at = 0;
+            ssize_t got;
+            while ((got = ::pread(SD_LISTEN_FDS_START + i, buf, sizeof(buf), at)) > 0) {
+                text.append(buf, static_cast<size_t>(got));
+                at += got;
+            }
+        }
+    }
+    if (names != nullptr) {
+        for (int i = 0; i < n; ++i) {
+            free(names[i]);
+        }
+        free(names);
+    }
+    return text;
+}
+
+// A start that fails on its configuration, under socket activation, closes the connections
+// waiting on systemd's socket: left there, they would trigger the next start at once, again and
+// again, until systemd gives up on the socket unit too. Their clients see the broker close.
+void closeWaitingConnections() {
+    int n = sd_listen_fds(0);
+    size_t closed = 0;
+    for (int i = 0; i < n; ++i) {
+        int fd = SD_LISTEN_FDS_START + i;
+        if (sd_is_socket_unix(fd, SOCK_STREAM, 1, nullptr, 0) <= 0) {
+            continue;
+        }
+        pollfd p{fd, POLLIN, 0};
+        while (::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0) {
+            int c = ::accept4(fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (c < 0) {
+                break;
+            }
+            ::close(c);
+            ++closed;
+        }
+    }
+    if (closed > 0) {
+        fprintf(stderr, "ibv-extendd: closed %zu waiting connection(s): the broker cannot start\n", closed);
+    }
+}
+
+// --check-config: what a start would refuse, without starting (ExecReload= runs it first).
+int checkConfig(const std::string &path) {
+    DaemonConfig cfg;
+    if (Status st = loadConfigFile(path, &cfg); !st.isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+        return 2;
+    }
+    if (auto gid = adminGid(cfg); !gid.isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", gid.status().message().c_str());
+        return 2;
+    }
+    // Provider options are checked by the providers themselves, as a start would.
+    spdlog::set_level(spdlog::level::warn);
+    if (Status st = loadDrivers(cfg, true, true); !st.isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+        return 2;
+    }
+    loadDefaultProvider();
+    if (Status st = configureProviders(cfg); !st.isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+        return 2;
+    }
+    printf("%s: configuration OK\n", path.c_str());
+    return 0;
+}
+
 }  // namespace
 
 void AuditEvents::object(const Session &s, const char *action, AdminEvents::Event::Kind event,
@@ -272,9 +370,11 @@ StatusOr<std::unique_ptr<Daemon>> Daemon::create(const DaemonConfig &config) {
 Status Daemon::init() {
     ASSIGN_OR_RETURN(long admin_gid, adminGid(config_));
     RETURN_IF_ERROR(blockSignals());
-    RETURN_IF_ERROR(loadDevices());
     // What the previous process left: the listening socket and, after a restart, the state.
     ASSIGN_OR_RETURN(inherited_, listenFdsWithNames());
+    bool restart = std::any_of(inherited_.begin(), inherited_.end(),
+                               [](const auto &named) { return named.first == "ibvx.global"; });
+    RETURN_IF_ERROR(loadDevices(restart));
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
         spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
@@ -282,12 +382,16 @@ Status Daemon::init() {
     } else {
         ASSIGN_OR_RETURN(listen_fd, listenOn(config_, &socket_created_));
     }
+    // The previous configuration's text was read by runDaemon() if it was needed; this
+    // process keeps its own (keepConfigText below).
+    std::erase_if(inherited_, [](const auto &named) { return named.first == kConfigFdName; });
     makeBroker();
     RETURN_IF_ERROR(makeRestartState());
     std::vector<std::shared_ptr<Session>> restored;
     RestoreReport report = restart_->restore(inherited_, &restored);
     inherited_.clear();  // fds nobody claimed close here
     RETURN_IF_ERROR(restart_->start());
+    keepConfigText(config_.config_text);
     RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
     for (auto &s : restored) {
         server_->watchSession(s);
@@ -315,6 +419,7 @@ Status Daemon::makeRestartState() {
                 "every session");
         } else {
             auto store = std::make_shared<FdStore>(true);
+            fd_store_ = store;
             hooks.add = [store](const std::vector<std::pair<std::string, int>> &fds) {
                 return store->addBatch(fds);
             };
@@ -353,8 +458,8 @@ Status Daemon::blockSignals() {
     return Status::ok();
 }
 
-Status Daemon::loadDevices() {
-    loadDrivers(config_, true);
+Status Daemon::loadDevices(bool restart) {
+    RETURN_IF_ERROR(loadDrivers(config_, true, !restart));
     loadDefaultProvider();
     RETURN_IF_ERROR(configureProviders(config_));
     devices_.scan();
@@ -444,15 +549,46 @@ Daemon::~Daemon() {
     }
 }
 
-void Daemon::heartbeat() {
+std::string Daemon::statusLine() {
     std::string status = fmt::format("STATUS=serving {} session(s), {} object(s) on {} device(s)",
                                      broker_->sessionCount(), broker_->objectCount(), devices_.size());
+    std::lock_guard lock(config_error_mu_);
+    if (!config_error_.empty()) {
+        status += "; configuration error, serving the previous configuration: " + config_error_;
+    }
+    return status;
+}
+
+void Daemon::heartbeat() {
+    std::string status = statusLine();
     if (status != last_status_) {
         last_status_ = status;
         sd_notify(0, watchdog_ ? ("WATCHDOG=1\n" + status).c_str() : status.c_str());
     } else if (watchdog_) {
         sd_notify(0, "WATCHDOG=1");
     }
+}
+
+void Daemon::setConfigError(const std::string &message) {
+    std::lock_guard lock(config_error_mu_);
+    config_error_ = message;
+    std::replace(config_error_.begin(), config_error_.end(), '\n', ' ');  // STATUS= is one line
+}
+
+void Daemon::keepConfigText(const std::string &text) {
+    UniqueFd fd(::memfd_create("ibvx-config", MFD_CLOEXEC));
+    if (!fd || ::write(fd.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size())) {
+        spdlog::warn("cannot keep the configuration for a restart: {}", std::strerror(errno));
+        return;
+    }
+    if (fd_store_ != nullptr) {
+        (void)fd_store_->remove(kConfigFdName);
+        if (Status st = fd_store_->add(kConfigFdName, fd.get()); !st.isOk()) {
+            spdlog::warn("cannot keep the configuration in the fd store: {}", st.message());
+        }
+    }
+    std::lock_guard lock(config_error_mu_);
+    config_fd_ = std::move(fd);
 }
 
 ReloadReport Daemon::reload() {
@@ -463,6 +599,7 @@ ReloadReport Daemon::reload() {
     if (!config_.config_path.empty()) {
         if (Status st = loadConfigFile(config_.config_path, &fresh); !st.isOk()) {
             spdlog::error("reload failed, keeping the old configuration: {}", st.message());
+            setConfigError(st.message());
             report.errors.push_back(st.message());
             hub_->publish(AdminEvents::simple(AdminEvents::Event::DRIVER_ERROR, st.message()));
             report.devices = static_cast<uint32_t>(devices_.size());
@@ -471,7 +608,9 @@ ReloadReport Daemon::reload() {
     }
     broker_->setPolicy(std::make_shared<const Policy>(fresh.policy));
     broker_->quotas().configure(fresh.quotas);
-    loadDrivers(fresh, false);
+    setConfigError("");
+    keepConfigText(fresh.config_text);
+    (void)loadDrivers(fresh, false, false);  // failures are in the load records, reported below
     if (Status st = configureProviders(fresh); !st.isOk()) {
         spdlog::error("reload: {}", st.message());
         report.errors.push_back(st.message());
@@ -497,7 +636,7 @@ ReloadReport Daemon::reload() {
 }
 
 Status Daemon::run() {
-    sd_notifyf(0, "READY=1\nSTATUS=serving 0 session(s), 0 object(s) on %zu device(s)", devices_.size());
+    sd_notify(0, ("READY=1\n" + statusLine()).c_str());
     for (;;) {
         signalfd_siginfo si{};
         ssize_t n = ::read(sigfd_.get(), &si, sizeof(si));
@@ -521,7 +660,7 @@ Status Daemon::run() {
             // it (and with it the tenants' fd channels).
             spdlog::info("{}: handing the sessions to systemd's fd store",
                          strsignal(static_cast<int>(si.ssi_signo)));
-            auto fds = handOver();
+            auto fds = handOver(false);
             if (!fds.isOk()) {
                 spdlog::error("handover failed ({}); the sessions end", fds.status().message());
                 return Status::ok();
@@ -561,8 +700,12 @@ StatusOr<RestartPlan> Daemon::requestRestart(bool require_keep) {
     return out;
 }
 
-StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver() {
-    sd_notify(0, "STOPPING=1");
+StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver(bool exec) {
+    // systemd 252 reads STOPPING=1 as "the service is stopping": the unit would go to
+    // deactivating and be killed at TimeoutStopSec. A re-exec keeps the pid and comes back with
+    // READY=1, which is what RELOADING=1 announces (sd_notify(3)).
+    sd_notify(0, exec ? "RELOADING=1\nSTATUS=restarting: handing the sessions to a fresh process"
+                      : "STOPPING=1");
     // In-flight calls finish (and commit); then nothing else reaches the broker.
     kept_listen_ = server_->handOver(std::chrono::seconds(5));
     for (auto &s : restart_->plan().to_drop) {
@@ -581,12 +724,15 @@ StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver() {
     if (kept_listen_) {
         fds.emplace_back(socket_created_ ? "ibvx.listen" : "ibvx.listen.sd", kept_listen_.get());
     }
+    if (config_fd_) {
+        fds.emplace_back(kConfigFdName, config_fd_.get());
+    }
     return fds;
 }
 
 Status Daemon::execRestart() {
     spdlog::info("restarting: handing over to a fresh {}", binary_);
-    auto fds = handOver();
+    auto fds = handOver(true);
     if (!fds.isOk()) {
         return Status(Code::kInternal, EIO, "restart failed before exec: " + fds.status().message());
     }
@@ -620,6 +766,12 @@ int runDaemon(int argc, char **argv) {
     bool fd_store = false;
     app.add_flag("--fd-store", fd_store,
                  "Keep what a restart needs in systemd's fd store (the unit sets FileDescriptorStoreMax=)");
+    std::string check_path;
+    auto *check = app.add_option("--check-config", check_path,
+                                 std::string("Check the configuration (FILE, else --config, else ") + kDefaultConfig +
+                                     ") as a start would, and exit: 0 good, 2 not")
+                      ->expected(0, 1);
+    app.set_version_flag("--version", "ibv-extendd " IBVX_PROJECT_VERSION);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError &e) {
@@ -627,11 +779,29 @@ int runDaemon(int argc, char **argv) {
         return rc == 0 ? 0 : 2;
     }
 
+    if (check->count() > 0) {
+        return checkConfig(!check_path.empty() ? check_path
+                                               : (!config_path.empty() ? config_path : kDefaultConfig));
+    }
+
     DaemonConfig cfg;
+    std::string config_error;
     if (!config_path.empty()) {
         if (Status st = loadConfigFile(config_path, &cfg); !st.isOk()) {
-            fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
-            return 2;
+            // A restart (the previous process's state is here) carries on with the configuration
+            // that process ran: a typo must not cost the tenants their queues. The error is
+            // logged and in STATUS=; a reload of a fixed file takes over.
+            std::string previous = inheritedConfigText();
+            cfg = DaemonConfig{};
+            if (previous.empty() ||
+                !loadConfigText(previous, config_path + " (as the previous broker process read it)", &cfg)
+                     .isOk()) {
+                fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+                closeWaitingConnections();
+                return 2;
+            }
+            cfg.config_path = config_path;
+            config_error = st.message();
         }
     }
     if (!socket_flag.empty()) {
@@ -654,9 +824,18 @@ int runDaemon(int argc, char **argv) {
         return 2;
     }
     setupLogging(cfg.log_level);
+    if (!config_error.empty()) {
+        spdlog::error("configuration error: {}; this restart serves the previous configuration until a reload "
+                      "of a fixed file",
+                      config_error);
+    }
 
-    // Detach before Daemon::create() starts any thread: fork() keeps only the calling one.
-    if (!foreground && getenv("NOTIFY_SOCKET") == nullptr && getenv("JOURNAL_STREAM") == nullptr) {
+    // Detach before Daemon::create() starts any thread: fork() keeps only the calling one. Not
+    // after a restart's exec (LISTEN_PID is this process): that process detached already, and a
+    // fork would leave the inherited fds to a pid they were not passed to.
+    const char *listen_pid = getenv("LISTEN_PID");
+    bool restarted = listen_pid != nullptr && std::to_string(::getpid()) == listen_pid;
+    if (!foreground && !restarted && getenv("NOTIFY_SOCKET") == nullptr && getenv("JOURNAL_STREAM") == nullptr) {
         if (::daemon(0, 1) < 0) {
             spdlog::critical("cannot detach: {}", std::strerror(errno));
             return 1;
@@ -667,6 +846,9 @@ int runDaemon(int argc, char **argv) {
     if (!daemon.isOk()) {
         spdlog::critical("{}", daemon.status().message());
         return exitCodeFor(daemon.status());
+    }
+    if (!config_error.empty()) {
+        (*daemon)->setConfigError(config_error);
     }
     Status served = (*daemon)->run();
     if (!served.isOk()) {

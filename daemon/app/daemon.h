@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 
+#include "common/fd_store.h"
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "daemon/app/config.h"
@@ -66,6 +67,10 @@ class Daemon {
     // down, so the destructor must not run (runDaemon calls _exit).
     bool handedOver() const { return handed_over_; }
 
+    // A configuration the broker could not apply (a restart's broken file, a failed reload):
+    // shown in systemd's STATUS= line until a good reload clears it ("").
+    void setConfigError(const std::string &message);
+
     Broker &broker() { return *broker_; }
     DeviceRegistry &devices() { return devices_; }
     const std::string &socketPath() const { return config_.socket; }
@@ -75,17 +80,24 @@ class Daemon {
     // The steps of create(), in order.
     Status init();
     Status blockSignals();
-    Status loadDevices();  // drivers, provider options, the device scan
+    // Drivers, provider options, the device scan. restart: the previous process's state is
+    // here, and a driver that no longer loads is logged, not fatal.
+    Status loadDevices(bool restart);
     void makeBroker();     // with the configured policy and quotas, reporting to events_
     Status startServer(long admin_gid, UniqueFd listen_fd);
     Status makeRestartState();  // the commit and end sinks, the fd store, the binary's path
     // The systemd watchdog ping and STATUS= line, from the server's event loop.
     void heartbeat();
+    std::string statusLine();  // "STATUS=serving ...", with a configuration error if there is one
     // Admin.Restart: plan, refuse or schedule.
     StatusOr<RestartPlan> requestRestart(bool require_keep);
     // Stops serving and commits everything for the next process; the sessions a restart drops
     // end here. Returns the fds the next process needs (named) and keeps them open.
-    StatusOr<std::vector<std::pair<std::string, int>>> handOver();
+    // exec: the process execs itself next (systemd hears RELOADING=1, not STOPPING=1).
+    StatusOr<std::vector<std::pair<std::string, int>>> handOver(bool exec);
+    // The running configuration's text in a memfd, for the next process (the fd store and
+    // the exec both carry it as "ibvx.config").
+    void keepConfigText(const std::string &text);
     // handOver(), then exec the binary again (returns only on failure).
     Status execRestart();
 
@@ -111,6 +123,10 @@ class Daemon {
     std::atomic<bool> restart_requested_{false};
     bool handed_over_ = false;
     UniqueFd kept_listen_;  // the listening socket across a handover
+    std::shared_ptr<FdStore> fd_store_;  // with --fd-store under systemd
+    std::mutex config_error_mu_;         // guards config_error_ and config_fd_
+    std::string config_error_;
+    UniqueFd config_fd_;
 };
 
 // Parses the command line, loads the configuration, sets up logging, detaches unless told not

@@ -45,6 +45,17 @@ TEST_F(StartupConfig, AnUnknownSoftndaOptionIsAConfigurationError) {
     }
 }
 
+// A driver [drivers] names that does not load stops the start (and --check-config) instead of a
+// broker serving without it.
+TEST_F(StartupConfig, ADriverThatDoesNotLoadIsAConfigurationError) {
+    ProcessResult r = start("[drivers]\nnames = [\n  \"nosuch\",\n]\n");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(config_ + ":3: drivers.names: cannot load extension driver 'nosuch': "),
+              std::string::npos)
+        << r.err;
+    EXPECT_EQ(r.err.find("serving on"), std::string::npos) << r.err;
+}
+
 TEST_F(StartupConfig, AnUnquotedSocketModeNamesTheKeyAndTheFix) {
     ProcessResult r = start("[broker]\nsocket_mode = 0660\n");
     EXPECT_EQ(r.exit_code, 2) << r.err;
