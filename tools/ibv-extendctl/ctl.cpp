@@ -14,6 +14,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <thread>
 #include <nlohmann/json.hpp>
 
 #include "common/build_config.h"
@@ -447,46 +448,104 @@ const char *eventKind(pb::AdminEvent::Kind k) {
     }
 }
 
+void printEvent(const Options &o, const pb::AdminEvent &e) {
+    if (o.json) {
+        std::cout << toJsonLine(e) << std::endl;
+        return;
+    }
+    time_t t = static_cast<time_t>(e.time_unix_ms() / 1000);
+    char when[32];
+    std::strftime(when, sizeof(when), "%H:%M:%S", std::localtime(&t));
+    std::cout << when << '.' << std::to_string(1000 + e.time_unix_ms() % 1000).substr(1) << "  #" << e.seq()
+              << "  " << eventKind(e.kind());
+    if (e.session() != 0) {
+        std::cout << "  session " << e.session() << " pid " << e.pid() << " uid " << e.uid();
+    }
+    if (e.object_kind() != pb::OBJECT_KIND_UNSPECIFIED) {
+        std::cout << "  " << label(e.object_kind()) << ' ' << hex64(e.handle());
+    }
+    if (!e.message().empty()) {
+        std::cout << "  " << e.message();
+    }
+    std::cout << std::endl;
+}
+
+// After a Watch stream ended with the broker (a restart, or a stop): the broker's status once it
+// answers again, polled for up to `wait`. False when none answers by then.
+bool awaitBroker(Client &c, std::chrono::seconds wait, pb::GetStatusResponse *status) {
+    auto until = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+        ctx.set_wait_for_ready(true);
+        if (c.admin().GetStatus(&ctx, pb::GetStatusRequest{}, status).ok()) {
+            return true;
+        }
+        if (std::chrono::steady_clock::now() >= until) {
+            return false;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+}
+
+// A watch outlives broker restarts: when the stream ends, it waits for the broker (up to 60 s)
+// and watches again. A restart's own event is published by the new broker before any watcher
+// can reconnect, so the watch reports the restart it saw from the broker's status instead.
 int cmdWatch(Client &c, const Options &o, int count) {
-    grpc::ClientContext ctx;  // no deadline: runs until interrupted or the broker stops
-    auto reader = c.admin().Watch(&ctx, pb::WatchRequest{});
-    pb::AdminEvent e;
+    constexpr auto kBrokerWait = std::chrono::seconds(60);
+    pb::GetStatusResponse status;
+    {
+        grpc::ClientContext ctx;
+        c.deadline(ctx);
+        (void)c.admin().GetStatus(&ctx, pb::GetStatusRequest{}, &status);
+    }
+    uint64_t restarts = status.restarts();
+    int32_t pid = status.pid();
     int seen = 0;
     if (!o.json) {
         std::cout << "watching " << o.socket << " (Ctrl-C to stop)" << std::endl;
     }
-    while ((count <= 0 || seen < count) && reader->Read(&e)) {
-        ++seen;
-        if (o.json) {
-            std::cout << toJsonLine(e) << std::endl;
-            continue;
+    for (;;) {
+        grpc::ClientContext ctx;  // no deadline: runs until interrupted or the broker stops
+        auto reader = c.admin().Watch(&ctx, pb::WatchRequest{});
+        pb::AdminEvent e;
+        while ((count <= 0 || seen < count) && reader->Read(&e)) {
+            ++seen;
+            printEvent(o, e);
         }
-        time_t t = static_cast<time_t>(e.time_unix_ms() / 1000);
-        char when[32];
-        std::strftime(when, sizeof(when), "%H:%M:%S", std::localtime(&t));
-        std::cout << when << '.' << std::to_string(1000 + e.time_unix_ms() % 1000).substr(1) << "  #"
-                  << e.seq() << "  " << eventKind(e.kind());
-        if (e.session() != 0) {
-            std::cout << "  session " << e.session() << " pid " << e.pid() << " uid " << e.uid();
+        if (count > 0 && seen >= count) {
+            ctx.TryCancel();
+            (void)reader->Finish();
+            return kExitOk;
         }
-        if (e.object_kind() != pb::OBJECT_KIND_UNSPECIFIED) {
-            std::cout << "  " << label(e.object_kind()) << ' ' << hex64(e.handle());
+        grpc::Status st = reader->Finish();
+        if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED &&
+            st.error_code() != grpc::StatusCode::UNAVAILABLE) {
+            return failed("Admin.Watch", st, o.socket);
         }
-        if (!e.message().empty()) {
-            std::cout << "  " << e.message();
+        if (!awaitBroker(c, kBrokerWait, &status)) {
+            return failed("Admin.Watch", grpc::Status(grpc::StatusCode::UNAVAILABLE, "the broker stopped"),
+                          o.socket);
         }
-        std::cout << std::endl;
+        if (status.restarts() > restarts) {
+            pb::AdminEvent r;
+            r.set_kind(pb::AdminEvent::BROKER_RESTART);
+            r.set_time_unix_ms(status.last_restart_unix_ms());
+            r.set_pid(status.pid());
+            r.set_message("restart " + std::to_string(status.restarts()) + ", took " +
+                          humanDuration(status.last_restart_took_ms()) + " (from the broker's status)");
+            printEvent(o, r);
+            ++seen;
+        } else if (status.pid() != pid) {
+            std::cerr << "ibv-extendctl: watch: the broker was stopped and started again (pid " << status.pid()
+                      << "); watching it" << std::endl;
+        }
+        restarts = status.restarts();
+        pid = status.pid();
+        if (count > 0 && seen >= count) {
+            return kExitOk;
+        }
     }
-    if (count > 0 && seen >= count) {
-        ctx.TryCancel();
-        (void)reader->Finish();
-        return kExitOk;
-    }
-    grpc::Status st = reader->Finish();
-    if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) {
-        return failed("Admin.Watch", st, o.socket);
-    }
-    return kExitOk;
 }
 
 // A tenant session of devinfo's own: Hello, then the fd channel attached so the session is
