@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The operator's story under a real systemd 252 as PID 1 (Debian 12's), booted in systemd-nspawn.
+#
+# The root needs no network and no debootstrap: the host's /usr bound read-only, a minimal /etc
+# written here, and the project installed with `DESTDIR=... cmake --install` and bound over
+# /usr/local. Inside, story.sh (beside this file) runs, as a oneshot unit, the README's operator
+# steps literally (extracted from README.md, less its `cmake --install` line), then tenants as
+# non-root users in and out of the socket's group, a verified traffic loop through every kind of
+# restart (systemctl restart with a watch open and earlier sessions ended, kill -9,
+# `ibv-extendctl restart --require-keep`), a config typo, a bad reload, and `man -w`.
+#
+#   nspawn_story.sh BUILD_DIR SOURCE_DIR RESTART_TENANT
+#
+# Exit 0 when every check passed, 1 when one failed, 77 (skip) where nspawn cannot run.
+set -uo pipefail
+B=$(realpath "$1")
+SRC=$(realpath "$2")
+TENANT=$(realpath "$3")
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+skip() {
+  echo "nspawn_story: SKIP: $*"
+  exit 77
+}
+[ "$(id -u)" -eq 0 ] || skip "needs root (systemd-nspawn boots a container)"
+command -v systemd-nspawn >/dev/null || skip "systemd-nspawn is missing (Debian package systemd-container)"
+[ -x /usr/lib/systemd/systemd ] || skip "no systemd in /usr to boot"
+
+W=$(mktemp -d /var/tmp/ibvx-nspawn.XXXXXX)
+# IBVX_STORY_KEEP=1 keeps the root, the story's files and the journal for a look afterwards.
+[ -n "${IBVX_STORY_KEEP:-}" ] || trap 'rm -rf "$W"' EXIT
+R=$W/root
+STAGE=$W/stage
+OUT=$W/story
+
+echo "== install: DESTDIR=$STAGE cmake --install $B --prefix /usr/local"
+if ! DESTDIR=$STAGE cmake --install "$B" --prefix /usr/local >"$W/install.log" 2>&1; then
+  cat "$W/install.log"
+  echo "nspawn_story: cmake --install failed"
+  exit 1
+fi
+
+# A root of mount points and a generated /etc; merged /usr, as Debian 12.
+mkdir -p "$R"/{etc,var/tmp,var/log,tmp,run,root,home/alice,home/bob,proc,sys,dev,usr} "$OUT"
+for l in bin sbin lib lib64; do
+  ln -s "usr/$l" "$R/$l"
+done
+E=$R/etc
+cp /usr/lib/os-release "$E/os-release"  # nspawn checks for it before /usr is bound
+tr -d - </proc/sys/kernel/random/uuid >"$E/machine-id"  # not a first boot: no firstboot wizard
+printf 'ibvx-story\n' >"$E/hostname"
+printf '127.0.0.1 localhost\n::1 localhost\n' >"$E/hosts"
+cat >"$E/passwd" <<'EOT'
+root:x:0:0:root:/root:/bin/bash
+alice:x:1000:1000:tenant in the ibv-extend group:/home/alice:/bin/bash
+bob:x:1001:1001:tenant outside it:/home/bob:/bin/bash
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin
+EOT
+printf 'root:x:0:\nalice:x:1000:\nbob:x:1001:\nnogroup:x:65534:\n' >"$E/group"
+printf 'root:*:19000:0:99999:7:::\nalice:*:19000:0:99999:7:::\nbob:*:19000:0:99999:7:::\nnobody:*:19000:0:99999:7:::\n' >"$E/shadow"
+printf 'root:*::\nalice:!::\nbob:!::\nnogroup:*::\n' >"$E/gshadow"
+chmod 0640 "$E/shadow" "$E/gshadow"
+chown 1000:1000 "$R/home/alice"
+chown 1001:1001 "$R/home/bob"
+chmod 1777 "$R/tmp" "$R/var/tmp"
+for f in nsswitch.conf ld.so.conf manpath.config login.defs; do
+  [ -e "/etc/$f" ] && cp "/etc/$f" "$E/$f"
+done
+[ -d /etc/ld.so.conf.d ] && cp -r /etc/ld.so.conf.d "$E/"
+mkdir -p "$E/systemd/system/multi-user.target.wants"
+
+# The README's operator steps, literally, but for the install (done above with DESTDIR: /usr is
+# the host's, read-only) and the runtime packages' apt-get line (the host's /usr has them: checked
+# here against the host's dpkg, so the README names packages that exist and suffice).
+# The section's shell blocks, continuation lines joined.
+awk '/^## Operator.s first five minutes/ {on = 1} on && /^Look at it/ {exit}
+     on && /^```sh$/ {code = 1; next} on && /^```$/ {code = 0; next}
+     on && code' "$SRC/README.md" | sed -e ':a' -e '/\\$/N; s/\\\n//; ta' >"$W/readme-blocks.sh"
+grep -v -e 'cmake --install' -e 'apt-get install' "$W/readme-blocks.sh" >"$OUT/readme-steps.sh"
+runtime=$(sed -n 's/^apt-get install\( -y\)\{0,1\}//p' "$W/readme-blocks.sh" | sed 's/#.*//')
+for pkg in $runtime; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    echo "nspawn_story: README's runtime package '$pkg' is not installed on this host"
+    exit 1
+  fi
+done
+echo "== the README's runtime packages, present on the host: $runtime"
+if ! grep -q "systemctl enable" "$OUT/readme-steps.sh"; then
+  echo "nspawn_story: found no operator steps in README.md (section \"Operator's first five minutes\")"
+  exit 1
+fi
+echo "$TENANT" >"$OUT/tenant"
+# IBVX_STORY_UNTIL=N ends the story after its N-th systemctl restart (for a quick look).
+echo "${IBVX_STORY_UNTIL:-}" >"$OUT/until"
+
+cat >"$E/systemd/system/ibvx-story.service" <<EOT
+[Unit]
+Description=the operator's story (tests/integration/systemd)
+After=multi-user.target
+[Service]
+Type=oneshot
+TimeoutStartSec=330
+ExecStart=/bin/bash $HERE/story.sh
+ExecStopPost=/usr/bin/systemctl --no-block poweroff
+EOT
+ln -s ../ibvx-story.service "$E/systemd/system/multi-user.target.wants/ibvx-story.service"
+
+binds=(--bind-ro=/usr --bind="$STAGE/usr/local:/usr/local" --bind-ro="$SRC" --bind="$OUT:/story")
+case "$B/" in
+  "$SRC"/*) ;;
+  *) binds+=(--bind-ro="$B") ;;
+esac
+case "$TENANT" in
+  "$SRC"/* | "$B"/*) ;;
+  *) binds+=(--bind-ro="$(dirname "$TENANT")") ;;
+esac
+
+echo "== boot: systemd-nspawn -D $R -b (the host's /usr, the install over /usr/local)"
+start=$(date +%s)
+timeout 390 systemd-nspawn -q -D "$R" --register=no --keep-unit --private-network "${binds[@]}" \
+  -b systemd.firstboot=off ${IBVX_STORY_BOOT_ARGS:-} >"$W/boot.log" 2>&1
+rc=$?
+echo "== the container stopped after $(($(date +%s) - start)) s (nspawn exit $rc)"
+if [ ! -s "$OUT/story.log" ]; then
+  echo "nspawn_story: the story never ran; the boot said:"
+  sed 's/\x1b\[[0-9;]*m//g' "$W/boot.log" | tail -40
+  exit 1
+fi
+cat "$OUT/story.log"
+if ! grep -qE '^story: [0-9]+ passed, 0 failed$' "$OUT/story.log"; then
+  echo "== the broker's journal"
+  cat "$OUT/journal.log" 2>/dev/null | tail -150
+  exit 1
+fi
+exit 0

@@ -1,0 +1,213 @@
+#!/bin/bash
+# The operator's story, run inside the container nspawn_story.sh boots (as root, by a oneshot
+# unit, with systemd 252 as PID 1). Each step is a check; the last line says how many passed and
+# failed. What it shows: the installed units work for non-root tenants, every restart keeps every
+# queue while a verified WRITE loop runs, and configuration mistakes are caught without losing a
+# session.
+set -u
+exec >/story/story.log 2>&1
+TENANT=$(cat /story/tenant)
+CONFIG=/etc/ibv-extend/ibv-extendd.toml
+pass=0
+fail=0
+# The journal is what a failure is read from: written however the story ends.
+trap 'journalctl -u ibv-extendd.service -u ibv-extendd.socket --no-pager -o short-monotonic >/story/journal.log 2>&1' EXIT
+# systemctl waits for its job; a unit that hangs must fail its check, not the story.
+systemctl() { timeout 60 /usr/bin/systemctl "$@"; }
+
+ok() {
+  echo "PASS: $*"
+  pass=$((pass + 1))
+}
+bad() {
+  echo "FAIL: $*"
+  fail=$((fail + 1))
+}
+check() {
+  local what=$1
+  shift
+  if "$@"; then ok "$what"; else bad "$what"; fi
+}
+ctl() { /usr/local/bin/ibv-extendctl "$@"; }
+as() {
+  local user=$1
+  shift
+  setpriv --reuid="$user" --regid="$user" --init-groups -- "$@"
+}
+run_as() {
+  local user=$1
+  shift
+  as "$user" /usr/local/bin/ibv-extend-run -- "$@"
+}
+# Sessions the broker serves (the table's rows).
+sessions() { ctl sessions 2>/dev/null | tail -n +2 | grep -c . || true; }
+state() { systemctl show -p ActiveState,SubState --value ibv-extendd.service | paste -sd/; }
+main_pid() { systemctl show -p MainPID --value ibv-extendd.service; }
+# Waits (up to $2 s) until the service runs again and serves $1 sessions.
+wait_serving() {
+  local want=$1 limit=${2:-20} i
+  for ((i = 0; i < limit * 10; i++)); do
+    if [ "$(state)" = "active/running" ] && [ "$(sessions)" = "$want" ]; then
+      return 0
+    fi
+    sleep 0.1
+  done
+  echo "   (state $(state), $(sessions) session(s), wanted $want)"
+  return 1
+}
+tenant_alive() { kill -0 "$tenant_pid" 2>/dev/null; }
+# One short-lived tenant: a session that opens and ends, as the scenario of issue 20 had.
+short_tenant() { run_as alice ibv_devinfo -d softnda0 >/dev/null 2>&1; }
+
+echo "== $(systemctl --version | head -1), $(uname -m)"
+
+echo "== the README's operator steps"
+if bash -e -x /story/readme-steps.sh >/story/readme.out 2>&1; then
+  ok "README steps ran"
+else
+  bad "README steps ran"
+  cat /story/readme.out
+fi
+ldconfig
+usermod -aG ibv-extend alice
+check "the socket unit listens" test "$(systemctl is-active ibv-extendd.socket)" = active
+check "the service runs (Type=notify: READY=1)" wait_serving 0
+
+echo "== tenants: alice (in group ibv-extend) and bob (not)"
+run_as alice ibv_devinfo >/story/devinfo.alice 2>&1
+check "alice: ibv_devinfo lists softnda0 through ibv-extend-run" grep -q "hca_id:.*softnda0" /story/devinfo.alice
+cat /story/devinfo.alice | head -5
+as alice /usr/local/bin/ibv-extendctl devinfo >/story/ctl.alice 2>&1
+check "alice: ibv-extendctl devinfo answers" grep -q softnda0 /story/ctl.alice
+run_as bob ibv_devinfo >/story/devinfo.bob 2>&1
+echo "   bob: $(head -2 /story/devinfo.bob | paste -sd' ')"
+check "bob: refused, and told about the socket's group" grep -q "ibv-extend" /story/devinfo.bob
+
+echo "== ibv_rc_pingpong pair as alice"
+run_as alice ibv_rc_pingpong -d softnda0 -n 500 -p 18515 >/story/pp.server 2>&1 &
+server=$!
+client_ok=1
+for _ in $(seq 50); do
+  if run_as alice ibv_rc_pingpong -d softnda0 -n 500 -p 18515 localhost >/story/pp.client 2>&1; then
+    client_ok=0
+    break
+  fi
+  sleep 0.1
+done
+wait "$server"
+server_rc=$?
+check "ibv_rc_pingpong: 500 round trips, both ends exit 0" test "$client_ok$server_rc" = 00
+tail -1 /story/pp.client
+
+echo "== a verified WRITE loop (restart-tenant) as alice, and an Admin watch"
+rm -f /run/tenant.in
+mkfifo /run/tenant.in
+chmod 0666 /run/tenant.in
+run_as alice "$TENANT" softnda0 </run/tenant.in >/story/tenant.out 2>/story/tenant.err &
+tenant_pid=$!
+exec 3>/run/tenant.in
+for _ in $(seq 100); do
+  grep -q ready /story/tenant.out && break
+  sleep 0.1
+done
+check "the tenant's RC pair is up" grep -q ready /story/tenant.out
+ctl watch >/story/watch.log 2>&1 3>&- &  # not holding the tenant's stdin open
+watch_pid=$!
+base=$(sessions)
+echo "   sessions: $base"
+
+for i in 1 2 3; do
+  short_tenant
+  check "restart $i: a short-lived tenant's session ended first" wait_serving "$base" 5
+  systemctl restart ibv-extendd.service
+  check "systemctl restart $i: serving again with every session ($base)" wait_serving "$base"
+  check "systemctl restart $i: the tenant runs on" tenant_alive
+  if [ "$(cat /story/until)" = "$i" ]; then
+    echo "story: $pass passed, $fail failed (stopped after restart $i: IBVX_STORY_UNTIL)"
+    exit 0
+  fi
+done
+
+pid=$(main_pid)
+kill -9 "$pid"
+sleep 0.5
+check "kill -9: restarted by Restart=on-failure with every session" wait_serving "$base" 30
+check "kill -9: a new main pid" test "$(main_pid)" != "$pid"
+check "kill -9: the tenant runs on" tenant_alive
+
+pid=$(main_pid)
+restarts=$(systemctl show -p NRestarts --value ibv-extendd.service)
+ctl restart --require-keep >/story/ctl-restart.out 2>&1
+rc=$?
+cat /story/ctl-restart.out
+check "ibv-extendctl restart --require-keep: exit 0" test "$rc" = 0
+sleep 3
+check "ctl restart: the unit stays active/running (no STOPPING=1 for a re-exec)" test "$(state)" = active/running
+check "ctl restart: the same main pid (an exec), systemd counted no restart" \
+  test "$(main_pid)/$(systemctl show -p NRestarts --value ibv-extendd.service)" = "$pid/$restarts"
+check "ctl restart: serving every session" wait_serving "$base"
+ctl status | grep -E "^restarts:" || true
+check "ctl restart: the tenant runs on" tenant_alive
+
+echo "== a configuration typo, then systemctl restart"
+cp "$CONFIG" /story/config.good
+typo() { sed -i 's/^socket_mode = "0660"/socket_mode = 0660/' "$CONFIG"; }
+typo
+check "ibv-extendd --check-config finds the typo (exit 2)" \
+  bash -c "/usr/local/sbin/ibv-extendd --check-config $CONFIG >/story/check.out 2>&1; test \$? = 2"
+cat /story/check.out
+systemctl reload ibv-extendd.service
+check "systemctl reload with the typo fails" test $? -ne 0
+systemctl restart ibv-extendd.service
+check "restart with the typo: still serving every session (the previous configuration)" wait_serving "$base"
+systemctl status ibv-extendd.service --no-pager | grep -i "status:" || true
+check "restart with the typo: the status line names the error" \
+  bash -c "systemctl show -p StatusText --value ibv-extendd.service | grep -q 'configuration'"
+check "restart with the typo: the socket unit is active" test "$(systemctl is-active ibv-extendd.socket)" = active
+cp /story/config.good "$CONFIG"
+systemctl reload ibv-extendd.service
+check "systemctl reload after the fix: exit 0" test $? = 0
+systemctl restart ibv-extendd.service
+check "restart after the fix: serving every session" wait_serving "$base"
+check "after the fix: the status line is clean" \
+  bash -c "! systemctl show -p StatusText --value ibv-extendd.service | grep -q 'configuration'"
+check "the tenant ran through it all" tenant_alive
+
+echo "== the tenant's verdict"
+exec 3>&-
+wait "$tenant_pid"
+trc=$?
+cat /story/tenant.out
+grep gap /story/tenant.err | tail -3
+check "the tenant exits 0" test "$trc" = 0
+check "no failed WR, no failed control call" grep -qE "failed=0 .*control_failed=0" /story/tenant.out
+kill "$watch_pid" 2>/dev/null
+wait "$watch_pid" 2>/dev/null
+check "the watch saw the restarts" grep -q broker-restart /story/watch.log
+
+echo "== a fresh start with a broken configuration"
+restarts=$(systemctl show -p NRestarts --value ibv-extendd.service)
+systemctl stop ibv-extendd.service
+typo
+as alice /usr/local/bin/ibv-extendctl devinfo >/story/ctl.broken 2>&1
+echo "   alice: $(head -1 /story/ctl.broken)"
+sleep 2
+verdict=$(for p in ActiveState Result NRestarts; do systemctl show -p $p --value ibv-extendd.service; done | paste -sd/)
+echo "   the service: $verdict (ActiveState/Result/NRestarts)"
+check "the service failed with the config error and was not restarted in a loop" \
+  test "$verdict" = "failed/exit-code/$restarts"
+check "the socket unit survives the failed service" test "$(systemctl is-active ibv-extendd.socket)" = active
+cp /story/config.good "$CONFIG"
+systemctl start ibv-extendd.service
+check "after the fix, systemctl start serves again (no reset-failed needed)" wait_serving 0
+check "a tenant connects again" short_tenant
+
+echo "== man pages"
+for page in ibv-extendd.8 ibv-extendctl.8 ibv-extend-run.1 ibv_extend.3; do
+  check "man -w ${page%.*}(${page##*.})" man -w "${page##*.}" "${page%.*}"
+done
+
+journalctl -u ibv-extendd.service -u ibv-extendd.socket --no-pager -o short-monotonic >/story/journal.log 2>&1
+echo "== the broker's journal, restarts and session ends"
+grep -E "restart [0-9]+:|session [0-9]+ ended|restore:|EPOLLHUP|config|Failed|failed" /story/journal.log | tail -40
+echo "story: $pass passed, $fail failed"
