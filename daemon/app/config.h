@@ -43,7 +43,7 @@ struct DaemonConfig {
     std::string log_level = "info";
     uint32_t attach_timeout_ms = 5000;
     uint32_t handshake_timeout_ms = 2000;
-    std::vector<std::string> drivers;  // extra extension drivers to load ([drivers] names)
+    std::vector<std::string> drivers;       // extra extension drivers to load ([drivers] names)
     std::vector<std::string> driver_where;  // "FILE:LINE" of each drivers entry, for a load error
     std::vector<ProviderOption> provider_options;
     PolicyConfig policy;  // [policy]; policy.enabled when the section exists (see docs/security.md)

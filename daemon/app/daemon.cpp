@@ -140,11 +140,11 @@ StatusOr<UniqueFd> listenOn(const DaemonConfig &cfg, bool *created) {
     return fd;
 }
 
-// The drivers [drivers] names. At a fresh start (first, strict) one that does not load is a
-// configuration error naming file, line and name: a broker that served without it would hide
-// the typo. A restart (not strict) logs it and goes on, so the sessions of every other driver
-// are kept; on a reload the failure is reported (reload() collects it from the load records).
-Status loadDrivers(const DaemonConfig &cfg, bool first, bool strict) {
+// The drivers [drivers] names. One that does not load is logged with file, line and name, and
+// the broker serves what it has (a host without one vendor's library still serves the others);
+// a reload reports it as an error (reload() collects it from the load records), and so does
+// --check-config (a warning).
+void loadDrivers(const DaemonConfig &cfg, bool first) {
     if (first) {
         loader::loadAll();  // the reference's discovery: config dir and IBV_EXTEND_DRIVERS
     }
@@ -163,13 +163,8 @@ Status loadDrivers(const DaemonConfig &cfg, bool first, bool strict) {
             continue;
         }
         std::string where = i < cfg.driver_where.size() ? cfg.driver_where[i] : cfg.config_path;
-        if (first && strict) {
-            return invalidArgument(where + ": drivers.names: cannot load extension driver '" + name +
-                                   "': " + rec.error);
-        }
         spdlog::error("{}: drivers.names: cannot load extension driver '{}': {}", where, name, rec.error);
     }
-    return Status::ok();
 }
 
 // softnda is the embedded default: loaded when no rdma-core device has an extension driver.
@@ -311,12 +306,10 @@ int checkConfig(const std::string &path) {
         fprintf(stderr, "ibv-extendd: %s\n", gid.status().message().c_str());
         return 2;
     }
-    // Provider options are checked by the providers themselves, as a start would.
-    spdlog::set_level(spdlog::level::warn);
-    if (Status st = loadDrivers(cfg, true, true); !st.isOk()) {
-        fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
-        return 2;
-    }
+    // Provider options are checked by the providers themselves, as a start would; what they
+    // and the loader log goes to stderr (the journal under ExecReload=), warnings and up.
+    setupLogging("warn");
+    loadDrivers(cfg, true);  // what does not load is logged (a warning: a start serves on)
     loadDefaultProvider();
     if (Status st = configureProviders(cfg); !st.isOk()) {
         fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
@@ -372,9 +365,7 @@ Status Daemon::init() {
     RETURN_IF_ERROR(blockSignals());
     // What the previous process left: the listening socket and, after a restart, the state.
     ASSIGN_OR_RETURN(inherited_, listenFdsWithNames());
-    bool restart = std::any_of(inherited_.begin(), inherited_.end(),
-                               [](const auto &named) { return named.first == "ibvx.global"; });
-    RETURN_IF_ERROR(loadDevices(restart));
+    RETURN_IF_ERROR(loadDevices());
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
         spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
@@ -458,8 +449,8 @@ Status Daemon::blockSignals() {
     return Status::ok();
 }
 
-Status Daemon::loadDevices(bool restart) {
-    RETURN_IF_ERROR(loadDrivers(config_, true, !restart));
+Status Daemon::loadDevices() {
+    loadDrivers(config_, true);
     loadDefaultProvider();
     RETURN_IF_ERROR(configureProviders(config_));
     devices_.scan();
@@ -610,7 +601,7 @@ ReloadReport Daemon::reload() {
     broker_->quotas().configure(fresh.quotas);
     setConfigError("");
     keepConfigText(fresh.config_text);
-    (void)loadDrivers(fresh, false, false);  // failures are in the load records, reported below
+    loadDrivers(fresh, false);  // failures are in the load records, reported below
     if (Status st = configureProviders(fresh); !st.isOk()) {
         spdlog::error("reload: {}", st.message());
         report.errors.push_back(st.message());
@@ -704,8 +695,8 @@ StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver(bool exec) {
     // systemd 252 reads STOPPING=1 as "the service is stopping": the unit would go to
     // deactivating and be killed at TimeoutStopSec. A re-exec keeps the pid and comes back with
     // READY=1, which is what RELOADING=1 announces (sd_notify(3)).
-    sd_notify(0, exec ? "RELOADING=1\nSTATUS=restarting: handing the sessions to a fresh process"
-                      : "STOPPING=1");
+    sd_notify(
+        0, exec ? "RELOADING=1\nSTATUS=restarting: handing the sessions to a fresh process" : "STOPPING=1");
     // In-flight calls finish (and commit); then nothing else reaches the broker.
     kept_listen_ = server_->handOver(std::chrono::seconds(5));
     for (auto &s : restart_->plan().to_drop) {
@@ -768,8 +759,8 @@ int runDaemon(int argc, char **argv) {
                  "Keep what a restart needs in systemd's fd store (the unit sets FileDescriptorStoreMax=)");
     std::string check_path;
     auto *check = app.add_option("--check-config", check_path,
-                                 std::string("Check the configuration (FILE, else --config, else ") + kDefaultConfig +
-                                     ") as a start would, and exit: 0 good, 2 not")
+                                 std::string("Check the configuration (FILE, else --config, else ") +
+                                     kDefaultConfig + ") as a start would, and exit: 0 good, 2 not")
                       ->expected(0, 1);
     app.set_version_flag("--version", "ibv-extendd " IBVX_PROJECT_VERSION);
     try {
@@ -825,9 +816,10 @@ int runDaemon(int argc, char **argv) {
     }
     setupLogging(cfg.log_level);
     if (!config_error.empty()) {
-        spdlog::error("configuration error: {}; this restart serves the previous configuration until a reload "
-                      "of a fixed file",
-                      config_error);
+        spdlog::error(
+            "configuration error: {}; this restart serves the previous configuration until a reload "
+            "of a fixed file",
+            config_error);
     }
 
     // Detach before Daemon::create() starts any thread: fork() keeps only the calling one. Not
@@ -835,7 +827,8 @@ int runDaemon(int argc, char **argv) {
     // fork would leave the inherited fds to a pid they were not passed to.
     const char *listen_pid = getenv("LISTEN_PID");
     bool restarted = listen_pid != nullptr && std::to_string(::getpid()) == listen_pid;
-    if (!foreground && !restarted && getenv("NOTIFY_SOCKET") == nullptr && getenv("JOURNAL_STREAM") == nullptr) {
+    if (!foreground && !restarted && getenv("NOTIFY_SOCKET") == nullptr &&
+        getenv("JOURNAL_STREAM") == nullptr) {
         if (::daemon(0, 1) < 0) {
             spdlog::critical("cannot detach: {}", std::strerror(errno));
             return 1;

@@ -80,9 +80,7 @@ class Daemon {
     // The steps of create(), in order.
     Status init();
     Status blockSignals();
-    // Drivers, provider options, the device scan. restart: the previous process's state is
-    // here, and a driver that no longer loads is logged, not fatal.
-    Status loadDevices(bool restart);
+    Status loadDevices();  // drivers, provider options, the device scan
     void makeBroker();     // with the configured policy and quotas, reporting to events_
     Status startServer(long admin_gid, UniqueFd listen_fd);
     Status makeRestartState();  // the commit and end sinks, the fd store, the binary's path
@@ -122,7 +120,7 @@ class Daemon {
     std::string binary_;  // what a restart execs (the path this process was started from)
     std::atomic<bool> restart_requested_{false};
     bool handed_over_ = false;
-    UniqueFd kept_listen_;  // the listening socket across a handover
+    UniqueFd kept_listen_;               // the listening socket across a handover
     std::shared_ptr<FdStore> fd_store_;  // with --fd-store under systemd
     std::mutex config_error_mu_;         // guards config_error_ and config_fd_
     std::string config_error_;
