@@ -77,7 +77,8 @@ struct Membership {
 Membership membership(gid_t gid) {
     Membership m;
     std::vector<gid_t> groups(static_cast<size_t>(std::max(::getgroups(0, nullptr), 0)));
-    groups.resize(static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
+    groups.resize(
+        static_cast<size_t>(std::max(::getgroups(static_cast<int>(groups.size()), groups.data()), 0)));
     m.now = ::getegid() == gid || std::find(groups.begin(), groups.end(), gid) != groups.end();
     if (const passwd *pw = ::getpwuid(::geteuid()); pw != nullptr) {
         int count = 64;
@@ -100,7 +101,8 @@ void explainDenied(const std::string &socket) {
     std::string blocker = socket;
     std::string what = "it";
     int need = W_OK;
-    for (size_t slash = socket.find('/', 1); slash != std::string::npos; slash = socket.find('/', slash + 1)) {
+    for (size_t slash = socket.find('/', 1); slash != std::string::npos;
+         slash = socket.find('/', slash + 1)) {
         std::string dir = socket.substr(0, slash);
         if (::access(dir.c_str(), X_OK) < 0 && errno == EACCES) {
             blocker = dir;

@@ -485,14 +485,15 @@ TEST_F(CtlTest, QuotaValuesMustBeLimits) {
         ProcessResult r = ctl({"quotas", "set", "--uid", "1000", "qps", c.value});
         EXPECT_EQ(r.exit_code, 2) << c.value << ": " << r.out << r.err;
         EXPECT_NE(r.err.find(c.says), std::string::npos) << r.err;
-        EXPECT_NE(r.err.find("from 0 (nothing may be created) to 9223372036854775807, 'unlimited' or 'clear'"),
-                  std::string::npos)
+        EXPECT_NE(
+            r.err.find("from 0 (nothing may be created) to 9223372036854775807, 'unlimited' or 'clear'"),
+            std::string::npos)
             << r.err;
     }
     EXPECT_EQ(ctlJson({"quotas"})["overrides"].size(), 0u);
     // Checked with the command line: no broker needed to say so.
-    ProcessResult offline = runProcess({ctlBinary(), "--socket", broker_.dir() + "/none.sock", "quotas", "set",
-                                        "--uid", "1000", "qps", "-5"});
+    ProcessResult offline = runProcess({ctlBinary(), "--socket", broker_.dir() + "/none.sock", "quotas",
+                                        "set", "--uid", "1000", "qps", "-5"});
     EXPECT_EQ(offline.exit_code, 2) << offline.err;
     // The largest limit is one.
     ASSERT_EQ(ctl({"quotas", "set", "--uid", "1000", "qps", "9223372036854775807"}).exit_code, 0);
@@ -516,7 +517,8 @@ TEST_F(CtlTest, BrokerRefusesAbsurdQuotaLimits) {
         grpc::ClientContext ctx;
         grpc::Status st = admin->SetQuota(&ctx, req, &resp);
         EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << absurd;
-        EXPECT_NE(st.error_message().find("out of range: a limit is 0..9223372036854775807"), std::string::npos)
+        EXPECT_NE(st.error_message().find("out of range: a limit is 0..9223372036854775807"),
+                  std::string::npos)
             << st.error_message();
         EXPECT_NE(st.error_message().find("unlimited"), std::string::npos) << st.error_message();
     }
@@ -588,8 +590,8 @@ TEST(CtlReload, ErrorsComeFirstAndTheExitCodeIsOne) {
     EXPECT_EQ(r.out.find("reloaded:"), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("reload incomplete (1 error(s), above)"), std::string::npos) << r.out;
     // On one stream (a terminal, the journal) the error comes before the summary.
-    ProcessResult merged = runProcess(
-        {"/bin/sh", "-c", "\"$0\" --socket \"$1\" reload 2>&1", ctlBinary(), broker.socket()});
+    ProcessResult merged =
+        runProcess({"/bin/sh", "-c", "\"$0\" --socket \"$1\" reload 2>&1", ctlBinary(), broker.socket()});
     EXPECT_EQ(merged.exit_code, 1);
     size_t error = merged.out.find("reload error"), summary = merged.out.find("reload incomplete");
     ASSERT_NE(error, std::string::npos) << merged.out;

@@ -61,7 +61,9 @@ class ConfigFile : public ::testing::Test {
 TEST_F(ConfigFile, AnUnknownSocketGroupNamesFileLineAndKey) {
     Status st = load("[broker]\nlog_level = \"info\"\nsocket_group = \"ibvx-no-such-group\"\n");
     ASSERT_EQ(st.code(), Code::kInvalidArgument);
-    EXPECT_EQ(st.message().rfind(path_ + ":3: broker.socket_group: the socket's group 'ibvx-no-such-group' does not exist on this host", 0),
+    EXPECT_EQ(st.message().rfind(path_ + ":3: broker.socket_group: the socket's group 'ibvx-no-such-group' "
+                                         "does not exist on this host",
+                                 0),
               0u)
         << st.message();
     EXPECT_NE(st.message().find("groupadd"), std::string::npos) << st.message();
@@ -69,10 +71,14 @@ TEST_F(ConfigFile, AnUnknownSocketGroupNamesFileLineAndKey) {
 
 TEST_F(ConfigFile, AnUnknownAdminGroupNamesWhereItWasSet) {
     Status broker = load("[broker]\nadmin_group = \"ibvx-no-such-group\"\n");
-    EXPECT_EQ(broker.message().rfind(path_ + ":2: broker.admin_group: the admin group 'ibvx-no-such-group' does not exist", 0), 0u)
+    EXPECT_EQ(broker.message().rfind(
+                  path_ + ":2: broker.admin_group: the admin group 'ibvx-no-such-group' does not exist", 0),
+              0u)
         << broker.message();
     Status policy = load("[policy]\nallow_uids = [0]\nadmin_group = \"ibvx-no-such-group\"\n");
-    EXPECT_EQ(policy.message().rfind(path_ + ":3: policy.admin_group: the admin group 'ibvx-no-such-group' does not exist", 0), 0u)
+    EXPECT_EQ(policy.message().rfind(
+                  path_ + ":3: policy.admin_group: the admin group 'ibvx-no-such-group' does not exist", 0),
+              0u)
         << policy.message();
 }
 

@@ -26,7 +26,8 @@ struct Pair {
     // One byte from fd[0] reaches fd[1]: the socket was not shut down.
     bool open() const {
         char c = 'x';
-        return ::send(fd[0], &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1 && ::recv(fd[1], &c, 1, MSG_DONTWAIT) == 1;
+        return ::send(fd[0], &c, 1, MSG_NOSIGNAL | MSG_DONTWAIT) == 1 &&
+               ::recv(fd[1], &c, 1, MSG_DONTWAIT) == 1;
     }
 };
 
@@ -46,7 +47,7 @@ TEST(ConnectionRegistry, ShutdownAllLeavesASocketThatReusedAClosedConnectionsNum
         Pair grpc_conn;
         number = grpc_conn.fd[0];
         reg.set(number, PeerIdentity{});
-    }  // gRPC closed it; the registry still names the number
+    }              // gRPC closed it; the registry still names the number
     Pair channel;  // the next socket gets the number (the lowest free one, or made to)
     if (channel.fd[1] == number) {
         std::swap(channel.fd[0], channel.fd[1]);
