@@ -34,6 +34,9 @@ extern "C" {
 #endif
 
 #define IBV_EXTEND_DATAPATH_ABI_V1 1
+/* V2 appends the fatal entries (qp_fatal, cq_fatal, srq_fatal) after query_srq; a table whose
+ * abi is V1 ends before them, and the face never reads them there. */
+#define IBV_EXTEND_DATAPATH_ABI_V2 2
 #define IBV_EXTEND_DATAPATH_SYMBOL "ibv_extend_datapath"
 
 /* What a QP's data path is told when it is opened. */
@@ -47,7 +50,7 @@ struct ibv_extend_datapath_qp_attr {
 };
 
 struct ibv_extend_datapath_ops {
-    uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1 */
+    uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1, or V2 with the fatal entries below */
     const char *provider;
 
     void *(*cq_open)(const struct ibv_cq_extend *cq, int cqe);
@@ -77,6 +80,32 @@ struct ibv_extend_datapath_ops {
      * change, e.g. max_wr). May be NULL: the verbs then answer EOPNOTSUPP. */
     int (*modify_srq)(void *srq, const struct ibv_srq_attr *attr, int attr_mask);
     int (*query_srq)(void *srq, struct ibv_srq_attr *attr);
+
+    /* ---- ABI V2: the device is gone for good (a fatal device error) ----
+     * In broker mode the queues' device is the broker's: when the broker ends the session
+     * (eviction, a restart that cannot restore it, the broker stopping), it has destroyed every
+     * queue of the session first and touches their memory no more, but the memory stays mapped
+     * in the tenant. The face then calls these so that the tenant sees what a NIC's fatal error
+     * shows (docs/verbs.md, "When the session ends"). The caller guarantees that the device no
+     * longer reads or writes the queues; each entry takes the data path's own locks, so it may
+     * run while other threads post and poll. `err` is the errno every later call answers.
+     * Each may be NULL (with abi V2): that object then just stops completing. */
+
+    /* Completes every work request posted and not finished, send and receive, with
+     * IBV_WC_WR_FLUSH_ERR into the data path states of the QP's CQs (send_cq, recv_cq; either
+     * may be NULL: those requests are dropped without a completion), in posting order with
+     * their wr_id, as the device flushes a QP in ERR (unsignaled sends included); the receives
+     * of an SRQ are not the QP's and are not flushed. Every later post_send and post_recv on
+     * the QP answers err with *bad_wr = the first work request. Returns the number of
+     * completions written; a CQ that overflows takes its error state, as on the device. */
+    int (*qp_fatal)(void *qp, void *send_cq, void *recv_cq, int err);
+    /* Raises the CQ's completion event once if it is armed (req_notify_cq) and disarms it;
+     * every later req_notify_cq answers err (so a program never waits for an event that cannot
+     * come). poll_cq keeps returning what the CQ holds. Returns 1 when an event was raised
+     * (its counter, cq_events, moved), else 0. Call it after qp_fatal of the CQ's QPs. */
+    int (*cq_fatal)(void *cq, int err);
+    /* Every later post_srq_recv answers err. The receives the SRQ holds are not completed. */
+    void (*srq_fatal)(void *srq, int err);
 };
 
 #ifdef __cplusplus

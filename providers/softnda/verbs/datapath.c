@@ -13,6 +13,11 @@
  *
  * Conventions are the libibverbs ones: post_* return 0 or an errno and set *bad_wr to the first
  * work request not posted; the work requests before it are posted and rung.
+ *
+ * When the device is gone for good (ABI V2: qp_fatal, cq_fatal, srq_fatal; a broker session that
+ * ended), this library plays the device's last part itself: it writes the WR_FLUSH_ERR CQEs the
+ * engine would have written for a QP in ERR (SPEC.md §6.2, the CQE publication order of §4), under
+ * the same locks the tenant's post and poll take, and refuses every later post.
  */
 /* Spinlocks, posix_memalign and the endian.h conversions are POSIX/BSD: visible in strict C too. */
 #define _DEFAULT_SOURCE
@@ -57,7 +62,8 @@ struct sd_cq {
     pthread_spinlock_t lock;
     struct softnda_cq cq; /* guarded by lock */
     uint32_t *arm;
-    const uint32_t *events;
+    uint32_t *events; /* written here only once the device is gone (cq_fatal) */
+    int fatal;        /* 0, or the errno req_notify_cq answers (atomic: against arming) */
 };
 
 struct sd_recv_queue {
@@ -65,6 +71,7 @@ struct sd_recv_queue {
     struct softnda_rq rq; /* guarded by lock */
     uint32_t max_wr;
     uint32_t max_sge;
+    int fatal; /* guarded by lock: 0, or the errno every post answers once the device is gone */
 };
 
 struct sd_qp {
@@ -75,6 +82,8 @@ struct sd_qp {
     uint32_t max_send_sge;
     uint32_t max_inline;
     int sq_sig_all;
+    int sq_fatal; /* guarded by sq_lock: 0, or the errno every post answers once the device is gone */
+    uint32_t qp_num;
     const uint32_t *fatal_events;
     int has_rq; /* 0 with an SRQ: post_recv is then EINVAL */
     struct sd_recv_queue rq;
@@ -199,16 +208,83 @@ static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
 
 static int sd_req_notify_cq(void *cqv, int solicited_only) {
     struct sd_cq *cq = cqv;
+    /* Sequentially consistent, with the fatal load after it, against cq_fatal's store of fatal
+     * and exchange of arm: either this call sees fatal, or cq_fatal sees the arming and raises
+     * the event; a waiter is never left armed on a device that is gone. */
     if (solicited_only) {
         /* As the IB CQ arming rules say, a CQ already armed for the next completion stays so: a
          * solicited-only request only arms a disarmed CQ. */
         uint32_t expected = 0;
-        __atomic_compare_exchange_n(cq->arm, &expected, SD_ARM_SOLICITED, 0, __ATOMIC_RELEASE,
-                                    __ATOMIC_RELAXED);
+        __atomic_compare_exchange_n(cq->arm, &expected, SD_ARM_SOLICITED, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST);
     } else {
-        __atomic_store_n(cq->arm, SD_ARM_NEXT, __ATOMIC_RELEASE);
+        __atomic_store_n(cq->arm, SD_ARM_NEXT, __ATOMIC_SEQ_CST);
     }
-    return 0;
+    return __atomic_load_n(&cq->fatal, __ATOMIC_SEQ_CST);
+}
+
+/* Publishes one CQE as the engine does (SPEC.md §4, "CQE publication"): body, then owner with
+ * release, then the CQ's PI with release. Only once the device is gone (the device is then no
+ * producer of this CQ any more); the caller holds cq->lock. A CQE whose owner store the device
+ * made without its PI store counts as written (SPEC.md §10). -EOVERFLOW, with the CQ in its error
+ * state, when it is full (§6.3). */
+static int cq_publish(struct sd_cq *cq, const struct softnda_cqe *cqe) {
+    struct softnda_cq *q = &cq->cq;
+    uint32_t pi = __atomic_load_n(q->dbr_pi, __ATOMIC_ACQUIRE);
+    if ((int32_t)(q->ci - pi) > 0) {
+        pi = q->ci; /* CQEs polled by their owner word whose PI store the device never made */
+    }
+    for (;;) {
+        if (pi - q->ci >= q->entry_cnt) {
+            __atomic_store_n(q->dbr_pi + 1, 1u, __ATOMIC_RELEASE);
+            return -EOVERFLOW;
+        }
+        struct softnda_cqe *slot =
+            (struct softnda_cqe *)(q->buf + (size_t)(pi & (q->entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        uint32_t phase = ((pi >> q->log_cnt) & 1u) ^ 1u;
+        if ((__atomic_load_n(&slot->owner, __ATOMIC_ACQUIRE) & 1u) == phase) {
+            ++pi; /* written by the device, its PI store lost */
+            continue;
+        }
+        slot->wr_id = cqe->wr_id;
+        slot->byte_len = cqe->byte_len;
+        slot->imm_data = cqe->imm_data;
+        slot->qp_num = cqe->qp_num;
+        slot->src_qp = cqe->src_qp;
+        slot->opcode = cqe->opcode;
+        slot->status = cqe->status;
+        slot->flags = cqe->flags;
+        slot->resv = 0;
+        __atomic_store_n(&slot->owner, phase, __ATOMIC_RELEASE);
+        __atomic_store_n(q->dbr_pi, pi + 1, __ATOMIC_RELEASE);
+        return 0;
+    }
+}
+
+/* One WR_FLUSH_ERR completion (byte_len 0, as the engine flushes). */
+static int flush_cqe(struct sd_cq *cq, uint64_t wr_id, uint8_t opcode, uint32_t qp_num) {
+    struct softnda_cqe c;
+    memset(&c, 0, sizeof(c));
+    c.wr_id = wr_id;
+    c.opcode = opcode;
+    c.status = IBV_WC_WR_FLUSH_ERR;
+    c.qp_num = qp_num;
+    pthread_spin_lock(&cq->lock);
+    int rc = cq_publish(cq, &c);
+    pthread_spin_unlock(&cq->lock);
+    return rc;
+}
+
+static int sd_cq_fatal(void *cqv, int err) {
+    struct sd_cq *cq = cqv;
+    __atomic_store_n(&cq->fatal, err, __ATOMIC_SEQ_CST);
+    /* The engine's side of §9 for the flushed completions: an armed CQ raises one event (error
+     * completions qualify for a solicited-only arming too). */
+    if (__atomic_exchange_n(cq->arm, 0u, __ATOMIC_SEQ_CST) == 0) {
+        return 0;
+    }
+    __atomic_fetch_add(cq->events, 1u, __ATOMIC_RELEASE);
+    return 1;
 }
 
 static uint32_t sd_cq_events(void *cqv) {
@@ -233,6 +309,11 @@ static int post_recv_chain(struct sd_recv_queue *q, struct ibv_recv_wr *wr, stru
     int err = 0;
     uint32_t start;
     pthread_spin_lock(&q->lock);
+    if (q->fatal != 0 && wr != NULL) {
+        *bad_wr = wr;
+        err = q->fatal;
+        wr = NULL;
+    }
     start = q->rq.pi;
     for (; wr != NULL; wr = wr->next) {
         if (queue_full(q->rq.pi, &q->rq.ci_cached, q->rq.dbr_ci, q->max_wr)) {
@@ -288,6 +369,7 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
     qp->max_send_sge = min_u32(attr->cap.max_send_sge, qp->sq.max_sge);
     qp->max_inline = min_u32(min_u32(attr->cap.max_inline_data, qp->sq.max_inline), SD_MAX_INLINE);
     qp->sq_sig_all = attr->sq_sig_all;
+    qp->qp_num = attr->qp->qp != NULL ? attr->qp->qp->qp_num : 0;
     qp->fatal_events = qp->sq.dbr_pi + SD_SQ_FATAL_EVENTS_WORD;
     pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
     return qp;
@@ -410,6 +492,11 @@ static int sd_post_send(void *qpv, struct ibv_send_wr *wr, struct ibv_send_wr **
     struct sd_qp *qp = qpv;
     int err = 0;
     pthread_spin_lock(&qp->sq_lock);
+    if (qp->sq_fatal != 0 && wr != NULL) {
+        *bad_wr = wr;
+        err = qp->sq_fatal;
+        wr = NULL;
+    }
     uint32_t start = qp->sq.pi;
     for (; wr != NULL; wr = wr->next) {
         err = write_send_wqe(qp, wr);
@@ -435,6 +522,62 @@ static int sd_post_recv(void *qpv, struct ibv_recv_wr *wr, struct ibv_recv_wr **
         return EINVAL;
     }
     return post_recv_chain(&qp->rq, wr, bad_wr);
+}
+
+/* The SPEC.md §3 opcode of a flushed send WQE, as the engine reports it. */
+static uint8_t flushed_send_opcode(uint8_t op) {
+    switch (op) {
+        case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
+            return IBV_WC_RDMA_WRITE;
+        case SOFTNDA_OP_RDMA_READ:
+            return IBV_WC_RDMA_READ;
+        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
+            return IBV_WC_COMP_SWAP;
+        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
+            return IBV_WC_FETCH_ADD;
+        default:
+            return IBV_WC_SEND;
+    }
+}
+
+static int sd_qp_fatal(void *qpv, void *send_cqv, void *recv_cqv, int err) {
+    struct sd_qp *qp = qpv;
+    int flushed = 0;
+    /* The SQ: every WQE from the device's CI to what was posted, in order; then the queue is
+     * empty (ci = pi), as after the engine's flush. */
+    pthread_spin_lock(&qp->sq_lock);
+    qp->sq_fatal = err;
+    for (uint32_t i = __atomic_load_n(qp->sq.dbr_ci, __ATOMIC_ACQUIRE); i != qp->sq.pi; ++i) {
+        const struct softnda_wqe *w =
+            (const struct softnda_wqe *)(qp->sq.buf +
+                                         (size_t)(i & (qp->sq.entry_cnt - 1)) * qp->sq.entry_size);
+        if (send_cqv != NULL &&
+            flush_cqe(send_cqv, w->wr_id, flushed_send_opcode(w->opcode), qp->qp_num) == 0) {
+            ++flushed;
+        }
+    }
+    __atomic_store_n(qp->sq.dbr_ci, qp->sq.pi, __ATOMIC_RELEASE);
+    qp->sq.ci_cached = qp->sq.pi;
+    pthread_spin_unlock(&qp->sq_lock);
+    if (!qp->has_rq) {
+        return flushed; /* an SRQ's receives are the SRQ's (§6.2) */
+    }
+    struct sd_recv_queue *rq = &qp->rq;
+    pthread_spin_lock(&rq->lock);
+    rq->fatal = err;
+    for (uint32_t i = __atomic_load_n(rq->rq.dbr_ci, __ATOMIC_ACQUIRE); i != rq->rq.pi; ++i) {
+        const struct softnda_recv_wqe *w =
+            (const struct softnda_recv_wqe *)(rq->rq.buf +
+                                              (size_t)(i & (rq->rq.entry_cnt - 1)) * rq->rq.entry_size);
+        if (recv_cqv != NULL && flush_cqe(recv_cqv, w->wr_id, IBV_WC_RECV, qp->qp_num) == 0) {
+            ++flushed;
+        }
+    }
+    __atomic_store_n(rq->rq.dbr_ci, rq->rq.pi, __ATOMIC_RELEASE);
+    rq->rq.ci_cached = rq->rq.pi;
+    pthread_spin_unlock(&rq->lock);
+    return flushed;
 }
 
 static uint32_t sd_qp_fatal_events(void *qpv) {
@@ -477,6 +620,13 @@ static int sd_post_srq_recv(void *srqv, struct ibv_recv_wr *wr, struct ibv_recv_
     return post_recv_chain(&srq->rq, wr, bad_wr);
 }
 
+static void sd_srq_fatal(void *srqv, int err) {
+    struct sd_srq *srq = srqv;
+    pthread_spin_lock(&srq->rq.lock);
+    srq->rq.fatal = err;
+    pthread_spin_unlock(&srq->rq.lock);
+}
+
 static uint32_t sd_srq_limit_events(void *srqv) {
     struct sd_srq *srq = srqv;
     return softnda_srq_limit_events(&srq->rq.rq);
@@ -507,7 +657,7 @@ int softnda_verbs_query_srq(void *srqv, struct ibv_srq_attr *attr) {
 }
 
 __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_extend_datapath = {
-    .abi = IBV_EXTEND_DATAPATH_ABI_V1,
+    .abi = IBV_EXTEND_DATAPATH_ABI_V2,
     .provider = SOFTNDA_PROVIDER_NAME,
     .cq_open = sd_cq_open,
     .cq_close = sd_cq_close,
@@ -525,4 +675,7 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .srq_limit_events = sd_srq_limit_events,
     .modify_srq = softnda_verbs_modify_srq,
     .query_srq = softnda_verbs_query_srq,
+    .qp_fatal = sd_qp_fatal,
+    .cq_fatal = sd_cq_fatal,
+    .srq_fatal = sd_srq_fatal,
 };
