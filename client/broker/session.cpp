@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -94,6 +95,8 @@ struct Registry {
     std::vector<std::unique_ptr<Session>> all;  // guarded by mu; keeps every session reachable
 };
 
+std::atomic<SessionEndHandler> g_end_handler{nullptr};
+
 Registry &registry() {
     static Registry *r = [] {
         auto *reg = new Registry;
@@ -119,6 +122,10 @@ std::string newIdempotencyKey() {
     char hex[17];
     snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
     return hex;
+}
+
+void setSessionEndHandler(SessionEndHandler handler) {
+    g_end_handler.store(handler, std::memory_order_release);
 }
 
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open) {
@@ -206,8 +213,81 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
     }
     s->fd_channel_ = std::move(fdch);
     s->token_hex_ = tokenToHex(token);
+    if (int wrc = s->startWatcher(); wrc < 0) {
+        warn(
+            "no watcher thread for the session (%s): a program that only polls its queues will not "
+            "learn that the broker ended the session",
+            strerror(-wrc));
+    }
     *out = std::move(s);
     return 0;
+}
+
+// A thread, not a check on the poll path: a program may be blocked in ibv_get_cq_event() or
+// ibv_get_async_event() (a read() of an eventfd) when its session ends, and only another thread
+// can wake it; and a thread asleep in poll() costs the data path nothing at all.
+int Session::startWatcher() {
+    {
+        std::lock_guard lock(fd_mu_);
+        watch_fd_ = fd_channel_.get();
+        watched_ = true;
+    }
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    // The program's signals are never delivered to this thread (it has no handler to run them
+    // in a sensible context, and a program that sigwait()s expects them itself).
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    pthread_t thread;
+    int rc = pthread_create(
+        &thread, &attr,
+        [](void *self) -> void * {
+            pthread_setname_np(pthread_self(), "ibvx-session");
+            auto *s = static_cast<Session *>(self);
+            s->watch(s->watch_fd_);
+            return nullptr;
+        },
+        this);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    pthread_attr_destroy(&attr);
+    if (rc != 0) {
+        std::lock_guard lock(fd_mu_);
+        watched_ = false;
+        return -rc;
+    }
+    return 0;
+}
+
+void Session::watch(int fd) {
+    // POLLRDHUP alone: region frames arriving on the channel do not wake this thread; the broker
+    // closing it (or the connection breaking: POLLHUP, POLLERR, always reported) does. A broker
+    // restart keeps the channel open (it sits in the fd store or crosses the exec), so it never
+    // wakes this thread.
+    for (;;) {
+        pollfd pfd{fd, POLLRDHUP, 0};
+        int n = ::poll(&pfd, 1, -1);
+        if (n > 0 && (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
+            break;
+        }
+        if (n < 0 && errno != EINTR) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));  // ENOMEM: try again
+        }
+    }
+    {
+        std::lock_guard lock(fd_mu_);
+        channel_eof_ = true;
+        watched_ = false;
+        fd_channel_.reset();
+    }
+    markDead();
+    warn(
+        "the broker ended this process's session (evicted, not restored by a restart, or the broker "
+        "stopped): its queues are in the error state and its objects are gone");
+    if (SessionEndHandler handler = g_end_handler.load(std::memory_order_acquire)) {
+        handler(this);
+    }
 }
 
 int Session::checkUsable() {
@@ -331,7 +411,7 @@ int Session::pumpLocked(uint64_t region) {
         if (region != 0 && regions_.count(region) != 0) {
             return 0;
         }
-        if (!fd_channel_.valid()) {
+        if (!fd_channel_.valid() || channel_eof_) {
             return -ECONNRESET;
         }
         int wait = 0;
@@ -362,8 +442,12 @@ int Session::pumpLocked(uint64_t region) {
         Frame frame;
         int r = recvFrame(fd_channel_.get(), &frame, timeout_ms_);
         if (r == 0 || r == -ECONNRESET || r == -EPIPE) {
-            // The broker ended the session (shut down, restarted, or dropped us).
-            fd_channel_.reset();
+            // The broker ended the session (evicted it, could not restore it, or stopped). The
+            // watcher, when there is one, closes the fd and runs the end handler.
+            channel_eof_ = true;
+            if (!watched_) {
+                fd_channel_.reset();
+            }
             markDead();
             return -ECONNRESET;
         }
@@ -400,7 +484,7 @@ int Session::resolve(const pb::RegionRef &ref, bool present, void **addr) {
 
 int Session::sendFd(int fd, uint64_t *xfer_id) {
     std::lock_guard lock(fd_mu_);
-    if (!fd_channel_.valid()) {
+    if (!fd_channel_.valid() || channel_eof_) {
         return -ECONNRESET;
     }
     uint64_t id = next_xfer_++;
@@ -431,7 +515,9 @@ size_t Session::mappedRegions() {
 void Session::abandonAfterFork() {
     // The child is single-threaded here, so fd_mu_ (maybe held by a parent thread at fork time)
     // is not taken. Region mappings were not inherited (MADV_DONTFORK); the fd channel copy is
-    // closed so the parent's session ends when the parent does.
+    // closed so the parent's session ends when the parent does. The parent's watcher does not
+    // exist here, so the child never runs the end handler on the parent's objects.
+    watched_ = false;
     fd_channel_.reset();
     markDead();
 }

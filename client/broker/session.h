@@ -9,6 +9,17 @@
 // connection dies. call() then retries the same request, with the same idempotency key, until
 // the call's deadline; gRPC reconnects to the same socket meanwhile.
 //
+// The end of a session (eviction, a restart that could not restore it, the broker stopping) is
+// the broker closing the fd channel, after it destroyed the session's objects. A program that
+// only polls its queues makes no call that would notice, so each session has a watcher: a thread
+// asleep in poll() on the fd channel for POLLRDHUP (a hang-up; data frames do not wake it). It
+// marks the session dead and runs the end handler (setSessionEndHandler: the libibverbs face
+// moves the queues to ERR) once, on the watcher thread. The watcher owns the fd channel's number
+// while it runs: nothing else closes the fd then (pumpLocked notes EOF instead), so poll() never
+// watches a reused number. A forked child has no watcher; its copy of the fd channel is the
+// parent's and is closed by abandonAfterFork(). Why a thread, not a check on the poll path:
+// docs/verbs.md, "When the session ends".
+//
 // Lifetime: sessions are never destroyed. A session whose broker went away stays allocated so
 // the shadow objects pointing at it keep answering -ECONNRESET; a session inherited through
 // fork() stays allocated so the child never runs the parent's gRPC destructors (whose threads do
@@ -69,6 +80,13 @@ std::string newIdempotencyKey();
 // session's fd channel is open means "the broker is restarting". With the fd channel at EOF the
 // session ended; any other code is an answer.
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open);
+
+class Session;
+// Runs once per session the broker ended, on that session's watcher thread, after alive() turned
+// false. The handler must not make a call on the session (it is gone) nor hold a lock a caller
+// of Session may hold.
+using SessionEndHandler = void (*)(Session *session);
+void setSessionEndHandler(SessionEndHandler handler);
 
 class Session {
   public:
@@ -146,6 +164,9 @@ class Session {
     int pumpLocked(uint64_t region);
     int handleFrameLocked(Frame &frame);
     void markDead();
+    // Starts the watcher on the fd channel (called once, by open()). 0 or a negative errno.
+    int startWatcher();
+    void watch(int fd);
 
     pid_t pid_ = 0;
     int timeout_ms_ = 10000;
@@ -159,6 +180,9 @@ class Session {
     };
     std::mutex fd_mu_;
     UniqueFd fd_channel_;                 // guarded by fd_mu_
+    bool watched_ = false;                // guarded by fd_mu_: the watcher owns the fd's number
+    int watch_fd_ = -1;                   // the fd channel's number, set before the watcher starts
+    bool channel_eof_ = false;            // guarded by fd_mu_: the broker closed the channel
     std::map<uint64_t, Region> regions_;  // guarded by fd_mu_
     uint64_t next_xfer_ = 1;              // guarded by fd_mu_
 };

@@ -162,10 +162,16 @@ struct ShadowContext {
     std::set<ibv_context_extend *> aliases;  // guarded by mu: further ibv_open_extend() results
 
     // The libibverbs face's part (verbs_face.cpp): the driver's data path, and the queues that
-    // have a data path state (their event counters are scanned when an event fd fires).
+    // have a data path state (their event counters are scanned when an event fd fires; they are
+    // what the face moves to ERR when the session ends).
     const ibv_extend_datapath_ops *datapath = nullptr;
     std::set<ShadowQp *> dp_qps;    // guarded by mu
     std::set<ShadowSrq *> dp_srqs;  // guarded by mu
+    std::set<ShadowCq *> dp_cqs;    // guarded by mu
+    // Where the context is in its session's end (docs/verbs.md, "When the session ends"):
+    // IBV_EVENT_DEVICE_FATAL is owed to ibv_get_async_event, then delivered.
+    enum class End { kLive, kFatalPending, kFatalDelivered };
+    End end = End::kLive;  // guarded by mu
 };
 
 // The process-wide registry of live shadows (contexts by &ctx, objects by their shadow

@@ -312,6 +312,7 @@ struct FaceChannel {
     std::mutex mu;
     std::vector<ShadowCq *> cqs;    // guarded by mu: CQs on this channel
     std::vector<ShadowCq *> fired;  // guarded by mu: events counted, not yet returned
+    bool ended = false;             // guarded by mu: the context's session ended
 };
 
 struct Channels {
@@ -342,6 +343,122 @@ void collectFired(FaceChannel *f) {
         uint32_t now = dp->cq_events(cq->dp.state);
         for (; cq->events_seen != now; ++cq->events_seen) {
             f->fired.push_back(cq);
+        }
+    }
+}
+
+// ---- the end of the session: a fatal device error, as the tenant sees it ----------------------
+
+// What the data path, the event reads and ibv_req_notify_cq answer once the session ended: the
+// errno the kernel gives a program whose RDMA device was disassociated (control verbs keep the
+// session's ECONNRESET).
+constexpr int kEndedErrno = EIO;
+
+// The contexts opened through ibv_open_device. mu is held while a session's end is handled, so
+// ibv_close_device (which leaves the set first) cannot free a context that is being handled.
+// Lock order: FaceContexts::mu, then a context's mu, then Channels::mu, then a FaceChannel's mu;
+// the data path's own locks are innermost.
+struct FaceContexts {
+    std::mutex mu;
+    std::set<ShadowContext *> live;  // guarded by mu
+};
+
+FaceContexts &faceContexts() {
+    static auto *f = new FaceContexts;
+    return *f;
+}
+
+void signalEventFd(int fd) {
+    uint64_t one = 1;
+    while (write(fd, &one, sizeof(one)) < 0 && errno == EINTR) {
+    }
+}
+
+bool hasFatalEntries(const ibv_extend_datapath_ops *dp) {
+    return dp != nullptr && dp->abi >= IBV_EXTEND_DATAPATH_ABI_V2;
+}
+
+// The data path state of a CQ of context c, nullptr unless it is one of c's live data path CQs.
+void *cqStateLocked(ShadowContext *c, ibv_cq *cq) {
+    if (cq == nullptr) {
+        return nullptr;
+    }
+    auto *s = shadowOf<ShadowCq>(cq, offsetof(ShadowCq, cq));
+    return c->dp_cqs.count(s) != 0 ? s->dp.state : nullptr;
+}
+
+// Each object of an ended context, as the device's fatal error leaves it (the broker destroyed the
+// queues before it closed the fd channel, so nothing else writes them): outstanding work flushed,
+// later posts refused. The caller holds c->mu.
+void endQpLocked(ShadowContext *c, ShadowQp *q) {
+    const ibv_extend_datapath_ops *dp = c->datapath;
+    if (hasFatalEntries(dp) && dp->qp_fatal != nullptr) {
+        (void)dp->qp_fatal(q->dp.state, cqStateLocked(c, q->qp.send_cq), cqStateLocked(c, q->qp.recv_cq),
+                           kEndedErrno);
+    }
+}
+void endSrqLocked(ShadowContext *c, ShadowSrq *q) {
+    const ibv_extend_datapath_ops *dp = c->datapath;
+    if (hasFatalEntries(dp) && dp->srq_fatal != nullptr) {
+        dp->srq_fatal(q->dp.state, kEndedErrno);
+    }
+}
+void endCqLocked(ShadowContext *c, ShadowCq *q) {
+    const ibv_extend_datapath_ops *dp = c->datapath;
+    if (hasFatalEntries(dp) && dp->cq_fatal != nullptr) {
+        (void)dp->cq_fatal(q->dp.state, kEndedErrno);
+    }
+}
+void endChannelLocked(FaceChannel *f) {
+    {
+        std::lock_guard lock(f->mu);
+        f->ended = true;
+    }
+    signalEventFd(f->ch.fd);
+}
+
+// Moves the context to the state a NIC's fatal error leaves: every QP's outstanding work requests
+// completed with IBV_WC_WR_FLUSH_ERR (QPs first, so armed CQs raise their event after the flushed
+// completions are there), every completion channel woken, IBV_EVENT_DEVICE_FATAL owed to
+// ibv_get_async_event and the async fd woken. Once per context; the caller holds c->mu.
+void endContextLocked(ShadowContext *c) {
+    if (c->end != ShadowContext::End::kLive) {
+        return;
+    }
+    c->end = ShadowContext::End::kFatalPending;
+    for (ShadowQp *q : c->dp_qps) {
+        endQpLocked(c, q);
+    }
+    for (ShadowSrq *q : c->dp_srqs) {
+        endSrqLocked(c, q);
+    }
+    for (ShadowCq *q : c->dp_cqs) {
+        endCqLocked(c, q);
+    }
+    {
+        Channels &cs = channels();
+        std::lock_guard lock(cs.mu);
+        for (ibv_comp_channel *ch : cs.live) {
+            if (ch->context == &c->ctx) {
+                endChannelLocked(reinterpret_cast<FaceChannel *>(ch));
+            }
+        }
+    }
+    signalEventFd(c->ctx.async_fd);
+}
+
+bool endedLocked(const ShadowContext *c) {
+    return c->end != ShadowContext::End::kLive;
+}
+
+// The session's end handler (client/broker/session.h), on its watcher thread.
+void onSessionEnd(Session *session) {
+    FaceContexts &fc = faceContexts();
+    std::lock_guard lock(fc.mu);
+    for (ShadowContext *c : fc.live) {
+        if (c->session == session) {
+            std::lock_guard clock(c->mu);
+            endContextLocked(c);
         }
     }
 }
@@ -491,6 +608,16 @@ ibv_context *ibvx_verbs_open_device(ibv_device *device) {
     }
     ShadowContext *c = contextOf(ext->context);
     makeFaceContext(c, f, async_fd);
+    setSessionEndHandler(onSessionEnd);
+    {
+        FaceContexts &fc = faceContexts();
+        std::lock_guard lock(fc.mu);
+        fc.live.insert(c);
+        if (!c->session->alive()) {  // ended while opening: its watcher may have run already
+            std::lock_guard clock(c->mu);
+            endContextLocked(c);
+        }
+    }
     // The device signals async events on this fd; a broker or driver without events leaves it
     // silent (ibv_get_async_event then waits, as on a device with nothing to report).
     uint64_t xfer = 0;
@@ -513,6 +640,12 @@ int ibvx_verbs_close_device(ibv_context *context) {
     if (c == nullptr) {
         errno = EINVAL;
         return -1;
+    }
+    {
+        // Out of reach of a session end handled from now on (it may be running: this waits).
+        FaceContexts &fc = faceContexts();
+        std::lock_guard lock(fc.mu);
+        fc.live.erase(c);
     }
     // What the program left is destroyed first, as the kernel frees it behind libibverbs'
     // ibv_close_device (perftest, for one, closes with a CQ still open).
@@ -548,6 +681,11 @@ int ibvx_verbs_close_device(ibv_context *context) {
     }
     int async_fd = c->ctx.async_fd;
     int rc = brokerCloseDevice(&c->ext);
+    if (rc != 0 && contextOf(context) == c) {  // refused: the context lives on
+        FaceContexts &fc = faceContexts();
+        std::lock_guard lock(fc.mu);
+        fc.live.insert(c);
+    }
     if (rc != 0) {
         errno = -rc;
         return -1;
@@ -713,9 +851,18 @@ ibv_comp_channel *ibvx_verbs_create_comp_channel(ibv_context *context) {
     f->ch.context = context;
     f->ch.fd = fd;
     f->ch.refcnt = 0;
-    Channels &cs = channels();
-    std::lock_guard lock(cs.mu);
-    cs.live.insert(&f->ch);
+    {
+        Channels &cs = channels();
+        std::lock_guard lock(cs.mu);
+        cs.live.insert(&f->ch);
+    }
+    // A channel made after the session ended is an ended one (a handler that runs from now on
+    // finds it in the set).
+    ShadowContext *c = faceContext(context);
+    std::lock_guard lock(c->mu);
+    if (endedLocked(c)) {
+        endChannelLocked(f);
+    }
     return &f->ch;
 }
 
@@ -772,6 +919,11 @@ ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ib
         }
         s->dp.close = c->datapath->cq_close;
         s->dp.state = state;
+        std::lock_guard lock(c->mu);
+        c->dp_cqs.insert(s);
+        if (endedLocked(c)) {
+            endCqLocked(c, s);
+        }
     }
     if (f != nullptr) {
         {
@@ -803,9 +955,18 @@ int ibvx_verbs_destroy_cq(ibv_cq *cq) {
         std::erase(f->fired, s);
     }
     ShadowContext *c = s->owner;
+    const bool has_dp = s->dp.state != nullptr;
+    {
+        std::lock_guard lock(c->mu);
+        c->dp_cqs.erase(s);
+    }
     int rc = ibv_destroy_cq_extend(&c->ext, &s->ext);
     // Gone either way when the broker destroyed it or the session ended (the shadow is freed).
     const bool gone = rc == 0 || ownerOf(s) == nullptr;
+    if (!gone && has_dp) {
+        std::lock_guard lock(c->mu);
+        c->dp_cqs.insert(s);
+    }
     if (f != nullptr) {
         if (gone) {
             std::lock_guard lock(channels().mu);
@@ -824,17 +985,38 @@ int ibvx_verbs_get_cq_event(ibv_comp_channel *channel, ibv_cq **cq, void **cq_co
         errno = EINVAL;
         return -1;
     }
+    auto take = [&] {
+        std::lock_guard lock(f->mu);
+        if (f->fired.empty()) {
+            return false;
+        }
+        ShadowCq *s = f->fired.front();
+        f->fired.erase(f->fired.begin());
+        s->events_delivered++;
+        *cq = &s->cq;
+        *cq_context = s->cq.cq_context;
+        return true;
+    };
     for (;;) {
+        if (take()) {
+            return 0;
+        }
+        bool ended = false;
         {
             std::lock_guard lock(f->mu);
-            if (!f->fired.empty()) {
-                ShadowCq *s = f->fired.front();
-                f->fired.erase(f->fired.begin());
-                s->events_delivered++;
-                *cq = &s->cq;
-                *cq_context = s->cq.cq_context;
+            ended = f->ended;
+        }
+        if (ended) {
+            // The session ended: the events its end raised (armed CQs) first, then EIO, as the
+            // kernel answers a read of a disassociated device's channel. The wake is passed on,
+            // so every other waiter and poll() learns it too.
+            collectFired(f);
+            if (take()) {
                 return 0;
             }
+            signalEventFd(f->ch.fd);
+            errno = kEndedErrno;
+            return -1;
         }
         uint64_t n = 0;
         if (read(f->ch.fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
@@ -890,6 +1072,9 @@ ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
         s->dp.state = state;
         std::lock_guard lock(c->mu);
         c->dp_qps.insert(s);
+        if (endedLocked(c)) {
+            endQpLocked(c, s);
+        }
     }
     return ext->qp;
 }
@@ -923,6 +1108,25 @@ int ibvx_verbs_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_ini
     if (attr == nullptr || init_attr == nullptr) {
         return EINVAL;
     }
+    ShadowQp *s = liveQp(qp);
+    if (s != nullptr && !s->owner->session->alive()) {
+        // The session ended: the QP is in ERR, as after a device's fatal error, and what else the
+        // tenant can still be told is what it was granted.
+        *attr = ibv_qp_attr{};
+        attr->qp_state = IBV_QPS_ERR;
+        attr->cur_qp_state = IBV_QPS_ERR;
+        attr->cap = s->cap;
+        *init_attr = ibv_qp_init_attr{};
+        init_attr->qp_context = qp->qp_context;
+        init_attr->send_cq = qp->send_cq;
+        init_attr->recv_cq = qp->recv_cq;
+        init_attr->srq = qp->srq;
+        init_attr->cap = s->cap;
+        init_attr->qp_type = qp->qp_type;
+        init_attr->sq_sig_all = s->sq_sig_all;
+        qp->state = IBV_QPS_ERR;
+        return 0;
+    }
     return -brokerQueryQp(qp, attr, attr_mask, init_attr);
 }
 
@@ -954,6 +1158,9 @@ ibv_srq *ibvx_verbs_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr) {
         s->dp.state = state;
         std::lock_guard lock(c->mu);
         c->dp_srqs.insert(s);
+        if (endedLocked(c)) {
+            endSrqLocked(c, s);
+        }
     }
     return ext->srq;
 }
@@ -1045,6 +1252,13 @@ int ibvx_verbs_get_async_event(ibv_context *context, ibv_async_event *event) {
     for (;;) {
         {
             std::lock_guard lock(c->mu);
+            if (c->end == ShadowContext::End::kFatalPending) {
+                c->end = ShadowContext::End::kFatalDelivered;
+                *event = ibv_async_event{};
+                event->element.port_num = 1;  // as mlx5 reports its catastrophic error
+                event->event_type = IBV_EVENT_DEVICE_FATAL;
+                return 0;
+            }
             const ibv_extend_datapath_ops *dp = c->datapath;
             for (ShadowQp *q : c->dp_qps) {
                 if (dp->qp_fatal_events != nullptr &&
@@ -1065,6 +1279,13 @@ int ibvx_verbs_get_async_event(ibv_context *context, ibv_async_event *event) {
                     event->event_type = IBV_EVENT_SRQ_LIMIT_REACHED;
                     return 0;
                 }
+            }
+            if (c->end == ShadowContext::End::kFatalDelivered) {
+                // Nothing more will come: EIO, as the kernel answers once a disassociated
+                // device's events are read; the wake is passed on to other waiters and poll().
+                signalEventFd(c->ctx.async_fd);
+                errno = kEndedErrno;
+                return -1;
             }
         }
         uint64_t n = 0;
