@@ -34,10 +34,13 @@ extern "C" {
 #endif
 
 #define IBV_EXTEND_DATAPATH_ABI_V1 1
-/* V2 appends the fatal entries (qp_fatal, cq_fatal, srq_fatal) after query_srq; a table whose
- * abi is V1 ends before them, and the face never reads them there. */
-#define IBV_EXTEND_DATAPATH_ABI_V2 2
 #define IBV_EXTEND_DATAPATH_SYMBOL "ibv_extend_datapath"
+/* Entries are appended to the table within ABI V1 (the fatal entries, after query_srq), as
+ * verbs_context grows by its sz: a library that has them also exports
+ *     const uint32_t ibv_extend_datapath_size = sizeof(struct ibv_extend_datapath_ops);
+ * from the same object, and an entry exists only when it lies wholly below that size. A library
+ * without the symbol has the table up to query_srq, and the face reads nothing beyond it. */
+#define IBV_EXTEND_DATAPATH_SIZE_SYMBOL "ibv_extend_datapath_size"
 
 /* What a QP's data path is told when it is opened. */
 struct ibv_extend_datapath_qp_attr {
@@ -50,7 +53,7 @@ struct ibv_extend_datapath_qp_attr {
 };
 
 struct ibv_extend_datapath_ops {
-    uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1, or V2 with the fatal entries below */
+    uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1 */
     const char *provider;
 
     void *(*cq_open)(const struct ibv_cq_extend *cq, int cqe);
@@ -81,7 +84,7 @@ struct ibv_extend_datapath_ops {
     int (*modify_srq)(void *srq, const struct ibv_srq_attr *attr, int attr_mask);
     int (*query_srq)(void *srq, struct ibv_srq_attr *attr);
 
-    /* ---- ABI V2: the device is gone for good (a fatal device error) ----
+    /* ---- Appended (see IBV_EXTEND_DATAPATH_SIZE_SYMBOL): the device is gone for good ----
      * In broker mode the queues' device is the broker's: when the broker ends the session
      * (eviction, a restart that cannot restore it, the broker stopping), it has destroyed every
      * queue of the session first and touches their memory no more, but the memory stays mapped
@@ -89,7 +92,7 @@ struct ibv_extend_datapath_ops {
      * shows (docs/verbs.md, "When the session ends"). The caller guarantees that the device no
      * longer reads or writes the queues; each entry takes the data path's own locks, so it may
      * run while other threads post and poll. `err` is the errno every later call answers.
-     * Each may be NULL (with abi V2): that object then just stops completing. */
+     * Each may be NULL: that object then just stops completing. */
 
     /* Completes every work request posted and not finished, send and receive, with
      * IBV_WC_WR_FLUSH_ERR into the data path states of the QP's CQs (send_cq, recv_cq; either

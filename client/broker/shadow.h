@@ -165,6 +165,7 @@ struct ShadowContext {
     // have a data path state (their event counters are scanned when an event fd fires; they are
     // what the face moves to ERR when the session ends).
     const ibv_extend_datapath_ops *datapath = nullptr;
+    uint32_t datapath_size = 0;     // of datapath's table (IBV_EXTEND_DATAPATH_SIZE_SYMBOL)
     std::set<ShadowQp *> dp_qps;    // guarded by mu
     std::set<ShadowSrq *> dp_srqs;  // guarded by mu
     std::set<ShadowCq *> dp_cqs;    // guarded by mu

@@ -8,6 +8,7 @@
 // against the registries before it is dereferenced (EINVAL otherwise).
 //
 // What is served and what is not, and why: docs/verbs.md.
+#include <dlfcn.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -283,6 +284,25 @@ void fillCqEx(ShadowCq *s) {
 ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr);
 ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
+// The size of the data path's table, from IBV_EXTEND_DATAPATH_SIZE_SYMBOL of the object that
+// holds it (the loader keeps that object loaded; RTLD_NOLOAD only takes one more reference, given
+// back at once). A library without the symbol has the table up to query_srq.
+uint32_t datapathSize(const ibv_extend_datapath_ops *dp) {
+    constexpr auto kV1 = static_cast<uint32_t>(offsetof(ibv_extend_datapath_ops, query_srq) + sizeof(void *));
+    Dl_info info{};
+    if (dladdr(dp, &info) == 0 || info.dli_fname == nullptr) {
+        return kV1;
+    }
+    void *handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    if (handle == nullptr) {
+        return kV1;
+    }
+    const auto *size = static_cast<const uint32_t *>(dlsym(handle, IBV_EXTEND_DATAPATH_SIZE_SYMBOL));
+    uint32_t n = size != nullptr && *size >= kV1 ? *size : kV1;
+    dlclose(handle);
+    return n;
+}
+
 void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     ibv_context &ctx = c->ctx;
     ctx.device = &dev->dev;
@@ -300,6 +320,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     ctx.ops.poll_cq = facePollCq;
     ctx.ops.req_notify_cq = faceReqNotifyCq;
     c->datapath = loader::datapathFor(c->info.provider);
+    c->datapath_size = c->datapath != nullptr ? datapathSize(c->datapath) : 0;
 }
 
 // ---- completion channels -------------------------------------------------------------------
@@ -374,8 +395,11 @@ void signalEventFd(int fd) {
     }
 }
 
-bool hasFatalEntries(const ibv_extend_datapath_ops *dp) {
-    return dp != nullptr && dp->abi >= IBV_EXTEND_DATAPATH_ABI_V2;
+// Whether the data path's table reaches its fatal entries (include/ibv_extend_datapath.h: the
+// size it was built with is exported beside it, by the same object).
+bool hasFatalEntries(const ShadowContext *c) {
+    constexpr size_t kEnd = offsetof(ibv_extend_datapath_ops, srq_fatal) + sizeof(void *);
+    return c->datapath != nullptr && c->datapath_size >= kEnd;
 }
 
 // The data path state of a CQ of context c, nullptr unless it is one of c's live data path CQs.
@@ -392,20 +416,20 @@ void *cqStateLocked(ShadowContext *c, ibv_cq *cq) {
 // later posts refused. The caller holds c->mu.
 void endQpLocked(ShadowContext *c, ShadowQp *q) {
     const ibv_extend_datapath_ops *dp = c->datapath;
-    if (hasFatalEntries(dp) && dp->qp_fatal != nullptr) {
+    if (hasFatalEntries(c) && dp->qp_fatal != nullptr) {
         (void)dp->qp_fatal(q->dp.state, cqStateLocked(c, q->qp.send_cq), cqStateLocked(c, q->qp.recv_cq),
                            kEndedErrno);
     }
 }
 void endSrqLocked(ShadowContext *c, ShadowSrq *q) {
     const ibv_extend_datapath_ops *dp = c->datapath;
-    if (hasFatalEntries(dp) && dp->srq_fatal != nullptr) {
+    if (hasFatalEntries(c) && dp->srq_fatal != nullptr) {
         dp->srq_fatal(q->dp.state, kEndedErrno);
     }
 }
 void endCqLocked(ShadowContext *c, ShadowCq *q) {
     const ibv_extend_datapath_ops *dp = c->datapath;
-    if (hasFatalEntries(dp) && dp->cq_fatal != nullptr) {
+    if (hasFatalEntries(c) && dp->cq_fatal != nullptr) {
         (void)dp->cq_fatal(q->dp.state, kEndedErrno);
     }
 }

@@ -14,8 +14,8 @@
  * Conventions are the libibverbs ones: post_* return 0 or an errno and set *bad_wr to the first
  * work request not posted; the work requests before it are posted and rung.
  *
- * When the device is gone for good (ABI V2: qp_fatal, cq_fatal, srq_fatal; a broker session that
- * ended), this library plays the device's last part itself: it writes the WR_FLUSH_ERR CQEs the
+ * When the device is gone for good (the appended qp_fatal, cq_fatal, srq_fatal; a broker session
+ * that ended), this library plays the device's last part itself: it writes the WR_FLUSH_ERR CQEs the
  * engine would have written for a QP in ERR (SPEC.md §6.2, the CQE publication order of §4), under
  * the same locks the tenant's post and poll take, and refuses every later post.
  */
@@ -657,7 +657,7 @@ int softnda_verbs_query_srq(void *srqv, struct ibv_srq_attr *attr) {
 }
 
 __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_extend_datapath = {
-    .abi = IBV_EXTEND_DATAPATH_ABI_V2,
+    .abi = IBV_EXTEND_DATAPATH_ABI_V1,
     .provider = SOFTNDA_PROVIDER_NAME,
     .cq_open = sd_cq_open,
     .cq_close = sd_cq_close,
@@ -679,3 +679,6 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .cq_fatal = sd_cq_fatal,
     .srq_fatal = sd_srq_fatal,
 };
+/* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
+__attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =
+    sizeof(struct ibv_extend_datapath_ops);
