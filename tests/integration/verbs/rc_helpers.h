@@ -2,7 +2,7 @@
  * The RC loopback plumbing the verbs test programs share (verbs-behaviour, restart-tenant): one
  * place that knows how a softnda RC pair is brought to RTS through the standard verbs. Header
  * only, C, for programs linked against the system libibverbs. Each program defines rc_prog (its
- * name, for messages) before including it.
+ * name, for messages) before including it. Static inline: a program uses what it needs.
  */
 #ifndef IBVX_TESTS_RC_HELPERS_H
 #define IBVX_TESTS_RC_HELPERS_H
@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-static void fail(const char *step, const char *why) {
+static inline void fail(const char *step, const char *why) {
     fprintf(stderr, "%s: %s: %s\n", rc_prog, step, why);
     exit(1);
 }
@@ -24,7 +24,7 @@ static const int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IB
 /* A completion, or the program fails after 30 s without one: a deadline by the clock, not by a
  * number of polls, since a broker restart (a crash and a RestartSec=, say) pauses completions
  * for a while and polls are cheap. */
-static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
+static inline struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
     struct ibv_wc wc;
     struct timespec t0, t;
     clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -45,7 +45,7 @@ static struct ibv_wc wait_wc(struct ibv_cq *cq, const char *step) {
     }
 }
 
-static void to_init(struct ibv_qp *qp) {
+static inline void to_init(struct ibv_qp *qp) {
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_INIT;
@@ -56,7 +56,7 @@ static void to_init(struct ibv_qp *qp) {
     }
 }
 
-static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
+static inline void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
     struct ibv_qp_attr a;
     memset(&a, 0, sizeof(a));
     a.qp_state = IBV_QPS_RTR;
@@ -86,7 +86,7 @@ static void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
     }
 }
 
-static struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
+static inline struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof(ia));
     ia.send_cq = cq;
@@ -99,7 +99,7 @@ static struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
     return ibv_create_qp(pd, &ia);
 }
 
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
+static inline struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
     struct ibv_qp *qp = rc_qp_or_null(pd, cq);
     if (qp == NULL) {
         fail("ibv_create_qp", strerror(errno));
@@ -108,7 +108,7 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
 }
 
 /* The device called name, opened; fails the program when there is none. */
-static struct ibv_context *open_named(const char *name) {
+static inline struct ibv_context *open_named(const char *name) {
     int n = 0;
     struct ibv_device **list = ibv_get_device_list(&n);
     struct ibv_context *ctx = NULL;
