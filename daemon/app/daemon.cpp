@@ -389,11 +389,7 @@ Status Daemon::init() {
     }
     started_ = true;
     if (report.restored) {
-        std::string summary = fmt::format(
-            "restart {}: {} session(s) kept with {} object(s), {} dropped; "
-            "handover took {} ms, restore {} ms",
-            report.restarts, report.sessions_kept, report.objects, report.sessions_dropped, report.took_ms,
-            report.restore_ms);
+        std::string summary = report.summary();
         spdlog::info("{}", summary);
         hub_->publish(AdminEvents::simple(AdminEvents::Event::BROKER_RESTART, summary));
     }
@@ -490,8 +486,8 @@ Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
     sopt.admin.reload = [this]() { return reload(); };
     sopt.admin.restart = [this](bool require_keep) { return requestRestart(require_keep); };
     sopt.admin.restart_info = [this]() {
-        return RestartInfo{restart_->restarts(), restart_->lastRestartUnixMs(),
-                           restart_->lastRestartTookMs()};
+        return RestartInfo{restart_->restarts(), restart_->lastRestartUnixMs(), restart_->lastRestartTookMs(),
+                           restart_->lastRestartWasCrash()};
     };
     // systemd: WATCHDOG=1 at half of WatchdogSec= and a STATUS= line when the counts change,
     // from the serving loop, so a wedged loop gets the broker restarted.
@@ -511,6 +507,10 @@ Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
         return runtimeFailure(server.status());
     }
     server_ = std::move(server).value();
+    restart_->countCallsWith([stats = &server_->stats()](uint64_t id) {
+        auto c = stats->ofSession(id);
+        return CallCounts{c.calls, c.errors};
+    });
     if (Status st = server_->start(std::move(listen_fd)); !st.isOk()) {
         return runtimeFailure(st);
     }
@@ -551,6 +551,7 @@ std::string Daemon::statusLine() {
 }
 
 void Daemon::heartbeat() {
+    restart_->markAlive();  // after a crash, the successor's bound on how long it took
     std::string status = statusLine();
     if (status != last_status_) {
         last_status_ = status;

@@ -1,6 +1,21 @@
 #include "daemon/core/session.h"
 
 namespace ibvx::daemon {
+namespace {
+
+uint64_t nowUnixMs() {
+    return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count());
+}
+
+// The steady-clock instant of a wall-clock time in the past (now, if it is not in the past).
+std::chrono::steady_clock::time_point steadyAt(uint64_t unix_ms) {
+    uint64_t now = nowUnixMs();
+    return std::chrono::steady_clock::now() - std::chrono::milliseconds(unix_ms < now ? now - unix_ms : 0);
+}
+
+}  // namespace
 
 const char *kindName(ObjectKind kind) {
     switch (kind) {
@@ -28,17 +43,23 @@ Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, 
       identity_(std::move(identity)),
       client_name_(std::move(client_name)),
       created_(std::chrono::steady_clock::now()),
+      created_unix_ms_(nowUnixMs()),
       pidfd_(std::move(pidfd)),
       memory_(MappingManager::instance().createSession(id)) {}
 
 Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
-                 UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel)
+                 UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel,
+                 const SessionHistory &history)
     : id_(id),
       token_(token),
       token_hex_(tokenToHex(token)),
       identity_(std::move(identity)),
       client_name_(std::move(client_name)),
-      created_(std::chrono::steady_clock::now()),
+      // A state from before created_unix_ms was recorded: the age starts at the restore.
+      created_(history.created_unix_ms != 0 ? steadyAt(history.created_unix_ms)
+                                            : std::chrono::steady_clock::now()),
+      created_unix_ms_(history.created_unix_ms != 0 ? history.created_unix_ms : nowUnixMs()),
+      earlier_calls_(history.calls),
       pidfd_(std::move(pidfd)),
       channel_(std::move(channel)),
       channel_fd_(channel_.get()),

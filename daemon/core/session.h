@@ -45,6 +45,18 @@ struct StoredReply {
     std::string response;  // the serialized response message
 };
 
+// What a session did before this broker process: when it was created and the Broker calls
+// made under it (the restart layer carries them across a restart, docs/restart.md). A session
+// this process opened has created_unix_ms now and no calls.
+struct CallCounts {
+    uint64_t calls = 0;
+    uint64_t errors = 0;
+};
+struct SessionHistory {
+    uint64_t created_unix_ms = 0;
+    CallCounts calls;
+};
+
 class Session {
   public:
     // At most this many fds may wait for a RegMr (a flood ends the session).
@@ -53,9 +65,11 @@ class Session {
     Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
             UniqueFd pidfd);
     // A session a restarted broker rebuilt (daemon/restart): its memory and attached fd channel
-    // come from the snapshot's fds; its objects are added by the restore.
+    // come from the snapshot's fds; its objects are added by the restore; its age and calls
+    // continue from history.
     Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
-            UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel);
+            UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel,
+            const SessionHistory &history);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -65,7 +79,13 @@ class Session {
     const std::string &tokenHex() const { return token_hex_; }
     const PeerIdentity &identity() const { return identity_; }
     const std::string &clientName() const { return client_name_; }
+    // When Hello created it, in this process's steady clock (earlier than this process's start
+    // for a restored session) and as wall-clock milliseconds.
     std::chrono::steady_clock::time_point createdAt() const { return created_; }
+    uint64_t createdUnixMs() const { return created_unix_ms_; }
+    // The calls made under it by earlier broker processes (none for a session this one
+    // opened): the edge adds its own count.
+    const CallCounts &earlierCalls() const { return earlier_calls_; }
     int pidfd() const { return pidfd_.get(); }
     // The attached fd channel, -1 before attach. Read by the broker's event loop.
     int channelFd() const { return channel_fd_.load(); }
@@ -98,6 +118,8 @@ class Session {
     const PeerIdentity identity_;
     const std::string client_name_;
     const std::chrono::steady_clock::time_point created_;
+    const uint64_t created_unix_ms_;
+    const CallCounts earlier_calls_;
     UniqueFd pidfd_;
     QuotaCharge quota_;  // the session itself (Quota::kSessions); released by Broker::endSession
 

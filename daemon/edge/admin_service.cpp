@@ -137,12 +137,11 @@ void sessionInfo(Session &s, RpcStats &stats, pb::SessionInfo *o) {
     o->set_pod_name(id.pod_name);
     o->set_pod_container(id.pod_container);
     o->set_client_name(s.clientName());
+    // A restored session's age and calls go on from what the earlier broker processes saw.
     auto age = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
                                                                      s.createdAt());
-    auto since = std::chrono::system_clock::now() - age;
     o->set_connected_ms(static_cast<uint64_t>(age.count()));
-    o->set_connected_since_unix_ms(static_cast<uint64_t>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(since.time_since_epoch()).count()));
+    o->set_connected_since_unix_ms(s.createdUnixMs());
     o->set_attached(s.attached());
     o->set_objects(s.objectCount());
     MemoryStats m = memoryOf(s);
@@ -150,8 +149,8 @@ void sessionInfo(Session &s, RpcStats &stats, pb::SessionInfo *o) {
     o->set_allocated_bytes(m.allocated_bytes);
     o->set_doorbell_pages(m.doorbell_pages);
     RpcStats::SessionCalls c = stats.ofSession(s.id());
-    o->set_rpc_calls(c.calls);
-    o->set_rpc_errors(c.errors);
+    o->set_rpc_calls(s.earlierCalls().calls + c.calls);
+    o->set_rpc_errors(s.earlierCalls().errors + c.errors);
 }
 
 // Counts what a page holds: it is full at `limit` entries or once they take the byte budget.
@@ -423,6 +422,7 @@ grpc::ServerUnaryReactor *AdminService::GetStatus(grpc::CallbackServerContext *c
             resp->set_restarts(r.restarts);
             resp->set_last_restart_unix_ms(r.last_unix_ms);
             resp->set_last_restart_took_ms(r.last_took_ms);
+            resp->set_last_restart_crash(r.last_crash);
         }
         return Status::ok();
     });

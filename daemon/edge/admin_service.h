@@ -47,6 +47,7 @@ struct RestartInfo {
     uint64_t restarts = 0;
     uint64_t last_unix_ms = 0;
     uint64_t last_took_ms = 0;
+    bool last_crash = false;  // after a crash: last_took_ms is an upper bound
 };
 
 // What the daemon tells the Admin service about itself.

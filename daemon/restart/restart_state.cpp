@@ -162,6 +162,22 @@ uint64_t processStartTime(pid_t pid) {
     return std::strtoull(field.c_str(), nullptr, 10);
 }
 
+std::string RestoreReport::summary() const {
+    std::string took;
+    if (!crash) {
+        took = "handover took " + std::to_string(took_ms) + " ms";
+    } else if (took_ms != 0) {
+        took = "after a crash: down at most " + std::to_string(took_ms) +
+               " ms (since the old process was last seen alive)";
+    } else {
+        took = "after a crash: downtime unknown";
+    }
+    return "restart " + std::to_string(restarts) + ": " + std::to_string(sessions_kept) +
+           " session(s) kept with " + std::to_string(objects) + " object(s), " +
+           std::to_string(sessions_dropped) + " dropped; " + took + ", restore " +
+           std::to_string(restore_ms) + " ms";
+}
+
 RestartState::RestartState(Broker &broker, FdStoreHooks store) : broker_(broker), store_(std::move(store)) {}
 
 RestartState::~RestartState() = default;
@@ -170,7 +186,7 @@ Status RestartState::start() {
     if (!global_.fd() || global_.fd() < 0) {
         ASSIGN_OR_RETURN(global_, StateFile::create("ibvx-global"));
     }
-    RETURN_IF_ERROR(writeGlobal(0));
+    RETURN_IF_ERROR(writeGlobal());
     if (store_.enabled()) {
         RETURN_IF_ERROR(store_.add({{kGlobalName, global_.fd()}}));
     }
@@ -189,8 +205,31 @@ uint64_t RestartState::lastRestartTookMs() const {
     std::lock_guard lock(mu_);
     return last_took_ms_;
 }
+bool RestartState::lastRestartWasCrash() const {
+    std::lock_guard lock(mu_);
+    return last_crash_;
+}
 
-Status RestartState::writeGlobal(uint64_t handover_started_ms) {
+void RestartState::markAlive() {
+    Status st = writeGlobal();
+    std::lock_guard lock(global_mu_);
+    if (!st.isOk() && !alive_warned_) {
+        alive_warned_ = true;
+        spdlog::warn("cannot update ibvx.global ({}): a crash restart's duration will be overstated",
+                     st.message());
+    }
+}
+
+void RestartState::countCallsWith(CallCounter counter) {
+    std::lock_guard lock(mu_);
+    call_counter_ = std::move(counter);
+}
+
+Status RestartState::writeGlobal() {
+    std::lock_guard write(global_mu_);
+    if (global_.fd() < 0) {
+        return Status::ok();  // before start(): nothing to keep alive yet
+    }
     rpb::Global g;
     uint64_t next_region = MappingManager::instance().nextRegionId();
     {
@@ -203,7 +242,8 @@ Status RestartState::writeGlobal(uint64_t handover_started_ms) {
         g.set_last_restart_unix_ms(static_cast<int64_t>(last_restart_unix_ms_));
         g.set_next_session_id(broker_.nextSessionId());
         g.set_region_floor(next_region + kRegionSlack);
-        g.set_handover_started_unix_ms(static_cast<int64_t>(handover_started_ms));
+        g.set_handover_started_unix_ms(static_cast<int64_t>(handover_started_ms_));
+        g.set_alive_unix_ms(static_cast<int64_t>(nowUnixMs()));
         region_floor_written_ = next_region;
     }
     std::string bytes;
@@ -402,6 +442,21 @@ void RestartState::exportTouched(Session &s, const std::vector<uint64_t> &handle
     }
 }
 
+CallCounts RestartState::callsOf(const Session &s) const {
+    CallCounts c = s.earlierCalls();
+    CallCounter counter;
+    {
+        std::lock_guard lock(mu_);
+        counter = call_counter_;
+    }
+    if (counter) {
+        CallCounts now = counter(s.id());
+        c.calls += now.calls;
+        c.errors += now.errors;
+    }
+    return c;
+}
+
 std::vector<StateFile::Record> RestartState::fullImage(Session &s, SessionEntry &e) {
     std::vector<StateFile::Record> out;
     const uint64_t id = s.id();
@@ -410,6 +465,10 @@ std::vector<StateFile::Record> RestartState::fullImage(Session &s, SessionEntry 
     h.set_token(std::string(reinterpret_cast<const char *>(s.token().data()), s.token().size()));
     toProto(s.identity(), e.start_time, h.mutable_identity());
     h.set_client_name(s.clientName());
+    h.set_created_unix_ms(static_cast<int64_t>(s.createdUnixMs()));
+    e.image_calls = callsOf(s);
+    h.set_rpc_calls(e.image_calls.calls);
+    h.set_rpc_errors(e.image_calls.errors);
     h.set_channel_fd(s.channel_ ? channelName(id) : std::string());
     out.emplace_back(kHeader, serialized(h));
     MemoryState mem = MappingManager::instance().exportState(*s.memory_);
@@ -652,7 +711,7 @@ Status RestartState::commit(Session &s) {
         floor_due = MappingManager::instance().nextRegionId() >= region_floor_written_ + kRegionSlack / 2;
     }
     if (floor_due) {
-        RETURN_IF_ERROR(writeGlobal(0));
+        RETURN_IF_ERROR(writeGlobal());
     }
     return Status::ok();
 }
@@ -703,10 +762,28 @@ RestartState::Plan RestartState::plan() {
 
 StatusOr<std::vector<std::pair<std::string, int>>> RestartState::handover() {
     std::vector<std::pair<std::string, int>> out;
+    {
+        std::lock_guard lock(mu_);
+        handover_started_ms_ = nowUnixMs();  // the successor's "took" counts the commits below
+    }
     for (auto &s : broker_.sessions()) {
+        {
+            // The call counts live in the header, which only an image writes: a session that
+            // made calls since its last image gets a new one, so the successor goes on from
+            // the exact count.
+            std::lock_guard slock(s->mu_);
+            CallCounts now = callsOf(*s);
+            std::lock_guard lock(mu_);
+            auto it = entries_.find(s->id());
+            if (it != entries_.end()) {
+                SessionEntry &e = *it->second;
+                e.compact_next =
+                    e.compact_next || now.calls != e.image_calls.calls || now.errors != e.image_calls.errors;
+            }
+        }
         RETURN_IF_ERROR(broker_.commit(*s, StoredReply{}));
     }
-    RETURN_IF_ERROR(writeGlobal(nowUnixMs()));
+    RETURN_IF_ERROR(writeGlobal());
     out.emplace_back(kGlobalName, global_.fd());
     for (auto &s : broker_.sessions()) {
         std::lock_guard slock(s->mu_);
@@ -900,8 +977,11 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
     Relocations reloc;
     ASSIGN_OR_RETURN(std::unique_ptr<SessionMemory> memory,
                      MappingManager::instance().restoreSession(m.id(), std::move(ms), &reloc));
+    SessionHistory history;
+    history.created_unix_ms = static_cast<uint64_t>(std::max<int64_t>(m.created_unix_ms(), 0));
+    history.calls = {m.rpc_calls(), m.rpc_errors()};
     auto s = std::make_shared<Session>(m.id(), token, identity, m.client_name(), std::move(pidfd),
-                                       std::move(memory), std::move(channel));
+                                       std::move(memory), std::move(channel), history);
     const TenantKey tenant{identity.creds.uid, identity.container_id, identity.pod_namespace};
     QuotaValues one{};
     one[static_cast<size_t>(Quota::kSessions)] = 1;
@@ -1198,9 +1278,12 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
         std::lock_guard lock(mu_);
         restarts_ = g.restarts() + 1;
         last_restart_unix_ms_ = nowUnixMs();
-        last_took_ms_ = g.handover_started_unix_ms() > 0 &&
-                                static_cast<uint64_t>(g.handover_started_unix_ms()) <= last_restart_unix_ms_
-                            ? last_restart_unix_ms_ - static_cast<uint64_t>(g.handover_started_unix_ms())
+        // A handover says when it began. A crash does not: the old process's last sign of life
+        // (its heartbeat) bounds the gap from above.
+        last_crash_ = g.handover_started_unix_ms() <= 0;
+        const int64_t since = last_crash_ ? g.alive_unix_ms() : g.handover_started_unix_ms();
+        last_took_ms_ = since > 0 && static_cast<uint64_t>(since) <= last_restart_unix_ms_
+                            ? last_restart_unix_ms_ - static_cast<uint64_t>(since)
                             : 0;
     }
     MappingManager::instance().raiseRegionFloor(g.region_floor());
@@ -1299,6 +1382,7 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
     }
     report.restarts = restarts();
     report.took_ms = lastRestartTookMs();
+    report.crash = lastRestartWasCrash();
     report.restore_ms = static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
     return report;

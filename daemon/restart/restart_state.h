@@ -8,6 +8,8 @@
 //    held only around table operations, never across a driver call or a file write of another
 //    session.
 //  - restore() runs before the server serves; handover() after it stopped.
+//  - global_mu_ serializes the writes of ibvx.global (a commit's region floor, markAlive() from
+//    the heartbeat, handover()); it is taken before mu_, never the other way.
 #pragma once
 
 #include <cstdint>
@@ -45,9 +47,17 @@ struct RestoreReport {
     uint32_t sessions_dropped = 0;
     uint64_t objects = 0;
     uint64_t restarts = 0;
-    uint64_t took_ms = 0;               // from the old process's handover (0: unknown, e.g. a crash)
+    // From the old process's handover to serving; after a crash (crash set), an upper bound:
+    // from the last time the old process was known alive (0: unknown, an older broker's state).
+    uint64_t took_ms = 0;
+    bool crash = false;
     uint64_t restore_ms = 0;            // this process's part
     std::vector<std::string> problems;  // one line per dropped session or leftover
+
+    // The log line and the broker-restart event: "restart N: S session(s) kept ..., handover
+    // took T ms" or, after a crash, "... down at most T ms (since the old process was last
+    // seen alive)".
+    std::string summary() const;
 };
 
 class RestartState {
@@ -88,6 +98,17 @@ class RestartState {
     uint64_t restarts() const;
     uint64_t lastRestartUnixMs() const;
     uint64_t lastRestartTookMs() const;
+    // The last restart followed a crash: lastRestartTookMs() is an upper bound.
+    bool lastRestartWasCrash() const;
+
+    // Records that this process is alive (the daemon's heartbeat, at most 1 s apart): after a
+    // crash, the successor's restart time is measured from the last mark.
+    void markAlive();
+
+    // Where the edge counts each session's calls (ListSessions' CALLS): each state carries
+    // them, so a restored session's count goes on. Unset: none are carried.
+    using CallCounter = std::function<CallCounts(uint64_t session_id)>;
+    void countCallsWith(CallCounter counter);
 
   private:
     struct SessionEntry {
@@ -113,12 +134,15 @@ class RestartState {
         // a new fd is told apart by kcmp(KCMP_FILE), as systemd does.
         std::vector<std::pair<UniqueFd, uint64_t>> probes;
         std::vector<StateFile::Record> new_aliases;  // not logged yet
+        CallCounts image_calls;                      // the counts the last image's header holds
         bool warned = false;
     };
     // Names and fds a session's state needs now (for the store and for exec).
     std::vector<std::pair<std::string, int>> sessionFds(Session &s, SessionEntry &e);
     // The session's whole state as log records (a compaction, or the first commit).
     std::vector<StateFile::Record> fullImage(Session &s, SessionEntry &e);
+    // Its calls so far, in this process and before (takes mu_).
+    CallCounts callsOf(const Session &s) const;
     // Exports the driver state of the objects a call touched.
     void exportTouched(Session &s, const std::vector<uint64_t> &handles);
     void storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch, const std::string &name,
@@ -128,7 +152,8 @@ class RestartState {
     // Which file fd is, as systemd tells stored fds apart: (dev, inode) for a regular file (a
     // memfd), a per-session number per open file description for anything else.
     std::pair<uint64_t, uint64_t> fileOf(SessionEntry &e, int fd);
-    Status writeGlobal(uint64_t handover_started_ms);
+    // Rewrites ibvx.global whole, with the handover's start time once handover() set it.
+    Status writeGlobal();
     Status restoreSession(const std::vector<StateFile::Record> &records, std::map<std::string, UniqueFd> &fds,
                           StateFile file, std::shared_ptr<Session> *out, uint64_t *objects);
     void dropNames(const std::vector<std::string> &names);
@@ -137,11 +162,16 @@ class RestartState {
     FdStoreHooks store_;
     mutable std::mutex mu_;
     std::map<uint64_t, std::unique_ptr<SessionEntry>> entries_;
+    std::mutex global_mu_;  // serializes writes of global_ (commits, the heartbeat, handover)
     StateFile global_;
     uint64_t restarts_ = 0;
     uint64_t last_restart_unix_ms_ = 0;
     uint64_t last_took_ms_ = 0;
+    bool last_crash_ = false;
+    uint64_t handover_started_ms_ = 0;  // 0 until handover()
     uint64_t region_floor_written_ = 0;
+    bool alive_warned_ = false;  // guarded by global_mu_
+    CallCounter call_counter_;   // set before serving, read by commits
 };
 
 // Reads /proc/<pid>/stat's starttime (clock ticks since boot); 0 when the process is gone.

@@ -176,9 +176,20 @@ int cmdStatus(Client &c, const Options &o) {
               << r.doorbell_pages() << " doorbell page(s)\n"
               << "calls:      " << r.total_calls() << '\n'
               << "restarts: " << r.restarts();
-    if (r.last_restart_unix_ms() != 0) {
+    if (r.last_restart_unix_ms() != 0 && !r.last_restart_crash()) {
         std::cout << " (last " << isoUtc(r.last_restart_unix_ms()) << ", took "
                   << humanDuration(r.last_restart_took_ms()) << ")";
+    } else if (r.last_restart_unix_ms() != 0) {
+        // After a crash the broker knows only when the old process was last seen alive: an upper
+        // bound, so rounded up (humanDuration's whole seconds would understate it).
+        uint64_t ms = r.last_restart_took_ms();
+        uint64_t tenths = (ms + 99) / 100;
+        std::string bound = ms < 1000 ? std::to_string(ms) + "ms"
+                                      : std::to_string(tenths / 10) + "." + std::to_string(tenths % 10) + "s";
+        std::cout << " (last " << isoUtc(r.last_restart_unix_ms()) << ", after a crash: "
+                  << (ms != 0 ? "took ≤" + bound + ", since the old process was last seen alive"
+                              : std::string("took an unknown time"))
+                  << ")";
     }
     std::cout << '\n' << "devices:    " << r.devices_size() << '\n';
     if (r.devices_size() > 0) {

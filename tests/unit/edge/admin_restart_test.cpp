@@ -145,6 +145,18 @@ TEST(AdminRestart, StatusCarriesTheRestartHistory) {
     EXPECT_EQ(status.restarts(), 2u);
     EXPECT_EQ(status.last_restart_unix_ms(), 1764601201123u);
     EXPECT_EQ(status.last_restart_took_ms(), 850u);
+    EXPECT_FALSE(status.last_restart_crash());
+}
+
+TEST(AdminRestart, StatusSaysWhenTheLastRestartFollowedACrash) {
+    AdminHooks hooks;
+    hooks.restart_info = [] { return RestartInfo{1, 1764601201123, 1830, /*last_crash=*/true}; };
+    AdminRestartEdge edge(hooks);
+    grpc::ClientContext ctx;
+    pb::GetStatusResponse status;
+    ASSERT_TRUE(edge.stub().GetStatus(&ctx, pb::GetStatusRequest{}, &status).ok());
+    EXPECT_TRUE(status.last_restart_crash());
+    EXPECT_EQ(status.last_restart_took_ms(), 1830u);  // an upper bound, as the flag says
 }
 
 TEST(AdminRestart, DriversKeepWhenTheirRestartEntriesAreThere) {
