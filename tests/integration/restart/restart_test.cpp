@@ -2,10 +2,14 @@
 // real ibv-extendd, restarted through Admin.Restart (what `ibv-extendctl restart` calls), while
 // real tenant processes (restart-tenant through ibv-extend-run, over the libibverbs face) keep a
 // verified WRITE loop and control calls going.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/unix_socket.h"
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/test_client.h"
 
@@ -27,10 +32,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// A tenant process with a pipe on stdin (closed to stop it) and one on stdout (read by line).
+// A tenant process (restart-tenant unless program says otherwise, through ibv-extend-run) with a
+// pipe on stdin (closed to stop it) and one on stdout (read by line).
 class Tenant {
   public:
-    Tenant(const std::string &socket, const std::string &err_path) {
+    Tenant(const std::string &socket, const std::string &err_path,
+           const std::vector<std::string> &program = {IBVX_RESTART_TENANT, "softnda0"}) {
         int in[2], out[2];
         if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
             return;
@@ -41,8 +48,8 @@ class Tenant {
             dup2(out[1], 1);
             int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             dup2(err, 2);
-            std::vector<std::string> argv = {IBVX_RUN_BINARY,     "--socket", socket, "--",
-                                             IBVX_RESTART_TENANT, "softnda0"};
+            std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", socket, "--"};
+            argv.insert(argv.end(), program.begin(), program.end());
             std::vector<char *> args;
             for (auto &a : argv) {
                 args.push_back(a.data());
@@ -101,6 +108,16 @@ class Tenant {
         waitpid(pid_, &status, 0);
         reaped_ = true;
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+    // Whether it has exited (then *rc is what wait() would return), without waiting.
+    bool exited(int *rc) {
+        int status = 0;
+        if (reaped_ || waitpid(pid_, &status, WNOHANG) != pid_) {
+            return reaped_;
+        }
+        reaped_ = true;
+        *rc = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        return true;
     }
     void kill9() {
         kill(pid_, SIGKILL);
@@ -193,6 +210,35 @@ class AdminClient {
             out[pid_of[o.session()]].insert(o.handle());
         }
         return out;
+    }
+    // What ListSessions says of each session, by id.
+    std::map<uint64_t, pb::SessionInfo> sessionInfos() {
+        std::map<uint64_t, pb::SessionInfo> out;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+        pb::ListSessionsResponse resp;
+        EXPECT_TRUE(stub_->ListSessions(&ctx, pb::ListSessionsRequest{}, &resp).ok());
+        for (const auto &s : resp.sessions()) {
+            out[s.id()] = s;
+        }
+        return out;
+    }
+    // An engine counter of softnda0 ("wqes_executed", ...); 0 when the broker does not answer.
+    uint64_t engineCounter(const std::string &name) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+        pb::GetStatsResponse resp;
+        if (!stub_->GetStats(&ctx, pb::GetStatsRequest{}, &resp).ok()) {
+            return 0;
+        }
+        for (const auto &e : resp.engines()) {
+            for (const auto &c : e.counters()) {
+                if (e.device() == "softnda0" && c.name() == name) {
+                    return c.value();
+                }
+            }
+        }
+        return 0;
     }
     // session id -> pid
     std::map<uint64_t, int> sessions() {
@@ -330,6 +376,288 @@ TEST(Restart, RequireKeepRefusesNothingToRefuseAndAnswersTheBinary) {
     EXPECT_EQ(resp.sessions_dropped(), 0u);
     admin.reconnect();
     ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+}
+
+// Sessions' AGE and CALLS (ibv-extendctl sessions) go on across a restart: the state carries
+// the session's creation time and its call counts.
+TEST(Restart, SessionsKeepTheirAgeAndCallsAcrossARestart) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    ASSERT_FALSE(tenant.lineStarting("ready ").empty()) << slurp(broker.dir() + "/tenant.err");
+    std::this_thread::sleep_for(1200ms);  // an age the restart's own time cannot explain
+    std::map<uint64_t, pb::SessionInfo> before = admin.sessionInfos();
+    ASSERT_EQ(before.size(), 1u);
+    pb::RestartResponse resp;
+    ASSERT_TRUE(admin.restart(true, &resp).ok()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    std::map<uint64_t, pb::SessionInfo> after = admin.sessionInfos();
+    ASSERT_EQ(after.size(), 1u);
+    const pb::SessionInfo &b = before.begin()->second, &a = after.begin()->second;
+    EXPECT_EQ(a.id(), b.id());
+    EXPECT_GE(a.connected_ms(), b.connected_ms()) << broker.log();
+    EXPECT_GE(a.connected_ms(), 1200u);
+    EXPECT_EQ(a.connected_since_unix_ms(), b.connected_since_unix_ms());
+    EXPECT_GE(a.rpc_calls(), b.rpc_calls()) << broker.log();
+    EXPECT_GT(b.rpc_calls(), 5u);  // Hello, the pair's bring-up, the control loop
+    EXPECT_EQ(a.rpc_errors(), b.rpc_errors());
+    std::string done = tenant.finish();
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "control_failed"), 0u) << done;
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+}
+
+// ---- the default daemonizing mode ----------------------------------------------------------
+// `ibv-extendd` with neither --foreground nor NOTIFY_SOCKET detaches (daemon(3)). The test
+// process is a child subreaper, so the detached broker is its child again: it can be waited
+// for, and nothing of it can outlive the test unseen.
+class DetachedBroker {
+  public:
+    DetachedBroker() {
+        char tmpl[] = "/tmp/ibvx-dm.XXXXXX";
+        dir_ = mkdtemp(tmpl);
+        socket_ = dir_ + "/b.sock";
+        prctl(PR_SET_CHILD_SUBREAPER, 1);
+        std::vector<std::string> env;
+        for (char **e = environ; *e != nullptr; ++e) {
+            std::string v(*e);
+            // What would keep it in the foreground, or hand it fds it is not meant to have.
+            if (v.rfind("NOTIFY_SOCKET=", 0) != 0 && v.rfind("JOURNAL_STREAM=", 0) != 0 &&
+                v.rfind("LISTEN_", 0) != 0 && v.rfind("WATCHDOG_", 0) != 0) {
+                env.push_back(v);
+            }
+        }
+        std::vector<char *> envp;
+        for (auto &v : env) {
+            envp.push_back(v.data());
+        }
+        envp.push_back(nullptr);
+        std::string daemon = std::string(std::getenv("IBVX_BUILD_DIR")) + "/daemon/ibv-extendd";
+        std::vector<std::string> argv = {daemon, "--socket", socket_, "--log-level", "debug"};
+        std::vector<char *> args;
+        for (auto &a : argv) {
+            args.push_back(a.data());
+        }
+        args.push_back(nullptr);
+        std::string log = dir_ + "/log";
+        pid_t launcher = fork();
+        if (launcher == 0) {
+            int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            dup2(fd, 1);
+            dup2(fd, 2);
+            execve(args[0], args.data(), envp.data());
+            _exit(127);
+        }
+        int st = 0;
+        waitpid(launcher, &st, 0);  // daemon(3): the process started returns once it has forked
+        launcher_rc_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        launcher_ = launcher;
+    }
+    ~DetachedBroker() {
+        if (pid_ > 0 && !reaped_) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+        std::string cmd = "rm -rf " + dir_;
+        (void)!system(cmd.c_str());
+    }
+    // The detached broker's pid, from its own status; -1 when none answers within 20 s.
+    pid_t findPid(AdminClient &admin) {
+        if (!eventually([&] { return ibvx::connectUnix(socket_).isOk(); }, 20s)) {
+            return -1;
+        }
+        pb::GetStatusResponse st;
+        if (!admin.status(&st).ok()) {
+            return -1;
+        }
+        pid_ = st.pid();
+        return pid_;
+    }
+    // SIGTERM, then the exit code (128 + signal), or -1 when it did not exit within 10 s.
+    int terminate() {
+        kill(pid_, SIGTERM);
+        int st = 0;
+        if (!eventually([&] { return waitpid(pid_, &st, WNOHANG) == pid_; }, 10s)) {
+            return -1;
+        }
+        reaped_ = true;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    int launcherRc() const { return launcher_rc_; }
+    pid_t launcher() const { return launcher_; }
+    const std::string &socket() const { return socket_; }
+    const std::string &dir() const { return dir_; }
+    std::string log() const { return slurp(dir_ + "/log"); }
+
+  private:
+    std::string dir_, socket_;
+    pid_t launcher_ = -1, pid_ = -1;
+    int launcher_rc_ = -1;
+    bool reaped_ = false;
+};
+
+// This process's children that are still there (zombies included), as "pid comm" lines.
+std::string childrenLeft() {
+    std::string out;
+    const std::string self = std::to_string(getpid());
+    if (DIR *d = opendir("/proc")) {
+        while (dirent *e = readdir(d)) {
+            if (!isdigit(static_cast<unsigned char>(e->d_name[0]))) {
+                continue;
+            }
+            std::string stat = slurp(std::string("/proc/") + e->d_name + "/stat");
+            size_t close = stat.rfind(')');
+            if (close == std::string::npos) {
+                continue;
+            }
+            // After comm: state, then ppid.
+            char state = 0;
+            int ppid = 0;
+            if (sscanf(stat.c_str() + close + 1, " %c %d", &state, &ppid) == 2 &&
+                std::to_string(ppid) == self) {
+                out += std::string(e->d_name) + " " + stat.substr(0, close + 1) + "\n";
+            }
+        }
+        closedir(d);
+    }
+    return out;
+}
+
+TEST(RestartDaemonizing, RequireKeepRestartsTheDetachedBrokerInPlace) {
+    DetachedBroker broker;
+    EXPECT_EQ(broker.launcherRc(), 0) << broker.log();
+    AdminClient admin(broker.socket());
+    const pid_t pid = broker.findPid(admin);
+    ASSERT_GT(pid, 0) << broker.log();
+    EXPECT_NE(pid, broker.launcher());  // it did detach
+
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    ASSERT_FALSE(tenant.lineStarting("ready ").empty())
+        << slurp(broker.dir() + "/tenant.err") << broker.log();
+    std::map<uint64_t, int> sessions_before = admin.sessions();
+    std::set<uint64_t> objects_before = admin.objects()[tenant.pid()];
+    ASSERT_EQ(sessions_before.size(), 1u);
+    ASSERT_GE(objects_before.size(), 7u);
+
+    pb::RestartResponse resp;
+    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
+    EXPECT_EQ(resp.sessions_kept(), 1u);
+    EXPECT_EQ(resp.sessions_dropped(), 0u);
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    pb::GetStatusResponse status;
+    ASSERT_TRUE(admin.status(&status).ok());
+    EXPECT_EQ(status.pid(), pid);  // the exec'd broker did not detach again
+    EXPECT_EQ(status.sessions(), 1u);
+    EXPECT_FALSE(status.last_restart_crash());
+    EXPECT_EQ(admin.sessions(), sessions_before) << broker.log();
+    std::set<uint64_t> now = admin.objects()[tenant.pid()];
+    EXPECT_TRUE(std::includes(now.begin(), now.end(), objects_before.begin(), objects_before.end()))
+        << broker.log();
+    std::string log = broker.log();
+    EXPECT_NE(log.find("restart 1: 1 session(s) kept"), std::string::npos) << log;
+    EXPECT_EQ(log.find("another broker is serving"), std::string::npos) << log;
+
+    std::string done = tenant.finish();
+    ASSERT_FALSE(done.empty()) << tenant.lines() << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "failed"), 0u) << done;
+    EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_GT(field(done, "wrs"), 0u);
+
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+    EXPECT_EQ(kill(pid, 0), -1);
+    EXPECT_EQ(childrenLeft(), "");
+    EXPECT_NE(access(broker.socket().c_str(), F_OK), 0) << "the socket outlived the broker";
+}
+
+// ---- Debian's ibv_rc_pingpong across a restart (--foreground) -------------------------------
+
+// A free TCP port on localhost for the pair (tests may run in parallel).
+int freePort() {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    int port = 18515;
+    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0 &&
+        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
+        port = ntohs(a.sin_port);
+    }
+    if (fd >= 0) {
+        close(fd);
+    }
+    return port;
+}
+
+TEST(RestartForeground, RcPingpongPairRunsOnAcrossARequireKeepRestart) {
+    if (access("/usr/bin/ibv_rc_pingpong", X_OK) != 0) {
+        GTEST_SKIP() << "no /usr/bin/ibv_rc_pingpong (Debian's ibverbs-utils)";
+    }
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    AdminClient admin(broker.socket());
+    // About 3 s on an idle host; the restart comes a tenth of the way in.
+    constexpr int kIters = 20000;
+    const std::string port = std::to_string(freePort());
+    const std::vector<std::string> server_argv = {"/usr/bin/ibv_rc_pingpong", "-d", "softnda0", "-n",
+                                                  std::to_string(kIters),     "-p", port};
+    std::vector<std::string> client_argv = server_argv;
+    client_argv.push_back("localhost");
+    Tenant server(broker.socket(), broker.dir() + "/server.err", server_argv);
+    std::unique_ptr<Tenant> client;
+    int rc = -1;
+    // The client is retried while the server is not listening yet; then the pair must be moving.
+    ASSERT_TRUE(eventually(
+        [&] {
+            if (client == nullptr || client->exited(&rc)) {
+                client = std::make_unique<Tenant>(broker.socket(), broker.dir() + "/client.err", client_argv);
+            }
+            return admin.engineCounter("wqes_executed") >= kIters / 5;
+        },
+        20s))
+        << slurp(broker.dir() + "/server.err") << slurp(broker.dir() + "/client.err") << broker.log();
+    ASSERT_EQ(admin.sessions().size(), 2u);
+
+    // The clients that found no server yet ended their sessions before this point.
+    const size_t restart_at = broker.log().size();
+    pb::RestartResponse resp;
+    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
+    EXPECT_EQ(resp.sessions_kept(), 2u);
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+
+    // No session ends while the pair runs ("session N ended (fd channel closed)" after a restore
+    // was the bug), and both ends finish.
+    int server_rc = -1, client_rc = -1;
+    bool ended_early = false;
+    bool finished = eventually(
+        [&] {
+            bool s = server.exited(&server_rc), c = client->exited(&client_rc);
+            if (!s && !c && broker.log().find(" ended (", restart_at) != std::string::npos) {
+                ended_early = true;
+            }
+            return s && c;
+        },
+        40s);
+    EXPECT_FALSE(ended_early) << broker.log();
+    ASSERT_TRUE(finished) << "the pair did not finish after the restart (engine wqes_executed "
+                          << admin.engineCounter("wqes_executed") << ")\n"
+                          << broker.log();
+    const std::string expect = std::to_string(kIters) + " iters in";
+    std::string server_out = server.lineStarting(expect), client_out = client->lineStarting(expect);
+    EXPECT_EQ(server_rc, 0) << server.lines() << slurp(broker.dir() + "/server.err");
+    EXPECT_EQ(client_rc, 0) << client->lines() << slurp(broker.dir() + "/client.err");
+    EXPECT_FALSE(server_out.empty()) << server.lines();
+    EXPECT_FALSE(client_out.empty()) << client->lines();
+    printf("ibv_rc_pingpong across a restart: %s", client_out.c_str());
+    EXPECT_TRUE(eventually([&] { return admin.sessions().empty(); })) << broker.log();
     EXPECT_EQ(broker.terminate(), 0) << broker.log();
 }
 
@@ -513,6 +841,84 @@ TEST(RestartFdStore, CorruptStateAndMissingArenaEndOnlyThoseSessions) {
     EXPECT_EQ(good.wait(), 0) << done << slurp(broker.dir() + "/good.err");
     EXPECT_EQ(field(done, "failed"), 0u);
     EXPECT_EQ(field(done, "control_failed"), 0u) << slurp(broker.dir() + "/good.err");
+}
+
+// After a crash the broker cannot know when the old process stopped: status's took is an upper
+// bound, from the old process's last heartbeat, so it covers RestartSec= and is flagged as a
+// crash; a systemctl restart (a handover) is not.
+TEST(RestartFdStore, Kill9ReportsAnUpperBoundOfTheGapNotZero) {
+    constexpr uint64_t kRestartSecMs = 1200;
+    StoreBroker broker(static_cast<int>(kRestartSecMs));
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    std::this_thread::sleep_for(1500ms);  // a heartbeat or two
+    const auto killed = std::chrono::steady_clock::now();
+    broker.send("kill9");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    pb::GetStatusResponse status;
+    ASSERT_TRUE(admin.status(&status).ok());
+    const auto seen_ms = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed)
+            .count());
+    EXPECT_TRUE(status.last_restart_crash());
+    EXPECT_GE(status.last_restart_took_ms(), kRestartSecMs) << broker.log();
+    // At most one heartbeat period (1 s) before the kill, and the test saw the rest.
+    EXPECT_LE(status.last_restart_took_ms(), seen_ms + 1000) << broker.log();
+    std::string log = broker.log();
+    EXPECT_NE(log.find("after a crash: down at most "), std::string::npos) << log;
+
+    std::string ctl = std::string(std::getenv("IBVX_BUILD_DIR")) +
+                      "/tools/ibv-extendctl/ibv-extendctl --socket " + broker.socket() + " status";
+    std::string out;
+    if (FILE *p = popen(ctl.c_str(), "r")) {
+        char buf[512];
+        while (fgets(buf, sizeof(buf), p) != nullptr) {
+            out += buf;
+        }
+        pclose(p);
+    }
+    EXPECT_NE(out.find("restarts: 1 (last "), std::string::npos) << out;
+    EXPECT_NE(out.find(", after a crash: took ≤"), std::string::npos) << out;
+    EXPECT_EQ(out.find("took 0ms"), std::string::npos) << out;
+
+    broker.send("restart");  // a handover says when it began: an exact time, no crash
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(2)) << broker.log();
+    ASSERT_TRUE(admin.status(&status).ok());
+    EXPECT_FALSE(status.last_restart_crash());
+    EXPECT_LT(status.last_restart_took_ms(), kRestartSecMs) << broker.log();  // RestartSec= is for crashes
+}
+
+// After a crash the session's age still goes on (its creation time is in its state).
+TEST(RestartFdStore, Kill9KeepsTheSessionsAge) {
+    StoreBroker broker;
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    ASSERT_FALSE(tenant.lineStarting("ready ").empty())
+        << slurp(broker.dir() + "/tenant.err") << broker.log();
+    std::this_thread::sleep_for(1200ms);
+    std::map<uint64_t, pb::SessionInfo> before = admin.sessionInfos();
+    ASSERT_EQ(before.size(), 1u);
+    broker.send("kill9");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    std::map<uint64_t, pb::SessionInfo> after = admin.sessionInfos();
+    ASSERT_EQ(after.size(), 1u) << broker.log();
+    EXPECT_EQ(after.begin()->first, before.begin()->first);
+    EXPECT_GE(after.begin()->second.connected_ms(), before.begin()->second.connected_ms());
+    EXPECT_EQ(after.begin()->second.connected_since_unix_ms(),
+              before.begin()->second.connected_since_unix_ms());
+    std::string done = tenant.finish();
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "control_failed"), 0u) << done;
 }
 
 }  // namespace
