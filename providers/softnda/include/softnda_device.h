@@ -48,6 +48,24 @@ enum softnda_opcode {
     SOFTNDA_OP_ATOMIC_FETCH_AND_ADD = 7,
 };
 
+/* The completion opcode (enum ibv_wc_opcode) of a send WQE's opcode: what a CQE for it carries,
+ * success or error, flushed ones included (SPEC.md §3). */
+static inline uint8_t softnda_send_wc_opcode(uint8_t op) {
+    switch (op) {
+        case SOFTNDA_OP_RDMA_WRITE:
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
+            return IBV_WC_RDMA_WRITE;
+        case SOFTNDA_OP_RDMA_READ:
+            return IBV_WC_RDMA_READ;
+        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
+            return IBV_WC_COMP_SWAP;
+        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
+            return IBV_WC_FETCH_ADD;
+        default:
+            return IBV_WC_SEND;
+    }
+}
+
 enum softnda_wqe_flags {
     SOFTNDA_WQE_SIGNALED = 1 << 0,
     SOFTNDA_WQE_FENCE = 1 << 1,

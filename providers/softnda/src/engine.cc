@@ -31,22 +31,6 @@ uint64_t nowNs() {
     return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-uint8_t wcOpcodeOf(uint8_t op) {
-    switch (op) {
-        case SOFTNDA_OP_RDMA_WRITE:
-        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
-            return IBV_WC_RDMA_WRITE;
-        case SOFTNDA_OP_RDMA_READ:
-            return IBV_WC_RDMA_READ;
-        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
-            return IBV_WC_COMP_SWAP;
-        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
-            return IBV_WC_FETCH_ADD;
-        default:
-            return IBV_WC_SEND;
-    }
-}
-
 // A WQE copied out of the ring once, so a concurrent rewrite by software cannot change it
 // between validation and use.
 struct WqeCopy {
@@ -704,7 +688,7 @@ bool Engine::Thread::processSq(Qp *qp) {
             c.wr_id = w.hdr.wr_id;
             c.byte_len = res.byte_len;
             c.qp_num = qp->qpn;
-            c.opcode = wcOpcodeOf(w.hdr.opcode);
+            c.opcode = softnda_send_wc_opcode(w.hdr.opcode);
             c.status = res.status;
             if (!writeCqe(qp->scq, ctr_, c)) {
                 ok = false;
@@ -735,7 +719,7 @@ void Engine::Thread::flushSq(Qp *qp, uint32_t pi) {
             sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride);
         softnda_cqe c{};
         c.wr_id = w->wr_id;
-        c.opcode = wcOpcodeOf(w->opcode);
+        c.opcode = softnda_send_wc_opcode(w->opcode);
         c.status = IBV_WC_WR_FLUSH_ERR;
         c.qp_num = qp->qpn;
         sq.ci_local++;
@@ -900,7 +884,7 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
         c.wr_id = h.wr_id;
         c.byte_len = byte_len;
         c.qp_num = qp->qpn;
-        c.opcode = wcOpcodeOf(h.opcode);
+        c.opcode = softnda_send_wc_opcode(h.opcode);
         c.status = IBV_WC_SUCCESS;
         writeCqe(qp->scq, ctr_, c);
     }

@@ -524,23 +524,6 @@ static int sd_post_recv(void *qpv, struct ibv_recv_wr *wr, struct ibv_recv_wr **
     return post_recv_chain(&qp->rq, wr, bad_wr);
 }
 
-/* The SPEC.md §3 opcode of a flushed send WQE, as the engine reports it. */
-static uint8_t flushed_send_opcode(uint8_t op) {
-    switch (op) {
-        case SOFTNDA_OP_RDMA_WRITE:
-        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
-            return IBV_WC_RDMA_WRITE;
-        case SOFTNDA_OP_RDMA_READ:
-            return IBV_WC_RDMA_READ;
-        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
-            return IBV_WC_COMP_SWAP;
-        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
-            return IBV_WC_FETCH_ADD;
-        default:
-            return IBV_WC_SEND;
-    }
-}
-
 static int sd_qp_fatal(void *qpv, void *send_cqv, void *recv_cqv, int err) {
     struct sd_qp *qp = qpv;
     int flushed = 0;
@@ -553,7 +536,7 @@ static int sd_qp_fatal(void *qpv, void *send_cqv, void *recv_cqv, int err) {
             (const struct softnda_wqe *)(qp->sq.buf +
                                          (size_t)(i & (qp->sq.entry_cnt - 1)) * qp->sq.entry_size);
         if (send_cqv != NULL &&
-            flush_cqe(send_cqv, w->wr_id, flushed_send_opcode(w->opcode), qp->qp_num) == 0) {
+            flush_cqe(send_cqv, w->wr_id, softnda_send_wc_opcode(w->opcode), qp->qp_num) == 0) {
             ++flushed;
         }
     }
