@@ -313,14 +313,7 @@ int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr
     if ((attr_mask & ~IBV_QP_CAP) == 0) {
         // The capabilities are what the broker granted at create: answered here, no call.
         attr->cap = s->cap;
-        *init_attr = ibv_qp_init_attr{};
-        init_attr->qp_context = qp->qp_context;
-        init_attr->send_cq = qp->send_cq;
-        init_attr->recv_cq = qp->recv_cq;
-        init_attr->srq = qp->srq;
-        init_attr->cap = s->cap;
-        init_attr->qp_type = qp->qp_type;
-        init_attr->sq_sig_all = s->sq_sig_all;
+        *init_attr = grantedInitAttr(*s);
         return 0;
     }
     pb::QueryQpRequest req;

@@ -129,6 +129,20 @@ struct ShadowQp {
     OpaqueState wr_batch;    // the ibv_wr_start() batch being built (verbs_face.cpp)
 };
 
+// A QP's ibv_qp_init_attr as the tenant can be told it without the broker: its CQs, SRQ, type and
+// what the broker granted at create.
+inline ibv_qp_init_attr grantedInitAttr(const ShadowQp &s) {
+    ibv_qp_init_attr out{};
+    out.qp_context = s.qp.qp_context;
+    out.send_cq = s.qp.send_cq;
+    out.recv_cq = s.qp.recv_cq;
+    out.srq = s.qp.srq;
+    out.cap = s.cap;
+    out.qp_type = s.qp.qp_type;
+    out.sq_sig_all = s.sq_sig_all;
+    return out;
+}
+
 // An address handle: checked and kept in this process (the broker has no object for it; see
 // docs/verbs.md).
 struct ShadowAh {

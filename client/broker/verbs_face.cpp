@@ -1140,14 +1140,7 @@ int ibvx_verbs_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_ini
         attr->qp_state = IBV_QPS_ERR;
         attr->cur_qp_state = IBV_QPS_ERR;
         attr->cap = s->cap;
-        *init_attr = ibv_qp_init_attr{};
-        init_attr->qp_context = qp->qp_context;
-        init_attr->send_cq = qp->send_cq;
-        init_attr->recv_cq = qp->recv_cq;
-        init_attr->srq = qp->srq;
-        init_attr->cap = s->cap;
-        init_attr->qp_type = qp->qp_type;
-        init_attr->sq_sig_all = s->sq_sig_all;
+        *init_attr = grantedInitAttr(*s);
         qp->state = IBV_QPS_ERR;
         return 0;
     }
