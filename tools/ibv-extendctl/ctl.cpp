@@ -14,8 +14,8 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "common/build_config.h"
 #include "common/fd_channel.h"
@@ -390,9 +390,9 @@ int cmdReload(Client &c, const Options &o) {
         std::cout << toJson(r) << '\n';
         return r.errors_size() == 0 ? kExitOk : kExitFailed;
     }
-    std::cout << (r.errors_size() == 0 ? "reloaded: "
-                                        : "reload incomplete (" + std::to_string(r.errors_size()) +
-                                              " error(s), above): ")
+    std::cout << (r.errors_size() == 0
+                      ? "reloaded: "
+                      : "reload incomplete (" + std::to_string(r.errors_size()) + " error(s), above): ")
               << r.new_devices() << " new device(s), " << r.devices() << " total";
     for (const auto &l : r.loaded()) {
         std::cout << "; loaded " << l;
@@ -548,8 +548,8 @@ int cmdWatch(Client &c, const Options &o, int count) {
             printEvent(o, r);
             ++seen;
         } else if (status.pid() != pid) {
-            std::cerr << "ibv-extendctl: watch: the broker was stopped and started again (pid " << status.pid()
-                      << "); watching it" << std::endl;
+            std::cerr << "ibv-extendctl: watch: the broker was stopped and started again (pid "
+                      << status.pid() << "); watching it" << std::endl;
         }
         restarts = status.restarts();
         pid = status.pid();
