@@ -3,7 +3,8 @@
 //
 //   ibvx-k8s-runtime [--mount HOST:CONTAINER:ro|rw]... [--env NAME=VALUE]... [--uid UID] -- PROG ARGS...
 //
-// The container: a new mount namespace; a fresh tmpfs root holding the host's /usr and /etc
+// The container: a new mount namespace (made private also in a chroot whose "/" is not a mount
+// point, private_mounts.h); a fresh tmpfs root holding the host's /usr and /etc
 // read-only (the "image": Debian's own programs and libraries, nothing of the build tree), /proc,
 // /sys and /dev; the edits' bind mounts on top; chroot into it; an environment holding only the
 // edits' variables; the uid (and gid) given, with no supplementary groups. PROG is a path inside.
@@ -25,6 +26,8 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "tests/integration/private_mounts.h"
 
 namespace fs = std::filesystem;
 
@@ -133,17 +136,24 @@ int main(int argc, char **argv) {
         int st = 0;
         while (::waitpid(child, &st, 0) < 0 && errno == EINTR) {
         }
+        // The root tmpfs's copy on this side, where "/" was not a mount point (EINVAL: none).
+        ::umount2(tmpl, MNT_DETACH);
         ::rmdir(tmpl);
         return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     }
     if (::unshare(CLONE_NEWNS) < 0) {
         die("unshare(CLONE_NEWNS)");
     }
-    // Nothing mounted here may leak back to the host.
-    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) < 0) {
-        die("make / private");
+    // Nothing mounted here may leak back to the host, also where "/" is not a mount point (a
+    // chroot): then only the empty root tmpfs can reach the host's side, and the parent unmounts
+    // it there (private_mounts.h).
+    bool root_is_mount = false;
+    if (int err = ibvx::test::makeMountsPrivate(&root_is_mount); err != 0) {
+        errno = err;
+        die("make the mounts private");
     }
-    if (::mount("tmpfs", root.c_str(), "tmpfs", 0, "mode=0755") < 0) {
+    if (int err = ibvx::test::privateTmpfs(root.c_str(), "mode=0755"); err != 0) {
+        errno = err;
         die("tmpfs root");
     }
     // Debian 12 is merged-/usr: /bin, /lib, /lib64, /sbin are symlinks into /usr.

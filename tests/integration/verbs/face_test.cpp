@@ -37,6 +37,7 @@
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/test_client.h"
 #include "tests/integration/daemon/wait_for.h"
+#include "tests/integration/private_mounts.h"
 
 namespace ibvx::test {
 namespace {
@@ -61,10 +62,12 @@ class Contained {
             dup2(out[1], 1);
             int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
             dup2(err, 2);
-            if (unshare(CLONE_NEWNS) != 0 ||
-                mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) {
+            bool root_is_mount = false;
+            if (unshare(CLONE_NEWNS) != 0 || makeMountsPrivate(&root_is_mount) != 0) {
                 _exit(120);
             }
+            // Hides the host's HCAs; under /dev, which a chroot mounts too, so it stays private
+            // there as well.
             struct stat st {};
             if (stat("/dev/infiniband", &st) == 0 &&
                 mount("none", "/dev/infiniband", "tmpfs", 0, nullptr) != 0) {
