@@ -119,99 +119,132 @@ int tenantFail(int ctl, const std::string &why) {
     return 1;
 }
 
-int runTenant(const TenantArgs &a) {
+// What a tenant's data phase verified, one "line" per check, for the parent to print.
+struct DataReport {
+    std::string me;
+    std::string lines;
+    bool ok = true;
+    uint64_t bytes = 0;
+
+    void check(bool cond, const std::string &what) {
+        lines += "line " + me + what + (cond ? ": verified" : ": FAILED") + "\n";
+        ok = ok && cond;
+    }
+};
+
+// A's side: WRITE into B, SEND to B, READ from B, then a latency loop of small WRITEs. B checks
+// each step's bytes and answers on the peer socket.
+void initiatorPhase(Tenant &t, const PeerInfo &peer, int peer_fd, size_t n, DataReport &r) {
+    ibvx::demo::fillPattern(t.buf(), n, 1);
+    int st = t.write(peer, 0, 0, static_cast<uint32_t>(n));
+    r.check(st == 0 && sendByte(peer_fd, 'W') && expectByte(peer_fd, 'w'),
+            "RDMA WRITE " + std::to_string(n) + " B to B (status " + std::to_string(st) + ", B checked)");
+    r.bytes += n;
+    ibvx::demo::fillPattern(t.buf() + n, n, 2);
+    st = expectByte(peer_fd, 'R') ? t.send(n, static_cast<uint32_t>(n)) : -EPIPE;
+    r.check(st == 0 && expectByte(peer_fd, 's'),
+            "SEND " + std::to_string(n) + " B to B (status " + std::to_string(st) + ", B checked)");
+    r.bytes += n;
+    st = t.read(peer, 2 * n, 2 * n, static_cast<uint32_t>(n));
+    r.check(st == 0 && ibvx::demo::checkPattern(t.buf() + 2 * n, n, 3) == n,
+            "RDMA READ " + std::to_string(n) + " B from B (status " + std::to_string(st) + ")");
+    r.bytes += n;
+    std::vector<uint64_t> lat;
+    const int iters = 1000;
+    int bad = 0;
+    for (int i = 0; i < iters; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        t.buf()[3 * n] = static_cast<uint8_t>(i);
+        bad += t.write(peer, 3 * n, 3 * n, 8) != 0;
+        lat.push_back(static_cast<uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+                .count()));
+    }
+    r.bytes += 8 * iters;
+    std::sort(lat.begin(), lat.end());
+    r.check(bad == 0, std::to_string(iters) + " x 8 B RDMA WRITE, post->CQE latency p50 " +
+                          fmtUs(lat[lat.size() / 2]) + ", p99 " + fmtUs(lat[lat.size() * 99 / 100]));
+    sendByte(peer_fd, 'E');
+}
+
+// B's side: checks A's WRITE, receives A's SEND (its completion and bytes); A's READ needs
+// nothing of B but the pattern set up before the phase.
+void responderPhase(Tenant &t, const PeerInfo &peer, int peer_fd, size_t n, DataReport &r) {
+    bool w = expectByte(peer_fd, 'W') && ibvx::demo::checkPattern(t.buf(), n, 1) == n;
+    r.check(w && sendByte(peer_fd, 'w'), "received A's RDMA WRITE bytes");
+    int st = t.postRecv(n, static_cast<uint32_t>(n), 77);
+    softnda_cqe cqe{};
+    if (st == 0 && sendByte(peer_fd, 'R')) {
+        st = t.waitCompletion(&cqe);
+    }
+    bool ok = st == 0 && cqe.status == IBV_WC_SUCCESS && cqe.opcode == IBV_WC_RECV && cqe.wr_id == 77 &&
+              cqe.byte_len == n && cqe.src_qp == peer.qp_num &&
+              ibvx::demo::checkPattern(t.buf() + n, n, 2) == n;
+    r.check(ok && sendByte(peer_fd, 's'), "RECV completion and bytes of A's SEND");
+    r.ok = expectByte(peer_fd, 'E') && r.ok;
+}
+
+// Opens the device through the broker, exchanges queue addresses with the peer tenant and
+// brings the QP to RTS; tells the parent "ready" with the number of broker objects made.
+bool connectTenant(const TenantArgs &a, Tenant &t, PeerInfo *peer, std::string *why) {
     const size_t n = a.bytes;
-    const std::string me = std::string("[") + a.role + "] ";
-    Tenant t;
     if (t.setUp(a.device.c_str(), 4 * n) != 0) {
-        return tenantFail(a.ctl, t.error());
+        *why = t.error();
+        return false;
     }
     if (a.role == 'B') {
         ibvx::demo::fillPattern(t.buf() + 2 * n, n, 3);  // what A will READ
     }
-    PeerInfo mine = t.local(), peer{};
-    if (!writeAll(a.peer, &mine, sizeof(mine)) || !readAll(a.peer, &peer, sizeof(peer))) {
-        return tenantFail(a.ctl, "peer exchange");
+    PeerInfo mine = t.local();
+    if (!writeAll(a.peer, &mine, sizeof(mine)) || !readAll(a.peer, peer, sizeof(*peer))) {
+        *why = "peer exchange";
+        return false;
     }
-    if (t.connect(peer) != 0) {
-        return tenantFail(a.ctl, t.error());
+    if (t.connect(*peer) != 0) {
+        *why = t.error();
+        return false;
     }
     char line[160];
-    snprintf(line, sizeof(line), "line %s%s: QP %u -> peer QP %u, buffer %p (%zu KiB, rkey 0x%x), QP in RTS",
-             me.c_str(), a.device.c_str(), mine.qp_num, peer.qp_num, static_cast<void *>(t.buf()),
-             4 * n / 1024, mine.rkey);
+    snprintf(line, sizeof(line),
+             "line [%c] %s: QP %u -> peer QP %u, buffer %p (%zu KiB, rkey 0x%x), QP in RTS", a.role,
+             a.device.c_str(), mine.qp_num, peer->qp_num, static_cast<void *>(t.buf()), 4 * n / 1024,
+             mine.rkey);
     sendLine(a.ctl, line);
     sendLine(a.ctl, "ready " + std::to_string(t.objects()));
-    std::string cmd;
+    return true;
+}
+
+int runTenant(const TenantArgs &a) {
+    Tenant t;
+    PeerInfo peer{};
+    std::string why, cmd;
+    if (!connectTenant(a, t, &peer, &why)) {
+        return tenantFail(a.ctl, why);
+    }
     if (!readLine(a.ctl, &cmd) || cmd != "go") {
         return tenantFail(a.ctl, "no go");
     }
 
     // ---- data phase: no libibv_extend call from here until teardown ----
-    uint64_t bytes = 0;
-    std::string report;
-    bool ok = true;
-    auto check = [&](bool cond, const std::string &what) {
-        report += "line " + me + what + (cond ? ": verified" : ": FAILED") + "\n";
-        ok = ok && cond;
-    };
+    DataReport report;
+    report.me = std::string("[") + a.role + "] ";
     if (a.role == 'A') {
-        ibvx::demo::fillPattern(t.buf(), n, 1);
-        int st = t.write(peer, 0, 0, static_cast<uint32_t>(n));
-        check(st == 0 && sendByte(a.peer, 'W') && expectByte(a.peer, 'w'),
-              "RDMA WRITE " + std::to_string(n) + " B to B (status " + std::to_string(st) + ", B checked)");
-        bytes += n;
-        ibvx::demo::fillPattern(t.buf() + n, n, 2);
-        st = expectByte(a.peer, 'R') ? t.send(n, static_cast<uint32_t>(n)) : -EPIPE;
-        check(st == 0 && expectByte(a.peer, 's'),
-              "SEND " + std::to_string(n) + " B to B (status " + std::to_string(st) + ", B checked)");
-        bytes += n;
-        st = t.read(peer, 2 * n, 2 * n, static_cast<uint32_t>(n));
-        check(st == 0 && ibvx::demo::checkPattern(t.buf() + 2 * n, n, 3) == n,
-              "RDMA READ " + std::to_string(n) + " B from B (status " + std::to_string(st) + ")");
-        bytes += n;
-        std::vector<uint64_t> lat;
-        const int iters = 1000;
-        int bad = 0;
-        for (int i = 0; i < iters; ++i) {
-            auto t0 = std::chrono::steady_clock::now();
-            t.buf()[3 * n] = static_cast<uint8_t>(i);
-            bad += t.write(peer, 3 * n, 3 * n, 8) != 0;
-            lat.push_back(static_cast<uint64_t>(
-                std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
-                    .count()));
-        }
-        bytes += 8 * iters;
-        std::sort(lat.begin(), lat.end());
-        check(bad == 0, std::to_string(iters) + " x 8 B RDMA WRITE, post->CQE latency p50 " +
-                            fmtUs(lat[lat.size() / 2]) + ", p99 " + fmtUs(lat[lat.size() * 99 / 100]));
-        sendByte(a.peer, 'E');
+        initiatorPhase(t, peer, a.peer, a.bytes, report);
     } else {
-        bool w = expectByte(a.peer, 'W') && ibvx::demo::checkPattern(t.buf(), n, 1) == n;
-        check(w && sendByte(a.peer, 'w'), "received A's RDMA WRITE bytes");
-        int st = t.postRecv(n, static_cast<uint32_t>(n), 77);
-        softnda_cqe cqe{};
-        if (st == 0 && sendByte(a.peer, 'R')) {
-            st = t.waitCompletion(&cqe);
-        }
-        bool r = st == 0 && cqe.status == IBV_WC_SUCCESS && cqe.opcode == IBV_WC_RECV && cqe.wr_id == 77 &&
-                 cqe.byte_len == n && cqe.src_qp == peer.qp_num &&
-                 ibvx::demo::checkPattern(t.buf() + n, n, 2) == n;
-        check(r && sendByte(a.peer, 's'), "RECV completion and bytes of A's SEND");
-        ok = expectByte(a.peer, 'E') && ok;
+        responderPhase(t, peer, a.peer, a.bytes, report);
     }
     // ---- end of data phase ----
 
-    writeAll(a.ctl, report.data(), report.size());
-    sendLine(a.ctl, std::string(ok ? "done ok " : "done fail data ") + std::to_string(bytes));
+    writeAll(a.ctl, report.lines.data(), report.lines.size());
+    sendLine(a.ctl, std::string(report.ok ? "done ok " : "done fail data ") + std::to_string(report.bytes));
     if (!readLine(a.ctl, &cmd) || cmd != "teardown") {
         return 1;
     }
     int rc = t.tearDown();
     if (rc != 0) {
-        fprintf(stderr, "%steardown: %s\n", me.c_str(), strerror(-rc));
+        fprintf(stderr, "%steardown: %s\n", report.me.c_str(), strerror(-rc));
     }
-    return ok && rc == 0 ? 0 : 1;
+    return report.ok && rc == 0 ? 0 : 1;
 }
 
 // ---- the parent ---------------------------------------------------------------------------
@@ -255,33 +288,36 @@ bool socketAnswers(const std::string &path) {
     return connectUnix(path).isOk();
 }
 
-int runParent(const std::string &device, size_t bytes, int wait_ms) {
-    const char *env = getenv("IBV_EXTEND_SOCKET");
-    std::string socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
-    setvbuf(stdout, nullptr, _IOLBF, 0);
+// Waits up to wait_ms for the broker's socket to answer.
+bool waitForBroker(const std::string &socket, int wait_ms) {
     auto give_up = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
     while (!socketAnswers(socket)) {
         if (std::chrono::steady_clock::now() >= give_up) {
             printf("ibvx-demo: no broker answers at %s (start ibv-extendd, or set IBV_EXTEND_SOCKET)\n",
                    socket.c_str());
-            return 1;
+            return false;
         }
         usleep(20 * 1000);
     }
-    printf("ibvx-demo: two tenants on %s through the broker at %s\n", device.c_str(), socket.c_str());
+    return true;
+}
 
+// Starts tenants A and B (this program again, --tenant), each with a control socket to this
+// process and one end of a socket pair between them.
+bool spawnTenants(const std::string &device, size_t bytes, std::vector<Child> &kids) {
     // CLOEXEC everywhere; each tenant clears it on exactly its own two ends before exec.
     int peer[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, peer) < 0) {
         perror("socketpair");
-        return 1;
+        return false;
     }
-    std::vector<Child> kids{{'A'}, {'B'}};
-    for (size_t i = 0; i < kids.size(); ++i) {
+    bool ok = true;
+    for (size_t i = 0; i < kids.size() && ok; ++i) {
         int ctl[2];
         if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ctl) < 0) {
             perror("socketpair");
-            return 1;
+            ok = false;
+            break;
         }
         std::vector<std::string> args{"/proc/self/exe",
                                       "--tenant",
@@ -295,8 +331,8 @@ int runParent(const std::string &device, size_t bytes, int wait_ms) {
                                       "--bytes",
                                       std::to_string(bytes)};
         std::vector<char *> argv;
-        for (auto &s : args) {
-            argv.push_back(s.data());
+        for (auto &a : args) {
+            argv.push_back(a.data());
         }
         argv.push_back(nullptr);
         kids[i].pid = fork();
@@ -311,52 +347,61 @@ int runParent(const std::string &device, size_t bytes, int wait_ms) {
     }
     close(peer[0]);
     close(peer[1]);
+    return ok;
+}
 
-    bool ok = true;
-    bool measured = false;
-    int objects = 0;
-    std::string last;
+// The broker's RPC count around the tenants' data phase: both tenants set up, the counters read,
+// "go", both report, the counters read again. Returns whether both counts were read;
+// *data_ok: both tenants verified their data; *objects: the broker objects the tenants made.
+bool runDataPhase(const std::string &socket, std::vector<Child> &kids, int *objects, bool *data_ok,
+                  ibv_extend::v1::GetStatsResponse *before, ibv_extend::v1::GetStatsResponse *after) {
+    std::string last, err;
     for (Child &c : kids) {
         if (!pump(&c, "ready", &last)) {
             printf("  [%c] setup failed: %s\n", c.role, last.c_str());
-            ok = false;
-        } else {
-            objects += atoi(last.c_str() + 6);
+            return false;
         }
+        *objects += atoi(last.c_str() + 6);
     }
-    ibv_extend::v1::GetStatsResponse before, after;
-    std::string err;
-    if (ok && !getStats(socket, &before, &err)) {
+    if (!getStats(socket, before, &err)) {
         printf("  Admin/GetStats failed: %s (the demo must run as root or the broker's admin group)\n",
                err.c_str());
-        ok = false;
+        return false;
     }
-    if (ok) {
-        printf("  data phase: fast path only (WQEs into the mapped SQ/RQ, doorbell stores, CQ polling)\n");
-        for (Child &c : kids) {
-            sendLine(c.ctl, "go");
+    printf("  data phase: fast path only (WQEs into the mapped SQ/RQ, doorbell stores, CQ polling)\n");
+    for (Child &c : kids) {
+        sendLine(c.ctl, "go");
+    }
+    *data_ok = true;
+    for (Child &c : kids) {
+        if (pump(&c, "done", &last)) {
+            c.done_ok = last.rfind("done ok", 0) == 0;
+            c.bytes = strtoull(last.c_str() + last.rfind(' ') + 1, nullptr, 10);
         }
-        for (Child &c : kids) {
-            if (pump(&c, "done", &last)) {
-                c.done_ok = last.rfind("done ok", 0) == 0;
-                c.bytes = strtoull(last.c_str() + last.rfind(' ') + 1, nullptr, 10);
-            }
-            if (!c.done_ok) {
-                printf("  [%c] data phase failed: %s\n", c.role, last.c_str());
-                ok = false;
-            }
+        if (!c.done_ok) {
+            printf("  [%c] data phase failed: %s\n", c.role, last.c_str());
+            *data_ok = false;
         }
-        if (!getStats(socket, &after, &err)) {
-            printf("  Admin/GetStats failed: %s\n", err.c_str());
-            ok = false;
-        } else {
-            measured = true;
+    }
+    if (!getStats(socket, after, &err)) {
+        printf("  Admin/GetStats failed: %s\n", err.c_str());
+        return false;
+    }
+    return true;
+}
+
+// Tells every started tenant to tear down and waits for it; false when one did not exit 0.
+bool reapTenants(std::vector<Child> &kids) {
+    bool ok = true;
+    for (Child &c : kids) {
+        if (c.pid > 0) {
+            sendLine(c.ctl, "teardown");
         }
     }
     for (Child &c : kids) {
-        sendLine(c.ctl, "teardown");
-    }
-    for (Child &c : kids) {
+        if (c.pid <= 0) {
+            continue;
+        }
         int status = 0;
         waitpid(c.pid, &status, 0);
         if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
@@ -365,6 +410,25 @@ int runParent(const std::string &device, size_t bytes, int wait_ms) {
         }
         close(c.ctl);
     }
+    return ok;
+}
+
+int runParent(const std::string &device, size_t bytes, int wait_ms) {
+    const char *env = getenv("IBV_EXTEND_SOCKET");
+    std::string socket = env != nullptr && env[0] != '\0' ? env : kDefaultSocket;
+    setvbuf(stdout, nullptr, _IOLBF, 0);
+    if (!waitForBroker(socket, wait_ms)) {
+        return 1;
+    }
+    printf("ibvx-demo: two tenants on %s through the broker at %s\n", device.c_str(), socket.c_str());
+
+    std::vector<Child> kids{{'A'}, {'B'}};
+    int objects = 0;
+    ibv_extend::v1::GetStatsResponse before, after;
+    bool data_ok = false;
+    bool measured =
+        spawnTenants(device, bytes, kids) && runDataPhase(socket, kids, &objects, &data_ok, &before, &after);
+    bool ok = reapTenants(kids) && measured && data_ok;
     if (measured) {
         uint64_t delta = after.total_calls() - before.total_calls();
         printf("report:\n");
@@ -373,9 +437,7 @@ int runParent(const std::string &device, size_t bytes, int wait_ms) {
         printf("  broker RPCs during the data phase: %" PRIu64 " (GetStats total_calls %" PRIu64
                " -> %" PRIu64 ", %u sessions)\n",
                delta, before.total_calls(), after.total_calls(), after.sessions());
-        if (delta != 0) {
-            ok = false;
-        }
+        ok = ok && delta == 0;
     }
     printf("ibvx-demo: %s\n", ok ? "PASSED" : "FAILED");
     return ok ? 0 : 1;
