@@ -70,7 +70,9 @@ test-arm64: build-arm64
 	@echo "test-arm64: not run under qemu-user 7.2 (label no-qemu, see docs/arm64.md):"
 	@ctest --test-dir $(ARM64_BUILD) -N -L '^no-qemu$$' | grep 'Test *#' || true
 	@if [ -z "$(ARM64_BINFMT)" ]; then \
-	  echo "test-arm64: no binfmt_misc handler for aarch64, so not run: the tests that exec another aarch64 program (label needs-binfmt):"; \
+	  echo "test-arm64: no binfmt_misc handler for aarch64, so the tests that exec another aarch64 program are not run:"; \
+	  echo "  the folders not even built (tests/CMakeLists.txt), then the tests labelled needs-binfmt:"; \
+	  sed 's/^/  /' $(ARM64_BUILD)/skipped-test-dirs.txt; \
 	  ctest --test-dir $(ARM64_BUILD) -N -L '^needs-binfmt$$' | grep 'Test *#' || true; \
 	fi
 	$(ARM64_CTEST) $(CTEST_ARGS)
