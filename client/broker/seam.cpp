@@ -13,9 +13,9 @@
 
 #include "client/broker/convert.h"
 #include "client/broker/shadow.h"
+#include "client/broker/shared_pages.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"
-#include "client/shared_pages.h"
 #include "common/c_abi.h"
 #include "common/unix_socket.h"
 
@@ -262,7 +262,7 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
         return registerMr(p, buf.fd, offset, length, access, addr, iova, nullptr);
     }
     // Ordinary memory: its pages move onto shared memory the broker can be given
-    // (client/shared_pages.h); the MR gives them back when it goes.
+    // (client/broker/shared_pages.h); the MR gives them back when it goes.
     SharedWindow window;
     std::string why;
     if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {

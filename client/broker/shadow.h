@@ -47,7 +47,7 @@ struct DoorbellMapping {
 // makes the result q->db_hw_va. 0, or a negative errno (the callback's errno, else -ENOMEM).
 int mapDoorbell(ibv_extend_ops *ops, queue_info *q, DoorbellMapping *out);
 
-// Ordinary memory an MR moved onto shared pages (client/shared_pages.h), given back with the MR.
+// Ordinary memory an MR moved onto shared pages (client/broker/shared_pages.h), given back with the MR.
 struct SharedHold {
     void *addr = nullptr;
     size_t length = 0;

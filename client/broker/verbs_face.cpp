@@ -1325,7 +1325,7 @@ ibv_qp_ex *ibvx_verbs_qp_to_qp_ex(ibv_qp *qp) {
 // ---- fork ------------------------------------------------------------------------------------------
 
 // Registered memory needs no madvise(MADV_DONTFORK): a child gets private copies of shared pages
-// (client/shared_pages.h), as the kernel gives it of pinned pages when fork is "unneeded".
+// (client/broker/shared_pages.h), as the kernel gives it of pinned pages when fork is "unneeded".
 int ibvx_verbs_fork_init(void) {
     return 0;
 }

@@ -1,4 +1,4 @@
-#include "client/shared_pages.h"
+#include "client/broker/shared_pages.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -31,7 +31,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-namespace ibvx::client {
+namespace ibvx::client::broker {
 namespace {
 
 constexpr int kReadWrite = PROT_READ | PROT_WRITE;
@@ -735,4 +735,4 @@ size_t sharedPageCount() {
     return pages;
 }
 
-}  // namespace ibvx::client
+}  // namespace ibvx::client::broker
