@@ -42,17 +42,6 @@ int fillQueue(Session *s, const pb::QueueInfo &q, queue_info *out) {
     return 0;
 }
 
-// The live shadow of a public pointer, owned by context c (nullptr: not ours / not this context).
-template <typename Shadow, typename Member>
-Shadow *liveShadow(Member *member, size_t offset, const ShadowContext *c) {
-    if (member == nullptr) {
-        return nullptr;
-    }
-    Shadow *s = shadowOf<Shadow>(member, offset);
-    ShadowContext *owner = ownerOf(s);
-    return owner != nullptr && (c == nullptr || owner == c) ? s : nullptr;
-}
-
 // ---- V1 ------------------------------------------------------------------------------------
 
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
@@ -117,7 +106,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
-    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
+    auto *pd = livePd(a->pd, c);
     if (pd == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
@@ -166,10 +155,10 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
-    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
-    auto *scq = liveShadow<ShadowCq>(a->attr.send_cq, offsetof(ShadowCq, cq), c);
-    auto *rcq = liveShadow<ShadowCq>(a->attr.recv_cq, offsetof(ShadowCq, cq), c);
-    auto *srq = liveShadow<ShadowSrq>(a->attr.srq, offsetof(ShadowSrq, srq), c);
+    auto *pd = livePd(a->pd, c);
+    auto *scq = liveCq(a->attr.send_cq, c);
+    auto *rcq = liveCq(a->attr.recv_cq, c);
+    auto *srq = liveSrq(a->attr.srq, c);
     if (pd == nullptr || scq == nullptr || rcq == nullptr || (a->attr.srq != nullptr && srq == nullptr)) {
         warn("create_qp: the PD, CQs and SRQ must come from this broker context");
         return failNull<ibv_qp_extend>(EINVAL);
@@ -263,7 +252,7 @@ ShadowQp *qpOf(ibv_context *context, ibv_qp *qp, ShadowContext **c) {
     if (*c == nullptr) {
         return nullptr;
     }
-    return liveShadow<ShadowQp>(qp, offsetof(ShadowQp, qp), *c);
+    return liveQp(qp, *c);
 }
 
 int modifyQpExtend(ibv_context *context, ibv_qp_attr_extend *attr, int attr_mask) {

@@ -489,28 +489,6 @@ void onSessionEnd(Session *session) {
 
 // ---- objects ---------------------------------------------------------------------------------
 
-template <typename Shadow, typename Member>
-Shadow *liveObject(Member *m, size_t offset) {
-    if (m == nullptr) {
-        return nullptr;
-    }
-    Shadow *s = shadowOf<Shadow>(m, offset);
-    return ownerOf(s) != nullptr ? s : nullptr;
-}
-
-ShadowPd *livePd(ibv_pd *pd) {
-    return liveObject<ShadowPd>(pd, offsetof(ShadowPd, pd));
-}
-ShadowCq *liveCq(ibv_cq *cq) {
-    return liveObject<ShadowCq>(cq, offsetof(ShadowCq, cq));
-}
-ShadowQp *liveQp(ibv_qp *qp) {
-    return liveObject<ShadowQp>(qp, offsetof(ShadowQp, qp));
-}
-ShadowSrq *liveSrq(ibv_srq *srq) {
-    return liveObject<ShadowSrq>(srq, offsetof(ShadowSrq, srq));
-}
-
 // Access flags libibverbs treats as hints (IBV_ACCESS_OPTIONAL_RANGE) are dropped, as a provider
 // that lacks them does; relaxed ordering is the one softnda knows.
 int mrAccess(unsigned int access) {
