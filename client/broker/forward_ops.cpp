@@ -42,6 +42,30 @@ int fillQueue(Session *s, const pb::QueueInfo &q, queue_info *out) {
     return 0;
 }
 
+// A queue's destroy at the broker, by its shadow.
+int destroyShadow(ShadowCq *s) {
+    return destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+}
+int destroyShadow(ShadowSrq *s) {
+    return destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+}
+int destroyShadow(ShadowQp *s) {
+    return destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+}
+
+// The last step of a queue's create: its shadow is tracked and its extend struct handed out, or,
+// when its memory could not be mapped (rc, a negative errno), the broker's queue is destroyed
+// again and the create fails.
+template <typename Shadow>
+decltype(Shadow::ext) *handOut(Shadow *s, int rc) {
+    track(s, s->owner);
+    if (rc != 0) {
+        destroyShadow(s);
+        return failNull<decltype(Shadow::ext)>(-rc);
+    }
+    return &s->ext;
+}
+
 // ---- V1 ------------------------------------------------------------------------------------
 
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
@@ -86,19 +110,13 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.cq_info, &s->db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
-        return failNull<ibv_cq_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 namespace {
 
 int destroyCq(ibv_cq_extend *e) {
-    return destroyTracked(shadowOf<ShadowCq>(e, offsetof(ShadowCq, ext)), "DestroyCq",
-                          &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowCq, ext, e));
 }
 
 ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
@@ -137,17 +155,11 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.srq_info, &s->db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
-        return failNull<ibv_srq_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 int destroySrq(ibv_srq_extend *e) {
-    return destroyTracked(shadowOf<ShadowSrq>(e, offsetof(ShadowSrq, ext)), "DestroySrq",
-                          &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowSrq, ext, e));
 }
 
 ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
@@ -214,17 +226,11 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.rq_info, &s->rq_db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
-        return failNull<ibv_qp_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 int destroyQp(ibv_qp_extend *e) {
-    return destroyTracked(shadowOf<ShadowQp>(e, offsetof(ShadowQp, ext)), "DestroyQp",
-                          &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowQp, ext, e));
 }
 
 int queryDevice(ibv_context *context, ibv_device_attr_extend *attr) {
