@@ -135,7 +135,7 @@ struct ShadowQp {
     OpaqueState dp;
     uint32_t fatal_events_seen = 0;
     bool has_qp_ex = false;  // made by ibv_create_qp_ex with send ops: qp_ex is filled
-    OpaqueState wr_batch;    // the ibv_wr_start() batch being built (verbs_face.cpp)
+    OpaqueState wr_batch;    // the ibv_wr_start() batch being built (the libibverbs face)
 };
 
 // A QP's ibv_qp_init_attr as the tenant can be told it without the broker: its CQs, SRQ, type and
@@ -185,7 +185,7 @@ struct ShadowContext {
     std::mutex mu;
     std::set<ibv_context_extend *> aliases;  // guarded by mu: further ibv_open_extend() results
 
-    // The libibverbs face's part (verbs_face.cpp): the driver's data path, and the queues that
+    // The libibverbs face's part (client/verbs/): the driver's data path, and the queues that
     // have a data path state (their event counters are scanned when an event fd fires; they are
     // what the face moves to ERR when the session ends).
     const ibv_extend_datapath_ops *datapath = nullptr;
