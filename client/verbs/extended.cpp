@@ -38,35 +38,12 @@ int exNextPoll(ibv_cq_ex *cq) {
     return exTake(cq);
 }
 void exEndPoll(ibv_cq_ex *) {}
-enum ibv_wc_opcode exReadOpcode(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.opcode;
-}
-uint32_t exReadVendorErr(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.vendor_err;
-}
-uint32_t exReadByteLen(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.byte_len;
-}
-__be32 exReadImmData(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.imm_data;
-}
-uint32_t exReadQpNum(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.qp_num;
-}
-uint32_t exReadSrcQp(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.src_qp;
-}
-unsigned int exReadWcFlags(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.wc_flags;
-}
-uint32_t exReadSlid(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.slid;
-}
-uint8_t exReadSl(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.sl;
-}
-uint8_t exReadDlidPathBits(ibv_cq_ex *cq) {
-    return cqExShadow(cq)->ex_wc.dlid_path_bits;
+
+// ibv_wc_read_*(): a field of the completion start_poll or next_poll took, as the type of the
+// entry it is assigned to, deduced from that entry (ibv_cq_ex reads slid wider than ibv_wc has it).
+template <auto Field, typename Value>
+Value exRead(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.*Field;
 }
 
 // What ibv_create_cq_ex serves: the standard work-completion fields.
@@ -79,16 +56,16 @@ void fillCqEx(ShadowCq *s) {
     x.start_poll = exStartPoll;
     x.next_poll = exNextPoll;
     x.end_poll = exEndPoll;
-    x.read_opcode = exReadOpcode;
-    x.read_vendor_err = exReadVendorErr;
-    x.read_byte_len = exReadByteLen;
-    x.read_imm_data = exReadImmData;
-    x.read_qp_num = exReadQpNum;
-    x.read_src_qp = exReadSrcQp;
-    x.read_wc_flags = exReadWcFlags;
-    x.read_slid = exReadSlid;
-    x.read_sl = exReadSl;
-    x.read_dlid_path_bits = exReadDlidPathBits;
+    x.read_opcode = exRead<&ibv_wc::opcode>;
+    x.read_vendor_err = exRead<&ibv_wc::vendor_err>;
+    x.read_byte_len = exRead<&ibv_wc::byte_len>;
+    x.read_imm_data = exRead<&ibv_wc::imm_data>;
+    x.read_qp_num = exRead<&ibv_wc::qp_num>;
+    x.read_src_qp = exRead<&ibv_wc::src_qp>;
+    x.read_wc_flags = exRead<&ibv_wc::wc_flags>;
+    x.read_slid = exRead<&ibv_wc::slid>;
+    x.read_sl = exRead<&ibv_wc::sl>;
+    x.read_dlid_path_bits = exRead<&ibv_wc::dlid_path_bits>;
 }
 
 // ---- ibv_qp_ex's ibv_wr_* post API, over the data path's post_send ----------------------------
