@@ -46,7 +46,7 @@ int brokerCloseDevice(ibv_context_extend *context);
 ibv_pd *brokerAllocPd(ibv_context_extend *context);
 int brokerDeallocPd(ibv_pd *pd);
 // Any memory of the process: inside an ibvx_alloc_buf() buffer, or ordinary memory moved onto
-// shared pages (client/shared_pages.h). Work requests address it as [iova, iova + length).
+// shared pages (client/broker/shared_pages.h). Work requests address it as [iova, iova + length).
 ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access);
 ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access);

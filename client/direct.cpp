@@ -107,8 +107,8 @@ class VerbsDeviceList {
             ibv_free_device_list(list_);
         }
     }
-    int size() const { return list_ != nullptr ? count_ : 0; }
-    ibv_device *operator[](int i) const { return list_[i]; }
+    ibv_device *const *begin() const { return list_; }
+    ibv_device *const *end() const { return list_ != nullptr ? list_ + count_ : nullptr; }
 
   private:
     ibv_device **list_ = nullptr;
@@ -138,12 +138,11 @@ ibv_context_extend *openDirect(const char *name) {
     if (rc != -ENODEV) {
         return failNull<ibv_context_extend>(-rc);
     }
-    VerbsDeviceList devices;
-    for (int i = 0; i < devices.size(); ++i) {
-        if (strcmp(ibv_get_device_name(devices[i]), name) != 0) {
+    for (ibv_device *dev : VerbsDeviceList()) {
+        if (strcmp(ibv_get_device_name(dev), name) != 0) {
             continue;
         }
-        loader::DeviceVerbs verbs = loader::DeviceVerbs::forVerbs(devices[i]);
+        loader::DeviceVerbs verbs = loader::DeviceVerbs::forVerbs(dev);
         ibv_context *ctx = verbs.openDevice();
         if (ctx == nullptr) {
             return nullptr;
@@ -177,9 +176,8 @@ int ibvx_list_devices(struct ibvx_device_info *devices, int max) {
     for (const loader::VdevDevice &d : loader::queryDevices()) {
         all.push_back(vdevInfo(d));
     }
-    VerbsDeviceList verbs;
-    for (int i = 0; i < verbs.size(); ++i) {
-        all.push_back(verbsInfo(verbs[i]));
+    for (ibv_device *dev : VerbsDeviceList()) {
+        all.push_back(verbsInfo(dev));
     }
     std::copy_n(all.begin(), std::min(all.size(), static_cast<size_t>(max)), devices);
     return static_cast<int>(all.size());

@@ -79,6 +79,38 @@ bool badSrqRequest(const ibv_context_extend *context, const ibv_srq_init_attr_ex
            refuse(checkSrqLimits(sa.max_wr, sa.max_sge, *limits));
 }
 
+// A queue's create through the context's ops, with the reference's checks in its order: NULL
+// arguments (EINVAL), an ops table without the entry (EOPNOTSUPP), then direct mode's create rules.
+template <typename Queue, typename Attr>
+Queue *createThroughOps(ibv_context_extend *context, Attr *attr,
+                        Queue *(*ibv_context_extend_ops::*entry)(ibv_context *, Attr *),
+                        bool (*bad)(const ibv_context_extend *, const Attr &)) {
+    if (context == nullptr || attr == nullptr) {
+        return failNull<Queue>(EINVAL);
+    }
+    if (context->ops == nullptr || context->ops->*entry == nullptr) {
+        return failNull<Queue>(EOPNOTSUPP);
+    }
+    if (bad(context, *attr)) {
+        return failNull<Queue>(EINVAL);
+    }
+    return (context->ops->*entry)(context->context, attr);
+}
+
+// A queue's destroy through the context's ops: -EINVAL for NULL arguments, -EOPNOTSUPP for an
+// ops table without the entry.
+template <typename Queue>
+int destroyThroughOps(ibv_context_extend *context, Queue *queue,
+                      int (*ibv_context_extend_ops::*entry)(Queue *)) {
+    if (context == nullptr || queue == nullptr) {
+        return -EINVAL;
+    }
+    if (context->ops == nullptr || context->ops->*entry == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return (context->ops->*entry)(queue);
+}
+
 }  // namespace
 
 extern "C" {
@@ -163,74 +195,29 @@ int ibv_query_device_extend(struct ibv_context_extend *context, struct ibv_devic
 
 struct ibv_qp_extend *ibv_create_qp_extend(struct ibv_context_extend *context,
                                            struct ibv_qp_init_attr_extend *qp_init_attr) {
-    if (context == nullptr || qp_init_attr == nullptr) {
-        return failNull<ibv_qp_extend>(EINVAL);
-    }
-    if (context->ops == nullptr || context->ops->create_qp == nullptr) {
-        return failNull<ibv_qp_extend>(EOPNOTSUPP);
-    }
-    if (badQpRequest(context, *qp_init_attr)) {
-        return failNull<ibv_qp_extend>(EINVAL);
-    }
-    return context->ops->create_qp(context->context, qp_init_attr);
+    return createThroughOps(context, qp_init_attr, &ibv_context_extend_ops::create_qp, badQpRequest);
 }
 
 struct ibv_cq_extend *ibv_create_cq_extend(struct ibv_context_extend *context,
                                            struct ibv_cq_init_attr_extend *cq_init_attr) {
-    if (context == nullptr || cq_init_attr == nullptr) {
-        return failNull<ibv_cq_extend>(EINVAL);
-    }
-    if (context->ops == nullptr || context->ops->create_cq == nullptr) {
-        return failNull<ibv_cq_extend>(EOPNOTSUPP);
-    }
-    if (badCqRequest(context, *cq_init_attr)) {
-        return failNull<ibv_cq_extend>(EINVAL);
-    }
-    return context->ops->create_cq(context->context, cq_init_attr);
+    return createThroughOps(context, cq_init_attr, &ibv_context_extend_ops::create_cq, badCqRequest);
 }
 
 struct ibv_srq_extend *ibv_create_srq_extend(struct ibv_context_extend *context,
                                              struct ibv_srq_init_attr_extend *srq_init_attr) {
-    if (context == nullptr || srq_init_attr == nullptr) {
-        return failNull<ibv_srq_extend>(EINVAL);
-    }
-    if (context->ops == nullptr || context->ops->create_srq == nullptr) {
-        return failNull<ibv_srq_extend>(EOPNOTSUPP);
-    }
-    if (badSrqRequest(context, *srq_init_attr)) {
-        return failNull<ibv_srq_extend>(EINVAL);
-    }
-    return context->ops->create_srq(context->context, srq_init_attr);
+    return createThroughOps(context, srq_init_attr, &ibv_context_extend_ops::create_srq, badSrqRequest);
 }
 
 int ibv_destroy_qp_extend(struct ibv_context_extend *context, struct ibv_qp_extend *qp_extend) {
-    if (context == nullptr || qp_extend == nullptr) {
-        return -EINVAL;
-    }
-    if (context->ops == nullptr || context->ops->destroy_qp == nullptr) {
-        return -EOPNOTSUPP;
-    }
-    return context->ops->destroy_qp(qp_extend);
+    return destroyThroughOps(context, qp_extend, &ibv_context_extend_ops::destroy_qp);
 }
 
 int ibv_destroy_cq_extend(struct ibv_context_extend *context, struct ibv_cq_extend *cq_extend) {
-    if (context == nullptr || cq_extend == nullptr) {
-        return -EINVAL;
-    }
-    if (context->ops == nullptr || context->ops->destroy_cq == nullptr) {
-        return -EOPNOTSUPP;
-    }
-    return context->ops->destroy_cq(cq_extend);
+    return destroyThroughOps(context, cq_extend, &ibv_context_extend_ops::destroy_cq);
 }
 
 int ibv_destroy_srq_extend(struct ibv_context_extend *context, struct ibv_srq_extend *srq_extend) {
-    if (context == nullptr || srq_extend == nullptr) {
-        return -EINVAL;
-    }
-    if (context->ops == nullptr || context->ops->destroy_srq == nullptr) {
-        return -EOPNOTSUPP;
-    }
-    return context->ops->destroy_srq(srq_extend);
+    return destroyThroughOps(context, srq_extend, &ibv_context_extend_ops::destroy_srq);
 }
 
 int ibv_modify_qp_extend(struct ibv_context_extend *context, struct ibv_qp_attr_extend *attr, int attr_mask) {

@@ -42,15 +42,28 @@ int fillQueue(Session *s, const pb::QueueInfo &q, queue_info *out) {
     return 0;
 }
 
-// The live shadow of a public pointer, owned by context c (nullptr: not ours / not this context).
-template <typename Shadow, typename Member>
-Shadow *liveShadow(Member *member, size_t offset, const ShadowContext *c) {
-    if (member == nullptr) {
-        return nullptr;
+// A queue's destroy at the broker, by its shadow.
+int destroyShadow(ShadowCq *s) {
+    return destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+}
+int destroyShadow(ShadowSrq *s) {
+    return destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+}
+int destroyShadow(ShadowQp *s) {
+    return destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+}
+
+// The last step of a queue's create: its shadow is tracked and its extend struct handed out, or,
+// when its memory could not be mapped (rc, a negative errno), the broker's queue is destroyed
+// again and the create fails.
+template <typename Shadow>
+decltype(Shadow::ext) *handOut(Shadow *s, int rc) {
+    track(s, s->owner);
+    if (rc != 0) {
+        destroyShadow(s);
+        return failNull<decltype(Shadow::ext)>(-rc);
     }
-    Shadow *s = shadowOf<Shadow>(member, offset);
-    ShadowContext *owner = ownerOf(s);
-    return owner != nullptr && (c == nullptr || owner == c) ? s : nullptr;
+    return &s->ext;
 }
 
 // ---- V1 ------------------------------------------------------------------------------------
@@ -97,19 +110,13 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.cq_info, &s->db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroyCq", &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
-        return failNull<ibv_cq_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 namespace {
 
 int destroyCq(ibv_cq_extend *e) {
-    return destroyTracked(shadowOf<ShadowCq>(e, offsetof(ShadowCq, ext)), "DestroyCq",
-                          &pb::Broker::Stub::DestroyCq, &pb::DestroyCqRequest::set_cq);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowCq, ext, e));
 }
 
 ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
@@ -117,7 +124,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
-    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
+    auto *pd = livePd(a->pd, c);
     if (pd == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
@@ -148,17 +155,11 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.srq_info, &s->db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroySrq", &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
-        return failNull<ibv_srq_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 int destroySrq(ibv_srq_extend *e) {
-    return destroyTracked(shadowOf<ShadowSrq>(e, offsetof(ShadowSrq, ext)), "DestroySrq",
-                          &pb::Broker::Stub::DestroySrq, &pb::DestroySrqRequest::set_srq);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowSrq, ext, e));
 }
 
 ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
@@ -166,10 +167,10 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
-    auto *pd = liveShadow<ShadowPd>(a->pd, offsetof(ShadowPd, pd), c);
-    auto *scq = liveShadow<ShadowCq>(a->attr.send_cq, offsetof(ShadowCq, cq), c);
-    auto *rcq = liveShadow<ShadowCq>(a->attr.recv_cq, offsetof(ShadowCq, cq), c);
-    auto *srq = liveShadow<ShadowSrq>(a->attr.srq, offsetof(ShadowSrq, srq), c);
+    auto *pd = livePd(a->pd, c);
+    auto *scq = liveCq(a->attr.send_cq, c);
+    auto *rcq = liveCq(a->attr.recv_cq, c);
+    auto *srq = liveSrq(a->attr.srq, c);
     if (pd == nullptr || scq == nullptr || rcq == nullptr || (a->attr.srq != nullptr && srq == nullptr)) {
         warn("create_qp: the PD, CQs and SRQ must come from this broker context");
         return failNull<ibv_qp_extend>(EINVAL);
@@ -225,17 +226,11 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     if (rc == 0) {
         rc = mapDoorbell(a->ops, &s->ext.rq_info, &s->rq_db);
     }
-    track(s, c);
-    if (rc != 0) {
-        destroyTracked(s, "DestroyQp", &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
-        return failNull<ibv_qp_extend>(-rc);
-    }
-    return &s->ext;
+    return handOut(s, rc);
 }
 
 int destroyQp(ibv_qp_extend *e) {
-    return destroyTracked(shadowOf<ShadowQp>(e, offsetof(ShadowQp, ext)), "DestroyQp",
-                          &pb::Broker::Stub::DestroyQp, &pb::DestroyQpRequest::set_qp);
+    return destroyShadow(IBVX_SHADOW_OF(ShadowQp, ext, e));
 }
 
 int queryDevice(ibv_context *context, ibv_device_attr_extend *attr) {
@@ -263,7 +258,7 @@ ShadowQp *qpOf(ibv_context *context, ibv_qp *qp, ShadowContext **c) {
     if (*c == nullptr) {
         return nullptr;
     }
-    return liveShadow<ShadowQp>(qp, offsetof(ShadowQp, qp), *c);
+    return liveQp(qp, *c);
 }
 
 int modifyQpExtend(ibv_context *context, ibv_qp_attr_extend *attr, int attr_mask) {

@@ -13,9 +13,9 @@
 
 #include "client/broker/convert.h"
 #include "client/broker/shadow.h"
+#include "client/broker/shared_pages.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"
-#include "client/shared_pages.h"
 #include "common/c_abi.h"
 #include "common/unix_socket.h"
 
@@ -99,13 +99,6 @@ int closeContext(ShadowContext *c) {
     pthread_mutex_destroy(&c->ctx.mutex);
     delete c;
     return rc;
-}
-
-// A PD/MR/QP public pointer -> its live shadow (nullptr when not a live broker object).
-template <typename Shadow, typename Member>
-Shadow *live(Member *m, size_t offset) {
-    Shadow *s = shadowOf<Shadow>(m, offset);
-    return ownerOf(s) != nullptr ? s : nullptr;
 }
 
 ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr,
@@ -243,8 +236,8 @@ ibv_pd *brokerAllocPd(ibv_context_extend *context) {
 }
 
 int brokerDeallocPd(ibv_pd *pd) {
-    return destroyTracked(live<ShadowPd>(pd, offsetof(ShadowPd, pd)), "DeallocPd",
-                          &pb::Broker::Stub::DeallocPd, &pb::DeallocPdRequest::set_pd);
+    return destroyTracked(livePd(pd), "DeallocPd", &pb::Broker::Stub::DeallocPd,
+                          &pb::DeallocPdRequest::set_pd);
 }
 
 ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
@@ -252,7 +245,7 @@ ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access) {
 }
 
 ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access) {
-    ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
+    ShadowPd *p = livePd(pd);
     if (p == nullptr || addr == nullptr || length == 0) {
         return failNull<ibv_mr>(EINVAL);
     }
@@ -262,7 +255,7 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
         return registerMr(p, buf.fd, offset, length, access, addr, iova, nullptr);
     }
     // Ordinary memory: its pages move onto shared memory the broker can be given
-    // (client/shared_pages.h); the MR gives them back when it goes.
+    // (client/broker/shared_pages.h); the MR gives them back when it goes.
     SharedWindow window;
     std::string why;
     if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {
@@ -276,7 +269,7 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
 }
 
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
-    ShadowPd *p = live<ShadowPd>(pd, offsetof(ShadowPd, pd));
+    ShadowPd *p = livePd(pd);
     if (p == nullptr) {
         return failNull<ibv_mr>(EINVAL);
     }
@@ -284,12 +277,11 @@ ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int ac
 }
 
 int brokerDeregMr(ibv_mr *mr) {
-    return destroyTracked(live<ShadowMr>(mr, offsetof(ShadowMr, mr)), "DeregMr", &pb::Broker::Stub::DeregMr,
-                          &pb::DeregMrRequest::set_mr);
+    return destroyTracked(liveMr(mr), "DeregMr", &pb::Broker::Stub::DeregMr, &pb::DeregMrRequest::set_mr);
 }
 
 int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
-    ShadowQp *s = live<ShadowQp>(qp, offsetof(ShadowQp, qp));
+    ShadowQp *s = liveQp(qp);
     if (s == nullptr) {
         return -EINVAL;
     }
@@ -306,7 +298,7 @@ int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
 }
 
 int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) {
-    ShadowQp *s = live<ShadowQp>(qp, offsetof(ShadowQp, qp));
+    ShadowQp *s = liveQp(qp);
     if (s == nullptr) {
         return -EINVAL;
     }

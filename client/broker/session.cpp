@@ -155,7 +155,29 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
             settings.socket_path.c_str(), strerror(-rc));
         return -ENOTCONN;
     }
+    s->connectGrpc(settings.socket_path);
+    SessionToken token{};
+    if (rc = s->hello(&token); rc != 0) {
+        return rc;
+    }
+    rc = attachClient(fdch.get(), token, s->timeout_ms_);
+    if (rc < 0) {
+        warn("the broker refused the fd channel: %s", strerror(-rc));
+        return rc == -ETIMEDOUT ? rc : (rc == -ECONNRESET || rc == -EPIPE ? -ENOTCONN : rc);
+    }
+    s->fd_channel_ = std::move(fdch);
+    s->token_hex_ = tokenToHex(token);
+    if (int wrc = s->startWatcher(); wrc < 0) {
+        warn(
+            "no watcher thread for the session (%s): a program that only polls its queues will not "
+            "learn that the broker ended the session",
+            strerror(-wrc));
+    }
+    *out = std::move(s);
+    return 0;
+}
 
+void Session::connectGrpc(const std::string &socket_path) {
     // gRPC's polling engine survives fork() only with its fork support on, which it reads once,
     // at its first initialisation in the process. Turn it on unless the program chose already.
     setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
@@ -175,10 +197,11 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
-    s->channel_ =
-        grpc::CreateCustomChannel("unix:" + settings.socket_path, grpc::InsecureChannelCredentials(), args);
-    s->stub_ = pb::Broker::NewStub(s->channel_);
+    channel_ = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
+    stub_ = pb::Broker::NewStub(channel_);
+}
 
+int Session::hello(SessionToken *token) {
     pb::HelloRequest req;
     req.mutable_client_version()->set_major(IBV_EXTEND_VERSION_MAJOR);
     req.mutable_client_version()->set_minor(IBV_EXTEND_VERSION_MINOR);
@@ -186,11 +209,10 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
     req.set_client_name(std::string(program_invocation_short_name).substr(0, 64));
     pb::HelloResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(s->timeout_ms_));
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
     // The socket just accepted our fd channel, so waiting for the connection is bounded.
     ctx.set_wait_for_ready(true);
-    rc = s->finish("Hello", s->stub_->Hello(&ctx, req, &resp));
-    if (rc != 0) {
+    if (int rc = finish("Hello", stub_->Hello(&ctx, req, &resp)); rc != 0) {
         return rc;
     }
     if (resp.broker_version().major() != IBV_EXTEND_VERSION_MAJOR) {
@@ -199,27 +221,12 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
              IBV_EXTEND_VERSION_MINOR);
         return -EPROTONOSUPPORT;
     }
-    SessionToken token{};
-    if (resp.session_token().size() != token.size()) {
-        warn("broker sent a %zu-byte session token, expected %zu", resp.session_token().size(), token.size());
+    if (resp.session_token().size() != token->size()) {
+        warn("broker sent a %zu-byte session token, expected %zu", resp.session_token().size(),
+             token->size());
         return -EPROTO;
     }
-    memcpy(token.data(), resp.session_token().data(), token.size());
-
-    rc = attachClient(fdch.get(), token, s->timeout_ms_);
-    if (rc < 0) {
-        warn("the broker refused the fd channel: %s", strerror(-rc));
-        return rc == -ETIMEDOUT ? rc : (rc == -ECONNRESET || rc == -EPIPE ? -ENOTCONN : rc);
-    }
-    s->fd_channel_ = std::move(fdch);
-    s->token_hex_ = tokenToHex(token);
-    if (int wrc = s->startWatcher(); wrc < 0) {
-        warn(
-            "no watcher thread for the session (%s): a program that only polls its queues will not "
-            "learn that the broker ended the session",
-            strerror(-wrc));
-    }
-    *out = std::move(s);
+    memcpy(token->data(), resp.session_token().data(), token->size());
     return 0;
 }
 

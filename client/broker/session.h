@@ -151,6 +151,10 @@ class Session {
     };
 
     Session() = default;
+    // Steps of open(): the gRPC channel to the broker's socket (it connects lazily); Hello, whose
+    // answer is the session token (0 or a negative errno).
+    void connectGrpc(const std::string &socket_path);
+    int hello(SessionToken *token);
     int checkUsable();
     Attempts startCall(bool mutating) const;
     void prepare(grpc::ClientContext *ctx, const Attempts &attempts) const;

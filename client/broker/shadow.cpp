@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "client/broker/convert.h"
-#include "client/shared_pages.h"
+#include "client/broker/shared_pages.h"
 
 namespace ibvx::client::broker {
 namespace {

@@ -30,6 +30,10 @@ namespace ibvx::client::broker {
 
 struct ShadowContext;
 
+// What a tracked shadow is, in the order a context's objects are destroyed when a program closes
+// it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
+enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kPd };
+
 // A doorbell the caller's ibv_extend_ops.db_mmap mapped into its device (broker mode calls it on
 // the locally mapped doorbell page, as a driver does in direct mode). Unmapped with db_unmap when
 // the queue's shadow goes (after the broker destroyed the queue, or with its context).
@@ -47,7 +51,7 @@ struct DoorbellMapping {
 // makes the result q->db_hw_va. 0, or a negative errno (the callback's errno, else -ENOMEM).
 int mapDoorbell(ibv_extend_ops *ops, queue_info *q, DoorbellMapping *out);
 
-// Ordinary memory an MR moved onto shared pages (client/shared_pages.h), given back with the MR.
+// Ordinary memory an MR moved onto shared pages (client/broker/shared_pages.h), given back with the MR.
 struct SharedHold {
     void *addr = nullptr;
     size_t length = 0;
@@ -75,12 +79,14 @@ struct OpaqueState {
 };
 
 struct ShadowPd {
+    static constexpr ShadowKind kKind = ShadowKind::kPd;
     ibv_pd pd;
     ShadowContext *owner;
     uint64_t handle;
 };
 
 struct ShadowMr {
+    static constexpr ShadowKind kKind = ShadowKind::kMr;
     ibv_mr mr;
     ShadowContext *owner;
     uint64_t handle;
@@ -88,6 +94,7 @@ struct ShadowMr {
 };
 
 struct ShadowCq {
+    static constexpr ShadowKind kKind = ShadowKind::kCq;
     ibv_cq_extend ext;
     union {  // an ibv_cq_ex starts with the members of an ibv_cq (ibv_cq_ex_to_cq casts)
         ibv_cq cq;
@@ -103,6 +110,7 @@ struct ShadowCq {
 };
 
 struct ShadowSrq {
+    static constexpr ShadowKind kKind = ShadowKind::kSrq;
     ibv_srq_extend ext;
     ibv_srq srq;
     ShadowContext *owner;
@@ -113,6 +121,7 @@ struct ShadowSrq {
 };
 
 struct ShadowQp {
+    static constexpr ShadowKind kKind = ShadowKind::kQp;
     ibv_qp_extend ext;
     union {  // an ibv_qp_ex starts with its ibv_qp (qp_base)
         ibv_qp qp;
@@ -126,7 +135,7 @@ struct ShadowQp {
     OpaqueState dp;
     uint32_t fatal_events_seen = 0;
     bool has_qp_ex = false;  // made by ibv_create_qp_ex with send ops: qp_ex is filled
-    OpaqueState wr_batch;    // the ibv_wr_start() batch being built (verbs_face.cpp)
+    OpaqueState wr_batch;    // the ibv_wr_start() batch being built (the libibverbs face)
 };
 
 // A QP's ibv_qp_init_attr as the tenant can be told it without the broker: its CQs, SRQ, type and
@@ -146,13 +155,14 @@ inline ibv_qp_init_attr grantedInitAttr(const ShadowQp &s) {
 // An address handle: checked and kept in this process (the broker has no object for it; see
 // docs/verbs.md).
 struct ShadowAh {
+    static constexpr ShadowKind kKind = ShadowKind::kAh;
     ibv_ah ah;
     ShadowContext *owner;
     ibv_ah_attr attr;
 };
 
-// Recover a shadow from the public struct embedded in it. Only dereference the result after
-// ShadowContext::isLive() said yes.
+// Recover a shadow from the public struct embedded in it. Only dereference the result after the
+// registry said it is live (ownerOf, liveShadow).
 template <typename Shadow, typename Member>
 Shadow *shadowOf(Member *member, size_t offset) {
     return reinterpret_cast<Shadow *>(reinterpret_cast<char *>(member) - offset);
@@ -175,7 +185,7 @@ struct ShadowContext {
     std::mutex mu;
     std::set<ibv_context_extend *> aliases;  // guarded by mu: further ibv_open_extend() results
 
-    // The libibverbs face's part (verbs_face.cpp): the driver's data path, and the queues that
+    // The libibverbs face's part (client/verbs/): the driver's data path, and the queues that
     // have a data path state (their event counters are scanned when an event fd fires; they are
     // what the face moves to ERR when the session ends).
     const ibv_extend_datapath_ops *datapath = nullptr;
@@ -199,40 +209,10 @@ ShadowContext *contextOf(const ibv_context *ctx);
 // True when any broker context exists (lets direct mode skip the registry lock).
 bool anyContext();
 
-// What a tracked shadow is, in the order a context's objects are destroyed when a program closes
-// it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
-enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kPd };
-template <typename Shadow>
-constexpr ShadowKind kindOf();
-template <>
-constexpr ShadowKind kindOf<ShadowAh>() {
-    return ShadowKind::kAh;
-}
-template <>
-constexpr ShadowKind kindOf<ShadowQp>() {
-    return ShadowKind::kQp;
-}
-template <>
-constexpr ShadowKind kindOf<ShadowSrq>() {
-    return ShadowKind::kSrq;
-}
-template <>
-constexpr ShadowKind kindOf<ShadowCq>() {
-    return ShadowKind::kCq;
-}
-template <>
-constexpr ShadowKind kindOf<ShadowMr>() {
-    return ShadowKind::kMr;
-}
-template <>
-constexpr ShadowKind kindOf<ShadowPd>() {
-    return ShadowKind::kPd;
-}
-
 void trackRaw(const void *shadow, ShadowContext *owner, ShadowKind kind, void (*destroy)(void *));
 template <typename Shadow>
 void track(Shadow *s, ShadowContext *owner) {
-    trackRaw(s, owner, kindOf<Shadow>(), [](void *p) { delete static_cast<Shadow *>(p); });
+    trackRaw(s, owner, Shadow::kKind, [](void *p) { delete static_cast<Shadow *>(p); });
 }
 // The live shadows of one kind owned by a context (a snapshot).
 std::vector<void *> shadowsOf(const ShadowContext *owner, ShadowKind kind);
@@ -240,6 +220,34 @@ std::vector<void *> shadowsOf(const ShadowContext *owner, ShadowKind kind);
 ShadowContext *ownerOf(const void *shadow);
 // Removes a shadow from the registry (the caller frees it). False when it was not live.
 bool untrack(const void *shadow);
+
+// The live shadow behind a public pointer a program handed in: nullptr for NULL, a pointer the
+// registry does not know (foreign, or already destroyed), or, when `in` is given, a shadow of
+// another context. The pointer is not dereferenced before the registry said yes.
+template <typename Shadow, typename Member>
+Shadow *liveShadow(Member *member, size_t offset, const ShadowContext *in = nullptr) {
+    if (member == nullptr) {
+        return nullptr;
+    }
+    Shadow *s = shadowOf<Shadow>(member, offset);
+    ShadowContext *owner = ownerOf(s);
+    return owner != nullptr && (in == nullptr || owner == in) ? s : nullptr;
+}
+inline ShadowPd *livePd(ibv_pd *pd, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowPd>(pd, offsetof(ShadowPd, pd), in);
+}
+inline ShadowMr *liveMr(ibv_mr *mr) {
+    return liveShadow<ShadowMr>(mr, offsetof(ShadowMr, mr));
+}
+inline ShadowCq *liveCq(ibv_cq *cq, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowCq>(cq, offsetof(ShadowCq, cq), in);
+}
+inline ShadowQp *liveQp(ibv_qp *qp, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowQp>(qp, offsetof(ShadowQp, qp), in);
+}
+inline ShadowSrq *liveSrq(ibv_srq *srq, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowSrq>(srq, offsetof(ShadowSrq, srq), in);
+}
 
 // Destroys a broker object behind a shadow: claims the shadow first so a racing destroy of the
 // same object cannot free it twice, and gives it back when the broker refuses.

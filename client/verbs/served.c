@@ -1,11 +1,11 @@
 /*
  * The verbs the face serves: each entry point forwards to libibv_extend.so, where the broker
- * session lives (client/verbs_private.h says why). The version node each name is exported under
+ * session lives (verbs_private.h says why). The version node each name is exported under
  * is in libibverbs.map; the names here are rdma-core 44's default (@@) versions.
  */
 #include <infiniband/verbs.h>
 
-#include "client/verbs_private.h"
+#include "client/verbs/verbs_private.h"
 
 /* <infiniband/verbs.h> turns these names into inline wrappers; the face defines the symbols. */
 #undef ibv_reg_mr

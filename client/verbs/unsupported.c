@@ -16,15 +16,6 @@
 
 #include "client/verbs/face_export.h"
 
-static void *ibvx_unsupported_ptr(void) {
-    errno = EOPNOTSUPP;
-    return NULL;
-}
-static int ibvx_unsupported_int(void) {
-    errno = EOPNOTSUPP;
-    return EOPNOTSUPP;
-}
-
 /* ---- Public verbs (prototypes from <infiniband/verbs.h>) ---- */
 
 IBVX_FACE_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {

@@ -1,6 +1,6 @@
 // Ordinary memory moved onto the per-process memfd so the broker can reach it: contents,
 // protection and the (fd, offset) window, reference counts, moving back, refusals, fork().
-#include "client/shared_pages.h"
+#include "client/broker/shared_pages.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -28,7 +28,7 @@
 
 #include <gtest/gtest.h>
 
-namespace ibvx::client {
+namespace ibvx::client::broker {
 namespace {
 
 const size_t kPage = static_cast<size_t>(sysconf(_SC_PAGESIZE));
@@ -639,4 +639,4 @@ TEST(SharedPages, ConcurrentOverlappingAcquisitions) {
 }
 
 }  // namespace
-}  // namespace ibvx::client
+}  // namespace ibvx::client::broker

@@ -28,7 +28,7 @@
 #include <cstdint>
 #include <string>
 
-namespace ibvx::client {
+namespace ibvx::client::broker {
 
 struct SharedWindow {
     int fd = -1;          // owned by this module: do not close; valid until the matching release
@@ -49,4 +49,4 @@ void releaseShared(void *addr, size_t length);
 // Pages currently moved (tests).
 size_t sharedPageCount();
 
-}  // namespace ibvx::client
+}  // namespace ibvx::client::broker

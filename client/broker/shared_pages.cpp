@@ -1,4 +1,4 @@
-#include "client/shared_pages.h"
+#include "client/broker/shared_pages.h"
 
 #include <fcntl.h>
 #include <linux/falloc.h>
@@ -31,7 +31,7 @@
 #include <sanitizer/lsan_interface.h>
 #endif
 
-namespace ibvx::client {
+namespace ibvx::client::broker {
 namespace {
 
 constexpr int kReadWrite = PROT_READ | PROT_WRITE;
@@ -438,6 +438,85 @@ void rollBack(State &s, const std::vector<Piece> &moved) {
     }
 }
 
+// The pieces of [begin, end) an acquisition moves: every page must be mapped and movable, and
+// pages at home already are where they must be. 0, or -EINVAL with *why. `frame` is an address on
+// the calling thread's stack.
+int piecesToMove(const State &s, const StateHome &h, const std::vector<Vma> &vmas, uintptr_t begin,
+                 uintptr_t end, uintptr_t frame, std::vector<Piece> *pieces, std::string *why) {
+    auto it = std::upper_bound(vmas.begin(), vmas.end(), begin,
+                               [](uintptr_t a, const Vma &v) { return a < v.end; });
+    for (uintptr_t cur = begin; cur < end; ++it) {
+        if (it == vmas.end() || it->start > cur) {
+            uintptr_t hole_end = it == vmas.end() ? end : std::min(end, it->start);
+            *why = span(cur, hole_end) + " is not mapped";
+            return -EINVAL;
+        }
+        uintptr_t piece_end = std::min(end, it->end);
+        if (!atHome(s, *it)) {
+            if (std::string no = unmovable(*it, cur, piece_end, frame, h); !no.empty()) {
+                *why = std::move(no);
+                return -EINVAL;
+            }
+            pieces->push_back({cur, piece_end, it->prot});
+        }
+        cur = piece_end;
+    }
+    return 0;
+}
+
+// Makes the memfd reach `end`, the highest address about to move home. 0, or -ENOMEM with *why.
+int growFileTo(State &s, uintptr_t end, std::string *why) {
+    if (s.size < end) {
+        if (::ftruncate(s.fd, static_cast<off_t>(end)) < 0) {
+            *why = "cannot grow the shared-pages memfd to " + std::to_string(end) +
+                   " bytes: " + std::strerror(errno);
+            return -ENOMEM;
+        }
+        s.size = end;
+    }
+    return 0;
+}
+
+// Moves every piece onto its home in the memfd. 0; or, when one cannot move, the pieces already
+// moved go back and the answer is a negative errno (errnoResult) with *why.
+int moveAllToShared(State &s, const std::vector<Piece> &pieces, std::string *why) {
+    std::vector<Piece> moved;
+    for (const Piece &p : pieces) {
+        bool mapped = false;
+        if (int err = moveToShared(s.fd, p.begin, p.end - p.begin, p.prot, &mapped); err != 0) {
+            if (mapped) {
+                moved.push_back(p);
+            } else {
+                punchUnheld(s, p.begin, p.end);
+            }
+            rollBack(s, moved);
+            *why = "cannot move " + span(p.begin, p.end) + " onto shared memory: " + std::strerror(err);
+            return errnoResult(err);
+        }
+        moved.push_back(p);
+    }
+    return 0;
+}
+
+// Counts one more holder on every page of [begin, end).
+void holdPages(std::map<uintptr_t, Run> &runs, uintptr_t begin, uintptr_t end) {
+    splitAt(runs, begin);
+    splitAt(runs, end);
+    uintptr_t cur = begin;
+    for (auto r = runs.lower_bound(begin); cur < end;) {
+        if (r == runs.end() || r->first > cur) {
+            uintptr_t gap_end = r == runs.end() ? end : std::min(end, r->first);
+            runs.emplace(cur, Run{gap_end, 1});
+            cur = gap_end;
+            continue;
+        }
+        ++r->second.count;
+        cur = r->second.end;
+        ++r;
+    }
+    mergeAround(runs, begin, end);
+}
+
 bool pageRange(void *addr, size_t length, uintptr_t *begin, uintptr_t *end) {
     auto a = reinterpret_cast<uintptr_t>(addr);
     const uintptr_t page = pageSize();
@@ -589,72 +668,21 @@ int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why
         return -ENOMEM;
     }
 
-    // Every page must be mapped and movable; pages at home already are where they must be.
+    // The calling thread's stack is found by an address in it.
     const auto frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
     std::vector<Piece> pieces;
-    auto it = std::upper_bound(vmas.begin(), vmas.end(), begin,
-                               [](uintptr_t a, const Vma &v) { return a < v.end; });
-    for (uintptr_t cur = begin; cur < end; ++it) {
-        if (it == vmas.end() || it->start > cur) {
-            uintptr_t hole_end = it == vmas.end() ? end : std::min(end, it->start);
-            msg = span(cur, hole_end) + " is not mapped";
-            closeIfUnused(s);
-            return -EINVAL;
-        }
-        uintptr_t piece_end = std::min(end, it->end);
-        if (!atHome(s, *it)) {
-            if (std::string no = unmovable(*it, cur, piece_end, frame, h); !no.empty()) {
-                msg = std::move(no);
-                closeIfUnused(s);
-                return -EINVAL;
-            }
-            pieces.push_back({cur, piece_end, it->prot});
-        }
-        cur = piece_end;
+    int rc = piecesToMove(s, h, vmas, begin, end, frame, &pieces, &msg);
+    if (rc == 0) {
+        rc = growFileTo(s, end, &msg);
     }
-
-    if (s.size < end) {
-        if (::ftruncate(s.fd, static_cast<off_t>(end)) < 0) {
-            msg = "cannot grow the shared-pages memfd to " + std::to_string(end) +
-                  " bytes: " + std::strerror(errno);
-            closeIfUnused(s);
-            return -ENOMEM;
-        }
-        s.size = end;
+    if (rc == 0) {
+        rc = moveAllToShared(s, pieces, &msg);
     }
-    std::vector<Piece> moved;
-    for (const Piece &p : pieces) {
-        bool mapped = false;
-        if (int err = moveToShared(s.fd, p.begin, p.end - p.begin, p.prot, &mapped); err != 0) {
-            if (mapped) {
-                moved.push_back(p);
-            } else {
-                punchUnheld(s, p.begin, p.end);
-            }
-            rollBack(s, moved);
-            msg = "cannot move " + span(p.begin, p.end) + " onto shared memory: " + std::strerror(err);
-            closeIfUnused(s);
-            return errnoResult(err);
-        }
-        moved.push_back(p);
+    if (rc != 0) {
+        closeIfUnused(s);
+        return rc;
     }
-
-    // Count one more holder on every page of [begin, end).
-    splitAt(s.runs, begin);
-    splitAt(s.runs, end);
-    uintptr_t cur = begin;
-    for (auto r = s.runs.lower_bound(begin); cur < end;) {
-        if (r == s.runs.end() || r->first > cur) {
-            uintptr_t gap_end = r == s.runs.end() ? end : std::min(end, r->first);
-            s.runs.emplace(cur, Run{gap_end, 1});
-            cur = gap_end;
-            continue;
-        }
-        ++r->second.count;
-        cur = r->second.end;
-        ++r;
-    }
-    mergeAround(s.runs, begin, end);
+    holdPages(s.runs, begin, end);
     if (out != nullptr) {
         out->fd = s.fd;
         out->offset = reinterpret_cast<uintptr_t>(addr);
@@ -735,4 +763,4 @@ size_t sharedPageCount() {
     return pages;
 }
 
-}  // namespace ibvx::client
+}  // namespace ibvx::client::broker

@@ -1,13 +1,15 @@
 /*
- * verbs_private.h - what libibv_extend.so serves the libibverbs face (client/verbs/).
+ * verbs_private.h - what libibv_extend.so serves the libibverbs face.
  *
  * The face (a libibverbs.so.1 for brokered devices) and libibv_extend.so must share one broker
  * session per process: ibv_open_extend() on a context the face opened is the same broker
  * context, ibv_create_qp_extend() takes a PD the face allocated. So every verb the face serves
- * is implemented here, next to the session and the shadow objects, and exported from
- * libibv_extend.so under the private version node IBVX_VERBS_PRIVATE_1; the face's ibv_* entry
- * points forward to these (client/verbs/served.c). Nothing outside this project may call them:
- * the node is private and may change in any release, like libibverbs' own IBVERBS_PRIVATE_*.
+ * is implemented inside libibv_extend.so, next to the session and the shadow objects (the face's
+ * logic: the C++ files beside this header, listed in face.h), and exported from it under the
+ * private version node IBVX_VERBS_PRIVATE_1; the face's ibv_* entry points forward to these
+ * (served.c).
+ * Nothing outside this project may call them: the node is private and may change in any
+ * release, like libibverbs' own IBVERBS_PRIVATE_*.
  *
  * Each function has the prototype and the return convention of the libibverbs verb of the same
  * name (ibvx_verbs_X <-> ibv_X): NULL + errno, an errno return, or -1 + errno, as libibverbs

@@ -1,0 +1,289 @@
+// The extended verbs objects: ibv_create_cq_ex() with the basic ibv_cq_ex poll API over the data
+// path's poll_cq, and ibv_create_qp_ex() with the ibv_wr_* post API over its post_send. Both
+// objects are the standard verbs' CQ and QP (queues.cpp), with the extended struct filled in.
+#include <cerrno>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "client/verbs/face.h"
+#include "client/verbs/verbs_private.h"
+
+namespace ibvx::client::verbs {
+namespace {
+
+// ---- ibv_cq_ex's poll API, over the data path's poll_cq (one completion at a time) ----
+
+ShadowCq *cqExShadow(ibv_cq_ex *cq) {
+    return shadowOf<ShadowCq>(reinterpret_cast<ibv_cq *>(cq), offsetof(ShadowCq, cq));
+}
+int exTake(ibv_cq_ex *cq) {
+    ShadowCq *s = cqExShadow(cq);
+    int n = pollCq(&s->cq, 1, &s->ex_wc);
+    if (n < 0) {
+        return -n;
+    }
+    if (n == 0) {
+        return ENOENT;
+    }
+    cq->wr_id = s->ex_wc.wr_id;
+    cq->status = s->ex_wc.status;
+    return 0;
+}
+int exStartPoll(ibv_cq_ex *cq, ibv_poll_cq_attr *attr) {
+    return attr != nullptr && attr->comp_mask != 0 ? EINVAL : exTake(cq);
+}
+int exNextPoll(ibv_cq_ex *cq) {
+    return exTake(cq);
+}
+void exEndPoll(ibv_cq_ex *) {}
+
+// ibv_wc_read_*(): a field of the completion start_poll or next_poll took, as the type of the
+// entry it is assigned to, deduced from that entry (ibv_cq_ex reads slid wider than ibv_wc has it).
+template <auto Field, typename Value>
+Value exRead(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_wc.*Field;
+}
+
+// What ibv_create_cq_ex serves: the standard work-completion fields.
+constexpr uint64_t kCqExWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
+                                  IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
+                                  IBV_WC_EX_WITH_DLID_PATH_BITS;
+
+void fillCqEx(ShadowCq *s) {
+    ibv_cq_ex &x = s->cq_ex;
+    x.start_poll = exStartPoll;
+    x.next_poll = exNextPoll;
+    x.end_poll = exEndPoll;
+    x.read_opcode = exRead<&ibv_wc::opcode>;
+    x.read_vendor_err = exRead<&ibv_wc::vendor_err>;
+    x.read_byte_len = exRead<&ibv_wc::byte_len>;
+    x.read_imm_data = exRead<&ibv_wc::imm_data>;
+    x.read_qp_num = exRead<&ibv_wc::qp_num>;
+    x.read_src_qp = exRead<&ibv_wc::src_qp>;
+    x.read_wc_flags = exRead<&ibv_wc::wc_flags>;
+    x.read_slid = exRead<&ibv_wc::slid>;
+    x.read_sl = exRead<&ibv_wc::sl>;
+    x.read_dlid_path_bits = exRead<&ibv_wc::dlid_path_bits>;
+}
+
+// ---- ibv_qp_ex's ibv_wr_* post API, over the data path's post_send ----------------------------
+
+// The work requests between ibv_wr_start() and ibv_wr_complete(), posted as one chain (one
+// doorbell). Inline data is copied when it is set, as providers copy it into the WQE.
+struct WrBatch {
+    std::deque<ibv_send_wr> wrs;
+    std::deque<std::vector<ibv_sge>> sges;
+    std::deque<std::string> inline_data;
+    int error = 0;  // the first misuse (an SGE with no work request): wr_complete answers it
+};
+
+WrBatch *batchOf(ibv_qp_ex *qpx) {
+    ShadowQp *s = shadowOf<ShadowQp>(&qpx->qp_base, offsetof(ShadowQp, qp));
+    if (s->wr_batch.state == nullptr) {
+        s->wr_batch.state = new WrBatch;
+        s->wr_batch.close = [](void *b) { delete static_cast<WrBatch *>(b); };
+    }
+    return static_cast<WrBatch *>(s->wr_batch.state);
+}
+
+ibv_send_wr &addWr(ibv_qp_ex *qpx, ibv_wr_opcode opcode) {
+    WrBatch *b = batchOf(qpx);
+    ibv_send_wr &wr = b->wrs.emplace_back();
+    wr.wr_id = qpx->wr_id;
+    wr.send_flags = qpx->wr_flags;
+    wr.opcode = opcode;
+    return wr;
+}
+
+ibv_send_wr *lastWr(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    if (b->wrs.empty()) {
+        b->error = EINVAL;
+        return nullptr;
+    }
+    return &b->wrs.back();
+}
+
+void wrStart(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    b->wrs.clear();
+    b->sges.clear();
+    b->inline_data.clear();
+    b->error = 0;
+}
+int wrComplete(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    int rc = b->error;
+    if (rc == 0 && !b->wrs.empty()) {
+        for (size_t i = 0; i + 1 < b->wrs.size(); ++i) {
+            b->wrs[i].next = &b->wrs[i + 1];
+        }
+        b->wrs.back().next = nullptr;
+        ibv_send_wr *bad = nullptr;
+        rc = postSend(&qpx->qp_base, &b->wrs.front(), &bad);
+    }
+    wrStart(qpx);
+    return rc;
+}
+void wrAbort(ibv_qp_ex *qpx) {
+    wrStart(qpx);
+}
+void wrSend(ibv_qp_ex *qpx) {
+    addWr(qpx, IBV_WR_SEND);
+}
+void wrSendImm(ibv_qp_ex *qpx, __be32 imm) {
+    addWr(qpx, IBV_WR_SEND_WITH_IMM).imm_data = imm;
+}
+void wrRdmaWrite(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_WRITE);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+}
+void wrRdmaWriteImm(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, __be32 imm) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_WRITE_WITH_IMM);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+    wr.imm_data = imm;
+}
+void wrRdmaRead(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_READ);
+    wr.wr.rdma.rkey = rkey;
+    wr.wr.rdma.remote_addr = addr;
+}
+void wrCmpSwp(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t compare, uint64_t swap) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_ATOMIC_CMP_AND_SWP);
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.compare_add = compare;
+    wr.wr.atomic.swap = swap;
+}
+void wrFetchAdd(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr, uint64_t add) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_ATOMIC_FETCH_AND_ADD);
+    wr.wr.atomic.rkey = rkey;
+    wr.wr.atomic.remote_addr = addr;
+    wr.wr.atomic.compare_add = add;
+}
+void wrSetSgeList(ibv_qp_ex *qpx, size_t n, const ibv_sge *list) {
+    ibv_send_wr *wr = lastWr(qpx);
+    if (wr == nullptr) {
+        return;
+    }
+    auto &sges = batchOf(qpx)->sges.emplace_back(list, list + n);
+    wr->sg_list = sges.data();
+    wr->num_sge = static_cast<int>(n);
+}
+void wrSetSge(ibv_qp_ex *qpx, uint32_t lkey, uint64_t addr, uint32_t length) {
+    ibv_sge sge{addr, length, lkey};
+    wrSetSgeList(qpx, 1, &sge);
+}
+void wrSetInlineDataList(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs) {
+    ibv_send_wr *wr = lastWr(qpx);
+    if (wr == nullptr) {
+        return;
+    }
+    WrBatch *b = batchOf(qpx);
+    std::string &data = b->inline_data.emplace_back();
+    for (size_t i = 0; i < n; ++i) {
+        data.append(static_cast<const char *>(bufs[i].addr), bufs[i].length);
+    }
+    ibv_sge sge{reinterpret_cast<uintptr_t>(data.data()), static_cast<uint32_t>(data.size()), 0};
+    wrSetSgeList(qpx, 1, &sge);
+    wr->send_flags |= IBV_SEND_INLINE;
+}
+void wrSetInlineData(ibv_qp_ex *qpx, void *addr, size_t length) {
+    ibv_data_buf buf{addr, length};
+    wrSetInlineDataList(qpx, 1, &buf);
+}
+
+// The send operations the batch API serves (what ibv_post_send serves on softnda).
+constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
+                                  IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
+                                  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
+                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+
+void fillQpEx(ShadowQp *s) {
+    ibv_qp_ex &x = s->qp_ex;
+    x.wr_start = wrStart;
+    x.wr_complete = wrComplete;
+    x.wr_abort = wrAbort;
+    x.wr_send = wrSend;
+    x.wr_send_imm = wrSendImm;
+    x.wr_rdma_write = wrRdmaWrite;
+    x.wr_rdma_write_imm = wrRdmaWriteImm;
+    x.wr_rdma_read = wrRdmaRead;
+    x.wr_atomic_cmp_swp = wrCmpSwp;
+    x.wr_atomic_fetch_add = wrFetchAdd;
+    x.wr_set_sge = wrSetSge;
+    x.wr_set_sge_list = wrSetSgeList;
+    x.wr_set_inline_data = wrSetInlineData;
+    x.wr_set_inline_data_list = wrSetInlineDataList;
+    s->has_qp_ex = true;
+}
+
+}  // namespace
+
+ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
+    if (attr == nullptr || (attr->wc_flags & ~kCqExWcFlags) != 0 || attr->comp_mask != 0) {
+        warn("ibv_create_cq_ex: only the standard completion fields are served (wc_flags 0x%llx)",
+             attr != nullptr ? static_cast<unsigned long long>(attr->wc_flags) : 0ull);
+        return failNull<ibv_cq_ex>(EOPNOTSUPP);
+    }
+    ibv_cq *cq = ibvx_verbs_create_cq(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
+                                      static_cast<int>(attr->comp_vector));
+    if (cq == nullptr) {
+        return nullptr;
+    }
+    ShadowCq *s = shadowOf<ShadowCq>(cq, offsetof(ShadowCq, cq));
+    fillCqEx(s);
+    return &s->cq_ex;
+}
+
+ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
+    constexpr uint32_t kServed = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if (attr == nullptr || (attr->comp_mask & IBV_QP_INIT_ATTR_PD) == 0 || attr->pd == nullptr ||
+        attr->pd->context != context) {
+        return failNull<ibv_qp>(EINVAL);
+    }
+    if ((attr->comp_mask & ~kServed) != 0 || attr->create_flags != 0 ||
+        ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 &&
+         (attr->send_ops_flags & ~kQpExSendOps) != 0)) {
+        warn("ibv_create_qp_ex: only a PD and the standard send operations are served (comp_mask 0x%x)",
+             attr->comp_mask);
+        return failNull<ibv_qp>(EOPNOTSUPP);
+    }
+    ibv_qp_init_attr a{};
+    a.qp_context = attr->qp_context;
+    a.send_cq = attr->send_cq;
+    a.recv_cq = attr->recv_cq;
+    a.srq = attr->srq;
+    a.cap = attr->cap;
+    a.qp_type = attr->qp_type;
+    a.sq_sig_all = attr->sq_sig_all;
+    ibv_qp *qp = ibvx_verbs_create_qp(attr->pd, &a);
+    if (qp == nullptr) {
+        return nullptr;
+    }
+    attr->cap = a.cap;
+    if ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0) {
+        fillQpEx(shadowOf<ShadowQp>(qp, offsetof(ShadowQp, qp)));
+    }
+    return qp;
+}
+
+}  // namespace ibvx::client::verbs
+
+using namespace ibvx::client::verbs;  // NOLINT: this file serves the face's verbs
+
+extern "C" {
+
+ibv_qp_ex *ibvx_verbs_qp_to_qp_ex(ibv_qp *qp) {
+    ShadowQp *s = liveQp(qp);
+    if (s == nullptr) {
+        return failNull<ibv_qp_ex>(EINVAL);
+    }
+    return s->has_qp_ex ? &s->qp_ex : failNull<ibv_qp_ex>(EOPNOTSUPP);
+}
+
+}  // extern "C"

@@ -1,0 +1,139 @@
+// The libibverbs face's logic: the verbs of verbs_private.h, served inside libibv_extend.so on
+// broker mode's session and shadow objects (client/broker). A face context IS a broker shadow
+// context (a complete verbs_context); its PDs, MRs and queues are the same shadows ibv_extend.h and
+// ibvx_* hand out, so the two APIs mix freely in one process and share one session. The face uses
+// broker mode; broker mode knows nothing of the face (it calls back only through the session-end
+// handler of client/broker/session.h).
+//
+// The files, by concern:
+//   devices.cpp   the device list, and the contexts ibv_open_device() opens and closes
+//   queries.cpp   device, port, GID and P_Key queries
+//   objects.cpp   PDs, MRs, AHs, fork status
+//   queues.cpp    CQs, QPs and SRQs of the standard verbs
+//   extended.cpp  ibv_cq_ex (create, poll API) and ibv_qp_ex (create, the ibv_wr_* post API)
+//   datapath.cpp  a queue's attachment to its driver's data path, and the data verbs behind it
+//   events.cpp    completion channels, async events, and the end of a session
+//
+// Return conventions are libibverbs' per verb (positive errno, -1 + errno, or NULL + errno); the
+// broker seam answers negative errnos, flipped here. Every pointer a program hands in is checked
+// against the registries before it is dereferenced (EINVAL otherwise). What is served and what is
+// not, and why: docs/verbs.md.
+//
+// Threading. Each file's registries have their own mutex (said where they are defined); a
+// context's mu guards its data path sets and its end state (client/broker/shadow.h). Lock order:
+// the registry of face contexts (events.cpp), then a context's mu, then the channel registry,
+// then a channel's own mutex; the data path's locks are innermost. None is held across a broker
+// call.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstdint>
+
+#include "client/broker/shadow.h"
+#include "common/c_abi.h"
+
+namespace ibvx::client::verbs {
+
+namespace pb = broker::pb;
+using broker::liveCq;
+using broker::livePd;
+using broker::liveQp;
+using broker::liveSrq;
+using broker::ShadowAh;
+using broker::ShadowContext;
+using broker::ShadowCq;
+using broker::ShadowMr;
+using broker::shadowOf;
+using broker::ShadowPd;
+using broker::ShadowQp;
+using broker::ShadowSrq;
+using broker::warn;
+using ibvx::failNull;
+
+// ---- devices and contexts (devices.cpp) --------------------------------------------------------
+
+// The broker context behind an ibv_context a program handed in, nullptr for any other pointer.
+inline ShadowContext *faceContext(const ibv_context *ctx) {
+    return ctx != nullptr ? broker::contextOf(ctx) : nullptr;
+}
+
+// ---- queries (queries.cpp) -----------------------------------------------------------------------
+
+// The device's attributes (QueryDeviceAttr). 0 or a negative errno.
+int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr);
+// The verbs_context entries the inline ibv_query_port() and ibv_query_device_ex() reach.
+int faceQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr, size_t attr_len);
+int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *input, ibv_device_attr_ex *attr,
+                      size_t attr_size);
+
+// ---- the extended verbs (extended.cpp) -----------------------------------------------------------
+
+// The verbs_context entries ibv_create_cq_ex() and ibv_create_qp_ex() reach.
+ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr);
+ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
+
+// ---- the data path (datapath.cpp) ----------------------------------------------------------------
+
+// Loads the context's driver data path (include/ibv_extend_datapath.h; none when the driver ships
+// none) and points the context's ops, which the inline data verbs call, at it.
+void serveDatapath(ShadowContext *c);
+
+// The data verbs as ctx.ops has them. The shadow is found from the public struct with no registry
+// lookup: these are the fast path, and only our context's ops lead here.
+int postSend(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);
+int pollCq(ibv_cq *cq, int n, ibv_wc *wc);
+
+// Gives a queue just made through the standard verbs its state in the driver's data path, when
+// the driver has one for that kind of queue, and flushes it at once when the session has already
+// ended. 0, or the errno to fail the create with (the data path refused; the caller destroys the
+// queue).
+int attachDatapath(ShadowCq *s);
+int attachDatapath(ShadowQp *s, const ibv_qp_init_attr &attr);
+int attachDatapath(ShadowSrq *s, ibv_srq_attr *attr);
+
+// Destroys a queue through the extend API while it is out of reach of a session's end (which must
+// not flush a queue being freed); a queue the broker refused to destroy, and that lives on, is
+// attached again. The extend API's answer (0 or a negative errno); *gone: the shadow is freed.
+int destroyAttached(ShadowCq *s, bool *gone);
+int destroyAttached(ShadowQp *s);
+int destroyAttached(ShadowSrq *s);
+
+// Flushes every attached queue of an ended context: outstanding work requests complete with
+// IBV_WC_WR_FLUSH_ERR (QPs first, so an armed CQ's event comes after the flushed completions)
+// and later posts are refused. The caller holds c->mu.
+void flushAttachedLocked(ShadowContext *c);
+
+// ---- completion channels, events, the end of a session (events.cpp) ----------------------------
+
+// What the data path, the event reads and ibv_req_notify_cq answer once the session ended: the
+// errno the kernel gives a program whose RDMA device was disassociated (control verbs keep the
+// session's ECONNRESET).
+inline constexpr int kEndedErrno = EIO;
+
+inline bool endedLocked(const ShadowContext *c) {
+    return c->end != ShadowContext::End::kLive;
+}
+
+// A context ibv_open_device() opened is followed until ibv_close_device() lets it go: when its
+// session ends it moves to the state a NIC's fatal error leaves (docs/verbs.md, "When the session
+// ends"), at once if the session has ended already.
+void followSessionEnd(ShadowContext *c);
+// Out of reach of a session end handled from now on (one being handled finishes first).
+void unfollowSessionEnd(ShadowContext *c);
+
+// A completion channel of the face (an eventfd the broker's device signals).
+struct FaceChannel;
+// The live channel behind a pointer a program handed in, nullptr for any other.
+FaceChannel *faceChannel(ibv_comp_channel *ch);
+int channelEventFd(const FaceChannel *f);
+// A new CQ on the channel.
+void channelAddCq(FaceChannel *f, ShadowCq *s);
+// Before a CQ is destroyed: waits until the program acknowledged every event it was given (as
+// libibverbs does), then takes the CQ off its channel (f may be nullptr: no channel).
+void channelSetAsideCq(FaceChannel *f, ShadowCq *s);
+// After: the channel lets the CQ go (gone), or takes it back (the broker refused the destroy).
+void channelSettleCq(FaceChannel *f, ShadowCq *s, bool gone);
+
+}  // namespace ibvx::client::verbs

@@ -1,0 +1,87 @@
+// The face's PDs and MRs (broker objects; an MR of ordinary memory moves its pages onto shared
+// memory, client/broker/shared_pages.h), its address handles (kept in this process) and its
+// fork status.
+#include <cerrno>
+
+#include "client/broker_seam.h"
+#include "client/verbs/face.h"
+#include "client/verbs/verbs_private.h"
+
+namespace ibvx::client::verbs {
+namespace {
+
+// Access flags libibverbs treats as hints (IBV_ACCESS_OPTIONAL_RANGE) are dropped, as a provider
+// that lacks them does; relaxed ordering is the one softnda knows.
+int mrAccess(unsigned int access) {
+    unsigned int optional = access & IBV_ACCESS_OPTIONAL_RANGE;
+    return static_cast<int>((access & ~optional) | (optional & IBV_ACCESS_RELAXED_ORDERING));
+}
+
+}  // namespace
+}  // namespace ibvx::client::verbs
+
+using namespace ibvx::client;         // NOLINT: the broker seam's functions
+using namespace ibvx::client::verbs;  // NOLINT: this file serves the face's verbs
+
+extern "C" {
+
+ibv_pd *ibvx_verbs_alloc_pd(ibv_context *context) {
+    ShadowContext *c = faceContext(context);
+    return c != nullptr ? brokerAllocPd(&c->ext) : failNull<ibv_pd>(EINVAL);
+}
+
+int ibvx_verbs_dealloc_pd(ibv_pd *pd) {
+    return livePd(pd) != nullptr ? -brokerDeallocPd(pd) : EINVAL;
+}
+
+ibv_mr *ibvx_verbs_reg_mr_iova2(ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access) {
+    if (livePd(pd) == nullptr) {
+        return failNull<ibv_mr>(EINVAL);
+    }
+    return brokerRegMrIova(pd, addr, length, iova, mrAccess(access));
+}
+
+int ibvx_verbs_dereg_mr(ibv_mr *mr) {
+    return -brokerDeregMr(mr);  // EINVAL for a pointer the seam does not know
+}
+
+// An address handle is checked and kept here: softnda connects RC QPs by QP number and serves no
+// UD, so the broker has no AH resource to hold (docs/verbs.md).
+ibv_ah *ibvx_verbs_create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
+    ShadowPd *p = livePd(pd);
+    if (p == nullptr || attr == nullptr || attr->port_num == 0 ||
+        attr->port_num > p->owner->info.phys_port_cnt || (!attr->is_global && attr->dlid == 0)) {
+        return failNull<ibv_ah>(EINVAL);
+    }
+    auto *a = new ShadowAh{};
+    a->owner = p->owner;
+    a->attr = *attr;
+    a->ah.context = pd->context;
+    a->ah.pd = pd;
+    broker::track(a, p->owner);
+    return &a->ah;
+}
+
+int ibvx_verbs_destroy_ah(ibv_ah *ah) {
+    if (ah == nullptr) {
+        return EINVAL;
+    }
+    auto *a = shadowOf<ShadowAh>(ah, offsetof(ShadowAh, ah));
+    if (!broker::untrack(a)) {
+        return EINVAL;
+    }
+    delete a;
+    return 0;
+}
+
+// Registered memory needs no madvise(MADV_DONTFORK): a child gets private copies of shared pages
+// (client/broker/shared_pages.h), as the kernel gives it of pinned pages when fork is "unneeded".
+int ibvx_verbs_fork_init(void) {
+    return 0;
+}
+
+ibv_fork_status ibvx_verbs_is_fork_initialized(void) {
+    return IBV_FORK_UNNEEDED;
+}
+
+}  // extern "C"
