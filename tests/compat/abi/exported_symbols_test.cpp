@@ -47,7 +47,7 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
           "ibvx_dereg_mr", "ibvx_modify_qp", "ibvx_query_qp"}) {
         expected.insert(std::string("T ") + f + "@@IBV_EXTEND_BROKER_1.0");
     }
-    // What the libibverbs face calls (client/verbs_private.h): one name per served verb.
+    // What the libibverbs face calls (client/verbs/verbs_private.h): one name per served verb.
     for (const char *f : {"get_device_list",
                           "free_device_list",
                           "get_device_name",
