@@ -124,6 +124,16 @@ function(ibvx_provider name)
   install(TARGETS ${name} LIBRARY DESTINATION ${IBVX_PROVIDER_INSTALL_DIR})
 endfunction()
 
+# ibvx_test_library(NAME SOURCES ... [LIBS ...]): code several test programs share (a broker
+# process, a test client), compiled once rather than into each program that uses it.
+function(ibvx_test_library name)
+  cmake_parse_arguments(A "" "" "SOURCES;LIBS" ${ARGN})
+  add_library(${name} STATIC ${A_SOURCES})
+  ibvx_test_surface(${name})
+  target_link_libraries(${name} PUBLIC ${A_LIBS})
+  ibvx_warnings(${name})
+endfunction()
+
 # ibvx_test(NAME SOURCES ... [LIBS ...] [LABELS ...]): a GoogleTest binary, every test a ctest.
 include(GoogleTest)
 function(ibvx_test name)
