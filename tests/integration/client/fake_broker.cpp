@@ -105,8 +105,8 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
 
     Status QueryDevice(ServerContext *ctx, const pb::QueryDeviceRequest *req,
                        pb::QueryDeviceResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::contexts, req->context())) {
+        auto s = sessionHolding(ctx, &FakeSession::contexts, req->context());
+        if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no context");
         }
         resp->set_ext_cap(3);
@@ -115,8 +115,8 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
     }
 
     Status AllocPd(ServerContext *ctx, const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::contexts, req->context())) {
+        auto s = sessionHolding(ctx, &FakeSession::contexts, req->context());
+        if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no context");
         }
         resp->set_pd(keep(*s, &FakeSession::pds));
@@ -128,8 +128,8 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
     }
 
     Status RegMr(ServerContext *ctx, const pb::RegMrRequest *req, pb::RegMrResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::pds, req->pd())) {
+        auto s = sessionHolding(ctx, &FakeSession::pds, req->pd());
+        if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no pd");
         }
         ibvx::UniqueFd fd;
@@ -169,8 +169,8 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
     }
 
     Status CreateCq(ServerContext *ctx, const pb::CreateCqRequest *req, pb::CreateCqResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::contexts, req->context())) {
+        auto s = sessionHolding(ctx, &FakeSession::contexts, req->context());
+        if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no context");
         }
         if (req->dma_mode() == pb::DMA_MODE_UNSPECIFIED || req->cqe() == 0) {
@@ -194,8 +194,8 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
 
     Status CreateSrq(ServerContext *ctx, const pb::CreateSrqRequest *req,
                      pb::CreateSrqResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::pds, req->pd())) {
+        auto s = sessionHolding(ctx, &FakeSession::pds, req->pd());
+        if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no pd");
         }
         uint64_t region = 0;
@@ -215,9 +215,9 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
     }
 
     Status CreateQp(ServerContext *ctx, const pb::CreateQpRequest *req, pb::CreateQpResponse *resp) override {
-        auto s = sessions_.of(*ctx);
-        if (s == nullptr || !has(*s, &FakeSession::pds, req->pd()) ||
-            !has(*s, &FakeSession::cqs, req->send_cq()) || !has(*s, &FakeSession::cqs, req->recv_cq())) {
+        auto s = sessionHolding(ctx, &FakeSession::pds, req->pd());
+        if (s == nullptr || !has(*s, &FakeSession::cqs, req->send_cq()) ||
+            !has(*s, &FakeSession::cqs, req->recv_cq())) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no pd/cq");
         }
         if (req->qp_type() == pb::QP_TYPE_UNSPECIFIED) {
@@ -337,6 +337,14 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
     static bool has(FakeSession &s, Objects FakeSession::*objects, uint64_t h) {
         std::lock_guard lock(s.mu);
         return (s.*objects).count(h) != 0;
+    }
+
+    // The call's session if it holds object h (what the call creates or asks about hangs off h).
+    template <typename Objects>
+    std::shared_ptr<FakeSession> sessionHolding(ServerContext *ctx, Objects FakeSession::*objects,
+                                                uint64_t h) {
+        auto s = sessions_.of(*ctx);
+        return s != nullptr && has(*s, objects, h) ? s : nullptr;
     }
 
     // Keeps a new object in the session under a new handle, and returns the handle.
