@@ -314,6 +314,65 @@ const char *scopeName(pb::QuotaScope scope) {
     }
 }
 
+// One loaded driver: its devices, its ops version, whether a restart keeps its sessions.
+void describeDriver(const loader::DriverInfo &d, const std::vector<DeviceInfo> &devices,
+                    const std::vector<const ibv_extend_vdev_ops *> &vdevs, DeviceRegistry &registry,
+                    pb::DriverEntry *e) {
+    e->set_name(d.name);
+    e->set_library(d.library);
+    for (const ibv_extend_vdev_ops *v : vdevs) {
+        if (v->provider != nullptr && d.name == v->provider) {
+            e->set_virtual_provider(true);
+            e->set_ops_version(v->abi);
+        }
+    }
+    bool served_any = false, every_device_keeps = true;
+    for (const DeviceInfo &dev : devices) {
+        if (dev.provider == d.name) {
+            e->add_devices(dev.name);
+            if (!e->virtual_provider()) {
+                e->set_ops_version(dev.driver_version);
+            }
+            served_any = true;
+            Device *found = registry.find(dev.name);
+            every_device_keeps = every_device_keeps && found != nullptr && found->verbs.keepsAcrossRestart();
+        }
+    }
+    e->set_restart_keeps(served_any ? every_device_keeps : vdevOpsKeep(vdevs, d.name));
+}
+
+void loadAttempt(const loader::LoadRecord &r, pb::LoadAttempt *a) {
+    a->set_name(r.name);
+    a->set_source(r.source);
+    a->set_path(r.path);
+    a->set_loaded(r.loaded);
+    a->set_error(r.error);
+}
+
+// The limit a SetQuota asks for; nullopt clears an override (its account follows the default).
+StatusOr<std::optional<uint64_t>> requestedLimit(const pb::SetQuotaRequest &req) {
+    // The configuration's range (a [quotas] entry is a TOML integer, signed 64-bit). Above it
+    // is no real limit but a mistake, most likely a negative number sent as unsigned (an
+    // older ibv-extendctl stored "-5" as 18446744073709551611); kUnlimited among them.
+    constexpr uint64_t kMaxLimit = std::numeric_limits<int64_t>::max();
+    if (!req.clear() && !req.unlimited() && req.limit() > kMaxLimit) {
+        return invalidArgument("quota " + req.quota() + " limit " + std::to_string(req.limit()) +
+                               " is out of range: a limit is 0.." + std::to_string(kMaxLimit) +
+                               "; set unlimited for no limit");
+    }
+    if (req.clear()) {
+        return std::optional<uint64_t>();
+    }
+    return std::optional<uint64_t>(req.unlimited() ? kUnlimited : req.limit());
+}
+
+std::string limitName(const std::optional<uint64_t> &limit) {
+    if (!limit) {
+        return "default";
+    }
+    return *limit == kUnlimited ? "unlimited" : std::to_string(*limit);
+}
+
 void accountInfo(pb::QuotaScope scope, uint32_t uid, const std::string &container, pb::QuotaAccountInfo *a) {
     a->set_scope(scope);
     a->set_uid(uid);
@@ -360,6 +419,25 @@ grpc::ServerUnaryReactor *AdminService::serve(grpc::CallbackServerContext *ctx, 
     return call.finish(fn());
 }
 
+template <typename Start>
+grpc::ServerUnaryReactor *AdminService::serveBlocking(grpc::CallbackServerContext *ctx, AdminMethod m,
+                                                      Start &&start) {
+    auto call = calls_.begin(ctx, m);
+    if (Status st = authorize(ctx); !st.isOk()) {
+        return call.finish(st);
+    }
+    StatusOr<BlockingTask> task = start();
+    if (!task.isOk()) {
+        return call.finish(task.status());
+    }
+    return calls_.finishOn(blocking_, call, std::move(task).value());
+}
+
+uint32_t AdminService::callerUid(grpc::CallbackServerContext *ctx) {
+    auto peer = connections_.lookup(ctx->peer());
+    return peer ? peer->creds.uid : 0;
+}
+
 uint64_t AdminService::uptimeMs() const {
     return static_cast<uint64_t>(
         std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started_)
@@ -396,10 +474,7 @@ grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ct
 grpc::ServerUnaryReactor *AdminService::GetStatus(grpc::CallbackServerContext *ctx,
                                                   const pb::GetStatusRequest *, pb::GetStatusResponse *resp) {
     return serve(ctx, AdminMethod::kGetStatus, [&] {
-        const Version &v = broker_.options().version;
-        resp->mutable_broker_version()->set_major(v.major);
-        resp->mutable_broker_version()->set_minor(v.minor);
-        resp->mutable_broker_version()->set_patch(v.patch);
+        toProto(broker_.options().version, resp->mutable_broker_version());
         resp->set_uptime_ms(uptimeMs());
         resp->set_config_path(hooks_.config_path);
         resp->set_socket_path(hooks_.socket_path);
@@ -435,37 +510,10 @@ grpc::ServerUnaryReactor *AdminService::ListDrivers(grpc::CallbackServerContext 
         std::vector<DeviceInfo> devices = broker_.listDevices();
         std::vector<const ibv_extend_vdev_ops *> vdevs = loader::vdevProviders();
         for (const loader::DriverInfo &d : loader::drivers()) {
-            auto *e = resp->add_drivers();
-            e->set_name(d.name);
-            e->set_library(d.library);
-            for (const ibv_extend_vdev_ops *v : vdevs) {
-                if (v->provider != nullptr && d.name == v->provider) {
-                    e->set_virtual_provider(true);
-                    e->set_ops_version(v->abi);
-                }
-            }
-            bool served_any = false, every_device_keeps = true;
-            for (const DeviceInfo &dev : devices) {
-                if (dev.provider == d.name) {
-                    e->add_devices(dev.name);
-                    if (!e->virtual_provider()) {
-                        e->set_ops_version(dev.driver_version);
-                    }
-                    served_any = true;
-                    Device *found = broker_.devices().find(dev.name);
-                    every_device_keeps =
-                        every_device_keeps && found != nullptr && found->verbs.keepsAcrossRestart();
-                }
-            }
-            e->set_restart_keeps(served_any ? every_device_keeps : vdevOpsKeep(vdevs, d.name));
+            describeDriver(d, devices, vdevs, broker_.devices(), resp->add_drivers());
         }
         for (const loader::LoadRecord &r : loader::loadRecords()) {
-            auto *a = resp->add_load_attempts();
-            a->set_name(r.name);
-            a->set_source(r.source);
-            a->set_path(r.path);
-            a->set_loaded(r.loaded);
-            a->set_error(r.error);
+            loadAttempt(r, resp->add_load_attempts());
         }
         return Status::ok();
     });
@@ -555,32 +603,33 @@ Status AdminService::listObjects(const pb::ListObjectsRequest &req, pb::ListObje
 grpc::ServerUnaryReactor *AdminService::EvictSession(grpc::CallbackServerContext *ctx,
                                                      const pb::EvictSessionRequest *req,
                                                      pb::EvictSessionResponse *resp) {
-    auto call = calls_.begin(ctx, AdminMethod::kEvictSession);
-    if (Status st = authorize(ctx); !st.isOk()) {
-        return call.finish(st);
-    }
-    std::shared_ptr<Session> victim;
-    for (auto &s : broker_.sessions()) {
-        if (s->id() == req->session()) {
-            victim = s;
-        }
-    }
-    if (victim == nullptr || victim->ended()) {
-        return call.finish(
-            Status(Code::kNotFound, ENOENT, "no live session " + std::to_string(req->session())));
-    }
-    auto peer = connections_.lookup(ctx->peer());
-    spdlog::warn("session {} (pid {} uid {}) evicted by uid {}", victim->id(), victim->identity().creds.pid,
-                 victim->identity().creds.uid, peer ? peer->creds.uid : 0);
-    resp->set_objects_destroyed(victim->objectCount());
-    ++sessions_evicted_;
-    // The event loop tears the session down; waiting for it is the blocking part.
-    return calls_.finishOn(blocking_, call, [done = evict_(victim)] {
-        if (done.wait_for(kEvictionWait) != std::future_status::ready) {
-            return Status(Code::kDeadlineExceeded, ETIMEDOUT, "eviction still running");
-        }
-        return Status::ok();
+    return serveBlocking(ctx, AdminMethod::kEvictSession, [&]() -> StatusOr<BlockingTask> {
+        ASSIGN_OR_RETURN(std::shared_ptr<Session> victim, liveSession(req->session()));
+        spdlog::warn("session {} (pid {} uid {}) evicted by uid {}", victim->id(),
+                     victim->identity().creds.pid, victim->identity().creds.uid, callerUid(ctx));
+        resp->set_objects_destroyed(victim->objectCount());
+        ++sessions_evicted_;
+        // The event loop tears the session down; waiting for it is the blocking part.
+        return BlockingTask([done = evict_(victim)] {
+            if (done.wait_for(kEvictionWait) != std::future_status::ready) {
+                return Status(Code::kDeadlineExceeded, ETIMEDOUT, "eviction still running");
+            }
+            return Status::ok();
+        });
     });
+}
+
+StatusOr<std::shared_ptr<Session>> AdminService::liveSession(uint64_t id) {
+    std::shared_ptr<Session> found;
+    for (auto &s : broker_.sessions()) {
+        if (s->id() == id) {
+            found = s;
+        }
+    }
+    if (found == nullptr || found->ended()) {
+        return Status(Code::kNotFound, ENOENT, "no live session " + std::to_string(id));
+    }
+    return found;
 }
 
 grpc::ServerUnaryReactor *AdminService::ReloadDrivers(grpc::CallbackServerContext *ctx,
@@ -630,86 +679,69 @@ grpc::ServerUnaryReactor *AdminService::GetQuotas(grpc::CallbackServerContext *c
 
 grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ctx,
                                                  const pb::SetQuotaRequest *req, pb::SetQuotaResponse *) {
-    return serve(ctx, AdminMethod::kSetQuota, [&] {
+    return serve(ctx, AdminMethod::kSetQuota, [&]() -> Status {
         std::optional<Quota> q = quotaFromName(req->quota());
         if (!q) {
             return invalidArgument("unknown quota '" + req->quota() +
                                    "' (contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions)");
         }
-        // The configuration's range (a [quotas] entry is a TOML integer, signed 64-bit). Above it
-        // is no real limit but a mistake, most likely a negative number sent as unsigned (an
-        // older ibv-extendctl stored "-5" as 18446744073709551611); kUnlimited among them.
-        constexpr uint64_t kMaxLimit = std::numeric_limits<int64_t>::max();
-        if (!req->clear() && !req->unlimited() && req->limit() > kMaxLimit) {
-            return invalidArgument("quota " + req->quota() + " limit " + std::to_string(req->limit()) +
-                                   " is out of range: a limit is 0.." + std::to_string(kMaxLimit) +
-                                   "; set unlimited for no limit");
-        }
-        std::optional<uint64_t> limit;
-        if (!req->clear()) {
-            limit = req->unlimited() ? kUnlimited : req->limit();
-        }
-        switch (req->scope()) {
-            case pb::QUOTA_SCOPE_DEFAULT:
-                if (!limit) {
-                    return invalidArgument("a default cannot be cleared; set it to unlimited");
-                }
-                broker_.quotas().setDefault(*q, *limit);
-                break;
-            case pb::QUOTA_SCOPE_UID:
-                broker_.quotas().setOverride(QuotaScope::kUid, req->uid(), "", *q, limit);
-                break;
-            case pb::QUOTA_SCOPE_CONTAINER:
-                if (req->container().empty()) {
-                    return invalidArgument("container scope needs a container id");
-                }
-                broker_.quotas().setOverride(QuotaScope::kContainer, 0, req->container(), *q, limit);
-                break;
-            default:
-                return invalidArgument("scope must be default, uid or container");
-        }
-        auto peer = connections_.lookup(ctx->peer());
+        ASSIGN_OR_RETURN(std::optional<uint64_t> limit, requestedLimit(*req));
+        RETURN_IF_ERROR(setQuota(*req, *q, limit));
         spdlog::info(
             "quota {} {} {} set to {} by uid {}", scopeName(req->scope()),
             req->scope() == pb::QUOTA_SCOPE_CONTAINER ? req->container() : std::to_string(req->uid()),
-            req->quota(),
-            !limit                 ? std::string("default")
-            : *limit == kUnlimited ? std::string("unlimited")
-                                   : std::to_string(*limit),
-            peer ? peer->creds.uid : 0);
+            req->quota(), limitName(limit), callerUid(ctx));
         return Status::ok();
     });
 }
 
+Status AdminService::setQuota(const pb::SetQuotaRequest &req, Quota q, std::optional<uint64_t> limit) {
+    switch (req.scope()) {
+        case pb::QUOTA_SCOPE_DEFAULT:
+            if (!limit) {
+                return invalidArgument("a default cannot be cleared; set it to unlimited");
+            }
+            broker_.quotas().setDefault(q, *limit);
+            return Status::ok();
+        case pb::QUOTA_SCOPE_UID:
+            broker_.quotas().setOverride(QuotaScope::kUid, req.uid(), "", q, limit);
+            return Status::ok();
+        case pb::QUOTA_SCOPE_CONTAINER:
+            if (req.container().empty()) {
+                return invalidArgument("container scope needs a container id");
+            }
+            broker_.quotas().setOverride(QuotaScope::kContainer, 0, req.container(), q, limit);
+            return Status::ok();
+        default:
+            return invalidArgument("scope must be default, uid or container");
+    }
+}
+
 grpc::ServerUnaryReactor *AdminService::Restart(grpc::CallbackServerContext *ctx,
                                                 const pb::RestartRequest *req, pb::RestartResponse *resp) {
-    auto call = calls_.begin(ctx, AdminMethod::kRestart);
-    if (Status st = authorize(ctx); !st.isOk()) {
-        return call.finish(st);
-    }
-    if (!hooks_.restart) {
-        return call.finish(Status(Code::kUnimplemented, ENOSYS, "this broker cannot restart itself"));
-    }
-    auto peer = connections_.lookup(ctx->peer());
-    uint32_t uid = peer ? peer->creds.uid : 0;
-    // Planning walks every session's objects under the core's locks: not on a callback thread.
-    return calls_.finishOn(
-        blocking_, call, [this, resp, uid, require_keep = req->require_keep()]() -> Status {
-            StatusOr<RestartPlan> plan = hooks_.restart(require_keep);
-            if (!plan.isOk()) {
-                return plan.status();
-            }
-            spdlog::warn("restart requested by uid {}{}: {} session(s) kept, {} dropped, exec {}", uid,
-                         require_keep ? " (require keep)" : "", plan->sessions_kept, plan->sessions_dropped,
-                         plan->binary);
-            resp->set_sessions_kept(plan->sessions_kept);
-            resp->set_sessions_dropped(plan->sessions_dropped);
-            for (const std::string &d : plan->dropping_drivers) {
-                resp->add_dropping_drivers(d);
-            }
-            resp->set_binary(plan->binary);
-            return Status::ok();
+    return serveBlocking(ctx, AdminMethod::kRestart, [&]() -> StatusOr<BlockingTask> {
+        if (!hooks_.restart) {
+            return Status(Code::kUnimplemented, ENOSYS, "this broker cannot restart itself");
+        }
+        // Planning walks every session's objects under the core's locks: not on a callback thread.
+        return BlockingTask([this, resp, uid = callerUid(ctx), require_keep = req->require_keep()] {
+            return planRestart(require_keep, uid, resp);
         });
+    });
+}
+
+Status AdminService::planRestart(bool require_keep, uint32_t uid, pb::RestartResponse *resp) {
+    ASSIGN_OR_RETURN(RestartPlan plan, hooks_.restart(require_keep));
+    spdlog::warn("restart requested by uid {}{}: {} session(s) kept, {} dropped, exec {}", uid,
+                 require_keep ? " (require keep)" : "", plan.sessions_kept, plan.sessions_dropped,
+                 plan.binary);
+    resp->set_sessions_kept(plan.sessions_kept);
+    resp->set_sessions_dropped(plan.sessions_dropped);
+    for (const std::string &d : plan.dropping_drivers) {
+        resp->add_dropping_drivers(d);
+    }
+    resp->set_binary(plan.binary);
+    return Status::ok();
 }
 
 // A stream: counted once, when it starts (accepted or refused).

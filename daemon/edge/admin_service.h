@@ -11,6 +11,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -109,11 +110,24 @@ class AdminService final : public pb::Admin::CallbackService {
     int inflight() const { return calls_.inflight(); }
 
   private:
+    // What a call that waits runs on blocking_ (it finishes the call there).
+    using BlockingTask = std::function<Status()>;
+
     Status authorize(grpc::CallbackServerContext *ctx);
     // Authorizes, runs fn() (a Status), counts and finishes the call.
     template <typename Fn>
     grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, AdminMethod m, Fn &&fn);
+    // The same for a call that waits: start() runs here and answers an error, which finishes
+    // the call, or the BlockingTask that does the waiting, never on a gRPC callback thread.
+    template <typename Start>
+    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, AdminMethod m, Start &&start);
+    // The caller's uid, for the log (0 if its connection is gone).
+    uint32_t callerUid(grpc::CallbackServerContext *ctx);
+
     Status listObjects(const pb::ListObjectsRequest &req, pb::ListObjectsResponse *resp);
+    StatusOr<std::shared_ptr<Session>> liveSession(uint64_t id);
+    Status setQuota(const pb::SetQuotaRequest &req, Quota q, std::optional<uint64_t> limit);
+    Status planRestart(bool require_keep, uint32_t uid, pb::RestartResponse *resp);
     uint64_t uptimeMs() const;
 
     Broker &broker_;

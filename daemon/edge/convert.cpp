@@ -46,6 +46,20 @@ void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
 
 }  // namespace
 
+void toProto(const Version &in, pb::Version *out) {
+    out->set_major(in.major);
+    out->set_minor(in.minor);
+    out->set_patch(in.patch);
+}
+
+void toProto(const PeerIdentity &in, pb::PeerIdentity *out) {
+    out->set_pid(in.creds.pid);
+    out->set_uid(in.creds.uid);
+    out->set_gid(in.creds.gid);
+    out->set_cgroup(in.cgroup);
+    out->set_container_id(in.container_id);
+}
+
 void toProto(const DeviceInfo &in, pb::DeviceInfo *out) {
     out->set_name(in.name);
     out->set_provider(in.provider);
@@ -74,6 +88,76 @@ void toProto(const QueueResult &in, pb::QueueInfo *out) {
 
 void toProto(const ibv_qp_attr &in, pb::QpAttr *out) {
     wire::toProto(in, IBV_QP_STATE | IBV_QP_CUR_STATE, out);
+}
+
+void toProto(const OpenContextResult &in, pb::OpenContextResponse *out) {
+    out->set_context(in.context);
+    toProto(in.device, out->mutable_device());
+    out->set_driver_version(in.driver_version);
+    out->set_driver_ops_present(in.driver_ops_present);
+}
+
+void toProto(const ibv_device_attr_extend &in, pb::QueryDeviceResponse *out) {
+    out->set_ext_cap(in.ext_cap);
+    out->set_resv(in.resv, sizeof(in.resv));
+}
+
+void toProto(const PortInfo &in, pb::QueryPortResponse *out) {
+    toProto(in.attr, out->mutable_attr());
+    for (const ibv_gid_entry &g : in.gids) {
+        toProto(g, out->add_gids());
+    }
+}
+
+void toProto(const RegMrResult &in, pb::RegMrResponse *out) {
+    out->set_mr(in.mr);
+    out->set_lkey(in.lkey);
+    out->set_rkey(in.rkey);
+    out->set_iova(in.iova);
+}
+
+void toProto(const CqResult &in, pb::CreateCqResponse *out) {
+    out->set_cq(in.cq);
+    out->set_cqe(in.cqe);
+    toProto(in.info, out->mutable_cq_info());
+    out->set_resv(in.resv, sizeof(in.resv));
+}
+
+void toProto(const QpResult &in, pb::CreateQpResponse *out) {
+    out->set_qp(in.qp);
+    out->set_qp_num(in.qp_num);
+    out->set_state(toProto(in.state));
+    toProto(in.cap, out->mutable_cap());
+    toProto(in.sq, out->mutable_sq_info());
+    toProto(in.rq, out->mutable_rq_info());
+    out->set_resv(in.resv, sizeof(in.resv));
+    out->set_vendor_priv_info(in.vendor_priv_info);
+}
+
+void toProto(const SrqResult &in, pb::CreateSrqResponse *out) {
+    out->set_srq(in.srq);
+    out->set_max_wr(in.max_wr);
+    out->set_max_sge(in.max_sge);
+    toProto(in.info, out->mutable_srq_info());
+    out->set_resv(in.resv, sizeof(in.resv));
+}
+
+void toProto(const QueryQpResult &in, pb::QueryQpResponse *out) {
+    toProto(in.attr, out->mutable_attr());
+    toProto(in.init.cap, out->mutable_init_cap());
+    out->set_qp_type(toProto(in.init.qp_type));
+    out->set_sq_sig_all(in.init.sq_sig_all != 0);
+}
+
+void toProto(const NegoResult &in, pb::NegoQpHyroceFeatureResponse *out) {
+    toProto(in.output, out->mutable_output());
+    out->set_need_more_nego(in.need_more_nego);
+}
+
+void toProto(const Released &in, google::protobuf::RepeatedField<uint64_t> *out) {
+    for (RegionId id : in) {
+        out->Add(id);
+    }
 }
 
 StatusOr<queue_buf_dma_mode> fromProto(pb::DmaMode m) {
@@ -125,6 +209,56 @@ Status fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out) {
     *out = {};
     RETURN_IF_ERROR(checkFeatureRange(in.feature()));
     return refuse(wire::fromProto(in, out));
+}
+
+RegMrArgs fromProto(const pb::RegMrRequest &in) {
+    RegMrArgs a;
+    a.pd = in.pd();
+    a.xfer_id = in.xfer_id();
+    a.offset = in.offset();
+    a.length = in.length();
+    a.access = in.access();
+    a.iova = in.iova();
+    return a;
+}
+
+StatusOr<CreateCqArgs> fromProto(const pb::CreateCqRequest &in) {
+    CreateCqArgs a;
+    ASSIGN_OR_RETURN(a.dma_mode, fromProto(in.dma_mode()));
+    a.context = in.context();
+    a.cqe = in.cqe();
+    a.comp_vector = in.comp_vector();
+    a.wc_flags = in.wc_flags();
+    a.cq_cap_flag = in.cq_cap_flag();
+    a.event_xfer_id = in.event_xfer_id();
+    return a;
+}
+
+StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in) {
+    CreateQpArgs a;
+    ASSIGN_OR_RETURN(a.dma_mode, fromProto(in.dma_mode()));
+    ASSIGN_OR_RETURN(a.qp_type, fromProto(in.qp_type()));
+    a.context = in.context();
+    a.pd = in.pd();
+    a.send_cq = in.send_cq();
+    a.recv_cq = in.recv_cq();
+    a.srq = in.srq();
+    a.cap = fromProto(in.cap());
+    a.sq_sig_all = in.sq_sig_all();
+    a.qp_cap_flag = in.qp_cap_flag();
+    return a;
+}
+
+StatusOr<CreateSrqArgs> fromProto(const pb::CreateSrqRequest &in) {
+    CreateSrqArgs a;
+    ASSIGN_OR_RETURN(a.dma_mode, fromProto(in.dma_mode()));
+    a.context = in.context();
+    a.pd = in.pd();
+    a.max_wr = in.max_wr();
+    a.max_sge = in.max_sge();
+    a.srq_limit = in.srq_limit();
+    a.srq_cap_flag = in.srq_cap_flag();
+    return a;
 }
 
 pb::ObjectKind toProto(ObjectKind kind) {

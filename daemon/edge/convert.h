@@ -17,10 +17,26 @@ namespace pb = ::ibv_extend::v1;
 
 using wire::toProto;
 
+void toProto(const Version &in, pb::Version *out);
+// The kernel's identity of the tenant (the pod, which the wire does not carry, left out).
+void toProto(const PeerIdentity &in, pb::PeerIdentity *out);
 void toProto(const DeviceInfo &in, pb::DeviceInfo *out);
 void toProto(const QueueResult &in, pb::QueueInfo *out);
 // Both states included.
 void toProto(const ibv_qp_attr &in, pb::QpAttr *out);
+
+// A call's result into its response message.
+void toProto(const OpenContextResult &in, pb::OpenContextResponse *out);
+void toProto(const ibv_device_attr_extend &in, pb::QueryDeviceResponse *out);
+void toProto(const PortInfo &in, pb::QueryPortResponse *out);
+void toProto(const RegMrResult &in, pb::RegMrResponse *out);
+void toProto(const CqResult &in, pb::CreateCqResponse *out);
+void toProto(const QpResult &in, pb::CreateQpResponse *out);
+void toProto(const SrqResult &in, pb::CreateSrqResponse *out);
+void toProto(const QueryQpResult &in, pb::QueryQpResponse *out);
+void toProto(const NegoResult &in, pb::NegoQpHyroceFeatureResponse *out);
+// The regions a destroy released, which the client may unmap.
+void toProto(const Released &in, google::protobuf::RepeatedField<uint64_t> *out);
 
 StatusOr<queue_buf_dma_mode> fromProto(pb::DmaMode m);
 StatusOr<ibv_qp_type> fromProto(pb::QpType t);
@@ -31,6 +47,12 @@ ibv_qp_cap fromProto(const pb::QpCap &c);
 Status fromProto(const pb::QpAttr &in, int mask, ibv_qp_attr *out);
 Status fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out);
 Status fromProto(const pb::HyroceFeature &in, ibv_hyroce_feature *out);
+
+// A request into the core's arguments; the first field that is not well-formed answers.
+RegMrArgs fromProto(const pb::RegMrRequest &in);
+StatusOr<CreateCqArgs> fromProto(const pb::CreateCqRequest &in);
+StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in);
+StatusOr<CreateSrqArgs> fromProto(const pb::CreateSrqRequest &in);
 
 // Admin: an object of a session listing (the per-kind details from the snapshot's kind).
 pb::ObjectKind toProto(ObjectKind kind);

@@ -76,16 +76,8 @@ Status BrokerServer::start(UniqueFd listen_fd) {
         return Status::fromErrno(errno, "eventfd failed");
     }
     wake_fd_ = wake.get();
-    Entry l;
-    l.kind = EntryKind::kListen;
-    l.fd = listen_fd.get();
-    l.owned = std::move(listen_fd);
-    add(std::move(l), EPOLLIN);
-    Entry w;
-    w.kind = EntryKind::kWake;
-    w.fd = wake.get();
-    w.owned = std::move(wake);
-    add(std::move(w), EPOLLIN);
+    add(Entry::owning(EntryKind::kListen, std::move(listen_fd)), EPOLLIN);
+    add(Entry::owning(EntryKind::kWake, std::move(wake)), EPOLLIN);
     thread_ = std::thread([this] { loop(); });
     return Status::ok();
 }
@@ -102,10 +94,7 @@ void BrokerServer::watchSession(const std::shared_ptr<Session> &session) {
         std::lock_guard lock(queue_mu_);
         to_watch_.push_back(session);
     }
-    uint64_t one = 1;
-    if (wake_fd_ >= 0) {
-        (void)!::write(wake_fd_, &one, sizeof(one));
-    }
+    wake();
 }
 
 std::shared_future<void> BrokerServer::evictSession(const std::shared_ptr<Session> &session) {
@@ -113,13 +102,17 @@ std::shared_future<void> BrokerServer::evictSession(const std::shared_ptr<Sessio
     std::shared_future<void> f = done->get_future().share();
     {
         std::lock_guard lock(queue_mu_);
-        to_evict_.emplace_back(session, std::move(done));
+        to_evict_.push_back(Eviction{session, std::move(done)});
     }
+    wake();
+    return f;
+}
+
+void BrokerServer::wake() {
     uint64_t one = 1;
     if (wake_fd_ >= 0) {
         (void)!::write(wake_fd_, &one, sizeof(one));
     }
-    return f;
 }
 
 void BrokerServer::shutdown(std::chrono::milliseconds grace) {
@@ -134,8 +127,7 @@ void BrokerServer::shutdownImpl(std::chrono::milliseconds grace, bool keep_sessi
     // 1. Stop the loop: no more accepts, handshakes or attaches.
     stop_ = true;
     if (thread_.joinable()) {
-        uint64_t one = 1;
-        (void)!::write(wake_fd_, &one, sizeof(one));
+        wake();
         thread_.join();
     }
     // Pending evictions: the loop is gone, the sessions end below.
@@ -218,65 +210,7 @@ void BrokerServer::loop() {
             break;
         }
         for (int i = 0; i < n && !stop_; ++i) {
-            uint64_t id = events[i].data.u64;
-            auto it = entries_.find(id);
-            if (it == entries_.end()) {
-                continue;  // removed earlier in this batch
-            }
-            switch (it->second.kind) {
-                case EntryKind::kListen:
-                    acceptAll(it->second.fd);
-                    break;
-                case EntryKind::kWake: {
-                    uint64_t v;
-                    (void)!::read(it->second.fd, &v, sizeof(v));
-                    std::vector<std::shared_ptr<Session>> watch;
-                    std::vector<std::pair<std::shared_ptr<Session>, std::shared_ptr<std::promise<void>>>>
-                        evict;
-                    {
-                        std::lock_guard lock(queue_mu_);
-                        watch.swap(to_watch_);
-                        evict.swap(to_evict_);
-                    }
-                    for (auto &s : watch) {
-                        if (s->pidfd() >= 0 && !s->ended()) {
-                            Entry e;
-                            e.kind = EntryKind::kPidfd;
-                            e.fd = s->pidfd();
-                            e.session = s;
-                            add(std::move(e), EPOLLIN);
-                        }
-                        // A session restored after a restart comes with its fd channel.
-                        if (s->attached() && !s->ended()) {
-                            Entry e;
-                            e.kind = EntryKind::kChannel;
-                            e.fd = s->channelFd();
-                            e.session = s;
-                            add(std::move(e), EPOLLIN | EPOLLRDHUP);
-                        }
-                    }
-                    for (auto &[session, done] : evict) {
-                        if (!session->ended()) {
-                            events_->publish(AdminEvents::aboutSession(AdminEvents::Event::EVICTION, *session,
-                                                                       "evicted by an administrator"));
-                            endSession(session, "evicted by an administrator");
-                        }
-                        done->set_value();
-                    }
-                    break;
-                }
-                case EntryKind::kHandshake:
-                    handshake(id);
-                    break;
-                case EntryKind::kChannel:
-                    readChannel(id);
-                    break;
-                case EntryKind::kPidfd: {
-                    auto s = it->second.session;
-                    endSession(s, "process exited");
-                    break;
-                }
-            }
+            dispatch(events[i].data.u64);
         }
         auto now = std::chrono::steady_clock::now();
         if (now - last_reap >= std::chrono::milliseconds(50)) {
@@ -288,6 +222,65 @@ void BrokerServer::loop() {
             last_beat = now;
             options_.heartbeat();
         }
+    }
+}
+
+void BrokerServer::dispatch(uint64_t id) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) {
+        return;  // removed earlier in this batch
+    }
+    switch (it->second.kind) {
+        case EntryKind::kListen:
+            acceptAll(it->second.fd);
+            break;
+        case EntryKind::kWake:
+            takeQueued(it->second.fd);
+            break;
+        case EntryKind::kHandshake:
+            handshake(id);
+            break;
+        case EntryKind::kChannel:
+            readChannel(id);
+            break;
+        case EntryKind::kPidfd: {
+            auto s = it->second.session;  // a copy: ending the session removes this entry
+            endSession(s, "process exited");
+            break;
+        }
+    }
+}
+
+void BrokerServer::takeQueued(int wake_fd) {
+    uint64_t v;
+    (void)!::read(wake_fd, &v, sizeof(v));
+    std::vector<std::shared_ptr<Session>> watch;
+    std::vector<Eviction> evict;
+    {
+        std::lock_guard lock(queue_mu_);
+        watch.swap(to_watch_);
+        evict.swap(to_evict_);
+    }
+    for (auto &s : watch) {
+        startWatching(s);
+    }
+    for (auto &[session, done] : evict) {
+        if (!session->ended()) {
+            events_->publish(AdminEvents::aboutSession(AdminEvents::Event::EVICTION, *session,
+                                                       "evicted by an administrator"));
+            endSession(session, "evicted by an administrator");
+        }
+        done->set_value();
+    }
+}
+
+void BrokerServer::startWatching(const std::shared_ptr<Session> &s) {
+    if (s->pidfd() >= 0 && !s->ended()) {
+        add(Entry::watching(EntryKind::kPidfd, s->pidfd(), s), EPOLLIN);
+    }
+    // A session restored after a restart comes with its fd channel.
+    if (s->attached() && !s->ended()) {
+        add(Entry::watching(EntryKind::kChannel, s->channelFd(), s), EPOLLIN | EPOLLRDHUP);
     }
 }
 
@@ -338,10 +331,7 @@ void BrokerServer::acceptAll(int listen_fd) {
                        peer->creds.uid, peer->creds.pid, mine);
             continue;
         }
-        Entry e;
-        e.kind = EntryKind::kHandshake;
-        e.fd = fd.get();
-        e.owned = std::move(fd);
+        Entry e = Entry::owning(EntryKind::kHandshake, std::move(fd));
         e.peer = std::move(peer).value();
         e.deadline = std::chrono::steady_clock::now() + options_.handshake_timeout;
         // Edge-triggered while in handshake: a partial preface stays unread in the socket, and a

@@ -86,10 +86,38 @@ class BrokerServer final : public SessionListener {
         PeerIdentity peer;
         std::chrono::steady_clock::time_point deadline{};
         std::shared_ptr<Session> session;
+
+        static Entry owning(EntryKind kind, UniqueFd fd) {
+            Entry e;
+            e.kind = kind;
+            e.fd = fd.get();
+            e.owned = std::move(fd);
+            return e;
+        }
+        // An fd the session owns (its pidfd or fd channel), watched for it.
+        static Entry watching(EntryKind kind, int fd, std::shared_ptr<Session> session) {
+            Entry e;
+            e.kind = kind;
+            e.fd = fd;
+            e.session = std::move(session);
+            return e;
+        }
     };
+    // A session to end from the loop, and who waits for it.
+    using Eviction = std::pair<std::shared_ptr<Session>, std::shared_ptr<std::promise<void>>>;
 
     BrokerServer(Broker &broker, ServerOptions options);
+    // The event loop: waits on the epoll set (50 ms at most), dispatches what is ready, reaps
+    // what expired every 50 ms and calls the heartbeat every heartbeat_period.
     void loop();
+    // One ready entry, by its kind.
+    void dispatch(uint64_t id);
+    // Wakes the loop (watchSession, evictSession, shutdown).
+    void wake();
+    // What other threads queued for the loop: sessions to watch, sessions to evict.
+    void takeQueued(int wake_fd);
+    // The session's pidfd and, for a session restored with its fd channel, the channel.
+    void startWatching(const std::shared_ptr<Session> &s);
     uint64_t add(Entry entry, uint32_t events);
     void remove(uint64_t id);
     void acceptAll(int listen_fd);
@@ -127,7 +155,7 @@ class BrokerServer final : public SessionListener {
 
     std::mutex queue_mu_;  // guards to_watch_ and to_evict_
     std::vector<std::shared_ptr<Session>> to_watch_;
-    std::vector<std::pair<std::shared_ptr<Session>, std::shared_ptr<std::promise<void>>>> to_evict_;
+    std::vector<Eviction> to_evict_;
 };
 
 }  // namespace ibvx::daemon

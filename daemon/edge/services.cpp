@@ -10,10 +10,13 @@
 namespace ibvx::daemon {
 namespace {
 
-void released(const Released &in, google::protobuf::RepeatedField<uint64_t> *out) {
-    for (RegionId id : in) {
-        out->Add(id);
-    }
+// A core call's result into its reply (the call's response or one of its fields): the error as
+// it is, or the reply filled in.
+template <typename T, typename Out>
+Status reply(StatusOr<T> result, Out *out) {
+    RETURN_IF_ERROR(result);
+    toProto(result.value(), out);
+    return Status::ok();
 }
 
 // The full gRPC name ("/ibv_extend.v1.Broker/CreateCq"): what a stored reply is filed under, so
@@ -153,19 +156,37 @@ StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerConte
 void BrokerService::commitReply(Session &s, Method m, uint64_t key, const Status &result,
                                 const google::protobuf::Message &resp) {
     grpc::Status wire = toGrpc(result);
-    StoredReply reply;
-    reply.key = key;
-    reply.method = fullMethodName(m);
-    reply.code = static_cast<int>(wire.error_code());
-    reply.message = wire.error_message();
-    reply.details = wire.error_details();
+    StoredReply stored;
+    stored.key = key;
+    stored.method = fullMethodName(m);
+    stored.code = static_cast<int>(wire.error_code());
+    stored.message = wire.error_message();
+    stored.details = wire.error_details();
     if (result.isOk()) {
-        reply.response = resp.SerializeAsString();  // a failed call sends no message
+        stored.response = resp.SerializeAsString();  // a failed call sends no message
     }
     // The call did happen: its reply goes out either way; only a crash now would lose it.
-    if (Status st = broker_.commit(s, std::move(reply)); !st.isOk()) {
+    if (Status st = broker_.commit(s, std::move(stored)); !st.isOk()) {
         spdlog::warn("session {}: {} could not be committed: {}", s.id(), methodName(m), st.toString());
     }
+}
+
+template <typename Fn>
+Status BrokerService::runAndCommit(const Admitted &a, Method m, const google::protobuf::Message &resp,
+                                   Fn &fn) {
+    Status result = fn(*a.session);
+    if (isMutating(m)) {
+        commitReply(*a.session, m, a.key, result, resp);
+    }
+    return result;
+}
+
+grpc::ServerUnaryReactor *BrokerService::finishWithoutRunning(const CallRecorder<Method>::Call &call,
+                                                              const StatusOr<Admitted> &a) {
+    if (!a.isOk()) {
+        return call.finish(a.status());
+    }
+    return call.finish(*a->replayed, a->session->id());
 }
 
 template <typename Fn>
@@ -173,18 +194,10 @@ grpc::ServerUnaryReactor *BrokerService::serve(grpc::CallbackServerContext *ctx,
                                                google::protobuf::Message *resp, Fn &&fn) {
     auto call = calls_.begin(ctx, m);
     auto a = admit(ctx, m, resp);
-    if (!a.isOk()) {
-        return call.finish(a.status());
+    if (!a.isOk() || a->replayed) {
+        return finishWithoutRunning(call, a);
     }
-    Session &s = *a->session;
-    if (a->replayed) {
-        return call.finish(*a->replayed, s.id());
-    }
-    Status result = fn(s);
-    if (isMutating(m)) {
-        commitReply(s, m, a->key, result, *resp);
-    }
-    return call.finish(result, s.id());
+    return call.finish(runAndCommit(*a, m, *resp, fn), a->session->id());
 }
 
 template <typename Fn>
@@ -192,21 +205,14 @@ grpc::ServerUnaryReactor *BrokerService::serveBlocking(grpc::CallbackServerConte
                                                        google::protobuf::Message *resp, Fn fn) {
     auto call = calls_.begin(ctx, m);
     auto a = admit(ctx, m, resp);
-    if (!a.isOk()) {
-        return call.finish(a.status());
+    if (!a.isOk() || a->replayed) {
+        return finishWithoutRunning(call, a);
     }
     uint64_t id = a->session->id();
-    if (a->replayed) {
-        return call.finish(*a->replayed, id);
-    }
     return calls_.finishOn(
         blocking_, call,
-        [this, m, resp, key = a->key, session = std::move(a->session), fn = std::move(fn)]() {
-            Status result = fn(*session);
-            if (isMutating(m)) {
-                commitReply(*session, m, key, result, *resp);
-            }
-            return result;
+        [this, m, resp, a = std::move(a).value(), fn = std::move(fn)]() mutable {
+            return runAndCommit(a, m, *resp, fn);
         },
         id);
 }
@@ -214,40 +220,38 @@ grpc::ServerUnaryReactor *BrokerService::serveBlocking(grpc::CallbackServerConte
 grpc::ServerUnaryReactor *BrokerService::Hello(grpc::CallbackServerContext *ctx, const pb::HelloRequest *req,
                                                pb::HelloResponse *resp) {
     auto call = calls_.begin(ctx, Method::kHello);
+    auto session = openSession(ctx, *req);
+    if (!session.isOk()) {
+        return call.finish(session.status());
+    }
+    const Session &s = **session;
+    toProto(broker_.options().version, resp->mutable_broker_version());
+    resp->set_session_token(s.token().data(), s.token().size());
+    toProto(s.identity(), resp->mutable_identity());
+    resp->set_attach_timeout_ms(static_cast<uint32_t>(broker_.options().attach_timeout.count()));
+    return call.finish(Status::ok(), s.id());
+}
+
+StatusOr<std::shared_ptr<Session>> BrokerService::openSession(grpc::CallbackServerContext *ctx,
+                                                              const pb::HelloRequest &req) {
     auto peer = connections_.lookup(ctx->peer());
     if (!peer) {
-        return call.finish(permissionDenied("unknown connection"));
+        return permissionDenied("unknown connection");
     }
     if (pods_ != nullptr) {
         pods_->annotate(&*peer);  // never fails: unknown pods stay empty
     }
-    Version v{req->client_version().major(), req->client_version().minor(), req->client_version().patch()};
-    auto s = broker_.hello(*peer, v, req->client_name());
-    if (!s.isOk()) {
-        return call.finish(s.status());
-    }
-    const Session &session = **s;
-    spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'{}", session.id(),
-                 peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session.clientName(),
+    Version v{req.client_version().major(), req.client_version().minor(), req.client_version().patch()};
+    ASSIGN_OR_RETURN(std::shared_ptr<Session> session, broker_.hello(*peer, v, req.client_name()));
+    spdlog::info("session {} opened: pid {} uid {} gid {} cgroup '{}' client '{}'{}", session->id(),
+                 peer->creds.pid, peer->creds.uid, peer->creds.gid, peer->cgroup, session->clientName(),
                  peer->pod_name.empty() ? std::string()
                                         : " pod " + peer->pod_namespace + "/" + peer->pod_name +
                                               " container " + peer->pod_container);
     if (listener_ != nullptr) {
-        listener_->sessionOpened(*s);
+        listener_->sessionOpened(session);
     }
-    const Version &bv = broker_.options().version;
-    resp->mutable_broker_version()->set_major(bv.major);
-    resp->mutable_broker_version()->set_minor(bv.minor);
-    resp->mutable_broker_version()->set_patch(bv.patch);
-    resp->set_session_token(session.token().data(), session.token().size());
-    auto *id = resp->mutable_identity();
-    id->set_pid(peer->creds.pid);
-    id->set_uid(peer->creds.uid);
-    id->set_gid(peer->creds.gid);
-    id->set_cgroup(peer->cgroup);
-    id->set_container_id(peer->container_id);
-    resp->set_attach_timeout_ms(static_cast<uint32_t>(broker_.options().attach_timeout.count()));
-    return call.finish(Status::ok(), session.id());
+    return session;
 }
 
 grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext *ctx,
@@ -271,53 +275,30 @@ grpc::ServerUnaryReactor *BrokerService::ListDevices(grpc::CallbackServerContext
 grpc::ServerUnaryReactor *BrokerService::OpenContext(grpc::CallbackServerContext *ctx,
                                                      const pb::OpenContextRequest *req,
                                                      pb::OpenContextResponse *resp) {
-    return serve(ctx, Method::kOpenContext, resp, [&](Session &s) {
-        auto r = broker_.openContext(s, req->device_name());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_context(r->context);
-        toProto(r->device, resp->mutable_device());
-        resp->set_driver_version(r->driver_version);
-        resp->set_driver_ops_present(r->driver_ops_present);
-        return Status::ok();
-    });
+    return serve(ctx, Method::kOpenContext, resp,
+                 [&](Session &s) { return reply(broker_.openContext(s, req->device_name()), resp); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::CloseContext(grpc::CallbackServerContext *ctx,
                                                       const pb::CloseContextRequest *req,
                                                       pb::CloseContextResponse *resp) {
     return serve(ctx, Method::kCloseContext, resp, [&](Session &s) {
-        auto r = broker_.closeContext(s, req->context());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        released(*r, resp->mutable_released_regions());
-        return Status::ok();
+        return reply(broker_.closeContext(s, req->context()), resp->mutable_released_regions());
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext *ctx,
                                                      const pb::QueryDeviceRequest *req,
                                                      pb::QueryDeviceResponse *resp) {
-    return serve(ctx, Method::kQueryDevice, resp, [&](Session &s) {
-        auto r = broker_.queryDevice(s, req->context());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_ext_cap(r->ext_cap);
-        resp->set_resv(r->resv, sizeof(r->resv));
-        return Status::ok();
-    });
+    return serve(ctx, Method::kQueryDevice, resp,
+                 [&](Session &s) { return reply(broker_.queryDevice(s, req->context()), resp); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::QueryDeviceAttr(grpc::CallbackServerContext *ctx,
                                                          const pb::QueryDeviceAttrRequest *req,
                                                          pb::QueryDeviceAttrResponse *resp) {
     return serve(ctx, Method::kQueryDeviceAttr, resp, [&](Session &s) {
-        ASSIGN_OR_RETURN(ibv_device_attr attr, broker_.queryDeviceAttr(s, req->context()));
-        toProto(attr, resp->mutable_attr());
-        return Status::ok();
+        return reply(broker_.queryDeviceAttr(s, req->context()), resp->mutable_attr());
     });
 }
 
@@ -328,13 +309,7 @@ grpc::ServerUnaryReactor *BrokerService::QueryPort(grpc::CallbackServerContext *
         if (req->port_num() == 0 || req->port_num() > 255) {
             return invalidArgument("port_num must be 1..255");
         }
-        ASSIGN_OR_RETURN(PortInfo port,
-                         broker_.queryPort(s, req->context(), static_cast<uint8_t>(req->port_num())));
-        toProto(port.attr, resp->mutable_attr());
-        for (const ibv_gid_entry &g : port.gids) {
-            toProto(g, resp->add_gids());
-        }
-        return Status::ok();
+        return reply(broker_.queryPort(s, req->context(), static_cast<uint8_t>(req->port_num())), resp);
     });
 }
 
@@ -342,21 +317,17 @@ grpc::ServerUnaryReactor *BrokerService::SetAsyncEventFd(grpc::CallbackServerCon
                                                          const pb::SetAsyncEventFdRequest *req,
                                                          pb::SetAsyncEventFdResponse *resp) {
     // Waits for the eventfd on the fd channel: never on a callback thread.
-    uint64_t context = req->context();
-    uint64_t xfer_id = req->xfer_id();
-    return serveBlocking(ctx, Method::kSetAsyncEventFd, resp, [this, context, xfer_id](Session &s) {
-        return broker_.setAsyncEventFd(s, context, xfer_id);
-    });
+    return serveBlocking(ctx, Method::kSetAsyncEventFd, resp,
+                         [this, context = req->context(), xfer_id = req->xfer_id()](Session &s) {
+                             return broker_.setAsyncEventFd(s, context, xfer_id);
+                         });
 }
 
 grpc::ServerUnaryReactor *BrokerService::AllocPd(grpc::CallbackServerContext *ctx,
                                                  const pb::AllocPdRequest *req, pb::AllocPdResponse *resp) {
-    return serve(ctx, Method::kAllocPd, resp, [&](Session &s) {
-        auto r = broker_.allocPd(s, req->context());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_pd(*r);
+    return serve(ctx, Method::kAllocPd, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(uint64_t pd, broker_.allocPd(s, req->context()));
+        resp->set_pd(pd);
         return Status::ok();
     });
 }
@@ -369,24 +340,9 @@ grpc::ServerUnaryReactor *BrokerService::DeallocPd(grpc::CallbackServerContext *
 
 grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
                                                pb::RegMrResponse *resp) {
-    RegMrArgs a;
-    a.pd = req->pd();
-    a.xfer_id = req->xfer_id();
-    a.offset = req->offset();
-    a.length = req->length();
-    a.access = req->access();
-    a.iova = req->iova();
     // Waits for the fd on the fd channel: never on a callback thread. resp lives until Finish.
-    return serveBlocking(ctx, Method::kRegMr, resp, [this, a, resp](Session &s) {
-        auto r = broker_.regMr(s, a);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_mr(r->mr);
-        resp->set_lkey(r->lkey);
-        resp->set_rkey(r->rkey);
-        resp->set_iova(r->iova);
-        return Status::ok();
+    return serveBlocking(ctx, Method::kRegMr, resp, [this, args = fromProto(*req), resp](Session &s) {
+        return reply(broker_.regMr(s, args), resp);
     });
 }
 
@@ -398,33 +354,15 @@ grpc::ServerUnaryReactor *BrokerService::DeregMr(grpc::CallbackServerContext *ct
 grpc::ServerUnaryReactor *BrokerService::CreateCq(grpc::CallbackServerContext *ctx,
                                                   const pb::CreateCqRequest *req,
                                                   pb::CreateCqResponse *resp) {
-    auto mode = fromProto(req->dma_mode());
-    CreateCqArgs a;
-    a.context = req->context();
-    a.cqe = req->cqe();
-    a.comp_vector = req->comp_vector();
-    a.wc_flags = req->wc_flags();
-    a.cq_cap_flag = req->cq_cap_flag();
-    a.dma_mode = mode.isOk() ? *mode : QU_BUF_DMA_MODE_DEFAULT;
-    a.event_xfer_id = req->event_xfer_id();
-    // resp lives until Finish; a, mode by value: serveBlocking runs after this returns.
-    auto create = [this, a, mode_status = mode.status(), resp](Session &s) {
-        if (!mode_status.isOk()) {
-            return mode_status;
-        }
-        auto r = broker_.createCq(s, a);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_cq(r->cq);
-        resp->set_cqe(r->cqe);
-        toProto(r->info, resp->mutable_cq_info());
-        resp->set_resv(r->resv, sizeof(r->resv));
-        return Status::ok();
+    // Converted here, checked once the call is admitted; by value, as serveBlocking runs it
+    // after this returns (resp lives until Finish).
+    auto create = [this, args = fromProto(*req), resp](Session &s) -> Status {
+        RETURN_IF_ERROR(args);
+        return reply(broker_.createCq(s, args.value()), resp);
     };
     // With an event fd the call waits for it on the fd channel, as RegMr does: never on a
     // callback thread.
-    if (a.event_xfer_id != 0) {
+    if (req->event_xfer_id() != 0) {
         return serveBlocking(ctx, Method::kCreateCq, resp, create);
     }
     return serve(ctx, Method::kCreateCq, resp, create);
@@ -434,51 +372,16 @@ grpc::ServerUnaryReactor *BrokerService::DestroyCq(grpc::CallbackServerContext *
                                                    const pb::DestroyCqRequest *req,
                                                    pb::DestroyCqResponse *resp) {
     return serve(ctx, Method::kDestroyCq, resp, [&](Session &s) {
-        auto r = broker_.destroyCq(s, req->cq());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        released(*r, resp->mutable_released_regions());
-        return Status::ok();
+        return reply(broker_.destroyCq(s, req->cq()), resp->mutable_released_regions());
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::CreateQp(grpc::CallbackServerContext *ctx,
                                                   const pb::CreateQpRequest *req,
                                                   pb::CreateQpResponse *resp) {
-    return serve(ctx, Method::kCreateQp, resp, [&](Session &s) {
-        auto mode = fromProto(req->dma_mode());
-        if (!mode.isOk()) {
-            return mode.status();
-        }
-        auto type = fromProto(req->qp_type());
-        if (!type.isOk()) {
-            return type.status();
-        }
-        CreateQpArgs a;
-        a.context = req->context();
-        a.pd = req->pd();
-        a.send_cq = req->send_cq();
-        a.recv_cq = req->recv_cq();
-        a.srq = req->srq();
-        a.qp_type = *type;
-        a.cap = fromProto(req->cap());
-        a.sq_sig_all = req->sq_sig_all();
-        a.qp_cap_flag = req->qp_cap_flag();
-        a.dma_mode = *mode;
-        auto r = broker_.createQp(s, a);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_qp(r->qp);
-        resp->set_qp_num(r->qp_num);
-        resp->set_state(toProto(r->state));
-        toProto(r->cap, resp->mutable_cap());
-        toProto(r->sq, resp->mutable_sq_info());
-        toProto(r->rq, resp->mutable_rq_info());
-        resp->set_resv(r->resv, sizeof(r->resv));
-        resp->set_vendor_priv_info(r->vendor_priv_info);
-        return Status::ok();
+    return serve(ctx, Method::kCreateQp, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(CreateQpArgs args, fromProto(*req));
+        return reply(broker_.createQp(s, args), resp);
     });
 }
 
@@ -486,41 +389,16 @@ grpc::ServerUnaryReactor *BrokerService::DestroyQp(grpc::CallbackServerContext *
                                                    const pb::DestroyQpRequest *req,
                                                    pb::DestroyQpResponse *resp) {
     return serve(ctx, Method::kDestroyQp, resp, [&](Session &s) {
-        auto r = broker_.destroyQp(s, req->qp());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        released(*r, resp->mutable_released_regions());
-        return Status::ok();
+        return reply(broker_.destroyQp(s, req->qp()), resp->mutable_released_regions());
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::CreateSrq(grpc::CallbackServerContext *ctx,
                                                    const pb::CreateSrqRequest *req,
                                                    pb::CreateSrqResponse *resp) {
-    return serve(ctx, Method::kCreateSrq, resp, [&](Session &s) {
-        auto mode = fromProto(req->dma_mode());
-        if (!mode.isOk()) {
-            return mode.status();
-        }
-        CreateSrqArgs a;
-        a.context = req->context();
-        a.pd = req->pd();
-        a.max_wr = req->max_wr();
-        a.max_sge = req->max_sge();
-        a.srq_limit = req->srq_limit();
-        a.srq_cap_flag = req->srq_cap_flag();
-        a.dma_mode = *mode;
-        auto r = broker_.createSrq(s, a);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_srq(r->srq);
-        resp->set_max_wr(r->max_wr);
-        resp->set_max_sge(r->max_sge);
-        toProto(r->info, resp->mutable_srq_info());
-        resp->set_resv(r->resv, sizeof(r->resv));
-        return Status::ok();
+    return serve(ctx, Method::kCreateSrq, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(CreateSrqArgs args, fromProto(*req));
+        return reply(broker_.createSrq(s, args), resp);
     });
 }
 
@@ -528,29 +406,19 @@ grpc::ServerUnaryReactor *BrokerService::DestroySrq(grpc::CallbackServerContext 
                                                     const pb::DestroySrqRequest *req,
                                                     pb::DestroySrqResponse *resp) {
     return serve(ctx, Method::kDestroySrq, resp, [&](Session &s) {
-        auto r = broker_.destroySrq(s, req->srq());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        released(*r, resp->mutable_released_regions());
-        return Status::ok();
+        return reply(broker_.destroySrq(s, req->srq()), resp->mutable_released_regions());
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *ctx,
                                                   const pb::ModifyQpRequest *req,
                                                   pb::ModifyQpResponse *resp) {
-    return serve(ctx, Method::kModifyQp, resp, [&](Session &s) {
-        ibv_qp_attr attr;
+    return serve(ctx, Method::kModifyQp, resp, [&](Session &s) -> Status {
         int mask = static_cast<int>(req->attr_mask());
-        if (Status st = fromProto(req->attr(), mask, &attr); !st.isOk()) {
-            return st;
-        }
-        auto r = broker_.modifyQp(s, req->qp(), attr, mask);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_state(toProto(*r));
+        ibv_qp_attr attr;
+        RETURN_IF_ERROR(fromProto(req->attr(), mask, &attr));
+        ASSIGN_OR_RETURN(ibv_qp_state state, broker_.modifyQp(s, req->qp(), attr, mask));
+        resp->set_state(toProto(state));
         return Status::ok();
     });
 }
@@ -558,31 +426,19 @@ grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *c
 grpc::ServerUnaryReactor *BrokerService::QueryQp(grpc::CallbackServerContext *ctx,
                                                  const pb::QueryQpRequest *req, pb::QueryQpResponse *resp) {
     return serve(ctx, Method::kQueryQp, resp, [&](Session &s) {
-        auto r = broker_.queryQp(s, req->qp(), static_cast<int>(req->attr_mask()));
-        if (!r.isOk()) {
-            return r.status();
-        }
-        toProto(r->attr, resp->mutable_attr());
-        toProto(r->init.cap, resp->mutable_init_cap());
-        resp->set_qp_type(toProto(r->init.qp_type));
-        resp->set_sq_sig_all(r->init.sq_sig_all != 0);
-        return Status::ok();
+        return reply(broker_.queryQp(s, req->qp(), static_cast<int>(req->attr_mask())), resp);
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::ModifyQpExtend(grpc::CallbackServerContext *ctx,
                                                         const pb::ModifyQpExtendRequest *req,
                                                         pb::ModifyQpExtendResponse *resp) {
-    return serve(ctx, Method::kModifyQpExtend, resp, [&](Session &s) {
+    return serve(ctx, Method::kModifyQpExtend, resp, [&](Session &s) -> Status {
         ibv_qp_attr_extend attr;
-        if (Status st = fromProto(req->attr(), &attr); !st.isOk()) {
-            return st;
-        }
-        auto r = broker_.modifyQpExtend(s, req->qp(), attr, static_cast<int>(req->attr_mask()));
-        if (!r.isOk()) {
-            return r.status();
-        }
-        resp->set_vendor_priv_info(*r);
+        RETURN_IF_ERROR(fromProto(req->attr(), &attr));
+        ASSIGN_OR_RETURN(uint64_t vendor_priv_info,
+                         broker_.modifyQpExtend(s, req->qp(), attr, static_cast<int>(req->attr_mask())));
+        resp->set_vendor_priv_info(vendor_priv_info);
         return Status::ok();
     });
 }
@@ -591,12 +447,8 @@ grpc::ServerUnaryReactor *BrokerService::QueryQpExtend(grpc::CallbackServerConte
                                                        const pb::QueryQpExtendRequest *req,
                                                        pb::QueryQpExtendResponse *resp) {
     return serve(ctx, Method::kQueryQpExtend, resp, [&](Session &s) {
-        auto r = broker_.queryQpExtend(s, req->qp(), static_cast<int>(req->attr_mask()));
-        if (!r.isOk()) {
-            return r.status();
-        }
-        toProto(*r, resp->mutable_attr());
-        return Status::ok();
+        return reply(broker_.queryQpExtend(s, req->qp(), static_cast<int>(req->attr_mask())),
+                     resp->mutable_attr());
     });
 }
 
@@ -604,30 +456,18 @@ grpc::ServerUnaryReactor *BrokerService::QueryQpSupportedHyroceFeature(
     grpc::CallbackServerContext *ctx, const pb::QueryQpSupportedHyroceFeatureRequest *req,
     pb::QueryQpSupportedHyroceFeatureResponse *resp) {
     return serve(ctx, Method::kQueryQpSupportedHyroceFeature, resp, [&](Session &s) {
-        auto r = broker_.queryQpSupportedHyroceFeature(s, req->qp(), req->sl(), req->tc());
-        if (!r.isOk()) {
-            return r.status();
-        }
-        toProto(*r, resp->mutable_feature());
-        return Status::ok();
+        return reply(broker_.queryQpSupportedHyroceFeature(s, req->qp(), req->sl(), req->tc()),
+                     resp->mutable_feature());
     });
 }
 
 grpc::ServerUnaryReactor *BrokerService::NegoQpHyroceFeature(grpc::CallbackServerContext *ctx,
                                                              const pb::NegoQpHyroceFeatureRequest *req,
                                                              pb::NegoQpHyroceFeatureResponse *resp) {
-    return serve(ctx, Method::kNegoQpHyroceFeature, resp, [&](Session &s) {
-        ibv_hyroce_feature in;
-        if (Status st = fromProto(req->input(), &in); !st.isOk()) {
-            return st;
-        }
-        auto r = broker_.negoQpHyroceFeature(s, req->qp(), in);
-        if (!r.isOk()) {
-            return r.status();
-        }
-        toProto(r->output, resp->mutable_output());
-        resp->set_need_more_nego(r->need_more_nego);
-        return Status::ok();
+    return serve(ctx, Method::kNegoQpHyroceFeature, resp, [&](Session &s) -> Status {
+        ibv_hyroce_feature input;
+        RETURN_IF_ERROR(fromProto(req->input(), &input));
+        return reply(broker_.negoQpHyroceFeature(s, req->qp(), input), resp);
     });
 }
 

@@ -125,19 +125,6 @@ class BrokerService final : public pb::Broker::CallbackService {
     int inflight() const { return calls_.inflight(); }
 
   private:
-    // Authenticates, runs fn(session) on this thread (filling resp), commits a mutating call,
-    // counts and finishes the call. A mutating call whose key has a stored reply is answered
-    // from it instead.
-    template <typename Fn>
-    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m,
-                                    google::protobuf::Message *resp, Fn &&fn);
-    // The same with fn (and the commit) run on blocking_ (fn copies what it needs from the
-    // request; resp lives until the call finishes).
-    template <typename Fn>
-    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, Method m,
-                                            google::protobuf::Message *resp, Fn fn);
-    StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
-
     // What happens before a call runs: its session and, for a mutating call, its key (0: none).
     // `replayed` is set when the key's reply is stored: resp holds it, the call must not run.
     struct Admitted {
@@ -145,10 +132,34 @@ class BrokerService final : public pb::Broker::CallbackService {
         uint64_t key = 0;
         std::optional<Status> replayed;
     };
+
+    // The steps of every call but Hello, in order: admit (authenticate; find a stored reply),
+    // run the handler's fn(session) (it fills resp), commit a mutating call, finish (counted,
+    // timed, answered). A call refused at admission or replayed does not run.
+    //
+    // serve() runs fn on this thread; serveBlocking() runs fn and the commit on blocking_, so
+    // fn copies what it needs from the request (resp lives until the call finishes).
+    template <typename Fn>
+    grpc::ServerUnaryReactor *serve(grpc::CallbackServerContext *ctx, Method m,
+                                    google::protobuf::Message *resp, Fn &&fn);
+    template <typename Fn>
+    grpc::ServerUnaryReactor *serveBlocking(grpc::CallbackServerContext *ctx, Method m,
+                                            google::protobuf::Message *resp, Fn fn);
     StatusOr<Admitted> admit(grpc::CallbackServerContext *ctx, Method m, google::protobuf::Message *resp);
+    StatusOr<std::shared_ptr<Session>> sessionOf(grpc::CallbackServerContext *ctx);
+    template <typename Fn>
+    Status runAndCommit(const Admitted &a, Method m, const google::protobuf::Message &resp, Fn &fn);
     // The commit point of a mutating call that ran (a failed one included).
     void commitReply(Session &s, Method m, uint64_t key, const Status &result,
                      const google::protobuf::Message &resp);
+    // A call that does not run: refused at admission, or answered from its stored reply.
+    static grpc::ServerUnaryReactor *finishWithoutRunning(const CallRecorder<Method>::Call &call,
+                                                          const StatusOr<Admitted> &a);
+
+    // Hello's own admission: the connection's identity (and pod) become a new session, logged
+    // and announced to the listener.
+    StatusOr<std::shared_ptr<Session>> openSession(grpc::CallbackServerContext *ctx,
+                                                   const pb::HelloRequest &req);
 
     Broker &broker_;
     ConnectionRegistry &connections_;

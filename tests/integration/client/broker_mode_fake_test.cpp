@@ -37,9 +37,7 @@ class FakeBrokerTest : public ::testing::Test {
         // Decided before the library's first call: broker mode on our socket, and a deadline
         // short enough for the hung-broker test yet long enough that a loaded CI machine (ctest
         // -j2 beside sanitizer builds) never makes an ordinary call miss it.
-        setenv("IBV_EXTEND_MODE", "broker", 1);
-        setenv("IBV_EXTEND_SOCKET", socket_.c_str(), 1);
-        setenv("IBV_EXTEND_TIMEOUT_MS", "6000", 1);
+        ibvx::test::useBrokerAt(socket_, 6000);
         startBroker();
     }
     static void TearDownTestSuite() {

@@ -24,6 +24,14 @@ inline std::string makeTempDir() {
     return d != nullptr ? d : "";
 }
 
+// This process's libibv_extend.so in broker mode on socket, every call bounded by timeout_ms;
+// the library reads them at its first call.
+inline void useBrokerAt(const std::string &socket, int timeout_ms) {
+    setenv("IBV_EXTEND_MODE", "broker", 1);
+    setenv("IBV_EXTEND_SOCKET", socket.c_str(), 1);
+    setenv("IBV_EXTEND_TIMEOUT_MS", std::to_string(timeout_ms).c_str(), 1);
+}
+
 inline bool socketAnswers(const std::string &path) {
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};

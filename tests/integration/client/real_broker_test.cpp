@@ -52,9 +52,7 @@ class RealBrokerTest : public ::testing::Test {
         setenv("IBV_EXTEND_CONFIG_DIR", conf.c_str(), 1);
         setenv("IBV_EXTEND_DRIVERS", "softnda", 1);
         setenv("IBV_EXTEND_PROVIDER_DIR", (buildDir() + "/providers-out").c_str(), 0);
-        setenv("IBV_EXTEND_MODE", "broker", 1);
-        setenv("IBV_EXTEND_SOCKET", socket_.c_str(), 1);
-        setenv("IBV_EXTEND_TIMEOUT_MS", "3000", 1);
+        ibvx::test::useBrokerAt(socket_, 3000);
         startBroker();
     }
     static void TearDownTestSuite() {

@@ -32,9 +32,7 @@ class RestartRetryTest : public ::testing::Test {
         dir_ = ibvx::test::makeTempDir();
         socket_ = dir_ + "/b.sock";
         log_ = dir_ + "/calls.log";
-        setenv("IBV_EXTEND_MODE", "broker", 1);
-        setenv("IBV_EXTEND_SOCKET", socket_.c_str(), 1);
-        setenv("IBV_EXTEND_TIMEOUT_MS", "10000", 1);  // the retry's bound; no test waits for it
+        ibvx::test::useBrokerAt(socket_, 10000);  // the retry's bound; no test waits for it
         setenv("IBV_EXTEND_SHOW_WARNINGS", "1", 1);
     }
     static void TearDownTestSuite() {

@@ -1,5 +1,6 @@
 // The daemon's checks on wire input, built on the shared converter: UNSPECIFIED enums and
-// oversized bytes are INVALID_ARGUMENT with messages naming the field; the Admin object view.
+// oversized bytes are INVALID_ARGUMENT with messages naming the field; requests into the core's
+// arguments and results into replies; the Admin object view.
 #include <gtest/gtest.h>
 
 #include "daemon/edge/convert.h"
@@ -43,6 +44,134 @@ TEST(EdgeConvert, QpAttrStatesAreCheckedOnlyWhenTheMaskNamesThem) {
     EXPECT_EQ(fromProto(p, IBV_QP_STATE | IBV_QP_CUR_STATE, &a).code(), Code::kInvalidArgument);
     ASSERT_TRUE(fromProto(p, IBV_QP_STATE, &a).isOk());
     EXPECT_EQ(a.qp_state, IBV_QPS_RTS);
+}
+
+TEST(EdgeConvert, ACreateRequestAnswersItsFirstBadEnum) {
+    pb::CreateQpRequest q;  // dma_mode and qp_type both unspecified: dma_mode is checked first
+    auto qp = fromProto(q);
+    ASSERT_FALSE(qp.isOk());
+    EXPECT_EQ(qp.status().message(), "dma_mode must be DMA_MODE_DEFAULT or DMA_MODE_INDEP_UB");
+    q.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    qp = fromProto(q);
+    ASSERT_FALSE(qp.isOk());
+    EXPECT_EQ(qp.status().message(), "qp_type must be RC, UC or UD");
+    EXPECT_EQ(fromProto(pb::CreateCqRequest()).status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(fromProto(pb::CreateSrqRequest()).status().code(), Code::kInvalidArgument);
+}
+
+TEST(EdgeConvert, ACreateRequestBecomesTheCoreArguments) {
+    pb::CreateQpRequest q;
+    q.set_context(1);
+    q.set_pd(2);
+    q.set_send_cq(3);
+    q.set_recv_cq(4);
+    q.set_srq(5);
+    q.set_qp_type(pb::QP_TYPE_UD);
+    q.mutable_cap()->set_max_send_wr(16);
+    q.set_sq_sig_all(true);
+    q.set_qp_cap_flag(6);
+    q.set_dma_mode(pb::DMA_MODE_INDEP_UB);
+    auto qp = fromProto(q);
+    ASSERT_TRUE(qp.isOk()) << qp.status().toString();
+    EXPECT_EQ(qp->context, 1u);
+    EXPECT_EQ(qp->pd, 2u);
+    EXPECT_EQ(qp->send_cq, 3u);
+    EXPECT_EQ(qp->recv_cq, 4u);
+    EXPECT_EQ(qp->srq, 5u);
+    EXPECT_EQ(qp->qp_type, IBV_QPT_UD);
+    EXPECT_EQ(qp->cap.max_send_wr, 16u);
+    EXPECT_TRUE(qp->sq_sig_all);
+    EXPECT_EQ(qp->qp_cap_flag, 6u);
+    EXPECT_EQ(qp->dma_mode, QU_BUF_DMA_MODE_INDEP_UB);
+
+    pb::CreateCqRequest c;
+    c.set_context(1);
+    c.set_cqe(64);
+    c.set_comp_vector(2);
+    c.set_wc_flags(3);
+    c.set_cq_cap_flag(4);
+    c.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    c.set_event_xfer_id(5);
+    auto cq = fromProto(c);
+    ASSERT_TRUE(cq.isOk()) << cq.status().toString();
+    EXPECT_EQ(cq->context, 1u);
+    EXPECT_EQ(cq->cqe, 64u);
+    EXPECT_EQ(cq->comp_vector, 2u);
+    EXPECT_EQ(cq->wc_flags, 3u);
+    EXPECT_EQ(cq->cq_cap_flag, 4u);
+    EXPECT_EQ(cq->dma_mode, QU_BUF_DMA_MODE_DEFAULT);
+    EXPECT_EQ(cq->event_xfer_id, 5u);
+
+    pb::CreateSrqRequest r;
+    r.set_context(1);
+    r.set_pd(2);
+    r.set_max_wr(3);
+    r.set_max_sge(4);
+    r.set_srq_limit(5);
+    r.set_srq_cap_flag(6);
+    r.set_dma_mode(pb::DMA_MODE_DEFAULT);
+    auto srq = fromProto(r);
+    ASSERT_TRUE(srq.isOk()) << srq.status().toString();
+    EXPECT_EQ(srq->context, 1u);
+    EXPECT_EQ(srq->pd, 2u);
+    EXPECT_EQ(srq->max_wr, 3u);
+    EXPECT_EQ(srq->max_sge, 4u);
+    EXPECT_EQ(srq->srq_limit, 5u);
+    EXPECT_EQ(srq->srq_cap_flag, 6u);
+
+    pb::RegMrRequest m;
+    m.set_pd(1);
+    m.set_xfer_id(2);
+    m.set_offset(3);
+    m.set_length(4);
+    m.set_access(5);
+    m.set_iova(6);
+    RegMrArgs mr = fromProto(m);
+    EXPECT_EQ(mr.pd, 1u);
+    EXPECT_EQ(mr.xfer_id, 2u);
+    EXPECT_EQ(mr.offset, 3u);
+    EXPECT_EQ(mr.length, 4u);
+    EXPECT_EQ(mr.access, 5u);
+    EXPECT_EQ(mr.iova, 6u);
+}
+
+TEST(EdgeConvert, AResultFillsItsReplyWholly) {
+    QpResult qp;
+    qp.qp = 7;
+    qp.qp_num = 0x123;
+    qp.state = IBV_QPS_INIT;
+    qp.cap.max_send_wr = 16;
+    qp.sq.entry_cnt = 64;
+    qp.sq.base.region = 9;
+    qp.rq.entry_cnt = 32;  // base.region 0: no RegionRef on the wire
+    qp.resv[0] = 0xab;
+    qp.vendor_priv_info = 42;
+    pb::CreateQpResponse q;
+    toProto(qp, &q);
+    EXPECT_EQ(q.qp(), 7u);
+    EXPECT_EQ(q.qp_num(), 0x123u);
+    EXPECT_EQ(q.state(), pb::QP_STATE_INIT);
+    EXPECT_EQ(q.cap().max_send_wr(), 16u);
+    EXPECT_EQ(q.sq_info().entry_cnt(), 64u);
+    EXPECT_EQ(q.sq_info().base().region(), 9u);
+    EXPECT_EQ(q.rq_info().entry_cnt(), 32u);
+    EXPECT_FALSE(q.rq_info().has_base());
+    ASSERT_EQ(q.resv().size(), sizeof(qp.resv));
+    EXPECT_EQ(static_cast<uint8_t>(q.resv()[0]), 0xab);
+    EXPECT_EQ(q.vendor_priv_info(), 42u);
+
+    Released released{3, 5};
+    pb::DestroyQpResponse d;
+    toProto(released, d.mutable_released_regions());
+    ASSERT_EQ(d.released_regions_size(), 2);
+    EXPECT_EQ(d.released_regions(0), 3u);
+    EXPECT_EQ(d.released_regions(1), 5u);
+
+    pb::HelloResponse h;
+    toProto(Version{4, 2, 1}, h.mutable_broker_version());
+    EXPECT_EQ(h.broker_version().major(), 4u);
+    EXPECT_EQ(h.broker_version().minor(), 2u);
+    EXPECT_EQ(h.broker_version().patch(), 1u);
 }
 
 TEST(EdgeConvert, OversizedBytesAreInvalidArgumentNamingTheField) {
