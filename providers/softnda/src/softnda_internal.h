@@ -361,6 +361,11 @@ Cq *asCq(ibv_cq *ib);
 Srq *asSrq(ibv_srq *ib);
 Mr *asMr(ibv_mr *ib);
 
+// SGEs a send WQE of `stride` bytes holds (SPEC.md §2.1).
+constexpr uint32_t sendSgeCap(uint32_t stride) {
+    return (stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+}
+
 // Takes a free doorbell register of ctx (growing its BAR) and maps it through ops->db_mmap.
 // Caller holds dev->ctl. -errno on failure, leaving nothing behind.
 // A queue's allocation: the ring, then its 128 B doorbell record (SPEC.md §1).
