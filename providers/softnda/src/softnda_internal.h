@@ -36,6 +36,7 @@
 
 #include "common/c_abi.h"
 #include "common/cpu.h"
+#include "common/unique_fd.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -91,6 +92,7 @@ struct DbPage {
     SlotKind kind[SOFTNDA_DB_REGS_PER_PAGE] = {};
     void *owner[SOFTNDA_DB_REGS_PER_PAGE] = {};
     uint32_t last_seen[SOFTNDA_DB_REGS_PER_PAGE] = {};  // owning engine thread only
+    ibvx::UniqueMapping mapping;                        // va's page, unmapped with the DbPage
     uint64_t *summary() const { return reinterpret_cast<uint64_t *>(va); }
     uint32_t *wakeSeq() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_WAKE_OFFSET); }
     uint32_t *sleeping() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_SLEEPING_OFFSET); }
