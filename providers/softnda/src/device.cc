@@ -322,8 +322,7 @@ Mr *asMr(ibv_mr *ib) {
     return checked<Mr>(ib, kMagicMr);
 }
 
-int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out) {
-    Device *dev = ctx->dev;
+int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
     DbPage *page = nullptr;
     for (DbPage *p : ctx->pages) {
         if (p->used != ~0ull) {
@@ -351,13 +350,27 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
         return -(errno != 0 ? errno : ENOMEM);
     }
     page->used |= 1ull << idx;
+    *out = s;
+    return 0;
+}
+
+void publishDbSlot(Device *dev, DbSlot *slot, SlotKind kind, void *owner, Origin origin) {
+    DbPage *page = slot->page;
+    const unsigned idx = slot->index;
+    page->used |= 1ull << idx;  // an imported register is taken only now
     dev->gate.lock();
     page->kind[idx] = kind;
     page->owner[idx] = owner;
-    page->last_seen[idx] = 0;  // engine-owned otherwise; no pass runs while the gate is held
+    // last_seen is the owning engine thread's otherwise; no pass runs while the gate is held. A
+    // new register holds 0; an imported one is taken as it is (the ring itself is read from the
+    // record), and its summary bit makes the first pass after the resume look at the queue.
+    if (origin == Origin::Imported) {
+        page->last_seen[idx] = __atomic_load_n(page->reg(idx), __ATOMIC_ACQUIRE);
+        __atomic_fetch_or(page->summary(), 1ull << idx, __ATOMIC_RELAXED);
+    } else {
+        page->last_seen[idx] = 0;
+    }
     dev->gate.unlock();
-    *out = s;
-    return 0;
 }
 
 doorbell_map_desc slotDesc(const DbSlot &slot) {

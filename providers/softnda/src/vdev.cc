@@ -25,14 +25,7 @@ ibv_pd *allocPd(ibv_context *context) {
     if (dev->n_pd >= dev->cfg.max_pd) {
         return failNull<ibv_pd>(ENOMEM);
     }
-    auto *pd = new Pd;
-    pd->magic = kMagicPd;
-    pd->ctx = ctx;
-    pd->ib.context = context;
-    pd->ib.handle = dev->n_pd;
-    dev->n_pd++;
-    ctx->objects++;
-    return &pd->ib;
+    return buildPd(ctx, dev->n_pd);
 }
 
 int deallocPd(ibv_pd *ib) {
@@ -51,9 +44,6 @@ int deallocPd(ibv_pd *ib) {
     delete pd;
     return 0;
 }
-
-constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
 
 ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) {
     Pd *pd = asPd(ib);
@@ -82,9 +72,7 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     if (dev->n_mr >= dev->cfg.max_mr) {
         return failNull<ibv_mr>(ENOMEM);
     }
-    auto *mr = new Mr;
-    mr->magic = kMagicMr;
-    mr->pd = pd;
+    auto mr = std::make_unique<Mr>();
     mr->addr = static_cast<uint8_t *>(addr);
     mr->iova = iova;
     mr->len = length;
@@ -101,20 +89,7 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     }
     // The low byte changes on every registration so a stale key into a reused slot misses.
     mr->key = (idx << 8) | (++dev->mr_generation & 0xff);
-    mr->ib.context = ib->context;
-    mr->ib.pd = ib;
-    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(iova));
-    mr->ib.length = length;
-    mr->ib.handle = idx;
-    mr->ib.lkey = mr->key;
-    mr->ib.rkey = mr->key;
-    dev->gate.lock();
-    dev->mrs[idx] = mr;
-    dev->gate.unlock();
-    pd->refs++;
-    dev->n_mr++;
-    pd->ctx->objects++;
-    return &mr->ib;
+    return buildMr(std::move(mr), pd, idx);
 }
 
 int deregMr(ibv_mr *ib) {
