@@ -147,6 +147,142 @@ RingBlob ringBlob(const Ring &r) {
     return RingBlob{reinterpret_cast<uintptr_t>(r.buf), r.cnt, r.stride};
 }
 
+// The blob of each kind, written under the device's ctl after the object is checked (asX) and
+// before anything behind its pointer is read. 0 or -errno, as export_object answers.
+int exportContext(ibv_context *ib, ibv_extend_vdev_state *out) {
+    Context *ctx = asContext(ib);
+    if (ctx == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    if (ctx->pages.size() > kMaxCtxPages) {
+        return -ENOSPC;
+    }
+    std::vector<uint32_t> nos;
+    for (DbPage *p : ctx->pages) {
+        nos.push_back(p->page_no);
+    }
+    CtxBlob b{0, static_cast<uint32_t>(nos.size()), dbPageStride()};
+    if (ctx->bar_fd >= 0) {
+        b.flags |= kCtxBar;
+        if (!putFd(out, ctx->bar_fd)) {
+            return -errno;
+        }
+    }
+    if (ctx->async_fd >= 0) {
+        b.flags |= kCtxAsync;
+        if (!putFd(out, ctx->async_fd)) {
+            int err = errno;
+            closeFds(out);
+            return -err;
+        }
+    }
+    put(out, IBV_EXTEND_VDEV_OBJ_CONTEXT, b, nos.data(), nos.size() * sizeof(uint32_t));
+    return 0;
+}
+
+int exportPd(ibv_pd *ib, ibv_extend_vdev_state *out) {
+    Pd *pd = asPd(ib);
+    if (pd == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_PD, PdBlob{pd->ib.handle, 0});
+    return 0;
+}
+
+int exportMr(ibv_mr *ib, ibv_extend_vdev_state *out) {
+    Mr *mr = asMr(ib);
+    if (mr == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_MR,
+        MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access, mr->ib.handle,
+               0});
+    return 0;
+}
+
+int exportCq(const ibv_cq_extend *ext, ibv_extend_vdev_state *out) {
+    Cq *cq = asCq(ext->cq);
+    if (cq == nullptr || &cq->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(cq->ctx->dev->ctl);
+    CqBlob b{ringBlob(cq->ring), slotBlob(cq->db), reinterpret_cast<uintptr_t>(cq->ib.cq_context),
+             cq->ib.handle, cq->event_fd >= 0 ? 1u : 0u};
+    if (cq->event_fd >= 0 && !putFd(out, cq->event_fd)) {
+        return -errno;
+    }
+    put(out, IBV_EXTEND_VDEV_OBJ_CQ, b);
+    return 0;
+}
+
+int exportSrq(const ibv_srq_extend *ext, ibv_extend_vdev_state *out) {
+    Srq *srq = asSrq(ext->srq);
+    if (srq == nullptr || &srq->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_SRQ,
+        SrqBlob{ringBlob(srq->ring), slotBlob(srq->db), reinterpret_cast<uintptr_t>(srq->ib.srq_context),
+                srq->max_sge, srq->ib.handle});
+    return 0;
+}
+
+// The attributes the control path set, as a QP's blob carries them (the live PSNs and state are
+// in the SQ record).
+void putAttrs(const QpAttrs &q, QpBlob *b) {
+    b->dest_qpn = q.dest_qpn;
+    b->sq_psn = q.sq_psn;
+    b->rq_psn = q.rq_psn;
+    b->access = q.access;
+    b->path_mtu = q.path_mtu;
+    b->pkey_index = q.pkey_index;
+    b->port = q.port;
+    b->timeout = q.timeout;
+    b->retry_cnt = q.retry_cnt;
+    b->rnr_retry = q.rnr_retry;
+    b->min_rnr_timer = q.min_rnr_timer;
+    b->max_rd_atomic = q.max_rd_atomic;
+    b->max_dest_rd_atomic = q.max_dest_rd_atomic;
+    b->ah = q.ah;
+    b->udp_src_port = q.udp_src_port;
+    b->lb_mode = q.lb_mode;
+    b->lag_port = q.lag_port;
+    if (q.ext) {
+        b->has_ext = 1;
+        b->feature_set = q.ext->feature_set ? 1 : 0;
+        b->feature = q.ext->feature;
+        b->mpath = q.ext->mpath;
+        b->ar = q.ext->ar;
+        b->sack = q.ext->sack;
+    }
+}
+
+int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
+    Qp *qp = asQp(ext->qp);
+    if (qp == nullptr || &qp->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
+    QpBlob b{};
+    b.qpn = qp->qpn;
+    b.handle = qp->ib.handle;
+    b.qp_context = reinterpret_cast<uintptr_t>(qp->ib.qp_context);
+    b.sq = ringBlob(qp->sq);
+    b.rq = ringBlob(qp->rq);
+    b.sq_db = slotBlob(qp->sq_db);
+    b.rq_db = slotBlob(qp->rq_db);
+    b.has_rq = qp->srq == nullptr ? 1 : 0;
+    b.rq_max_sge = qp->rq_max_sge;
+    b.cap = qp->init.cap;
+    b.sq_sig_all = qp->init.sq_sig_all;
+    putAttrs(qp->attrs, &b);
+    put(out, IBV_EXTEND_VDEV_OBJ_QP, b);
+    return 0;
+}
+
 int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out) {
     if (object == nullptr || out == nullptr) {
         return -EINVAL;
@@ -155,135 +291,20 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
     for (int &fd : out->fds) {
         fd = -1;
     }
-    // The object's own pointer is checked (asX) before anything behind it is read.
     auto *obj = const_cast<void *>(object);
     switch (kind) {
-        case IBV_EXTEND_VDEV_OBJ_CONTEXT: {
-            Context *ctx = asContext(static_cast<ibv_context *>(obj));
-            if (ctx == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
-            if (ctx->pages.size() > kMaxCtxPages) {
-                return -ENOSPC;
-            }
-            std::vector<uint32_t> nos;
-            for (DbPage *p : ctx->pages) {
-                nos.push_back(p->page_no);
-            }
-            CtxBlob b{0, static_cast<uint32_t>(nos.size()), dbPageStride()};
-            if (ctx->bar_fd >= 0) {
-                b.flags |= kCtxBar;
-                if (!putFd(out, ctx->bar_fd)) {
-                    return -errno;
-                }
-            }
-            if (ctx->async_fd >= 0) {
-                b.flags |= kCtxAsync;
-                if (!putFd(out, ctx->async_fd)) {
-                    int err = errno;
-                    closeFds(out);
-                    return -err;
-                }
-            }
-            put(out, kind, b, nos.data(), nos.size() * sizeof(uint32_t));
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_PD: {
-            Pd *pd = asPd(static_cast<ibv_pd *>(obj));
-            if (pd == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
-            put(out, kind, PdBlob{pd->ib.handle, 0});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_MR: {
-            Mr *mr = asMr(static_cast<ibv_mr *>(obj));
-            if (mr == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
-            put(out, kind,
-                MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access,
-                       mr->ib.handle, 0});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_CQ: {
-            const auto *ext = static_cast<const ibv_cq_extend *>(object);
-            Cq *cq = asCq(ext->cq);
-            if (cq == nullptr || &cq->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(cq->ctx->dev->ctl);
-            CqBlob b{ringBlob(cq->ring), slotBlob(cq->db), reinterpret_cast<uintptr_t>(cq->ib.cq_context),
-                     cq->ib.handle, cq->event_fd >= 0 ? 1u : 0u};
-            if (cq->event_fd >= 0 && !putFd(out, cq->event_fd)) {
-                return -errno;
-            }
-            put(out, kind, b);
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_SRQ: {
-            const auto *ext = static_cast<const ibv_srq_extend *>(object);
-            Srq *srq = asSrq(ext->srq);
-            if (srq == nullptr || &srq->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
-            put(out, kind,
-                SrqBlob{ringBlob(srq->ring), slotBlob(srq->db),
-                        reinterpret_cast<uintptr_t>(srq->ib.srq_context), srq->max_sge, srq->ib.handle});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_QP: {
-            const auto *ext = static_cast<const ibv_qp_extend *>(object);
-            Qp *qp = asQp(ext->qp);
-            if (qp == nullptr || &qp->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
-            QpBlob b{};
-            b.qpn = qp->qpn;
-            b.handle = qp->ib.handle;
-            b.qp_context = reinterpret_cast<uintptr_t>(qp->ib.qp_context);
-            b.sq = ringBlob(qp->sq);
-            b.rq = ringBlob(qp->rq);
-            b.sq_db = slotBlob(qp->sq_db);
-            b.rq_db = slotBlob(qp->rq_db);
-            b.has_rq = qp->srq == nullptr ? 1 : 0;
-            b.rq_max_sge = qp->rq_max_sge;
-            b.cap = qp->init.cap;
-            b.sq_sig_all = qp->init.sq_sig_all;
-            const QpAttrs &q = qp->attrs;
-            b.dest_qpn = q.dest_qpn;
-            b.sq_psn = q.sq_psn;
-            b.rq_psn = q.rq_psn;
-            b.access = q.access;
-            b.path_mtu = q.path_mtu;
-            b.pkey_index = q.pkey_index;
-            b.port = q.port;
-            b.timeout = q.timeout;
-            b.retry_cnt = q.retry_cnt;
-            b.rnr_retry = q.rnr_retry;
-            b.min_rnr_timer = q.min_rnr_timer;
-            b.max_rd_atomic = q.max_rd_atomic;
-            b.max_dest_rd_atomic = q.max_dest_rd_atomic;
-            b.ah = q.ah;
-            b.udp_src_port = q.udp_src_port;
-            b.lb_mode = q.lb_mode;
-            b.lag_port = q.lag_port;
-            if (q.ext) {
-                b.has_ext = 1;
-                b.feature_set = q.ext->feature_set ? 1 : 0;
-                b.feature = q.ext->feature;
-                b.mpath = q.ext->mpath;
-                b.ar = q.ext->ar;
-                b.sack = q.ext->sack;
-            }
-            put(out, kind, b);
-            return 0;
-        }
+        case IBV_EXTEND_VDEV_OBJ_CONTEXT:
+            return exportContext(static_cast<ibv_context *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_PD:
+            return exportPd(static_cast<ibv_pd *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_MR:
+            return exportMr(static_cast<ibv_mr *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_CQ:
+            return exportCq(static_cast<const ibv_cq_extend *>(object), out);
+        case IBV_EXTEND_VDEV_OBJ_SRQ:
+            return exportSrq(static_cast<const ibv_srq_extend *>(object), out);
+        case IBV_EXTEND_VDEV_OBJ_QP:
+            return exportQp(static_cast<const ibv_qp_extend *>(object), out);
     }
     return -EINVAL;
 }
