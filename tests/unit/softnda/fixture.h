@@ -227,4 +227,40 @@ class SoftndaTest : public ::testing::Test {
     size_t base_allocs_ = 0;
 };
 
+// Two QPs, a_ and b_, on one send CQ and one receive CQ, not connected yet; and, once a test
+// asks for them, a source and a destination buffer registered for the WRITEs between them.
+class QpPairTest : public SoftndaTest {
+  protected:
+    void SetUp() override {
+        SoftndaTest::SetUp();
+        scq_ = makeCq();
+        rcq_ = makeCq();
+        a_ = makeQp(scq_, rcq_);
+        b_ = makeQp(scq_, rcq_);
+    }
+
+    void makeBuffers(size_t bytes, uint8_t src_fill) {
+        src_.assign(bytes, src_fill);
+        dst_.assign(bytes, 0);
+        smr_ = reg(src_.data(), src_.size());
+        dmr_ = reg(dst_.data(), dst_.size());
+    }
+
+    // A signalled WRITE of the first len bytes of src_ to dst_ under rkey (a test may name a
+    // wrong one); s_ holds its SGE.
+    softnda_send_wr write(uint64_t id, uint32_t len, uint32_t rkey) {
+        s_ = sge(src_.data(), len, smr_);
+        auto w = wr(SOFTNDA_OP_RDMA_WRITE, id, &s_, 1);
+        w.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
+        w.rkey = rkey;
+        return w;
+    }
+
+    CqH scq_, rcq_;
+    QpH a_, b_;
+    std::vector<uint8_t> src_, dst_;
+    ibv_mr *smr_ = nullptr, *dmr_ = nullptr;
+    softnda_sge s_{};
+};
+
 }  // namespace softnda_test
