@@ -81,7 +81,7 @@ ibv_extend_ops g_ops = {arenaAlloc,          arenaFree,   MemfdArena::memsetS,
                         MemfdArena::memcpyS, arenaDbMmap, arenaDbUnmap};
 
 // What the child leaves for the parent, in shared memory.
-enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kObjs };
+enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kCqD, kSrq, kQpD, kObjs };
 constexpr int kWrites = 16, kSends = 4;
 struct Shared {
     ibv_extend_vdev_state st[kObjs];
@@ -91,6 +91,7 @@ struct Shared {
     } db[32];
     int n_db;
     uint32_t qpn[3];
+    uint32_t qpn_d;
     uint32_t key[3];
     uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
     int ready;
@@ -170,7 +171,8 @@ uint32_t *rec(const ibv_qp_extend *q) {
 
 // The old broker's objects, made in the child over the one-memfd arena: three MRs (source,
 // destination, receive buffer), CQ 0 for QPs A and C, CQ 1 for B; A and B connected, C to
-// itself; an eventfd on CQ 1 and the context's async one. Every step that fails ends the child.
+// itself; an eventfd on CQ 1 and the context's async one; and QP D on an SRQ, with a CQ of its
+// own, connected to itself. Every step that fails ends the child.
 struct OldBroker {
     explicit OldBroker(Shared *shared) : sh(shared) {}
 
@@ -214,6 +216,32 @@ struct OldBroker {
         afd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
         need(softnda_vdev_ops.set_cq_event_fd(cq[1]->cq, efd) == 0, 15);
         need(softnda_vdev_ops.set_async_event_fd(ctx, afd) == 0, 15);
+        makeSrqQp();
+    }
+
+    void makeSrqQp() {
+        ibv_cq_init_attr_extend ca{};
+        ca.attr.cqe = 64;
+        ca.ops = &g_ops;
+        cq_d = ext->ops->create_cq(ctx, &ca);
+        need(cq_d != nullptr, 50);
+        softnda_cq_init(&cqs_d, &cq_d->cq_info);
+        ibv_srq_init_attr_extend sa{};
+        sa.pd = pd;
+        sa.attr.attr.max_wr = 16;
+        sa.attr.attr.max_sge = 1;
+        sa.ops = &g_ops;
+        srq = ext->ops->create_srq(ctx, &sa);
+        need(srq != nullptr, 51);
+        softnda_rq_init(&srq_rq, &srq->srq_info);
+        auto a = ibvx::qpInitAttr(
+            {.pd = pd, .send_cq = cq_d->cq, .srq = srq->srq, .send_wr = 16, .recv_wr = 0, .ops = &g_ops});
+        qp_d = ext->ops->create_qp(ctx, &a);
+        need(qp_d != nullptr, 52);
+        sh->qpn_d = qp_d->qp->qp_num;
+        softnda_sq_init(&sq_d, &qp_d->sq_info);
+        need(toInit(qp_d->qp, kAllAccess) == 0 && toRtr(qp_d->qp, sh->qpn_d) == 0 && toRts(qp_d->qp) == 0,
+             53);
     }
 
     void makeQp(int i) {
@@ -238,19 +266,22 @@ struct OldBroker {
 
     // Blobs after each object's last control operation, as the broker takes them.
     void exportAll() {
-        const void *objs[kObjs] = {ctx, pd, mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1], qp[2]};
-        ibv_extend_vdev_obj kinds[kObjs] = {IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD,
-                                            IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR,
-                                            IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_CQ,
-                                            IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP,
-                                            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP};
+        const void *objs[kObjs] = {ctx,   pd,    mr[0], mr[1], mr[2], cq[0], cq[1],
+                                   qp[0], qp[1], qp[2], cq_d,  srq,   qp_d};
+        ibv_extend_vdev_obj kinds[kObjs] = {
+            IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR,
+            IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
+            IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
+            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_SRQ,
+            IBV_EXTEND_VDEV_OBJ_QP};
         for (int i = 0; i < kObjs; ++i) {
             need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
         }
     }
 
-    // Traffic before the crash, waited for: a WRITE and a SEND A -> B, and C's WRITE with a bad
-    // rkey, which moves C to ERR after its last control operation.
+    // Traffic before the crash, waited for: a WRITE and a SEND A -> B, C's WRITE with a bad rkey,
+    // which moves C to ERR after its last control operation, and a SEND D -> D into the first of
+    // two receives on the SRQ.
     void trafficBeforeKill() {
         src[0] = 0x1111;
         softnda_sge s;
@@ -264,6 +295,15 @@ struct OldBroker {
         bad.rkey = 0xdead00;
         post(&sq[2], bad);
         need(waitCqes(cqs[0], 1).size() == 1, 19);
+        for (int i = 0; i < 2; ++i) {
+            softnda_sge rr{sh->recv + 1536 + 8u * i, 8, sh->key[2]};
+            need(softnda_rq_post(&srq_rq, 7000 + i, &rr, 1) == 0, 54);
+        }
+        softnda_rq_doorbell(&srq_rq);
+        src[190] = 0xd000;
+        softnda_sge ds{sh->src + 1520, 8, sh->key[0]};
+        post(&sq_d, wr(SOFTNDA_OP_SEND, 7100, &ds, 1));
+        need(waitCqes(cqs_d, 2).size() == 2, 55);
     }
 
     // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
@@ -351,6 +391,12 @@ struct OldBroker {
     ibv_qp_extend *qp[3] = {};
     softnda_sq sq[3] = {};
     softnda_rq rq[3] = {};
+    ibv_cq_extend *cq_d = nullptr;
+    softnda_cq cqs_d = {};
+    ibv_srq_extend *srq = nullptr;
+    softnda_rq srq_rq = {};
+    ibv_qp_extend *qp_d = nullptr;
+    softnda_sq sq_d = {};
     uint64_t *src = nullptr;
     int efd = -1, afd = -1;
 };
@@ -528,6 +574,18 @@ class SoftndaRestart : public ::testing::Test {
             ASSERT_NE(qp[i], nullptr) << errno;
             EXPECT_EQ(qp[i]->qp->qp_num, sh->qpn[i]);
         }
+        cq_d = static_cast<ibv_cq_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CQ, &sh->st[kCqD], &env));
+        ASSERT_NE(cq_d, nullptr) << errno;
+        srq = static_cast<ibv_srq_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_SRQ, &sh->st[kSrq], &env));
+        ASSERT_NE(srq, nullptr) << errno;
+        env.send_cq = env.recv_cq = cq_d->cq;
+        env.srq = srq->srq;
+        qp_d = static_cast<ibv_qp_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpD], &env));
+        ASSERT_NE(qp_d, nullptr) << errno;
+        EXPECT_EQ(qp_d->qp->qp_num, sh->qpn_d);
         ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
     }
 
@@ -542,11 +600,17 @@ class SoftndaRestart : public ::testing::Test {
         for (auto *x : cq) {
             rings.insert(x->cq_info.qbuf.base);
         }
+        rings.insert(qp_d->sq_info.qbuf.base);  // no RQ: it receives from the SRQ
+        rings.insert(srq->srq_info.qbuf.base);
+        rings.insert(cq_d->cq_info.qbuf.base);
         g.freed.clear();
         g.unmapped.clear();
         for (auto *q : qp) {
             EXPECT_EQ(ext->ops->destroy_qp(q), 0);
         }
+        EXPECT_EQ(ext->ops->destroy_qp(qp_d), 0);
+        EXPECT_EQ(ext->ops->destroy_srq(srq), 0);
+        EXPECT_EQ(ext->ops->destroy_cq(cq_d), 0);
         for (auto *x : cq) {
             EXPECT_EQ(ext->ops->destroy_cq(x), 0);
         }
@@ -584,6 +648,9 @@ class SoftndaRestart : public ::testing::Test {
     ibv_cq_extend *cq[2] = {};
     ibv_qp_extend *qp[3] = {};
     softnda_cq cqs[2] = {};
+    ibv_cq_extend *cq_d = nullptr;
+    ibv_srq_extend *srq = nullptr;
+    ibv_qp_extend *qp_d = nullptr;
     uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
 };
 
@@ -703,6 +770,37 @@ TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
     EXPECT_EQ(softnda_vdev_ops.dereg_mr(nm), 0);
     EXPECT_EQ(ext->ops->destroy_qp(nq), 0);
 
+    teardown();
+}
+
+// An SRQ and the QP that receives from it come back as they were: the receive the old process
+// left on the SRQ takes the next SEND, the one it consumed is not taken again.
+TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(qp_d->rq_info.qbuf.base, 0u);
+    softnda_sq sqD;
+    softnda_cq cqD;
+    ASSERT_EQ(softnda_sq_init(&sqD, &qp_d->sq_info), 0);
+    ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    src[191] = 0xd001;
+    softnda_sge ds{sh->src + 1528, 8, sh->key[0]};
+    post(&sqD, wr(SOFTNDA_OP_SEND, 7101, &ds, 1));
+    auto done = waitCqes(cqD, 2);
+    ASSERT_EQ(done.size(), 2u);
+    std::map<uint64_t, softnda_cqe> by_id;
+    for (auto &e : done) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+        by_id[e.wr_id] = e;
+    }
+    ASSERT_EQ(by_id.count(7101), 1u);
+    ASSERT_EQ(by_id.count(7001), 1u);
+    EXPECT_EQ(by_id[7001].opcode, IBV_WC_RECV);
+    EXPECT_EQ(by_id[7001].byte_len, 8u);
+    EXPECT_EQ(by_id[7001].src_qp, sh->qpn_d);
+    EXPECT_EQ(recv[192], 0xd000u);  // the SEND before the kill, in the first receive
+    EXPECT_EQ(recv[193], 0xd001u);
+    EXPECT_TRUE(staysEmpty(cqD));
     teardown();
 }
 
