@@ -98,13 +98,54 @@ void ensureDevices(Registry &r) {
     r.devices_stale = false;
 }
 
-Device *findDevice(Registry &r, const char *name) {
+// The device called name, of the devices as configured now; nullptr when there is none.
+// Caller holds Registry::mu.
+Device *deviceNamed(Registry &r, const char *name) {
+    ensureDevices(r);
     for (auto &d : r.devices) {
         if (d->name == name) {
             return d.get();
         }
     }
     return nullptr;
+}
+
+// One page of a BAR file mapped for the engine, at offset off; nullptr (errno) when mmap fails.
+std::unique_ptr<DbPage> mapBarPage(int bar_fd, uint64_t off) {
+    auto page = std::make_unique<DbPage>();
+    void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, bar_fd,
+                    static_cast<off_t>(off));
+    if (va == MAP_FAILED) {
+        return nullptr;
+    }
+    page->mapping = ibvx::UniqueMapping(va, SOFTNDA_DB_PAGE_SIZE);
+    page->va = static_cast<uint8_t *>(va);
+    page->file_off = off;
+    return page;
+}
+
+// Makes a mapped page one of ctx's, under the device page number it holds (free in
+// Device::pages): export_mmio finds it and the engine scans it. Caller holds dev->ctl.
+DbPage *attachPage(Context *ctx, std::unique_ptr<DbPage> owned) {
+    Device *dev = ctx->dev;
+    DbPage *page = owned.get();
+    page->ctx = ctx;
+    ctx->pages.push_back(page);
+    owned.release();  // ctx->pages owns it now (dropBar)
+    {
+        std::lock_guard<std::mutex> ml(mmioMutex());
+        mmioPages()[reinterpret_cast<uintptr_t>(page->va)] = MmioEntry{ctx->bar_fd, page->file_off};
+    }
+    dev->gate.lock();
+    {
+        std::lock_guard<std::mutex> pl(dev->pages_mu);
+        dev->pages[page->page_no] = page;
+    }
+    if (dev->engine) {
+        dev->engine->addPage(page);
+    }
+    dev->gate.unlock();
+    return page;
 }
 
 // Adds one 4 KiB doorbell page to ctx's BAR. Caller holds dev->ctl.
@@ -121,15 +162,10 @@ DbPage *growBar(Context *ctx) {
     if (ftruncate(ctx->bar_fd, static_cast<off_t>(off + stride)) < 0) {
         return nullptr;
     }
-    void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, ctx->bar_fd,
-                    static_cast<off_t>(off));
-    if (va == MAP_FAILED) {
+    std::unique_ptr<DbPage> page = mapBarPage(ctx->bar_fd, off);
+    if (page == nullptr) {
         return nullptr;
     }
-    auto *page = new DbPage;
-    page->va = static_cast<uint8_t *>(va);
-    page->ctx = ctx;
-    page->file_off = off;
     {
         std::lock_guard<std::mutex> pl(dev->pages_mu);
         if (!dev->free_page_nos.empty()) {
@@ -141,21 +177,7 @@ DbPage *growBar(Context *ctx) {
         }
     }
     ctx->bar_pages++;
-    ctx->pages.push_back(page);
-    {
-        std::lock_guard<std::mutex> ml(mmioMutex());
-        mmioPages()[reinterpret_cast<uintptr_t>(va)] = MmioEntry{ctx->bar_fd, off};
-    }
-    dev->gate.lock();
-    {
-        std::lock_guard<std::mutex> pl(dev->pages_mu);
-        dev->pages[page->page_no] = page;
-    }
-    if (dev->engine) {
-        dev->engine->addPage(page);
-    }
-    dev->gate.unlock();
-    return page;
+    return attachPage(ctx, std::move(page));
 }
 
 // Unmaps every page of ctx (no queue may use them any more). Caller holds dev->ctl.
@@ -176,7 +198,6 @@ void dropBar(Context *ctx) {
             std::lock_guard<std::mutex> ml(mmioMutex());
             mmioPages().erase(reinterpret_cast<uintptr_t>(page->va));
         }
-        munmap(page->va, SOFTNDA_DB_PAGE_SIZE);
         delete page;
     }
     ctx->pages.clear();
@@ -184,6 +205,68 @@ void dropBar(Context *ctx) {
         close(ctx->bar_fd);
         ctx->bar_fd = -1;
     }
+}
+
+// The BAR of a context an earlier process opened (import): its file, its pages mapped again in
+// this process under the device page numbers they had, and its async eventfd.
+struct RestoredBar {
+    int bar_fd = -1;
+    int async_fd = -1;
+    std::vector<std::unique_ptr<DbPage>> pages;
+};
+
+// Takes device page number no for an imported page (Device::pages_mu held): false when it is in use.
+bool claimPageNo(Device *dev, uint32_t no) {
+    if (no < dev->pages.size()) {
+        auto it = std::find(dev->free_page_nos.begin(), dev->free_page_nos.end(), no);
+        if (dev->pages[no] != nullptr || it == dev->free_page_nos.end()) {
+            return false;
+        }
+        dev->free_page_nos.erase(it);
+        return true;
+    }
+    while (dev->pages.size() < no) {
+        dev->free_page_nos.push_back(static_cast<uint32_t>(dev->pages.size()));
+        dev->pages.push_back(nullptr);
+    }
+    dev->pages.push_back(nullptr);
+    return true;
+}
+
+// Every context comes to be here, opened new (restored == nullptr: its BAR grows with its
+// queues) or imported over the BAR an earlier process left (restored). The first context of a
+// device starts its engine. Caller holds Registry::mu and dev->ctl. NULL + errno.
+ibv_context *startContext(Registry &r, Device *dev, RestoredBar *restored) {
+    auto ctx = std::make_unique<Context>();
+    ctx->magic = kMagicContext;
+    ctx->dev = dev;
+    ctx->ib.device = &dev->ib;
+    ctx->ib.cmd_fd = -1;
+    ctx->ib.async_fd = -1;
+    ctx->ib.num_comp_vectors = 0;
+    if (dev->open_contexts == 0) {
+        try {
+            dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
+        } catch (const std::system_error &) {
+            errno = EAGAIN;  // no thread for the engine
+            return nullptr;
+        }
+    }
+    dev->open_contexts++;
+    r.open_contexts++;
+    if (restored != nullptr) {
+        ctx->bar_fd = restored->bar_fd;
+        ctx->async_fd = restored->async_fd;
+        ctx->bar_pages = static_cast<uint32_t>(restored->pages.size());
+        for (auto &page : restored->pages) {
+            {
+                std::lock_guard<std::mutex> pl(dev->pages_mu);
+                claimPageNo(dev, page->page_no);  // free: importContext checked under the same ctl
+            }
+            attachPage(ctx.get(), std::move(page));
+        }
+    }
+    return &ctx.release()->ib;
 }
 
 }  // namespace
@@ -239,8 +322,7 @@ Mr *asMr(ibv_mr *ib) {
     return checked<Mr>(ib, kMagicMr);
 }
 
-int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out) {
-    Device *dev = ctx->dev;
+int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
     DbPage *page = nullptr;
     for (DbPage *p : ctx->pages) {
         if (p->used != ~0ull) {
@@ -268,13 +350,27 @@ int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, 
         return -(errno != 0 ? errno : ENOMEM);
     }
     page->used |= 1ull << idx;
+    *out = s;
+    return 0;
+}
+
+void publishDbSlot(Device *dev, DbSlot *slot, SlotKind kind, void *owner, Origin origin) {
+    DbPage *page = slot->page;
+    const unsigned idx = slot->index;
+    page->used |= 1ull << idx;  // an imported register is taken only now
     dev->gate.lock();
     page->kind[idx] = kind;
     page->owner[idx] = owner;
-    page->last_seen[idx] = 0;  // engine-owned otherwise; no pass runs while the gate is held
+    // last_seen is the owning engine thread's otherwise; no pass runs while the gate is held. A
+    // new register holds 0; an imported one is taken as it is (the ring itself is read from the
+    // record), and its summary bit makes the first pass after the resume look at the queue.
+    if (origin == Origin::Imported) {
+        page->last_seen[idx] = __atomic_load_n(page->reg(idx), __ATOMIC_ACQUIRE);
+        __atomic_fetch_or(page->summary(), 1ull << idx, __ATOMIC_RELAXED);
+    } else {
+        page->last_seen[idx] = 0;
+    }
     dev->gate.unlock();
-    *out = s;
-    return 0;
 }
 
 doorbell_map_desc slotDesc(const DbSlot &slot) {
@@ -353,31 +449,13 @@ ibv_context *vdevOpenDevice(const char *name) {
     }
     Registry &r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    ensureDevices(r);
-    Device *dev = findDevice(r, name);
+    Device *dev = deviceNamed(r, name);
     if (dev == nullptr) {
         errno = ENODEV;
         return nullptr;
     }
-    auto ctx = std::make_unique<Context>();
-    ctx->magic = kMagicContext;
-    ctx->dev = dev;
-    ctx->ib.device = &dev->ib;
-    ctx->ib.cmd_fd = -1;
-    ctx->ib.async_fd = -1;
-    ctx->ib.num_comp_vectors = 0;
-    if (dev->open_contexts == 0) {
-        std::lock_guard<std::mutex> ctl(dev->ctl);
-        try {
-            dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
-        } catch (const std::system_error &) {
-            errno = EAGAIN;  // no thread for the engine
-            return nullptr;
-        }
-    }
-    dev->open_contexts++;
-    r.open_contexts++;
-    return &ctx.release()->ib;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    return startContext(r, dev, nullptr);
 }
 
 int vdevCloseDevice(ibv_context *context) {
@@ -435,8 +513,7 @@ int vdevSetPaused(const char *device, int paused) {
     }
     Registry &r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    ensureDevices(r);
-    Device *dev = findDevice(r, device);
+    Device *dev = deviceNamed(r, device);
     if (dev == nullptr) {
         return -ENODEV;
     }
@@ -454,32 +531,62 @@ int vdevSetPaused(const char *device, int paused) {
 }
 
 namespace {
-// Takes device page number no for an imported page (Device::pages_mu held): false when it is in use.
-bool claimPageNo(Device *dev, uint32_t no) {
-    if (no < dev->pages.size()) {
-        auto it = std::find(dev->free_page_nos.begin(), dev->free_page_nos.end(), no);
-        if (dev->pages[no] != nullptr || it == dev->free_page_nos.end()) {
+
+// Whether an import's BAR can be a context's: a regular file holding n pages, an eventfd (or
+// none) for the async events, and n distinct page numbers in range.
+bool validRestoredBar(int bar_fd, int async_fd, const uint32_t *page_nos, uint32_t n) {
+    // Device page numbers are dense in practice; a number far beyond any device's is garbage.
+    constexpr uint32_t kMaxPageNo = 1u << 22;
+    struct stat st {};
+    if ((n > 0 && bar_fd < 0) ||
+        (bar_fd >= 0 && (fstat(bar_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+                         static_cast<uint64_t>(st.st_size) < n * dbPageStride())) ||
+        (async_fd >= 0 && !ibvx::isEventFd(async_fd))) {
+        return false;
+    }
+    for (uint32_t i = 0; i < n; ++i) {
+        if (page_nos[i] >= kMaxPageNo || std::find(page_nos, page_nos + i, page_nos[i]) != page_nos + i) {
             return false;
         }
-        dev->free_page_nos.erase(it);
-        return true;
     }
-    while (dev->pages.size() < no) {
-        dev->free_page_nos.push_back(static_cast<uint32_t>(dev->pages.size()));
-        dev->pages.push_back(nullptr);
-    }
-    dev->pages.push_back(nullptr);
     return true;
 }
+
+// Whether no context of this process has any of the page numbers (caller holds dev->ctl).
+bool pageNosFree(Device *dev, const uint32_t *page_nos, uint32_t n) {
+    std::lock_guard<std::mutex> pl(dev->pages_mu);
+    for (uint32_t i = 0; i < n; ++i) {
+        if (page_nos[i] < dev->pages.size() && dev->pages[page_nos[i]] != nullptr) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Maps the n pages of bar_fd (page i at i * stride) as device pages page_nos[i]; false (errno)
+// when a mapping fails, leaving none.
+bool mapRestoredPages(int bar_fd, const uint32_t *page_nos, uint32_t n,
+                      std::vector<std::unique_ptr<DbPage>> *out) {
+    for (uint32_t i = 0; i < n; ++i) {
+        std::unique_ptr<DbPage> page = mapBarPage(bar_fd, i * dbPageStride());
+        if (page == nullptr) {
+            int err = errno;
+            out->clear();
+            errno = err;
+            return false;
+        }
+        page->page_no = page_nos[i];
+        out->push_back(std::move(page));
+    }
+    return true;
+}
+
 }  // namespace
 
 ibv_context *importContext(const char *name, int bar_fd, int async_fd, const uint32_t *page_nos, uint32_t n) {
-    // Device page numbers are dense in practice; a number far beyond any device's is garbage.
-    constexpr uint32_t kMaxPageNo = 1u << 22;
     Registry &r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    ensureDevices(r);
-    Device *dev = name != nullptr ? findDevice(r, name) : nullptr;
+    Device *dev = name != nullptr ? deviceNamed(r, name) : nullptr;
     if (dev == nullptr) {
         errno = ENODEV;
         return nullptr;
@@ -488,93 +595,20 @@ ibv_context *importContext(const char *name, int bar_fd, int async_fd, const uin
         errno = EBUSY;
         return nullptr;
     }
-    const uint64_t stride = dbPageStride();
-    struct stat st {};
-    if ((n > 0 && bar_fd < 0) ||
-        (bar_fd >= 0 && (fstat(bar_fd, &st) < 0 || !S_ISREG(st.st_mode) ||
-                         static_cast<uint64_t>(st.st_size) < n * stride)) ||
-        (async_fd >= 0 && !ibvx::isEventFd(async_fd))) {
+    if (!validRestoredBar(bar_fd, async_fd, page_nos, n)) {
         errno = EINVAL;
         return nullptr;
     }
-    for (uint32_t i = 0; i < n; ++i) {
-        if (page_nos[i] >= kMaxPageNo || std::find(page_nos, page_nos + i, page_nos[i]) != page_nos + i) {
-            errno = EINVAL;
-            return nullptr;
-        }
-    }
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    {
-        std::lock_guard<std::mutex> pl(dev->pages_mu);
-        for (uint32_t i = 0; i < n; ++i) {
-            if (page_nos[i] < dev->pages.size() && dev->pages[page_nos[i]] != nullptr) {
-                errno = EINVAL;  // another context has that page now
-                return nullptr;
-            }
-        }
+    if (!pageNosFree(dev, page_nos, n)) {
+        errno = EINVAL;  // another context has one of them now
+        return nullptr;
     }
-    std::vector<uint8_t *> vas;
-    for (uint32_t i = 0; i < n; ++i) {
-        void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, bar_fd,
-                        static_cast<off_t>(i * stride));
-        if (va == MAP_FAILED) {
-            int err = errno;
-            for (uint8_t *v : vas) {
-                munmap(v, SOFTNDA_DB_PAGE_SIZE);
-            }
-            errno = err;
-            return nullptr;
-        }
-        vas.push_back(static_cast<uint8_t *>(va));
+    RestoredBar restored{bar_fd, async_fd, {}};
+    if (!mapRestoredPages(bar_fd, page_nos, n, &restored.pages)) {
+        return nullptr;
     }
-    auto ctx = std::make_unique<Context>();
-    ctx->magic = kMagicContext;
-    ctx->dev = dev;
-    ctx->ib.device = &dev->ib;
-    ctx->ib.cmd_fd = -1;
-    ctx->ib.async_fd = -1;
-    if (dev->open_contexts == 0) {
-        try {
-            dev->engine = std::make_unique<Engine>(dev, dev->cfg.engine_threads);
-        } catch (const std::system_error &) {
-            for (uint8_t *v : vas) {
-                munmap(v, SOFTNDA_DB_PAGE_SIZE);
-            }
-            errno = EAGAIN;
-            return nullptr;
-        }
-    }
-    dev->open_contexts++;
-    r.open_contexts++;
-    for (uint32_t i = 0; i < n; ++i) {
-        auto *page = new DbPage;
-        page->va = vas[i];
-        page->ctx = ctx.get();
-        page->file_off = i * stride;
-        page->page_no = page_nos[i];
-        {
-            std::lock_guard<std::mutex> pl(dev->pages_mu);
-            claimPageNo(dev, page->page_no);
-        }
-        ctx->pages.push_back(page);
-        {
-            std::lock_guard<std::mutex> ml(mmioMutex());
-            mmioPages()[reinterpret_cast<uintptr_t>(page->va)] = MmioEntry{bar_fd, page->file_off};
-        }
-        dev->gate.lock();
-        {
-            std::lock_guard<std::mutex> pl(dev->pages_mu);
-            dev->pages[page->page_no] = page;
-        }
-        if (dev->engine) {
-            dev->engine->addPage(page);
-        }
-        dev->gate.unlock();
-    }
-    ctx->bar_fd = bar_fd;
-    ctx->bar_pages = n;
-    ctx->async_fd = async_fd;
-    return &ctx.release()->ib;
+    return startContext(r, dev, &restored);
 }
 
 int vdevIsOwnDevice(const ibv_device *dev) {
@@ -621,8 +655,7 @@ extern "C" __attribute__((visibility("default"))) int softnda_query_counters(con
     }
     Registry &r = registry();
     std::lock_guard<std::mutex> lk(r.mu);
-    ensureDevices(r);
-    Device *dev = findDevice(r, dev_name);
+    Device *dev = deviceNamed(r, dev_name);
     if (dev == nullptr) {
         return -ENODEV;
     }

@@ -32,12 +32,7 @@ int allocRing(ibv_extend_ops *ops, uint32_t cnt, uint32_t stride, Ring *r) {
         return -EINVAL;
     }
     ops->memset_s(mem, 0, size);
-    r->buf = static_cast<uint8_t *>(mem);
-    r->cnt = cnt;
-    r->stride = stride;
-    r->pi = reinterpret_cast<uint32_t *>(r->buf + ring_bytes);
-    r->ci = reinterpret_cast<uint32_t *>(r->buf + ring_bytes + SOFTNDA_DBR_CI_OFFSET);
-    r->ci_local = 0;
+    r->place(static_cast<uint8_t *>(mem), cnt, stride);
     return 0;
 }
 
@@ -61,31 +56,16 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     if (dev->n_cq >= dev->cfg.max_cq) {
         return failNull<ibv_cq_extend>(ENOMEM);
     }
-    auto *cq = new Cq;
-    cq->magic = kMagicCq;
-    cq->ctx = ctx;
-    cq->ops = a->ops;
+    auto cq = std::make_unique<Cq>();
     int rc = allocRing(a->ops, pow2Ceil(a->attr.cqe < 2 ? 2 : a->attr.cqe), SOFTNDA_CQE_SIZE, &cq->ring);
     if (rc == 0) {
-        cq->state = cq->ring.pi + 1;
-        cq->arm = cq->ring.pi + kCqArmWord;
-        cq->events = cq->ring.pi + kCqEventsWord;
-        rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Cq, cq, &cq->db);
+        rc = reserveDbSlot(ctx, a->ops, a->type, &cq->db);
     }
     if (rc != 0) {
         freeRing(a->ops, &cq->ring);
-        delete cq;
         return failNull<ibv_cq_extend>(-rc);
     }
-    cq->ib.context = context;
-    cq->ib.cq_context = a->attr.cq_context;
-    cq->ib.cqe = static_cast<int>(cq->ring.cnt);
-    cq->ib.handle = static_cast<uint32_t>(dev->n_cq);
-    cq->ext.cq = &cq->ib;
-    fillQueueInfo(&cq->ext.cq_info, cq->ring, cq->db);
-    dev->n_cq++;
-    ctx->objects++;
-    return &cq->ext;
+    return buildCq(std::move(cq), ctx, a->ops, a->attr.cq_context, dev->n_cq, Origin::Created);
 }
 
 int destroyCq(ibv_cq_extend *ext) {
@@ -110,6 +90,11 @@ int destroyCq(ibv_cq_extend *ext) {
     return 0;
 }
 
+// Bytes of a receive WQE with room for max_sge SGEs (SPEC.md §2.2).
+uint32_t recvStride(uint32_t max_sge) {
+    return std::max(pow2Ceil(SOFTNDA_RECV_HEADER_SIZE * (1 + max_sge)), 32u);
+}
+
 ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
@@ -117,7 +102,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     }
     Device *dev = ctx->dev;
     Pd *pd = asPd(a->pd);
-    const ibv_srq_attr &sa = a->attr.attr;
+    ibv_srq_attr &sa = a->attr.attr;
     if (pd == nullptr || pd->ctx != ctx || sa.max_wr == 0 || sa.max_wr > dev->cfg.max_srq_wr ||
         sa.max_sge == 0 || sa.max_sge > dev->cfg.max_sge || sa.srq_limit > sa.max_wr) {
         return failNull<ibv_srq_extend>(EINVAL);
@@ -126,44 +111,26 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (dev->n_srq >= dev->cfg.max_srq) {
         return failNull<ibv_srq_extend>(ENOMEM);
     }
-    auto *srq = new Srq;
-    srq->magic = kMagicSrq;
-    srq->ctx = ctx;
-    srq->pd = pd;
-    srq->ops = a->ops;
-    uint32_t stride = pow2Ceil(SOFTNDA_RECV_HEADER_SIZE * (1 + sa.max_sge));
-    stride = stride < 32 ? 32 : stride;
-    srq->max_sge = (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    auto srq = std::make_unique<Srq>();
+    uint32_t stride = recvStride(sa.max_sge);
+    srq->max_sge = recvSgeCap(stride);
     int rc = allocRing(a->ops, pow2Ceil(sa.max_wr), stride, &srq->ring);
-    if (rc == 0) {
-        srq->limit = srq->ring.pi + 1;
-        srq->limit_events = srq->ring.ci + 1;
-        uint32_t limit = sa.srq_limit;
-        if (limit != 0 && a->ops->memcpy_s(srq->limit, sizeof(uint32_t), &limit, sizeof(limit),
-                                           MEMCPY_DIR_HOST_TO_DEVICE) != 0) {
-            rc = -EIO;
-        }
+    uint32_t limit = sa.srq_limit;
+    if (rc == 0 && limit != 0 &&
+        a->ops->memcpy_s(srq->ring.pi + kSrqLimitWord, sizeof(uint32_t), &limit, sizeof(limit),
+                         MEMCPY_DIR_HOST_TO_DEVICE) != 0) {
+        rc = -EIO;
     }
     if (rc == 0) {
-        rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Srq, srq, &srq->db);
+        rc = reserveDbSlot(ctx, a->ops, a->type, &srq->db);
     }
     if (rc != 0) {
         freeRing(a->ops, &srq->ring);
-        delete srq;
         return failNull<ibv_srq_extend>(-rc);
     }
-    srq->ib.context = context;
-    srq->ib.srq_context = a->attr.srq_context;
-    srq->ib.pd = a->pd;
-    srq->ib.handle = dev->n_srq;
-    srq->ext.srq = &srq->ib;
-    fillQueueInfo(&srq->ext.srq_info, srq->ring, srq->db);
-    a->attr.attr.max_wr = srq->ring.cnt;
-    a->attr.attr.max_sge = srq->max_sge;
-    pd->refs++;
-    dev->n_srq++;
-    ctx->objects++;
-    return &srq->ext;
+    sa.max_wr = srq->ring.cnt;
+    sa.max_sge = srq->max_sge;
+    return buildSrq(std::move(srq), ctx, pd, a->ops, a->attr.srq_context, dev->n_srq, Origin::Created);
 }
 
 int destroySrq(ibv_srq_extend *ext) {
@@ -193,101 +160,99 @@ void undoQp(Qp *qp) {
     freeRing(qp->ops, &qp->sq);
 }
 
+// Whether a create's capabilities are within the device's (the RQ's only without an SRQ).
+bool validQpCaps(const ibv_qp_cap &cap, const Config &cfg, bool has_srq) {
+    return cap.max_send_wr != 0 && cap.max_send_wr <= cfg.max_qp_wr && cap.max_send_sge <= cfg.max_sge &&
+           cap.max_inline_data <= cfg.max_inline_data &&
+           (has_srq || (cap.max_recv_wr <= cfg.max_qp_wr && cap.max_recv_sge <= cfg.max_sge));
+}
+
+// Bytes of a send WQE with room for the requested SGEs or inline data (SPEC.md §2.1).
+uint32_t sendStride(const ibv_qp_cap &cap) {
+    uint32_t sge = cap.max_send_sge < 1 ? 1 : cap.max_send_sge;
+    uint32_t need = SOFTNDA_WQE_HEADER_SIZE + std::max(sge * SOFTNDA_SGE_SIZE, cap.max_inline_data);
+    return std::max(pow2Ceil(need), 64u);
+}
+
+// A new QP's SQ and, without an SRQ, its RQ: rings for cap, then their doorbell registers
+// (caller holds dev->ctl). -errno, leaving nothing.
+int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_cap &cap, Qp *qp) {
+    const bool has_rq = qp->srq == nullptr;
+    int rc = allocRing(ops, pow2Ceil(cap.max_send_wr), sendStride(cap), &qp->sq);
+    if (rc == 0 && has_rq) {
+        uint32_t rq_stride = recvStride(cap.max_recv_sge < 1 ? 1 : cap.max_recv_sge);
+        qp->rq_max_sge = recvSgeCap(rq_stride);
+        rc = allocRing(ops, pow2Ceil(cap.max_recv_wr < 1 ? 1 : cap.max_recv_wr), rq_stride, &qp->rq);
+    }
+    if (rc == 0) {
+        rc = reserveDbSlot(ctx, ops, dma_type, &qp->sq_db);
+    }
+    if (rc == 0 && has_rq) {
+        rc = reserveDbSlot(ctx, ops, dma_type, &qp->rq_db);
+    }
+    if (rc != 0) {
+        undoQp(qp);
+    }
+    return rc;
+}
+
+// What a QP's queues really hold, as rdma-core providers report it back.
+void grantQpCaps(const Qp &qp, const Config &cfg, ibv_qp_cap *cap) {
+    cap->max_send_wr = qp.sq.cnt;
+    cap->max_send_sge = std::min(sendSgeCap(qp.sq.stride), cfg.max_sge);
+    cap->max_inline_data = std::min(qp.sq.stride - SOFTNDA_WQE_HEADER_SIZE, cfg.max_inline_data);
+    if (qp.srq == nullptr) {
+        cap->max_recv_wr = qp.rq.cnt;
+        cap->max_recv_sge = std::min(qp.rq_max_sge, cfg.max_sge);
+    } else {
+        cap->max_recv_wr = 0;
+        cap->max_recv_sge = 0;
+    }
+}
+
+// The next QPN no QP of the device has (24 bits, never 0).
+uint32_t newQpn(Device *dev) {
+    uint32_t qpn;
+    do {
+        qpn = dev->next_qpn;
+        dev->next_qpn = (dev->next_qpn + 1) & 0xffffff;
+        if (dev->next_qpn == 0) {
+            dev->next_qpn = 1;
+        }
+    } while (dev->qps.count(qpn) != 0);
+    return qpn;
+}
+
 ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
     Device *dev = ctx->dev;
-    const Config &cfg = dev->cfg;
     ibv_qp_init_attr &ia = a->attr;
-    Pd *pd = asPd(a->pd);
-    Cq *scq = asCq(ia.send_cq);
-    Cq *rcq = asCq(ia.recv_cq);
-    Srq *srq = ia.srq != nullptr ? asSrq(ia.srq) : nullptr;
+    QpParents parents;
+    bool parents_ok = qpParents(ctx, a->pd, ia.send_cq, ia.recv_cq, ia.srq, &parents);
     if (ia.qp_type != IBV_QPT_RC) {
         return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
-    if (pd == nullptr || pd->ctx != ctx || scq == nullptr || scq->ctx != ctx || rcq == nullptr ||
-        rcq->ctx != ctx || (ia.srq != nullptr && (srq == nullptr || srq->ctx != ctx))) {
-        return failNull<ibv_qp_extend>(EINVAL);
-    }
-    ibv_qp_cap &cap = ia.cap;
-    if (cap.max_send_wr == 0 || cap.max_send_wr > cfg.max_qp_wr || cap.max_send_sge > cfg.max_sge ||
-        cap.max_inline_data > cfg.max_inline_data ||
-        (srq == nullptr && (cap.max_recv_wr > cfg.max_qp_wr || cap.max_recv_sge > cfg.max_sge))) {
+    if (!parents_ok || !validQpCaps(ia.cap, dev->cfg, parents.srq != nullptr)) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    if (dev->n_qp >= cfg.max_qp) {
+    if (dev->n_qp >= dev->cfg.max_qp) {
         return failNull<ibv_qp_extend>(ENOMEM);
     }
-    auto *qp = new Qp;
-    qp->magic = kMagicQp;
+    auto qp = std::make_unique<Qp>();
     qp->ctx = ctx;
-    qp->pd = pd;
-    qp->scq = scq;
-    qp->rcq = rcq;
-    qp->srq = srq;
+    qp->srq = parents.srq;
     qp->ops = a->ops;
-    uint32_t sge = cap.max_send_sge < 1 ? 1 : cap.max_send_sge;
-    uint32_t need = SOFTNDA_WQE_HEADER_SIZE + std::max(sge * SOFTNDA_SGE_SIZE, cap.max_inline_data);
-    uint32_t sq_stride = std::max(pow2Ceil(need), 64u);
-    int rc = allocRing(a->ops, pow2Ceil(cap.max_send_wr), sq_stride, &qp->sq);
-    if (rc == 0 && srq == nullptr) {
-        uint32_t rsge = cap.max_recv_sge < 1 ? 1 : cap.max_recv_sge;
-        uint32_t rq_stride = std::max(pow2Ceil(SOFTNDA_RECV_HEADER_SIZE * (1 + rsge)), 32u);
-        qp->rq_max_sge = (rq_stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
-        rc = allocRing(a->ops, pow2Ceil(cap.max_recv_wr < 1 ? 1 : cap.max_recv_wr), rq_stride, &qp->rq);
-    }
-    if (rc == 0) {
-        qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
-        rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Sq, qp, &qp->sq_db);
-    }
-    if (rc == 0 && srq == nullptr) {
-        rc = allocDbSlot(ctx, a->ops, a->type, SlotKind::Rq, qp, &qp->rq_db);
-    }
-    if (rc != 0) {
-        undoQp(qp);
-        delete qp;
+    if (int rc = allocQpQueues(ctx, a->ops, a->type, ia.cap, qp.get()); rc != 0) {
         return failNull<ibv_qp_extend>(-rc);
     }
-    // What the QP really got, as rdma-core providers report it back.
-    cap.max_send_wr = qp->sq.cnt;
-    cap.max_send_sge = std::min((sq_stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE, cfg.max_sge);
-    cap.max_inline_data = std::min(sq_stride - SOFTNDA_WQE_HEADER_SIZE, cfg.max_inline_data);
-    if (srq == nullptr) {
-        cap.max_recv_wr = qp->rq.cnt;
-        cap.max_recv_sge = std::min(qp->rq_max_sge, cfg.max_sge);
-    } else {
-        cap.max_recv_wr = 0;
-        cap.max_recv_sge = 0;
-    }
-    qp->init = ia;
-    do {
-        qp->qpn = dev->next_qpn;
-        dev->next_qpn = (dev->next_qpn + 1) & 0xffffff;
-        if (dev->next_qpn == 0) {
-            dev->next_qpn = 1;
-        }
-    } while (dev->qps.count(qp->qpn) != 0);
-    qp->ib.context = context;
-    qp->ib.qp_context = ia.qp_context;
-    qp->ib.pd = a->pd;
-    qp->ib.send_cq = ia.send_cq;
-    qp->ib.recv_cq = ia.recv_cq;
-    qp->ib.srq = ia.srq;
-    qp->ib.handle = qp->qpn;
-    qp->ib.qp_num = qp->qpn;
-    qp->ib.state = IBV_QPS_RESET;
-    qp->ib.qp_type = IBV_QPT_RC;
-    qp->ext.qp = &qp->ib;
-    fillQueueInfo(&qp->ext.sq_info, qp->sq, qp->sq_db);
-    if (srq == nullptr) {
-        fillQueueInfo(&qp->ext.rq_info, qp->rq, qp->rq_db);
-    }
-    linkQp(qp, /*new_epoch=*/false);
-    return &qp->ext;
+    grantQpCaps(*qp, dev->cfg, &ia.cap);
+    qp->qpn = newQpn(dev);
+    uint32_t handle = qp->qpn;
+    return buildQp(std::move(qp), ctx, parents, a->ops, ia, handle, Origin::Created);
 }
 
 int destroyQp(ibv_qp_extend *ext) {
@@ -493,38 +458,6 @@ void freeContext(ibv_context_extend *ext) {
 
 }  // namespace
 
-bool opsComplete(const ibv_extend_ops *o) {
-    return o != nullptr && o->alloc != nullptr && o->free != nullptr && o->memset_s != nullptr &&
-           o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
-}
-
-void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
-    std::memset(qi, 0, sizeof(*qi));
-    qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
-    qi->qbuf.entry_cnt = r.cnt;
-    qi->qbuf.entry_size = r.stride;
-    qi->dbr_pi_va = iov_addr_desc{r.pi, 8};
-    qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
-    qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
-}
-
-void linkQp(Qp *qp, bool new_epoch) {
-    Device *dev = qp->ctx->dev;
-    dev->gate.lock();
-    dev->qps[qp->qpn] = qp;
-    if (new_epoch) {
-        dev->qp_epoch++;
-    }
-    dev->gate.unlock();
-    qp->pd->refs++;
-    qp->scq->refs++;
-    qp->rcq->refs++;
-    if (qp->srq != nullptr) {
-        qp->srq->refs++;
-    }
-    dev->n_qp++;
-    qp->ctx->objects++;
-}
 }  // namespace softnda
 
 extern "C" const struct verbs_device_extend_ops softnda_driver_ops = {

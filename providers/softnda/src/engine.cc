@@ -70,6 +70,70 @@ struct Segment {
     uint32_t len;
 };
 
+// The bytes at src, laid out over the segments in order (a READ's or an atomic's reply).
+inline void scatterTo(const Segment *seg, uint32_t n, const uint8_t *src) {
+    for (uint32_t i = 0; i < n; ++i) {
+        std::memcpy(seg[i].addr, src, seg[i].len);
+        src += seg[i].len;
+    }
+}
+
+// The segments' bytes in order, at dst (a WRITE's payload).
+inline void gatherFrom(const Segment *seg, uint32_t n, uint8_t *dst) {
+    for (uint32_t i = 0; i < n; ++i) {
+        std::memcpy(dst, seg[i].addr, seg[i].len);
+        dst += seg[i].len;
+    }
+}
+
+// The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
+// says, bounded by the stride).
+inline void fetchWqe(const Ring &sq, WqeCopy *w) {
+    const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
+    std::memcpy(&w->hdr, slot, sizeof(w->hdr));
+    if (w->hdr.flags & SOFTNDA_WQE_INLINE) {
+        std::memcpy(w->inline_data, slot + SOFTNDA_WQE_HEADER_SIZE,
+                    std::min<uint32_t>(w->hdr.inline_len, sq.stride - SOFTNDA_WQE_HEADER_SIZE));
+    } else {
+        std::memcpy(w->sge, slot + SOFTNDA_WQE_HEADER_SIZE,
+                    std::min<uint32_t>(w->hdr.num_sge, sendSgeCap(sq.stride)) * sizeof(softnda_sge));
+    }
+}
+
+// Whether the opcode addresses the responder's memory by rkey (WRITE, READ, atomics).
+inline bool usesRkey(uint8_t opcode) {
+    return opcode == SOFTNDA_OP_RDMA_WRITE || opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM ||
+           opcode == SOFTNDA_OP_RDMA_READ || opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP ||
+           opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+}
+
+inline bool isAtomic(uint8_t opcode) {
+    return opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+}
+
+// The responder's memory [remote_addr, +total) a WRITE, READ or atomic addresses, when its rkey,
+// the peer's PD and both access flags allow the operation; else nullptr and *status.
+uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint64_t total, uint8_t *status) {
+    int need = IBV_ACCESS_REMOTE_WRITE;
+    if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+        need = IBV_ACCESS_REMOTE_READ;
+    } else if (isAtomic(h.opcode)) {
+        need = IBV_ACCESS_REMOTE_ATOMIC;
+        if (h.remote_addr % 8 != 0) {
+            *status = IBV_WC_REM_INV_REQ_ERR;
+            return nullptr;
+        }
+    }
+    Mr *mr = dev->lookupMr(h.rkey);
+    uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
+    if (remote == nullptr || mr->pd != peer->pd || (mr->access & need) == 0 ||
+        (peer->attrs.access & need) == 0) {
+        *status = IBV_WC_REM_ACCESS_ERR;
+        return nullptr;
+    }
+    return remote;
+}
+
 // SPEC.md §9: after a CQE is published, an armed CQ whose arming the CQE satisfies is disarmed
 // (one arming, at most one event) and counts the event. True when the caller must signal it.
 bool takeArm(Cq *cq, const softnda_cqe &c) {
@@ -260,11 +324,22 @@ class Engine::Thread {
     bool handleSlot(DbPage *page, unsigned slot);
     bool takeRings(DbPage *page);
     bool processSq(Qp *qp);
+    bool keepWaitingRnr(Qp *qp);
+    void endRnrWait(Qp *qp);
+    bool completeWqe(Qp *qp, const softnda_wqe &h, const ExecResult &res);
+    void flushQp(Qp *qp, uint32_t pi);
     void settle(Qp *qp, uint32_t pi);
     void waitWhilePaused();
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                        uint64_t total, PendingRecv *pending);
+    ExecResult responderError(Qp *peer, uint8_t status);
+    ExecResult writeDataIn(Qp *peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
+                           uint32_t nlocal, uint64_t total, PendingRecv *pending);
+    ExecResult readReply(const uint8_t *remote, const Segment *local, uint32_t nlocal, uint64_t total);
+    ExecResult atomicReply(const softnda_wqe &h, uint8_t *remote, const Segment *local, uint32_t nlocal);
+    ExecResult sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                          uint64_t total, PendingRecv *pending);
     bool takeRecv(Qp *peer, RecvCopy *out);
     void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
                       uint32_t imm, uint8_t flags, uint32_t src);
@@ -609,18 +684,16 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
     return true;
 }
 
+// The requester's loop over the SQ (rdma_rxe's rxe_req.c, with the completer's part in
+// completeWqe): each WQE from CI to PI in order, up to kMaxWqesPerVisit, while the QP is in RTS.
 bool Engine::Thread::processSq(Qp *qp) {
     Ring &sq = qp->sq;
     uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
     overflowed(qp, sq, pi);
     int state = qp->state.load(std::memory_order_acquire);
     if (state == IBV_QPS_ERR) {
-        if (qp->rnr_waiting) {
-            qp->rnr_waiting = false;
-            forgetQp(qp);
-        }
-        flushSq(qp, pi);
-        flushRq(qp);
+        endRnrWait(qp);
+        flushQp(qp, pi);
         return true;
     }
     if (state != IBV_QPS_RTS) {
@@ -632,75 +705,26 @@ bool Engine::Thread::processSq(Qp *qp) {
     bool did = false;
     uint32_t budget = kMaxWqesPerVisit;
     while (sq.ci_local != pi && budget-- > 0) {
-        const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
         // WQE ci_local starts (SPEC.md §10): a successor that finds this word one ahead of CI
         // asks the responder whether the WQE took effect before running it again.
         __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
-        std::memcpy(&w.hdr, slot, sizeof(w.hdr));
-        if (w.hdr.flags & SOFTNDA_WQE_INLINE) {
-            std::memcpy(w.inline_data, slot + SOFTNDA_WQE_HEADER_SIZE,
-                        std::min<uint32_t>(w.hdr.inline_len, sq.stride - SOFTNDA_WQE_HEADER_SIZE));
-        } else {
-            std::memcpy(
-                w.sge, slot + SOFTNDA_WQE_HEADER_SIZE,
-                std::min<uint32_t>(w.hdr.num_sge, (sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE) *
-                    sizeof(softnda_sge));
-        }
+        fetchWqe(sq, &w);
         ExecResult res = execute(qp, w);
         if (res.outcome == Outcome::RnrWait) {
-            bump(ctr_.rnr_naks);
-            uint64_t now = nowNs();
-            if (!qp->rnr_waiting) {
-                qp->rnr_waiting = true;
-                qp->rnr_used = 0;
-                qp->rnr_deadline_ns = now + kRnrIntervalNs;
-                rnr_.push_back(qp);
-            } else if (now >= qp->rnr_deadline_ns) {
-                qp->rnr_used++;
-                qp->rnr_deadline_ns = now + kRnrIntervalNs;
-            }
-            if (qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry) {
-                break;  // keep waiting at the head of the SQ
+            if (keepWaitingRnr(qp)) {
+                break;  // at the head of the SQ
             }
             res = ExecResult{IBV_WC_RNR_RETRY_EXC_ERR, 0, Outcome::Done};
         }
-        if (qp->rnr_waiting) {
-            qp->rnr_waiting = false;
-            forgetQp(qp);
-        }
+        endRnrWait(qp);
         did = true;
-        sq.ci_local++;
-        bump(ctr_.wqes);
-        bool ok = res.status == IBV_WC_SUCCESS;
-        if (!ok) {
-            // ERR before the error CQE: a consumer that polls the CQE and then queries the QP
-            // must see ERR, as with a real NIC (the error completion is the transition's report).
-            enterQpError(qp);
-        }
-        // CI per WQE, not per batch, and before the CQE: a CQE implies its ring slots are free
-        // (SPEC.md §4), and a successor must not run a finished WQE again (§10). The PSN after
-        // CI: its loss is what settle() repairs.
-        __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
-        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
-        if (!ok || (w.hdr.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
-            softnda_cqe c{};
-            c.wr_id = w.hdr.wr_id;
-            c.byte_len = res.byte_len;
-            c.qp_num = qp->qpn;
-            c.opcode = softnda_send_wc_opcode(w.hdr.opcode);
-            c.status = res.status;
-            if (!writeCqe(qp->scq, ctr_, c)) {
-                ok = false;
-            }
-        }
-        if (!ok) {
+        if (!completeWqe(qp, w.hdr, res)) {
             if (res.status != IBV_WC_SUCCESS) {
                 bump(ctr_.errors);
             }
             enterQpError(qp);  // a CQ overflow, if the WQE itself succeeded
-            flushSq(qp, pi);
-            flushRq(qp);
+            flushQp(qp, pi);
             break;
         }
     }
@@ -710,6 +734,69 @@ bool Engine::Thread::processSq(Qp *qp) {
         __atomic_fetch_or(qp->sq_db.page->summary(), 1ull << qp->sq_db.index, __ATOMIC_RELAXED);
     }
     return did;
+}
+
+// The head WQE met an empty receive queue (an RNR NAK): true while its QP keeps waiting (on the
+// thread's RNR list, retried each pass; rnr_retry 7 waits for ever), false once the retries
+// are used up.
+bool Engine::Thread::keepWaitingRnr(Qp *qp) {
+    bump(ctr_.rnr_naks);
+    uint64_t now = nowNs();
+    if (!qp->rnr_waiting) {
+        qp->rnr_waiting = true;
+        qp->rnr_used = 0;
+        qp->rnr_deadline_ns = now + kRnrIntervalNs;
+        rnr_.push_back(qp);
+    } else if (now >= qp->rnr_deadline_ns) {
+        qp->rnr_used++;
+        qp->rnr_deadline_ns = now + kRnrIntervalNs;
+    }
+    return qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry;
+}
+
+void Engine::Thread::endRnrWait(Qp *qp) {
+    if (qp->rnr_waiting) {
+        qp->rnr_waiting = false;
+        forgetQp(qp);
+    }
+}
+
+// The completer's part of a WQE that ran (rdma_rxe's rxe_comp.c): the SQ's CI and PSN, then the
+// CQE when the WQE was signalled or failed. False when the QP must go to ERR: the WQE failed or
+// its CQ overflowed.
+bool Engine::Thread::completeWqe(Qp *qp, const softnda_wqe &h, const ExecResult &res) {
+    Ring &sq = qp->sq;
+    sq.ci_local++;
+    bump(ctr_.wqes);
+    bool ok = res.status == IBV_WC_SUCCESS;
+    if (!ok) {
+        // ERR before the error CQE: a consumer that polls the CQE and then queries the QP must
+        // see ERR, as with a real NIC (the error completion is the transition's report).
+        enterQpError(qp);
+    }
+    // CI per WQE, not per batch, and before the CQE: a CQE implies its ring slots are free
+    // (SPEC.md §4), and a successor must not run a finished WQE again (§10). The PSN after CI:
+    // its loss is what settle() repairs.
+    __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+    if (!ok || (h.flags & SOFTNDA_WQE_SIGNALED) || qp->init.sq_sig_all) {
+        softnda_cqe c{};
+        c.wr_id = h.wr_id;
+        c.byte_len = res.byte_len;
+        c.qp_num = qp->qpn;
+        c.opcode = softnda_send_wc_opcode(h.opcode);
+        c.status = res.status;
+        if (!writeCqe(qp->scq, ctr_, c)) {
+            ok = false;
+        }
+    }
+    return ok;
+}
+
+// A QP in ERR completes what its SQ and its own RQ hold with flush errors (SPEC.md §6.2).
+void Engine::Thread::flushQp(Qp *qp, uint32_t pi) {
+    flushSq(qp, pi);
+    flushRq(qp);
 }
 
 void Engine::Thread::flushSq(Qp *qp, uint32_t pi) {
@@ -754,7 +841,7 @@ void Engine::Thread::flushRq(Qp *qp) {
 
 ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     const softnda_wqe &h = w.hdr;
-    const uint32_t sge_cap = (qp->sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    const uint32_t sge_cap = sendSgeCap(qp->sq.stride);
     const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
     ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
     if (h.opcode > SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
@@ -773,8 +860,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     } else if (h.num_sge > sge_cap || h.num_sge > qp->init.cap.max_send_sge) {
         return bad;
     }
-    const bool atomic =
-        h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+    const bool atomic = isAtomic(h.opcode);
     uint64_t total = 0;
     Segment local[29];
     uint32_t nlocal = 0;
@@ -863,12 +949,12 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
     softnda_wqe h;
     std::memcpy(&h, sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride, sizeof(h));
     uint32_t byte_len = 0;
-    if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+    if (isAtomic(h.opcode)) {
         byte_len = 8;
     } else if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         const auto *sges = reinterpret_cast<const softnda_sge *>(
             sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride + SOFTNDA_WQE_HEADER_SIZE);
-        uint32_t n = std::min<uint32_t>(h.num_sge, (sq.stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE);
+        uint32_t n = std::min<uint32_t>(h.num_sge, sendSgeCap(sq.stride));
         for (uint32_t i = 0; i < n; ++i) {
             softnda_sge s;
             std::memcpy(&s, &sges[i], sizeof(s));
@@ -890,109 +976,99 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
     }
 }
 
-// The responder half of one WQE; peer->rq_lock is held.
+// The responder half of one WQE (rdma_rxe's rxe_resp.c): the rkey of a WRITE, READ or atomic
+// checked, then the operation. peer->rq_lock is held.
 ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                    uint64_t total, PendingRecv *pending) {
     const softnda_wqe &h = w.hdr;
-    auto fail = [&](uint8_t status) {
-        if (status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR ||
-            status == IBV_WC_REM_OP_ERR) {
-            setQpError(dev_, peer);
-        }
-        return ExecResult{status, 0, Outcome::Done};
-    };
-    // Remote range check for WRITE/READ/atomics.
-    uint8_t *remote = nullptr;
-    if (h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM ||
-        h.opcode == SOFTNDA_OP_RDMA_READ || h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP ||
-        h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
-        int need = IBV_ACCESS_REMOTE_WRITE;
-        if (h.opcode == SOFTNDA_OP_RDMA_READ) {
-            need = IBV_ACCESS_REMOTE_READ;
-        } else if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || h.opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
-            need = IBV_ACCESS_REMOTE_ATOMIC;
-            if (h.remote_addr % 8 != 0) {
-                return fail(IBV_WC_REM_INV_REQ_ERR);
-            }
-        }
-        Mr *mr = dev_->lookupMr(h.rkey);
-        remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
-        if (remote == nullptr || mr->pd != peer->pd || (mr->access & need) == 0 ||
-            (peer->attrs.access & need) == 0) {
-            return fail(IBV_WC_REM_ACCESS_ERR);
-        }
+    if (!usesRkey(h.opcode)) {
+        return sendDataIn(qp, peer, h, local, nlocal, total, pending);
+    }
+    uint8_t status = IBV_WC_SUCCESS;
+    uint8_t *remote = checkRkey(dev_, peer, h, total, &status);
+    if (remote == nullptr) {
+        return responderError(peer, status);
     }
     switch (h.opcode) {
         case SOFTNDA_OP_RDMA_WRITE:
-        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM: {
-            RecvCopy &r = pending->r;  // taken in place: no copy on the fast path
-            if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM && !takeRecv(peer, &r)) {
-                return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
-            }
-            uint8_t *dst = remote;
-            for (uint32_t i = 0; i < nlocal; ++i) {
-                std::memcpy(dst, local[i].addr, local[i].len);
-                dst += local[i].len;
-            }
-            bump(ctr_.bytes, total);
-            if (h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM) {
-                pending->set = true;
-                pending->byte_len = static_cast<uint32_t>(total);
-                pending->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-                pending->imm = h.imm_data;
-                pending->flags = SOFTNDA_CQE_WITH_IMM;
-            }
-            return ExecResult{};
-        }
-        case SOFTNDA_OP_RDMA_READ: {
-            const uint8_t *src = remote;
-            for (uint32_t i = 0; i < nlocal; ++i) {
-                std::memcpy(local[i].addr, src, local[i].len);
-                src += local[i].len;
-            }
-            bump(ctr_.bytes, total);
-            return ExecResult{IBV_WC_SUCCESS, static_cast<uint32_t>(total), Outcome::Done};
-        }
-        case SOFTNDA_OP_ATOMIC_CMP_AND_SWP:
-        case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD: {
-            auto *word = reinterpret_cast<uint64_t *>(remote);
-            uint64_t old;
-            if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP) {
-                old = h.compare_add;
-                __atomic_compare_exchange_n(word, &old, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
-            } else {
-                old = __atomic_fetch_add(word, h.compare_add, __ATOMIC_SEQ_CST);
-            }
-            const auto *src = reinterpret_cast<const uint8_t *>(&old);
-            for (uint32_t i = 0; i < nlocal; ++i) {
-                std::memcpy(local[i].addr, src, local[i].len);
-                src += local[i].len;
-            }
-            bump(ctr_.bytes, 8);
-            return ExecResult{IBV_WC_SUCCESS, 8, Outcome::Done};
-        }
+        case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
+            return writeDataIn(peer, h, remote, local, nlocal, total, pending);
+        case SOFTNDA_OP_RDMA_READ:
+            return readReply(remote, local, nlocal, total);
         default:
-            break;
+            return atomicReply(h, remote, local, nlocal);
     }
-    // SEND / SEND_WITH_IMM
+}
+
+// A request the responder refuses: the requester's completion status, and a responder that
+// detected a remote access, invalid request or operation error moves to ERR (SPEC.md §6.2).
+ExecResult Engine::Thread::responderError(Qp *peer, uint8_t status) {
+    if (status == IBV_WC_REM_ACCESS_ERR || status == IBV_WC_REM_INV_REQ_ERR || status == IBV_WC_REM_OP_ERR) {
+        setQpError(dev_, peer);
+    }
+    return ExecResult{status, 0, Outcome::Done};
+}
+
+ExecResult Engine::Thread::writeDataIn(Qp *peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
+                                       uint32_t nlocal, uint64_t total, PendingRecv *pending) {
+    const bool with_imm = h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+    // taken in place: no copy on the fast path
+    if (with_imm && !takeRecv(peer, &pending->r)) {
+        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
+    }
+    gatherFrom(local, nlocal, remote);
+    bump(ctr_.bytes, total);
+    if (with_imm) {
+        pending->set = true;
+        pending->byte_len = static_cast<uint32_t>(total);
+        pending->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
+        pending->imm = h.imm_data;
+        pending->flags = SOFTNDA_CQE_WITH_IMM;
+    }
+    return ExecResult{};
+}
+
+ExecResult Engine::Thread::readReply(const uint8_t *remote, const Segment *local, uint32_t nlocal,
+                                     uint64_t total) {
+    scatterTo(local, nlocal, remote);
+    bump(ctr_.bytes, total);
+    return ExecResult{IBV_WC_SUCCESS, static_cast<uint32_t>(total), Outcome::Done};
+}
+
+// The atomic on the responder's 8 bytes, its original value into the requester's buffer.
+ExecResult Engine::Thread::atomicReply(const softnda_wqe &h, uint8_t *remote, const Segment *local,
+                                       uint32_t nlocal) {
+    auto *word = reinterpret_cast<uint64_t *>(remote);
+    uint64_t old;
+    if (h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP) {
+        old = h.compare_add;
+        __atomic_compare_exchange_n(word, &old, h.swap, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    } else {
+        old = __atomic_fetch_add(word, h.compare_add, __ATOMIC_SEQ_CST);
+    }
+    scatterTo(local, nlocal, reinterpret_cast<const uint8_t *>(&old));
+    bump(ctr_.bytes, 8);
+    return ExecResult{IBV_WC_SUCCESS, 8, Outcome::Done};
+}
+
+// A SEND into the next receive of the peer's RQ or SRQ. A receive that cannot take the message
+// completes in error, and so does the request.
+ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, const Segment *local,
+                                      uint32_t nlocal, uint64_t total, PendingRecv *pending) {
     RecvCopy &r = pending->r;
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
-    uint8_t op = IBV_WC_RECV;
-    uint8_t flags = h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0;
-    if (h.flags & SOFTNDA_WQE_SOLICITED) {
-        flags |= SOFTNDA_CQE_SOLICITED;
-    }
+    const uint8_t op = IBV_WC_RECV;
     uint32_t recv_cap = peer->srq != nullptr ? peer->srq->max_sge : peer->rq_max_sge;
     if (r.num_sge > recv_cap) {
         completeRecv(peer, r, IBV_WC_LOC_QP_OP_ERR, 0, op, 0, 0, qp->qpn);
-        return fail(IBV_WC_REM_OP_ERR);
+        return responderError(peer, IBV_WC_REM_OP_ERR);
     }
     Segment dst[29];
     if (!checkLocal(peer, r.sge, r.num_sge, true, dst)) {
         completeRecv(peer, r, IBV_WC_LOC_PROT_ERR, 0, op, 0, 0, qp->qpn);
-        return fail(IBV_WC_REM_OP_ERR);
+        return responderError(peer, IBV_WC_REM_OP_ERR);
     }
     uint64_t room = 0;
     for (uint32_t i = 0; i < r.num_sge; ++i) {
@@ -1000,7 +1076,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
     }
     if (total > room) {
         completeRecv(peer, r, IBV_WC_LOC_LEN_ERR, 0, op, 0, 0, qp->qpn);
-        return fail(IBV_WC_REM_INV_REQ_ERR);
+        return responderError(peer, IBV_WC_REM_INV_REQ_ERR);
     }
     // Scatter the gather list into the receive buffers.
     uint32_t di = 0;
@@ -1023,7 +1099,8 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
     pending->byte_len = static_cast<uint32_t>(total);
     pending->opcode = op;
     pending->imm = h.imm_data;
-    pending->flags = flags;
+    pending->flags = static_cast<uint8_t>((h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0) |
+                                          ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
     return ExecResult{};
 }
 

@@ -147,6 +147,142 @@ RingBlob ringBlob(const Ring &r) {
     return RingBlob{reinterpret_cast<uintptr_t>(r.buf), r.cnt, r.stride};
 }
 
+// The blob of each kind, written under the device's ctl after the object is checked (asX) and
+// before anything behind its pointer is read. 0 or -errno, as export_object answers.
+int exportContext(ibv_context *ib, ibv_extend_vdev_state *out) {
+    Context *ctx = asContext(ib);
+    if (ctx == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    if (ctx->pages.size() > kMaxCtxPages) {
+        return -ENOSPC;
+    }
+    std::vector<uint32_t> nos;
+    for (DbPage *p : ctx->pages) {
+        nos.push_back(p->page_no);
+    }
+    CtxBlob b{0, static_cast<uint32_t>(nos.size()), dbPageStride()};
+    if (ctx->bar_fd >= 0) {
+        b.flags |= kCtxBar;
+        if (!putFd(out, ctx->bar_fd)) {
+            return -errno;
+        }
+    }
+    if (ctx->async_fd >= 0) {
+        b.flags |= kCtxAsync;
+        if (!putFd(out, ctx->async_fd)) {
+            int err = errno;
+            closeFds(out);
+            return -err;
+        }
+    }
+    put(out, IBV_EXTEND_VDEV_OBJ_CONTEXT, b, nos.data(), nos.size() * sizeof(uint32_t));
+    return 0;
+}
+
+int exportPd(ibv_pd *ib, ibv_extend_vdev_state *out) {
+    Pd *pd = asPd(ib);
+    if (pd == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_PD, PdBlob{pd->ib.handle, 0});
+    return 0;
+}
+
+int exportMr(ibv_mr *ib, ibv_extend_vdev_state *out) {
+    Mr *mr = asMr(ib);
+    if (mr == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_MR,
+        MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access, mr->ib.handle,
+               0});
+    return 0;
+}
+
+int exportCq(const ibv_cq_extend *ext, ibv_extend_vdev_state *out) {
+    Cq *cq = asCq(ext->cq);
+    if (cq == nullptr || &cq->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(cq->ctx->dev->ctl);
+    CqBlob b{ringBlob(cq->ring), slotBlob(cq->db), reinterpret_cast<uintptr_t>(cq->ib.cq_context),
+             cq->ib.handle, cq->event_fd >= 0 ? 1u : 0u};
+    if (cq->event_fd >= 0 && !putFd(out, cq->event_fd)) {
+        return -errno;
+    }
+    put(out, IBV_EXTEND_VDEV_OBJ_CQ, b);
+    return 0;
+}
+
+int exportSrq(const ibv_srq_extend *ext, ibv_extend_vdev_state *out) {
+    Srq *srq = asSrq(ext->srq);
+    if (srq == nullptr || &srq->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_SRQ,
+        SrqBlob{ringBlob(srq->ring), slotBlob(srq->db), reinterpret_cast<uintptr_t>(srq->ib.srq_context),
+                srq->max_sge, srq->ib.handle});
+    return 0;
+}
+
+// The attributes the control path set, as a QP's blob carries them (the live PSNs and state are
+// in the SQ record).
+void putAttrs(const QpAttrs &q, QpBlob *b) {
+    b->dest_qpn = q.dest_qpn;
+    b->sq_psn = q.sq_psn;
+    b->rq_psn = q.rq_psn;
+    b->access = q.access;
+    b->path_mtu = q.path_mtu;
+    b->pkey_index = q.pkey_index;
+    b->port = q.port;
+    b->timeout = q.timeout;
+    b->retry_cnt = q.retry_cnt;
+    b->rnr_retry = q.rnr_retry;
+    b->min_rnr_timer = q.min_rnr_timer;
+    b->max_rd_atomic = q.max_rd_atomic;
+    b->max_dest_rd_atomic = q.max_dest_rd_atomic;
+    b->ah = q.ah;
+    b->udp_src_port = q.udp_src_port;
+    b->lb_mode = q.lb_mode;
+    b->lag_port = q.lag_port;
+    if (q.ext) {
+        b->has_ext = 1;
+        b->feature_set = q.ext->feature_set ? 1 : 0;
+        b->feature = q.ext->feature;
+        b->mpath = q.ext->mpath;
+        b->ar = q.ext->ar;
+        b->sack = q.ext->sack;
+    }
+}
+
+int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
+    Qp *qp = asQp(ext->qp);
+    if (qp == nullptr || &qp->ext != ext) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
+    QpBlob b{};
+    b.qpn = qp->qpn;
+    b.handle = qp->ib.handle;
+    b.qp_context = reinterpret_cast<uintptr_t>(qp->ib.qp_context);
+    b.sq = ringBlob(qp->sq);
+    b.rq = ringBlob(qp->rq);
+    b.sq_db = slotBlob(qp->sq_db);
+    b.rq_db = slotBlob(qp->rq_db);
+    b.has_rq = qp->srq == nullptr ? 1 : 0;
+    b.rq_max_sge = qp->rq_max_sge;
+    b.cap = qp->init.cap;
+    b.sq_sig_all = qp->init.sq_sig_all;
+    putAttrs(qp->attrs, &b);
+    put(out, IBV_EXTEND_VDEV_OBJ_QP, b);
+    return 0;
+}
+
 int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_state *out) {
     if (object == nullptr || out == nullptr) {
         return -EINVAL;
@@ -155,135 +291,20 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
     for (int &fd : out->fds) {
         fd = -1;
     }
-    // The object's own pointer is checked (asX) before anything behind it is read.
     auto *obj = const_cast<void *>(object);
     switch (kind) {
-        case IBV_EXTEND_VDEV_OBJ_CONTEXT: {
-            Context *ctx = asContext(static_cast<ibv_context *>(obj));
-            if (ctx == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
-            if (ctx->pages.size() > kMaxCtxPages) {
-                return -ENOSPC;
-            }
-            std::vector<uint32_t> nos;
-            for (DbPage *p : ctx->pages) {
-                nos.push_back(p->page_no);
-            }
-            CtxBlob b{0, static_cast<uint32_t>(nos.size()), dbPageStride()};
-            if (ctx->bar_fd >= 0) {
-                b.flags |= kCtxBar;
-                if (!putFd(out, ctx->bar_fd)) {
-                    return -errno;
-                }
-            }
-            if (ctx->async_fd >= 0) {
-                b.flags |= kCtxAsync;
-                if (!putFd(out, ctx->async_fd)) {
-                    int err = errno;
-                    closeFds(out);
-                    return -err;
-                }
-            }
-            put(out, kind, b, nos.data(), nos.size() * sizeof(uint32_t));
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_PD: {
-            Pd *pd = asPd(static_cast<ibv_pd *>(obj));
-            if (pd == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
-            put(out, kind, PdBlob{pd->ib.handle, 0});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_MR: {
-            Mr *mr = asMr(static_cast<ibv_mr *>(obj));
-            if (mr == nullptr) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
-            put(out, kind,
-                MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access,
-                       mr->ib.handle, 0});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_CQ: {
-            const auto *ext = static_cast<const ibv_cq_extend *>(object);
-            Cq *cq = asCq(ext->cq);
-            if (cq == nullptr || &cq->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(cq->ctx->dev->ctl);
-            CqBlob b{ringBlob(cq->ring), slotBlob(cq->db), reinterpret_cast<uintptr_t>(cq->ib.cq_context),
-                     cq->ib.handle, cq->event_fd >= 0 ? 1u : 0u};
-            if (cq->event_fd >= 0 && !putFd(out, cq->event_fd)) {
-                return -errno;
-            }
-            put(out, kind, b);
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_SRQ: {
-            const auto *ext = static_cast<const ibv_srq_extend *>(object);
-            Srq *srq = asSrq(ext->srq);
-            if (srq == nullptr || &srq->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
-            put(out, kind,
-                SrqBlob{ringBlob(srq->ring), slotBlob(srq->db),
-                        reinterpret_cast<uintptr_t>(srq->ib.srq_context), srq->max_sge, srq->ib.handle});
-            return 0;
-        }
-        case IBV_EXTEND_VDEV_OBJ_QP: {
-            const auto *ext = static_cast<const ibv_qp_extend *>(object);
-            Qp *qp = asQp(ext->qp);
-            if (qp == nullptr || &qp->ext != ext) {
-                return -EINVAL;
-            }
-            std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
-            QpBlob b{};
-            b.qpn = qp->qpn;
-            b.handle = qp->ib.handle;
-            b.qp_context = reinterpret_cast<uintptr_t>(qp->ib.qp_context);
-            b.sq = ringBlob(qp->sq);
-            b.rq = ringBlob(qp->rq);
-            b.sq_db = slotBlob(qp->sq_db);
-            b.rq_db = slotBlob(qp->rq_db);
-            b.has_rq = qp->srq == nullptr ? 1 : 0;
-            b.rq_max_sge = qp->rq_max_sge;
-            b.cap = qp->init.cap;
-            b.sq_sig_all = qp->init.sq_sig_all;
-            const QpAttrs &q = qp->attrs;
-            b.dest_qpn = q.dest_qpn;
-            b.sq_psn = q.sq_psn;
-            b.rq_psn = q.rq_psn;
-            b.access = q.access;
-            b.path_mtu = q.path_mtu;
-            b.pkey_index = q.pkey_index;
-            b.port = q.port;
-            b.timeout = q.timeout;
-            b.retry_cnt = q.retry_cnt;
-            b.rnr_retry = q.rnr_retry;
-            b.min_rnr_timer = q.min_rnr_timer;
-            b.max_rd_atomic = q.max_rd_atomic;
-            b.max_dest_rd_atomic = q.max_dest_rd_atomic;
-            b.ah = q.ah;
-            b.udp_src_port = q.udp_src_port;
-            b.lb_mode = q.lb_mode;
-            b.lag_port = q.lag_port;
-            if (q.ext) {
-                b.has_ext = 1;
-                b.feature_set = q.ext->feature_set ? 1 : 0;
-                b.feature = q.ext->feature;
-                b.mpath = q.ext->mpath;
-                b.ar = q.ext->ar;
-                b.sack = q.ext->sack;
-            }
-            put(out, kind, b);
-            return 0;
-        }
+        case IBV_EXTEND_VDEV_OBJ_CONTEXT:
+            return exportContext(static_cast<ibv_context *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_PD:
+            return exportPd(static_cast<ibv_pd *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_MR:
+            return exportMr(static_cast<ibv_mr *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_CQ:
+            return exportCq(static_cast<const ibv_cq_extend *>(object), out);
+        case IBV_EXTEND_VDEV_OBJ_SRQ:
+            return exportSrq(static_cast<const ibv_srq_extend *>(object), out);
+        case IBV_EXTEND_VDEV_OBJ_QP:
+            return exportQp(static_cast<const ibv_qp_extend *>(object), out);
     }
     return -EINVAL;
 }
@@ -336,11 +357,7 @@ bool importRing(const ibv_extend_vdev_import *env, const RingBlob &b, uint32_t m
     if (buf == nullptr || reinterpret_cast<uintptr_t>(buf) % 64 != 0) {
         return false;
     }
-    r->buf = buf;
-    r->cnt = b.cnt;
-    r->stride = b.stride;
-    r->pi = reinterpret_cast<uint32_t *>(buf + ring_bytes);
-    r->ci = reinterpret_cast<uint32_t *>(buf + ring_bytes + SOFTNDA_DBR_CI_OFFSET);
+    r->place(buf, b.cnt, b.stride);
     return true;
 }
 
@@ -370,20 +387,6 @@ bool importSlot(Context *ctx, const ibv_extend_vdev_import *env, const SlotBlob 
     return true;
 }
 
-// Publishes an imported slot (caller holds ctl): the owner and kind, the register value as seen
-// (the ring itself is read from the record), and a summary bit so the first pass after the
-// resume looks at the queue whatever happened while no engine ran.
-void publishSlot(Device *dev, DbSlot *s, SlotKind kind, void *owner) {
-    DbPage *page = s->page;
-    page->used |= 1ull << s->index;
-    dev->gate.lock();
-    page->kind[s->index] = kind;
-    page->owner[s->index] = owner;
-    page->last_seen[s->index] = __atomic_load_n(page->reg(s->index), __ATOMIC_ACQUIRE);
-    __atomic_fetch_or(page->summary(), 1ull << s->index, __ATOMIC_RELAXED);
-    dev->gate.unlock();
-}
-
 void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     const uint8_t *b = body(IBV_EXTEND_VDEV_OBJ_CONTEXT, in, sizeof(CtxBlob));
     if (b == nullptr || env->device == nullptr) {
@@ -411,23 +414,33 @@ void *importPd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     if (!readBody(IBV_EXTEND_VDEV_OBJ_PD, in, &p) || ctx == nullptr || in->fd_cnt != 0 || p.resv != 0) {
         return failNull<void>(EINVAL);
     }
-    Device *dev = ctx->dev;
-    std::lock_guard<std::mutex> ctl(dev->ctl);
-    if (!devicePaused(dev)) {
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    if (!devicePaused(ctx->dev)) {
         return failNull<void>(EBUSY);
     }
-    auto *pd = new Pd;
-    pd->magic = kMagicPd;
-    pd->ctx = ctx;
-    pd->ib.context = env->context;
-    pd->ib.handle = p.handle;
-    dev->n_pd++;
-    ctx->objects++;
-    return &pd->ib;
+    return buildPd(ctx, p.handle);
 }
 
-constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+// Takes slot idx of Device::mrs for an imported key (caller holds dev->ctl): false when a key
+// of this process uses it. New keys must not collide: the slot leaves the free list, and slots
+// below it that this process never used join it.
+bool claimMrSlot(Device *dev, uint32_t idx) {
+    auto free_it = std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx);
+    if (idx < dev->mrs.size() && (dev->mrs[idx] != nullptr || free_it == dev->free_mr_slots.end())) {
+        return false;
+    }
+    dev->gate.lock();
+    if (idx < dev->mrs.size()) {
+        dev->free_mr_slots.erase(free_it);
+    } else {
+        for (auto i = static_cast<uint32_t>(dev->mrs.size()); i < idx; ++i) {
+            dev->free_mr_slots.push_back(i);
+        }
+        dev->mrs.resize(idx + 1, nullptr);
+    }
+    dev->gate.unlock();
+    return true;
+}
 
 void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     MrBlob m;
@@ -437,8 +450,7 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         return failNull<void>(EINVAL);
     }
     Device *dev = pd->ctx->dev;
-    uint32_t idx = m.key >> 8;
-    if (m.len > dev->cfg.max_mr_size || idx >= dev->cfg.max_mr) {
+    if (m.len > dev->cfg.max_mr_size || (m.key >> 8) >= dev->cfg.max_mr) {
         return failNull<void>(EINVAL);
     }
     auto *addr = static_cast<uint8_t *>(reloc(env, m.addr, m.len));
@@ -449,43 +461,16 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     if (!devicePaused(dev)) {
         return failNull<void>(EBUSY);
     }
-    if (idx < dev->mrs.size() &&
-        (dev->mrs[idx] != nullptr ||
-         std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx) == dev->free_mr_slots.end())) {
-        return failNull<void>(EINVAL);  // the key is taken in this process
-    }
     auto mr = std::make_unique<Mr>();
-    mr->magic = kMagicMr;
-    mr->pd = pd;
     mr->addr = addr;
     mr->iova = m.iova;
     mr->len = m.len;
     mr->access = m.access;
     mr->key = m.key;
-    mr->ib.context = pd->ib.context;
-    mr->ib.pd = env->pd;
-    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(m.iova));
-    mr->ib.length = m.len;
-    mr->ib.handle = m.handle;
-    mr->ib.lkey = m.key;
-    mr->ib.rkey = m.key;
-    // New keys must not collide: the slot leaves the free list, and slots below it that this
-    // process never used join it.
-    dev->gate.lock();
-    if (idx < dev->mrs.size()) {
-        dev->free_mr_slots.erase(std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx));
-    } else {
-        for (auto i = static_cast<uint32_t>(dev->mrs.size()); i < idx; ++i) {
-            dev->free_mr_slots.push_back(i);
-        }
-        dev->mrs.resize(idx + 1, nullptr);
+    if (!claimMrSlot(dev, m.key >> 8)) {
+        return failNull<void>(EINVAL);  // the key is taken in this process
     }
-    dev->mrs[idx] = mr.get();
-    dev->gate.unlock();
-    pd->refs++;
-    dev->n_mr++;
-    pd->ctx->objects++;
-    return &mr.release()->ib;
+    return buildMr(std::move(mr), pd, m.handle);
 }
 
 void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -507,41 +492,10 @@ void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         !importSlot(ctx, env, b.db, &cq->db)) {
         return failNull<void>(EINVAL);
     }
-    cq->magic = kMagicCq;
-    cq->ctx = ctx;
-    cq->ops = env->ops;
-    cq->state = cq->ring.pi + 1;
-    cq->arm = cq->ring.pi + kCqArmWord;
-    cq->events = cq->ring.pi + kCqEventsWord;
-    Ring &r = cq->ring;
-    // The engine's producer index: the published PI, then every CQE already written in the
-    // current phase (a CQE whose owner store happened and whose PI store did not is visible to
-    // a consumer polling the phase bit: it must not be overwritten).
-    uint32_t pi = __atomic_load_n(r.pi, __ATOMIC_ACQUIRE);
-    uint32_t ci = __atomic_load_n(r.ci, __ATOMIC_ACQUIRE);
-    uint32_t log = static_cast<uint32_t>(__builtin_ctz(r.cnt));
-    while (pi - ci < r.cnt) {
-        const auto *e = reinterpret_cast<const softnda_cqe *>(r.buf + static_cast<size_t>(pi & (r.cnt - 1)) *
-                                                                          SOFTNDA_CQE_SIZE);
-        if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != (((pi >> log) & 1u) ^ 1u)) {
-            break;
-        }
-        pi++;
-    }
-    r.ci_local = pi;
-    __atomic_store_n(r.pi, pi, __ATOMIC_RELEASE);
-    cq->error = __atomic_load_n(cq->state, __ATOMIC_ACQUIRE) != 0;
     cq->event_fd = b.has_event_fd != 0 ? in->fds[0] : -1;
-    cq->ib.context = env->context;
-    cq->ib.cq_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.cq_context));
-    cq->ib.cqe = static_cast<int>(r.cnt);
-    cq->ib.handle = b.handle;
-    cq->ext.cq = &cq->ib;
-    fillQueueInfo(&cq->ext.cq_info, r, cq->db);
-    publishSlot(dev, &cq->db, SlotKind::Cq, cq.get());
-    dev->n_cq++;
-    ctx->objects++;
-    return &cq.release()->ext;
+    return buildCq(std::move(cq), ctx, env->ops,
+                   reinterpret_cast<void *>(static_cast<uintptr_t>(b.cq_context)), b.handle,
+                   Origin::Imported);
 }
 
 void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -559,51 +513,80 @@ void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *e
     }
     auto srq = std::make_unique<Srq>();
     if (!importRing(env, b.ring, dev->cfg.max_srq_wr * 2, 32, 1024, &srq->ring) ||
-        b.max_sge != (b.ring.stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE ||
-        !importSlot(ctx, env, b.db, &srq->db)) {
+        b.max_sge != recvSgeCap(b.ring.stride) || !importSlot(ctx, env, b.db, &srq->db)) {
         return failNull<void>(EINVAL);
     }
-    srq->magic = kMagicSrq;
-    srq->ctx = ctx;
-    srq->pd = pd;
-    srq->ops = env->ops;
     srq->max_sge = b.max_sge;
-    srq->limit = srq->ring.pi + 1;
-    srq->limit_events = srq->ring.ci + 1;
-    srq->ring.ci_local = __atomic_load_n(srq->ring.ci, __ATOMIC_ACQUIRE);
-    srq->ib.context = env->context;
-    srq->ib.srq_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.srq_context));
-    srq->ib.pd = env->pd;
-    srq->ib.handle = b.handle;
-    srq->ext.srq = &srq->ib;
-    fillQueueInfo(&srq->ext.srq_info, srq->ring, srq->db);
-    publishSlot(dev, &srq->db, SlotKind::Srq, srq.get());
-    pd->refs++;
-    dev->n_srq++;
-    ctx->objects++;
-    return &srq.release()->ext;
+    return buildSrq(std::move(srq), ctx, pd, env->ops,
+                    reinterpret_cast<void *>(static_cast<uintptr_t>(b.srq_context)), b.handle,
+                    Origin::Imported);
+}
+
+// Whether a QP's blob holds what a create could have made on this device.
+bool validQpBlob(const QpBlob &b, const Config &cfg) {
+    return b.qpn != 0 && b.qpn <= 0xffffff && b.has_ext <= 1 && b.feature_set <= 1 &&
+           b.path_mtu >= IBV_MTU_256 && b.path_mtu <= IBV_MTU_4096 && b.cap.max_send_sge <= cfg.max_sge &&
+           b.cap.max_inline_data <= cfg.max_inline_data && b.cap.max_recv_sge <= cfg.max_sge &&
+           b.rq_max_sge <= cfg.max_sge;
+}
+
+// The attributes the blob carries (putAttrs' counterpart).
+void takeAttrs(const QpBlob &b, QpAttrs *q) {
+    q->dest_qpn = b.dest_qpn;
+    q->sq_psn = b.sq_psn;
+    q->rq_psn = b.rq_psn;
+    q->access = b.access;
+    q->path_mtu = b.path_mtu;
+    q->pkey_index = b.pkey_index;
+    q->port = b.port;
+    q->timeout = b.timeout;
+    q->retry_cnt = b.retry_cnt;
+    q->rnr_retry = b.rnr_retry;
+    q->min_rnr_timer = b.min_rnr_timer;
+    q->max_rd_atomic = b.max_rd_atomic;
+    q->max_dest_rd_atomic = b.max_dest_rd_atomic;
+    q->ah = b.ah;
+    q->udp_src_port = b.udp_src_port;
+    q->lb_mode = b.lb_mode;
+    q->lag_port = b.lag_port;
+    if (b.has_ext != 0) {
+        q->ext = std::make_unique<QpExtAttrs>();
+        q->ext->feature = b.feature;
+        q->ext->feature_set = b.feature_set != 0;
+        q->ext->mpath = b.mpath;
+        q->ext->ar = b.ar;
+        q->ext->sack = b.sack;
+    }
+}
+
+// A QP's SQ and, without an SRQ, its RQ where the old process left them, with their doorbell
+// registers (caller holds dev->ctl); false for geometry or registers no create makes.
+bool importQpQueues(Context *ctx, const ibv_extend_vdev_import *env, const QpBlob &b, Qp *qp) {
+    const Config &cfg = ctx->dev->cfg;
+    if (!importRing(env, b.sq, cfg.max_qp_wr * 2, 64, 512, &qp->sq) ||
+        !importSlot(ctx, env, b.sq_db, &qp->sq_db)) {
+        return false;
+    }
+    qp->rq_max_sge = b.rq_max_sge;
+    if (b.has_rq == 0) {
+        return true;
+    }
+    return importRing(env, b.rq, cfg.max_qp_wr * 2, 32, 1024, &qp->rq) &&
+           b.rq_max_sge == recvSgeCap(b.rq.stride) && importSlot(ctx, env, b.rq_db, &qp->rq_db) &&
+           (qp->rq_db.page != qp->sq_db.page || qp->rq_db.index != qp->sq_db.index);
 }
 
 void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     QpBlob b;
     Context *ctx = asContext(env->context);
-    Pd *pd = asPd(env->pd);
-    Cq *scq = asCq(env->send_cq);
-    Cq *rcq = asCq(env->recv_cq);
-    Srq *srq = env->srq != nullptr ? asSrq(env->srq) : nullptr;
-    if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 || pd == nullptr ||
-        pd->ctx != ctx || scq == nullptr || scq->ctx != ctx || rcq == nullptr || rcq->ctx != ctx ||
-        (env->srq != nullptr && (srq == nullptr || srq->ctx != ctx)) ||
-        b.has_rq != (srq == nullptr ? 1u : 0u) || !opsComplete(env->ops) || b.qpn == 0 || b.qpn > 0xffffff ||
-        b.has_ext > 1 || b.feature_set > 1 || b.path_mtu < IBV_MTU_256 || b.path_mtu > IBV_MTU_4096) {
+    QpParents parents;
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 ||
+        !qpParents(ctx, env->pd, env->send_cq, env->recv_cq, env->srq, &parents) ||
+        b.has_rq != (parents.srq == nullptr ? 1u : 0u) || !opsComplete(env->ops) ||
+        !validQpBlob(b, ctx->dev->cfg)) {
         return failNull<void>(EINVAL);
     }
     Device *dev = ctx->dev;
-    const Config &cfg = dev->cfg;
-    if (b.cap.max_send_sge > cfg.max_sge || b.cap.max_inline_data > cfg.max_inline_data ||
-        b.cap.max_recv_sge > cfg.max_sge || b.rq_max_sge > cfg.max_sge) {
-        return failNull<void>(EINVAL);
-    }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (!devicePaused(dev)) {
         return failNull<void>(EBUSY);
@@ -612,97 +595,21 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         return failNull<void>(EINVAL);  // a QP of this process has the number
     }
     auto qp = std::make_unique<Qp>();
-    DbSlot sq_db, rq_db;
-    if (!importRing(env, b.sq, cfg.max_qp_wr * 2, 64, 512, &qp->sq) ||
-        !importSlot(ctx, env, b.sq_db, &sq_db) ||
-        (b.has_rq != 0 && (!importRing(env, b.rq, cfg.max_qp_wr * 2, 32, 1024, &qp->rq) ||
-                           b.rq_max_sge != (b.rq.stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE ||
-                           !importSlot(ctx, env, b.rq_db, &rq_db) ||
-                           (rq_db.page == sq_db.page && rq_db.index == sq_db.index)))) {
+    qp->srq = parents.srq;
+    if (!importQpQueues(ctx, env, b, qp.get()) || recordedQpState(qp->sq) > IBV_QPS_ERR) {
         return failNull<void>(EINVAL);
     }
-    uint32_t state = __atomic_load_n(qp->recWord(kQpStateWord), __ATOMIC_ACQUIRE);
-    if (state > IBV_QPS_ERR) {
-        return failNull<void>(EINVAL);
-    }
-    qp->magic = kMagicQp;
-    qp->ctx = ctx;
-    qp->pd = pd;
-    qp->scq = scq;
-    qp->rcq = rcq;
-    qp->srq = srq;
-    qp->ops = env->ops;
     qp->qpn = b.qpn;
-    qp->rq_max_sge = b.rq_max_sge;
-    qp->sq_db = sq_db;
-    qp->rq_db = rq_db;
-    qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
-    ibv_qp_init_attr &ia = qp->init;
-    ia.qp_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.qp_context));
-    ia.send_cq = env->send_cq;
-    ia.recv_cq = env->recv_cq;
-    ia.srq = env->srq;
-    ia.cap = b.cap;
-    ia.qp_type = IBV_QPT_RC;
-    ia.sq_sig_all = b.sq_sig_all;
-    QpAttrs &q = qp->attrs;
-    q.dest_qpn = b.dest_qpn;
-    q.sq_psn = b.sq_psn;
-    q.rq_psn = b.rq_psn;
-    q.access = b.access;
-    q.path_mtu = b.path_mtu;
-    q.pkey_index = b.pkey_index;
-    q.port = b.port;
-    q.timeout = b.timeout;
-    q.retry_cnt = b.retry_cnt;
-    q.rnr_retry = b.rnr_retry;
-    q.min_rnr_timer = b.min_rnr_timer;
-    q.max_rd_atomic = b.max_rd_atomic;
-    q.max_dest_rd_atomic = b.max_dest_rd_atomic;
-    q.ah = b.ah;
-    q.udp_src_port = b.udp_src_port;
-    q.lb_mode = b.lb_mode;
-    q.lag_port = b.lag_port;
-    if (b.has_ext != 0) {
-        q.ext = std::make_unique<QpExtAttrs>();
-        q.ext->feature = b.feature;
-        q.ext->feature_set = b.feature_set != 0;
-        q.ext->mpath = b.mpath;
-        q.ext->ar = b.ar;
-        q.ext->sack = b.sack;
-    }
-    // What the engine changed since the blob: from queue memory (SPEC.md §10).
-    qp->state.store(static_cast<int>(state), std::memory_order_relaxed);
-    qp->sq_psn = __atomic_load_n(qp->recWord(kSqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
-    qp->rq_psn = __atomic_load_n(qp->recWord(kRqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
-    qp->sq.ci_local = __atomic_load_n(qp->sq.ci, __ATOMIC_ACQUIRE);
-    if (b.has_rq != 0) {
-        qp->rq.ci_local = __atomic_load_n(qp->rq.ci, __ATOMIC_ACQUIRE);
-    }
-    uint32_t exec = __atomic_load_n(qp->recWord(kSqExecWord), __ATOMIC_ACQUIRE);
-    qp->recover_head = exec == qp->sq.ci_local + 1;
-    qp->recover_psn = exec == qp->sq.ci_local && exec != 0;
-    qp->ib.context = env->context;
-    qp->ib.qp_context = ia.qp_context;
-    qp->ib.pd = env->pd;
-    qp->ib.send_cq = env->send_cq;
-    qp->ib.recv_cq = env->recv_cq;
-    qp->ib.srq = env->srq;
-    qp->ib.handle = b.handle;
-    qp->ib.qp_num = b.qpn;
-    qp->ib.state = static_cast<ibv_qp_state>(state);
-    qp->ib.qp_type = IBV_QPT_RC;
-    qp->ext.qp = &qp->ib;
-    fillQueueInfo(&qp->ext.sq_info, qp->sq, qp->sq_db);
-    if (b.has_rq != 0) {
-        fillQueueInfo(&qp->ext.rq_info, qp->rq, qp->rq_db);
-    }
-    publishSlot(dev, &qp->sq_db, SlotKind::Sq, qp.get());
-    if (b.has_rq != 0) {
-        publishSlot(dev, &qp->rq_db, SlotKind::Rq, qp.get());
-    }
-    linkQp(qp.get(), /*new_epoch=*/true);
-    return &qp.release()->ext;
+    takeAttrs(b, &qp->attrs);
+    ibv_qp_init_attr init{};
+    init.qp_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.qp_context));
+    init.send_cq = env->send_cq;
+    init.recv_cq = env->recv_cq;
+    init.srq = env->srq;
+    init.cap = b.cap;
+    init.qp_type = IBV_QPT_RC;
+    init.sq_sig_all = b.sq_sig_all;
+    return buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
 }
 
 }  // namespace

@@ -36,6 +36,7 @@
 
 #include "common/c_abi.h"
 #include "common/cpu.h"
+#include "common/unique_fd.h"
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
@@ -77,6 +78,14 @@ struct Ring {
     uint32_t *ci = nullptr;  // doorbell record word 16 (offset 64)
     uint32_t ci_local = 0;   // the engine's CI (the truth; *ci mirrors it)
     // buf is also the allocation (freed with ops->free): ring then doorbell record, one block.
+    void place(uint8_t *mem, uint32_t entries, uint32_t entry_size) {
+        const size_t ring_bytes = static_cast<size_t>(entries) * entry_size;
+        buf = mem;
+        cnt = entries;
+        stride = entry_size;
+        pi = reinterpret_cast<uint32_t *>(mem + ring_bytes);
+        ci = reinterpret_cast<uint32_t *>(mem + ring_bytes + SOFTNDA_DBR_CI_OFFSET);
+    }
 };
 
 enum class SlotKind : uint8_t { Free, Sq, Rq, Srq, Cq };
@@ -91,6 +100,7 @@ struct DbPage {
     SlotKind kind[SOFTNDA_DB_REGS_PER_PAGE] = {};
     void *owner[SOFTNDA_DB_REGS_PER_PAGE] = {};
     uint32_t last_seen[SOFTNDA_DB_REGS_PER_PAGE] = {};  // owning engine thread only
+    ibvx::UniqueMapping mapping;                        // va's page, unmapped with the DbPage
     uint64_t *summary() const { return reinterpret_cast<uint64_t *>(va); }
     uint32_t *wakeSeq() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_WAKE_OFFSET); }
     uint32_t *sleeping() const { return reinterpret_cast<uint32_t *>(va + SOFTNDA_DB_SLEEPING_OFFSET); }
@@ -334,6 +344,10 @@ struct Device {
     }
 };
 
+// The access flags softnda knows (MRs and QPs).
+constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+
 // Every entry of a C ops table is wrapped (common/c_abi.h): nothing thrown inside crosses into a
 // C caller; it becomes the reference's ENOMEM convention instead.
 using ibvx::CEntry;
@@ -361,20 +375,30 @@ Cq *asCq(ibv_cq *ib);
 Srq *asSrq(ibv_srq *ib);
 Mr *asMr(ibv_mr *ib);
 
-// Takes a free doorbell register of ctx (growing its BAR) and maps it through ops->db_mmap.
-// Caller holds dev->ctl. -errno on failure, leaving nothing behind.
 // A queue's allocation: the ring, then its 128 B doorbell record (SPEC.md §1).
 inline constexpr size_t kRecordSize = 128;
-// Whether a caller's ibv_extend_ops has every callback a queue needs.
-bool opsComplete(const ibv_extend_ops *o);
-// The queue_info a create (or an import, restart.cc) hands back for a ring and its doorbell.
-void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db);
-// Makes a built QP reachable (the device's QPN table) and takes its references on its PD, CQs
-// and SRQ; caller holds Device::ctl. new_epoch: peers must look their peer up again (an import,
-// where a QP's peer may have come back after it).
-void linkQp(Qp *qp, bool new_epoch);
-int allocDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, SlotKind kind, void *owner, DbSlot *out);
-// Publishes / unpublishes the slot owner to the engine (caller holds ctl; takes the gate).
+// SGEs a send WQE / a receive WQE of `stride` bytes holds (SPEC.md §2).
+constexpr uint32_t sendSgeCap(uint32_t stride) {
+    return (stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+}
+constexpr uint32_t recvSgeCap(uint32_t stride) {
+    return (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+}
+
+// Where an object's state comes from: made now by a create, or found again by an import where
+// an earlier process left it (restart.cc, SPEC.md §10).
+enum class Origin : uint8_t { Created, Imported };
+
+// Takes a free doorbell register of ctx (growing its BAR), zeroes it and maps it through
+// ops->db_mmap; the engine does not see it until publishDbSlot. Caller holds dev->ctl. -errno
+// on failure, leaving nothing behind.
+int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out);
+// Hands a reserved (or imported) register to the engine as the doorbell of owner (caller holds
+// dev->ctl; takes the gate). An imported one is looked at by the first pass after the resume,
+// since it may have been rung while no engine ran.
+void publishDbSlot(Device *dev, DbSlot *slot, SlotKind kind, void *owner, Origin origin);
+// Unpublishes the register, unmaps it through ops->db_unmap and frees it (caller holds ctl;
+// takes the gate). Nothing for a slot never reserved.
 void releaseDbSlot(Context *ctx, ibv_extend_ops *ops, DbSlot *slot);
 // The doorbell_map_desc the slot was mapped with.
 doorbell_map_desc slotDesc(const DbSlot &slot);
@@ -385,6 +409,42 @@ ibv_context *vdevOpenDevice(const char *name);
 int vdevCloseDevice(ibv_context *context);
 int vdevIsOwnDevice(const ibv_device *dev);
 int vdevExportMmio(const void *addr, int *fd, uint64_t *offset);
+
+// ---- construction (objects.cc) ----
+// Create (driver.cc, vdev.cc) and import (restart.cc) build every object with the same function.
+// The caller makes the object, puts into it what its origin provides (queue memory and doorbell
+// registers, QPN, MR key and range, attributes, event fds: made new, or found where an earlier
+// process left them) and hands it over; the build sets everything derived from that, reads back
+// what the engine keeps in queue memory (cursors, PSNs, the QP state: SPEC.md §10; a new queue's
+// zeroed memory reads as the initial state), makes the object reachable and counts it. Caller
+// holds Device::ctl. They do not fail (short of memory).
+
+// Whether a caller's ibv_extend_ops has every callback a queue needs.
+bool opsComplete(const ibv_extend_ops *o);
+// What a QP hangs on, checked: softnda objects of ctx (srq may be NULL).
+struct QpParents {
+    Pd *pd = nullptr;
+    Cq *scq = nullptr;
+    Cq *rcq = nullptr;
+    Srq *srq = nullptr;
+};
+bool qpParents(Context *ctx, ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, ibv_srq *srq, QpParents *out);
+// The QP state word of an SQ record (SPEC.md §10).
+uint32_t recordedQpState(const Ring &sq);
+
+ibv_pd *buildPd(Context *ctx, uint32_t handle);
+// mr: addr, iova, len, access and key set, the key's slot in Device::mrs reserved.
+ibv_mr *buildMr(std::unique_ptr<Mr> mr, Pd *pd, uint32_t handle);
+// cq: ring and db set (and event_fd, when one comes with it).
+ibv_cq_extend *buildCq(std::unique_ptr<Cq> cq, Context *ctx, ibv_extend_ops *ops, void *cq_context,
+                       uint32_t handle, Origin origin);
+// srq: ring, db and max_sge set.
+ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_extend_ops *ops,
+                         void *srq_context, uint32_t handle, Origin origin);
+// qp: qpn, sq and sq_db set, and rq, rq_db and rq_max_sge unless it uses an SRQ (and attrs, when
+// they come with it). init: as granted (its CQ and SRQ pointers are the parents').
+ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &parents, ibv_extend_ops *ops,
+                       const ibv_qp_init_attr &init, uint32_t handle, Origin origin);
 
 // ---- engine.cc ----
 class Engine {
@@ -426,9 +486,12 @@ void setQpError(Device *dev, Qp *qp);
 
 // ---- events (SPEC.md §9; engine.cc) ----
 // Doorbell-record words of §1.1, as u32 indexes from dbr_pi.
-constexpr unsigned kCqArmWord = 2;          // CQ offset 8
-constexpr unsigned kCqEventsWord = 3;       // CQ offset 12
-constexpr unsigned kSqFatalEventsWord = 2;  // SQ offset 8
+constexpr unsigned kCqStateWord = 1;          // CQ offset 4: overflow (§6.3)
+constexpr unsigned kCqArmWord = 2;            // CQ offset 8
+constexpr unsigned kCqEventsWord = 3;         // CQ offset 12
+constexpr unsigned kSqFatalEventsWord = 2;    // SQ offset 8
+constexpr unsigned kSrqLimitWord = 1;         // SRQ offset 4 (§5.3)
+constexpr unsigned kSrqLimitEventsWord = 17;  // SRQ offset 68
 // Engine-private words of the SQ record (SPEC.md §10), in the CI cache line the engine writes.
 constexpr unsigned kSqPsnWord = 18;    // SQ offset 72: the requester's next PSN
 constexpr unsigned kRqPsnWord = 19;    // SQ offset 76: the responder's expected PSN

@@ -25,14 +25,7 @@ ibv_pd *allocPd(ibv_context *context) {
     if (dev->n_pd >= dev->cfg.max_pd) {
         return failNull<ibv_pd>(ENOMEM);
     }
-    auto *pd = new Pd;
-    pd->magic = kMagicPd;
-    pd->ctx = ctx;
-    pd->ib.context = context;
-    pd->ib.handle = dev->n_pd;
-    dev->n_pd++;
-    ctx->objects++;
-    return &pd->ib;
+    return buildPd(ctx, dev->n_pd);
 }
 
 int deallocPd(ibv_pd *ib) {
@@ -51,9 +44,6 @@ int deallocPd(ibv_pd *ib) {
     delete pd;
     return 0;
 }
-
-constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
 
 ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) {
     Pd *pd = asPd(ib);
@@ -82,9 +72,7 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     if (dev->n_mr >= dev->cfg.max_mr) {
         return failNull<ibv_mr>(ENOMEM);
     }
-    auto *mr = new Mr;
-    mr->magic = kMagicMr;
-    mr->pd = pd;
+    auto mr = std::make_unique<Mr>();
     mr->addr = static_cast<uint8_t *>(addr);
     mr->iova = iova;
     mr->len = length;
@@ -101,20 +89,7 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     }
     // The low byte changes on every registration so a stale key into a reused slot misses.
     mr->key = (idx << 8) | (++dev->mr_generation & 0xff);
-    mr->ib.context = ib->context;
-    mr->ib.pd = ib;
-    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(iova));
-    mr->ib.length = length;
-    mr->ib.handle = idx;
-    mr->ib.lkey = mr->key;
-    mr->ib.rkey = mr->key;
-    dev->gate.lock();
-    dev->mrs[idx] = mr;
-    dev->gate.unlock();
-    pd->refs++;
-    dev->n_mr++;
-    pd->ctx->objects++;
-    return &mr->ib;
+    return buildMr(std::move(mr), pd, idx);
 }
 
 int deregMr(ibv_mr *ib) {
@@ -183,6 +158,118 @@ int checkTransition(ibv_qp_state cur, ibv_qp_state next, int mask) {
     return -EINVAL;
 }
 
+// Enum fields come from the caller: read them as integers before trusting their range.
+template <typename Enum>
+int raw(const Enum &field) {
+    int v;
+    static_assert(sizeof(v) == sizeof(field));
+    std::memcpy(&v, &field, sizeof(v));
+    return v;
+}
+
+// The state modify_qp moves a QP in state cur to, or -EINVAL when the QP state table or softnda
+// refuses the transition or one of its attributes.
+int modifyTarget(int cur, const ibv_qp_attr &attr, int mask, uint32_t phys_port_cnt) {
+    if ((mask & IBV_QP_CUR_STATE) && raw(attr.cur_qp_state) != cur) {
+        return -EINVAL;
+    }
+    int next = (mask & IBV_QP_STATE) ? raw(attr.qp_state) : cur;
+    if (next < IBV_QPS_RESET || next > IBV_QPS_ERR ||
+        ((mask & IBV_QP_PATH_MTU) &&
+         (raw(attr.path_mtu) < IBV_MTU_256 || raw(attr.path_mtu) > IBV_MTU_4096))) {
+        return -EINVAL;
+    }
+    if (checkTransition(static_cast<ibv_qp_state>(cur), static_cast<ibv_qp_state>(next), mask) != 0) {
+        return -EINVAL;
+    }
+    if (((mask & IBV_QP_PORT) && (attr.port_num < 1 || attr.port_num > phys_port_cnt)) ||
+        ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index != 0) ||
+        ((mask & IBV_QP_DEST_QPN) && attr.dest_qp_num > 0xffffff) ||
+        ((mask & IBV_QP_RETRY_CNT) && attr.retry_cnt > 7) ||
+        ((mask & IBV_QP_RNR_RETRY) && attr.rnr_retry > 7) ||
+        ((mask & IBV_QP_ACCESS_FLAGS) && (attr.qp_access_flags & ~kKnownAccess) != 0)) {
+        return -EINVAL;
+    }
+    return next;
+}
+
+// Stores the attributes mask names (caller holds the gate exclusively). The live PSNs are in
+// queue memory too (SPEC.md §10), so a successor process reads them.
+void applyAttrs(Qp *qp, const ibv_qp_attr &attr, int mask) {
+    QpAttrs &q = qp->attrs;
+    if (mask & IBV_QP_ACCESS_FLAGS) {
+        q.access = static_cast<int>(attr.qp_access_flags);
+    }
+    if (mask & IBV_QP_PORT) {
+        q.port = attr.port_num;
+    }
+    if (mask & IBV_QP_PKEY_INDEX) {
+        q.pkey_index = attr.pkey_index;
+    }
+    if (mask & IBV_QP_AV) {
+        q.ah = attr.ah_attr;
+    }
+    if (mask & IBV_QP_PATH_MTU) {
+        q.path_mtu = attr.path_mtu;
+    }
+    if (mask & IBV_QP_DEST_QPN) {
+        q.dest_qpn = attr.dest_qp_num;
+    }
+    if (mask & IBV_QP_RQ_PSN) {
+        q.rq_psn = attr.rq_psn & 0xffffff;
+        qp->rq_psn = q.rq_psn;
+        __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
+    }
+    if (mask & IBV_QP_SQ_PSN) {
+        q.sq_psn = attr.sq_psn & 0xffffff;
+        qp->sq_psn = q.sq_psn;
+        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
+    }
+    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
+        q.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+    }
+    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) {
+        q.max_rd_atomic = attr.max_rd_atomic;
+    }
+    if (mask & IBV_QP_MIN_RNR_TIMER) {
+        q.min_rnr_timer = attr.min_rnr_timer;
+    }
+    if (mask & IBV_QP_TIMEOUT) {
+        q.timeout = attr.timeout;
+    }
+    if (mask & IBV_QP_RETRY_CNT) {
+        q.retry_cnt = attr.retry_cnt;
+    }
+    if (mask & IBV_QP_RNR_RETRY) {
+        q.rnr_retry = attr.rnr_retry;
+    }
+}
+
+// A move to RESET (caller holds the gate exclusively): outstanding WQEs are discarded without
+// completions (SPEC.md §6.2), and the attributes but the destination and the PSNs start over.
+void resetQp(Device *dev, Qp *qp) {
+    qp->sq.ci_local = __atomic_load_n(qp->sq.pi, __ATOMIC_ACQUIRE);
+    __atomic_store_n(qp->sq.ci, qp->sq.ci_local, __ATOMIC_RELEASE);
+    if (qp->srq == nullptr) {
+        qp->rq.ci_local = __atomic_load_n(qp->rq.pi, __ATOMIC_ACQUIRE);
+        __atomic_store_n(qp->rq.ci, qp->rq.ci_local, __ATOMIC_RELEASE);
+    }
+    qp->rnr_waiting = false;
+    if (dev->engine) {
+        dev->engine->forgetQp(qp);
+    }
+    uint32_t keep_qpn = qp->attrs.dest_qpn;
+    qp->attrs = QpAttrs{};
+    qp->attrs.dest_qpn = keep_qpn;
+    qp->sq_psn = 0;
+    qp->rq_psn = 0;
+    qp->recover_head = false;
+    qp->recover_psn = false;
+    __atomic_store_n(qp->recWord(kSqPsnWord), 0u, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kRqPsnWord), 0u, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kSqExecWord), qp->sq.ci_local, __ATOMIC_RELEASE);
+}
+
 int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     Qp *qp = asQp(ib);
     if (qp == nullptr || attr == nullptr) {
@@ -190,105 +277,15 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     }
     Device *dev = qp->ctx->dev;
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    // Enum fields come from the caller: read them as integers before trusting their range.
-    auto raw = [](const auto &field) {
-        int v;
-        std::memcpy(&v, &field, sizeof(v));
-        return v;
-    };
-    int cur = qp->state.load(std::memory_order_acquire);
-    if ((mask & IBV_QP_CUR_STATE) && raw(attr->cur_qp_state) != cur) {
-        return -EINVAL;
+    int target = modifyTarget(qp->state.load(std::memory_order_acquire), *attr, mask, dev->cfg.phys_port_cnt);
+    if (target < 0) {
+        return target;
     }
-    int next_raw = (mask & IBV_QP_STATE) ? raw(attr->qp_state) : cur;
-    if (next_raw < IBV_QPS_RESET || next_raw > IBV_QPS_ERR ||
-        ((mask & IBV_QP_PATH_MTU) &&
-         (raw(attr->path_mtu) < IBV_MTU_256 || raw(attr->path_mtu) > IBV_MTU_4096))) {
-        return -EINVAL;
-    }
-    auto next = static_cast<ibv_qp_state>(next_raw);
-    if (checkTransition(static_cast<ibv_qp_state>(cur), next, mask) != 0) {
-        return -EINVAL;
-    }
-    if (((mask & IBV_QP_PORT) && (attr->port_num < 1 || attr->port_num > dev->cfg.phys_port_cnt)) ||
-        ((mask & IBV_QP_PKEY_INDEX) && attr->pkey_index != 0) ||
-        ((mask & IBV_QP_DEST_QPN) && attr->dest_qp_num > 0xffffff) ||
-        ((mask & IBV_QP_RETRY_CNT) && attr->retry_cnt > 7) ||
-        ((mask & IBV_QP_RNR_RETRY) && attr->rnr_retry > 7) ||
-        ((mask & IBV_QP_ACCESS_FLAGS) && (attr->qp_access_flags & ~kKnownAccess) != 0)) {
-        return -EINVAL;
-    }
+    auto next = static_cast<ibv_qp_state>(target);
     dev->gate.lock();
-    QpAttrs &q = qp->attrs;
-    if (mask & IBV_QP_ACCESS_FLAGS) {
-        q.access = static_cast<int>(attr->qp_access_flags);
-    }
-    if (mask & IBV_QP_PORT) {
-        q.port = attr->port_num;
-    }
-    if (mask & IBV_QP_PKEY_INDEX) {
-        q.pkey_index = attr->pkey_index;
-    }
-    if (mask & IBV_QP_AV) {
-        q.ah = attr->ah_attr;
-    }
-    if (mask & IBV_QP_PATH_MTU) {
-        q.path_mtu = attr->path_mtu;
-    }
-    if (mask & IBV_QP_DEST_QPN) {
-        q.dest_qpn = attr->dest_qp_num;
-    }
-    // The live PSNs are in queue memory too (SPEC.md §10), so a successor process reads them.
-    if (mask & IBV_QP_RQ_PSN) {
-        q.rq_psn = attr->rq_psn & 0xffffff;
-        qp->rq_psn = q.rq_psn;
-        __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
-    }
-    if (mask & IBV_QP_SQ_PSN) {
-        q.sq_psn = attr->sq_psn & 0xffffff;
-        qp->sq_psn = q.sq_psn;
-        __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
-    }
-    if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) {
-        q.max_dest_rd_atomic = attr->max_dest_rd_atomic;
-    }
-    if (mask & IBV_QP_MAX_QP_RD_ATOMIC) {
-        q.max_rd_atomic = attr->max_rd_atomic;
-    }
-    if (mask & IBV_QP_MIN_RNR_TIMER) {
-        q.min_rnr_timer = attr->min_rnr_timer;
-    }
-    if (mask & IBV_QP_TIMEOUT) {
-        q.timeout = attr->timeout;
-    }
-    if (mask & IBV_QP_RETRY_CNT) {
-        q.retry_cnt = attr->retry_cnt;
-    }
-    if (mask & IBV_QP_RNR_RETRY) {
-        q.rnr_retry = attr->rnr_retry;
-    }
+    applyAttrs(qp, *attr, mask);
     if (next == IBV_QPS_RESET) {
-        // Outstanding WQEs are discarded without completions (SPEC.md §6.2).
-        qp->sq.ci_local = __atomic_load_n(qp->sq.pi, __ATOMIC_ACQUIRE);
-        __atomic_store_n(qp->sq.ci, qp->sq.ci_local, __ATOMIC_RELEASE);
-        if (qp->srq == nullptr) {
-            qp->rq.ci_local = __atomic_load_n(qp->rq.pi, __ATOMIC_ACQUIRE);
-            __atomic_store_n(qp->rq.ci, qp->rq.ci_local, __ATOMIC_RELEASE);
-        }
-        qp->rnr_waiting = false;
-        if (dev->engine) {
-            dev->engine->forgetQp(qp);
-        }
-        uint32_t keep_qpn = q.dest_qpn;
-        q = QpAttrs{};
-        q.dest_qpn = keep_qpn;
-        qp->sq_psn = 0;
-        qp->rq_psn = 0;
-        qp->recover_head = false;
-        qp->recover_psn = false;
-        __atomic_store_n(qp->recWord(kSqPsnWord), 0u, __ATOMIC_RELEASE);
-        __atomic_store_n(qp->recWord(kRqPsnWord), 0u, __ATOMIC_RELEASE);
-        __atomic_store_n(qp->recWord(kSqExecWord), qp->sq.ci_local, __ATOMIC_RELEASE);
+        resetQp(dev, qp);
     }
     qp->state.store(next, std::memory_order_release);
     __atomic_store_n(qp->recWord(kQpStateWord), static_cast<uint32_t>(next), __ATOMIC_RELEASE);

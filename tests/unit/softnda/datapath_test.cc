@@ -66,6 +66,15 @@ ibv_send_wr sendWr(ibv_wr_opcode op, uint64_t wr_id, ibv_sge *sg, int n, unsigne
     return w;
 }
 
+// A WRITE of the SGE's bytes to *dst, registered as dmr.
+ibv_send_wr writeWr(uint64_t wr_id, ibv_sge *sg, const uint64_t *dst, const ibv_mr *dmr,
+                    unsigned flags = IBV_SEND_SIGNALED) {
+    ibv_send_wr w = sendWr(IBV_WR_RDMA_WRITE, wr_id, sg, 1, flags);
+    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst);
+    w.wr.rdma.rkey = dmr->rkey;
+    return w;
+}
+
 // Links wrs[0..n) into one chain.
 template <typename Wr>
 Wr *chain(std::vector<Wr> &wrs) {
@@ -507,9 +516,7 @@ TEST_F(Datapath, OnlySignaledRequestsCompleteUnlessSqSigAll) {
     ibv_sge s = vsge(&src, 8, smr);
     std::vector<ibv_send_wr> wrs;
     for (uint64_t i = 0; i < 4; ++i) {
-        wrs.push_back(sendWr(IBV_WR_RDMA_WRITE, i, &s, 1, i == 3 ? IBV_SEND_SIGNALED : 0));
-        wrs.back().wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-        wrs.back().wr.rdma.rkey = dmr->rkey;
+        wrs.push_back(writeWr(i, &s, &dst, dmr, i == 3 ? IBV_SEND_SIGNALED : 0));
     }
     ASSERT_EQ(post(a, chain(wrs)), 0);
     EXPECT_EQ(waitWc(vscq_).wr_id, 3u);
@@ -587,9 +594,7 @@ TEST_F(Datapath, ChainFailingMidwayPostsTheRequestsBeforeIt) {
         SCOPED_TRACE(c.what);
         std::vector<ibv_send_wr> wrs;
         for (int i = 0; i < 4; ++i) {
-            wrs.push_back(sendWr(IBV_WR_RDMA_WRITE, ++id, s, 1));
-            wrs.back().wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-            wrs.back().wr.rdma.rkey = dmr->rkey;
+            wrs.push_back(writeWr(++id, s, &dst, dmr));
         }
         c.spoil(wrs[2], attr.cap);
         ibv_send_wr *bad = nullptr;
@@ -704,9 +709,7 @@ TEST_F(Datapath, PollTakesManyCompletionsAtOnce) {
     ibv_sge s = vsge(&src, 8, smr);
     std::vector<ibv_send_wr> wrs;
     for (uint64_t i = 0; i < 100; ++i) {
-        wrs.push_back(sendWr(IBV_WR_RDMA_WRITE, i, &s, 1));
-        wrs.back().wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-        wrs.back().wr.rdma.rkey = dmr->rkey;
+        wrs.push_back(writeWr(i, &s, &dst, dmr));
     }
     ASSERT_EQ(post(a, chain(wrs)), 0);
     // Wait until all are in the ring, then take them with one call (more than one helper batch).
@@ -736,9 +739,7 @@ TEST_F(Datapath, OverflowedCqReportsAnErrorOnceDrained) {
     ibv_sge s = vsge(&src, 8, smr);
     std::vector<ibv_send_wr> wrs;
     for (uint64_t i = 0; i < 6; ++i) {
-        wrs.push_back(sendWr(IBV_WR_RDMA_WRITE, i, &s, 1));
-        wrs.back().wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-        wrs.back().wr.rdma.rkey = dmr->rkey;
+        wrs.push_back(writeWr(i, &s, &dst, dmr));
     }
     ASSERT_EQ(post(a, chain(wrs)), 0);
     const uint32_t *state = recordWord(small.ext->cq_info, 4);  // SPEC.md §1.1, §6.3
@@ -904,8 +905,7 @@ TEST_F(Datapath, RemoteErrorsCarryTheHardwareStatus) {
     ibv_mr *smr = reg(&src, 8);
     ibv_mr *dmr = reg(&dst, 8);
     ibv_sge s = vsge(&src, 8, smr);
-    auto w = sendWr(IBV_WR_RDMA_WRITE, 1, &s, 1);
-    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
+    auto w = writeWr(1, &s, &dst, dmr);
     w.wr.rdma.rkey = dmr->rkey + 1;
     ASSERT_EQ(post(a, &w), 0);
     ibv_wc wc = waitWc(vscq_);
@@ -976,9 +976,7 @@ TEST_F(DatapathSpinning, NoSystemCallPerWorkRequest) {
     ibv_mr *smr = reg(&src, 8);
     ibv_mr *dmr = reg(&dst, 8);
     ibv_sge s = vsge(&src, 8, smr);
-    auto w = sendWr(IBV_WR_RDMA_WRITE, 0, &s, 1);
-    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-    w.wr.rdma.rkey = dmr->rkey;
+    auto w = writeWr(0, &s, &dst, dmr);
     // Warm up: the engine may have been asleep when the device opened.
     ASSERT_EQ(post(a, &w), 0);
     ASSERT_EQ(waitWc(vscq_).status, IBV_WC_SUCCESS);
@@ -1029,9 +1027,7 @@ TEST_F(DatapathSleeping, DoorbellWakesASleepingEngine) {
     ibv_mr *smr = reg(&src, 8);
     ibv_mr *dmr = reg(&dst, 8);
     ibv_sge s = vsge(&src, 8, smr);
-    auto w = sendWr(IBV_WR_RDMA_WRITE, 0, &s, 1);
-    w.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(&dst);
-    w.wr.rdma.rkey = dmr->rkey;
+    auto w = writeWr(0, &s, &dst, dmr);
     // A ring that lands while the engine is between arming its pages and waiting ends the sleep
     // without a counted hint wake-up, so a few rounds may be needed; the engine's 10 s sleep means
     // each completion within the 20 s guard came from the hint.

@@ -4,27 +4,12 @@
 namespace softnda_test {
 namespace {
 
-class Errors : public SoftndaTest {
+class Errors : public QpPairTest {
   protected:
     std::vector<std::pair<std::string, std::string>> options() override { return {{"max_msg_sz", "4096"}}; }
     void SetUp() override {
-        SoftndaTest::SetUp();
-        scq_ = makeCq();
-        rcq_ = makeCq();
-        a_ = makeQp(scq_, rcq_);
-        b_ = makeQp(scq_, rcq_);
-        src_.assign(8192, 0x11);
-        dst_.assign(8192, 0);
-        smr_ = reg(src_.data(), src_.size());
-        dmr_ = reg(dst_.data(), dst_.size());
-    }
-
-    softnda_send_wr write(uint64_t id, uint32_t len, uint32_t rkey) {
-        s_ = sge(src_.data(), len, smr_);
-        auto w = wr(SOFTNDA_OP_RDMA_WRITE, id, &s_, 1);
-        w.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
-        w.rkey = rkey;
-        return w;
+        QpPairTest::SetUp();
+        makeBuffers(8192, 0x11);
     }
 
     // Posts w on a_ and returns its completion.
@@ -32,12 +17,6 @@ class Errors : public SoftndaTest {
         EXPECT_EQ(postOne(a_, w), 0);
         return waitOne(scq_.cq);
     }
-
-    CqH scq_, rcq_;
-    QpH a_, b_;
-    std::vector<uint8_t> src_, dst_;
-    ibv_mr *smr_ = nullptr, *dmr_ = nullptr;
-    softnda_sge s_{};
 };
 
 TEST_F(Errors, LocalLengthOverMaxMessageSize) {

@@ -82,37 +82,22 @@ size_t openEventFds() {
     return n;
 }
 
-class Events : public SoftndaTest {
+class Events : public QpPairTest {
   protected:
     void SetUp() override {
-        SoftndaTest::SetUp();
-        scq_ = makeCq();
-        rcq_ = makeCq();
-        a_ = makeQp(scq_, rcq_);
-        b_ = makeQp(scq_, rcq_);
+        QpPairTest::SetUp();
         sentinel_cq_ = makeCq();
         sentinel_ = makeQp(sentinel_cq_, sentinel_cq_);
         connect(sentinel_, sentinel_);
-        src_.assign(4096, 0x22);
-        dst_.assign(4096, 0);
-        smr_ = reg(src_.data(), src_.size());
-        dmr_ = reg(dst_.data(), dst_.size());
+        makeBuffers(4096, 0x22);
     }
 
     static int setCqFd(const CqH &cq, int fd) { return softnda_vdev_ops.set_cq_event_fd(cq.ext->cq, fd); }
     int setAsyncFd(int fd) { return softnda_vdev_ops.set_async_event_fd(ctx_, fd); }
 
-    softnda_send_wr write(uint64_t id, uint32_t rkey) {
-        s_ = sge(src_.data(), 8, smr_);
-        auto w = wr(SOFTNDA_OP_RDMA_WRITE, id, &s_, 1);
-        w.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
-        w.rkey = rkey;
-        return w;
-    }
-
     // A signalled WRITE on a_, waited for on scq_.
     softnda_cqe writeOnA(uint64_t id) {
-        EXPECT_EQ(postOne(a_, write(id, dmr_->rkey)), 0);
+        EXPECT_EQ(postOne(a_, write(id, 8, dmr_->rkey)), 0);
         return waitOne(scq_.cq);
     }
 
@@ -124,11 +109,8 @@ class Events : public SoftndaTest {
         ASSERT_EQ(waitOne(sentinel_cq_.cq).status, IBV_WC_SUCCESS);
     }
 
-    CqH scq_, rcq_, sentinel_cq_;
-    QpH a_, b_, sentinel_;
-    std::vector<uint8_t> src_, dst_;
-    ibv_mr *smr_ = nullptr, *dmr_ = nullptr;
-    softnda_sge s_{};
+    CqH sentinel_cq_;
+    QpH sentinel_;
 };
 
 TEST_F(Events, OneArmingRaisesExactlyOneEvent) {
@@ -206,7 +188,7 @@ TEST_F(Events, SolicitedOnlyIsRaisedByAnErrorCompletion) {
     EXPECT_EQ(writeOnA(1).status, IBV_WC_SUCCESS);  // a send completion never qualifies
     settle();
     EXPECT_FALSE(efd.readableNow());
-    EXPECT_EQ(postOne(a_, write(2, dmr_->rkey ^ 0x5a5a00)), 0);  // no such rkey
+    EXPECT_EQ(postOne(a_, write(2, 8, dmr_->rkey ^ 0x5a5a00)), 0);  // no such rkey
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_REM_ACCESS_ERR);
     ASSERT_TRUE(efd.waitReadable());
     EXPECT_EQ(efd.take(), 1u);
@@ -227,14 +209,14 @@ TEST_F(Events, ErrorTransitionsRaiseFatalEventsModifyToErrDoesNot) {
     ASSERT_EQ(setAsyncFd(efd.fd()), 0);
     connect(a_, b_);
     // A bad rkey: the requester moves to ERR, and so does the responder (REM_ACCESS_ERR).
-    EXPECT_EQ(postOne(a_, write(1, dmr_->rkey ^ 0x5a5a00)), 0);
+    EXPECT_EQ(postOne(a_, write(1, 8, dmr_->rkey ^ 0x5a5a00)), 0);
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_REM_ACCESS_ERR);
     ASSERT_TRUE(efd.waitReadable());
     EXPECT_EQ(fatalEventsOf(a_), 1u);
     EXPECT_EQ(fatalEventsOf(b_), 1u);
     EXPECT_EQ(efd.take(), 2u);  // both were in ERR before the error CQE was visible
     // The flush of later work on a QP already in ERR raises nothing more.
-    EXPECT_EQ(postOne(a_, write(2, dmr_->rkey)), 0);
+    EXPECT_EQ(postOne(a_, write(2, 8, dmr_->rkey)), 0);
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_WR_FLUSH_ERR);
     settle();
     EXPECT_FALSE(efd.readableNow());
@@ -248,7 +230,7 @@ TEST_F(Events, ErrorTransitionsRaiseFatalEventsModifyToErrDoesNot) {
     ibv_qp_attr at{};
     at.qp_state = IBV_QPS_ERR;
     ASSERT_EQ(softnda_vdev_ops.modify_qp(x.ext->qp, &at, IBV_QP_STATE), 0);
-    EXPECT_EQ(postOne(x, write(3, dmr_->rkey)), 0);
+    EXPECT_EQ(postOne(x, write(3, 8, dmr_->rkey)), 0);
     EXPECT_EQ(waitOne(cq.cq).status, IBV_WC_WR_FLUSH_ERR);
     settle();
     EXPECT_FALSE(efd.readableNow());

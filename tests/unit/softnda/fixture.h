@@ -1,5 +1,5 @@
 // Shared test fixture: one open softnda0 context with the memfd-backed ops, plus small builders
-// for CQs, SRQs, connected QPs and MRs. Device-side work goes through softnda_device.h only.
+// for CQs, SRQs, connected QPs and MRs (the helpers without a fixture are in testkit.h).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -12,27 +12,10 @@
 #include <vector>
 
 #include "common/qp_init_attr.h"
-#include "providers/softnda/include/softnda.h"
-#include "providers/softnda/include/softnda_device.h"
-#include "providers/softnda/include/softnda_ops.h"
 #include "tests/unit/softnda/memfd_ops.h"
+#include "tests/unit/softnda/testkit.h"
 
 namespace softnda_test {
-
-// Restores every option to its documented default (the registry outlives a test).
-inline void resetConfig() {
-    const char *kv[][2] = {
-        {"devices", "1"},       {"max_pd", "65536"},        {"max_mr", "1048576"},
-        {"max_qp", "131072"},   {"max_cq", "131072"},       {"max_srq", "65536"},
-        {"max_qp_wr", "32768"}, {"max_cqe", "4194304"},     {"max_srq_wr", "32768"},
-        {"max_sge", "29"},      {"max_inline_data", "464"}, {"max_msg_sz", "2147483648"},
-        {"phys_port_cnt", "1"}, {"engine_threads", "1"},    {"spin_us", "50"},
-        {"sleep_us", "1000"},   {"futex_waitv", "1"},       {"max_mr_size", "1099511627776"},
-    };
-    for (auto &p : kv) {
-        ASSERT_EQ(softnda_vdev_ops.configure(p[0], p[1]), 0) << p[0];
-    }
-}
 
 struct CqH {
     ibv_cq_extend *ext = nullptr;
@@ -181,45 +164,6 @@ class SoftndaTest : public ::testing::Test {
         h.ext = nullptr;
     }
 
-    static int toInit(ibv_qp *qp, int access) {
-        ibv_qp_attr a{};
-        a.qp_state = IBV_QPS_INIT;
-        a.pkey_index = 0;
-        a.port_num = 1;
-        a.qp_access_flags = static_cast<unsigned>(access);
-        return softnda_vdev_ops.modify_qp(
-            qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
-    }
-    static int toRtr(ibv_qp *qp, uint32_t dest, uint32_t rq_psn = 0) {
-        ibv_qp_attr a{};
-        a.qp_state = IBV_QPS_RTR;
-        a.path_mtu = IBV_MTU_4096;
-        a.dest_qp_num = dest;
-        a.rq_psn = rq_psn;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr.port_num = 1;
-        return softnda_vdev_ops.modify_qp(qp, &a,
-                                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                              IBV_QP_MIN_RNR_TIMER);
-    }
-    static int toRts(ibv_qp *qp, uint32_t sq_psn = 0, uint8_t rnr_retry = 7) {
-        ibv_qp_attr a{};
-        a.qp_state = IBV_QPS_RTS;
-        a.sq_psn = sq_psn;
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = rnr_retry;
-        a.max_rd_atomic = 16;
-        return softnda_vdev_ops.modify_qp(qp, &a,
-                                          IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                              IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
-    }
-
-    static constexpr int kAllAccess =
-        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
-
     // Brings a and b to RTS connected to each other.
     void connect(QpH &a, QpH &b, int access = kAllAccess, uint8_t rnr_retry = 7) {
         ASSERT_EQ(toInit(a.ext->qp, access), 0);
@@ -246,57 +190,6 @@ class SoftndaTest : public ::testing::Test {
         return mr;
     }
 
-    // Polls until n CQEs arrived (or 20 s passed, which only a broken engine takes).
-    static std::vector<softnda_cqe> waitCqes(softnda_cq &cq, size_t n) {
-        std::vector<softnda_cqe> out;
-        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-        softnda_cqe buf[64];
-        while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-            int got = softnda_cq_poll(&cq, buf, static_cast<int>(std::min<size_t>(64, n - out.size())));
-            if (got > 0) {
-                out.insert(out.end(), buf, buf + got);
-            } else if (got < 0) {
-                break;
-            } else {
-                std::this_thread::yield();
-            }
-        }
-        return out;
-    }
-
-    static softnda_cqe waitOne(softnda_cq &cq) {
-        auto v = waitCqes(cq, 1);
-        EXPECT_EQ(v.size(), 1u);
-        return v.empty() ? softnda_cqe{} : v[0];
-    }
-
-    // Nothing more arrives within a short settle time (used after an expected completion).
-    static bool staysEmpty(softnda_cq &cq) {
-        softnda_cqe c;
-        for (int i = 0; i < 50; ++i) {
-            if (softnda_cq_poll(&cq, &c, 1) != 0) {
-                return false;
-            }
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        return true;
-    }
-
-    static softnda_send_wr wr(uint8_t opcode, uint64_t wr_id, const softnda_sge *sge, uint32_t nsge,
-                              uint8_t flags = SOFTNDA_WQE_SIGNALED) {
-        softnda_send_wr w{};
-        w.wr_id = wr_id;
-        w.opcode = opcode;
-        w.flags = flags;
-        w.sg_list = sge;
-        w.num_sge = nsge;
-        return w;
-    }
-
-    static softnda_sge sge(const void *addr, uint32_t len, const ibv_mr *mr) {
-        return softnda_sge{reinterpret_cast<uintptr_t>(addr), len, mr->lkey};
-    }
-
     // A signalled RDMA WRITE (wr_id 1) of the 8 bytes at *src into *dst, both registered here.
     // *s receives its SGE, which must outlive the post.
     softnda_send_wr write8(uint64_t *src, uint64_t *dst, softnda_sge *s) {
@@ -307,13 +200,7 @@ class SoftndaTest : public ::testing::Test {
         return w;
     }
 
-    static int postOne(QpH &q, const softnda_send_wr &w) {
-        int rc = softnda_sq_post(&q.sq, &w);
-        if (rc == 0) {
-            softnda_sq_doorbell(&q.sq);
-        }
-        return rc;
-    }
+    static int postOne(QpH &q, const softnda_send_wr &w) { return postAndRing(&q.sq, w); }
 
     static int postRecv(QpH &q, uint64_t wr_id, const softnda_sge *s, uint32_t n) {
         int rc = softnda_rq_post(&q.rq, wr_id, s, n);
@@ -338,6 +225,42 @@ class SoftndaTest : public ::testing::Test {
     std::vector<ibv_cq_extend *> cqs_;
     std::vector<ibv_mr *> mrs_;
     size_t base_allocs_ = 0;
+};
+
+// Two QPs, a_ and b_, on one send CQ and one receive CQ, not connected yet; and, once a test
+// asks for them, a source and a destination buffer registered for the WRITEs between them.
+class QpPairTest : public SoftndaTest {
+  protected:
+    void SetUp() override {
+        SoftndaTest::SetUp();
+        scq_ = makeCq();
+        rcq_ = makeCq();
+        a_ = makeQp(scq_, rcq_);
+        b_ = makeQp(scq_, rcq_);
+    }
+
+    void makeBuffers(size_t bytes, uint8_t src_fill) {
+        src_.assign(bytes, src_fill);
+        dst_.assign(bytes, 0);
+        smr_ = reg(src_.data(), src_.size());
+        dmr_ = reg(dst_.data(), dst_.size());
+    }
+
+    // A signalled WRITE of the first len bytes of src_ to dst_ under rkey (a test may name a
+    // wrong one); s_ holds its SGE.
+    softnda_send_wr write(uint64_t id, uint32_t len, uint32_t rkey) {
+        s_ = sge(src_.data(), len, smr_);
+        auto w = wr(SOFTNDA_OP_RDMA_WRITE, id, &s_, 1);
+        w.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
+        w.rkey = rkey;
+        return w;
+    }
+
+    CqH scq_, rcq_;
+    QpH a_, b_;
+    std::vector<uint8_t> src_, dst_;
+    ibv_mr *smr_ = nullptr, *dmr_ = nullptr;
+    softnda_sge s_{};
 };
 
 }  // namespace softnda_test

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "providers/softnda/include/softnda.h"
+#include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
 
 namespace softnda_test {
@@ -194,8 +195,8 @@ void *MemfdArena::dbMmap(doorbell_map_desc *desc) {
         errno = -rc;
         return nullptr;
     }
-    void *va = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
-    if (va == MAP_FAILED) {
+    void *va = mapDoorbellPage(fd, off);
+    if (va == nullptr) {
         close(fd);
         return nullptr;
     }
@@ -221,6 +222,12 @@ int MemfdArena::dbUnmap(void *ptr, doorbell_map_desc *desc) {
         }
     }
     return -ENODEV;
+}
+
+void *mapDoorbellPage(int fd, uint64_t off) {
+    void *va =
+        mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
+    return va == MAP_FAILED ? nullptr : va;
 }
 
 }  // namespace softnda_test

@@ -73,4 +73,8 @@ class MemfdArena {
     int fail_db_mmap_at_ = 0;
 };
 
+// The doorbell page at offset off of a BAR fd (export_mmio's, or a context's), mapped once more,
+// as a device, a tenant or a successor process maps it; nullptr when mmap fails.
+void *mapDoorbellPage(int fd, uint64_t off);
+
 }  // namespace softnda_test

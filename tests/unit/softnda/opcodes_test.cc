@@ -16,18 +16,12 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
     return v;
 }
 
-class Opcodes : public SoftndaTest {
+class Opcodes : public QpPairTest {
   protected:
     void SetUp() override {
-        SoftndaTest::SetUp();
-        scq_ = makeCq();
-        rcq_ = makeCq();
-        a_ = makeQp(scq_, rcq_);
-        b_ = makeQp(scq_, rcq_);
+        QpPairTest::SetUp();
         connect(a_, b_);
     }
-    CqH scq_, rcq_;
-    QpH a_, b_;
 };
 
 TEST_F(Opcodes, RdmaWriteGathersThreeSegments) {

@@ -49,8 +49,8 @@ bool remapDoorbell(queue_info *qi) {
     if (!MemfdArena::instance().lookupDb(qi->db_hw_va.iov_base, &fd, &off)) {
         return false;
     }
-    void *m = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
-    if (m == MAP_FAILED) {
+    void *m = mapDoorbellPage(fd, off);
+    if (m == nullptr) {
         return false;
     }
     qi->db_hw_va.iov_base =

@@ -2,7 +2,6 @@
 // everything over one memfd, runs traffic, exports every object, posts more work and dies with
 // SIGKILL); the parent plays the new one (maps the memfd and the doorbell BAR elsewhere, imports
 // with relocation, resumes) and checks that the queues carry on exactly where they were.
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -21,19 +20,17 @@
 #include <vector>
 
 #include "common/qp_init_attr.h"
-#include "providers/softnda/include/softnda.h"
-#include "providers/softnda/include/softnda_device.h"
-#include "providers/softnda/include/softnda_ops.h"
 #include "tests/unit/softnda/fixture.h"
 
+namespace softnda_test {
 namespace {
 
 constexpr size_t kArenaSize = 8u << 20;
-constexpr int kAll =
-    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-// ibv_extend_ops over one memfd: a bump allocator (the callbacks have no context pointer, so the
-// arena is global), doorbells mapped through export_mmio, every free and unmap recorded.
+// ibv_extend_ops over one memfd, so that the successor maps all queue memory again with one
+// mmap: a bump allocator (the callbacks have no context pointer, so the arena is global),
+// doorbells mapped through export_mmio, every free and unmap recorded; memset and memcpy are
+// the memfd test ops' (memfd_ops.h).
 struct Arena {
     int fd = -1;
     uint8_t *base = nullptr;
@@ -59,16 +56,6 @@ void arenaFree(void *p) {
     g.freed.push_back(reinterpret_cast<uintptr_t>(p));
     g.live.erase(reinterpret_cast<uintptr_t>(p));
 }
-void arenaMemset(void *d, int v, size_t n) {
-    std::memset(d, v, n);
-}
-int arenaMemcpy(void *d, size_t dmax, void *s, size_t n, uint32_t) {
-    if (n > dmax) {
-        return -EINVAL;
-    }
-    std::memcpy(d, s, n);
-    return 0;
-}
 void *arenaDbMmap(doorbell_map_desc *desc) {
     int fd;
     uint64_t off;
@@ -76,10 +63,9 @@ void *arenaDbMmap(doorbell_map_desc *desc) {
         softnda_vdev_ops.export_mmio(reinterpret_cast<void *>(desc->hva), &fd, &off) != 0) {
         return nullptr;
     }
-    void *va =
-        mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, static_cast<off_t>(off));
+    void *va = mapDoorbellPage(fd, off);
     close(fd);
-    if (va == MAP_FAILED) {
+    if (va == nullptr) {
         return nullptr;
     }
     g.db_pages[reinterpret_cast<uintptr_t>(va)] = off;
@@ -91,10 +77,11 @@ int arenaDbUnmap(void *p, doorbell_map_desc *) {
     g.db_pages.erase(page);
     return munmap(reinterpret_cast<void *>(page), SOFTNDA_DB_PAGE_SIZE);
 }
-ibv_extend_ops g_ops = {arenaAlloc, arenaFree, arenaMemset, arenaMemcpy, arenaDbMmap, arenaDbUnmap};
+ibv_extend_ops g_ops = {arenaAlloc,          arenaFree,   MemfdArena::memsetS,
+                        MemfdArena::memcpyS, arenaDbMmap, arenaDbUnmap};
 
 // What the child leaves for the parent, in shared memory.
-enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kObjs };
+enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kCqD, kSrq, kQpD, kObjs };
 constexpr int kWrites = 16, kSends = 4;
 struct Shared {
     ibv_extend_vdev_state st[kObjs];
@@ -104,82 +91,41 @@ struct Shared {
     } db[32];
     int n_db;
     uint32_t qpn[3];
+    uint32_t qpn_d;
     uint32_t key[3];
     uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
     int ready;
     ibv_qp_extend *qp_ext[3];  // the child's own pointers (used in the child only)
 };
 
-int countFds() {
-    int n = 0;
-    DIR *d = opendir("/proc/self/fd");
-    while (readdir(d) != nullptr) {
-        n++;
-    }
-    closedir(d);
-    return n;
-}
-
-softnda_send_wr wr(uint8_t op, uint64_t id, const softnda_sge *s, uint32_t n,
-                   uint8_t flags = SOFTNDA_WQE_SIGNALED) {
-    softnda_send_wr w{};
-    w.opcode = op;
-    w.wr_id = id;
-    w.sg_list = s;
-    w.num_sge = n;
-    w.flags = flags;
+// An 8-byte WRITE, READ or atomic between the child's source buffer at src_off and its
+// destination buffer at dst_off, addressed by their old addresses (the iovas); *s receives the
+// SGE, which must outlive the post.
+softnda_send_wr toDst(const Shared *sh, uint8_t op, uint64_t id, softnda_sge *s, uint64_t src_off,
+                      uint64_t dst_off, uint8_t flags = SOFTNDA_WQE_SIGNALED) {
+    *s = softnda_sge{sh->src + src_off, 8, sh->key[0]};
+    auto w = wr(op, id, s, 1, flags);
+    w.remote_addr = sh->dst + dst_off;
+    w.rkey = sh->key[1];
     return w;
 }
 
-int modify(ibv_qp *qp, ibv_qp_state s, uint32_t dest) {
-    ibv_qp_attr a{};
-    a.qp_state = s;
-    if (s == IBV_QPS_INIT) {
-        a.port_num = 1;
-        a.qp_access_flags = kAll;
-        return softnda_vdev_ops.modify_qp(
-            qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+// The child's check: a step that fails ends it with that step's code (it has no test to fail).
+void need(bool ok, int code) {
+    if (!ok) {
+        _exit(code);
     }
-    if (s == IBV_QPS_RTR) {
-        a.path_mtu = IBV_MTU_4096;
-        a.dest_qp_num = dest;
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 1;
-        a.ah_attr.port_num = 1;
-        return softnda_vdev_ops.modify_qp(qp, &a,
-                                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                              IBV_QP_MIN_RNR_TIMER);
-    }
-    a.timeout = 14;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    return softnda_vdev_ops.modify_qp(qp, &a,
-                                      IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                          IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+// Posts and rings; a post that fails ends the process.
 void post(softnda_sq *sq, const softnda_send_wr &w) {
-    if (softnda_sq_post(sq, &w) != 0) {
-        _exit(3);
-    }
-    softnda_sq_doorbell(sq);
+    need(postAndRing(sq, w) == 0, 3);
 }
 
-std::vector<softnda_cqe> waitCqes(softnda_cq &cq, size_t n) {
-    std::vector<softnda_cqe> out;
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    softnda_cqe buf[64];
-    while (out.size() < n && std::chrono::steady_clock::now() < deadline) {
-        int got = softnda_cq_poll(&cq, buf, 64);
-        if (got > 0) {
-            out.insert(out.end(), buf, buf + got);
-        } else {
-            std::this_thread::yield();
-        }
-    }
-    return out;
+// Posts and publishes the producer index without ringing: work a doorbell never announced.
+void postUnrung(softnda_sq *sq, const softnda_send_wr &w, int code) {
+    need(softnda_sq_post(sq, &w) == 0, code);
+    __atomic_store_n(sq->dbr_pi, sq->pi, __ATOMIC_RELEASE);
 }
 
 // The fds go to the parent first (the broker's fd store): the states' own, and one more end of
@@ -223,101 +169,82 @@ uint32_t *rec(const ibv_qp_extend *q) {
     return static_cast<uint32_t *>(q->sq_info.dbr_pi_va.iov_base);
 }
 
-// Makes queue memory look as a kill at the worst moments would leave it, deterministically:
-//  - A's FETCH_ADD (wr 5000) took effect at B (B's rq_psn committed) but the process died before
-//    A's CI, PSN and CQE: A's CI and PSN go back one and the CQE is unwritten;
-//  - B's WRITE (wr 5100) finished, but its PSN store was lost: B's PSN goes back one;
-//  - A's WRITE (wr 5200) is posted (pi) but never rung.
-void doctor(Shared *sh, softnda_sq *sq, ibv_cq_extend **cq, softnda_cq *cqs, uint64_t *src) {
-    auto need = [](bool ok, int code) {
-        if (!ok) {
-            _exit(code);
+// The old broker's objects, made in the child over the one-memfd arena: three MRs (source,
+// destination, receive buffer), CQ 0 for QPs A and C, CQ 1 for B; A and B connected, C to
+// itself; an eventfd on CQ 1 and the context's async one; and QP D on an SRQ, with a CQ of its
+// own, connected to itself. Every step that fails ends the child.
+struct OldBroker {
+    explicit OldBroker(Shared *shared) : sh(shared) {}
+
+    void makeObjects() {
+        sh->old_base = reinterpret_cast<uintptr_t>(g.base);
+        ctx = softnda_vdev_ops.open_device("softnda0");
+        need(ctx != nullptr, 10);
+        ext = softnda_driver_ops.alloc_context(ctx);
+        pd = softnda_vdev_ops.alloc_pd(ctx);
+        src = static_cast<uint64_t *>(arenaAlloc(4096));
+        auto *dst = static_cast<uint64_t *>(arenaAlloc(4096));
+        auto *recv = static_cast<uint64_t *>(arenaAlloc(4096));
+        sh->src = reinterpret_cast<uintptr_t>(src);
+        sh->dst = reinterpret_cast<uintptr_t>(dst);
+        sh->recv = reinterpret_cast<uintptr_t>(recv);
+        uint64_t *bufs[3] = {src, dst, recv};
+        for (int i = 0; i < 3; ++i) {
+            mr[i] =
+                softnda_vdev_ops.reg_mr(pd, bufs[i], 4096, reinterpret_cast<uintptr_t>(bufs[i]), kAllAccess);
+            need(mr[i] != nullptr, 11);
+            sh->key[i] = mr[i]->lkey;
         }
-    };
-    auto *cq_rec = static_cast<uint32_t *>(cq[0]->cq_info.dbr_pi_va.iov_base);
-    uint32_t cq_pi = __atomic_load_n(cq_rec, __ATOMIC_ACQUIRE);
-    softnda_sge fs{sh->src + 1600, 8, sh->key[0]};
-    auto fa = wr(SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 5000, &fs, 1);
-    fa.remote_addr = sh->dst + 1600;
-    fa.rkey = sh->key[1];
-    fa.compare_add = 5;
-    post(&sq[0], fa);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (__atomic_load_n(cq_rec, __ATOMIC_ACQUIRE) == cq_pi) {
-        need(std::chrono::steady_clock::now() < deadline, 30);
-        std::this_thread::yield();
-    }
-    uint32_t *a = rec(sh->qp_ext[0]);
-    __atomic_store_n(a + kWCi, a[kWCi] - 1, __ATOMIC_RELEASE);
-    __atomic_store_n(a + kWSqPsn, a[kWSqPsn] - 1, __ATOMIC_RELEASE);
-    need(a[kWExec] == a[kWCi] + 1, 31);
-    auto *e =
-        reinterpret_cast<softnda_cqe *>(cqs[0].buf + (cq_pi & (cqs[0].entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
-    need(e->wr_id == 5000, 32);
-    e->owner ^= 1;
-    __atomic_store_n(cq_rec, cq_pi, __ATOMIC_RELEASE);
-
-    src[210] = 0x77;
-    softnda_sge bs{sh->src + 1680, 8, sh->key[0]};
-    auto bw = wr(SOFTNDA_OP_RDMA_WRITE, 5100, &bs, 1);
-    bw.remote_addr = sh->dst + 1680;
-    bw.rkey = sh->key[1];
-    post(&sq[1], bw);
-    need(waitCqes(cqs[1], 1).size() == 1, 33);
-    uint32_t *b = rec(sh->qp_ext[1]);
-    __atomic_store_n(b + kWSqPsn, b[kWSqPsn] - 1, __ATOMIC_RELEASE);
-
-    src[220] = 0x88;
-    static softnda_sge ws{sh->src + 1760, 8, sh->key[0]};
-    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 5200, &ws, 1);
-    w.remote_addr = sh->dst + 1760;
-    w.rkey = sh->key[1];
-    need(softnda_sq_post(&sq[0], &w) == 0, 34);
-    __atomic_store_n(sq[0].dbr_pi, sq[0].pi, __ATOMIC_RELEASE);  // published, not rung
-}
-
-// The old broker. Exits with SIGKILL right after posting work it does not wait for; any other
-// exit status is a failure (the code says which step).
-[[noreturn]] void oldBroker(Shared *sh, int sock, int mode) {
-    auto need = [](bool ok, int code) {
-        if (!ok) {
-            _exit(code);
+        for (int i = 0; i < 2; ++i) {
+            ibv_cq_init_attr_extend a{};
+            a.attr.cqe = 64;
+            a.ops = &g_ops;
+            cq[i] = ext->ops->create_cq(ctx, &a);
+            need(cq[i] != nullptr, 12);
+            softnda_cq_init(&cqs[i], &cq[i]->cq_info);
         }
-    };
-    sh->old_base = reinterpret_cast<uintptr_t>(g.base);
-    ibv_context *ctx = softnda_vdev_ops.open_device("softnda0");
-    need(ctx != nullptr, 10);
-    ibv_context_extend *ext = softnda_driver_ops.alloc_context(ctx);
-    ibv_pd *pd = softnda_vdev_ops.alloc_pd(ctx);
-    auto *src = static_cast<uint64_t *>(arenaAlloc(4096));
-    auto *dst = static_cast<uint64_t *>(arenaAlloc(4096));
-    auto *recv = static_cast<uint64_t *>(arenaAlloc(4096));
-    sh->src = reinterpret_cast<uintptr_t>(src);
-    sh->dst = reinterpret_cast<uintptr_t>(dst);
-    sh->recv = reinterpret_cast<uintptr_t>(recv);
-    ibv_mr *mr[3];
-    uint64_t *bufs[3] = {src, dst, recv};
-    for (int i = 0; i < 3; ++i) {
-        mr[i] = softnda_vdev_ops.reg_mr(pd, bufs[i], 4096, reinterpret_cast<uintptr_t>(bufs[i]), kAll);
-        need(mr[i] != nullptr, 11);
-        sh->key[i] = mr[i]->lkey;
+        for (int i = 0; i < 3; ++i) {
+            makeQp(i);
+        }
+        uint32_t dest[3] = {sh->qpn[1], sh->qpn[0], sh->qpn[2]};
+        for (int i = 0; i < 3; ++i) {
+            need(
+                toInit(qp[i]->qp, kAllAccess) == 0 && toRtr(qp[i]->qp, dest[i]) == 0 && toRts(qp[i]->qp) == 0,
+                14);
+        }
+        efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        afd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+        need(softnda_vdev_ops.set_cq_event_fd(cq[1]->cq, efd) == 0, 15);
+        need(softnda_vdev_ops.set_async_event_fd(ctx, afd) == 0, 15);
+        makeSrqQp();
     }
-    ibv_cq_extend *cq[2];
-    softnda_cq cqs[2];
-    for (auto &c : cq) {
-        ibv_cq_init_attr_extend a{};
-        a.attr.cqe = 64;
-        a.ops = &g_ops;
-        c = ext->ops->create_cq(ctx, &a);
-        need(c != nullptr, 12);
+
+    void makeSrqQp() {
+        ibv_cq_init_attr_extend ca{};
+        ca.attr.cqe = 64;
+        ca.ops = &g_ops;
+        cq_d = ext->ops->create_cq(ctx, &ca);
+        need(cq_d != nullptr, 50);
+        softnda_cq_init(&cqs_d, &cq_d->cq_info);
+        ibv_srq_init_attr_extend sa{};
+        sa.pd = pd;
+        sa.attr.attr.max_wr = 16;
+        sa.attr.attr.max_sge = 1;
+        sa.ops = &g_ops;
+        srq = ext->ops->create_srq(ctx, &sa);
+        need(srq != nullptr, 51);
+        softnda_rq_init(&srq_rq, &srq->srq_info);
+        auto a = ibvx::qpInitAttr(
+            {.pd = pd, .send_cq = cq_d->cq, .srq = srq->srq, .send_wr = 16, .recv_wr = 0, .ops = &g_ops});
+        qp_d = ext->ops->create_qp(ctx, &a);
+        need(qp_d != nullptr, 52);
+        sh->qpn_d = qp_d->qp->qp_num;
+        softnda_sq_init(&sq_d, &qp_d->sq_info);
+        need(toInit(qp_d->qp, kAllAccess) == 0 && toRtr(qp_d->qp, sh->qpn_d) == 0 && toRts(qp_d->qp) == 0,
+             53);
     }
-    for (int i = 0; i < 2; ++i) {
-        softnda_cq_init(&cqs[i], &cq[i]->cq_info);
-    }
-    ibv_qp_extend *qp[3];
-    softnda_sq sq[3];
-    softnda_rq rq[3];
-    for (int i = 0; i < 3; ++i) {
+
+    void makeQp(int i) {
         auto a = ibvx::qpInitAttr({.pd = pd,
                                    .send_cq = cq[i == 1 ? 1 : 0]->cq,
                                    .recv_cq = cq[i == 1 ? 1 : 0]->cq,
@@ -336,91 +263,164 @@ void doctor(Shared *sh, softnda_sq *sq, ibv_cq_extend **cq, softnda_cq *cqs, uin
         softnda_sq_init(&sq[i], &qp[i]->sq_info);
         softnda_rq_init(&rq[i], &qp[i]->rq_info);
     }
-    // A and B connected; C to itself.
-    uint32_t dest[3] = {sh->qpn[1], sh->qpn[0], sh->qpn[2]};
-    for (int i = 0; i < 3; ++i) {
-        need(modify(qp[i]->qp, IBV_QPS_INIT, 0) == 0 && modify(qp[i]->qp, IBV_QPS_RTR, dest[i]) == 0 &&
-                 modify(qp[i]->qp, IBV_QPS_RTS, 0) == 0,
-             14);
-    }
-    int efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    int afd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    need(softnda_vdev_ops.set_cq_event_fd(cq[1]->cq, efd) == 0, 15);
-    need(softnda_vdev_ops.set_async_event_fd(ctx, afd) == 0, 15);
+
     // Blobs after each object's last control operation, as the broker takes them.
-    const void *objs[kObjs] = {ctx, pd, mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1], qp[2]};
-    ibv_extend_vdev_obj kinds[kObjs] = {
-        IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_MR,
-        IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_QP,
-        IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP};
-    for (int i = 0; i < kObjs; ++i) {
-        need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
+    void exportAll() {
+        const void *objs[kObjs] = {ctx,   pd,    mr[0], mr[1], mr[2], cq[0], cq[1],
+                                   qp[0], qp[1], qp[2], cq_d,  srq,   qp_d};
+        ibv_extend_vdev_obj kinds[kObjs] = {
+            IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR,
+            IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
+            IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
+            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_SRQ,
+            IBV_EXTEND_VDEV_OBJ_QP};
+        for (int i = 0; i < kObjs; ++i) {
+            need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
+        }
     }
-    // Traffic before the crash, waited for: a WRITE and a SEND A -> B.
-    src[0] = 0x1111;
-    softnda_sge s{sh->src, 8, sh->key[0]};
-    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 100, &s, 1);
-    w.remote_addr = sh->dst;
-    w.rkey = sh->key[1];
-    post(&sq[0], w);
-    softnda_sge r{sh->recv, 8, sh->key[2]};
-    need(softnda_rq_post(&rq[1], 200, &r, 1) == 0, 17);
-    softnda_rq_doorbell(&rq[1]);
-    post(&sq[0], wr(SOFTNDA_OP_SEND, 101, &s, 1));
-    need(waitCqes(cqs[0], 2).size() == 2 && waitCqes(cqs[1], 1).size() == 1, 18);
-    // C's WRITE with a bad rkey: the engine moves C to ERR (after C's last control operation).
-    auto bad = wr(SOFTNDA_OP_RDMA_WRITE, 300, &s, 1);
-    bad.remote_addr = sh->dst;
-    bad.rkey = 0xdead00;
-    post(&sq[2], bad);
-    need(waitCqes(cqs[0], 1).size() == 1, 19);
-    if (mode == kDiedBeforeCommit) {
-        // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
-        // point: in queue memory nothing else of it is visible, so the successor runs it.
+
+    // Traffic before the crash, waited for: a WRITE and a SEND A -> B, C's WRITE with a bad rkey,
+    // which moves C to ERR after its last control operation, and a SEND D -> D into the first of
+    // two receives on the SRQ.
+    void trafficBeforeKill() {
+        src[0] = 0x1111;
+        softnda_sge s;
+        post(&sq[0], toDst(sh, SOFTNDA_OP_RDMA_WRITE, 100, &s, 0, 0));
+        softnda_sge r{sh->recv, 8, sh->key[2]};
+        need(softnda_rq_post(&rq[1], 200, &r, 1) == 0, 17);
+        softnda_rq_doorbell(&rq[1]);
+        post(&sq[0], wr(SOFTNDA_OP_SEND, 101, &s, 1));
+        need(waitCqes(cqs[0], 2).size() == 2 && waitCqes(cqs[1], 1).size() == 1, 18);
+        auto bad = toDst(sh, SOFTNDA_OP_RDMA_WRITE, 300, &s, 0, 0);
+        bad.rkey = 0xdead00;
+        post(&sq[2], bad);
+        need(waitCqes(cqs[0], 1).size() == 1, 19);
+        for (int i = 0; i < 2; ++i) {
+            softnda_sge rr{sh->recv + 1536 + 8u * i, 8, sh->key[2]};
+            need(softnda_rq_post(&srq_rq, 7000 + i, &rr, 1) == 0, 54);
+        }
+        softnda_rq_doorbell(&srq_rq);
+        src[190] = 0xd000;
+        softnda_sge ds{sh->src + 1520, 8, sh->key[0]};
+        post(&sq_d, wr(SOFTNDA_OP_SEND, 7100, &ds, 1));
+        need(waitCqes(cqs_d, 2).size() == 2, 55);
+    }
+
+    // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
+    // point: in queue memory nothing else of it is visible, so the successor runs it.
+    void startSendThatDoesNotCommit() {
         softnda_sge rr{sh->recv + 1024, 8, sh->key[2]};
         need(softnda_rq_post(&rq[1], 6100, &rr, 1) == 0, 40);
         softnda_rq_doorbell(&rq[1]);
         src[250] = 0x6000;
         static softnda_sge ss{sh->src + 2000, 8, sh->key[0]};
-        auto x = wr(SOFTNDA_OP_SEND, 6000, &ss, 1);
-        need(softnda_sq_post(&sq[0], &x) == 0, 41);
-        __atomic_store_n(sq[0].dbr_pi, sq[0].pi, __ATOMIC_RELEASE);  // published, not rung
+        postUnrung(&sq[0], wr(SOFTNDA_OP_SEND, 6000, &ss, 1), 41);
         uint32_t *a = rec(sh->qp_ext[0]);
         __atomic_store_n(a + kWExec, a[kWCi] + 1, __ATOMIC_RELEASE);
-        handOver(sh, sock, efd, afd);
-        kill(getpid(), SIGKILL);
     }
-    if (mode == kDoctored) {
-        doctor(sh, sq, cq, cqs, src);
-        handOver(sh, sock, efd, afd);
-        kill(getpid(), SIGKILL);
+
+    // Makes queue memory look as a kill at the worst moments would leave it, deterministically:
+    //  - A's FETCH_ADD (wr 5000) took effect at B (B's rq_psn committed) but the process died
+    //    before A's CI, PSN and CQE: A's CI and PSN go back one and the CQE is unwritten;
+    //  - B's WRITE (wr 5100) finished, but its PSN store was lost: B's PSN goes back one;
+    //  - A's WRITE (wr 5200) is posted (pi) but never rung.
+    void doctor() {
+        auto *cq_rec = static_cast<uint32_t *>(cq[0]->cq_info.dbr_pi_va.iov_base);
+        uint32_t cq_pi = __atomic_load_n(cq_rec, __ATOMIC_ACQUIRE);
+        softnda_sge fs;
+        auto fa = toDst(sh, SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 5000, &fs, 1600, 1600);
+        fa.compare_add = 5;
+        post(&sq[0], fa);
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (__atomic_load_n(cq_rec, __ATOMIC_ACQUIRE) == cq_pi) {
+            need(std::chrono::steady_clock::now() < deadline, 30);
+            std::this_thread::yield();
+        }
+        uint32_t *a = rec(sh->qp_ext[0]);
+        __atomic_store_n(a + kWCi, a[kWCi] - 1, __ATOMIC_RELEASE);
+        __atomic_store_n(a + kWSqPsn, a[kWSqPsn] - 1, __ATOMIC_RELEASE);
+        need(a[kWExec] == a[kWCi] + 1, 31);
+        auto *e =
+            reinterpret_cast<softnda_cqe *>(cqs[0].buf + (cq_pi & (cqs[0].entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        need(e->wr_id == 5000, 32);
+        e->owner ^= 1;
+        __atomic_store_n(cq_rec, cq_pi, __ATOMIC_RELEASE);
+
+        src[210] = 0x77;
+        softnda_sge bs;
+        post(&sq[1], toDst(sh, SOFTNDA_OP_RDMA_WRITE, 5100, &bs, 1680, 1680));
+        need(waitCqes(cqs[1], 1).size() == 1, 33);
+        uint32_t *b = rec(sh->qp_ext[1]);
+        __atomic_store_n(b + kWSqPsn, b[kWSqPsn] - 1, __ATOMIC_RELEASE);
+
+        src[220] = 0x88;
+        static softnda_sge ws;
+        postUnrung(&sq[0], toDst(sh, SOFTNDA_OP_RDMA_WRITE, 5200, &ws, 1760, 1760), 34);
     }
-    // Work the new broker must finish: WRITEs of distinct values into distinct words (every
-    // other one unsignalled) and SENDs into posted receives; not waited for.
-    for (int i = 0; i < kSends; ++i) {
-        softnda_sge rr{sh->recv + 64 + 8u * i, 8, sh->key[2]};
-        softnda_rq_post(&rq[1], 210 + i, &rr, 1);
+
+    // Work the new broker must finish, posted and not rung yet: WRITEs of distinct values into
+    // distinct words (every other one unsignalled) and SENDs into posted receives.
+    void postWorkForTheSuccessor() {
+        for (int i = 0; i < kSends; ++i) {
+            softnda_sge rr{sh->recv + 64 + 8u * i, 8, sh->key[2]};
+            softnda_rq_post(&rq[1], 210 + i, &rr, 1);
+        }
+        softnda_rq_doorbell(&rq[1]);
+        static softnda_sge ws[kWrites + kSends];
+        for (int i = 0; i < kWrites; ++i) {
+            src[8 + i] = 0xa000 + i;
+            auto x = toDst(sh, SOFTNDA_OP_RDMA_WRITE, 1000 + i, &ws[i], 64 + 8u * i, 64 + 8u * i,
+                           i % 2 == 0 ? SOFTNDA_WQE_SIGNALED : 0);
+            need(softnda_sq_post(&sq[0], &x) == 0, 20);
+        }
+        for (int i = 0; i < kSends; ++i) {
+            src[40 + i] = 0xb000 + i;
+            ws[kWrites + i] = softnda_sge{sh->src + 320 + 8u * i, 8, sh->key[0]};
+            auto x = wr(SOFTNDA_OP_SEND, 2000 + i, &ws[kWrites + i], 1);
+            need(softnda_sq_post(&sq[0], &x) == 0, 21);
+        }
     }
-    softnda_rq_doorbell(&rq[1]);
-    static softnda_sge ws[kWrites + kSends];
-    for (int i = 0; i < kWrites; ++i) {
-        src[8 + i] = 0xa000 + i;
-        ws[i] = softnda_sge{sh->src + 64 + 8u * i, 8, sh->key[0]};
-        auto x = wr(SOFTNDA_OP_RDMA_WRITE, 1000 + i, &ws[i], 1, i % 2 == 0 ? SOFTNDA_WQE_SIGNALED : 0);
-        x.remote_addr = sh->dst + 64 + 8u * i;
-        x.rkey = sh->key[1];
-        need(softnda_sq_post(&sq[0], &x) == 0, 20);
+
+    Shared *sh;
+    ibv_context *ctx = nullptr;
+    ibv_context_extend *ext = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_mr *mr[3] = {};
+    ibv_cq_extend *cq[2] = {};
+    softnda_cq cqs[2] = {};
+    ibv_qp_extend *qp[3] = {};
+    softnda_sq sq[3] = {};
+    softnda_rq rq[3] = {};
+    ibv_cq_extend *cq_d = nullptr;
+    softnda_cq cqs_d = {};
+    ibv_srq_extend *srq = nullptr;
+    softnda_rq srq_rq = {};
+    ibv_qp_extend *qp_d = nullptr;
+    softnda_sq sq_d = {};
+    uint64_t *src = nullptr;
+    int efd = -1, afd = -1;
+};
+
+// The old broker. Exits with SIGKILL after handing its fds over, in the middle of the work the
+// mode sets up; any other exit status is a failure (the code says which step).
+[[noreturn]] void oldBroker(Shared *sh, int sock, int mode) {
+    OldBroker old(sh);
+    old.makeObjects();
+    old.exportAll();
+    old.trafficBeforeKill();
+    if (mode == kDiedBeforeCommit) {
+        old.startSendThatDoesNotCommit();
+        handOver(sh, sock, old.efd, old.afd);
+    } else if (mode == kDoctored) {
+        old.doctor();
+        handOver(sh, sock, old.efd, old.afd);
+    } else {
+        old.postWorkForTheSuccessor();
+        handOver(sh, sock, old.efd, old.afd);
+        // Ring and die: some of this work runs here, the rest in the successor.
+        softnda_sq_doorbell(&old.sq[0]);
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
-    for (int i = 0; i < kSends; ++i) {
-        src[40 + i] = 0xb000 + i;
-        ws[kWrites + i] = softnda_sge{sh->src + 320 + 8u * i, 8, sh->key[0]};
-        auto x = wr(SOFTNDA_OP_SEND, 2000 + i, &ws[kWrites + i], 1);
-        need(softnda_sq_post(&sq[0], &x) == 0, 21);
-    }
-    handOver(sh, sock, efd, afd);
-    // Ring and die: some of this work runs here, the rest in the successor.
-    softnda_sq_doorbell(&sq[0]);
-    std::this_thread::sleep_for(std::chrono::microseconds(20));
     kill(getpid(), SIGKILL);
     _exit(23);
 }
@@ -439,9 +439,8 @@ void *relocate(void *arg, uint64_t old, uint64_t len) {
     uint64_t page = old & ~uint64_t{SOFTNDA_DB_PAGE_SIZE - 1};
     for (int i = 0; i < r->sh->n_db; ++i) {
         if (r->sh->db[i].va == page) {
-            void *va = mmap(nullptr, SOFTNDA_DB_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, r->bar_fd,
-                            static_cast<off_t>(r->sh->db[i].off));
-            if (va == MAP_FAILED) {
+            void *va = mapDoorbellPage(r->bar_fd, r->sh->db[i].off);
+            if (va == nullptr) {
                 return nullptr;
             }
             g.db_pages[reinterpret_cast<uintptr_t>(va)] = r->sh->db[i].off;
@@ -456,9 +455,23 @@ void *relocate(void *arg, uint64_t old, uint64_t len) {
 // The successor's side: receive the fds, map everything elsewhere, import, resume.
 class SoftndaRestart : public ::testing::Test {
   protected:
+    // The old broker runs in a child and dies; this process becomes its successor.
     void restore(int mode) {
-        softnda_test::resetConfig();
+        resetConfig();
         fds_before = countFds();
+        ASSERT_NO_FATAL_FAILURE(runOldBroker(mode));
+        ASSERT_NO_FATAL_FAILURE(moveArena());
+        ASSERT_NO_FATAL_FAILURE(importAll());
+        for (int i = 0; i < 2; ++i) {
+            ASSERT_EQ(softnda_cq_init(&cqs[i], &cq[i]->cq_info), 0);
+        }
+        src = reinterpret_cast<uint64_t *>(g.base + (sh->src - sh->old_base));
+        dst = reinterpret_cast<uint64_t *>(g.base + (sh->dst - sh->old_base));
+        recv = reinterpret_cast<uint64_t *>(g.base + (sh->recv - sh->old_base));
+    }
+
+    // Forks the old broker over a new arena, takes the fds it hands over and sees it killed.
+    void runOldBroker(int mode) {
         g.fd = memfd_create("restart-arena", MFD_CLOEXEC);
         ASSERT_GE(g.fd, 0);
         ASSERT_EQ(ftruncate(g.fd, kArenaSize), 0);
@@ -504,9 +517,12 @@ class SoftndaRestart : public ::testing::Test {
         ASSERT_EQ(k + 2, fds.size());
         efd = fds[k];
         afd = fds[k + 1];
-        int bar_fd = sh->st[kCtx].fds[0];
+    }
 
-        // The successor: the arena at another address (the old mapping goes away).
+    // The successor's view: the arena at another address (the old mapping goes away) and the
+    // relocation that finds everything there, doorbells through a dup of the BAR fd (the BAR fd
+    // itself is the context's once imported).
+    void moveArena() {
         auto *old_map = g.base;
         g.base =
             static_cast<uint8_t *>(mmap(nullptr, kArenaSize, PROT_READ | PROT_WRITE, MAP_SHARED, g.fd, 0));
@@ -516,15 +532,16 @@ class SoftndaRestart : public ::testing::Test {
         g.db_pages.clear();
         g.live.clear();
         rel = Reloc{sh, -1, {}};
-        // bar_fd is the context's once imported; relocation maps doorbells through a dup of it.
-        rel.bar_fd = fcntl(bar_fd, F_DUPFD_CLOEXEC, 0);
+        rel.bar_fd = fcntl(sh->st[kCtx].fds[0], F_DUPFD_CLOEXEC, 0);
         env = ibv_extend_vdev_import{};
         env.device = "softnda0";
         env.relocate = relocate;
         env.arg = &rel;
         env.ops = &g_ops;
+    }
 
-        // Import only while paused.
+    // Every object again, parents first, only while the device is paused.
+    void importAll() {
         errno = 0;
         EXPECT_EQ(softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CONTEXT, &sh->st[kCtx], &env), nullptr);
         EXPECT_EQ(errno, EBUSY);
@@ -557,14 +574,19 @@ class SoftndaRestart : public ::testing::Test {
             ASSERT_NE(qp[i], nullptr) << errno;
             EXPECT_EQ(qp[i]->qp->qp_num, sh->qpn[i]);
         }
+        cq_d = static_cast<ibv_cq_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_CQ, &sh->st[kCqD], &env));
+        ASSERT_NE(cq_d, nullptr) << errno;
+        srq = static_cast<ibv_srq_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_SRQ, &sh->st[kSrq], &env));
+        ASSERT_NE(srq, nullptr) << errno;
+        env.send_cq = env.recv_cq = cq_d->cq;
+        env.srq = srq->srq;
+        qp_d = static_cast<ibv_qp_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpD], &env));
+        ASSERT_NE(qp_d, nullptr) << errno;
+        EXPECT_EQ(qp_d->qp->qp_num, sh->qpn_d);
         ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
-
-        for (int i = 0; i < 2; ++i) {
-            ASSERT_EQ(softnda_cq_init(&cqs[i], &cq[i]->cq_info), 0);
-        }
-        src = reinterpret_cast<uint64_t *>(g.base + (sh->src - sh->old_base));
-        dst = reinterpret_cast<uint64_t *>(g.base + (sh->dst - sh->old_base));
-        recv = reinterpret_cast<uint64_t *>(g.base + (sh->recv - sh->old_base));
     }
 
     // Destroys every imported object and checks that each gave back what it used.
@@ -578,11 +600,17 @@ class SoftndaRestart : public ::testing::Test {
         for (auto *x : cq) {
             rings.insert(x->cq_info.qbuf.base);
         }
+        rings.insert(qp_d->sq_info.qbuf.base);  // no RQ: it receives from the SRQ
+        rings.insert(srq->srq_info.qbuf.base);
+        rings.insert(cq_d->cq_info.qbuf.base);
         g.freed.clear();
         g.unmapped.clear();
         for (auto *q : qp) {
             EXPECT_EQ(ext->ops->destroy_qp(q), 0);
         }
+        EXPECT_EQ(ext->ops->destroy_qp(qp_d), 0);
+        EXPECT_EQ(ext->ops->destroy_srq(srq), 0);
+        EXPECT_EQ(ext->ops->destroy_cq(cq_d), 0);
         for (auto *x : cq) {
             EXPECT_EQ(ext->ops->destroy_cq(x), 0);
         }
@@ -620,6 +648,9 @@ class SoftndaRestart : public ::testing::Test {
     ibv_cq_extend *cq[2] = {};
     ibv_qp_extend *qp[3] = {};
     softnda_cq cqs[2] = {};
+    ibv_cq_extend *cq_d = nullptr;
+    ibv_srq_extend *srq = nullptr;
+    ibv_qp_extend *qp_d = nullptr;
     uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
 };
 
@@ -681,15 +712,10 @@ TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
     __atomic_store_n(reinterpret_cast<uint32_t *>(cq[1]->cq_info.dbr_pi_va.iov_base) + 2, 1u,
                      __ATOMIC_RELEASE);
     dst[100] = 41;
-    softnda_sge rs{sh->src + 800, 8, sh->key[0]};
-    auto rd = wr(SOFTNDA_OP_RDMA_READ, 3000, &rs, 1);
-    rd.remote_addr = sh->dst + 800;
-    rd.rkey = sh->key[1];
-    post(&sqB, rd);  // B reads A's src: both in one PD
-    softnda_sge fs{sh->src + 808, 8, sh->key[0]};
-    auto fa = wr(SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 3001, &fs, 1);
-    fa.remote_addr = sh->dst + 800;
-    fa.rkey = sh->key[1];
+    softnda_sge rs;
+    post(&sqB, toDst(sh, SOFTNDA_OP_RDMA_READ, 3000, &rs, 800, 800));  // B reads A's src: both in one PD
+    softnda_sge fs;
+    auto fa = toDst(sh, SOFTNDA_OP_ATOMIC_FETCH_AND_ADD, 3001, &fs, 808, 800);
     fa.compare_add = 1;
     post(&sqB, fa);
     softnda_sge ar{sh->recv + 512, 8, sh->key[2]};
@@ -714,11 +740,8 @@ TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
     EXPECT_GE(ev, 1u);
     // A WRITE A -> B after the restart.
     src[130] = 77;
-    softnda_sge w2{sh->src + 1040, 8, sh->key[0]};
-    auto wr2 = wr(SOFTNDA_OP_RDMA_WRITE, 3003, &w2, 1);
-    wr2.remote_addr = sh->dst + 1040;
-    wr2.rkey = sh->key[1];
-    post(&sqA, wr2);
+    softnda_sge w2;
+    post(&sqA, toDst(sh, SOFTNDA_OP_RDMA_WRITE, 3003, &w2, 1040, 1040));
     ASSERT_EQ(waitCqes(cqs[0], 1).size(), 1u);
     EXPECT_EQ(dst[130], 77u);
 
@@ -739,7 +762,7 @@ TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
     for (uint32_t q : sh->qpn) {
         EXPECT_NE(nq->qp->qp_num, q);
     }
-    ibv_mr *nm = softnda_vdev_ops.reg_mr(pd, src, 64, reinterpret_cast<uintptr_t>(src), kAll);
+    ibv_mr *nm = softnda_vdev_ops.reg_mr(pd, src, 64, reinterpret_cast<uintptr_t>(src), kAllAccess);
     ASSERT_NE(nm, nullptr);
     for (uint32_t key : sh->key) {
         EXPECT_NE(nm->lkey, key);
@@ -747,6 +770,37 @@ TEST_F(SoftndaRestart, QueuesCarryOnInTheSuccessorAfterAKill) {
     EXPECT_EQ(softnda_vdev_ops.dereg_mr(nm), 0);
     EXPECT_EQ(ext->ops->destroy_qp(nq), 0);
 
+    teardown();
+}
+
+// An SRQ and the QP that receives from it come back as they were: the receive the old process
+// left on the SRQ takes the next SEND, the one it consumed is not taken again.
+TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(qp_d->rq_info.qbuf.base, 0u);
+    softnda_sq sqD;
+    softnda_cq cqD;
+    ASSERT_EQ(softnda_sq_init(&sqD, &qp_d->sq_info), 0);
+    ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    src[191] = 0xd001;
+    softnda_sge ds{sh->src + 1528, 8, sh->key[0]};
+    post(&sqD, wr(SOFTNDA_OP_SEND, 7101, &ds, 1));
+    auto done = waitCqes(cqD, 2);
+    ASSERT_EQ(done.size(), 2u);
+    std::map<uint64_t, softnda_cqe> by_id;
+    for (auto &e : done) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+        by_id[e.wr_id] = e;
+    }
+    ASSERT_EQ(by_id.count(7101), 1u);
+    ASSERT_EQ(by_id.count(7001), 1u);
+    EXPECT_EQ(by_id[7001].opcode, IBV_WC_RECV);
+    EXPECT_EQ(by_id[7001].byte_len, 8u);
+    EXPECT_EQ(by_id[7001].src_qp, sh->qpn_d);
+    EXPECT_EQ(recv[192], 0xd000u);  // the SEND before the kill, in the first receive
+    EXPECT_EQ(recv[193], 0xd001u);
+    EXPECT_TRUE(staysEmpty(cqD));
     teardown();
 }
 
@@ -778,11 +832,8 @@ TEST_F(SoftndaRestart, AWqeCommittedAtTheResponderIsRetiredNotRunAgain) {
     softnda_sq sqB;
     ASSERT_EQ(softnda_sq_init(&sqB, &qp[1]->sq_info), 0);
     src[230] = 0x99;
-    softnda_sge bs{sh->src + 1840, 8, sh->key[0]};
-    auto bw = wr(SOFTNDA_OP_RDMA_WRITE, 5101, &bs, 1);
-    bw.remote_addr = sh->dst + 1840;
-    bw.rkey = sh->key[1];
-    post(&sqB, bw);
+    softnda_sge bs;
+    post(&sqB, toDst(sh, SOFTNDA_OP_RDMA_WRITE, 5101, &bs, 1840, 1840));
     auto b = waitCqes(cqs[1], 1);
     ASSERT_EQ(b.size(), 1u);
     EXPECT_EQ(b[0].wr_id, 5101u);
@@ -817,12 +868,6 @@ TEST_F(SoftndaRestart, AWqeThatDidNotCommitRunsOnce) {
     EXPECT_EQ(a.rq_psn, 3u);
     teardown();
 }
-
-}  // namespace
-
-namespace {
-
-using softnda_test::SoftndaTest;
 
 // Relocation in one process: only the exact ranges the test knows map (to themselves).
 struct Known {
@@ -951,3 +996,4 @@ TEST_F(SoftndaRestartBlob, CorruptedTruncatedAndForeignBlobsAnswerEinval) {
 }
 
 }  // namespace
+}  // namespace softnda_test
