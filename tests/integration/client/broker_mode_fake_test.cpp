@@ -192,7 +192,7 @@ TEST_F(FakeBrokerTest, RegMrHandsTheClientsMemoryToTheBroker) {
     EXPECT_EQ(ibvx_dereg_mr(mr), 0);
 
     // Memory not from ibvx_alloc_buf() reaches the broker on shared pages moved under it
-    // (client/shared_pages.h): the broker sees the bytes at the offset it is given.
+    // (client/broker/shared_pages.h): the broker sees the bytes at the offset it is given.
     std::vector<uint8_t> heap(64);
     memcpy(heap.data(), &marker, sizeof(marker));
     ibv_mr *hmr = ibvx_reg_mr(pd_, heap.data(), heap.size(), 0);
