@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "providers/loader/loader.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
@@ -382,16 +383,17 @@ TEST_F(BrokerTest, ConcurrentSessionsStayApart) {
     EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
 }
 
-// softnda is documented thread-safe across contexts, so the broker does not serialise its
-// tenants on one device lock: every control call of four sessions on softnda0 runs in parallel
-// here, and the tsan build checks that nothing races (the driver's own locks, the mapping
-// manager, the thread-local binding of each call to its session).
+// softnda declares its calls safe across contexts (its vdev ops, ABI V5), so the broker does not
+// serialise its tenants on one device lock: every control call of four sessions on softnda0 runs
+// in parallel here, and the tsan build checks that nothing races (the driver's own locks, the
+// mapping manager, the thread-local binding of each call to its session).
 TEST_F(BrokerTest, SoftndaCallsOfDifferentSessionsRunUnserialised) {
     ASSERT_NE(devices_->find("softnda0"), nullptr);
+    EXPECT_TRUE(threadSafeAcrossContexts(&softnda_driver_ops));
     EXPECT_FALSE(devices_->find("softnda0")->serialize_calls);
-    EXPECT_TRUE(threadSafeAcrossContexts("mlx5"));
-    EXPECT_FALSE(threadSafeAcrossContexts("ibvxtest"))
-        << "a driver the tree does not vouch for is serialised";
+    static const verbs_device_extend_ops undeclared = {"ibvxtest", nullptr, nullptr};
+    verbs_register_driver_extend(&undeclared);
+    EXPECT_FALSE(threadSafeAcrossContexts(&undeclared)) << "a driver that declares nothing is serialised";
     std::vector<std::shared_ptr<Session>> sessions;
     for (int i = 0; i < 4; ++i) {
         sessions.push_back(newSession());
@@ -430,6 +432,32 @@ TEST_F(BrokerTest, SoftndaCallsOfDifferentSessionsRunUnserialised) {
     EXPECT_EQ(failures.load(), 0);
     EXPECT_EQ(broker_->objectCount(), 0u);
     EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
+}
+
+// A driver of rdma-core devices declares what it guarantees next to its reference registration
+// (PROVIDER_EXTEND_GUARANTEES): mlx5's contexts run in parallel as softnda's do.
+TEST_F(BrokerTest, Mlx5DeclaresItsCallsSafeAcrossContexts) {
+    const char *dir = getenv("IBV_EXTEND_PROVIDER_DIR");
+    const std::string lib = std::string(dir != nullptr ? dir : ".") + "/libibvx_mlx5.so";
+    if (::access(lib.c_str(), F_OK) != 0) {
+        GTEST_SKIP() << lib << " is not built here (no mlx5dv)";
+    }
+    loader::LoadRecord loaded = loader::loadDriver(lib, "broker_test");
+    ASSERT_TRUE(loaded.loaded) << loaded.error;
+    EXPECT_TRUE(threadSafeAcrossContexts(loader::findDriverByName("mlx5")));
+}
+
+// The guarantees of a vdev provider are read only from an ABI V5 table: a V4 provider's struct
+// ends before them, so its driver stays serialised whatever lies past its end.
+TEST_F(BrokerTest, OnlyAV5VdevProviderDeclaresGuarantees) {
+    static const verbs_device_extend_ops driver = {"ibvxtest_v4", nullptr, nullptr};
+    static ibv_extend_vdev_ops v4 = softnda_vdev_ops;
+    v4.abi = IBV_EXTEND_VDEV_ABI_V4;
+    v4.provider = driver.name;
+    ASSERT_NE(v4.guarantees & IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS, 0u);
+    verbs_register_vdev_extend(&v4);
+    EXPECT_FALSE(threadSafeAcrossContexts(&driver));
+    EXPECT_FALSE(threadSafeAcrossContexts(nullptr));
 }
 
 }  // namespace
