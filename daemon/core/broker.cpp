@@ -241,12 +241,11 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
         s->xfer_cv_.notify_all();
     }
     std::lock_guard lock(s->mu_);
-    // Dependency order: nothing is destroyed while something else still uses it.
-    for (ObjectKind kind : {ObjectKind::kQp, ObjectKind::kSrq, ObjectKind::kCq, ObjectKind::kMr,
-                            ObjectKind::kPd, ObjectKind::kContext}) {
+    // Children first: nothing is destroyed while something else still uses it.
+    for (auto kind = std::rbegin(kParentsFirst); kind != std::rend(kParentsFirst); ++kind) {
         std::vector<Object *> victims;
         for (auto &[handle, obj] : s->objects_) {
-            if (obj->kind == kind) {
+            if (obj->kind == *kind) {
                 victims.push_back(obj.get());
             }
         }

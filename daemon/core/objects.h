@@ -30,6 +30,13 @@ struct Device;
 
 const char *kindName(ObjectKind kind);
 
+// Parents first: an object uses only objects of kinds that come before its own here. A restore
+// makes a session's objects in this order; a teardown destroys them in the reverse one.
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kMr,
+                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
+// The kind's place in kParentsFirst; past its end for a value that names no kind.
+size_t kindRank(ObjectKind kind);
+
 struct Object;
 
 // The objects one object uses. There are at most five (a QP's context, PD, two CQs and SRQ), so

@@ -17,24 +17,6 @@ std::chrono::steady_clock::time_point steadyAt(uint64_t unix_ms) {
 
 }  // namespace
 
-const char *kindName(ObjectKind kind) {
-    switch (kind) {
-        case ObjectKind::kContext:
-            return "context";
-        case ObjectKind::kPd:
-            return "pd";
-        case ObjectKind::kMr:
-            return "mr";
-        case ObjectKind::kCq:
-            return "cq";
-        case ObjectKind::kQp:
-            return "qp";
-        case ObjectKind::kSrq:
-            return "srq";
-    }
-    return "object";
-}
-
 Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
                  UniqueFd pidfd)
     : id_(id),

@@ -67,25 +67,6 @@ std::string driverFdName(uint64_t session, uint64_t handle, size_t n) {
 }
 constexpr const char *kGlobalName = "ibvx.global";
 
-// Parents first: the order objects are imported in (and destroyed in reverse).
-int rank(ObjectKind k) {
-    switch (k) {
-        case ObjectKind::kContext:
-            return 0;
-        case ObjectKind::kPd:
-            return 1;
-        case ObjectKind::kMr:
-            return 2;
-        case ObjectKind::kCq:
-            return 3;
-        case ObjectKind::kSrq:
-            return 4;
-        case ObjectKind::kQp:
-            return 5;
-    }
-    return 6;
-}
-
 void *relocThunk(void *arg, uint64_t old_addr, uint64_t length) {
     uint64_t a = static_cast<const Relocations *>(arg)->find(old_addr, length);
     return a != 0 ? reinterpret_cast<void *>(a) : nullptr;
@@ -488,7 +469,7 @@ std::vector<StateFile::Record> RestartState::fullImage(Session &s, SessionEntry 
         order.push_back(obj.get());
     }
     std::stable_sort(order.begin(), order.end(),
-                     [](const Object *a, const Object *b) { return rank(a->kind) < rank(b->kind); });
+                     [](const Object *a, const Object *b) { return kindRank(a->kind) < kindRank(b->kind); });
     for (Object *obj : order) {
         out.emplace_back(kObjectPut, objectRecord(id, obj));
     }
@@ -900,7 +881,7 @@ Status RestartState::restoreSession(const std::vector<StateFile::Record> &record
         order.push_back(&o);
     }
     std::stable_sort(order.begin(), order.end(), [](const rpb::Object *a, const rpb::Object *b) {
-        return rank(static_cast<ObjectKind>(a->kind())) < rank(static_cast<ObjectKind>(b->kind()));
+        return kindRank(static_cast<ObjectKind>(a->kind())) < kindRank(static_cast<ObjectKind>(b->kind()));
     });
     for (rpb::Object *o : order) {
         *m.add_objects() = std::move(*o);
