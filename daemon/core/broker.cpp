@@ -122,11 +122,15 @@ std::shared_ptr<const Policy> Broker::policy() const {
 
 StatusOr<QuotaCharge> Broker::reserve(const PeerIdentity &peer, uint64_t session,
                                       std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
-    auto charged = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id, peer.pod_namespace}, amounts);
+    auto charged = quotas_.reserve(tenantOf(peer), amounts);
     if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && events_ != nullptr) {
         events_->quotaDenied(peer, session, charged.status().message());
     }
     return charged;
+}
+
+TenantKey Broker::tenantOf(const PeerIdentity &peer) {
+    return TenantKey{peer.creds.uid, peer.container_id, peer.pod_namespace};
 }
 
 StatusOr<QuotaCharge> Broker::charge(const Session &s,
@@ -266,26 +270,6 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
     }
 }
 
-Status Broker::adoptSession(std::shared_ptr<Session> s) {
-    std::lock_guard lock(sessions_mu_);
-    if (by_token_.count(s->tokenHex()) != 0) {
-        return Status(Code::kAlreadyExists, EEXIST, "a session with this token exists");
-    }
-    next_session_id_ = std::max(next_session_id_, s->id() + 1);
-    by_token_[s->tokenHex()] = std::move(s);
-    return Status::ok();
-}
-
-uint64_t Broker::nextSessionId() {
-    std::lock_guard lock(sessions_mu_);
-    return next_session_id_;
-}
-
-void Broker::raiseNextSessionId(uint64_t next) {
-    std::lock_guard lock(sessions_mu_);
-    next_session_id_ = std::max(next_session_id_, next);
-}
-
 void Broker::endAllSessions() {
     for (auto &s : sessions()) {
         endSession(s);
@@ -335,8 +319,7 @@ Status Broker::commit(Session &s, StoredReply reply) {
         s.addReply(std::move(reply));
     }
     if (!commit_) {
-        s.touched_.clear();
-        s.erased_.clear();
+        (void)s.takeChanges();
         return Status::ok();
     }
     return commit_(s);
@@ -385,23 +368,28 @@ uint64_t Broker::newHandle(Session &s) {
 uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
     uint64_t h = newHandle(s);
     obj->handle = h;
-    for (Object *u : obj->uses) {
-        ++u->users;
-        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
-    }
     ObjectKind kind = obj->kind;
-    s.objects_.emplace(h, std::move(obj));
-    s.object_count_ = s.objects_.size();
-    s.touched_.push_back(h);
+    link(s, std::move(obj));
     if (events_ != nullptr) {
         events_->objectCreated(s, kind, h);
     }
     return h;
 }
 
+void Broker::link(Session &s, std::unique_ptr<Object> obj) {
+    for (Object *u : obj->uses) {
+        ++u->users;
+        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
+    }
+    uint64_t h = obj->handle;
+    touch(s, obj.get());
+    s.objects_.emplace(h, std::move(obj));
+    s.object_count_ = s.objects_.size();
+}
+
 void Broker::touch(Session &s, Object *obj) {
     obj->state_dirty = true;
-    s.touched_.push_back(obj->handle);
+    s.changes_.touched.push_back(obj->handle);
 }
 
 void Broker::eraseLocked(Session &s, Object *obj) {
@@ -413,7 +401,7 @@ void Broker::eraseLocked(Session &s, Object *obj) {
     ObjectKind kind = obj->kind;
     s.objects_.erase(h);
     s.object_count_ = s.objects_.size();
-    s.erased_.push_back(h);
+    s.changes_.erased.push_back(h);
     if (events_ != nullptr) {
         events_->objectDestroyed(s, kind, h);
     }
@@ -536,12 +524,10 @@ Status Broker::openDriverContext(Session &s, ContextObject &obj) {
     if (obj.verbs == nullptr) {
         return fromDriver(errno, "cannot open device '" + dev->info.name + "'");
     }
-    loader::ExtendOpen open = loader::openExtendContext(dev->driver, obj.verbs);
+    loader::ExtendOpen open = obj.openExtension();
     if (open.refusal == loader::ExtendRefusal::kNone) {
-        obj.ext = open.ext;
         return Status::ok();
     }
-    (void)dev->verbs.closeDevice(obj.verbs);
     if (open.refusal == loader::ExtendRefusal::kBadVersion) {
         return unimplemented("driver '" + dev->info.provider + "' announces an unsupported ops version");
     }

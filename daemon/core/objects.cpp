@@ -39,6 +39,17 @@ size_t kindRank(ObjectKind kind) {
     return rank;
 }
 
+loader::ExtendOpen ContextObject::openExtension() {
+    loader::ExtendOpen open = loader::openExtendContext(dev->driver, verbs);
+    if (open.refusal == loader::ExtendRefusal::kNone) {
+        ext = open.ext;
+    } else {
+        (void)dev->verbs.closeDevice(verbs);
+        verbs = nullptr;
+    }
+    return open;
+}
+
 int ContextObject::destroyDriverObject() {
     // Nothing to refuse here: the extension context goes, then the device context under it.
     if (dev->driver->free_context != nullptr) {

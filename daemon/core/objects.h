@@ -23,6 +23,7 @@
 #include "daemon/core/mapping.h"
 #include "daemon/core/object_snapshot.h"
 #include "daemon/core/quota.h"
+#include "providers/loader/extend_open.h"
 
 namespace ibvx::daemon {
 
@@ -107,6 +108,9 @@ struct ContextObject : Object {
     Device *device() const override { return dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
+    // Opens the driver's extension context on `verbs` (just opened, or imported by a restore);
+    // a refusal closes `verbs` again. Called with the device's driver lock held (a driver call).
+    loader::ExtendOpen openExtension();
     Device *dev = nullptr;
     ibv_context *verbs = nullptr;  // the device context (vdev or libibverbs)
     ibv_context_extend *ext = nullptr;

@@ -460,5 +460,109 @@ TEST_F(BrokerTest, OnlyAV5VdevProviderDeclaresGuarantees) {
     EXPECT_FALSE(threadSafeAcrossContexts(nullptr));
 }
 
+// What a commit exports of an object and a restore gives Broker::adopt(): the object as the
+// driver exported it, with its handle and the handles it uses.
+ObjectImport exported(Broker &broker, Session &s, uint64_t handle) {
+    auto held = s.hold();
+    ObjectImport in;
+    EXPECT_TRUE(broker.exportObject(s, handle).isOk());
+    const Object *o = s.object(handle);
+    if (o == nullptr) {
+        ADD_FAILURE() << "no object " << handle;
+        return in;
+    }
+    in.handle = handle;
+    in.kind = o->kind;
+    for (const Object *u : o->uses) {
+        in.uses.push_back(u->handle);
+    }
+    in.device = o->device()->info.name;
+    in.driver_state = o->driver_state;
+    for (const UniqueFd &fd : o->driver_fds) {
+        in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    }
+    return in;
+}
+
+// The restore's side of the core: an exported context and PD made again in another session,
+// under their handles, through the driver (import_object) and without a create event.
+TEST_F(BrokerTest, AdoptMakesExportedObjectsAgainUnderTheirHandles) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    ObjectImport ctx_in = exported(*broker_, *session_, ctx->context);
+    ObjectImport pd_in = exported(*broker_, *session_, *pd);
+    EXPECT_FALSE(ctx_in.driver_state.empty());
+    EXPECT_FALSE(pd_in.driver_state.empty());
+    {
+        auto held = session_->hold();
+        EXPECT_TRUE(broker_->exportObject(*session_, *pd).isOk()) << "unchanged since: nothing to do";
+        EXPECT_EQ(session_->object(*pd)->driver_state, pd_in.driver_state);
+    }
+    audit_.clear();
+    auto restored = newSession();
+    Relocations relocations;
+    Device *dev = devices_->find("softnda0");
+    ASSERT_EQ(dev->verbs.setPaused(true), 0) << "a restore imports with the engine paused";
+    Status st = broker_->adopt(*restored, std::move(ctx_in), relocations);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    st = broker_->adopt(*restored, std::move(pd_in), relocations);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    ASSERT_EQ(dev->verbs.setPaused(false), 0);
+    EXPECT_TRUE(audit_.empty()) << "an adopted object is no new object";
+    ASSERT_EQ(restored->objectCount(), 2u);
+    {
+        auto held = restored->hold();
+        const Object *c = restored->object(ctx->context);
+        const Object *p = restored->object(*pd);
+        ASSERT_NE(c, nullptr);
+        ASSERT_NE(p, nullptr);
+        EXPECT_EQ(c->users, 1u) << "the PD uses it";
+        ASSERT_EQ(p->uses.size(), 1u);
+        EXPECT_EQ(*p->uses.begin(), c);
+        EXPECT_EQ(restored->takeChanges().touched.size(), 3u) << "the next commit exports both";
+    }
+    EXPECT_TRUE(broker_->queryDevice(*restored, ctx->context).isOk()) << "its extension context is open";
+    EXPECT_EQ(broker_->closeContext(*restored, ctx->context).status().errnoValue(), EBUSY);
+    broker_->endSession(restored);
+    EXPECT_EQ(restored->objectCount(), 0u);
+    EXPECT_EQ(session_->objectCount(), 2u) << "the original session keeps its own";
+}
+
+TEST_F(BrokerTest, AdoptRefusesWhatDoesNotFitTheSession) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto restored = newSession();
+    Relocations relocations;
+    auto refusal = [&](ObjectImport in) {
+        Status st = broker_->adopt(*restored, std::move(in), relocations);
+        EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.toString();
+        return st.message();
+    };
+    ObjectImport orphan;
+    orphan.handle = 7;
+    orphan.kind = ObjectKind::kPd;
+    orphan.uses = {ctx->context};  // the other session's context
+    EXPECT_NE(refusal(std::move(orphan)).find("uses an unknown handle"), std::string::npos);
+    ObjectImport no_parent;
+    no_parent.handle = 8;
+    no_parent.kind = ObjectKind::kPd;
+    EXPECT_NE(refusal(std::move(no_parent)).find("no device or parent"), std::string::npos);
+    ObjectImport no_state;
+    no_state.handle = 9;
+    no_state.device = "softnda0";
+    EXPECT_NE(refusal(std::move(no_state)).find("no usable driver state"), std::string::npos);
+    ObjectImport unnamed;
+    unnamed.device = "softnda0";
+    unnamed.driver_state = "x";
+    EXPECT_NE(refusal(std::move(unnamed)).find("malformed"), std::string::npos) << "handle 0";
+    ObjectImport unknown_kind;
+    unknown_kind.handle = 10;
+    unknown_kind.kind = static_cast<ObjectKind>(99);
+    EXPECT_NE(refusal(std::move(unknown_kind)).find("malformed"), std::string::npos);
+    EXPECT_EQ(restored->objectCount(), 0u);
+}
+
 }  // namespace
 }  // namespace ibvx::daemon
