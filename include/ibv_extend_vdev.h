@@ -31,14 +31,30 @@ extern "C" {
  * V2 adds query_counters; V3 adds query_device, query_port, query_gid (what the libibverbs
  * face answers ibv_query_device/_port/_gid with) and the event fds; V4 adds the restart entries
  * (export_object, import_object, set_paused: the broker keeps live queues across its own
- * restart, docs/restart.md). The library reads an entry only when the
- * provider's abi has it, so an older provider (a shorter struct) keeps working unchanged. */
+ * restart, docs/restart.md); V5 adds guarantees (below). The library reads an entry only when
+ * the provider's abi has it, so an older provider (a shorter struct) keeps working unchanged. */
 #define IBV_EXTEND_VDEV_ABI_V1 1
 #define IBV_EXTEND_VDEV_ABI_V2 2
 #define IBV_EXTEND_VDEV_ABI_V3 3
 #define IBV_EXTEND_VDEV_ABI_V4 4
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V4
+#define IBV_EXTEND_VDEV_ABI_V5 5
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V5
 #define IBV_EXTEND_VDEV_NAME_MAX 64
+
+/* ---- What a driver guarantees ----
+ * The reference promises nothing about an extension driver's thread-safety, so a caller that
+ * shares one device among threads (the broker serves many tenants on it) serializes every call
+ * into the driver per device. A driver that guarantees more says so with these bits, once:
+ *  - a virtual-device provider in its struct ibv_extend_vdev_ops (guarantees, ABI V5), for
+ *    itself and the struct verbs_device_extend_ops of the same name;
+ *  - any other extension driver (one rdma-core devices are matched to, registered with the
+ *    reference PROVIDER_EXTEND_DRIVER) with PROVIDER_EXTEND_GUARANTEES(ops, bits) next to it.
+ * A driver that declares nothing gets the safe default; bits a library does not know are
+ * ignored. */
+
+/* Calls on different contexts of one device may run at the same time, from any threads: the
+ * driver locks what its contexts share (calls on one context are never concurrent). */
+#define IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS (1u << 0)
 
 /* ---- Restart (ABI V4) ----
  * A broker that restarts (or crashes and is restarted) keeps its tenants' queues. What carries
@@ -199,14 +215,38 @@ struct ibv_extend_vdev_ops {
     void *(*import_object)(enum ibv_extend_vdev_obj kind, const struct ibv_extend_vdev_state *in,
                            const struct ibv_extend_vdev_import *env);
     int (*set_paused)(const char *device, int paused);
+
+    /* ---- ABI V5 and later (never read from an older provider) ----
+     * What the provider and its extension driver guarantee: IBV_EXTEND_GUARANTEE_* bits (see
+     * "What a driver guarantees" above). 0: nothing beyond the reference. */
+    uint32_t guarantees;
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);
+
+/* Declares what the extension driver whose ops are drv (registered by its own
+ * PROVIDER_EXTEND_DRIVER) guarantees: IBV_EXTEND_GUARANTEE_* bits. For drivers without a struct
+ * ibv_extend_vdev_ops (a vdev provider declares them there). The first declaration for a table
+ * counts. PROVIDER_EXTEND_GUARANTEES refers to it weakly: a driver that declares still loads in
+ * a library without it (the reference's, which knows only verbs_register_driver_extend), and
+ * declares nothing there. */
+void verbs_declare_guarantees_extend(const struct verbs_device_extend_ops *drv, uint32_t guarantees);
 
 #define PROVIDER_EXTEND_VDEV(vops)                                                \
     static __attribute__((constructor)) void vops##__register_extend_vdev(void) { \
         verbs_register_vdev_extend(&(vops));                                      \
     }
+
+/* The pragma on a line of its own (clang-format would run it into the definition). */
+/* clang-format off */
+#define PROVIDER_EXTEND_GUARANTEES(drv, bits)                                         \
+    _Pragma("weak verbs_declare_guarantees_extend")                                   \
+    static __attribute__((constructor)) void drv##__declare_extend_guarantees(void) { \
+        if (verbs_declare_guarantees_extend != NULL) {                                \
+            verbs_declare_guarantees_extend(&(drv), (bits));                          \
+        }                                                                             \
+    }
+/* clang-format on */
 
 #ifdef __cplusplus
 }

@@ -40,14 +40,13 @@ const char *qpTypeName(ibv_qp_type type) {
 
 std::vector<ObjectSnapshot> SessionInspector::objects(Session &s) {
     std::vector<ObjectSnapshot> out;
-    std::lock_guard lock(s.mu_);
-    if (s.ended_) {
+    auto held = s.hold();
+    if (s.ended()) {
         return out;
     }
-    out.reserve(s.objects_.size());
-    for (const auto &[handle, obj] : s.objects_) {
+    for (const Object *obj : s.objectsParentsFirst()) {
         ObjectSnapshot o;
-        o.handle = handle;
+        o.handle = obj->handle;
         o.kind = obj->kind;
         o.users = obj->users;
         for (const Object *u : obj->uses) {

@@ -12,6 +12,7 @@
 
 #include "common/driver_ops.h"
 #include "common/fd_kind.h"
+#include "daemon/core/driver_call.h"
 #include "daemon/core/events.h"
 #include "providers/loader/create_rules.h"
 #include "providers/loader/extend_open.h"
@@ -21,64 +22,6 @@ namespace {
 
 Status sessionGone() {
     return Status(Code::kUnavailable, ENOTCONN, "session ended");
-}
-
-Status fromDriver(int err, const std::string &what) {
-    if (err == 0) {
-        err = EIO;
-    }
-    return Status::fromErrno(err, what + ": " + std::strerror(err));
-}
-
-// Driver int calls return a negative errno (the reference's convention, and what the device's
-// verbs table makes of libibverbs' answers); an old driver may still answer -1 with errno.
-int driverErr(int rc) {
-    if (rc < 0) {
-        return rc == -1 && errno != 0 ? errno : -rc;
-    }
-    return rc;
-}
-
-// One driver call: binds the thread to the session, so the driver's alloc/db_mmap callbacks
-// (MappingManager::ops()) reach the session's memory (a thread-local binding, invisible at the
-// call sites), and holds the device's driver lock when the driver needs its calls serialised
-// (device.h).
-class DriverCall {
-  public:
-    DriverCall(SessionMemory &mem, Device *dev)
-        : lock_(dev->driver_mu, std::defer_lock), binding_(&mem, dev->verbs.provider()) {
-        if (dev->serialize_calls) {
-            lock_.lock();
-        }
-    }
-
-  private:
-    std::unique_lock<std::mutex> lock_;
-    ScopedBinding binding_;
-};
-
-// A driver call returning a pointer: NULL + errno (fallback when the driver left errno 0).
-template <typename Fn>
-auto createOnDriver(SessionMemory &mem, Device *dev, int fallback, const std::string &what, Fn fn)
-    -> StatusOr<decltype(fn())> {
-    DriverCall call(mem, dev);
-    errno = 0;
-    auto *made = fn();
-    if (made == nullptr) {
-        return fromDriver(errno != 0 ? errno : fallback, what);
-    }
-    return made;
-}
-
-// A driver call returning an int: 0, or the driver's error.
-template <typename Fn>
-Status callDriver(SessionMemory &mem, Device *dev, const std::string &what, Fn fn) {
-    DriverCall call(mem, dev);
-    int rc = fn();
-    if (rc != 0) {
-        return fromDriver(driverErr(rc), what);
-    }
-    return Status::ok();
 }
 
 // A create rule's refusal (providers/loader/create_rules.h) as the broker reports it.
@@ -179,11 +122,15 @@ std::shared_ptr<const Policy> Broker::policy() const {
 
 StatusOr<QuotaCharge> Broker::reserve(const PeerIdentity &peer, uint64_t session,
                                       std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
-    auto charged = quotas_.reserve(TenantKey{peer.creds.uid, peer.container_id, peer.pod_namespace}, amounts);
+    auto charged = quotas_.reserve(tenantOf(peer), amounts);
     if (!charged.isOk() && charged.status().code() == Code::kResourceExhausted && events_ != nullptr) {
         events_->quotaDenied(peer, session, charged.status().message());
     }
     return charged;
+}
+
+TenantKey Broker::tenantOf(const PeerIdentity &peer) {
+    return TenantKey{peer.creds.uid, peer.container_id, peer.pod_namespace};
 }
 
 StatusOr<QuotaCharge> Broker::charge(const Session &s,
@@ -298,12 +245,11 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
         s->xfer_cv_.notify_all();
     }
     std::lock_guard lock(s->mu_);
-    // Dependency order: nothing is destroyed while something else still uses it.
-    for (ObjectKind kind : {ObjectKind::kQp, ObjectKind::kSrq, ObjectKind::kCq, ObjectKind::kMr,
-                            ObjectKind::kPd, ObjectKind::kContext}) {
+    // Children first: nothing is destroyed while something else still uses it.
+    for (auto kind = std::rbegin(kParentsFirst); kind != std::rend(kParentsFirst); ++kind) {
         std::vector<Object *> victims;
         for (auto &[handle, obj] : s->objects_) {
-            if (obj->kind == kind) {
+            if (obj->kind == *kind) {
                 victims.push_back(obj.get());
             }
         }
@@ -322,26 +268,6 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
     if (end_sink_) {
         end_sink_(*s);
     }
-}
-
-Status Broker::adoptSession(std::shared_ptr<Session> s) {
-    std::lock_guard lock(sessions_mu_);
-    if (by_token_.count(s->tokenHex()) != 0) {
-        return Status(Code::kAlreadyExists, EEXIST, "a session with this token exists");
-    }
-    next_session_id_ = std::max(next_session_id_, s->id() + 1);
-    by_token_[s->tokenHex()] = std::move(s);
-    return Status::ok();
-}
-
-uint64_t Broker::nextSessionId() {
-    std::lock_guard lock(sessions_mu_);
-    return next_session_id_;
-}
-
-void Broker::raiseNextSessionId(uint64_t next) {
-    std::lock_guard lock(sessions_mu_);
-    next_session_id_ = std::max(next_session_id_, next);
 }
 
 void Broker::endAllSessions() {
@@ -393,8 +319,7 @@ Status Broker::commit(Session &s, StoredReply reply) {
         s.addReply(std::move(reply));
     }
     if (!commit_) {
-        s.touched_.clear();
-        s.erased_.clear();
+        (void)s.takeChanges();
         return Status::ok();
     }
     return commit_(s);
@@ -443,23 +368,28 @@ uint64_t Broker::newHandle(Session &s) {
 uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
     uint64_t h = newHandle(s);
     obj->handle = h;
-    for (Object *u : obj->uses) {
-        ++u->users;
-        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
-    }
     ObjectKind kind = obj->kind;
-    s.objects_.emplace(h, std::move(obj));
-    s.object_count_ = s.objects_.size();
-    s.touched_.push_back(h);
+    link(s, std::move(obj));
     if (events_ != nullptr) {
         events_->objectCreated(s, kind, h);
     }
     return h;
 }
 
+void Broker::link(Session &s, std::unique_ptr<Object> obj) {
+    for (Object *u : obj->uses) {
+        ++u->users;
+        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
+    }
+    uint64_t h = obj->handle;
+    touch(s, obj.get());
+    s.objects_.emplace(h, std::move(obj));
+    s.object_count_ = s.objects_.size();
+}
+
 void Broker::touch(Session &s, Object *obj) {
     obj->state_dirty = true;
-    s.touched_.push_back(obj->handle);
+    s.changes_.touched.push_back(obj->handle);
 }
 
 void Broker::eraseLocked(Session &s, Object *obj) {
@@ -471,7 +401,7 @@ void Broker::eraseLocked(Session &s, Object *obj) {
     ObjectKind kind = obj->kind;
     s.objects_.erase(h);
     s.object_count_ = s.objects_.size();
-    s.erased_.push_back(h);
+    s.changes_.erased.push_back(h);
     if (events_ != nullptr) {
         events_->objectDestroyed(s, kind, h);
     }
@@ -594,12 +524,10 @@ Status Broker::openDriverContext(Session &s, ContextObject &obj) {
     if (obj.verbs == nullptr) {
         return fromDriver(errno, "cannot open device '" + dev->info.name + "'");
     }
-    loader::ExtendOpen open = loader::openExtendContext(dev->driver, obj.verbs);
+    loader::ExtendOpen open = obj.openExtension();
     if (open.refusal == loader::ExtendRefusal::kNone) {
-        obj.ext = open.ext;
         return Status::ok();
     }
-    (void)dev->verbs.closeDevice(obj.verbs);
     if (open.refusal == loader::ExtendRefusal::kBadVersion) {
         return unimplemented("driver '" + dev->info.provider + "' announces an unsupported ops version");
     }

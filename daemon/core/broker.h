@@ -137,6 +137,30 @@ struct NegoResult {
 // Regions the tenant may unmap after a destroy.
 using Released = std::vector<RegionId>;
 
+// One object as a restarted broker's snapshot recorded it (daemon/restart reads it from the
+// session's state file): what Broker::adopt() makes again in this process, under the same handle.
+struct ObjectImport {
+    uint64_t handle = 0;
+    ObjectKind kind = ObjectKind::kContext;
+    std::vector<uint64_t> uses;  // handles of objects adopted before it (kParentsFirst)
+    std::string device;          // kContext: the device it was opened on
+    QuotaValues quota{};         // what it held against its tenant's quotas
+    uint64_t queue_bytes = 0;
+    // The driver's own state (export_object's blob) and the fds that go with it.
+    std::string driver_state;
+    std::vector<UniqueFd> driver_fds;
+    struct Mr {
+        UniqueFd fd;  // the tenant's memfd
+        uint64_t fd_offset = 0, length = 0, map_length = 0;
+        uint64_t old_address = 0;  // of the old process's mapping (relocated for the driver)
+    } mr;                          // kMr
+    struct Qp {
+        ibv_qp_type type = IBV_QPT_RC;
+        bool sq_sig_all = false, has_srq = false;
+        ibv_qp_cap cap{};
+    } qp;  // kQp
+};
+
 // Called by Broker::commit with the session's mutex held, after the reply was stored: the
 // restart layer writes the session's state there (daemon/restart). Tests leave it empty.
 using CommitSink = std::function<Status(Session &)>;
@@ -201,8 +225,23 @@ class Broker {
     // happen; the session would then not survive a crash, which the sink logs).
     Status commit(Session &s, StoredReply reply);
 
-    // ---- restart (daemon/restart) ----
-    // Adds a session rebuilt from a snapshot, objects included, under its own token and id.
+    // ---- restart (daemon/restart, docs/restart.md) ----
+    // The commit's export (called by the commit sink, the session's mutex held): the driver
+    // state (export_object) of the object `handle` when a control call changed it since its last
+    // export, into Object::driver_state and driver_fds. Nothing to do (OK): the object is gone,
+    // was exported already, or its driver cannot hand over (restart: drops, the restart plan
+    // ends such sessions). An error: the driver failed, the object keeps no state (a restore of
+    // the session would fail and end it).
+    Status exportObject(Session &s, uint64_t handle);
+    // The restore's import, the counterpart of publish(): makes the object again from the state
+    // exported in the old process (import_object), parents already adopted, and inserts it under
+    // its old handle and quota charge; relocations maps the old process's addresses (arena,
+    // doorbells, and the MR memory it maps here) to this one's. Takes the session's mutex; the
+    // session is not live yet. On an error the caller ends the session (endSession destroys what
+    // was adopted).
+    Status adopt(Session &s, ObjectImport in, Relocations &relocations);
+    // Makes a session rebuilt from a snapshot live, its objects adopted, under its own token and
+    // id, charged again to its tenant's session quota.
     Status adoptSession(std::shared_ptr<Session> s);
     uint64_t nextSessionId();
     void raiseNextSessionId(uint64_t next);
@@ -263,7 +302,11 @@ class Broker {
     uint64_t newHandle(Session &s);
     // A control call changed obj: its driver state is exported again at the next commit.
     static void touch(Session &s, Object *obj);
+    // Gives a new object a new handle and links it (an event reports it).
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
+    // The bookkeeping of an object with its handle, new or adopted: its parents count it as a
+    // user, the session holds it, and the next commit exports it and its parents.
+    static void link(Session &s, std::unique_ptr<Object> obj);
     // The one publish step of every create: translate the queues' memory for the tenant, charge
     // their bytes, insert, send the new regions; any failure destroys the object again.
     StatusOr<uint64_t> publish(Session &s, std::unique_ptr<Object> obj,
@@ -271,10 +314,10 @@ class Broker {
     Status destroyLocked(Session &s, Object *obj);
     // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
     StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
-    friend class RestartState;  // inserts restored objects under their old handles
     void eraseLocked(Session &s, Object *obj);
     Status sendRegions(Session &s);
     StatusOr<QueueResult> translate(Session &s, const queue_info &qi);
+    static TenantKey tenantOf(const PeerIdentity &peer);
     // Quota reservations; a refusal is reported to events_ (session 0: the session itself).
     StatusOr<QuotaCharge> reserve(const PeerIdentity &peer, uint64_t session,
                                   std::initializer_list<std::pair<Quota, uint64_t>> amounts);

@@ -34,8 +34,8 @@ void fillExtendCaps(Device &dev, ibv_context *ctx) {
 
 }  // namespace
 
-bool threadSafeAcrossContexts(const std::string &driver_name) {
-    return driver_name == "softnda" || driver_name == "mlx5";
+bool threadSafeAcrossContexts(const verbs_device_extend_ops *driver) {
+    return (loader::driverGuarantees(driver) & IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS) != 0;
 }
 
 DeviceRegistry::~DeviceRegistry() {
@@ -65,7 +65,7 @@ void DeviceRegistry::addVirtual() {
         auto dev = std::make_unique<Device>();
         dev->verbs = loader::DeviceVerbs::forVirtual(d.provider, name);
         dev->driver = loader::findDriverByName(d.provider->provider);
-        dev->serialize_calls = dev->driver == nullptr || !threadSafeAcrossContexts(dev->driver->name);
+        dev->serialize_calls = !threadSafeAcrossContexts(dev->driver);
         DeviceInfo &i = dev->info;
         i.name = name;
         i.provider = d.provider->provider;
@@ -104,7 +104,7 @@ void DeviceRegistry::addVerbs() {
         auto dev = std::make_unique<Device>();
         dev->verbs = loader::DeviceVerbs::forVerbs(vd);
         dev->driver = drv;
-        dev->serialize_calls = !threadSafeAcrossContexts(drv->name);
+        dev->serialize_calls = !threadSafeAcrossContexts(drv);
         dev->info.name = name;
         dev->info.provider = drv->name;
         if (ibv_context *ctx = dev->verbs.openDevice()) {

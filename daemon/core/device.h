@@ -4,10 +4,9 @@
 // Threading: the registry's mutex guards the device list; Device objects are never destroyed
 // while the registry lives (a rescan only adds), so Device pointers stay valid.
 // Calls on one context are already one at a time: a context belongs to one session, and every
-// call holds its Session::mu_. Calls on different contexts of a device run in parallel when the
-// driver is one this tree ships and documents thread-safe across contexts (softnda: its
-// Device::ctl and registry locks, providers/softnda/src/softnda_internal.h; mlx5: its registry
-// mutex over rdma-core's thread-safe verbs, providers/mlx5/driver.h). For any other driver the
+// call holds its Session::mu_. Calls on different contexts of a device run in parallel when its
+// driver declares them safe (IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS, ibv_extend_vdev.h: softnda
+// in its vdev ops, mlx5 with PROVIDER_EXTEND_GUARANTEES). For a driver that declares nothing the
 // reference promises nothing, so Device::driver_mu serialises every call into it.
 #pragma once
 
@@ -56,9 +55,9 @@ struct Device {
     std::mutex driver_mu;                             // taken only when serialize_calls
 };
 
-// Whether the extension driver named so is documented safe for concurrent calls on different
-// contexts (see the file comment).
-bool threadSafeAcrossContexts(const std::string &driver_name);
+// Whether the extension driver declared its calls on different contexts safe to run
+// concurrently (see the file comment). false for nullptr.
+bool threadSafeAcrossContexts(const verbs_device_extend_ops *driver);
 
 class DeviceRegistry {
   public:

@@ -1,5 +1,7 @@
 #include "daemon/core/objects.h"
 
+#include <iterator>
+
 #include "daemon/core/device.h"
 
 namespace ibvx::daemon {
@@ -10,6 +12,43 @@ std::string deviceName(const Device *dev) {
 }
 
 }  // namespace
+
+const char *kindName(ObjectKind kind) {
+    switch (kind) {
+        case ObjectKind::kContext:
+            return "context";
+        case ObjectKind::kPd:
+            return "pd";
+        case ObjectKind::kMr:
+            return "mr";
+        case ObjectKind::kCq:
+            return "cq";
+        case ObjectKind::kQp:
+            return "qp";
+        case ObjectKind::kSrq:
+            return "srq";
+    }
+    return "object";
+}
+
+size_t kindRank(ObjectKind kind) {
+    size_t rank = 0;
+    while (rank < std::size(kParentsFirst) && kParentsFirst[rank] != kind) {
+        ++rank;
+    }
+    return rank;
+}
+
+loader::ExtendOpen ContextObject::openExtension() {
+    loader::ExtendOpen open = loader::openExtendContext(dev->driver, verbs);
+    if (open.refusal == loader::ExtendRefusal::kNone) {
+        ext = open.ext;
+    } else {
+        (void)dev->verbs.closeDevice(verbs);
+        verbs = nullptr;
+    }
+    return open;
+}
 
 int ContextObject::destroyDriverObject() {
     // Nothing to refuse here: the extension context goes, then the device context under it.

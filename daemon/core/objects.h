@@ -23,12 +23,20 @@
 #include "daemon/core/mapping.h"
 #include "daemon/core/object_snapshot.h"
 #include "daemon/core/quota.h"
+#include "providers/loader/extend_open.h"
 
 namespace ibvx::daemon {
 
 struct Device;
 
 const char *kindName(ObjectKind kind);
+
+// Parents first: an object uses only objects of kinds that come before its own here. A restore
+// makes a session's objects in this order; a teardown destroys them in the reverse one.
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kMr,
+                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
+// The kind's place in kParentsFirst; past its end for a value that names no kind.
+size_t kindRank(ObjectKind kind);
 
 struct Object;
 
@@ -100,6 +108,9 @@ struct ContextObject : Object {
     Device *device() const override { return dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
+    // Opens the driver's extension context on `verbs` (just opened, or imported by a restore);
+    // a refusal closes `verbs` again. Called with the device's driver lock held (a driver call).
+    loader::ExtendOpen openExtension();
     Device *dev = nullptr;
     ibv_context *verbs = nullptr;  // the device context (vdev or libibverbs)
     ibv_context_extend *ext = nullptr;

@@ -1,5 +1,8 @@
 #include "daemon/core/session.h"
 
+#include <algorithm>
+#include <utility>
+
 namespace ibvx::daemon {
 namespace {
 
@@ -17,24 +20,6 @@ std::chrono::steady_clock::time_point steadyAt(uint64_t unix_ms) {
 
 }  // namespace
 
-const char *kindName(ObjectKind kind) {
-    switch (kind) {
-        case ObjectKind::kContext:
-            return "context";
-        case ObjectKind::kPd:
-            return "pd";
-        case ObjectKind::kMr:
-            return "mr";
-        case ObjectKind::kCq:
-            return "cq";
-        case ObjectKind::kQp:
-            return "qp";
-        case ObjectKind::kSrq:
-            return "srq";
-    }
-    return "object";
-}
-
 Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
                  UniqueFd pidfd)
     : id_(id),
@@ -49,7 +34,7 @@ Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, 
 
 Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
                  UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel,
-                 const SessionHistory &history)
+                 SessionHistory history)
     : id_(id),
       token_(token),
       token_hex_(tokenToHex(token)),
@@ -63,7 +48,11 @@ Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, 
       pidfd_(std::move(pidfd)),
       channel_(std::move(channel)),
       channel_fd_(channel_.get()),
-      memory_(std::move(memory)) {}
+      memory_(std::move(memory)) {
+    for (StoredReply &r : history.replies) {
+        addReply(std::move(r));
+    }
+}
 
 Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
@@ -82,6 +71,34 @@ std::optional<StoredReply> Session::findReply(uint64_t key) const {
 std::vector<StoredReply> Session::replies() const {
     std::lock_guard lock(replies_mu_);
     return {replies_.begin(), replies_.end()};
+}
+
+std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
+    std::lock_guard lock(replies_mu_);
+    const size_t fresh =
+        static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
+    *seq = reply_seq_;
+    return {replies_.end() - static_cast<std::ptrdiff_t>(fresh), replies_.end()};
+}
+
+const Object *Session::object(uint64_t handle) const {
+    auto it = objects_.find(handle);
+    return it != objects_.end() ? it->second.get() : nullptr;
+}
+
+std::vector<const Object *> Session::objectsParentsFirst() const {
+    std::vector<const Object *> out;
+    out.reserve(objects_.size());
+    for (const auto &[handle, obj] : objects_) {
+        out.push_back(obj.get());
+    }
+    std::stable_sort(out.begin(), out.end(),
+                     [](const Object *a, const Object *b) { return kindRank(a->kind) < kindRank(b->kind); });
+    return out;
+}
+
+SessionChanges Session::takeChanges() {
+    return std::exchange(changes_, {});
 }
 
 void Session::addReply(StoredReply reply) {

@@ -2,9 +2,10 @@
 // memory. Created by Broker::hello(), ended by Broker::endSession().
 //
 // Threading:
-//  - mu_ guards objects_, ended_ and writes on the fd channel. Every Broker call on a session
-//    holds it for its whole duration (driver calls included), so the calls of one session run
-//    one at a time; different sessions run in parallel. Lock order: Session::mu_ ->
+//  - mu_ guards objects_, what changed since the last commit, ended_ and writes on the fd
+//    channel. Every Broker call on a session holds it for its whole duration (driver calls
+//    included), so the calls of one session run one at a time; different sessions run in
+//    parallel. A reader outside a Broker call takes it with hold(). Lock order: Session::mu_ ->
 //    Device::driver_mu (for drivers that need it, device.h) -> MappingManager's mutex.
 //  - xfer_mu_ guards the fds the tenant sent for RegMr (filled by the fd-channel reader, taken
 //    by RegMr); never held together with mu_.
@@ -55,6 +56,14 @@ struct CallCounts {
 struct SessionHistory {
     uint64_t created_unix_ms = 0;
     CallCounts calls;
+    std::vector<StoredReply> replies;  // oldest first: the replies it stored, answered again on retry
+};
+
+// What control calls changed in a session since the restart layer last took it (its commit
+// writes these objects' records again, docs/restart.md).
+struct SessionChanges {
+    std::vector<uint64_t> touched;  // created or changed (a handle may repeat)
+    std::vector<uint64_t> erased;   // destroyed
 };
 
 class Session {
@@ -65,11 +74,10 @@ class Session {
     Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
             UniqueFd pidfd);
     // A session a restarted broker rebuilt (daemon/restart): its memory and attached fd channel
-    // come from the snapshot's fds; its objects are added by the restore; its age and calls
-    // continue from history.
+    // come from the snapshot's fds; its objects are added by Broker::adopt(); its age, calls and
+    // stored replies continue from history.
     Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
-            UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel,
-            const SessionHistory &history);
+            UniqueFd pidfd, std::unique_ptr<SessionMemory> memory, UniqueFd channel, SessionHistory history);
     ~Session();
     Session(const Session &) = delete;
     Session &operator=(const Session &) = delete;
@@ -93,6 +101,7 @@ class Session {
     bool ended() const { return ended_.load(); }
     size_t objectCount() const { return object_count_.load(); }
     SessionMemory &memory() { return *memory_; }
+    const SessionMemory &memory() const { return *memory_; }
 
     // Stores an fd the tenant sent (kFdTransfer). false when the table is full or the id is
     // already used (the fd is closed either way): a protocol violation.
@@ -106,11 +115,25 @@ class Session {
     static constexpr size_t kMaxReplies = 64;
     std::optional<StoredReply> findReply(uint64_t key) const;
     std::vector<StoredReply> replies() const;
+    // The replies stored after the first *seq ever stored (the newest kMaxReplies at most),
+    // oldest first; *seq becomes the count stored so far. From 0: every reply kept.
+    std::vector<StoredReply> repliesSince(uint64_t *seq) const;
+
+    // ---- its state, for readers outside a Broker call ----
+    // (the Admin inspector, and the restart layer that keeps sessions across a broker restart.)
+    // hold() takes mu_: no call on the session runs while it is held, so the objects stay still.
+    // The restart layer's commit runs inside Broker::commit, which holds it already. Never call
+    // the Broker on the session while holding it.
+    [[nodiscard]] std::unique_lock<std::mutex> hold() const { return std::unique_lock(mu_); }
+    // With mu_ held: the object with this handle (nullptr when none), and every object, parents
+    // before the objects that use them (kParentsFirst).
+    const Object *object(uint64_t handle) const;
+    std::vector<const Object *> objectsParentsFirst() const;
+    // With mu_ held: what changed since the last call (the restart layer's commit).
+    SessionChanges takeChanges();
 
   private:
     friend class Broker;
-    friend class SessionInspector;  // admin_inspect.h: read-only snapshots
-    friend class RestartState;      // daemon/restart: writes and rebuilds sessions
 
     const uint64_t id_;
     const SessionToken token_;
@@ -129,10 +152,7 @@ class Session {
     std::atomic<bool> ended_{false};
     std::unordered_map<uint64_t, std::unique_ptr<Object>> objects_;
     std::atomic<size_t> object_count_{0};
-    // What changed since the restart layer's last commit (guarded by mu_): handles of objects
-    // created or touched by a control call, and of objects destroyed.
-    std::vector<uint64_t> touched_;
-    std::vector<uint64_t> erased_;
+    SessionChanges changes_;  // since takeChanges()
     std::unique_ptr<SessionMemory> memory_;
 
     // Leaf lock: guards replies_ (newest last).

@@ -2,11 +2,16 @@
 // files, the fds they name, the commit that keeps them current, the list handed to the next
 // process, and the restore that rebuilds sessions from them.
 //
+// It is a client of the core: it reads what changed in a session and its objects through
+// Session's public API and the core's export, and rebuilds sessions through Broker::adopt() and
+// adoptSession(), as the tenant-facing service creates them through the Broker's calls.
+//
 // Threading:
 //  - commit() runs with the session's mutex held (Broker::commit), so one session's state is
-//    written by one thread at a time; mu_ guards the per-session table and the globals and is
-//    held only around table operations, never across a driver call or a file write of another
-//    session.
+//    written by one thread at a time; a SessionEntry is guarded by its session's mutex (plan()
+//    and handover() take it with Session::hold()). mu_ guards the per-session table and the
+//    globals and is held only around table operations, never across a driver call or a file
+//    write of another session.
 //  - restore() runs before the server serves; handover() after it stopped.
 //  - global_mu_ serializes the writes of ibvx.global (a commit's region floor, markAlive() from
 //    the heartbeat, handover()); it is taken before mu_, never the other way.
@@ -26,6 +31,10 @@
 #include "common/unique_fd.h"
 #include "daemon/core/broker.h"
 #include "daemon/restart/state_file.h"
+
+namespace ibv_extend::restart::v1 {
+class Global;
+}
 
 namespace ibvx::daemon {
 
@@ -137,16 +146,38 @@ class RestartState {
         CallCounts image_calls;                      // the counts the last image's header holds
         bool warned = false;
     };
+    using NamedFds = std::vector<std::pair<std::string, int>>;
+    using Records = std::vector<StateFile::Record>;
+
+    // ---- the commit (restart_state.cpp); the session held throughout ----
+    // The session's entry, made with a new state file at its first commit.
+    StatusOr<SessionEntry *> entryOf(const Session &s);
+    // Exports the driver state of the objects a call touched (Broker::exportObject).
+    void exportTouched(Session &s, const std::vector<uint64_t> &handles);
+    // The first commit, or a compaction: the store brought to what the session holds, and the
+    // whole state written as a new log. fresh: the fds new to the store.
+    Status writeImage(Session &s, SessionEntry &e, NamedFds &fresh);
+    // Any other commit: what the call changed, appended to the log.
+    Status appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes, NamedFds &fresh);
+    // The arena chunks or doorbell pages (State) that appeared or changed since the last commit,
+    // and those that went; logged: what the log holds of each (a chunk's version, a doorbell's
+    // refs and sent flag).
+    template <typename State, typename Logged>
+    void logRegions(uint64_t id, SessionEntry &e, const std::vector<State> &now,
+                    std::map<RegionId, Logged> &logged, Records &records, NamedFds &fresh);
+    void logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records,
+                    NamedFds &fresh);
+    // Hands the fds new to the store over (a refusal is logged once per session).
+    void storeFresh(SessionEntry &e, uint64_t id, const NamedFds &fresh);
+    // Rewrites ibvx.global when this process has used half the region ids its floor allows.
+    Status keepRegionFloor();
     // Names and fds a session's state needs now (for the store and for exec).
-    std::vector<std::pair<std::string, int>> sessionFds(Session &s, SessionEntry &e);
+    NamedFds sessionFds(const Session &s, const SessionEntry &e) const;
     // The session's whole state as log records (a compaction, or the first commit).
-    std::vector<StateFile::Record> fullImage(Session &s, SessionEntry &e);
+    Records fullImage(const Session &s, SessionEntry &e);
     // Its calls so far, in this process and before (takes mu_).
     CallCounts callsOf(const Session &s) const;
-    // Exports the driver state of the objects a call touched.
-    void exportTouched(Session &s, const std::vector<uint64_t> &handles);
-    void storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch, const std::string &name,
-                  int fd);
+    void storeAdd(SessionEntry &e, NamedFds &batch, const std::string &name, int fd);
     void storeRemovePrefix(SessionEntry &e, const std::string &prefix);
     void storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id);
     // Which file fd is, as systemd tells stored fds apart: (dev, inode) for a regular file (a
@@ -154,9 +185,25 @@ class RestartState {
     std::pair<uint64_t, uint64_t> fileOf(SessionEntry &e, int fd);
     // Rewrites ibvx.global whole, with the handover's start time once handover() set it.
     Status writeGlobal();
-    Status restoreSession(const std::vector<StateFile::Record> &records, std::map<std::string, UniqueFd> &fds,
-                          StateFile file, std::shared_ptr<Session> *out, uint64_t *objects);
     void dropNames(const std::vector<std::string> &names);
+
+    // ---- the restore (restore.cpp) ----
+    // Takes ibvx.global from fds and reads it into g; the refusal (every session then ends)
+    // when there is none or this broker cannot read it.
+    std::string adoptGlobal(std::map<std::string, UniqueFd> &fds, ibv_extend::restart::v1::Global *g);
+    // The restart count and how long the restart took, from the old process's globals.
+    void noteRestart(const ibv_extend::restart::v1::Global &g);
+    // Restores the session whose state fds[state_name] holds, or ends it cleanly; either way its
+    // fds leave fds (all_names: every fd that came back, for the store).
+    void restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
+                    const std::vector<std::string> &all_names,
+                    std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report);
+    Status restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds, StateFile file,
+                          std::shared_ptr<Session> *out, uint64_t *objects);
+    // Starts the restored session's entry: its log goes on, and the store already holds its
+    // fds (under the canonical names the log's aliases say).
+    void keepEntry(const Session &s, StateFile file, uint64_t start_time,
+                   const std::map<std::string, std::string> &aliases);
 
     Broker &broker_;
     FdStoreHooks store_;

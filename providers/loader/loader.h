@@ -4,16 +4,18 @@
 // verbs_register_vdev_extend(). Shared by libibv_extend.so (direct mode) and the broker daemon.
 //
 // Threading: every function here may be called from any thread.
-//  - The registry lock guards the lists of registered drivers, vdev providers and load records.
+//  - The registry lock guards the lists of registered drivers, vdev providers, declared
+//    guarantees and load records.
 //    It is held only for short list operations, never while calling into a driver.
 //  - The discovery lock serialises discovery (reading the config dir, dlopen of drivers). It is
 //    held across dlopen(), and a driver's constructor calls verbs_register_*() from inside that
 //    dlopen(), which takes the registry lock: order is always discovery -> registry.
 // Drivers are never unloaded, so ops pointers handed out stay valid for the process lifetime.
 //
-// Anything that dlopens drivers must export verbs_register_driver_extend and
-// verbs_register_vdev_extend from the process (drivers do not link libibv_extend): linking the
-// ibvx_loader target arranges that for executables automatically.
+// Anything that dlopens drivers must export verbs_register_driver_extend,
+// verbs_register_vdev_extend and verbs_declare_guarantees_extend from the process (drivers do
+// not link libibv_extend): linking the ibvx_loader target arranges that for executables
+// automatically.
 #pragma once
 
 #include <ibv_extend.h>
@@ -59,6 +61,11 @@ const verbs_device_extend_ops *findDriver(const ibv_device *dev);
 
 // The registered driver with this exact name; never runs discovery.
 const verbs_device_extend_ops *findDriverByName(std::string_view name);
+
+// What the driver declared it guarantees (IBV_EXTEND_GUARANTEE_* of ibv_extend_vdev.h): with
+// PROVIDER_EXTEND_GUARANTEES, or in the vdev ops (ABI V5) registered under its name. 0 (the
+// reference's promise: nothing) when it declared nothing or driver is nullptr.
+uint32_t driverGuarantees(const verbs_device_extend_ops *driver);
 
 // The vdev provider owning dev (asked through is_own_device), nullptr when none. Never runs
 // discovery: a provider that is not loaded cannot have handed out the device.

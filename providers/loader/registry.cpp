@@ -19,9 +19,11 @@ namespace ibvx::loader {
 namespace {
 
 struct Registry {
-    std::mutex mu;  // guards drivers, vdevs and records
+    std::mutex mu;  // guards drivers, vdevs, guarantees and records
     std::vector<const verbs_device_extend_ops *> drivers;
     std::vector<const ibv_extend_vdev_ops *> vdevs;
+    // PROVIDER_EXTEND_GUARANTEES declarations, by driver table (a vdev provider's are in its table).
+    std::vector<std::pair<const verbs_device_extend_ops *, uint32_t>> guarantees;
     std::vector<LoadRecord> records;
 
     std::mutex discovery_mu;              // serialises discovery; taken before mu, never after
@@ -110,6 +112,27 @@ const verbs_device_extend_ops *findDriverByName(std::string_view name) {
         }
     }
     return nullptr;
+}
+
+uint32_t driverGuarantees(const verbs_device_extend_ops *driver) {
+    if (driver == nullptr || driver->name == nullptr) {
+        return 0;
+    }
+    Registry &r = registry();
+    std::lock_guard lock(r.mu);
+    uint32_t bits = 0;
+    for (const auto &[d, declared] : r.guarantees) {
+        if (d == driver) {
+            bits |= declared;
+            break;
+        }
+    }
+    for (const ibv_extend_vdev_ops *v : r.vdevs) {
+        if (v->abi >= IBV_EXTEND_VDEV_ABI_V5 && strcmp(v->provider, driver->name) == 0) {
+            bits |= v->guarantees;
+        }
+    }
+    return bits;
 }
 
 const ibv_extend_vdev_ops *findVdevProvider(const ibv_device *dev) {
@@ -262,6 +285,24 @@ void verbs_register_driver_extend(const struct verbs_device_extend_ops *ops) {
         }
     }
     r.drivers.push_back(ops);
+}
+
+void verbs_declare_guarantees_extend(const struct verbs_device_extend_ops *drv, uint32_t guarantees) {
+    using ibvx::loader::warn;
+    if (drv == nullptr) {
+        warn("verbs_declare_guarantees_extend: NULL driver; declaration ignored");
+        return;
+    }
+    auto &r = ibvx::loader::registry();
+    std::lock_guard lock(r.mu);
+    for (const auto &[d, declared] : r.guarantees) {
+        if (d == drv) {
+            warn("driver '%s' declared its guarantees already; second declaration ignored",
+                 drv->name != nullptr ? drv->name : "(unnamed)");
+            return;
+        }
+    }
+    r.guarantees.emplace_back(drv, guarantees);
 }
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops) {

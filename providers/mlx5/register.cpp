@@ -2,6 +2,7 @@
 // link libibv_extend: verbs_register_driver_extend resolves from the process that loads it
 // (libibv_extend.so in direct mode, ibv-extendd with the broker).
 #include <ibv_extend.h>
+#include <ibv_extend_vdev.h>
 
 #include "providers/mlx5/driver.h"
 
@@ -14,5 +15,7 @@ const verbs_device_extend_ops mlx5_extend_driver = {
 };
 
 PROVIDER_EXTEND_DRIVER(mlx5_extend_driver)
+// Its registry mutex over rdma-core's thread-safe verbs (driver.h): contexts may run in parallel.
+PROVIDER_EXTEND_GUARANTEES(mlx5_extend_driver, IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS)
 
 }  // namespace

@@ -474,7 +474,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V4,
+    .abi = IBV_EXTEND_VDEV_ABI_V5,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -498,4 +498,6 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .export_object = softnda::CEntry<softnda::vdevExportObject>::call,
     .import_object = softnda::CEntry<softnda::vdevImportObject>::call,
     .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
+    // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h).
+    .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS,
 };

@@ -31,6 +31,7 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
     std::set<std::string> expected = {
         "A IBV_EXTEND_4.2",
         "A IBV_EXTEND_BROKER_1.0",
+        "A IBV_EXTEND_BROKER_1.1",
         "A IBVX_VERBS_PRIVATE_1",
     };
     for (const char *f :
@@ -47,6 +48,7 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
           "ibvx_dereg_mr", "ibvx_modify_qp", "ibvx_query_qp"}) {
         expected.insert(std::string("T ") + f + "@@IBV_EXTEND_BROKER_1.0");
     }
+    expected.insert("T verbs_declare_guarantees_extend@@IBV_EXTEND_BROKER_1.1");
     // What the libibverbs face calls (client/verbs/verbs_private.h): one name per served verb.
     for (const char *f : {"get_device_list",
                           "free_device_list",

@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "providers/loader/loader.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
@@ -382,16 +383,17 @@ TEST_F(BrokerTest, ConcurrentSessionsStayApart) {
     EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
 }
 
-// softnda is documented thread-safe across contexts, so the broker does not serialise its
-// tenants on one device lock: every control call of four sessions on softnda0 runs in parallel
-// here, and the tsan build checks that nothing races (the driver's own locks, the mapping
-// manager, the thread-local binding of each call to its session).
+// softnda declares its calls safe across contexts (its vdev ops, ABI V5), so the broker does not
+// serialise its tenants on one device lock: every control call of four sessions on softnda0 runs
+// in parallel here, and the tsan build checks that nothing races (the driver's own locks, the
+// mapping manager, the thread-local binding of each call to its session).
 TEST_F(BrokerTest, SoftndaCallsOfDifferentSessionsRunUnserialised) {
     ASSERT_NE(devices_->find("softnda0"), nullptr);
+    EXPECT_TRUE(threadSafeAcrossContexts(&softnda_driver_ops));
     EXPECT_FALSE(devices_->find("softnda0")->serialize_calls);
-    EXPECT_TRUE(threadSafeAcrossContexts("mlx5"));
-    EXPECT_FALSE(threadSafeAcrossContexts("ibvxtest"))
-        << "a driver the tree does not vouch for is serialised";
+    static const verbs_device_extend_ops undeclared = {"ibvxtest", nullptr, nullptr};
+    verbs_register_driver_extend(&undeclared);
+    EXPECT_FALSE(threadSafeAcrossContexts(&undeclared)) << "a driver that declares nothing is serialised";
     std::vector<std::shared_ptr<Session>> sessions;
     for (int i = 0; i < 4; ++i) {
         sessions.push_back(newSession());
@@ -430,6 +432,136 @@ TEST_F(BrokerTest, SoftndaCallsOfDifferentSessionsRunUnserialised) {
     EXPECT_EQ(failures.load(), 0);
     EXPECT_EQ(broker_->objectCount(), 0u);
     EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
+}
+
+// A driver of rdma-core devices declares what it guarantees next to its reference registration
+// (PROVIDER_EXTEND_GUARANTEES): mlx5's contexts run in parallel as softnda's do.
+TEST_F(BrokerTest, Mlx5DeclaresItsCallsSafeAcrossContexts) {
+    const char *dir = getenv("IBV_EXTEND_PROVIDER_DIR");
+    const std::string lib = std::string(dir != nullptr ? dir : ".") + "/libibvx_mlx5.so";
+    if (::access(lib.c_str(), F_OK) != 0) {
+        GTEST_SKIP() << lib << " is not built here (no mlx5dv)";
+    }
+    loader::LoadRecord loaded = loader::loadDriver(lib, "broker_test");
+    ASSERT_TRUE(loaded.loaded) << loaded.error;
+    EXPECT_TRUE(threadSafeAcrossContexts(loader::findDriverByName("mlx5")));
+}
+
+// The guarantees of a vdev provider are read only from an ABI V5 table: a V4 provider's struct
+// ends before them, so its driver stays serialised whatever lies past its end.
+TEST_F(BrokerTest, OnlyAV5VdevProviderDeclaresGuarantees) {
+    static const verbs_device_extend_ops driver = {"ibvxtest_v4", nullptr, nullptr};
+    static ibv_extend_vdev_ops v4 = softnda_vdev_ops;
+    v4.abi = IBV_EXTEND_VDEV_ABI_V4;
+    v4.provider = driver.name;
+    ASSERT_NE(v4.guarantees & IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS, 0u);
+    verbs_register_vdev_extend(&v4);
+    EXPECT_FALSE(threadSafeAcrossContexts(&driver));
+    EXPECT_FALSE(threadSafeAcrossContexts(nullptr));
+}
+
+// What a commit exports of an object and a restore gives Broker::adopt(): the object as the
+// driver exported it, with its handle and the handles it uses.
+ObjectImport exported(Broker &broker, Session &s, uint64_t handle) {
+    auto held = s.hold();
+    ObjectImport in;
+    EXPECT_TRUE(broker.exportObject(s, handle).isOk());
+    const Object *o = s.object(handle);
+    if (o == nullptr) {
+        ADD_FAILURE() << "no object " << handle;
+        return in;
+    }
+    in.handle = handle;
+    in.kind = o->kind;
+    for (const Object *u : o->uses) {
+        in.uses.push_back(u->handle);
+    }
+    in.device = o->device()->info.name;
+    in.driver_state = o->driver_state;
+    for (const UniqueFd &fd : o->driver_fds) {
+        in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    }
+    return in;
+}
+
+// The restore's side of the core: an exported context and PD made again in another session,
+// under their handles, through the driver (import_object) and without a create event.
+TEST_F(BrokerTest, AdoptMakesExportedObjectsAgainUnderTheirHandles) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    ObjectImport ctx_in = exported(*broker_, *session_, ctx->context);
+    ObjectImport pd_in = exported(*broker_, *session_, *pd);
+    EXPECT_FALSE(ctx_in.driver_state.empty());
+    EXPECT_FALSE(pd_in.driver_state.empty());
+    {
+        auto held = session_->hold();
+        EXPECT_TRUE(broker_->exportObject(*session_, *pd).isOk()) << "unchanged since: nothing to do";
+        EXPECT_EQ(session_->object(*pd)->driver_state, pd_in.driver_state);
+    }
+    audit_.clear();
+    auto restored = newSession();
+    Relocations relocations;
+    Device *dev = devices_->find("softnda0");
+    ASSERT_EQ(dev->verbs.setPaused(true), 0) << "a restore imports with the engine paused";
+    Status st = broker_->adopt(*restored, std::move(ctx_in), relocations);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    st = broker_->adopt(*restored, std::move(pd_in), relocations);
+    EXPECT_TRUE(st.isOk()) << st.toString();
+    ASSERT_EQ(dev->verbs.setPaused(false), 0);
+    EXPECT_TRUE(audit_.empty()) << "an adopted object is no new object";
+    ASSERT_EQ(restored->objectCount(), 2u);
+    {
+        auto held = restored->hold();
+        const Object *c = restored->object(ctx->context);
+        const Object *p = restored->object(*pd);
+        ASSERT_NE(c, nullptr);
+        ASSERT_NE(p, nullptr);
+        EXPECT_EQ(c->users, 1u) << "the PD uses it";
+        ASSERT_EQ(p->uses.size(), 1u);
+        EXPECT_EQ(*p->uses.begin(), c);
+        EXPECT_EQ(restored->takeChanges().touched.size(), 3u) << "the next commit exports both";
+    }
+    EXPECT_TRUE(broker_->queryDevice(*restored, ctx->context).isOk()) << "its extension context is open";
+    EXPECT_EQ(broker_->closeContext(*restored, ctx->context).status().errnoValue(), EBUSY);
+    broker_->endSession(restored);
+    EXPECT_EQ(restored->objectCount(), 0u);
+    EXPECT_EQ(session_->objectCount(), 2u) << "the original session keeps its own";
+}
+
+TEST_F(BrokerTest, AdoptRefusesWhatDoesNotFitTheSession) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto restored = newSession();
+    Relocations relocations;
+    auto refusal = [&](ObjectImport in) {
+        Status st = broker_->adopt(*restored, std::move(in), relocations);
+        EXPECT_EQ(st.code(), Code::kFailedPrecondition) << st.toString();
+        return st.message();
+    };
+    ObjectImport orphan;
+    orphan.handle = 7;
+    orphan.kind = ObjectKind::kPd;
+    orphan.uses = {ctx->context};  // the other session's context
+    EXPECT_NE(refusal(std::move(orphan)).find("uses an unknown handle"), std::string::npos);
+    ObjectImport no_parent;
+    no_parent.handle = 8;
+    no_parent.kind = ObjectKind::kPd;
+    EXPECT_NE(refusal(std::move(no_parent)).find("no device or parent"), std::string::npos);
+    ObjectImport no_state;
+    no_state.handle = 9;
+    no_state.device = "softnda0";
+    EXPECT_NE(refusal(std::move(no_state)).find("no usable driver state"), std::string::npos);
+    ObjectImport unnamed;
+    unnamed.device = "softnda0";
+    unnamed.driver_state = "x";
+    EXPECT_NE(refusal(std::move(unnamed)).find("malformed"), std::string::npos) << "handle 0";
+    ObjectImport unknown_kind;
+    unknown_kind.handle = 10;
+    unknown_kind.kind = static_cast<ObjectKind>(99);
+    EXPECT_NE(refusal(std::move(unknown_kind)).find("malformed"), std::string::npos);
+    EXPECT_EQ(restored->objectCount(), 0u);
 }
 
 }  // namespace

@@ -284,6 +284,7 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .export_object = nullptr,
     .import_object = nullptr,
     .set_paused = nullptr,
+    .guarantees = 0,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};

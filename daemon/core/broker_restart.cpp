@@ -1,0 +1,289 @@
+// The core's side of a broker restart (docs/restart.md): the driver state a commit exports, the
+// objects a restore adopts, and the sessions it makes live again. The state files, fds and the
+// order of the restore are the restart layer's (daemon/restart).
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+
+#include "daemon/core/broker.h"
+#include "daemon/core/driver_call.h"
+
+namespace ibvx::daemon {
+namespace {
+
+Status importError(const std::string &what) {
+    return Status(Code::kFailedPrecondition, EINVAL, what);
+}
+
+std::string hex(uint64_t v) {
+    char buf[17];
+    snprintf(buf, sizeof(buf), "%016" PRIx64, v);
+    return buf;
+}
+
+std::unique_ptr<Object> newObjectOf(ObjectKind kind) {
+    switch (kind) {
+        case ObjectKind::kContext:
+            return std::make_unique<ContextObject>();
+        case ObjectKind::kPd:
+            return std::make_unique<PdObject>();
+        case ObjectKind::kMr:
+            return std::make_unique<MrObject>();
+        case ObjectKind::kCq:
+            return std::make_unique<CqObject>();
+        case ObjectKind::kSrq:
+            return std::make_unique<SrqObject>();
+        case ObjectKind::kQp:
+            return std::make_unique<QpObject>();
+    }
+    return nullptr;
+}
+
+// The nth object of kind T that o uses (a QP's send CQ is its first CQ, its receive CQ its second).
+template <typename T>
+T *usedBy(const Object &o, size_t nth = 0) {
+    for (Object *u : o.uses) {
+        if (u->kind == T::kKind && nth-- == 0) {
+            return static_cast<T *>(u);
+        }
+    }
+    return nullptr;
+}
+
+// What an adopted object hangs from: its context (a PD's for an MR) and PD, and the device.
+struct Parents {
+    ContextObject *ctx = nullptr;
+    PdObject *pd = nullptr;
+    Device *dev = nullptr;
+};
+
+Parents parentsOf(const Object &obj, DeviceRegistry &devices, const std::string &context_device) {
+    Parents p;
+    p.pd = usedBy<PdObject>(obj);
+    if (obj.kind == ObjectKind::kContext) {
+        p.dev = devices.find(context_device);
+        return p;
+    }
+    p.ctx = usedBy<ContextObject>(obj);
+    if (p.ctx == nullptr && p.pd != nullptr) {
+        p.ctx = p.pd->context;
+    }
+    p.dev = p.ctx != nullptr ? p.ctx->dev : nullptr;
+    return p;
+}
+
+// An MR's memory mapped again from the tenant's memfd where the old process mapped it; the
+// driver's import finds the new address through relocations.
+Status mapMrAgain(MrObject &mr, ObjectImport::Mr &in, uint64_t handle, Relocations &relocations) {
+    struct stat st {};
+    if (in.map_length == 0 || ::fstat(in.fd.get(), &st) < 0 ||
+        in.fd_offset > static_cast<uint64_t>(st.st_size)) {
+        return importError("MR " + hex(handle) + ": its memory fd does not match");
+    }
+    void *base = ::mmap(nullptr, in.map_length, PROT_READ | PROT_WRITE, MAP_SHARED, in.fd.get(),
+                        static_cast<off_t>(in.fd_offset));
+    if (base == MAP_FAILED) {
+        return Status::fromErrno(errno, "MR " + hex(handle) + ": cannot map its memory");
+    }
+    mr.mapping = UniqueMapping(base, in.map_length);
+    mr.fd = std::move(in.fd);
+    mr.fd_offset = in.fd_offset;
+    mr.length = in.length;
+    relocations.add(in.old_address, reinterpret_cast<uint64_t>(base), in.map_length);
+    return Status::ok();
+}
+
+// What the record keeps of the kind besides its driver state: the parents it points at, an
+// MR's memory, a QP's creation attributes.
+Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocations &relocations) {
+    switch (obj.kind) {
+        case ObjectKind::kContext:
+            static_cast<ContextObject &>(obj).dev = p.dev;
+            break;
+        case ObjectKind::kPd:
+            static_cast<PdObject &>(obj).context = p.ctx;
+            break;
+        case ObjectKind::kMr:
+            static_cast<MrObject &>(obj).pd = p.pd;
+            return mapMrAgain(static_cast<MrObject &>(obj), in.mr, in.handle, relocations);
+        case ObjectKind::kCq:
+            static_cast<CqObject &>(obj).context = p.ctx;
+            break;
+        case ObjectKind::kSrq:
+            static_cast<SrqObject &>(obj).context = p.ctx;
+            break;
+        case ObjectKind::kQp: {
+            auto &qp = static_cast<QpObject &>(obj);
+            qp.context = p.ctx;
+            qp.qp_type = in.qp.type;
+            qp.sq_sig_all = in.qp.sq_sig_all;
+            qp.has_srq = in.qp.has_srq;
+            qp.cap = in.qp.cap;
+            break;
+        }
+    }
+    return Status::ok();
+}
+
+void *relocate(void *arg, uint64_t old_addr, uint64_t length) {
+    uint64_t a = static_cast<const Relocations *>(arg)->find(old_addr, length);
+    return a != 0 ? reinterpret_cast<void *>(a) : nullptr;
+}
+
+// Where import_object finds the object's parents, already imported, and its memory.
+StatusOr<ibv_extend_vdev_import> importEnvironment(const Object &obj, const Parents &p,
+                                                   Relocations &relocations) {
+    ibv_extend_vdev_import env{};
+    env.device = p.dev->info.name.c_str();
+    env.context = p.ctx != nullptr ? p.ctx->verbs : nullptr;
+    env.pd = p.pd != nullptr ? p.pd->pd : nullptr;
+    if (obj.kind == ObjectKind::kQp) {
+        CqObject *scq = usedBy<CqObject>(obj, 0);
+        CqObject *rcq = usedBy<CqObject>(obj, 1);
+        SrqObject *srq = usedBy<SrqObject>(obj);
+        if (scq == nullptr || rcq == nullptr) {
+            return importError("QP " + hex(obj.handle) + " has no CQs");
+        }
+        env.send_cq = scq->cq->cq;
+        env.recv_cq = rcq->cq->cq;
+        env.srq = srq != nullptr ? srq->srq->srq : nullptr;
+    }
+    env.ops = MappingManager::ops();
+    env.relocate = relocate;
+    env.arg = &relocations;
+    return env;
+}
+
+// The driver's object made again from its state (import_object), the session bound as at its
+// create; an imported context gets its extension context again.
+Status importDriverObject(SessionMemory &mem, Object &obj, const Parents &p, ObjectImport &in,
+                          Relocations &relocations) {
+    ibv_extend_vdev_state st{};
+    st.len = static_cast<uint32_t>(in.driver_state.size());
+    std::memcpy(st.data, in.driver_state.data(), st.len);
+    for (const UniqueFd &fd : in.driver_fds) {
+        st.fds[st.fd_cnt++] = fd.get();
+    }
+    ASSIGN_OR_RETURN(ibv_extend_vdev_import env, importEnvironment(obj, p, relocations));
+    ASSIGN_OR_RETURN(void *made,
+                     createOnDriver(mem, p.dev, EIO,
+                                    std::string("the driver could not import ") + kindName(obj.kind) + " " +
+                                        hex(obj.handle),
+                                    [&] { return p.dev->verbs.importObject(obj.vdevKind(), &st, &env); }));
+    for (UniqueFd &fd : in.driver_fds) {
+        (void)fd.release();  // the imported object owns them now
+    }
+    obj.adoptDriverObject(made);
+    if (obj.kind == ObjectKind::kContext) {
+        DriverCall call(mem, p.dev);
+        if (static_cast<ContextObject &>(obj).openExtension().refusal != loader::ExtendRefusal::kNone) {
+            return importError("the driver did not open an extension context on the restored device");
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Status Broker::exportObject(Session &s, uint64_t handle) {
+    auto it = s.objects_.find(handle);
+    if (it == s.objects_.end() || !it->second->state_dirty) {
+        return Status::ok();  // destroyed since, or already exported (a handle touched twice)
+    }
+    Object *obj = it->second.get();
+    obj->state_dirty = false;
+    obj->driver_state.clear();
+    obj->driver_fds.clear();
+    Device *dev = obj->device();
+    if (dev == nullptr || !dev->verbs.keepsAcrossRestart()) {
+        return Status::ok();  // restart: drops (the restart plan ends such sessions)
+    }
+    ibv_extend_vdev_state st{};
+    int rc = 0;
+    {
+        DriverCall call(s.memory(), dev);
+        rc = dev->verbs.exportObject(obj->vdevKind(), obj->driverObject(), &st);
+    }
+    if (rc == 0 && (st.len > IBV_EXTEND_VDEV_STATE_MAX || st.fd_cnt > IBV_EXTEND_VDEV_STATE_FDS)) {
+        for (uint32_t i = 0; i < std::min<uint32_t>(st.fd_cnt, IBV_EXTEND_VDEV_STATE_FDS); ++i) {
+            ::close(st.fds[i]);
+        }
+        rc = -EOVERFLOW;
+    }
+    if (rc != 0) {
+        return Status::fromErrno(-rc, std::string("cannot export the state of ") + kindName(obj->kind) + " " +
+                                          hex(handle) + " for restart: " + std::strerror(-rc));
+    }
+    obj->driver_state.assign(reinterpret_cast<const char *>(st.data), st.len);
+    for (uint32_t i = 0; i < st.fd_cnt; ++i) {
+        obj->driver_fds.emplace_back(st.fds[i]);
+    }
+    return Status::ok();
+}
+
+Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    std::unique_ptr<Object> obj = newObjectOf(in.kind);
+    if (obj == nullptr || in.handle == 0 || s.objects_.count(in.handle) != 0 ||
+        in.uses.size() > ObjectUses::kMax) {
+        return importError("its state holds a malformed object");
+    }
+    obj->handle = in.handle;
+    for (uint64_t h : in.uses) {
+        auto it = s.objects_.find(h);
+        if (it == s.objects_.end()) {
+            return importError("object " + hex(in.handle) + " uses an unknown handle");
+        }
+        obj->uses.push_back(it->second.get());
+    }
+    // The parents the kind needs, checked before anything reaches the driver.
+    const Parents p = parentsOf(*obj, *devices_, in.device);
+    if (p.dev == nullptr || (in.kind != ObjectKind::kContext && p.ctx == nullptr) ||
+        ((in.kind == ObjectKind::kMr || in.kind == ObjectKind::kQp) && p.pd == nullptr)) {
+        return importError("object " + hex(in.handle) + " has no device or parent");
+    }
+    if (!p.dev->verbs.keepsAcrossRestart()) {
+        return importError("device " + p.dev->info.name + "'s driver cannot hand over (restart: drops)");
+    }
+    if (in.driver_state.empty() || in.driver_state.size() > IBV_EXTEND_VDEV_STATE_MAX ||
+        in.driver_fds.size() > IBV_EXTEND_VDEV_STATE_FDS) {
+        return importError("object " + hex(in.handle) + " has no usable driver state");
+    }
+    RETURN_IF_ERROR(adoptKindFields(*obj, p, in, relocations));
+    RETURN_IF_ERROR(importDriverObject(s.memory(), *obj, p, in, relocations));
+    obj->quota = quotas_.restore(tenantOf(s.identity()), in.quota);
+    obj->queue_bytes = in.queue_bytes;
+    link(s, std::move(obj));  // the next commit exports it from this process
+    return Status::ok();
+}
+
+Status Broker::adoptSession(std::shared_ptr<Session> s) {
+    QuotaValues one{};
+    one[static_cast<size_t>(Quota::kSessions)] = 1;
+    QuotaCharge quota = quotas_.restore(tenantOf(s->identity()), one);
+    std::lock_guard lock(sessions_mu_);
+    if (by_token_.count(s->tokenHex()) != 0) {
+        return Status(Code::kAlreadyExists, EEXIST, "a session with this token exists");
+    }
+    s->quota_ = std::move(quota);
+    next_session_id_ = std::max(next_session_id_, s->id() + 1);
+    by_token_[s->tokenHex()] = std::move(s);
+    return Status::ok();
+}
+
+uint64_t Broker::nextSessionId() {
+    std::lock_guard lock(sessions_mu_);
+    return next_session_id_;
+}
+
+void Broker::raiseNextSessionId(uint64_t next) {
+    std::lock_guard lock(sessions_mu_);
+    next_session_id_ = std::max(next_session_id_, next);
+}
+
+}  // namespace ibvx::daemon

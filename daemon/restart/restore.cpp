@@ -1,0 +1,525 @@
+// The restore (docs/restart.md, "The restore"): sessions rebuilt from the fds a previous broker
+// process left, their objects made again through the core (Broker::adopt), parents first. A
+// session that cannot come back ends cleanly; nothing of it reaches another session.
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <deque>
+
+#include "daemon/core/mapping.h"
+#include "daemon/restart/restart_state.h"
+#include "daemon/restart/state_records.h"
+#include "ibv_extend/restart/v1/snapshot.pb.h"
+
+namespace ibvx::daemon {
+
+using namespace state;
+
+namespace {
+
+namespace rpb = ::ibv_extend::restart::v1;
+
+Status restoreError(const std::string &what) {
+    return Status(Code::kFailedPrecondition, EINVAL, what);
+}
+
+PeerIdentity fromProto(const rpb::Identity &m) {
+    PeerIdentity p;
+    p.creds.pid = static_cast<pid_t>(m.pid());
+    p.creds.uid = m.uid();
+    p.creds.gid = m.gid();
+    p.cgroup = m.cgroup();
+    p.container_id = m.container_id();
+    p.runtime = m.runtime();
+    p.groups.assign(m.groups().begin(), m.groups().end());
+    p.k8s_device = m.k8s_device();
+    p.pod_namespace = m.pod_namespace();
+    p.pod_name = m.pod_name();
+    p.pod_container = m.pod_container();
+    return p;
+}
+
+// A session's log replayed into one image: its header, and the last put of everything not
+// deleted since.
+class LogReplay {
+  public:
+    // false: the record does not parse.
+    bool apply(uint8_t type, const std::string &payload);
+    // The header with the objects (parents first), chunks, doorbells and the newest replies.
+    StatusOr<rpb::Session> image() &&;
+    std::map<std::string, std::string> &aliases() { return aliases_; }  // name -> canonical
+
+  private:
+    template <typename Msg, typename Key>
+    static bool put(std::map<uint64_t, Msg> &into, const std::string &payload, Key key) {
+        Msg m;
+        if (!m.ParseFromString(payload)) {
+            return false;
+        }
+        into[key(m)] = std::move(m);
+        return true;
+    }
+    template <typename Msg>
+    static bool erase(std::map<uint64_t, Msg> &from, const std::string &payload) {
+        uint64_t key = 0;
+        bool ok = u64From(payload, &key);
+        from.erase(key);
+        return ok;
+    }
+
+    rpb::Session header_;
+    bool have_header_ = false;
+    std::map<uint64_t, rpb::Object> objects_;
+    std::map<uint64_t, rpb::Chunk> chunks_;
+    std::map<uint64_t, rpb::Doorbell> doorbells_;
+    std::deque<rpb::Reply> replies_;
+    std::map<std::string, std::string> aliases_;
+};
+
+bool LogReplay::apply(uint8_t type, const std::string &payload) {
+    switch (type) {
+        case kHeader: {
+            bool ok = !have_header_ && header_.ParseFromString(payload);
+            have_header_ = true;
+            return ok;
+        }
+        case kObjectPut:
+            return put(objects_, payload, [](const rpb::Object &o) { return o.handle(); });
+        case kObjectDel:
+            return erase(objects_, payload);
+        case kChunkPut:
+            return put(chunks_, payload, [](const rpb::Chunk &c) { return c.region(); });
+        case kChunkDel:
+            return erase(chunks_, payload);
+        case kDoorbellPut:
+            return put(doorbells_, payload, [](const rpb::Doorbell &d) { return d.region(); });
+        case kDoorbellDel:
+            return erase(doorbells_, payload);
+        case kReply: {
+            rpb::Reply r;
+            bool ok = r.ParseFromString(payload);
+            replies_.push_back(std::move(r));
+            if (replies_.size() > Session::kMaxReplies) {
+                replies_.pop_front();
+            }
+            return ok;
+        }
+        case kAlias: {
+            size_t nl = payload.find('\n');
+            if (nl == std::string::npos) {
+                return false;
+            }
+            aliases_[payload.substr(0, nl)] = payload.substr(nl + 1);
+            return true;
+        }
+        default:
+            return false;
+    }
+}
+
+StatusOr<rpb::Session> LogReplay::image() && {
+    if (!have_header_) {
+        return restoreError("its state has no header");
+    }
+    std::vector<rpb::Object *> order;
+    for (auto &[h, o] : objects_) {
+        order.push_back(&o);
+    }
+    std::stable_sort(order.begin(), order.end(), [](const rpb::Object *a, const rpb::Object *b) {
+        return kindRank(static_cast<ObjectKind>(a->kind())) < kindRank(static_cast<ObjectKind>(b->kind()));
+    });
+    for (rpb::Object *o : order) {
+        *header_.add_objects() = std::move(*o);
+    }
+    for (auto &[r, c] : chunks_) {
+        *header_.add_chunks() = std::move(c);
+    }
+    for (auto &[r, d] : doorbells_) {
+        *header_.add_doorbells() = std::move(d);
+    }
+    for (auto &r : replies_) {
+        *header_.add_replies() = std::move(r);
+    }
+    return std::move(header_);
+}
+
+// The fds that came back for a session, by the names its state gives them: a name's own fd, or
+// its canonical's (the store kept one copy of a file stored under several names). Each take is
+// a new fd; the originals close when the restore is over.
+class ReturnedFds {
+  public:
+    ReturnedFds(const std::map<std::string, UniqueFd> &fds, const std::map<std::string, std::string> &aliases)
+        : fds_(fds), aliases_(aliases) {}
+
+    Status take(const std::string &name, UniqueFd *fd) const {
+        auto it = fds_.find(name);
+        if (it == fds_.end()) {
+            auto a = aliases_.find(name);
+            if (a != aliases_.end()) {
+                it = fds_.find(a->second);
+            }
+        }
+        if (name.empty() || it == fds_.end()) {
+            return restoreError("missing fd " + (name.empty() ? std::string("(unnamed)") : name));
+        }
+        fd->reset(::fcntl(it->second.get(), F_DUPFD_CLOEXEC, 0));
+        if (!*fd) {
+            return Status::fromErrno(errno, "cannot duplicate fd " + name);
+        }
+        return Status::ok();
+    }
+
+  private:
+    const std::map<std::string, UniqueFd> &fds_;
+    const std::map<std::string, std::string> &aliases_;
+};
+
+StatusOr<SessionToken> tokenOf(const rpb::Session &m) {
+    SessionToken token{};
+    if (m.token().size() != token.size() || m.id() == 0) {
+        return restoreError("its state has no valid token or id");
+    }
+    std::memcpy(token.data(), m.token().data(), token.size());
+    return token;
+}
+
+// The session's memory as its state records it, mapped anew (reloc learns old -> new addresses).
+StatusOr<std::unique_ptr<SessionMemory>> restoreMemory(const rpb::Session &m, const ReturnedFds &fds,
+                                                       Relocations *reloc) {
+    MemoryState ms;
+    for (const rpb::Chunk &c : m.chunks()) {
+        ChunkState cs;
+        cs.id = c.region();
+        RETURN_IF_ERROR(fds.take(c.fd(), &cs.owned));
+        cs.size = c.size();
+        cs.base = c.old_address();
+        cs.sent = c.sent();
+        for (const rpb::Block &b : c.used()) {
+            cs.used.emplace_back(b.offset(), b.size());
+        }
+        ms.chunks.push_back(std::move(cs));
+    }
+    for (const rpb::Doorbell &d : m.doorbells()) {
+        DoorbellState ds;
+        ds.id = d.region();
+        RETURN_IF_ERROR(fds.take(d.fd(), &ds.owned));
+        ds.fd_offset = d.fd_offset();
+        ds.map_size = d.map_size();
+        ds.refs = d.refs();
+        ds.sent = d.sent();
+        ds.page = d.old_address();
+        ds.fd = ds.owned.get();
+        ms.doorbells.push_back(std::move(ds));
+    }
+    return MappingManager::instance().restoreSession(m.id(), std::move(ms), reloc);
+}
+
+SessionHistory historyOf(const rpb::Session &m) {
+    SessionHistory h;
+    h.created_unix_ms = static_cast<uint64_t>(std::max<int64_t>(m.created_unix_ms(), 0));
+    h.calls = {m.rpc_calls(), m.rpc_errors()};
+    for (const rpb::Reply &r : m.replies()) {
+        h.replies.push_back(
+            StoredReply{r.key(), r.method(), r.code(), r.message(), r.details(), r.response()});
+    }
+    return h;
+}
+
+// What Broker::adopt needs of one object record, its fds taken.
+StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
+    ObjectImport in;
+    in.handle = po.handle();
+    in.kind = static_cast<ObjectKind>(po.kind());
+    in.uses.assign(po.uses().begin(), po.uses().end());
+    in.device = po.device();
+    for (int q = 0; q < po.quota_size() && q < static_cast<int>(kQuotaCount); ++q) {
+        in.quota[static_cast<size_t>(q)] = po.quota(q);
+    }
+    in.queue_bytes = po.queue_bytes();
+    in.driver_state = po.driver().data();
+    if (in.kind == ObjectKind::kMr) {
+        RETURN_IF_ERROR(fds.take(po.mr_fd(), &in.mr.fd));
+        in.mr.fd_offset = po.mr_offset();
+        in.mr.length = po.mr_length();
+        in.mr.map_length = po.mr_map_length();
+        in.mr.old_address = po.mr_old_address();
+    }
+    for (const std::string &name : po.driver().fds()) {
+        RETURN_IF_ERROR(fds.take(name, &in.driver_fds.emplace_back()));
+    }
+    if (in.kind == ObjectKind::kQp) {
+        in.qp.type = static_cast<ibv_qp_type>(po.qp_type());
+        in.qp.sq_sig_all = po.sq_sig_all();
+        in.qp.has_srq = po.has_srq();
+        in.qp.cap.max_send_wr = po.cap_max_send_wr();
+        in.qp.cap.max_recv_wr = po.cap_max_recv_wr();
+        in.qp.cap.max_send_sge = po.cap_max_send_sge();
+        in.qp.cap.max_recv_sge = po.cap_max_recv_sge();
+        in.qp.cap.max_inline_data = po.cap_max_inline_data();
+    }
+    return in;
+}
+
+// The fds named ibvx.* among those that came back, by name; the others (the listening socket)
+// stay in fds.
+std::map<std::string, UniqueFd> takeStateFds(std::vector<std::pair<std::string, UniqueFd>> &fds,
+                                             RestoreReport *report) {
+    std::map<std::string, UniqueFd> mine;
+    for (auto it = fds.begin(); it != fds.end();) {
+        if (it->first.rfind("ibvx.", 0) == 0) {
+            if (mine.count(it->first) != 0) {
+                report->problems.push_back("fd name " + it->first + " came back twice; the second is closed");
+            } else {
+                mine.emplace(it->first, std::move(it->second));
+            }
+            it = fds.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    return mine;
+}
+
+// Every device whose driver hands over, paused: no engine runs before every object of its
+// device is back (a QP's peer may come later).
+std::vector<Device *> pauseHandingOver(DeviceRegistry &devices) {
+    std::vector<Device *> paused;
+    for (const DeviceInfo &info : devices.list()) {
+        Device *dev = devices.find(info.name);
+        if (dev != nullptr && dev->verbs.keepsAcrossRestart() && dev->verbs.setPaused(true) == 0) {
+            paused.push_back(dev);
+        }
+    }
+    return paused;
+}
+
+void eraseByPrefix(std::map<std::string, UniqueFd> &fds, const std::string &pre) {
+    for (auto it = fds.begin(); it != fds.end();) {
+        if (it->first.rfind(pre, 0) == 0) {
+            it = fds.erase(it);
+        } else {
+            ++it;
+        }
+    }
+}
+
+}  // namespace
+
+Status RestartState::restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds,
+                                    StateFile file, std::shared_ptr<Session> *out, uint64_t *objects) {
+    LogReplay replay;
+    for (const auto &[type, payload] : records) {
+        if (!replay.apply(type, payload)) {
+            return restoreError("its state holds a record that does not parse (type " + std::to_string(type) +
+                                ")");
+        }
+    }
+    const std::map<std::string, std::string> aliases = std::move(replay.aliases());
+    ASSIGN_OR_RETURN(const rpb::Session m, std::move(replay).image());
+    ASSIGN_OR_RETURN(SessionToken token, tokenOf(m));
+    const ReturnedFds returned(fds, aliases);
+    PeerIdentity identity = fromProto(m.identity());
+    const pid_t pid = identity.creds.pid;
+    // The tenant must be the same process: a pid reused during the window is someone else.
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    const uint64_t start = processStartTime(pid);
+    if (!pidfd || start == 0 || start != m.identity().start_time()) {
+        return Status(Code::kNotFound, ESRCH, "its process exited during the restart; reclaimed");
+    }
+    UniqueFd channel;
+    RETURN_IF_ERROR(returned.take(m.channel_fd(), &channel));
+    Relocations reloc;
+    ASSIGN_OR_RETURN(std::unique_ptr<SessionMemory> memory, restoreMemory(m, returned, &reloc));
+    auto s = std::make_shared<Session>(m.id(), token, identity, m.client_name(), std::move(pidfd),
+                                       std::move(memory), std::move(channel), historyOf(m));
+    for (const rpb::Object &po : m.objects()) {
+        auto in = importOf(po, returned);
+        Status st = in.isOk() ? broker_.adopt(*s, std::move(in).value(), reloc) : in.status();
+        if (!st.isOk()) {
+            broker_.endSession(s);  // what was adopted goes through the ordinary destroy path
+            return st;
+        }
+    }
+    *objects = s->objectCount();
+    keepEntry(*s, std::move(file), start, aliases);
+    *out = s;
+    return Status::ok();
+}
+
+void RestartState::keepEntry(const Session &s, StateFile file, uint64_t start_time,
+                             const std::map<std::string, std::string> &aliases) {
+    auto entry = std::make_unique<SessionEntry>();
+    entry->file = std::move(file);
+    entry->start_time = start_time;
+    entry->header_logged = true;
+    entry->compact_next = true;  // the first commit rewrites the log from this process's state
+    if (store_.enabled()) {
+        // What the store holds already: the fds came from it, under their canonical names; the
+        // other names of the same files are the aliases the log recorded.
+        auto held = s.hold();
+        for (auto &[name, fd] : sessionFds(s, *entry)) {
+            auto id = fileOf(*entry, fd);
+            entry->stored[name] = id;
+            SessionEntry::File &f = entry->files[id];
+            ++f.names;
+            auto a = aliases.find(name);
+            if (a != aliases.end()) {
+                entry->aliases[name] = a->second;
+                f.canonical = a->second;
+            } else if (f.canonical.empty()) {
+                f.canonical = name;
+            }
+        }
+    }
+    std::lock_guard lock(mu_);
+    entries_[s.id()] = std::move(entry);
+}
+
+std::string RestartState::adoptGlobal(std::map<std::string, UniqueFd> &fds, rpb::Global *g) {
+    bool have_global = false;
+    if (auto it = fds.find(kGlobalName); it != fds.end()) {
+        auto file = StateFile::adopt(std::move(it->second));
+        fds.erase(it);
+        if (file.isOk()) {
+            auto recs = file->records();
+            if (recs.isOk() && recs->size() == 1 && (*recs)[0].first == 1 &&
+                g->ParseFromString((*recs)[0].second)) {
+                have_global = true;
+                global_ = std::move(file).value();
+            }
+        }
+    }
+    if (!have_global) {
+        return "no readable ibvx.global";
+    }
+    if (g->format() > kSnapshotFormat) {
+        return "ibvx.global is format " + std::to_string(g->format()) + ", this broker reads up to " +
+               std::to_string(kSnapshotFormat) + " (a downgrade)";
+    }
+    return "";
+}
+
+void RestartState::noteRestart(const rpb::Global &g) {
+    std::lock_guard lock(mu_);
+    restarts_ = g.restarts() + 1;
+    last_restart_unix_ms_ = nowUnixMs();
+    // A handover says when it began. A crash does not: the old process's last sign of life
+    // (its heartbeat) bounds the gap from above.
+    last_crash_ = g.handover_started_unix_ms() <= 0;
+    const int64_t since = last_crash_ ? g.alive_unix_ms() : g.handover_started_unix_ms();
+    last_took_ms_ = since > 0 && static_cast<uint64_t>(since) <= last_restart_unix_ms_
+                        ? last_restart_unix_ms_ - static_cast<uint64_t>(since)
+                        : 0;
+}
+
+void RestartState::restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
+                              const std::vector<std::string> &all_names,
+                              std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report) {
+    const std::string pre = state_name.substr(0, state_name.size() - 5);  // "ibvx.s<id>."
+    auto file = StateFile::adopt(std::move(fds.at(state_name)));
+    fds.erase(state_name);
+    std::shared_ptr<Session> s;
+    uint64_t objects = 0;
+    Status st = file.status();
+    if (st.isOk()) {
+        auto recs = file->records();
+        st = recs.isOk() ? restoreSession(*recs, fds, std::move(file).value(), &s, &objects) : recs.status();
+    }
+    if (st.isOk()) {
+        if (st = broker_.adoptSession(s); !st.isOk()) {
+            broker_.endSession(s);
+        }
+    }
+    // The session's fds as they came back: what it uses was duplicated, these close now.
+    eraseByPrefix(fds, pre);
+    if (st.isOk()) {
+        ++report->sessions_kept;
+        report->objects += objects;
+        restored->push_back(s);
+        spdlog::info("restore: session {} (pid {}) kept with {} object(s)", s->id(), s->identity().creds.pid,
+                     objects);
+        return;
+    }
+    ++report->sessions_dropped;
+    std::string line =
+        "restore: " + state_name.substr(5, state_name.size() - 11) + ": " + st.message() + "; ending it";
+    spdlog::warn("{}", line);
+    report->problems.push_back(line);
+    // The store forgets every fd of the session.
+    std::vector<std::string> names;
+    for (const std::string &n : all_names) {
+        if (n.rfind(pre, 0) == 0) {
+            names.push_back(n);
+        }
+    }
+    dropNames(names);
+}
+
+RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>> &fds,
+                                    std::vector<std::shared_ptr<Session>> *restored) {
+    RestoreReport report;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::map<std::string, UniqueFd> mine = takeStateFds(fds, &report);
+    if (mine.empty()) {
+        return report;
+    }
+    report.restored = true;
+    std::vector<std::string> all_names;
+    for (auto &[name, fd] : mine) {
+        all_names.push_back(name);
+    }
+    rpb::Global g;
+    if (std::string refuse = adoptGlobal(mine, &g); !refuse.empty()) {
+        report.problems.push_back("restore: " + refuse + ": every session ends");
+        spdlog::error("restore: {}: every session of the previous broker ends", refuse);
+        report.sessions_dropped = static_cast<uint32_t>(std::count_if(
+            mine.begin(), mine.end(), [](const auto &named) { return isStateName(named.first); }));
+        mine.clear();
+        dropNames(all_names);
+        return report;
+    }
+    noteRestart(g);
+    MappingManager::instance().raiseRegionFloor(g.region_floor());
+    broker_.raiseNextSessionId(g.next_session_id());
+
+    const std::vector<Device *> paused = pauseHandingOver(broker_.devices());
+    std::vector<std::string> state_names;
+    for (auto &[name, fd] : mine) {
+        if (isStateName(name)) {
+            state_names.push_back(name);
+        }
+    }
+    for (const std::string &name : state_names) {
+        restoreOne(name, mine, all_names, restored, &report);
+    }
+    for (Device *dev : paused) {
+        (void)dev->verbs.setPaused(false);
+    }
+    // Leftovers: fds no session claimed (a session that ended during the window, say).
+    std::vector<std::string> left;
+    for (auto &[name, fd] : mine) {
+        left.push_back(name);
+    }
+    if (!left.empty()) {
+        report.problems.push_back("restore: " + std::to_string(left.size()) + " unclaimed fd(s) closed");
+        spdlog::info("restore: closing {} fd(s) no restored session claims", left.size());
+    }
+    mine.clear();
+    dropNames(left);
+    for (auto &s : *restored) {
+        (void)broker_.commit(*s, StoredReply{});
+    }
+    report.restarts = restarts();
+    report.took_ms = lastRestartTookMs();
+    report.crash = lastRestartWasCrash();
+    report.restore_ms = static_cast<uint64_t>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count());
+    return report;
+}
+
+}  // namespace ibvx::daemon
