@@ -21,6 +21,7 @@
 #include <cstring>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "common/build_config.h"
@@ -747,19 +748,27 @@ Status Daemon::execRestart() {
     _exit(1);
 }
 
-int runDaemon(int argc, char **argv) {
-    CLI::App app{"ibv-extendd: the per-host ibv_extend broker"};
-    std::string socket_flag, config_path, log_level_flag;
+namespace {
+
+// What the command line asks for; runDaemon() turns it into a configuration and a start.
+struct CommandLine {
+    std::string socket, config_path, log_level, check_path;
     bool foreground = false;
-    app.add_option("--socket", socket_flag, "Unix socket path (default " IBVX_DEFAULT_SOCKET ")");
-    app.add_option("--config", config_path, "TOML configuration file");
-    app.add_flag("--foreground", foreground, "Stay in the foreground (also implied under systemd)");
-    app.add_option("--log-level", log_level_flag, "trace, debug, info, warn, error, critical or off");
     bool fd_store = false;
-    app.add_flag("--fd-store", fd_store,
+    bool check = false;
+};
+
+// Parses argv into *line. Returns an exit code when the command is done already (--help,
+// --version, a bad option), nullopt when the broker should start.
+std::optional<int> parseCommandLine(int argc, char **argv, CommandLine *line) {
+    CLI::App app{"ibv-extendd: the per-host ibv_extend broker"};
+    app.add_option("--socket", line->socket, "Unix socket path (default " IBVX_DEFAULT_SOCKET ")");
+    app.add_option("--config", line->config_path, "TOML configuration file");
+    app.add_flag("--foreground", line->foreground, "Stay in the foreground (also implied under systemd)");
+    app.add_option("--log-level", line->log_level, "trace, debug, info, warn, error, critical or off");
+    app.add_flag("--fd-store", line->fd_store,
                  "Keep what a restart needs in systemd's fd store (the unit sets FileDescriptorStoreMax=)");
-    std::string check_path;
-    auto *check = app.add_option("--check-config", check_path,
+    auto *check = app.add_option("--check-config", line->check_path,
                                  std::string("Check the configuration (FILE, else --config, else ") +
                                      kDefaultConfig + ") as a start would, and exit: 0 good, 2 not")
                       ->expected(0, 1);
@@ -770,72 +779,78 @@ int runDaemon(int argc, char **argv) {
         int rc = app.exit(e);
         return rc == 0 ? 0 : 2;
     }
+    line->check = check->count() > 0;
+    return std::nullopt;
+}
 
-    if (check->count() > 0) {
-        return checkConfig(!check_path.empty() ? check_path
-                                               : (!config_path.empty() ? config_path : kDefaultConfig));
+// Reads --config into *cfg. A restart (the previous process's state is here) carries on with the
+// configuration that process ran: a typo must not cost the tenants their queues. Then
+// *config_error holds the file's error, for the log and STATUS=; a reload of a fixed file takes
+// over. Returns false when there is nothing to run.
+bool loadStartupConfig(const std::string &config_path, DaemonConfig *cfg, std::string *config_error) {
+    if (config_path.empty()) {
+        return true;
     }
+    Status st = loadConfigFile(config_path, cfg);
+    if (st.isOk()) {
+        return true;
+    }
+    std::string previous = inheritedConfigText();
+    *cfg = DaemonConfig{};
+    if (previous.empty() ||
+        !loadConfigText(previous, config_path + " (as the previous broker process read it)", cfg).isOk()) {
+        fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
+        closeWaitingConnections();
+        return false;
+    }
+    cfg->config_path = config_path;
+    *config_error = st.message();
+    return true;
+}
 
-    DaemonConfig cfg;
-    std::string config_error;
-    if (!config_path.empty()) {
-        if (Status st = loadConfigFile(config_path, &cfg); !st.isOk()) {
-            // A restart (the previous process's state is here) carries on with the configuration
-            // that process ran: a typo must not cost the tenants their queues. The error is
-            // logged and in STATUS=; a reload of a fixed file takes over.
-            std::string previous = inheritedConfigText();
-            cfg = DaemonConfig{};
-            if (previous.empty() ||
-                !loadConfigText(previous, config_path + " (as the previous broker process read it)", &cfg)
-                     .isOk()) {
-                fprintf(stderr, "ibv-extendd: %s\n", st.message().c_str());
-                closeWaitingConnections();
-                return 2;
-            }
-            cfg.config_path = config_path;
-            config_error = st.message();
-        }
+// The flags override the file; a bad --log-level or admin group is refused before anything starts.
+bool applyFlags(const CommandLine &line, int argc, char **argv, DaemonConfig *cfg) {
+    if (!line.socket.empty()) {
+        cfg->socket = line.socket;
     }
-    if (!socket_flag.empty()) {
-        cfg.socket = socket_flag;
-    }
-    cfg.fd_store = fd_store;
-    cfg.argv.assign(argv, argv + argc);
-    if (!log_level_flag.empty()) {
-        if (!validLogLevel(log_level_flag)) {
+    cfg->fd_store = line.fd_store;
+    cfg->argv.assign(argv, argv + argc);
+    if (!line.log_level.empty()) {
+        if (!validLogLevel(line.log_level)) {
             fprintf(stderr,
                     "ibv-extendd: --log-level '%s' is not one of trace, debug, info, warn, error, critical, "
                     "off\n",
-                    log_level_flag.c_str());
-            return 2;
+                    line.log_level.c_str());
+            return false;
         }
-        cfg.log_level = log_level_flag;
+        cfg->log_level = line.log_level;
     }
-    if (auto gid = adminGid(cfg); !gid.isOk()) {
+    if (auto gid = adminGid(*cfg); !gid.isOk()) {
         fprintf(stderr, "ibv-extendd: %s\n", gid.status().message().c_str());
-        return 2;
+        return false;
     }
-    setupLogging(cfg.log_level);
-    if (!config_error.empty()) {
-        spdlog::error(
-            "configuration error: {}; this restart serves the previous configuration until a reload "
-            "of a fixed file",
-            config_error);
-    }
+    return true;
+}
 
-    // Detach before Daemon::create() starts any thread: fork() keeps only the calling one. Not
-    // after a restart's exec (LISTEN_PID is this process): that process detached already, and a
-    // fork would leave the inherited fds to a pid they were not passed to.
+// Detach before Daemon::create() starts any thread: fork() keeps only the calling one. Not under
+// systemd, and not after a restart's exec (LISTEN_PID is this process): that process detached
+// already, and a fork would leave the inherited fds to a pid they were not passed to.
+bool detachUnlessManaged(bool foreground) {
     const char *listen_pid = getenv("LISTEN_PID");
     bool restarted = listen_pid != nullptr && std::to_string(::getpid()) == listen_pid;
-    if (!foreground && !restarted && getenv("NOTIFY_SOCKET") == nullptr &&
-        getenv("JOURNAL_STREAM") == nullptr) {
-        if (::daemon(0, 1) < 0) {
-            spdlog::critical("cannot detach: {}", std::strerror(errno));
-            return 1;
-        }
+    if (foreground || restarted || getenv("NOTIFY_SOCKET") != nullptr ||
+        getenv("JOURNAL_STREAM") != nullptr) {
+        return true;
     }
+    if (::daemon(0, 1) < 0) {
+        spdlog::critical("cannot detach: {}", std::strerror(errno));
+        return false;
+    }
+    return true;
+}
 
+// Runs the broker until it stops; the exit code.
+int serve(const DaemonConfig &cfg, const std::string &config_error) {
     auto daemon = Daemon::create(cfg);
     if (!daemon.isOk()) {
         spdlog::critical("{}", daemon.status().message());
@@ -857,6 +872,36 @@ int runDaemon(int argc, char **argv) {
     }
     daemon->reset();
     return served.isOk() ? 0 : 1;
+}
+
+}  // namespace
+
+int runDaemon(int argc, char **argv) {
+    CommandLine line;
+    if (auto done = parseCommandLine(argc, argv, &line)) {
+        return *done;
+    }
+    if (line.check) {
+        return checkConfig(!line.check_path.empty()    ? line.check_path
+                           : !line.config_path.empty() ? line.config_path
+                                                       : kDefaultConfig);
+    }
+    DaemonConfig cfg;
+    std::string config_error;
+    if (!loadStartupConfig(line.config_path, &cfg, &config_error) || !applyFlags(line, argc, argv, &cfg)) {
+        return 2;
+    }
+    setupLogging(cfg.log_level);
+    if (!config_error.empty()) {
+        spdlog::error(
+            "configuration error: {}; this restart serves the previous configuration until a reload "
+            "of a fixed file",
+            config_error);
+    }
+    if (!detachUnlessManaged(line.foreground)) {
+        return 1;
+    }
+    return serve(cfg, config_error);
 }
 
 }  // namespace ibvx::daemon
