@@ -49,4 +49,9 @@ class BrokerProcess {
     bool reaped_ = false;
 };
 
+// A free TCP port on localhost, for tenant pairs that meet over TCP (ibv_rc_pingpong's server and
+// client) next to a broker; tests run in parallel, so a fixed port would collide. 18515 (the
+// verbs tools' default) when none can be had.
+int freeLoopbackPort();
+
 }  // namespace ibvx::test

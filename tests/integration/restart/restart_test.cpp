@@ -588,24 +588,6 @@ TEST(RestartDaemonizing, RequireKeepRestartsTheDetachedBrokerInPlace) {
 
 // ---- Debian's ibv_rc_pingpong across a restart (--foreground) -------------------------------
 
-// A free TCP port on localhost for the pair (tests may run in parallel).
-int freePort() {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    int port = 18515;
-    if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) == 0 &&
-        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0) {
-        port = ntohs(a.sin_port);
-    }
-    if (fd >= 0) {
-        close(fd);
-    }
-    return port;
-}
-
 TEST(RestartForeground, RcPingpongPairRunsOnAcrossARequireKeepRestart) {
     if (access("/usr/bin/ibv_rc_pingpong", X_OK) != 0) {
         GTEST_SKIP() << "no /usr/bin/ibv_rc_pingpong (Debian's ibverbs-utils)";
@@ -616,7 +598,7 @@ TEST(RestartForeground, RcPingpongPairRunsOnAcrossARequireKeepRestart) {
     // Under a second on an idle host, many times that on a loaded one (a 2-core CI machine runs
     // two tests at once): the restart comes a fifth of the way in, the deadline is generous.
     constexpr int kIters = 5000;
-    const std::string port = std::to_string(freePort());
+    const std::string port = std::to_string(freeLoopbackPort());
     const std::vector<std::string> server_argv = {"/usr/bin/ibv_rc_pingpong", "-d", "softnda0", "-n",
                                                   std::to_string(kIters),     "-p", port};
     std::vector<std::string> client_argv = server_argv;

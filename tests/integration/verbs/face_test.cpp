@@ -288,21 +288,6 @@ TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
     EXPECT_THAT(slurp(err), ::testing::HasSubstr("Failed to get IB devices list"));
 }
 
-// A free TCP port on localhost for a server/client pair (tests may run in parallel).
-int freePort() {
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof(a)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
-        return 18515;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 struct PairResult {
     int server_rc = -1, client_rc = -1;
     std::string server_out, client_out, server_err, client_err;
@@ -313,7 +298,7 @@ struct PairResult {
 PairResult runPair(const FaceTest &t, const std::string &name, const std::string &program,
                    std::vector<std::string> args, const char *port_flag = "-p") {
     PairResult r;
-    const std::string port = std::to_string(freePort());
+    const std::string port = std::to_string(freeLoopbackPort());
     args.push_back(port_flag);
     args.push_back(port);
     std::vector<std::string> server = t.runArgs(program, args);
