@@ -45,7 +45,10 @@ struct RecvCopy {
     softnda_sge sge[29];
 };
 
-enum class Outcome { Done, RnrWait };
+// RnrWait: the responder had no receive (an RNR NAK); PeerWait: no responder answered (the
+// destination QP does not exist or is not ready), which a real NIC retries until its transport
+// retry counter runs out. Both keep the WQE at the head of its SQ.
+enum class Outcome { Done, RnrWait, PeerWait };
 
 struct ExecResult {
     uint8_t status = IBV_WC_SUCCESS;
@@ -325,6 +328,8 @@ class Engine::Thread {
     bool takeRings(DbPage *page);
     bool processSq(Qp *qp);
     bool keepWaitingRnr(Qp *qp);
+    bool keepWaitingForPeer(Qp *qp);
+    void startWait(Qp *qp, bool for_peer, uint64_t deadline_ns);
     void endRnrWait(Qp *qp);
     bool completeWqe(Qp *qp, const softnda_wqe &h, const ExecResult &res);
     void flushQp(Qp *qp, uint32_t pi);
@@ -359,7 +364,7 @@ class Engine::Thread {
     uint32_t kick_word_ = 0;
     std::vector<DbPage *> pages_;  // gate (exclusive to change, shared to read)
     std::vector<DbPage *> hot_;    // most recently rung pages first, at most kMaxSleepPages
-    std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive
+    std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive or for its responder
     uint64_t pass_no_ = 0;
     bool full_scan_due_ = true;
     std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
@@ -711,11 +716,12 @@ bool Engine::Thread::processSq(Qp *qp) {
         WqeCopy w;
         fetchWqe(sq, &w);
         ExecResult res = execute(qp, w);
-        if (res.outcome == Outcome::RnrWait) {
-            if (keepWaitingRnr(qp)) {
+        if (res.outcome != Outcome::Done) {
+            bool rnr = res.outcome == Outcome::RnrWait;
+            if (rnr ? keepWaitingRnr(qp) : keepWaitingForPeer(qp)) {
                 break;  // at the head of the SQ
             }
-            res = ExecResult{IBV_WC_RNR_RETRY_EXC_ERR, 0, Outcome::Done};
+            res = ExecResult{rnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
         }
         endRnrWait(qp);
         did = true;
@@ -742,16 +748,40 @@ bool Engine::Thread::processSq(Qp *qp) {
 bool Engine::Thread::keepWaitingRnr(Qp *qp) {
     bump(ctr_.rnr_naks);
     uint64_t now = nowNs();
-    if (!qp->rnr_waiting) {
-        qp->rnr_waiting = true;
+    if (!qp->rnr_waiting || qp->waits_for_peer) {  // a new wait, or the responder answered now
+        startWait(qp, false, now + kRnrIntervalNs);
         qp->rnr_used = 0;
-        qp->rnr_deadline_ns = now + kRnrIntervalNs;
-        rnr_.push_back(qp);
     } else if (now >= qp->rnr_deadline_ns) {
         qp->rnr_used++;
         qp->rnr_deadline_ns = now + kRnrIntervalNs;
     }
     return qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry;
+}
+
+// No responder answered the head WQE: true while its QP keeps retrying (on the thread's waiting
+// list, like an RNR wait), false once a real NIC's transport retries would be used up: the
+// first try and retry_cnt retries, each after the local ACK timeout, 4.096 us * 2^timeout. A
+// timeout of 0, which the IBTA reads as "wait for ever", fails at once here: a QP left at its
+// defaults must not hang its sender (SPEC.md §5.4).
+bool Engine::Thread::keepWaitingForPeer(Qp *qp) {
+    const uint8_t timeout = std::min<uint8_t>(qp->attrs.timeout, 31);
+    if (timeout == 0) {
+        return false;
+    }
+    uint64_t now = nowNs();
+    if (!qp->rnr_waiting || !qp->waits_for_peer) {
+        startWait(qp, true, now + (uint64_t{qp->attrs.retry_cnt} + 1) * (uint64_t{4096} << timeout));
+    }
+    return now < qp->rnr_deadline_ns;
+}
+
+void Engine::Thread::startWait(Qp *qp, bool for_peer, uint64_t deadline_ns) {
+    if (!qp->rnr_waiting) {
+        qp->rnr_waiting = true;
+        rnr_.push_back(qp);
+    }
+    qp->waits_for_peer = for_peer;
+    qp->rnr_deadline_ns = deadline_ns;
 }
 
 void Engine::Thread::endRnrWait(Qp *qp) {
@@ -885,12 +915,12 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     }
     Qp *peer = peerOf(qp);
     if (peer == nullptr) {
-        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     std::lock_guard<std::mutex> lk(peer->rq_lock);
     int ps = peer->state.load(std::memory_order_acquire);
     if (ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) {
-        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
         return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};

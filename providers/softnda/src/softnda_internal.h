@@ -255,7 +255,8 @@ struct Qp {
     DbSlot rq_db;
     // requester side: only the engine thread owning sq_db.page
     uint32_t sq_psn = 0;
-    bool rnr_waiting = false;
+    bool rnr_waiting = false;     // on the engine thread's waiting list (an RNR or a peer wait)
+    bool waits_for_peer = false;  // which: no responder answered (else an RNR NAK)
     uint32_t rnr_used = 0;
     uint64_t rnr_deadline_ns = 0;
     Qp *peer = nullptr;

@@ -212,6 +212,31 @@ TEST_F(Errors, RetryExceededWhenPeerIsMissingOrNotReady) {
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_RETRY_EXC_ERR);
 }
 
+// As a real NIC's transport retries (SPEC.md §5.4): a responder that reaches RTR while the send
+// still waits at the head of the SQ receives it.
+TEST_F(Errors, ASendWaitsForAResponderThatComesUpInTime) {
+    QpH c = makeQp(scq_, rcq_);
+    QpH d = makeQp(scq_, rcq_);
+    ASSERT_EQ(toInit(c.ext->qp, kAllAccess), 0);
+    ASSERT_EQ(toRtr(c.ext->qp, d.qpn()), 0);
+    ASSERT_EQ(toRts(c.ext->qp), 0);
+    ASSERT_EQ(toInit(d.ext->qp, kAllAccess), 0);
+    s_ = sge(src_.data(), 8, smr_);
+    src_[0] = 0x5a;
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 20, &s_, 1);
+    w.remote_addr = reinterpret_cast<uintptr_t>(dst_.data());
+    w.rkey = dmr_->rkey;
+    ASSERT_EQ(postOne(c, w), 0);
+    // Neither done nor failed while the responder is not ready: the send is waiting.
+    EXPECT_TRUE(staysEmpty(scq_.cq));
+    EXPECT_EQ(dst_[0], 0);
+    ASSERT_EQ(toRtr(d.ext->qp, c.qpn()), 0);
+    softnda_cqe done = waitOne(scq_.cq);
+    EXPECT_EQ(done.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(done.wr_id, 20u);
+    EXPECT_EQ(dst_[0], 0x5a);
+}
+
 TEST_F(Errors, BadResponseOnPsnMismatch) {
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
