@@ -8,7 +8,7 @@
 
 #include "client/broker/convert.h"
 #include "client/broker/forward_ops.h"
-#include "client/broker/shadow.h"
+#include "client/broker/shadow_calls.h"
 #include "common/c_abi.h"
 #include "common/driver_ops.h"
 

@@ -12,7 +12,7 @@
 #include <mutex>
 
 #include "client/broker/convert.h"
-#include "client/broker/shadow.h"
+#include "client/broker/shadow_calls.h"
 #include "client/broker/shared_pages.h"
 #include "client/broker_seam.h"
 #include "client/buffers.h"

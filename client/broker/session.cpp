@@ -128,6 +128,10 @@ void setSessionEndHandler(SessionEndHandler handler) {
     g_end_handler.store(handler, std::memory_order_release);
 }
 
+bool sessionAlive(const Session *session) {
+    return session->alive();
+}
+
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open) {
     // CANCELLED too: this library never cancels its calls, so it means the broker went away
     // with the call in flight (its shutdown cancels what has not finished). Whether the old

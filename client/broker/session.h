@@ -41,6 +41,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include "client/broker/session_end.h"
 #include "common/build_config.h"
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
@@ -80,13 +81,6 @@ std::string newIdempotencyKey();
 // session's fd channel is open means "the broker is restarting". With the fd channel at EOF the
 // session ended; any other code is an answer.
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open);
-
-class Session;
-// Runs once per session the broker ended, on that session's watcher thread, after alive() turned
-// false. The handler must not make a call on the session (it is gone) nor hold a lock a caller
-// of Session may hold.
-using SessionEndHandler = void (*)(Session *session);
-void setSessionEndHandler(SessionEndHandler handler);
 
 class Session {
   public:

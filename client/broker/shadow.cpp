@@ -7,8 +7,12 @@
 
 #include "client/broker/convert.h"
 #include "client/broker/shared_pages.h"
+#include "providers/loader/loader.h"
 
 namespace ibvx::client::broker {
+
+using loader::warn;
+
 namespace {
 
 struct Entry {

@@ -24,10 +24,15 @@
 #include <ibv_extend_broker.h>
 #include <ibv_extend_datapath.h>
 
-#include "client/broker/session.h"
+// No session.h here: it brings gRPC, and most of the face's files only need the shadows. What
+// calls the broker includes client/broker/shadow_calls.h (or session.h) itself.
+
+namespace ibv_extend::v1 {}  // namespace ibv_extend::v1
 
 namespace ibvx::client::broker {
 
+namespace pb = ::ibv_extend::v1;
+class Session;
 struct ShadowContext;
 
 // What a tracked shadow is, in the order a context's objects are destroyed when a program closes
@@ -248,36 +253,6 @@ inline ShadowQp *liveQp(ibv_qp *qp, const ShadowContext *in = nullptr) {
 inline ShadowSrq *liveSrq(ibv_srq *srq, const ShadowContext *in = nullptr) {
     return liveShadow<ShadowSrq>(srq, offsetof(ShadowSrq, srq), in);
 }
-
-// Destroys a broker object behind a shadow: claims the shadow first so a racing destroy of the
-// same object cannot free it twice, and gives it back when the broker refuses.
-template <typename Shadow, typename Req, typename Resp>
-int destroyTracked(Shadow *s, const char *what,
-                   grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
-                   void (Req::*set_handle)(uint64_t)) {
-    ShadowContext *c = ownerOf(s);
-    if (c == nullptr || !untrack(s)) {
-        return -EINVAL;
-    }
-    Req req;
-    (req.*set_handle)(s->handle);
-    Resp resp;
-    int rc = c->session->call(what, method, req, &resp);
-    if (rc != 0 && !c->session->gone()) {
-        track(s, c);
-        return rc;
-    }
-    if constexpr (requires { resp.released_regions(); }) {
-        if (rc == 0) {
-            c->session->releaseRegions(resp.released_regions());
-        }
-    }
-    delete s;
-    return rc;
-}
-
-// Builds the shadow context (device, ops table per driver version and driver_ops_present).
-ShadowContext *makeContext(Session *session, const pb::OpenContextResponse &resp);
 
 // The create_cq entry of the forwarding ops, with a completion-event eventfd (-1: none) handed to
 // the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 
+#include "client/broker/session.h"
 #include "client/broker_seam.h"
 #include "client/verbs/face.h"
 #include "client/verbs/verbs_private.h"

@@ -12,6 +12,7 @@
 #include <set>
 #include <vector>
 
+#include "client/broker/session_end.h"
 #include "client/verbs/face.h"
 #include "client/verbs/verbs_private.h"
 
@@ -166,7 +167,7 @@ void followSessionEnd(ShadowContext *c) {
     FaceContexts &fc = faceContexts();
     std::lock_guard lock(fc.mu);
     fc.live.insert(c);
-    if (!c->session->alive()) {  // ended already: its watcher may have run before c was here
+    if (!broker::sessionAlive(c->session)) {  // ended already: its watcher may have run before c was here
         std::lock_guard clock(c->mu);
         endContextLocked(c);
     }

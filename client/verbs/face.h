@@ -33,6 +33,7 @@
 
 #include "client/broker/shadow.h"
 #include "common/c_abi.h"
+#include "providers/loader/loader.h"
 
 namespace ibvx::client::verbs {
 
@@ -49,8 +50,8 @@ using broker::shadowOf;
 using broker::ShadowPd;
 using broker::ShadowQp;
 using broker::ShadowSrq;
-using broker::warn;
 using ibvx::failNull;
+using loader::warn;  // the one the library prints every warning with
 
 // ---- devices and contexts (devices.cpp) --------------------------------------------------------
 

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "client/broker/convert.h"
+#include "client/broker/session.h"
 #include "client/verbs/face.h"
 #include "client/verbs/verbs_private.h"
 

@@ -5,6 +5,7 @@
 
 #include <cerrno>
 
+#include "client/broker/session_end.h"
 #include "client/broker_seam.h"
 #include "client/verbs/face.h"
 #include "client/verbs/verbs_private.h"
@@ -100,7 +101,7 @@ int ibvx_verbs_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_ini
         return EINVAL;
     }
     ShadowQp *s = liveQp(qp);
-    if (s != nullptr && !s->owner->session->alive()) {
+    if (s != nullptr && !broker::sessionAlive(s->owner->session)) {
         // The session ended: the QP is in ERR, as after a device's fatal error, and what else the
         // tenant can still be told is what it was granted.
         *attr = ibv_qp_attr{};
