@@ -402,7 +402,9 @@ void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_i
         return failNull<void>(EINVAL);
     }
     std::vector<uint32_t> nos(c.bar_pages);
-    std::memcpy(nos.data(), b + sizeof(CtxBlob), nos.size() * sizeof(uint32_t));
+    if (!nos.empty()) {  // a context with no doorbell page yet: no data() to copy into
+        std::memcpy(nos.data(), b + sizeof(CtxBlob), nos.size() * sizeof(uint32_t));
+    }
     int bar_fd = (c.flags & kCtxBar) ? in->fds[0] : -1;
     int async_fd = (c.flags & kCtxAsync) ? in->fds[want_fds - 1] : -1;
     return importContext(env->device, bar_fd, async_fd, nos.data(), c.bar_pages);
