@@ -486,6 +486,7 @@ Status Daemon::startServer(long admin_gid, UniqueFd listen_fd) {
     sopt.admin.socket_path = sopt.admin.socket_activated ? std::string() : config_.socket;
     sopt.admin.reload = [this]() { return reload(); };
     sopt.admin.restart = [this](bool require_keep) { return requestRestart(require_keep); };
+    sopt.admin.quotas_changed = [this] { restart_->markAlive(); };  // rewrites ibvx.global now
     sopt.admin.restart_info = [this]() {
         return RestartInfo{restart_->restarts(), restart_->lastRestartUnixMs(), restart_->lastRestartTookMs(),
                            restart_->lastRestartWasCrash()};

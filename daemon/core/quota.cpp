@@ -1,5 +1,7 @@
 #include "daemon/core/quota.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <mutex>
 #include <tuple>
 #include <utility>
@@ -29,6 +31,8 @@ struct QuotaCharge::State {
     std::map<uid_t, QuotaValues> uid_used;
     std::map<std::string, QuotaValues> container_used;
     std::map<std::string, QuotaValues> namespace_used;
+    // The runtime changes since the last configure() (runtimeEdits()).
+    std::vector<QuotaEdit> edits;
     // The tenants of live charges, each held once (node addresses are stable).
     std::map<std::tuple<uid_t, std::string, std::string>, Tenant> tenants;
 
@@ -303,46 +307,97 @@ QuotaSnapshot QuotaManager::snapshot() const {
     }
     s.uid_overrides = st.config.uids;
     s.container_overrides = st.config.containers;
+    s.namespace_overrides = st.config.namespaces;
     return s;
 }
 
-QuotaValues QuotaManager::usage(QuotaScope scope, uid_t uid, const std::string &container) const {
+QuotaValues QuotaManager::usage(QuotaScope scope, uid_t uid, const std::string &name) const {
     std::lock_guard lock(state_->mu);
-    if (scope == QuotaScope::kUid) {
-        auto it = state_->uid_used.find(uid);
-        return it == state_->uid_used.end() ? QuotaValues{} : it->second;
+    const QuotaCharge::State &st = *state_;
+    auto find = [](const auto &accounts, const auto &key) {
+        auto it = accounts.find(key);
+        return it == accounts.end() ? QuotaValues{} : it->second;
+    };
+    switch (scope) {
+        case QuotaScope::kUid:
+            return find(st.uid_used, uid);
+        case QuotaScope::kContainer:
+            return find(st.container_used, name);
+        case QuotaScope::kNamespace:
+            return find(st.namespace_used, name);
+        case QuotaScope::kDefault:
+            break;
     }
-    auto it = state_->container_used.find(container);
-    return it == state_->container_used.end() ? QuotaValues{} : it->second;
+    return QuotaValues{};
 }
 
-void QuotaManager::setOverride(QuotaScope scope, uid_t uid, const std::string &container, Quota q,
-                               std::optional<uint64_t> limit) {
+namespace {
+
+// Sets or removes one quota of the override of key in overrides.
+template <typename Key>
+void setIn(std::map<Key, QuotaOverride> &overrides, const Key &key, size_t i, std::optional<uint64_t> limit) {
+    QuotaOverride &o = overrides[key];
+    o.max[i] = limit;
+    if (o.empty()) {
+        overrides.erase(key);
+    }
+}
+
+bool sameTarget(const QuotaEdit &a, const QuotaEdit &b) {
+    return a.scope == b.scope && a.uid == b.uid && a.name == b.name && a.quota == b.quota;
+}
+
+}  // namespace
+
+Status QuotaManager::apply(const QuotaEdit &e) {
+    const auto i = static_cast<size_t>(e.quota);
+    if (i >= kQuotaCount) {
+        return Status(Code::kInvalidArgument, EINVAL, "no quota number " + std::to_string(i));
+    }
+    if (e.scope == QuotaScope::kDefault && !e.limit) {
+        return Status(Code::kInvalidArgument, EINVAL, "a default cannot be cleared; set it to unlimited");
+    }
+    if ((e.scope == QuotaScope::kContainer || e.scope == QuotaScope::kNamespace) && e.name.empty()) {
+        return Status(Code::kInvalidArgument, EINVAL,
+                      std::string("a ") + (e.scope == QuotaScope::kContainer ? "container" : "namespace") +
+                          " override needs its name");
+    }
     std::lock_guard lock(state_->mu);
-    auto i = static_cast<size_t>(q);
-    if (scope == QuotaScope::kUid) {
-        auto &o = state_->config.uids[uid];
-        o.max[i] = limit;
-        if (o.empty()) {
-            state_->config.uids.erase(uid);
-        }
+    QuotaConfig &c = state_->config;
+    switch (e.scope) {
+        case QuotaScope::kDefault:
+            c.defaults[i] = *e.limit;
+            break;
+        case QuotaScope::kUid:
+            setIn(c.uids, e.uid, i, e.limit);
+            break;
+        case QuotaScope::kContainer:
+            setIn(c.containers, e.name, i, e.limit);
+            break;
+        case QuotaScope::kNamespace:
+            setIn(c.namespaces, e.name, i, e.limit);
+            break;
+    }
+    auto &edits = state_->edits;
+    auto same =
+        std::find_if(edits.begin(), edits.end(), [&](const QuotaEdit &x) { return sameTarget(x, e); });
+    if (same != edits.end()) {
+        same->limit = e.limit;
     } else {
-        auto &o = state_->config.containers[container];
-        o.max[i] = limit;
-        if (o.empty()) {
-            state_->config.containers.erase(container);
-        }
+        edits.push_back(e);
     }
+    return Status::ok();
 }
 
-void QuotaManager::setDefault(Quota q, uint64_t limit) {
+std::vector<QuotaEdit> QuotaManager::runtimeEdits() const {
     std::lock_guard lock(state_->mu);
-    state_->config.defaults[static_cast<size_t>(q)] = limit;
+    return state_->edits;
 }
 
 void QuotaManager::configure(QuotaConfig config) {
     std::lock_guard lock(state_->mu);
     state_->config = std::move(config);
+    state_->edits.clear();
 }
 
 }  // namespace ibvx::daemon

@@ -16,7 +16,9 @@
 //
 // Runtime changes (for the Admin API): setOverride()/setDefault() take effect for the next
 // reserve(); lowering a limit below the current usage keeps existing objects and refuses new
-// ones until usage drops below it.
+// ones until usage drops below it. The manager remembers them (runtimeEdits()) until the next
+// configure(), so a broker restart can apply them again over the new process's configuration
+// (docs/restart.md): a runtime change outlives a restart, not a configuration reload.
 //
 // Threading: every method is thread-safe. A QuotaCharge may outlive the QuotaManager (it keeps
 // the shared state alive).
@@ -32,11 +34,13 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "common/status.h"
 
 namespace ibvx::daemon {
 
+// Append only: a restart's state carries quotas by this value (QuotaEdit).
 enum class Quota : int {
     kContexts,
     kPds,
@@ -83,7 +87,19 @@ struct TenantKey {
     std::string pod_namespace{};  // "" when no pod is known
 };
 
-enum class QuotaScope { kUid, kContainer };
+// Whose limits a runtime change sets: everyone's defaults, or one account's override.
+enum class QuotaScope { kDefault, kUid, kContainer, kNamespace };
+
+// One runtime change: quota of the account (uid for kUid, name for kContainer/kNamespace) set
+// to limit, or its override removed (nullopt; never for kDefault).
+struct QuotaEdit {
+    QuotaScope scope = QuotaScope::kDefault;
+    uid_t uid = 0;
+    std::string name;
+    Quota quota = Quota::kContexts;
+    std::optional<uint64_t> limit;
+    bool operator==(const QuotaEdit &) const = default;
+};
 
 struct QuotaAccount {
     QuotaValues used{};
@@ -96,7 +112,8 @@ struct QuotaSnapshot {
     std::map<std::string, QuotaAccount> containers;  // idem
     std::map<uid_t, QuotaOverride> uid_overrides;
     std::map<std::string, QuotaOverride> container_overrides;
-    std::map<std::string, QuotaAccount> namespaces;  // accounts with something charged
+    std::map<std::string, QuotaAccount> namespaces;            // accounts with something charged
+    std::map<std::string, QuotaOverride> namespace_overrides;  // a namespace's only limits
 };
 
 class QuotaManager;
@@ -148,15 +165,27 @@ class QuotaManager {
 
     // Usage, effective limits, defaults and overrides, copied under the lock.
     QuotaSnapshot snapshot() const;
-    // Usage of one account (zeros when nothing is charged).
-    QuotaValues usage(QuotaScope scope, uid_t uid, const std::string &container = {}) const;
+    // Usage of one account (zeros when nothing is charged): kUid uses uid, kContainer and
+    // kNamespace name.
+    QuotaValues usage(QuotaScope scope, uid_t uid, const std::string &name = {}) const;
 
-    // Runtime overrides (Admin API). scope kUid uses uid, kContainer uses container.
-    // limit nullopt removes the override of that quota (the default applies again).
-    void setOverride(QuotaScope scope, uid_t uid, const std::string &container, Quota q,
-                     std::optional<uint64_t> limit);
-    void setDefault(Quota q, uint64_t limit);
-    // Replaces defaults and every override (config reload); usage is kept.
+    // A runtime change (Admin API): an override (kUid uses uid, kContainer and kNamespace name;
+    // limit nullopt removes the override of that quota, the default applies again) or a default
+    // (limit required). INVALID_ARGUMENT for a default without a limit or an account without a
+    // name; nothing changes then.
+    Status apply(const QuotaEdit &edit);
+    void setOverride(QuotaScope scope, uid_t uid, const std::string &name, Quota q,
+                     std::optional<uint64_t> limit) {
+        (void)apply(QuotaEdit{scope, uid, name, q, limit});
+    }
+    void setDefault(Quota q, uint64_t limit) {
+        (void)apply(QuotaEdit{QuotaScope::kDefault, 0, "", q, limit});
+    }
+    // The runtime changes since the last configure(), the latest per account and quota, in the
+    // order they were first made: what a restart applies again.
+    std::vector<QuotaEdit> runtimeEdits() const;
+    // Replaces defaults and every override (config reload) and forgets the runtime changes;
+    // usage is kept.
     void configure(QuotaConfig config);
 
   private:

@@ -309,6 +309,8 @@ const char *scopeName(pb::QuotaScope scope) {
             return "uid";
         case pb::QUOTA_SCOPE_CONTAINER:
             return "container";
+        case pb::QUOTA_SCOPE_NAMESPACE:
+            return "namespace";
         default:
             return "?";
     }
@@ -373,10 +375,29 @@ std::string limitName(const std::optional<uint64_t> &limit) {
     return *limit == kUnlimited ? "unlimited" : std::to_string(*limit);
 }
 
-void accountInfo(pb::QuotaScope scope, uint32_t uid, const std::string &container, pb::QuotaAccountInfo *a) {
+// An account's name: the uid's, the container's or the namespace's.
+void accountInfo(pb::QuotaScope scope, uint32_t uid, const std::string &name, pb::QuotaAccountInfo *a) {
     a->set_scope(scope);
     a->set_uid(uid);
-    a->set_container(container);
+    if (scope == pb::QUOTA_SCOPE_NAMESPACE) {
+        a->set_pod_namespace(name);
+    } else {
+        a->set_container(name);
+    }
+}
+
+// The account a SetQuota names.
+std::string accountName(const pb::SetQuotaRequest &req) {
+    switch (req.scope()) {
+        case pb::QUOTA_SCOPE_UID:
+            return std::to_string(req.uid());
+        case pb::QUOTA_SCOPE_CONTAINER:
+            return req.container();
+        case pb::QUOTA_SCOPE_NAMESPACE:
+            return req.pod_namespace();
+        default:
+            return "";
+    }
 }
 
 }  // namespace
@@ -673,6 +694,14 @@ grpc::ServerUnaryReactor *AdminService::GetQuotas(grpc::CallbackServerContext *c
             accountInfo(pb::QUOTA_SCOPE_CONTAINER, 0, container, resp->add_overrides());
             overrideValues(o, resp->mutable_overrides()->rbegin()->mutable_quotas());
         }
+        for (const auto &[ns, account] : snap.namespaces) {
+            accountInfo(pb::QUOTA_SCOPE_NAMESPACE, 0, ns, resp->add_accounts());
+            quotaValues(&account.used, account.limit, resp->mutable_accounts()->rbegin()->mutable_quotas());
+        }
+        for (const auto &[ns, o] : snap.namespace_overrides) {
+            accountInfo(pb::QUOTA_SCOPE_NAMESPACE, 0, ns, resp->add_overrides());
+            overrideValues(o, resp->mutable_overrides()->rbegin()->mutable_quotas());
+        }
         return Status::ok();
     });
 }
@@ -687,34 +716,38 @@ grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ct
         }
         ASSIGN_OR_RETURN(std::optional<uint64_t> limit, requestedLimit(*req));
         RETURN_IF_ERROR(setQuota(*req, *q, limit));
-        spdlog::info(
-            "quota {} {} {} set to {} by uid {}", scopeName(req->scope()),
-            req->scope() == pb::QUOTA_SCOPE_CONTAINER ? req->container() : std::to_string(req->uid()),
-            req->quota(), limitName(limit), callerUid(ctx));
+        spdlog::info("quota {} {} {} set to {} by uid {}", scopeName(req->scope()), accountName(*req),
+                     req->quota(), limitName(limit), callerUid(ctx));
         return Status::ok();
     });
 }
 
 Status AdminService::setQuota(const pb::SetQuotaRequest &req, Quota q, std::optional<uint64_t> limit) {
+    QuotaEdit edit{QuotaScope::kDefault, 0, "", q, limit};
     switch (req.scope()) {
         case pb::QUOTA_SCOPE_DEFAULT:
-            if (!limit) {
-                return invalidArgument("a default cannot be cleared; set it to unlimited");
-            }
-            broker_.quotas().setDefault(q, *limit);
-            return Status::ok();
+            break;
         case pb::QUOTA_SCOPE_UID:
-            broker_.quotas().setOverride(QuotaScope::kUid, req.uid(), "", q, limit);
-            return Status::ok();
+            edit.scope = QuotaScope::kUid;
+            edit.uid = req.uid();
+            break;
         case pb::QUOTA_SCOPE_CONTAINER:
-            if (req.container().empty()) {
-                return invalidArgument("container scope needs a container id");
-            }
-            broker_.quotas().setOverride(QuotaScope::kContainer, 0, req.container(), q, limit);
-            return Status::ok();
+            edit.scope = QuotaScope::kContainer;
+            edit.name = req.container();
+            break;
+        case pb::QUOTA_SCOPE_NAMESPACE:
+            edit.scope = QuotaScope::kNamespace;
+            edit.name = req.pod_namespace();
+            break;
         default:
-            return invalidArgument("scope must be default, uid or container");
+            return invalidArgument("scope must be default, uid, container or namespace");
     }
+    RETURN_IF_ERROR(broker_.quotas().apply(edit));
+    // Kept at once where a crash restart finds it, not only at the next heartbeat.
+    if (hooks_.quotas_changed) {
+        hooks_.quotas_changed();
+    }
+    return Status::ok();
 }
 
 grpc::ServerUnaryReactor *AdminService::Restart(grpc::CallbackServerContext *ctx,

@@ -63,6 +63,8 @@ struct AdminHooks {
     // (FAILED_PRECONDITION with require_keep and a session to drop). nullptr: UNIMPLEMENTED.
     std::function<StatusOr<RestartPlan>(bool require_keep)> restart;
     std::function<RestartInfo()> restart_info;  // nullptr: no restart so far
+    // After a SetQuota changed a limit: the restart state keeps it (nullptr: nothing to do).
+    std::function<void()> quotas_changed;
     // A listing page ends early once its entries take this many bytes, so the reply stays under
     // the server's message limit whatever the page size (room is left for one more entry).
     size_t reply_budget_bytes = 48 * 1024;

@@ -282,6 +282,15 @@ Status RestartState::writeGlobal() {
         g.set_alive_unix_ms(static_cast<int64_t>(nowUnixMs()));
         region_floor_written_ = next_region;
     }
+    for (const QuotaEdit &e : broker_.quotas().runtimeEdits()) {
+        rpb::QuotaOverride *o = g.add_quota_overrides();
+        o->set_scope(static_cast<uint32_t>(e.scope));
+        o->set_uid(e.uid);
+        o->set_tenant(e.name);
+        o->set_quota(static_cast<uint32_t>(e.quota));
+        o->set_clear(!e.limit.has_value());
+        o->set_limit(e.limit.value_or(0));
+    }
     std::string bytes;
     g.SerializeToString(&bytes);
     return global_.compact({{uint8_t{1}, bytes}});  // one header record, rewritten whole

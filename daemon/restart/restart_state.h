@@ -192,6 +192,9 @@ class RestartState {
     // when there is none or this broker cannot read it.
     std::string adoptGlobal(std::map<std::string, UniqueFd> &fds, ibv_extend::restart::v1::Global *g);
     // The restart count and how long the restart took, from the old process's globals.
+    // The quota changes the previous process made at runtime, applied over this one's
+    // configuration (a change that cannot be is a problem of the report, and skipped).
+    void applyQuotaEdits(const ibv_extend::restart::v1::Global &g, RestoreReport *report);
     void noteRestart(const ibv_extend::restart::v1::Global &g);
     // Restores the session whose state fds[state_name] holds, or ends it cleanly; either way its
     // fds leave fds (all_names: every fd that came back, for the store).

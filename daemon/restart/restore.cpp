@@ -404,6 +404,27 @@ std::string RestartState::adoptGlobal(std::map<std::string, UniqueFd> &fds, rpb:
     return "";
 }
 
+void RestartState::applyQuotaEdits(const rpb::Global &g, RestoreReport *report) {
+    for (const rpb::QuotaOverride &o : g.quota_overrides()) {
+        QuotaEdit e;
+        e.scope = static_cast<QuotaScope>(o.scope());
+        e.uid = o.uid();
+        e.name = o.tenant();
+        e.quota = static_cast<Quota>(o.quota());
+        if (!o.clear()) {
+            e.limit = o.limit();
+        }
+        Status st =
+            o.scope() <= static_cast<uint32_t>(QuotaScope::kNamespace)
+                ? broker_.quotas().apply(e)
+                : Status(Code::kInvalidArgument, EINVAL, "no quota scope " + std::to_string(o.scope()));
+        if (!st.isOk()) {
+            report->problems.push_back("restore: a runtime quota change is not applied: " + st.message());
+            spdlog::warn("{}", report->problems.back());
+        }
+    }
+}
+
 void RestartState::noteRestart(const rpb::Global &g) {
     std::lock_guard lock(mu_);
     restarts_ = g.restarts() + 1;
@@ -484,6 +505,7 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
         return report;
     }
     noteRestart(g);
+    applyQuotaEdits(g, &report);
     MappingManager::instance().raiseRegionFloor(g.region_floor());
     broker_.raiseNextSessionId(g.next_session_id());
 

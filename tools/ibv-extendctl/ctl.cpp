@@ -723,6 +723,18 @@ std::string quotaLimit(const pb::QuotaValue &v) {
     return v.unlimited() ? "-" : std::to_string(v.limit());
 }
 
+// "uid 1000", "container 0123456789ab" (container ids cut to id_width), "namespace team-a".
+std::string accountLabel(const pb::QuotaAccountInfo &a, size_t id_width = std::string::npos) {
+    switch (a.scope()) {
+        case pb::QUOTA_SCOPE_UID:
+            return "uid " + std::to_string(a.uid());
+        case pb::QUOTA_SCOPE_NAMESPACE:
+            return "namespace " + a.pod_namespace();
+        default:
+            return "container " + a.container().substr(0, id_width);
+    }
+}
+
 int cmdQuotas(Client &c, const Options &o) {
     pb::GetQuotasResponse r;
     if (int rc = call(c, o, "Admin.GetQuotas", &pb::Admin::Stub::GetQuotas, pb::GetQuotasRequest{}, &r)) {
@@ -744,9 +756,7 @@ int cmdQuotas(Client &c, const Options &o) {
     }
     t.add(defaults);
     for (const auto &a : r.accounts()) {
-        std::vector<std::string> row = {a.scope() == pb::QUOTA_SCOPE_UID
-                                            ? "uid " + std::to_string(a.uid())
-                                            : "container " + a.container().substr(0, 12)};
+        std::vector<std::string> row = {accountLabel(a, 12)};
         for (const auto &q : a.quotas()) {
             row.push_back(std::to_string(q.used()) + "/" + quotaLimit(q));
         }
@@ -757,9 +767,7 @@ int cmdQuotas(Client &c, const Options &o) {
         Table ot({"OVERRIDE", "QUOTA", "LIMIT"});
         for (const auto &a : r.overrides()) {
             for (const auto &q : a.quotas()) {
-                ot.add({a.scope() == pb::QUOTA_SCOPE_UID ? "uid " + std::to_string(a.uid())
-                                                         : "container " + a.container(),
-                        q.name(), q.unlimited() ? "unlimited" : std::to_string(q.limit())});
+                ot.add({accountLabel(a), q.name(), q.unlimited() ? "unlimited" : std::to_string(q.limit())});
             }
         }
         std::cout << '\n' << ot.render();
@@ -810,6 +818,7 @@ int cmdSetQuota(Client &c, const Options &o, pb::SetQuotaRequest req, const std:
         std::cout << "quota " << req.quota() << " of " << label(req.scope())
                   << (req.scope() == pb::QUOTA_SCOPE_UID         ? " " + std::to_string(req.uid())
                       : req.scope() == pb::QUOTA_SCOPE_CONTAINER ? " " + req.container()
+                      : req.scope() == pb::QUOTA_SCOPE_NAMESPACE ? " " + req.pod_namespace()
                                                                  : "")
                   << " set to " << value << '\n';
     }
@@ -839,7 +848,7 @@ struct Args {
     int count = 0;
     bool require_keep = false;
     int64_t q_uid = -1;
-    std::string q_container, q_name, q_value;
+    std::string q_container, q_namespace, q_name, q_value;
     bool q_default = false;
     CLI::App *status, *drivers, *sessions, *objects, *stats, *metrics, *evict, *reload, *restart, *watch,
         *quotas, *quota_set, *devinfo;
@@ -861,15 +870,20 @@ void addGlobalOptions(CLI::App &app, Options *o) {
 }
 
 void addQuotaCommands(CLI::App &app, Args *a) {
-    a->quotas = app.add_subcommand("quotas", "Quota defaults, usage per uid and container, overrides");
+    a->quotas =
+        app.add_subcommand("quotas", "Quota defaults, usage per uid, container and namespace, overrides");
     a->quota_set = a->quotas->add_subcommand("set", "Set a runtime quota override (or a default)");
     auto *uid = a->quota_set->add_option("--uid", a->q_uid, "Override for this uid")
                     ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
     auto *container =
         a->quota_set->add_option("--container", a->q_container, "Override for this container id");
+    auto *ns =
+        a->quota_set->add_option("--namespace", a->q_namespace,
+                                 "Limit this Kubernetes namespace's account (its pods' sessions together)");
     auto *all = a->quota_set->add_flag("--default", a->q_default, "Change the default for everyone");
-    uid->excludes(container)->excludes(all);
-    container->excludes(all);
+    uid->excludes(container)->excludes(ns)->excludes(all);
+    container->excludes(ns)->excludes(all);
+    ns->excludes(all);
     a->quota_set
         ->add_option("quota", a->q_name,
                      "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions")
@@ -925,16 +939,19 @@ int runObjects(Client &c, const Args &a) {
 }
 
 int runSetQuota(Client &c, const Args &a) {
-    if (a.q_uid < 0 && a.q_container.empty() && !a.q_default) {
-        std::fprintf(stderr, "ibv-extendctl: quotas set needs --uid, --container or --default\n");
+    if (a.q_uid < 0 && a.q_container.empty() && a.q_namespace.empty() && !a.q_default) {
+        std::fprintf(stderr,
+                     "ibv-extendctl: quotas set needs --uid, --container, --namespace or --default\n");
         return kExitUsage;
     }
     pb::SetQuotaRequest req;
-    req.set_scope(a.q_default    ? pb::QUOTA_SCOPE_DEFAULT
-                  : a.q_uid >= 0 ? pb::QUOTA_SCOPE_UID
-                                 : pb::QUOTA_SCOPE_CONTAINER);
+    req.set_scope(a.q_default              ? pb::QUOTA_SCOPE_DEFAULT
+                  : a.q_uid >= 0           ? pb::QUOTA_SCOPE_UID
+                  : !a.q_namespace.empty() ? pb::QUOTA_SCOPE_NAMESPACE
+                                           : pb::QUOTA_SCOPE_CONTAINER);
     req.set_uid(a.q_uid >= 0 ? static_cast<uint32_t>(a.q_uid) : 0);
     req.set_container(a.q_container);
+    req.set_pod_namespace(a.q_namespace);
     req.set_quota(a.q_name);
     return cmdSetQuota(c, a.o, req, a.q_value);
 }

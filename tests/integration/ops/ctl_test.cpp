@@ -469,6 +469,23 @@ TEST_F(CtlTest, QuotaOverrideLimitsTheTenantAndShowsUsage) {
     EXPECT_EQ(ctl({"quotas", "set", "qps", "1"}).exit_code, 2);
 }
 
+// A Kubernetes namespace's account is set and shown like a uid's; --namespace excludes the other
+// account options.
+TEST_F(CtlTest, NamespaceQuotaIsSetAndShown) {
+    ProcessResult set = ctl({"quotas", "set", "--namespace", "team-a", "qps", "3"});
+    ASSERT_EQ(set.exit_code, 0) << set.err;
+    EXPECT_NE(set.out.find("quota qps of namespace team-a set to 3"), std::string::npos) << set.out;
+    json q = ctlJson({"quotas"});
+    ASSERT_EQ(q["overrides"].size(), 1u) << q.dump();
+    EXPECT_EQ(q["overrides"][0]["scope"], "namespace") << q.dump();
+    EXPECT_EQ(q["overrides"][0]["pod_namespace"], "team-a") << q.dump();
+    ProcessResult table = ctl({"quotas"});
+    EXPECT_NE(table.out.find("namespace team-a"), std::string::npos) << table.out;
+    EXPECT_EQ(ctl({"quotas", "set", "--namespace", "team-a", "--uid", "5", "qps", "1"}).exit_code, 2);
+    EXPECT_EQ(ctl({"quotas", "set", "--namespace", "team-a", "qps", "clear"}).exit_code, 0);
+    EXPECT_EQ(ctlJson({"quotas"})["overrides"].size(), 0u);
+}
+
 // A quota VALUE that is no limit is a usage error before any broker is asked: "-5" was stored
 // as 18446744073709551611.
 TEST_F(CtlTest, QuotaValuesMustBeLimits) {

@@ -194,6 +194,40 @@ class AdminClient {
         ctx.set_wait_for_ready(true);
         return stub_->GetStatus(&ctx, pb::GetStatusRequest{}, resp);
     }
+    grpc::Status setQuota(const pb::SetQuotaRequest &req) {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+        pb::SetQuotaResponse resp;
+        return stub_->SetQuota(&ctx, req, &resp);
+    }
+    // "scope name quota=limit" of every override, and "default quota=limit" of every limited
+    // default: what `ibv-extendctl quotas` shows of the limits.
+    std::set<std::string> quotaLimits() {
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + 2s);
+        ctx.set_wait_for_ready(true);
+        pb::GetQuotasResponse resp;
+        EXPECT_TRUE(stub_->GetQuotas(&ctx, pb::GetQuotasRequest{}, &resp).ok());
+        std::set<std::string> out;
+        auto limit = [](const pb::QuotaValue &v) {
+            return v.unlimited() ? "unlimited" : std::to_string(v.limit());
+        };
+        for (const auto &d : resp.defaults()) {
+            if (!d.unlimited()) {
+                out.insert("default " + d.name() + "=" + limit(d));
+            }
+        }
+        for (const auto &o : resp.overrides()) {
+            const std::string who = o.scope() == pb::QUOTA_SCOPE_UID ? "uid " + std::to_string(o.uid())
+                                    : o.scope() == pb::QUOTA_SCOPE_NAMESPACE
+                                        ? "namespace " + o.pod_namespace()
+                                        : "container " + o.container();
+            for (const auto &q : o.quotas()) {
+                out.insert(who + " " + q.name() + "=" + limit(q));
+            }
+        }
+        return out;
+    }
     // Handles of every object, by session pid.
     // pid's lasting objects: restart-tenant makes and destroys a QP every 20 ms, which one listing
     // may catch; of two listings 50 ms apart, only what lasts is in both.
@@ -886,6 +920,60 @@ TEST(RestartFdStore, Kill9ReportsAnUpperBoundOfTheGapNotZero) {
     ASSERT_TRUE(admin.status(&status).ok());
     EXPECT_FALSE(status.last_restart_crash());
     EXPECT_LT(status.last_restart_took_ms(), kRestartSecMs) << broker.log();  // RestartSec= is for crashes
+}
+
+// Runtime quota changes (ibv-extendctl quotas set) outlive a crash and a handover: ibvx.global
+// carries them, rewritten as each is made, and the successor applies them over its own
+// configuration. Namespace accounts are set and shown like the others.
+TEST(RestartFdStore, RuntimeQuotaChangesOutliveKill9AndRestart) {
+    StoreBroker broker;
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    auto set = [&](pb::QuotaScope scope, const std::string &who, const std::string &quota, uint64_t limit,
+                   bool clear = false) {
+        pb::SetQuotaRequest req;
+        req.set_scope(scope);
+        if (scope == pb::QUOTA_SCOPE_UID) {
+            req.set_uid(static_cast<uint32_t>(std::stoul(who)));
+        } else if (scope == pb::QUOTA_SCOPE_NAMESPACE) {
+            req.set_pod_namespace(who);
+        } else {
+            req.set_container(who);
+        }
+        req.set_quota(quota);
+        req.set_limit(limit);
+        req.set_clear(clear);
+        grpc::Status st = admin.setQuota(req);
+        EXPECT_TRUE(st.ok()) << st.error_message();
+    };
+    set(pb::QUOTA_SCOPE_UID, "1000", "qps", 7);
+    set(pb::QUOTA_SCOPE_UID, "1000", "cqs", 3);
+    set(pb::QUOTA_SCOPE_UID, "1000", "cqs", 0, true);  // cleared again: not carried as an override
+    set(pb::QUOTA_SCOPE_CONTAINER, "0123456789abcdef", "mrs", 5);
+    set(pb::QUOTA_SCOPE_NAMESPACE, "team-a", "qps", 64);
+    set(pb::QUOTA_SCOPE_DEFAULT, "", "sessions", 12);
+    const std::set<std::string> want = {"uid 1000 qps=7", "container 0123456789abcdef mrs=5",
+                                        "namespace team-a qps=64", "default sessions=12"};
+    ASSERT_EQ(admin.quotaLimits(), want);
+    pb::SetQuotaRequest nameless;
+    nameless.set_scope(pb::QUOTA_SCOPE_NAMESPACE);
+    nameless.set_quota("qps");
+    nameless.set_limit(1);
+    EXPECT_EQ(admin.setQuota(nameless).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+    broker.send("kill9");  // no heartbeat in between: the change itself was kept
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(admin.quotaLimits(), want) << broker.log();
+
+    broker.send("restart");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(2)) << broker.log();
+    EXPECT_EQ(admin.quotaLimits(), want) << broker.log();
 }
 
 // After a crash the session's age still goes on (its creation time is in its state).

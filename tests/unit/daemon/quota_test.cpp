@@ -107,6 +107,56 @@ TEST(QuotaManager, RuntimeOverridesAndMerge) {
 
 // Many charges of two container tenants (the tenant is held once per tenant, not per charge):
 // moved, merged and released in any order, each gives back to its own accounts only.
+// What a restart carries (docs/restart.md): the latest runtime change per account and quota, in
+// the order first made, until a configuration reload replaces them all.
+TEST(QuotaManager, RuntimeEditsAreTheLatestPerTargetUntilAReload) {
+    QuotaManager m;
+    m.setOverride(QuotaScope::kUid, 1000, "", Quota::kQps, 4);
+    m.setDefault(Quota::kMrs, 10);
+    m.setOverride(QuotaScope::kNamespace, 0, "team-a", Quota::kCqs, 2);
+    m.setOverride(QuotaScope::kUid, 1000, "", Quota::kQps, std::nullopt);  // cleared later
+    std::vector<QuotaEdit> want = {{QuotaScope::kUid, 1000, "", Quota::kQps, std::nullopt},
+                                   {QuotaScope::kDefault, 0, "", Quota::kMrs, 10},
+                                   {QuotaScope::kNamespace, 0, "team-a", Quota::kCqs, 2}};
+    EXPECT_EQ(m.runtimeEdits(), want);
+
+    // Applied again to a fresh manager (the successor), they give the same limits.
+    QuotaManager next;
+    for (const QuotaEdit &e : m.runtimeEdits()) {
+        ASSERT_TRUE(next.apply(e).isOk());
+    }
+    QuotaSnapshot a = m.snapshot(), b = next.snapshot();
+    EXPECT_EQ(a.defaults, b.defaults);
+    EXPECT_TRUE(b.uid_overrides.empty());
+    ASSERT_EQ(b.namespace_overrides.count("team-a"), 1u);
+    EXPECT_EQ(b.namespace_overrides["team-a"].max[idx(Quota::kCqs)], 2u);
+    EXPECT_EQ(next.runtimeEdits(), want);
+
+    next.configure(QuotaConfig{});
+    EXPECT_TRUE(next.runtimeEdits().empty());
+    EXPECT_TRUE(next.snapshot().namespace_overrides.empty());
+}
+
+TEST(QuotaManager, NamespaceOverrideLimitsThePodsTogetherAndBadEditsChangeNothing) {
+    QuotaManager m;
+    m.setOverride(QuotaScope::kNamespace, 0, "team-a", Quota::kQps, 1);
+    auto a = m.reserve(TenantKey{1000, "c1", "team-a"}, {{Quota::kQps, 1}});
+    ASSERT_TRUE(a.isOk());
+    // Another uid and container, the same namespace: its account is full.
+    auto b = m.reserve(TenantKey{1001, "c2", "team-a"}, {{Quota::kQps, 1}});
+    EXPECT_EQ(b.status().code(), Code::kResourceExhausted);
+    EXPECT_TRUE(m.reserve(TenantKey{1001, "c2", "team-b"}, {{Quota::kQps, 1}}).isOk());
+    EXPECT_EQ(m.usage(QuotaScope::kNamespace, 0, "team-a")[idx(Quota::kQps)], 1u);
+
+    EXPECT_EQ(m.apply({QuotaScope::kDefault, 0, "", Quota::kQps, std::nullopt}).code(),
+              Code::kInvalidArgument);
+    EXPECT_EQ(m.apply({QuotaScope::kNamespace, 0, "", Quota::kQps, 3}).code(), Code::kInvalidArgument);
+    EXPECT_EQ(m.apply({QuotaScope::kUid, 7, "", static_cast<Quota>(kQuotaCount), 3}).code(),
+              Code::kInvalidArgument);
+    ASSERT_EQ(m.runtimeEdits().size(), 1u);
+    EXPECT_EQ(m.snapshot().defaults[idx(Quota::kQps)], kUnlimited);
+}
+
 TEST(QuotaManager, ChargesOfManyObjectsGiveBackToTheirOwnTenant) {
     QuotaManager m;
     const std::string long_id(64, 'a');  // a container id as runtimes write them
