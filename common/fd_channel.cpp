@@ -1,12 +1,15 @@
 #include "common/fd_channel.h"
 
+#include <linux/sockios.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <thread>
 
 namespace ibvx {
 namespace {
@@ -127,6 +130,62 @@ int recvAll(int sock, uint8_t *data, size_t len, std::vector<int> *fds, int time
     return 1;
 }
 
+// Waits until a whole frame is queued on sock, consuming nothing: a reader that stops at any
+// point before its frame is complete (a broker killed while a tenant's frame arrives) leaves the
+// frame whole in the socket for the socket's next reader (the broker's successor, which inherits
+// the fd channel). 1 when the frame is all there, 0 at EOF before any byte of a frame, -EPROTO
+// for a hostile length or an EOF inside a frame, -ETIMEDOUT, or another -errno.
+//
+// A frame is sent with one sendmsg (sendFrame), so it normally arrives whole and this returns at
+// once. When it does not, nothing here tells when the rest comes (the socket stays readable), so
+// the wait is a short sleep between looks. A header split so that its first part carries the fd
+// cannot be peeked past that part (Linux stops a peek after an skb with fds): once its 16 bytes
+// are queued it is taken, and only then is the rest waited for, as before.
+int awaitWholeFrame(int sock, int timeout_ms, Clock::time_point start) {
+    for (;;) {
+        pollfd pfd{sock, POLLIN | POLLRDHUP, 0};
+        int w = ::poll(&pfd, 1, remainingMs(timeout_ms, start));
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w < 0) {
+            return -errno;
+        }
+        if (w == 0) {
+            return -ETIMEDOUT;
+        }
+        int queued = 0;
+        if (::ioctl(sock, SIOCINQ, &queued) < 0) {
+            return -errno;
+        }
+        const bool peer_done = (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+        if (queued == 0) {
+            return peer_done ? 0 : -EAGAIN;  // EAGAIN: readable with nothing queued (cannot last)
+        }
+        size_t need = sizeof(FrameHeader);
+        if (static_cast<size_t>(queued) >= sizeof(FrameHeader)) {
+            FrameHeader h{};
+            ssize_t n = ::recv(sock, &h, sizeof(h), MSG_PEEK | MSG_DONTWAIT);
+            if (n == static_cast<ssize_t>(sizeof(h))) {
+                if (h.length > kMaxFramePayload) {
+                    return -EPROTO;
+                }
+                need += h.length;
+            }
+        }
+        if (static_cast<size_t>(queued) >= need) {
+            return 1;
+        }
+        if (peer_done) {
+            return -EPROTO;  // the rest of the frame can never come
+        }
+        if (remainingMs(timeout_ms, start) == 0) {
+            return -ETIMEDOUT;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+}
+
 }  // namespace
 
 ssize_t sendmsgWithFds(int sock, const void *data, size_t len, std::span<const int> fds, int flags) {
@@ -174,6 +233,13 @@ int recvFrame(int sock, Frame *out, int timeout_ms) {
             ::close(f);
         }
     };
+    int whole;
+    do {
+        whole = awaitWholeFrame(sock, timeout_ms, start);
+    } while (whole == -EAGAIN);
+    if (whole <= 0) {
+        return whole;
+    }
     FrameHeader h{};
     int r = recvAll(sock, reinterpret_cast<uint8_t *>(&h), sizeof(h), &fds, timeout_ms, start);
     if (r <= 0) {

@@ -85,7 +85,10 @@ ssize_t sendmsgWithFds(int sock, const void *data, size_t len, std::span<const i
 // Receives one frame. Returns 1 with *out filled, 0 on orderly EOF before a frame, or -errno:
 // -EPROTO for a malformed frame (oversized length, more fds than allowed, fd with a truncated
 // control message) — every fd received with a bad frame is closed. -ETIMEDOUT when nothing
-// complete arrived within timeout_ms (-1 = wait forever).
+// complete arrived within timeout_ms (-1 = wait forever). Nothing of a frame is taken from the
+// socket until all of it is there, so a reader that times out, or is killed, while a frame
+// arrives leaves it whole for the next reader of the socket (a restarted broker,
+// docs/restart.md).
 int recvFrame(int sock, Frame *out, int timeout_ms);
 
 // Client side of the attach handshake. Returns 0 or -errno (the broker's status when refused).

@@ -1,6 +1,8 @@
 #include "common/fd_channel.h"
 
 #include <gtest/gtest.h>
+#include <linux/sockios.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -94,6 +96,40 @@ TEST(FdChannel, EofBeforeFrameIsZeroAndMidFrameIsProtocolError) {
         Frame f;
         EXPECT_EQ(recvFrame(sp.b.get(), &f, 1000), -EPROTO);
     }
+}
+
+// The fd channel outlives a broker process (docs/restart.md): a reader that gives up while a
+// frame is still arriving (a timeout here; a kill -9 in the broker) must have taken none of it,
+// so the socket's next reader gets the whole frame, fd included, and the stream stays in step.
+TEST(FdChannel, AFrameStillArrivingIsLeftWholeForTheNextReader) {
+    SocketPair sp;
+    auto region = MemfdRegion::create("test", 4096);
+    ASSERT_TRUE(region.isOk());
+    const int before = openFdCount();
+    FrameHeader h{static_cast<uint32_t>(FrameType::kRegionAdd), sizeof(RegionPayload), 9};
+    int fd = region->fd();
+    ASSERT_EQ(sendmsgWithFds(sp.a.get(), &h, sizeof(h), {&fd, 1}, 0), static_cast<ssize_t>(sizeof(h)));
+
+    Frame f;
+    EXPECT_EQ(recvFrame(sp.b.get(), &f, 30), -ETIMEDOUT);  // the payload has not come
+    int queued = -1;
+    ASSERT_EQ(::ioctl(sp.b.get(), SIOCINQ, &queued), 0);
+    EXPECT_EQ(queued, static_cast<int>(sizeof(h)));  // nothing was taken
+    EXPECT_EQ(openFdCount(), before);                // and no fd received
+
+    RegionPayload payload{4096, 0, 0};
+    ASSERT_EQ(::write(sp.a.get(), &payload, sizeof(payload)), static_cast<ssize_t>(sizeof(payload)));
+    UniqueFd successor(::dup(sp.b.get()));
+    sp.b.reset();
+    ASSERT_EQ(recvFrame(successor.get(), &f, 1000), 1);
+    EXPECT_EQ(f.id, 9u);
+    ASSERT_EQ(f.payload.size(), sizeof(RegionPayload));
+    EXPECT_TRUE(f.fd.valid());
+    // The next frame is read from its own first byte.
+    ASSERT_EQ(sendFrame(sp.a.get(), FrameType::kFdTransfer, 10, nullptr, 0, -1, 1000), 0);
+    ASSERT_EQ(recvFrame(successor.get(), &f, 1000), 1);
+    EXPECT_EQ(f.type, FrameType::kFdTransfer);
+    EXPECT_EQ(f.id, 10u);
 }
 
 TEST(FdChannel, SilentPeerTimesOut) {
