@@ -80,13 +80,6 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
 
 ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, int event_fd) {
     pb::CreateCqRequest req;
-    if (event_fd >= 0) {
-        uint64_t xfer = 0;
-        if (int rc = c->session->sendFd(event_fd, &xfer); rc != 0) {
-            return failNull<ibv_cq_extend>(-rc);
-        }
-        req.set_event_xfer_id(xfer);
-    }
     req.set_context(c->handle);
     req.set_cqe(a->attr.cqe);
     req.set_comp_vector(a->attr.comp_vector);
@@ -94,7 +87,10 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
     req.set_cq_cap_flag(a->cq_cap_flag);
     req.set_dma_mode(toProtoDmaMode(a->type));
     pb::CreateCqResponse resp;
-    int rc = c->session->call("CreateCq", &pb::Broker::Stub::CreateCq, req, &resp);
+    int rc = event_fd < 0 ? c->session->call("CreateCq", &pb::Broker::Stub::CreateCq, req, &resp)
+                          : c->session->callWithFd(
+                                "CreateCq", &pb::Broker::Stub::CreateCq, event_fd, req,
+                                [](pb::CreateCqRequest *r, uint64_t x) { r->set_event_xfer_id(x); }, &resp);
     if (rc != 0) {
         return failNull<ibv_cq_extend>(-rc);
     }

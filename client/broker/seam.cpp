@@ -104,20 +104,16 @@ int closeContext(ShadowContext *c) {
 ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr,
                    uint64_t iova, SharedHold *hold) {
     Session *s = pd->owner->session;
-    uint64_t xfer = 0;
-    int rc = s->sendFd(fd, &xfer);
-    if (rc != 0) {
-        return failNull<ibv_mr>(-rc);
-    }
     pb::RegMrRequest req;
     req.set_pd(pd->handle);
-    req.set_xfer_id(xfer);
     req.set_offset(offset);
     req.set_length(length);
     req.set_access(static_cast<uint32_t>(access));
     req.set_iova(iova);
     pb::RegMrResponse resp;
-    rc = s->call("RegMr", &pb::Broker::Stub::RegMr, req, &resp);
+    int rc = s->callWithFd(
+        "RegMr", &pb::Broker::Stub::RegMr, fd, req,
+        [](pb::RegMrRequest *r, uint64_t x) { r->set_xfer_id(x); }, &resp);
     if (rc != 0) {
         return failNull<ibv_mr>(-rc);
     }

@@ -122,6 +122,29 @@ class Session {
         }
     }
 
+    // A call that names an fd it sends on the fd channel (RegMr, SetAsyncEventFd, CreateCq with
+    // an event fd): sends fd, names it in req (set_xfer(req, id)), calls. A broker that took the
+    // fd and was replaced by a restart before it committed the call answers the retry EBADF ("no
+    // fd arrived"): that attempt changed nothing, so the fd is sent again and the call made
+    // again, as a new call (docs/restart.md). A few times at most, for restarts back to back.
+    template <typename Req, typename Resp, typename SetXfer>
+    int callWithFd(const char *what,
+                   grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
+                   int fd, Req req, SetXfer set_xfer, Resp *resp) {
+        constexpr int kSends = 3;
+        int rc = -EBADF;
+        for (int send = 0; send < kSends && rc == -EBADF; ++send) {
+            uint64_t xfer = 0;
+            if (rc = sendFd(fd, &xfer); rc != 0) {
+                return rc;
+            }
+            set_xfer(&req, xfer);
+            resp->Clear();
+            rc = call(what, method, req, resp);
+        }
+        return rc;
+    }
+
     // The local address of a RegionRef, mapping regions the broker sent (pending frames are read
     // until it is there). *addr = nullptr for an absent ref. 0 or a negative errno.
     int resolve(const pb::RegionRef &ref, bool present, void **addr);

@@ -91,15 +91,12 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
 // The device signals async events on the context's async_fd; a broker or driver without events
 // leaves it silent (ibv_get_async_event then waits, as on a device with nothing to report).
 void askForAsyncEvents(ShadowContext *c, const FaceDevice &dev) {
-    uint64_t xfer = 0;
-    if (c->session->sendFd(c->ctx.async_fd, &xfer) != 0) {
-        return;
-    }
     pb::SetAsyncEventFdRequest req;
     req.set_context(c->handle);
-    req.set_xfer_id(xfer);
     pb::SetAsyncEventFdResponse resp;
-    if (int rc = c->session->call("SetAsyncEventFd", &pb::Broker::Stub::SetAsyncEventFd, req, &resp);
+    if (int rc = c->session->callWithFd(
+            "SetAsyncEventFd", &pb::Broker::Stub::SetAsyncEventFd, c->ctx.async_fd, req,
+            [](pb::SetAsyncEventFdRequest *r, uint64_t x) { r->set_xfer_id(x); }, &resp);
         rc != 0) {
         warn("ibv_open_device: the broker raises no async events for %s (%s)", dev.name.c_str(),
              strerror(-rc));

@@ -14,6 +14,7 @@
 #include "common/fd_kind.h"
 #include "daemon/core/driver_call.h"
 #include "daemon/core/events.h"
+#include "daemon/core/fault_hooks.h"
 #include "providers/loader/create_rules.h"
 #include "providers/loader/extend_open.h"
 
@@ -55,14 +56,15 @@ bool isSharableMemory(int fd, bool *is_dmabuf) {
 
 // The eventfd a tenant sent on the fd channel for event delivery (`what` names the call). Taken
 // before the session lock, as RegMr's fd: the fd-channel reader must not wait on us.
-StatusOr<UniqueFd> takeEventFd(Session &s, uint64_t xfer_id, std::chrono::milliseconds wait,
-                               const char *what) {
+StatusOr<UniqueFd> takeEventFd(Session &s, uint64_t xfer_id, std::chrono::milliseconds wait, const char *what,
+                               const char *call) {
     UniqueFd fd = s.takeXfer(xfer_id, wait);
     if (!fd) {
         return Status(Code::kInvalidArgument, EBADF,
                       std::string("no fd arrived on the fd channel with xfer_id ") + std::to_string(xfer_id) +
                           " for " + what);
     }
+    crashOnceAt(call);  // the fd taken, the call not committed (tests only)
     if (!isEventFd(fd.get())) {
         return Status(Code::kInvalidArgument, EINVAL,
                       std::string("the fd for ") + what + " is not an eventfd (create it with eventfd(2))");
@@ -586,7 +588,8 @@ Status Broker::setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id) {
     if (xfer_id == 0) {
         return invalidArgument("SetAsyncEventFd needs the xfer_id of an eventfd sent on the fd channel");
     }
-    ASSIGN_OR_RETURN(UniqueFd fd, takeEventFd(s, xfer_id, options_.xfer_wait, "SetAsyncEventFd"));
+    ASSIGN_OR_RETURN(UniqueFd fd,
+                     takeEventFd(s, xfer_id, options_.xfer_wait, "SetAsyncEventFd", "SetAsyncEventFd"));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
     // The driver dups the fd; ours closes on return.
@@ -669,6 +672,7 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
         return Status(Code::kInvalidArgument, EBADF,
                       "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
     }
+    crashOnceAt("RegMr");  // the fd taken, the call not committed (tests only)
     RETURN_IF_ERROR(checkMrFd(fd, args));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
@@ -712,8 +716,8 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     RETURN_IF_ERROR(rule(loader::checkCqRequest(args.cqe)));
     UniqueFd event_fd;
     if (args.event_xfer_id != 0) {
-        ASSIGN_OR_RETURN(event_fd,
-                         takeEventFd(s, args.event_xfer_id, options_.xfer_wait, "CreateCq's event_xfer_id"));
+        ASSIGN_OR_RETURN(event_fd, takeEventFd(s, args.event_xfer_id, options_.xfer_wait,
+                                               "CreateCq's event_xfer_id", "CreateCq"));
     }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));

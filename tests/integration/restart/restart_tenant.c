@@ -50,6 +50,12 @@ int main(int argc, char **argv) {
     if (cq == NULL) {
         fail("PD, CQ", strerror(errno));
     }
+    /* A CQ with a completion channel: its create carries an fd (an eventfd) to the broker. */
+    struct ibv_comp_channel *channel = ibv_create_comp_channel(ctx);
+    struct ibv_cq *event_cq = channel != NULL ? ibv_create_cq(ctx, 4, NULL, channel, 0) : NULL;
+    if (event_cq == NULL) {
+        fail("a CQ with a completion channel", strerror(errno));
+    }
     struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
     to_init(a);
     to_init(b);
@@ -125,6 +131,8 @@ int main(int argc, char **argv) {
     ibv_dereg_mr(smr);
     ibv_dereg_mr(dmr);
     ibv_destroy_cq(cq);
+    ibv_destroy_cq(event_cq);
+    ibv_destroy_comp_channel(channel);
     ibv_dealloc_pd(pd);
     ibv_close_device(ctx);
     return failed == 0 && control_failed == 0 ? 0 : 1;

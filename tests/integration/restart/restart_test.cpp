@@ -922,6 +922,37 @@ TEST(RestartFdStore, Kill9ReportsAnUpperBoundOfTheGapNotZero) {
     EXPECT_LT(status.last_restart_took_ms(), kRestartSecMs) << broker.log();  // RestartSec= is for crashes
 }
 
+// A call that sends an fd (SetAsyncEventFd at ibv_open_device, CreateCq with a completion
+// channel, RegMr) whose fd the old broker took but whose commit it never reached: the broker dies
+// in exactly that window (a crash point, daemon/core/fault_hooks.h). The successor answers the
+// retry "no fd arrived" (EBADF); the client sends the fd again and makes the call anew, so the
+// tenant sees nothing: every call succeeds and its RC loop runs clean.
+TEST(RestartFdStore, ACallWhoseFdTheOldBrokerTookSucceedsAfterTheCrash) {
+    char tmpl[] = "/tmp/ibvx-crash.XXXXXX";
+    const std::string markers = mkdtemp(tmpl);
+    for (const std::string point : {"SetAsyncEventFd", "CreateCq", "RegMr"}) {
+        SCOPED_TRACE(point);
+        const std::string marker = markers + "/" + point;
+        ASSERT_EQ(setenv("IBVX_FAULT_CRASH_ONCE", (point + ":" + marker).c_str(), 1), 0);
+        StoreBroker broker;
+        ASSERT_EQ(unsetenv("IBVX_FAULT_CRASH_ONCE"), 0);
+        ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+        AdminClient admin(broker.socket());
+        const std::string err = broker.dir() + "/tenant.err";
+        Tenant tenant(broker.socket(), err);
+        ASSERT_FALSE(tenant.lineStarting("ready ").empty()) << slurp(err) << broker.log();
+        EXPECT_EQ(access(marker.c_str(), F_OK), 0) << "the broker never reached the crash point";
+        ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+        EXPECT_EQ(slurp(err).find("raises no async events"), std::string::npos) << slurp(err);
+        std::string done = tenant.finish();
+        EXPECT_EQ(tenant.wait(), 0) << done << slurp(err);
+        EXPECT_EQ(field(done, "failed"), 0u) << done;
+        EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(err);
+    }
+    std::string cmd = "rm -rf " + markers;
+    (void)!system(cmd.c_str());
+}
+
 // Runtime quota changes (ibv-extendctl quotas set) outlive a crash and a handover: ibvx.global
 // carries them, rewritten as each is made, and the successor applies them over its own
 // configuration. Namespace accounts are set and shown like the others.
