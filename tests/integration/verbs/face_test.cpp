@@ -262,14 +262,23 @@ TEST_F(FaceTest, IbvDevinfoListsTheBrokersDeviceWithAnActivePort) {
     EXPECT_THAT(out, ::testing::HasSubstr("hca_id:\tsoftnda0"));
     EXPECT_THAT(out, ::testing::HasSubstr("transport:\t\t\tInfiniBand (0)"));
     EXPECT_THAT(out, ::testing::HasSubstr("state:\t\t\tPORT_ACTIVE (4)"));
-    EXPECT_THAT(out, ::testing::HasSubstr("GID[  0]:\t\tfe80:0000:0000:0000:02a0:c0ff:ee00:0001"));
+    // The identity of SPEC.md §8: a locally administered vendor ID, and GUIDs that carry the
+    // vendor ID, 24 host bits, the device index and (for a port GUID) the port number.
+    EXPECT_THAT(out, ::testing::ContainsRegex("fw_ver:[ \t]+1\\.0\\.0"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("node_guid:[ \t]+02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("sys_image_guid:[ \t]+02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("vendor_id:[ \t]+0x2a0c0"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("vendor_part_id:[ \t]+23818"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("hw_ver:[ \t]+0x1\n"));
+    EXPECT_THAT(out, ::testing::ContainsRegex(
+                         "GID\\[  0\\]:[ \t]+fe80:0000:0000:0000:02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0001"));
 
     // ibv_devices: ibv_get_device_guid answers the node GUID (SPEC.md §8).
     Contained d(run({"/usr/bin/ibv_devices"}), env(), err);
     d.reply();
     std::string list = d.readAll();
     EXPECT_EQ(d.wait(), 0) << slurp(err);
-    EXPECT_THAT(list, ::testing::ContainsRegex("softnda0[ \t]+02a0c0ffee000000"));
+    EXPECT_THAT(list, ::testing::ContainsRegex("softnda0[ \t]+02a0c0[0-9a-f]{6}0000"));
 }
 
 TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
