@@ -28,6 +28,7 @@
 #include "common/fd_store.h"
 #include "common/unix_socket.h"
 #include "daemon/app/config.h"
+#include "daemon/app/discovery_tree.h"
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
 #include "daemon/edge/convert.h"
@@ -367,6 +368,7 @@ Status Daemon::init() {
     // What the previous process left: the listening socket and, after a restart, the state.
     ASSIGN_OR_RETURN(inherited_, listenFdsWithNames());
     RETURN_IF_ERROR(loadDevices());
+    publishDiscovery();
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
         spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
@@ -459,6 +461,15 @@ Status Daemon::loadDevices() {
         spdlog::warn("no device to serve: tenants will see an empty device list");
     }
     return Status::ok();
+}
+
+// The tree is a convenience for tenants' middleware: a broker that cannot write it still serves
+// (ibv-extend-run then runs programs without it and says so).
+void Daemon::publishDiscovery() {
+    const std::string runtime_dir = std::filesystem::path(config_.socket).parent_path().string();
+    if (Status st = publishDiscoveryTree(runtime_dir.empty() ? "." : runtime_dir, devices_); !st.isOk()) {
+        spdlog::warn("{}", st.message());
+    }
 }
 
 void Daemon::makeBroker() {
@@ -621,6 +632,9 @@ ReloadReport Daemon::reload() {
     }
     report.new_devices = static_cast<uint32_t>(devices_.scan());
     report.devices = static_cast<uint32_t>(devices_.size());
+    if (report.new_devices != 0) {
+        publishDiscovery();
+    }
     spdlog::info("reload done: {} new device(s), {} total", report.new_devices, report.devices);
     hub_->publish(AdminEvents::simple(
         AdminEvents::Event::RELOAD, fmt::format("{} new device(s), {} total, {} error(s)", report.new_devices,
