@@ -1,8 +1,9 @@
 // UCX 1.13 (Debian's ucx-utils) over the libibverbs face, UCT level: ucx_info lists the broker's
-// device with an IB memory domain and rc_verbs, and ucx_perftest's one-sided cases run between
-// two unprivileged tenants over rc_verbs, each in ibv-extend-run's sandbox (UCX considers a
-// device only when /dev/infiniband/<dev_name> is a character device it may open, docs/verbs.md).
-// Short iteration counts: these prove the transport works, the benchmark measures it.
+// device with an IB memory domain and rc_verbs, and ucx_perftest's put_lat, put_bw, get, am_lat
+// and am_bw run between two unprivileged tenants over rc_verbs, each in ibv-extend-run's sandbox
+// (UCX considers a device only when /dev/infiniband/<dev_name> is a character device it may
+// open, docs/verbs.md). Short iteration counts: these prove the transport works; figures belong
+// to the benchmark.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -139,6 +140,15 @@ TEST_F(UcxTest, PutBandwidthZeroCopy64KiB) {
 
 TEST_F(UcxTest, GetBandwidthZeroCopy64KiB) {
     perftest({"-t", "get", "-D", "zcopy", "-s", "65536", "-n", "200", "-w", "10"});
+}
+
+// Active messages are SENDs into rc_verbs' SRQ; rc_verbs flushes with zero-length WRITEs.
+TEST_F(UcxTest, ActiveMessageLatency) {
+    perftest({"-t", "am_lat", "-n", "100", "-w", "10"});
+}
+
+TEST_F(UcxTest, ActiveMessageBandwidthBcopy4KiB) {
+    perftest({"-t", "am_bw", "-D", "bcopy", "-s", "4096", "-n", "200", "-w", "10"});
 }
 
 }  // namespace
