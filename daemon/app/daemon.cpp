@@ -368,7 +368,6 @@ Status Daemon::init() {
     // What the previous process left: the listening socket and, after a restart, the state.
     ASSIGN_OR_RETURN(inherited_, listenFdsWithNames());
     RETURN_IF_ERROR(loadDevices());
-    publishDiscovery();
     ASSIGN_OR_RETURN(UniqueFd listen_fd, takeListenSocket(inherited_, &socket_created_, &socket_activated_));
     if (listen_fd) {
         spdlog::info("{}", socket_activated_ ? "using the socket passed by systemd"
@@ -385,6 +384,8 @@ Status Daemon::init() {
     RestoreReport report = restart_->restore(inherited_, &restored);
     inherited_.clear();  // fds nobody claimed close here
     RETURN_IF_ERROR(restart_->start());
+    // After the restore: a driver takes its device state back before anything else opens it.
+    publishDiscovery();
     keepConfigText(config_.config_text);
     RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
     for (auto &s : restored) {

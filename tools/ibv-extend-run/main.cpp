@@ -32,8 +32,9 @@ constexpr const char *kUsage =
     ")\n"
     "  --sandbox MODE whether COMMAND sees the broker's devices as /dev/infiniband and\n"
     "                 /sys/class/infiniband (a bubblewrap sandbox, no privilege needed):\n"
-    "                 auto (default: if bwrap can, else say why and run without), on (or fail),\n"
-    "                 off. Default from $IBV_EXTEND_RUN_SANDBOX.\n"
+    "                 off (default: exec in place, the program keeps this pid), on (or fail),\n"
+    "                 auto (if bwrap can, else say why and run without). The program then runs\n"
+    "                 as bwrap's child. Default from $IBV_EXTEND_RUN_SANDBOX.\n"
     "  --help         this text\n"
     "  --version      the version\n";
 
@@ -219,7 +220,9 @@ std::vector<std::string> prepareSandbox(const std::string &socket, std::string *
 int main(int argc, char **argv) {
     const char *env_socket = std::getenv("IBV_EXTEND_SOCKET");
     std::string socket = env_socket != nullptr && *env_socket != '\0' ? env_socket : IBVX_DEFAULT_SOCKET;
-    ibvx::run::SandboxMode sandbox_mode = ibvx::run::SandboxMode::kAuto;
+    // Off unless asked: bwrap always forks, and the program would no longer have this process's
+    // pid, which scripts (kill $!) and the broker's per-pid view of sessions rely on.
+    ibvx::run::SandboxMode sandbox_mode = ibvx::run::SandboxMode::kOff;
     if (const char *m = std::getenv("IBV_EXTEND_RUN_SANDBOX");
         m != nullptr && *m != '\0' && !ibvx::run::parseSandboxMode(m, &sandbox_mode)) {
         return usageError("IBV_EXTEND_RUN_SANDBOX must be auto, on or off, not ", m);

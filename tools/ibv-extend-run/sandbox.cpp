@@ -71,7 +71,8 @@ std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string
     // The whole host first (devices usable, as outside), then /dev and /sys/class rebuilt on
     // tmpfs mounts of the sandbox's own: sysfs and devtmpfs cannot take a new mount point, and
     // the host may have no /dev/infiniband or /sys/class/infiniband to mount over.
-    std::vector<std::string> args = {bwrap, "--dev-bind", "/", "/"};
+    // --die-with-parent: the program goes when bwrap (the pid the caller knows) is killed.
+    std::vector<std::string> args = {bwrap, "--die-with-parent", "--dev-bind", "/", "/"};
     rebuild("/dev", kHiddenDev, "--dev-bind", &args);
     args.insert(args.end(), {"--ro-bind", tree + "/dev/infiniband", "/dev/infiniband"});
     rebuild("/sys/class", kHiddenClasses, "--bind", &args);

@@ -13,7 +13,7 @@ namespace ibvx::run {
 enum class SandboxMode {
     kAuto,  // use it when it can be set up; otherwise say why on stderr and run without it
     kOn,    // use it or fail
-    kOff,   // never
+    kOff,   // never (the default: exec in place, so the program keeps the caller's pid)
 };
 
 // "auto", "on", "off"; false for anything else.

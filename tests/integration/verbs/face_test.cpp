@@ -166,6 +166,10 @@ class FaceTest : public ::testing::Test {
         broker_ = std::make_unique<BrokerProcess>("[broker]\nsocket_mode = \"0666\"\n");
         ASSERT_TRUE(broker_->started()) << broker_->log();
         ASSERT_EQ(chmod(broker_->dir().c_str(), 0755), 0);
+        // The socket accepts from its bind on; the discovery tree comes just before serving.
+        ASSERT_TRUE(waitFor([&] { return access((broker_->dir() + "/discovery").c_str(), F_OK) == 0; },
+                            std::chrono::seconds(10)))
+            << broker_->log();
     }
 
   public:
@@ -360,12 +364,14 @@ TEST_F(FaceTest, SandboxShowsTheBrokersDiscoveryTree) {
     EXPECT_EQ(exists("/sys/class/infiniband"), host_class);
 }
 
-// Without a tree (or bwrap) the default runs the program anyway and says why; --sandbox=on refuses.
+// Without a tree (or bwrap) --sandbox=auto runs the program anyway and says why; on refuses.
 TEST_F(FaceTest, SandboxFallsBackOrRefusesClearly) {
     std::string tree = broker_->dir() + "/discovery";
     ASSERT_EQ(rename(tree.c_str(), (tree + ".moved").c_str()), 0);
     std::string err = broker_->dir() + "/fallback.err";
-    Contained a({IBVX_RUN_BINARY, "--socket", broker_->socket(), "--", "/usr/bin/ibv_devices"}, env(), err);
+    Contained a(
+        {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--sandbox=auto", "--", "/usr/bin/ibv_devices"},
+        env(), err);
     a.reply();
     std::string out = a.readAll();
     EXPECT_EQ(a.wait(), 0) << slurp(err);

@@ -75,6 +75,12 @@ class UcxTest : public ::testing::Test {
         broker_ = std::make_unique<BrokerProcess>("[broker]\nsocket_mode = \"0666\"\n");
         ASSERT_TRUE(broker_->started()) << broker_->log();
         ASSERT_EQ(::chmod(broker_->dir().c_str(), 0755), 0);
+        // The socket accepts from its bind on; the discovery tree comes just before serving.
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (::access((broker_->dir() + "/discovery").c_str(), F_OK) != 0 &&
+               std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
         // UCX sees the device only inside the sandbox; where bwrap cannot make one (a chroot
         // whose "/" is not a mount point) there is nothing to test.
         ProcessResult probe = tenant({"/bin/true"});
