@@ -7,7 +7,8 @@
 // point, private_mounts.h); a fresh tmpfs root holding the host's /usr and /etc
 // read-only (the "image": Debian's own programs and libraries, nothing of the build tree), /proc,
 // /sys and a /dev tmpfs with the usual nodes; the edits' bind mounts on top; chroot into it; an
-// environment holding only the edits' variables; the uid (and gid) given, with no supplementary groups. PROG is a path inside.
+// environment holding only the edits' variables; the uid (and gid) given, with no supplementary
+// groups. PROG is a path inside.
 // "@connect PATH" instead of a program connects to the Unix socket PATH and prints "connected"
 // and whether PATH's directory accepts writes.
 #include <fcntl.h>

@@ -474,8 +474,9 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
                  " /sys/class/infiniband/softnda0/ports/1/state /sys/class/infiniband_verbs/uverbs0/ibdev"});
     ProcessResult tree = runProcess(argv);
     EXPECT_EQ(tree.exit_code, 0) << tree.out << tree.err;
-    EXPECT_THAT(tree.out, ::testing::ContainsRegex(
-                              "^character special file\n02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000\n4: ACTIVE\nsoftnda0\n$"))
+    EXPECT_THAT(tree.out,
+                ::testing::ContainsRegex(
+                    "^character special file\n02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000\n4: ACTIVE\nsoftnda0\n$"))
         << tree.err;
     const std::string guid = tree.out.substr(tree.out.find('\n') + 1, 19);
     EXPECT_NE(devinfo.out.find("node_guid:\t\t\t" + guid), std::string::npos) << devinfo.out;
