@@ -29,6 +29,8 @@ PACKAGES=(
   iproute2 util-linux procps
   ibverbs-utils perftest python3-pyverbs
   go-md2man systemd-container
+  # ibv-extend-run's sandbox (docs/verbs.md, "The discovery tree"); UCX over the face
+  bubblewrap ucx-utils
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all

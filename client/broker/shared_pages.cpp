@@ -36,6 +36,25 @@ namespace {
 
 constexpr int kReadWrite = PROT_READ | PROT_WRITE;
 
+// The moves below change no memory the program sees (its pages keep their addresses and
+// contents), so they go to the kernel directly: a library that hooks mmap/munmap/mremap in the
+// program (UCX's UCM patches libc's entries to invalidate its registration cache) must not take
+// them for the program unmapping its buffers. Through such a hook, a move made inside a
+// registration or deregistration re-entered them and corrupted the heap (UCX 1.13 over the face
+// died at exit with a dynamic-linker "symbol lookup error").
+void *rawMmap(void *addr, size_t len, int prot, int flags, int fd, off_t offset) {
+    return reinterpret_cast<void *>(::syscall(SYS_mmap, addr, len, prot, flags, fd, offset));
+}
+int rawMunmap(void *addr, size_t len) {
+    return static_cast<int>(::syscall(SYS_munmap, addr, len));
+}
+int rawMprotect(void *addr, size_t len, int prot) {
+    return static_cast<int>(::syscall(SYS_mprotect, addr, len, prot));
+}
+void *rawMremap(void *old_addr, size_t old_len, size_t new_len, int flags, void *new_addr) {
+    return reinterpret_cast<void *>(::syscall(SYS_mremap, old_addr, old_len, new_len, flags, new_addr));
+}
+
 uintptr_t pageSize() {
     static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     return page;
@@ -160,20 +179,20 @@ int copyFromFile(int fd, uintptr_t addr, size_t len, uint64_t offset) {
 // the range never reads as anything but its contents. 0 or an errno; on failure the range is
 // as it was.
 int moveToPrivate(int fd, uintptr_t addr, size_t len, int prot, uint64_t offset) {
-    void *tmp = ::mmap(nullptr, len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *tmp = rawMmap(nullptr, len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (tmp == MAP_FAILED) {
         return errno;
     }
     int err = copyFromFile(fd, reinterpret_cast<uintptr_t>(tmp), len, offset);
-    if (err == 0 && prot != kReadWrite && ::mprotect(tmp, len, prot) < 0) {
+    if (err == 0 && prot != kReadWrite && rawMprotect(tmp, len, prot) < 0) {
         err = errno;
     }
-    if (err == 0 && ::mremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(addr)) ==
+    if (err == 0 && rawMremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(addr)) ==
                         MAP_FAILED) {
         err = errno;
     }
     if (err != 0) {
-        ::munmap(tmp, len);
+        rawMunmap(tmp, len);
     }
     return err;
 }
@@ -188,8 +207,8 @@ int moveToShared(int fd, uintptr_t addr, size_t len, int prot, bool *mapped) {
         return err;
     }
     *mapped = true;  // a failed MAP_FIXED may already have unmapped the old range
-    if (::mmap(reinterpret_cast<void *>(addr), len, prot, MAP_SHARED | MAP_FIXED, fd,
-               static_cast<off_t>(addr)) == MAP_FAILED) {
+    if (rawMmap(reinterpret_cast<void *>(addr), len, prot, MAP_SHARED | MAP_FIXED, fd,
+                static_cast<off_t>(addr)) == MAP_FAILED) {
         return errno;
     }
     return 0;
@@ -244,7 +263,7 @@ StateHome &home() {
     static StateHome h = [] {
         StateHome r;
         size_t len = (sizeof(State) + pageSize() - 1) & ~(pageSize() - 1);
-        void *p = ::mmap(nullptr, len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *p = rawMmap(nullptr, len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
             return r;
         }
@@ -531,10 +550,10 @@ bool pageRange(void *addr, size_t length, uintptr_t *begin, uintptr_t *end) {
 
 void forgetForkPlan(State &s) {
     if (s.snapshot != nullptr) {
-        ::munmap(s.snapshot, s.snapshot_len);  // in the child, what is left: moved slices are holes
+        rawMunmap(s.snapshot, s.snapshot_len);  // in the child, what is left: moved slices are holes
     }
     if (s.fork_pieces != nullptr) {
-        ::munmap(s.fork_pieces, s.fork_plan_len);
+        rawMunmap(s.fork_pieces, s.fork_plan_len);
     }
     s.snapshot = nullptr;
     s.snapshot_len = 0;
@@ -572,7 +591,7 @@ void forkPrepare() {
             return;
         }
         size_t plan_len = (pieces.size() * sizeof(ForkPiece) + pageSize() - 1) & ~(pageSize() - 1);
-        void *plan = ::mmap(nullptr, plan_len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *plan = rawMmap(nullptr, plan_len, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (plan == MAP_FAILED) {
             return;  // the child keeps sharing the pages with the parent: nothing better is possible
         }
@@ -586,7 +605,7 @@ void forkPrepare() {
     // shares the snapshot copy-on-write, so the child only has to mremap it into place. From
     // here to fork() nothing of ours writes memory (a free() would change heap pages the copy
     // holds); our prepare handler runs last, as it was registered first (at load).
-    void *snap = ::mmap(nullptr, total, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *snap = rawMmap(nullptr, total, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (snap == MAP_FAILED) {
         return;  // the child copies from the file itself
     }
@@ -614,9 +633,9 @@ void forkChild() {
         bool placed = false;
         if (s.snapshot != nullptr) {
             void *slice = static_cast<char *>(s.snapshot) + p.snapshot_offset;
-            placed = (p.prot == kReadWrite || ::mprotect(slice, p.len, p.prot) == 0) &&
-                     ::mremap(slice, p.len, p.len, MREMAP_MAYMOVE | MREMAP_FIXED,
-                              reinterpret_cast<void *>(p.addr)) != MAP_FAILED;
+            placed = (p.prot == kReadWrite || rawMprotect(slice, p.len, p.prot) == 0) &&
+                     rawMremap(slice, p.len, p.len, MREMAP_MAYMOVE | MREMAP_FIXED,
+                               reinterpret_cast<void *>(p.addr)) != MAP_FAILED;
         }
         if (!placed) {
             moveToPrivate(s.fd, p.addr, p.len, p.prot, p.file_offset);

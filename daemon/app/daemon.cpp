@@ -28,6 +28,7 @@
 #include "common/fd_store.h"
 #include "common/unix_socket.h"
 #include "daemon/app/config.h"
+#include "daemon/app/discovery_tree.h"
 #include "daemon/core/broker.h"
 #include "daemon/edge/admin_events.h"
 #include "daemon/edge/convert.h"
@@ -383,6 +384,8 @@ Status Daemon::init() {
     RestoreReport report = restart_->restore(inherited_, &restored);
     inherited_.clear();  // fds nobody claimed close here
     RETURN_IF_ERROR(restart_->start());
+    // After the restore: a driver takes its device state back before anything else opens it.
+    publishDiscovery();
     keepConfigText(config_.config_text);
     RETURN_IF_ERROR(startServer(admin_gid, std::move(listen_fd)));
     for (auto &s : restored) {
@@ -459,6 +462,15 @@ Status Daemon::loadDevices() {
         spdlog::warn("no device to serve: tenants will see an empty device list");
     }
     return Status::ok();
+}
+
+// The tree is a convenience for tenants' middleware: a broker that cannot write it still serves
+// (ibv-extend-run then runs programs without it and says so).
+void Daemon::publishDiscovery() {
+    const std::string runtime_dir = std::filesystem::path(config_.socket).parent_path().string();
+    if (Status st = publishDiscoveryTree(runtime_dir.empty() ? "." : runtime_dir, devices_); !st.isOk()) {
+        spdlog::warn("{}", st.message());
+    }
 }
 
 void Daemon::makeBroker() {
@@ -622,6 +634,9 @@ ReloadReport Daemon::reload() {
     }
     report.new_devices = static_cast<uint32_t>(devices_.scan());
     report.devices = static_cast<uint32_t>(devices_.size());
+    if (report.new_devices != 0) {
+        publishDiscovery();
+    }
     spdlog::info("reload done: {} new device(s), {} total", report.new_devices, report.devices);
     hub_->publish(AdminEvents::simple(
         AdminEvents::Event::RELOAD, fmt::format("{} new device(s), {} total, {} error(s)", report.new_devices,

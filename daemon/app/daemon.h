@@ -80,8 +80,9 @@ class Daemon {
     // The steps of create(), in order.
     Status init();
     Status blockSignals();
-    Status loadDevices();  // drivers, provider options, the device scan
-    void makeBroker();     // with the configured policy and quotas, reporting to events_
+    Status loadDevices();     // drivers, provider options, the device scan
+    void publishDiscovery();  // the discovery tree for the devices known now (discovery_tree.h)
+    void makeBroker();        // with the configured policy and quotas, reporting to events_
     Status startServer(long admin_gid, UniqueFd listen_fd);
     Status makeRestartState();  // the commit and end sinks, the fd store, the binary's path
     // The systemd watchdog ping and STATUS= line, from the server's event loop.

@@ -15,6 +15,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
+constexpr const char *kHostClassDir = "/sys/class";
+
 StatusOr<std::string> resolve(const fs::path &p, const char *what) {
     std::error_code ec;
     fs::path real = fs::canonical(p, ec);
@@ -23,6 +25,30 @@ StatusOr<std::string> resolve(const fs::path &p, const char *what) {
             ec.value(), std::string("cannot resolve ") + what + " " + p.string() + ": " + ec.message());
     }
     return real.string();
+}
+
+// The broker's discovery tree (daemon/app/discovery_tree.h, docs/kubernetes.md) as the
+// container's /dev/infiniband and /sys/class/infiniband{,_verbs}. The placeholders are sockets,
+// not device nodes, so they travel as mounts, not device specs. A container's sysfs is the host's
+// (read-only): where the host has the class directories the tree is mounted on them (hiding the
+// host's HCAs); where it has none, sysfs cannot take a new mount point, so the tree's sys/class
+// (holding those two classes only) replaces /sys/class. No tree yet (a broker that has not
+// started): no mounts; the plugin's periodic resolution adds them when it appears.
+void addDiscoveryMounts(const std::string &socket_dir, ContainerEdits *e) {
+    std::error_code ec;
+    fs::path tree = fs::canonical(fs::path(socket_dir) / "discovery", ec);
+    if (ec) {
+        return;
+    }
+    e->mounts.push_back({(tree / "dev/infiniband").string(), "/dev/infiniband", true});
+    if (fs::is_directory(kHostClassDir + std::string("/infiniband")) &&
+        fs::is_directory(kHostClassDir + std::string("/infiniband_verbs"))) {
+        e->mounts.push_back({(tree / "sys/class/infiniband").string(), "/sys/class/infiniband", true});
+        e->mounts.push_back(
+            {(tree / "sys/class/infiniband_verbs").string(), "/sys/class/infiniband_verbs", true});
+    } else {
+        e->mounts.push_back({(tree / "sys/class").string(), "/sys/class", true});
+    }
 }
 
 }  // namespace
@@ -66,6 +92,7 @@ StatusOr<ContainerEdits> computeEdits(const HostPaths &paths) {
     if (any_datapath) {
         e.envs["IBV_EXTEND_PROVIDER_DIR"] = lib + "/ibv_extend";
     }
+    addDiscoveryMounts(socket_dir, &e);
     e.envs["IBV_EXTEND_SOCKET"] = std::string(kContainerSocketDir) + "/" + socket.filename().string();
     e.envs["IBV_EXTEND_MODE"] = "broker";
     // The face first: programs that resolve libibverbs.so.1 by name get the broker's devices.

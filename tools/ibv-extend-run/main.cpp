@@ -1,7 +1,8 @@
-// ibv-extend-run [--socket PATH] [--] COMMAND [ARGS...]: runs COMMAND with the libibverbs face
-// first on LD_LIBRARY_PATH and broker mode selected, as torsocks does for its library. Checks
-// first that a broker answers, so a missing daemon is one clear line here rather than a failing
-// ibv_get_device_list() deep inside the program.
+// ibv-extend-run [--socket PATH] [--sandbox MODE] [--] COMMAND [ARGS...]: runs COMMAND with the
+// libibverbs face first on LD_LIBRARY_PATH and broker mode selected, as torsocks does for its
+// library, and (where bubblewrap can) with the broker's discovery tree as its /dev/infiniband and
+// /sys/class/infiniband{,_verbs} (sandbox.h). Checks first that a broker answers, so a missing
+// daemon is one clear line here rather than a failing ibv_get_device_list() deep inside the program.
 #include <grp.h>
 #include <pwd.h>
 #include <sys/stat.h>
@@ -19,15 +20,21 @@
 
 #include "common/build_config.h"
 #include "common/unix_socket.h"
+#include "tools/ibv-extend-run/sandbox.h"
 
 namespace {
 
 constexpr const char *kUsage =
-    "usage: ibv-extend-run [--socket PATH] [--] COMMAND [ARGS...]\n"
+    "usage: ibv-extend-run [--socket PATH] [--sandbox MODE] [--] COMMAND [ARGS...]\n"
     "Runs COMMAND against the ibv-extend broker: the libibverbs face first on LD_LIBRARY_PATH,\n"
     "IBV_EXTEND_MODE=broker, IBV_EXTEND_SOCKET set to the broker's socket.\n"
     "  --socket PATH  the broker's socket (default: $IBV_EXTEND_SOCKET, else " IBVX_DEFAULT_SOCKET
     ")\n"
+    "  --sandbox MODE whether COMMAND sees the broker's devices as /dev/infiniband and\n"
+    "                 /sys/class/infiniband (a bubblewrap sandbox, no privilege needed):\n"
+    "                 off (default: exec in place, the program keeps this pid), on (or fail),\n"
+    "                 auto (if bwrap can, else say why and run without). The program then runs\n"
+    "                 as bwrap's child. Default from $IBV_EXTEND_RUN_SANDBOX.\n"
     "  --help         this text\n"
     "  --version      the version\n";
 
@@ -151,11 +158,75 @@ void explainDenied(const std::string &socket) {
     }
 }
 
+// Whether command would run, as execvp(3) looks for it: 0, ENOENT (nowhere on PATH) or EACCES
+// (found, not executable). bwrap answers both with its own status 1, so the sandbox path asks
+// first, and the wrapper keeps env(1)'s 127 and 126.
+int commandError(const char *command) {
+    auto check = [](const std::string &path) {
+        if (::access(path.c_str(), F_OK) < 0) {
+            return ENOENT;
+        }
+        struct stat st {};
+        return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(path.c_str(), X_OK) == 0
+                   ? 0
+                   : EACCES;
+    };
+    if (std::strchr(command, '/') != nullptr) {
+        return check(command);
+    }
+    const char *env_path = std::getenv("PATH");
+    std::string dirs = env_path != nullptr ? env_path : "/usr/local/bin:/usr/bin:/bin";
+    int found = ENOENT;
+    for (size_t start = 0; start <= dirs.size();) {
+        size_t colon = std::min(dirs.find(':', start), dirs.size());
+        std::string dir = dirs.substr(start, colon - start);
+        int err = check((dir.empty() ? "." : dir) + "/" + command);
+        if (err == 0) {
+            return 0;
+        }
+        if (err == EACCES) {
+            found = EACCES;  // execvp goes on looking, and answers EACCES if nothing better turns up
+        }
+        start = colon + 1;
+    }
+    return found;
+}
+
+// The bwrap command line for the broker behind socket, or empty with *why set. The broker
+// publishes its tree beside its socket (daemon/app/discovery_tree.h).
+std::vector<std::string> prepareSandbox(const std::string &socket, std::string *why) {
+    std::string dir = socket.find('/') == std::string::npos ? "." : socket.substr(0, socket.rfind('/'));
+    std::string tree = (dir.empty() ? "" : dir) + "/discovery";
+    char real[PATH_MAX];
+    if (::realpath(tree.c_str(), real) == nullptr) {
+        *why = "the broker publishes no discovery tree at " + tree + " (" + std::strerror(errno) + ")";
+        return {};
+    }
+    std::string bwrap = ibvx::run::findBwrap();
+    if (bwrap.empty()) {
+        *why = "bwrap is not on PATH (install the bubblewrap package)";
+        return {};
+    }
+    std::vector<std::string> args = ibvx::run::sandboxArgs(bwrap, real);
+    if (std::string refused = ibvx::run::probeSandbox(args); !refused.empty()) {
+        *why = "bwrap cannot make the sandbox here: " + refused;
+        return {};
+    }
+    return args;
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
     const char *env_socket = std::getenv("IBV_EXTEND_SOCKET");
     std::string socket = env_socket != nullptr && *env_socket != '\0' ? env_socket : IBVX_DEFAULT_SOCKET;
+    // Off unless asked: bwrap always forks, and the program would no longer have this process's
+    // pid, which scripts (kill $!) and the broker's per-pid view of sessions rely on.
+    ibvx::run::SandboxMode sandbox_mode = ibvx::run::SandboxMode::kOff;
+    if (const char *m = std::getenv("IBV_EXTEND_RUN_SANDBOX");
+        m != nullptr && *m != '\0' && !ibvx::run::parseSandboxMode(m, &sandbox_mode)) {
+        return usageError("IBV_EXTEND_RUN_SANDBOX must be auto, on or off, not ", m);
+    }
     int i = 1;
     for (; i < argc; ++i) {
         std::string_view arg = argv[i];
@@ -177,6 +248,17 @@ int main(int argc, char **argv) {
             socket = argv[++i];
         } else if (arg.starts_with("--socket=")) {
             socket = std::string(arg.substr(std::strlen("--socket=")));
+        } else if (arg == "--sandbox" || arg.starts_with("--sandbox=")) {
+            std::string value;
+            if (arg == "--sandbox") {
+                if (i + 1 >= argc)
+                    return usageError("--sandbox needs a MODE", "");
+                value = argv[++i];
+            } else {
+                value = std::string(arg.substr(std::strlen("--sandbox=")));
+            }
+            if (!ibvx::run::parseSandboxMode(value, &sandbox_mode))
+                return usageError("--sandbox must be auto, on or off, not ", value.c_str());
         } else if (arg.size() > 1 && arg[0] == '-') {
             return usageError("unknown option ", argv[i]);
         } else {
@@ -214,6 +296,34 @@ int main(int argc, char **argv) {
         ::setenv("IBV_EXTEND_SOCKET", socket.c_str(), 1) < 0) {
         std::fprintf(stderr, "ibv-extend-run: cannot set the environment: %s\n", std::strerror(errno));
         return 1;
+    }
+    if (sandbox_mode != ibvx::run::SandboxMode::kOff) {
+        std::string why;
+        std::vector<std::string> args = prepareSandbox(socket, &why);
+        if (args.empty() && sandbox_mode == ibvx::run::SandboxMode::kOn) {
+            std::fprintf(stderr, "ibv-extend-run: --sandbox=on, but %s\n", why.c_str());
+            return 1;
+        }
+        if (args.empty()) {
+            std::fprintf(stderr,
+                         "ibv-extend-run: running without the sandbox: %s. %s sees this host's own "
+                         "/dev/infiniband and /sys/class/infiniband (--sandbox=off: this is intended).\n",
+                         why.c_str(), argv[i]);
+        } else if (int err = commandError(argv[i]); err != 0) {
+            std::fprintf(stderr, "ibv-extend-run: %s: %s\n", argv[i], std::strerror(err));
+            return err == ENOENT ? 127 : 126;
+        } else {
+            args.push_back("--");
+            std::vector<char *> full;
+            for (std::string &a : args) {
+                full.push_back(a.data());
+            }
+            full.insert(full.end(), argv + i, argv + argc);
+            full.push_back(nullptr);
+            ::execv(full[0], full.data());
+            std::fprintf(stderr, "ibv-extend-run: %s: %s\n", full[0], std::strerror(errno));
+            return 126;
+        }
     }
     ::execvp(argv[i], argv + i);
     int err = errno;

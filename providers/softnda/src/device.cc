@@ -86,7 +86,7 @@ void ensureDevices(Registry &r) {
         d->magic = kMagicDevice;
         d->name = "softnda" + std::to_string(i);
         d->index = i;
-        d->guid = 0x02a0c0ffee000000ull | i;
+        d->guid = deviceGuid(i);
         d->cfg = r.cfg;
         d->ib.node_type = IBV_NODE_CA;
         d->ib.transport_type = IBV_TRANSPORT_IB;

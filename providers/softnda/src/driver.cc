@@ -160,9 +160,10 @@ void undoQp(Qp *qp) {
     freeRing(qp->ops, &qp->sq);
 }
 
-// Whether a create's capabilities are within the device's (the RQ's only without an SRQ).
+// Whether a create's capabilities are within the device's (the RQ's only without an SRQ). A depth
+// of 0 is a queue the QP never posts to (a receive-only or send-only QP), as IB allows.
 bool validQpCaps(const ibv_qp_cap &cap, const Config &cfg, bool has_srq) {
-    return cap.max_send_wr != 0 && cap.max_send_wr <= cfg.max_qp_wr && cap.max_send_sge <= cfg.max_sge &&
+    return cap.max_send_wr <= cfg.max_qp_wr && cap.max_send_sge <= cfg.max_sge &&
            cap.max_inline_data <= cfg.max_inline_data &&
            (has_srq || (cap.max_recv_wr <= cfg.max_qp_wr && cap.max_recv_sge <= cfg.max_sge));
 }
@@ -175,10 +176,11 @@ uint32_t sendStride(const ibv_qp_cap &cap) {
 }
 
 // A new QP's SQ and, without an SRQ, its RQ: rings for cap, then their doorbell registers
-// (caller holds dev->ctl). -errno, leaving nothing.
+// (caller holds dev->ctl). -errno, leaving nothing. A queue of depth 0 still gets a one-entry ring,
+// so the engine and queue_info see the same shape for every QP (SPEC.md §1).
 int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_cap &cap, Qp *qp) {
     const bool has_rq = qp->srq == nullptr;
-    int rc = allocRing(ops, pow2Ceil(cap.max_send_wr), sendStride(cap), &qp->sq);
+    int rc = allocRing(ops, pow2Ceil(cap.max_send_wr < 1 ? 1 : cap.max_send_wr), sendStride(cap), &qp->sq);
     if (rc == 0 && has_rq) {
         uint32_t rq_stride = recvStride(cap.max_recv_sge < 1 ? 1 : cap.max_recv_sge);
         qp->rq_max_sge = recvSgeCap(rq_stride);
@@ -196,13 +198,15 @@ int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_
     return rc;
 }
 
-// What a QP's queues really hold, as rdma-core providers report it back.
+// What a QP's queues really hold, as rdma-core providers report it back; cap holds the request.
+// A queue asked with depth 0 is granted depth 0, so every post to it fails (ENOMEM, as a full
+// queue) however many ring entries back it.
 void grantQpCaps(const Qp &qp, const Config &cfg, ibv_qp_cap *cap) {
-    cap->max_send_wr = qp.sq.cnt;
+    cap->max_send_wr = cap->max_send_wr == 0 ? 0 : qp.sq.cnt;
     cap->max_send_sge = std::min(sendSgeCap(qp.sq.stride), cfg.max_sge);
     cap->max_inline_data = std::min(qp.sq.stride - SOFTNDA_WQE_HEADER_SIZE, cfg.max_inline_data);
     if (qp.srq == nullptr) {
-        cap->max_recv_wr = qp.rq.cnt;
+        cap->max_recv_wr = cap->max_recv_wr == 0 ? 0 : qp.rq.cnt;
         cap->max_recv_sge = std::min(qp.rq_max_sge, cfg.max_sge);
     } else {
         cap->max_recv_wr = 0;

@@ -127,6 +127,17 @@ uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint
             return nullptr;
         }
     }
+    if (total == 0 && !isAtomic(h.opcode)) {
+        // A zero-length WRITE or READ touches no memory, so its rkey and address are not
+        // validated (IBTA C9-88, as rdma_rxe does): UCX's rc_verbs flushes with a zero-length
+        // WRITE naming rkey 0. The responder QP must still allow the operation.
+        static uint8_t nothing;
+        if ((peer->attrs.access & need) == 0) {
+            *status = IBV_WC_REM_ACCESS_ERR;
+            return nullptr;
+        }
+        return &nothing;
+    }
     Mr *mr = dev->lookupMr(h.rkey);
     uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
     if (remote == nullptr || mr->pd != peer->pd || (mr->access & need) == 0 ||

@@ -363,6 +363,19 @@ constexpr uint64_t kMagicSrq = 0x736f66746e646135ull;
 constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
 constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
 
+// ---- identity.cc ----
+// SPEC.md §8. The vendor ID is an IEEE identifier with the locally administered bit set, which
+// IEEE never assigns to a company: softnda claims no real vendor's hardware.
+constexpr uint32_t kVendorId = 0x02a0c0;
+constexpr uint32_t kVendorPartId = 0x5d0a;  // "softnda", model 1
+constexpr uint32_t kHwVer = 1;              // the SPEC.md revision the engine implements
+constexpr const char *kFwVer = "1.0.0";     // major.minor.sub, as tools that parse fw_ver expect
+// 24 bits drawn from the host's machine ID (host name when it has none); the same on every call.
+uint32_t hostGuidBits();
+// Node GUID of device index: vendor ID (24 bits), host bits (24), index (8), and a zero byte
+// that port GUIDs fill with the port number (SPEC.md §8).
+uint64_t deviceGuid(uint32_t index);
+
 // ---- device.cc ----
 // Distance between two doorbell pages in a context's BAR file. The pages are 4 KiB (SPEC.md
 // §1.2, and the reference's db_mmap contract), but a mapping's file offset must be a multiple of

@@ -378,9 +378,12 @@ int queryDevice(ibv_context *context, ibv_device_attr *attr) {
     const Device &dev = *ctx->dev;
     const Config &c = dev.cfg;
     std::memset(attr, 0, sizeof(*attr));
-    snprintf(attr->fw_ver, sizeof(attr->fw_ver), "softnda-1");  // the SPEC.md revision
+    snprintf(attr->fw_ver, sizeof(attr->fw_ver), "%s", kFwVer);
     attr->node_guid = htobe64(dev.guid);
     attr->sys_image_guid = htobe64(dev.guid);
+    attr->vendor_id = kVendorId;
+    attr->vendor_part_id = kVendorPartId;
+    attr->hw_ver = kHwVer;
     attr->max_mr_size = c.max_mr_size;
     attr->page_size_cap = ~(static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) - 1);
     attr->max_qp = static_cast<int>(c.max_qp);

@@ -6,8 +6,9 @@
 // The container: a new mount namespace (made private also in a chroot whose "/" is not a mount
 // point, private_mounts.h); a fresh tmpfs root holding the host's /usr and /etc
 // read-only (the "image": Debian's own programs and libraries, nothing of the build tree), /proc,
-// /sys and /dev; the edits' bind mounts on top; chroot into it; an environment holding only the
-// edits' variables; the uid (and gid) given, with no supplementary groups. PROG is a path inside.
+// /sys and a /dev tmpfs with the usual nodes; the edits' bind mounts on top; chroot into it; an
+// environment holding only the edits' variables; the uid (and gid) given, with no supplementary
+// groups. PROG is a path inside.
 // "@connect PATH" instead of a program connects to the Unix socket PATH and prints "connected"
 // and whether PATH's directory accepts writes.
 #include <fcntl.h>
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/integration/private_mounts.h"
@@ -167,7 +169,27 @@ int main(int argc, char **argv) {
     bindInto(root, {"/etc", "/etc", true});
     bindInto(root, {"/proc", "/proc", false});
     bindInto(root, {"/sys", "/sys", true});
-    bindInto(root, {"/dev", "/dev", false});
+    // /dev as runtimes make it: a tmpfs of the container's own with the usual nodes bound in, so
+    // an edit that mounts at a new /dev path (the discovery tree's /dev/infiniband) creates its
+    // mount point there, never in the host's devtmpfs.
+    fs::create_directories(root + "/dev");
+    if (::mount("tmpfs", (root + "/dev").c_str(), "tmpfs", MS_NOSUID, "mode=0755") < 0) {
+        die("tmpfs /dev");
+    }
+    for (const char *node : {"null", "zero", "full", "random", "urandom", "tty", "shm", "pts"}) {
+        std::error_code exists_ec;
+        if (fs::exists(std::string("/dev/") + node, exists_ec)) {
+            bindInto(root, {std::string("/dev/") + node, std::string("/dev/") + node, false});
+        }
+    }
+    const std::pair<const char *, const char *> links[] = {{"fd", "/proc/self/fd"},
+                                                           {"stdin", "/proc/self/fd/0"},
+                                                           {"stdout", "/proc/self/fd/1"},
+                                                           {"stderr", "/proc/self/fd/2"}};
+    for (const auto &[name, target] : links) {
+        std::error_code link_ec;
+        fs::create_symlink(target, root + "/dev/" + name, link_ec);
+    }
     std::error_code ec;
     fs::create_directories(root + "/tmp", ec);
     for (const BindMount &m : mounts) {

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "common/unique_fd.h"
@@ -462,6 +463,24 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
     EXPECT_NE(devinfo.out.find("softnda0"), std::string::npos) << devinfo.out << devinfo.err;
     std::printf("ibv_devinfo inside:\n%s\nthe plugin's log:\n%s", devinfo.out.c_str(),
                 plugin_->log().c_str());
+
+    // The broker's discovery tree is the container's /dev/infiniband and /sys/class/infiniband
+    // (docs/kubernetes.md), agreeing with the face; the host's /dev is left as it was.
+    const bool host_dev = fs::exists("/dev/infiniband");
+    argv = base;
+    argv.insert(argv.end(),
+                {"--", "/bin/sh", "-c",
+                 "stat -c %F /dev/infiniband/uverbs0; cat /sys/class/infiniband/softnda0/node_guid"
+                 " /sys/class/infiniband/softnda0/ports/1/state /sys/class/infiniband_verbs/uverbs0/ibdev"});
+    ProcessResult tree = runProcess(argv);
+    EXPECT_EQ(tree.exit_code, 0) << tree.out << tree.err;
+    EXPECT_THAT(tree.out,
+                ::testing::ContainsRegex(
+                    "^character special file\n02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000\n4: ACTIVE\nsoftnda0\n$"))
+        << tree.err;
+    const std::string guid = tree.out.substr(tree.out.find('\n') + 1, 19);
+    EXPECT_NE(devinfo.out.find("node_guid:\t\t\t" + guid), std::string::npos) << devinfo.out;
+    EXPECT_EQ(fs::exists("/dev/infiniband"), host_dev);
 }
 
 }  // namespace

@@ -166,6 +166,10 @@ class FaceTest : public ::testing::Test {
         broker_ = std::make_unique<BrokerProcess>("[broker]\nsocket_mode = \"0666\"\n");
         ASSERT_TRUE(broker_->started()) << broker_->log();
         ASSERT_EQ(chmod(broker_->dir().c_str(), 0755), 0);
+        // The socket accepts from its bind on; the discovery tree comes just before serving.
+        ASSERT_TRUE(waitFor([&] { return access((broker_->dir() + "/discovery").c_str(), F_OK) == 0; },
+                            std::chrono::seconds(10)))
+            << broker_->log();
     }
 
   public:
@@ -262,14 +266,23 @@ TEST_F(FaceTest, IbvDevinfoListsTheBrokersDeviceWithAnActivePort) {
     EXPECT_THAT(out, ::testing::HasSubstr("hca_id:\tsoftnda0"));
     EXPECT_THAT(out, ::testing::HasSubstr("transport:\t\t\tInfiniBand (0)"));
     EXPECT_THAT(out, ::testing::HasSubstr("state:\t\t\tPORT_ACTIVE (4)"));
-    EXPECT_THAT(out, ::testing::HasSubstr("GID[  0]:\t\tfe80:0000:0000:0000:02a0:c0ff:ee00:0001"));
+    // The identity of SPEC.md §8: a locally administered vendor ID, and GUIDs that carry the
+    // vendor ID, 24 host bits, the device index and (for a port GUID) the port number.
+    EXPECT_THAT(out, ::testing::ContainsRegex("fw_ver:[ \t]+1\\.0\\.0"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("node_guid:[ \t]+02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("sys_image_guid:[ \t]+02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("vendor_id:[ \t]+0x2a0c0"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("vendor_part_id:[ \t]+23818"));
+    EXPECT_THAT(out, ::testing::ContainsRegex("hw_ver:[ \t]+0x1\n"));
+    EXPECT_THAT(out, ::testing::ContainsRegex(
+                         "GID\\[  0\\]:[ \t]+fe80:0000:0000:0000:02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0001"));
 
     // ibv_devices: ibv_get_device_guid answers the node GUID (SPEC.md §8).
     Contained d(run({"/usr/bin/ibv_devices"}), env(), err);
     d.reply();
     std::string list = d.readAll();
     EXPECT_EQ(d.wait(), 0) << slurp(err);
-    EXPECT_THAT(list, ::testing::ContainsRegex("softnda0[ \t]+02a0c0ffee000000"));
+    EXPECT_THAT(list, ::testing::ContainsRegex("softnda0[ \t]+02a0c0[0-9a-f]{6}0000"));
 }
 
 TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
@@ -286,6 +299,92 @@ TEST_F(FaceTest, IbvDevicesWithTheBrokerGoneFailsCleanly) {
     (void)c.readAll();
     EXPECT_NE(c.wait(), 0);
     EXPECT_THAT(slurp(err), ::testing::HasSubstr("Failed to get IB devices list"));
+}
+
+// Whether "/" is a mount's root here (not in a chroot): bwrap needs it to make its mounts private.
+bool rootIsMountPoint() {
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+    char line[4096];
+    bool found = false;
+    while (f != nullptr && !found && fgets(line, sizeof(line), f) != nullptr) {
+        char point[4096];
+        found = sscanf(line, "%*s %*s %*s %*s %4095s", point) == 1 && strcmp(point, "/") == 0;
+    }
+    if (f != nullptr) {
+        fclose(f);
+    }
+    return found;
+}
+
+bool exists(const char *path) {
+    struct stat st {};
+    return lstat(path, &st) == 0;
+}
+
+// The discovery tree (docs/verbs.md): inside ibv-extend-run's sandbox an unprivileged tenant
+// with no /dev/infiniband of its own finds the broker's device as middleware looks for it, in
+// agreement with what the face reports, and the placeholder node refuses to open at once. The
+// host's /dev and /sys/class are left as they were.
+TEST_F(FaceTest, SandboxShowsTheBrokersDiscoveryTree) {
+    const bool host_dev = exists("/dev/infiniband"), host_class = exists("/sys/class/infiniband");
+    const std::string script =
+        "stat -c '%F %a' /dev/infiniband/uverbs0; ls /dev/infiniband; ls /sys/class/infiniband;"
+        "d=/sys/class/infiniband/softnda0; cat $d/node_guid $d/node_type $d/fw_ver $d/ports/1/state"
+        " $d/ports/1/phys_state $d/ports/1/rate $d/ports/1/link_layer $d/ports/1/lid $d/ports/1/gids/0"
+        " $d/ports/1/gid_attrs/types/0 $d/ports/1/pkeys/0 $d/device/numa_node;"
+        "echo ibdev=$(cat /sys/class/infiniband_verbs/uverbs0/ibdev);"
+        "echo abi=$(cat /sys/class/infiniband_verbs/abi_version); echo uid=$(id -u);"
+        "test -d /sys/class/net && echo host-classes-kept;"
+        "if (: < /dev/infiniband/uverbs0) 2>/dev/null; then echo open-succeeded; else echo open-refused; fi;"
+        "ibv_devinfo | grep -E 'node_guid|fw_ver'";
+    std::string err = broker_->dir() + "/sandbox.err";
+    std::vector<std::string> argv = {
+        IBVX_RUN_BINARY, "--socket", broker_->socket(), "--sandbox=on", "--", "/bin/sh", "-c", script};
+    Contained c(argv, env(), err);
+    c.reply();
+    std::string out = c.readAll();
+    int rc = c.wait();
+    std::string why = slurp(err);
+    if (rc != 0 && !rootIsMountPoint() && why.find("bwrap cannot make the sandbox") != std::string::npos) {
+        GTEST_SKIP() << "\"/\" is not a mount point here (a chroot), and bwrap needs one: " << why;
+    }
+    ASSERT_EQ(rc, 0) << why << out;
+    EXPECT_THAT(out, ::testing::HasSubstr("character special file 666\nuverbs0\nsoftnda0\n"));
+    EXPECT_THAT(
+        out, ::testing::ContainsRegex("\n02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0000\n1: CA\n1\\.0\\.0\n4: ACTIVE\n"
+                                      "5: LinkUp\n100 Gb/sec \\(4X EDR\\)\nInfiniBand\n0x1\n"
+                                      "fe80:0000:0000:0000:02a0:c0[0-9a-f]{2}:[0-9a-f]{4}:0001\n"
+                                      "IB/RoCE v1\n0xffff\n-1\n"));
+    EXPECT_THAT(out,
+                ::testing::HasSubstr("ibdev=softnda0\nabi=6\nuid=65534\nhost-classes-kept\nopen-refused\n"));
+    // The face agrees with the files.
+    std::string guid = out.substr(out.find("softnda0\n") + 9, 19);
+    EXPECT_THAT(out, ::testing::ContainsRegex("node_guid:[ \t]+" + guid));
+    EXPECT_EQ(exists("/dev/infiniband"), host_dev);
+    EXPECT_EQ(exists("/sys/class/infiniband"), host_class);
+}
+
+// Without a tree (or bwrap) --sandbox=auto runs the program anyway and says why; on refuses.
+TEST_F(FaceTest, SandboxFallsBackOrRefusesClearly) {
+    std::string tree = broker_->dir() + "/discovery";
+    ASSERT_EQ(rename(tree.c_str(), (tree + ".moved").c_str()), 0);
+    std::string err = broker_->dir() + "/fallback.err";
+    Contained a(
+        {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--sandbox=auto", "--", "/usr/bin/ibv_devices"},
+        env(), err);
+    a.reply();
+    std::string out = a.readAll();
+    EXPECT_EQ(a.wait(), 0) << slurp(err);
+    EXPECT_THAT(out, ::testing::HasSubstr("softnda0"));
+    EXPECT_THAT(slurp(err),
+                ::testing::HasSubstr("running without the sandbox: the broker publishes no discovery tree"));
+    Contained b(
+        {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--sandbox=on", "--", "/usr/bin/ibv_devices"}, env(),
+        err);
+    b.reply();
+    (void)b.readAll();
+    EXPECT_EQ(b.wait(), 1);
+    EXPECT_THAT(slurp(err), ::testing::HasSubstr("--sandbox=on, but the broker publishes no discovery tree"));
 }
 
 struct PairResult {

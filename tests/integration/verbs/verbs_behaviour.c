@@ -8,7 +8,9 @@
  *    IBV_EVENT_QP_FATAL for that QP;
  *  - a completion channel becomes readable (poll()) after ibv_req_notify_cq and a completion,
  *    and ibv_get_cq_event names the CQ;
- *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data.
+ *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data;
+ *  - a receive-only QP (max_send_wr 0) and a send-only one (max_recv_wr 0) are created, report
+ *    depth 0, refuse a post to that queue with ENOMEM and *bad_wr, and carry a SEND between them.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -189,6 +191,67 @@ int main(int argc, char **argv) {
         fail("ibv_next_poll", "a second completion");
     }
     ibv_end_poll(cqx);
+
+    /* Zero-depth queues, as IB allows them: the passive side of a bandwidth or READ test. */
+    struct ibv_qp_init_attr za;
+    memset(&za, 0, sizeof(za));
+    za.send_cq = cq;
+    za.recv_cq = cq;
+    za.qp_type = IBV_QPT_RC;
+    za.cap.max_recv_wr = 4;
+    za.cap.max_recv_sge = 1;
+    struct ibv_qp *recv_only = ibv_create_qp(pd, &za);
+    if (recv_only == NULL || za.cap.max_send_wr != 0) {
+        fail("receive-only QP", recv_only == NULL ? strerror(errno) : "granted a send queue");
+    }
+    za.cap.max_send_wr = 4;
+    za.cap.max_send_sge = 1;
+    za.cap.max_recv_wr = 0;
+    za.cap.max_recv_sge = 0;
+    struct ibv_qp *send_only = ibv_create_qp(pd, &za);
+    if (send_only == NULL || za.cap.max_recv_wr != 0) {
+        fail("send-only QP", send_only == NULL ? strerror(errno) : "granted a receive queue");
+    }
+    to_init(recv_only);
+    to_init(send_only);
+    to_rts(recv_only, send_only->qp_num, port.lid);
+    to_rts(send_only, recv_only->qp_num, port.lid);
+    strcpy(src, "zero-depth");
+    struct ibv_sge zs = {(uintptr_t)src, 11, ms->lkey};
+    struct ibv_send_wr zw, *zbad = NULL;
+    memset(&zw, 0, sizeof(zw));
+    zw.wr_id = 21;
+    zw.sg_list = &zs;
+    zw.num_sge = 1;
+    zw.opcode = IBV_WR_SEND;
+    zw.send_flags = IBV_SEND_SIGNALED;
+    if (ibv_post_send(recv_only, &zw, &zbad) != ENOMEM || zbad != &zw) {
+        fail("post to a send queue of depth 0", "not ENOMEM with *bad_wr");
+    }
+    struct ibv_sge zr = {(uintptr_t)dst + 300, 64, md->lkey};
+    struct ibv_recv_wr rw, *rbad = NULL;
+    memset(&rw, 0, sizeof(rw));
+    rw.wr_id = 22;
+    rw.sg_list = &zr;
+    rw.num_sge = 1;
+    if (ibv_post_recv(send_only, &rw, &rbad) != ENOMEM || rbad != &rw) {
+        fail("post to a receive queue of depth 0", "not ENOMEM with *bad_wr");
+    }
+    if (ibv_post_recv(recv_only, &rw, &rbad) != 0 || ibv_post_send(send_only, &zw, &zbad) != 0) {
+        fail("zero-depth pair", "a post to the other queue was refused");
+    }
+    int got_send = 0, got_recv = 0;
+    while (!got_send || !got_recv) {
+        wc = wait_wc(cq, "zero-depth pair");
+        if (wc.status != IBV_WC_SUCCESS) {
+            fail("zero-depth pair", "a completion failed");
+        }
+        got_send |= wc.wr_id == 21;
+        got_recv |= wc.wr_id == 22 && wc.byte_len == 11;
+    }
+    if (strcmp(dst + 300, "zero-depth") != 0) {
+        fail("zero-depth pair", "the SEND's bytes did not arrive");
+    }
 
     /* A remote access error: the QP goes to ERR, flushes, and raises IBV_EVENT_QP_FATAL. */
     wr.wr_id = 2;

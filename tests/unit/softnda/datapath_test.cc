@@ -642,6 +642,57 @@ TEST_F(Datapath, FullSendQueueIsEnomemCountingWhatIsPosted) {
     EXPECT_EQ(rbad, &rwrs[4]);
 }
 
+// IB allows a queue of depth 0: the passive side of a READ or a bandwidth test has no SQ, a
+// sender no RQ. Such a QP is created, granted depth 0, and every post to the empty queue fails
+// with ENOMEM and *bad_wr, as rdma-core's providers answer a full queue; the other queue works.
+TEST_F(Datapath, ZeroDepthQueuesAreGrantedZeroAndRefuseEveryPost) {
+    QpCaps send_only;
+    send_only.recv_wr = 0;
+    QpCaps recv_only;
+    recv_only.send_wr = 0;
+    VQp a = makeVQp(send_only);
+    VQp b = makeVQp(recv_only);
+    ASSERT_NE(a.dp, nullptr);
+    ASSERT_NE(b.dp, nullptr);
+    EXPECT_EQ(dpAttr(a.h).cap.max_recv_wr, 0u);
+    EXPECT_EQ(dpAttr(b.h).cap.max_send_wr, 0u);
+    EXPECT_GT(dpAttr(a.h).cap.max_send_wr, 0u);
+    EXPECT_GT(dpAttr(b.h).cap.max_recv_wr, 0u);
+    connect(a.h, b.h);
+
+    ibv_send_wr nop = sendWr(IBV_WR_SEND, 1, nullptr, 0);
+    ibv_send_wr *bad = nullptr;
+    EXPECT_EQ(post(b, &nop, &bad), ENOMEM);
+    EXPECT_EQ(bad, &nop);
+    EXPECT_EQ(*b.h.sq.dbr_pi, 0u) << "nothing reached the ring";
+    ibv_recv_wr rw{};
+    ibv_recv_wr *rbad = nullptr;
+    EXPECT_EQ(dp_->post_recv(a.dp, &rw, &rbad), ENOMEM);
+    EXPECT_EQ(rbad, &rw);
+
+    // The sender's SEND lands in the receive-only QP; its READ is answered by it.
+    auto src = pattern(256, 3);
+    std::vector<uint8_t> dst(256, 0), back(256, 0);
+    ibv_mr *smr = reg(src.data(), src.size());
+    ibv_mr *dmr = reg(dst.data(), dst.size());
+    ibv_mr *bmr = reg(back.data(), back.size());
+    ibv_sge rs = vsge(dst.data(), 256, dmr);
+    ASSERT_EQ(recv(b, 7, &rs, 1), 0);
+    ibv_sge ss = vsge(src.data(), 256, smr);
+    auto w = sendWr(IBV_WR_SEND, 8, &ss, 1);
+    ASSERT_EQ(post(a, &w), 0);
+    expectPlainWc(waitWc(vscq_), 8, IBV_WC_SEND, 0, a.h.qpn());
+    expectPlainWc(waitWc(vrcq_), 7, IBV_WC_RECV, 256, b.h.qpn());
+    EXPECT_EQ(dst, src);
+    ibv_sge bs = vsge(back.data(), 256, bmr);
+    auto r = sendWr(IBV_WR_RDMA_READ, 9, &bs, 1);
+    r.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(dst.data());
+    r.wr.rdma.rkey = dmr->rkey;
+    ASSERT_EQ(post(a, &r), 0);
+    expectPlainWc(waitWc(vscq_), 9, IBV_WC_RDMA_READ, 256, a.h.qpn());
+    EXPECT_EQ(back, src);
+}
+
 TEST_F(Datapath, ReceiveErrorsAreEinval) {
     VQp q = makeVQp();
     auto attr = dpAttr(q.h);

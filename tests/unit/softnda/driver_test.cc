@@ -105,6 +105,33 @@ TEST_F(Driver, QueryDeviceReportsNdrAndNda) {
     EXPECT_EQ(ext_->ops->query_device(ctx_, nullptr), -EINVAL);
 }
 
+// SPEC.md §8: a non-zero identity that names no real vendor, and GUIDs unique per device and
+// host (the host's 24 bits sit between the vendor ID and the device index).
+TEST(SoftndaIdentity, DevicesReportVendorPartRevisionAndTheirOwnGuids) {
+    resetConfig();
+    ASSERT_EQ(softnda_vdev_ops.configure("devices", "2"), 0);
+    ibv_device_attr attr[2]{};
+    for (int i = 0; i < 2; ++i) {
+        ibv_context *c = softnda_vdev_ops.open_device(i == 0 ? "softnda0" : "softnda1");
+        ASSERT_NE(c, nullptr);
+        ASSERT_EQ(softnda_vdev_ops.query_device(c, &attr[i]), 0);
+        EXPECT_EQ(softnda_vdev_ops.close_device(c), 0);
+        EXPECT_EQ(attr[i].vendor_id, 0x02a0c0u);
+        EXPECT_EQ(attr[i].vendor_id & 0x020000u, 0x020000u) << "the locally administered bit";
+        EXPECT_NE(attr[i].vendor_part_id, 0u);
+        EXPECT_NE(attr[i].hw_ver, 0u);
+        EXPECT_STREQ(attr[i].fw_ver, "1.0.0");
+        const uint64_t guid = be64toh(attr[i].node_guid);
+        EXPECT_EQ(guid, softnda::deviceGuid(static_cast<uint32_t>(i)));
+        EXPECT_EQ(guid >> 40, 0x02a0c0u);
+        EXPECT_EQ((guid >> 16) & 0xffffff, softnda::hostGuidBits());
+        EXPECT_EQ(guid & 0xff, 0u) << "the byte port GUIDs fill";
+        EXPECT_EQ(attr[i].sys_image_guid, attr[i].node_guid);
+    }
+    EXPECT_NE(attr[0].node_guid, attr[1].node_guid);
+    resetConfig();
+}
+
 TEST_F(Driver, QueueInfoDescribesTheRings) {
     CqH cq = makeCq(100);
     QpCaps caps;
@@ -163,7 +190,7 @@ TEST_F(Driver, DoorbellPagesSitAtPageAlignedFileOffsets) {
     }
     int pages = 0;
     for (uint64_t page = 0; page < 8; ++page) {
-        void *host = softnda_ub_resolve(0x02a0c0ffee000000ull, softnda::kGuidHigh, 1, page * 4096 + 512);
+        void *host = softnda_ub_resolve(softnda::deviceGuid(0), softnda::kGuidHigh, 1, page * 4096 + 512);
         if (host == nullptr) {
             continue;
         }
@@ -198,7 +225,7 @@ TEST_F(Driver, ExportMmioSharesTheDoorbellPage) {
     for (uint64_t page = 0; page < 8 && !found; ++page) {
         for (unsigned i = 0; i < 64; ++i) {
             void *host =
-                softnda_ub_resolve(0x02a0c0ffee000000ull, softnda::kGuidHigh, 1, page * 4096 + 512 + 8 * i);
+                softnda_ub_resolve(softnda::deviceGuid(0), softnda::kGuidHigh, 1, page * 4096 + 512 + 8 * i);
             if (host == nullptr || *static_cast<uint32_t *>(host) != 0x5eed) {
                 continue;
             }
@@ -216,7 +243,7 @@ TEST_F(Driver, ExportMmioSharesTheDoorbellPage) {
     }
     EXPECT_TRUE(found);
     errno = 0;
-    EXPECT_EQ(softnda_ub_resolve(0x02a0c0ffee000000ull, softnda::kGuidHigh, 1, 1ull << 31), nullptr);
+    EXPECT_EQ(softnda_ub_resolve(softnda::deviceGuid(0), softnda::kGuidHigh, 1, 1ull << 31), nullptr);
     EXPECT_EQ(errno, ERANGE);
 }
 

@@ -112,6 +112,24 @@ TEST_F(Errors, RemoteAccessBadRkeyMovesBothQpsToError) {
     EXPECT_EQ(qpState(b_), IBV_QPS_ERR);
 }
 
+// IBTA C9-88: a zero-length WRITE or READ validates no rkey or address (UCX's rc_verbs flushes
+// with a zero-length WRITE naming rkey 0 and address 0); the QP's access flags still apply.
+TEST_F(Errors, ZeroLengthWriteAndReadValidateNoRkey) {
+    connect(a_, b_);
+    for (uint8_t op : {SOFTNDA_OP_RDMA_WRITE, SOFTNDA_OP_RDMA_READ}) {
+        auto w = wr(op, 20 + op, nullptr, 0);
+        w.remote_addr = 0;
+        w.rkey = 0;
+        softnda_cqe c = runOnA(w);
+        EXPECT_EQ(c.status, IBV_WC_SUCCESS) << "opcode " << int(op);
+        EXPECT_EQ(c.byte_len, 0u);
+    }
+    EXPECT_EQ(qpState(a_), IBV_QPS_RTS);
+    EXPECT_EQ(qpState(b_), IBV_QPS_RTS);
+    // A non-zero length still is checked.
+    EXPECT_EQ(runOnA(write(30, 8, 0)).status, IBV_WC_REM_ACCESS_ERR);
+}
+
 TEST_F(Errors, RemoteAccessMissingPermission) {
     connect(a_, b_);
     std::vector<uint8_t> ro(64, 0);
