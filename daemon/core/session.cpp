@@ -1,6 +1,7 @@
 #include "daemon/core/session.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 namespace ibvx::daemon {
@@ -58,19 +59,62 @@ Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
 }
 
+Session::PackedReply Session::pack(const StoredReply &r) {
+    PackedReply p;
+    p.key = r.key;
+    auto put = [&p](const std::string &s) {
+        uint32_t n = static_cast<uint32_t>(s.size());
+        p.bytes.append(reinterpret_cast<const char *>(&n), sizeof(n));
+        p.bytes += s;
+    };
+    int32_t code = r.code;
+    p.bytes.reserve(4 * sizeof(uint32_t) + r.method.size() + r.message.size() + r.details.size() +
+                    r.response.size());
+    p.bytes.append(reinterpret_cast<const char *>(&code), sizeof(code));
+    put(r.method);
+    put(r.message);
+    put(r.details);
+    p.bytes += r.response;  // the rest
+    return p;
+}
+
+StoredReply Session::unpack(const PackedReply &p) {
+    StoredReply r;
+    r.key = p.key;
+    size_t at = 0;
+    auto take = [&](void *out, size_t n) {
+        std::memcpy(out, p.bytes.data() + at, n);
+        at += n;
+    };
+    auto get = [&](std::string *s) {
+        uint32_t n = 0;
+        take(&n, sizeof(n));
+        s->assign(p.bytes, at, n);
+        at += n;
+    };
+    int32_t code = 0;
+    take(&code, sizeof(code));
+    r.code = code;
+    get(&r.method);
+    get(&r.message);
+    get(&r.details);
+    r.response.assign(p.bytes, at);
+    return r;
+}
+
 std::optional<StoredReply> Session::findReply(uint64_t key) const {
     std::lock_guard lock(replies_mu_);
     for (auto it = replies_.rbegin(); it != replies_.rend(); ++it) {
         if (it->key == key) {
-            return *it;
+            return unpack(*it);
         }
     }
     return std::nullopt;
 }
 
 std::vector<StoredReply> Session::replies() const {
-    std::lock_guard lock(replies_mu_);
-    return {replies_.begin(), replies_.end()};
+    uint64_t all = 0;
+    return repliesSince(&all);
 }
 
 std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
@@ -78,7 +122,12 @@ std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
     const size_t fresh =
         static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
     *seq = reply_seq_;
-    return {replies_.end() - static_cast<std::ptrdiff_t>(fresh), replies_.end()};
+    std::vector<StoredReply> out;
+    out.reserve(fresh);
+    for (auto it = replies_.end() - static_cast<std::ptrdiff_t>(fresh); it != replies_.end(); ++it) {
+        out.push_back(unpack(*it));
+    }
+    return out;
 }
 
 const Object *Session::object(uint64_t handle) const {
@@ -102,11 +151,12 @@ SessionChanges Session::takeChanges() {
 }
 
 void Session::addReply(StoredReply reply) {
+    PackedReply packed = pack(reply);
     std::lock_guard lock(replies_mu_);
     if (replies_.size() >= kMaxReplies) {
         replies_.pop_front();
     }
-    replies_.push_back(std::move(reply));
+    replies_.push_back(std::move(packed));
     ++reply_seq_;
 }
 

@@ -64,6 +64,10 @@ struct SessionHistory {
 struct SessionChanges {
     std::vector<uint64_t> touched;  // created or changed (a handle may repeat)
     std::vector<uint64_t> erased;   // destroyed
+    // Parents of an object created or destroyed (a handle may repeat): their driver state may
+    // have changed with it (a context's doorbell pages), most often it did not, so the commit
+    // logs them only when their exported state differs from the last export.
+    std::vector<uint64_t> parents;
 };
 
 class Session {
@@ -155,11 +159,20 @@ class Session {
     SessionChanges changes_;  // since takeChanges()
     std::unique_ptr<SessionMemory> memory_;
 
+    // A stored reply as kept here: its key and one buffer holding the rest, length-prefixed
+    // (one allocation instead of up to five strings; a session keeps kMaxReplies of them).
+    struct PackedReply {
+        uint64_t key = 0;
+        std::string bytes;
+    };
+    static PackedReply pack(const StoredReply &r);
+    static StoredReply unpack(const PackedReply &p);
+
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;
-    std::deque<StoredReply> replies_;
-    uint64_t reply_seq_ = 0;  // replies ever added (the restart layer logs the new ones)
-    void addReply(StoredReply reply);
+    std::deque<PackedReply> replies_;
+    uint64_t reply_seq_ = 0;           // replies ever added (the restart layer logs the new ones)
+    void addReply(StoredReply reply);  // packs it outside the lock
 
     std::mutex xfer_mu_;
     std::condition_variable xfer_cv_;
