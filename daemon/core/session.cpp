@@ -19,6 +19,18 @@ std::chrono::steady_clock::time_point steadyAt(uint64_t unix_ms) {
     return std::chrono::steady_clock::now() - std::chrono::milliseconds(unix_ms < now ? now - unix_ms : 0);
 }
 
+// A reply read in place, copied out.
+StoredReply owned(const StoredReplyView &v) {
+    StoredReply r;
+    r.key = v.key;
+    r.method = v.method;
+    r.code = v.code;
+    r.message = v.message;
+    r.details = v.details;
+    r.response = v.response;
+    return r;
+}
+
 }  // namespace
 
 Session::Session(uint64_t id, const SessionToken &token, PeerIdentity identity, std::string client_name,
@@ -78,35 +90,37 @@ Session::PackedReply Session::pack(const StoredReply &r) {
     return p;
 }
 
-StoredReply Session::unpack(const PackedReply &p) {
-    StoredReply r;
-    r.key = p.key;
+StoredReplyView Session::view(const PackedReply &p) {
+    StoredReplyView v;
+    v.key = p.key;
+    const std::string_view all(p.bytes);
     size_t at = 0;
     auto take = [&](void *out, size_t n) {
-        std::memcpy(out, p.bytes.data() + at, n);
+        std::memcpy(out, all.data() + at, n);
         at += n;
     };
-    auto get = [&](std::string *s) {
+    auto get = [&]() {
         uint32_t n = 0;
         take(&n, sizeof(n));
-        s->assign(p.bytes, at, n);
+        std::string_view s = all.substr(at, n);
         at += n;
+        return s;
     };
     int32_t code = 0;
     take(&code, sizeof(code));
-    r.code = code;
-    get(&r.method);
-    get(&r.message);
-    get(&r.details);
-    r.response.assign(p.bytes, at);
-    return r;
+    v.code = code;
+    v.method = get();
+    v.message = get();
+    v.details = get();
+    v.response = all.substr(at);
+    return v;
 }
 
 std::optional<StoredReply> Session::findReply(uint64_t key) const {
     std::lock_guard lock(replies_mu_);
     for (auto it = replies_.rbegin(); it != replies_.rend(); ++it) {
         if (it->key == key) {
-            return unpack(*it);
+            return owned(view(*it));
         }
     }
     return std::nullopt;
@@ -118,16 +132,19 @@ std::vector<StoredReply> Session::replies() const {
 }
 
 std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
+    std::vector<StoredReply> out;
+    forEachReplySince(seq, [&out](const StoredReplyView &v) { out.push_back(owned(v)); });
+    return out;
+}
+
+void Session::forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const {
     std::lock_guard lock(replies_mu_);
     const size_t fresh =
         static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
     *seq = reply_seq_;
-    std::vector<StoredReply> out;
-    out.reserve(fresh);
     for (auto it = replies_.end() - static_cast<std::ptrdiff_t>(fresh); it != replies_.end(); ++it) {
-        out.push_back(unpack(*it));
+        fn(view(*it));
     }
-    return out;
 }
 
 const Object *Session::object(uint64_t handle) const {

@@ -17,11 +17,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -44,6 +46,16 @@ struct StoredReply {
     std::string message;
     std::string details;   // Status.error_details
     std::string response;  // the serialized response message
+};
+
+// A stored reply read in place (Session::forEachReplySince): valid during the callback only.
+struct StoredReplyView {
+    uint64_t key = 0;
+    std::string_view method;
+    int code = 0;
+    std::string_view message;
+    std::string_view details;
+    std::string_view response;
 };
 
 // What a session did before this broker process: when it was created and the Broker calls
@@ -122,6 +134,9 @@ class Session {
     // The replies stored after the first *seq ever stored (the newest kMaxReplies at most),
     // oldest first; *seq becomes the count stored so far. From 0: every reply kept.
     std::vector<StoredReply> repliesSince(uint64_t *seq) const;
+    // The same replies, each handed to fn in place, without copies (the restart layer's commit
+    // writes them as records). fn runs under the replies' lock: it must not call the session.
+    void forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const;
 
     // ---- its state, for readers outside a Broker call ----
     // (the Admin inspector, and the restart layer that keeps sessions across a broker restart.)
@@ -166,7 +181,7 @@ class Session {
         std::string bytes;
     };
     static PackedReply pack(const StoredReply &r);
-    static StoredReply unpack(const PackedReply &p);
+    static StoredReplyView view(const PackedReply &p);
 
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;

@@ -132,14 +132,14 @@ std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
     return serialized(out);
 }
 
-std::string replyRecord(const StoredReply &r) {
+std::string replyRecord(const StoredReplyView &r) {
     rpb::Reply out;
     out.set_key(r.key);
-    out.set_method(r.method);
+    out.set_method(r.method.data(), r.method.size());
     out.set_code(r.code);
-    out.set_message(r.message);
-    out.set_details(r.details);
-    out.set_response(r.response);
+    out.set_message(r.message.data(), r.message.size());
+    out.set_details(r.details.data(), r.details.size());
+    out.set_response(r.response.data(), r.response.size());
     return serialized(out);
 }
 
@@ -377,9 +377,8 @@ RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e)
         out.emplace_back(kObjectPut, objectRecord(id, obj));
     }
     e.reply_seq = 0;
-    for (const StoredReply &r : s.repliesSince(&e.reply_seq)) {
-        out.emplace_back(kReply, replyRecord(r));
-    }
+    s.forEachReplySince(&e.reply_seq,
+                        [&out](const StoredReplyView &r) { out.emplace_back(kReply, replyRecord(r)); });
     for (const auto &[name, canonical] : e.aliases) {
         out.emplace_back(kAlias, name + "\n" + canonical);
     }
@@ -513,9 +512,8 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
     logRegions(id, e, mem.chunks, e.chunks, records, fresh);
     logRegions(id, e, mem.doorbells, e.doorbells, records, fresh);
     logObjects(s, e, changes, records, fresh);
-    for (const StoredReply &r : s.repliesSince(&e.reply_seq)) {
-        records.emplace_back(kReply, replyRecord(r));
-    }
+    s.forEachReplySince(
+        &e.reply_seq, [&records](const StoredReplyView &r) { records.emplace_back(kReply, replyRecord(r)); });
     for (auto &a : e.new_aliases) {
         records.push_back(std::move(a));
     }
