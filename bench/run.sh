@@ -67,7 +67,10 @@ targets = [
     ("verbs.verbs_over_helpers_rate", ">= 0.8", lambda v: v >= 0.8),
     ("verbs.verbs_syscalls_per_wr", "= 0", lambda v: v == 0),
     ("verbs.verbs_broker_rpcs_during_data", "= 0", lambda v: v == 0),
-    ("control.create_qp_over_null_rpc", "<= 1.5", lambda v: v <= 1.5),
+    ("control.create_qp_over_null_rpc", "<= 1.1", lambda v: v <= 1.1),
+    ("control.ops_over_null_rpc_32clients", ">= 0.95", lambda v: v >= 0.95),
+    ("control.broker_cpu_op_over_null_rpc_32clients", "<= 1.5", lambda v: v <= 1.5),
+    ("control.bringup_over_null_rpc", "<= 4", lambda v: v <= 4),
     ("control.ops_per_s_32clients", ">= 20000", lambda v: v >= 20000),
     ("control.p99_us_32clients", "<= 2000", lambda v: v <= 2000),
     ("scale.live_qps", ">= 100000", lambda v: v >= 100000),
@@ -75,6 +78,8 @@ targets = [
     ("scale.broker_bytes_per_qp", "<= 2048", lambda v: v <= 2048),
     ("scale.teardown_10k_ms", "<= 100", lambda v: v <= 100),
     ("scale.reclaim_after_kill_ms", "<= 50", lambda v: v <= 50),
+    ("restart.restart_stall_ms_max", "<= 100", lambda v: v <= 100),
+    ("restart.restart_restore_ms", "<= 50", lambda v: v <= 50),
 ]
 lines = ["| target | goal | measured | holds |", "|---|---|---:|---|"]
 for k, goal, ok in targets:

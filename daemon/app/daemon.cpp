@@ -323,11 +323,12 @@ int checkConfig(const std::string &path) {
 
 }  // namespace
 
-void AuditEvents::object(const Session &s, const char *action, AdminEvents::Event::Kind event,
+void AuditEvents::object(const Session &s, AuditLog::Action action, AdminEvents::Event::Kind event,
                          ObjectKind kind, uint64_t handle) {
-    const PeerIdentity &id = s.identity();
-    spdlog::info("audit: {} {} {:016x} session {} pid {} uid {} gid {} cgroup '{}'", action, kindName(kind),
-                 handle, s.id(), id.creds.pid, id.creds.uid, id.creds.gid, id.cgroup);
+    hub_->audit().object(s, action, kind, handle);
+    if (!hub_->watched()) {
+        return;
+    }
     auto e = AdminEvents::aboutSession(event, s);
     e.set_object_kind(toProto(kind));
     e.set_handle(handle);
@@ -335,11 +336,11 @@ void AuditEvents::object(const Session &s, const char *action, AdminEvents::Even
 }
 
 void AuditEvents::objectCreated(const Session &s, ObjectKind kind, uint64_t handle) {
-    object(s, "create", AdminEvents::Event::OBJECT_CREATE, kind, handle);
+    object(s, AuditLog::Action::kCreate, AdminEvents::Event::OBJECT_CREATE, kind, handle);
 }
 
 void AuditEvents::objectDestroyed(const Session &s, ObjectKind kind, uint64_t handle) {
-    object(s, "destroy", AdminEvents::Event::OBJECT_DESTROY, kind, handle);
+    object(s, AuditLog::Action::kDestroy, AdminEvents::Event::OBJECT_DESTROY, kind, handle);
 }
 
 void AuditEvents::quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) {

@@ -25,8 +25,9 @@
 
 namespace ibvx::daemon {
 
-// The daemon's BrokerEvents: every object event becomes an audit log line and an Admin Watch
-// event, every quota refusal a debug line and a QUOTA_DENIAL event.
+// The daemon's BrokerEvents: every object event is counted and becomes an Admin Watch event and,
+// within its session's line budget, an audit log line (AuditLog); every quota refusal a debug
+// line and a QUOTA_DENIAL event.
 class AuditEvents final : public BrokerEvents {
   public:
     explicit AuditEvents(std::shared_ptr<AdminEvents> hub) : hub_(std::move(hub)) {}
@@ -36,7 +37,7 @@ class AuditEvents final : public BrokerEvents {
     void quotaDenied(const PeerIdentity &peer, uint64_t session, const std::string &message) override;
 
   private:
-    void object(const Session &s, const char *action, AdminEvents::Event::Kind event, ObjectKind kind,
+    void object(const Session &s, AuditLog::Action action, AdminEvents::Event::Kind event, ObjectKind kind,
                 uint64_t handle);
 
     std::shared_ptr<AdminEvents> hub_;

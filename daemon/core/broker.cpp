@@ -381,7 +381,7 @@ uint64_t Broker::insert(Session &s, std::unique_ptr<Object> obj) {
 void Broker::link(Session &s, std::unique_ptr<Object> obj) {
     for (Object *u : obj->uses) {
         ++u->users;
-        touch(s, u);  // a child may change its parents' device state (a context's doorbell pages)
+        touchParent(s, u);
     }
     uint64_t h = obj->handle;
     touch(s, obj.get());
@@ -394,10 +394,17 @@ void Broker::touch(Session &s, Object *obj) {
     s.changes_.touched.push_back(obj->handle);
 }
 
+void Broker::touchParent(Session &s, Object *obj) {
+    // A child may change its parents' device state (a context's doorbell pages): exported
+    // again, logged only when it did (SessionChanges::parents).
+    obj->state_dirty = true;
+    s.changes_.parents.push_back(obj->handle);
+}
+
 void Broker::eraseLocked(Session &s, Object *obj) {
     for (Object *u : obj->uses) {
         --u->users;
-        touch(s, u);
+        touchParent(s, u);
     }
     uint64_t h = obj->handle;
     ObjectKind kind = obj->kind;

@@ -231,8 +231,11 @@ class Broker {
     // export, into Object::driver_state and driver_fds. Nothing to do (OK): the object is gone,
     // was exported already, or its driver cannot hand over (restart: drops, the restart plan
     // ends such sessions). An error: the driver failed, the object keeps no state (a restore of
-    // the session would fail and end it).
-    Status exportObject(Session &s, uint64_t handle);
+    // the session would fail and end it). *changed (when given) says whether the export differs
+    // from the last one: with keep_same, an export whose bytes equal the last one's keeps the
+    // last one's fds (the new duplicates are closed), which is right only for an object touched
+    // as a parent (no call of its own replaced its fds).
+    Status exportObject(Session &s, uint64_t handle, bool keep_same = false, bool *changed = nullptr);
     // The restore's import, the counterpart of publish(): makes the object again from the state
     // exported in the old process (import_object), parents already adopted, and inserts it under
     // its old handle and quota charge; relocations maps the old process's addresses (arena,
@@ -302,6 +305,8 @@ class Broker {
     uint64_t newHandle(Session &s);
     // A control call changed obj: its driver state is exported again at the next commit.
     static void touch(Session &s, Object *obj);
+    // A child of obj was created or destroyed: exported again, logged only if that changed it.
+    static void touchParent(Session &s, Object *obj);
     // Gives a new object a new handle and links it (an event reports it).
     uint64_t insert(Session &s, std::unique_ptr<Object> obj);
     // The bookkeeping of an object with its handle, new or adopted: its parents count it as a

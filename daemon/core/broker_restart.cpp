@@ -190,17 +190,20 @@ Status importDriverObject(SessionMemory &mem, Object &obj, const Parents &p, Obj
 
 }  // namespace
 
-Status Broker::exportObject(Session &s, uint64_t handle) {
+Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *changed) {
+    if (changed != nullptr) {
+        *changed = false;
+    }
     auto it = s.objects_.find(handle);
     if (it == s.objects_.end() || !it->second->state_dirty) {
         return Status::ok();  // destroyed since, or already exported (a handle touched twice)
     }
     Object *obj = it->second.get();
     obj->state_dirty = false;
-    obj->driver_state.clear();
-    obj->driver_fds.clear();
     Device *dev = obj->device();
     if (dev == nullptr || !dev->verbs.keepsAcrossRestart()) {
+        obj->driver_state.clear();
+        obj->driver_fds.clear();
         return Status::ok();  // restart: drops (the restart plan ends such sessions)
     }
     ibv_extend_vdev_state st{};
@@ -216,12 +219,25 @@ Status Broker::exportObject(Session &s, uint64_t handle) {
         rc = -EOVERFLOW;
     }
     if (rc != 0) {
+        obj->driver_state.clear();
+        obj->driver_fds.clear();
         return Status::fromErrno(-rc, std::string("cannot export the state of ") + kindName(obj->kind) + " " +
                                           hex(handle) + " for restart: " + std::strerror(-rc));
     }
-    obj->driver_state.assign(reinterpret_cast<const char *>(st.data), st.len);
+    std::string_view now(reinterpret_cast<const char *>(st.data), st.len);
+    if (keep_same && now == obj->driver_state && st.fd_cnt == obj->driver_fds.size()) {
+        for (uint32_t i = 0; i < st.fd_cnt; ++i) {
+            ::close(st.fds[i]);  // the same files as the kept ones: a parent's fds do not change
+        }
+        return Status::ok();
+    }
+    obj->driver_state.assign(now);
+    obj->driver_fds.clear();
     for (uint32_t i = 0; i < st.fd_cnt; ++i) {
         obj->driver_fds.emplace_back(st.fds[i]);
+    }
+    if (changed != nullptr) {
+        *changed = true;
     }
     return Status::ok();
 }

@@ -1,6 +1,7 @@
 #include "daemon/core/session.h"
 
 #include <algorithm>
+#include <cstring>
 #include <utility>
 
 namespace ibvx::daemon {
@@ -16,6 +17,18 @@ uint64_t nowUnixMs() {
 std::chrono::steady_clock::time_point steadyAt(uint64_t unix_ms) {
     uint64_t now = nowUnixMs();
     return std::chrono::steady_clock::now() - std::chrono::milliseconds(unix_ms < now ? now - unix_ms : 0);
+}
+
+// A reply read in place, copied out.
+StoredReply owned(const StoredReplyView &v) {
+    StoredReply r;
+    r.key = v.key;
+    r.method = v.method;
+    r.code = v.code;
+    r.message = v.message;
+    r.details = v.details;
+    r.response = v.response;
+    return r;
 }
 
 }  // namespace
@@ -58,27 +71,80 @@ Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
 }
 
+Session::PackedReply Session::pack(const StoredReply &r) {
+    PackedReply p;
+    p.key = r.key;
+    auto put = [&p](const std::string &s) {
+        uint32_t n = static_cast<uint32_t>(s.size());
+        p.bytes.append(reinterpret_cast<const char *>(&n), sizeof(n));
+        p.bytes += s;
+    };
+    int32_t code = r.code;
+    p.bytes.reserve(4 * sizeof(uint32_t) + r.method.size() + r.message.size() + r.details.size() +
+                    r.response.size());
+    p.bytes.append(reinterpret_cast<const char *>(&code), sizeof(code));
+    put(r.method);
+    put(r.message);
+    put(r.details);
+    p.bytes += r.response;  // the rest
+    return p;
+}
+
+StoredReplyView Session::view(const PackedReply &p) {
+    StoredReplyView v;
+    v.key = p.key;
+    const std::string_view all(p.bytes);
+    size_t at = 0;
+    auto take = [&](void *out, size_t n) {
+        std::memcpy(out, all.data() + at, n);
+        at += n;
+    };
+    auto get = [&]() {
+        uint32_t n = 0;
+        take(&n, sizeof(n));
+        std::string_view s = all.substr(at, n);
+        at += n;
+        return s;
+    };
+    int32_t code = 0;
+    take(&code, sizeof(code));
+    v.code = code;
+    v.method = get();
+    v.message = get();
+    v.details = get();
+    v.response = all.substr(at);
+    return v;
+}
+
 std::optional<StoredReply> Session::findReply(uint64_t key) const {
     std::lock_guard lock(replies_mu_);
     for (auto it = replies_.rbegin(); it != replies_.rend(); ++it) {
         if (it->key == key) {
-            return *it;
+            return owned(view(*it));
         }
     }
     return std::nullopt;
 }
 
 std::vector<StoredReply> Session::replies() const {
-    std::lock_guard lock(replies_mu_);
-    return {replies_.begin(), replies_.end()};
+    uint64_t all = 0;
+    return repliesSince(&all);
 }
 
 std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
+    std::vector<StoredReply> out;
+    forEachReplySince(seq, [&out](const StoredReplyView &v) { out.push_back(owned(v)); });
+    return out;
+}
+
+void Session::forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const {
     std::lock_guard lock(replies_mu_);
     const size_t fresh =
         static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
     *seq = reply_seq_;
-    return {replies_.end() - static_cast<std::ptrdiff_t>(fresh), replies_.end()};
+    for (auto it = replies_.end() - static_cast<std::ptrdiff_t>(fresh); it != replies_.end(); ++it) {
+        fn(view(*it));
+    }
 }
 
 const Object *Session::object(uint64_t handle) const {
@@ -102,11 +168,12 @@ SessionChanges Session::takeChanges() {
 }
 
 void Session::addReply(StoredReply reply) {
+    PackedReply packed = pack(reply);
     std::lock_guard lock(replies_mu_);
     if (replies_.size() >= kMaxReplies) {
         replies_.pop_front();
     }
-    replies_.push_back(std::move(reply));
+    replies_.push_back(std::move(packed));
     ++reply_seq_;
 }
 

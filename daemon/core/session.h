@@ -17,11 +17,13 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -46,6 +48,16 @@ struct StoredReply {
     std::string response;  // the serialized response message
 };
 
+// A stored reply read in place (Session::forEachReplySince): valid during the callback only.
+struct StoredReplyView {
+    uint64_t key = 0;
+    std::string_view method;
+    int code = 0;
+    std::string_view message;
+    std::string_view details;
+    std::string_view response;
+};
+
 // What a session did before this broker process: when it was created and the Broker calls
 // made under it (the restart layer carries them across a restart, docs/restart.md). A session
 // this process opened has created_unix_ms now and no calls.
@@ -64,6 +76,10 @@ struct SessionHistory {
 struct SessionChanges {
     std::vector<uint64_t> touched;  // created or changed (a handle may repeat)
     std::vector<uint64_t> erased;   // destroyed
+    // Parents of an object created or destroyed (a handle may repeat): their driver state may
+    // have changed with it (a context's doorbell pages), most often it did not, so the commit
+    // logs them only when their exported state differs from the last export.
+    std::vector<uint64_t> parents;
 };
 
 class Session {
@@ -118,6 +134,9 @@ class Session {
     // The replies stored after the first *seq ever stored (the newest kMaxReplies at most),
     // oldest first; *seq becomes the count stored so far. From 0: every reply kept.
     std::vector<StoredReply> repliesSince(uint64_t *seq) const;
+    // The same replies, each handed to fn in place, without copies (the restart layer's commit
+    // writes them as records). fn runs under the replies' lock: it must not call the session.
+    void forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const;
 
     // ---- its state, for readers outside a Broker call ----
     // (the Admin inspector, and the restart layer that keeps sessions across a broker restart.)
@@ -155,11 +174,20 @@ class Session {
     SessionChanges changes_;  // since takeChanges()
     std::unique_ptr<SessionMemory> memory_;
 
+    // A stored reply as kept here: its key and one buffer holding the rest, length-prefixed
+    // (one allocation instead of up to five strings; a session keeps kMaxReplies of them).
+    struct PackedReply {
+        uint64_t key = 0;
+        std::string bytes;
+    };
+    static PackedReply pack(const StoredReply &r);
+    static StoredReplyView view(const PackedReply &p);
+
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;
-    std::deque<StoredReply> replies_;
-    uint64_t reply_seq_ = 0;  // replies ever added (the restart layer logs the new ones)
-    void addReply(StoredReply reply);
+    std::deque<PackedReply> replies_;
+    uint64_t reply_seq_ = 0;           // replies ever added (the restart layer logs the new ones)
+    void addReply(StoredReply reply);  // packs it outside the lock
 
     std::mutex xfer_mu_;
     std::condition_variable xfer_cv_;

@@ -7,6 +7,7 @@
 // that unsubscribed is never pushed to afterwards.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
@@ -14,6 +15,7 @@
 #include <unordered_map>
 
 #include "daemon/core/session.h"
+#include "daemon/edge/audit_log.h"
 #include "ibv_extend/v1/admin.pb.h"
 
 namespace ibvx::daemon {
@@ -37,12 +39,17 @@ class AdminEvents {
         }
         uint64_t id = next_id_++;
         sinks_.emplace(id, sink);
+        watching_ = sinks_.size();
         return id;
     }
     void unsubscribe(uint64_t id) {
         std::lock_guard lock(mu_);
         sinks_.erase(id);
+        watching_ = sinks_.size();
     }
+    // Whether any Watch is open: an event nobody would receive need not be built (a racing
+    // subscribe sees the events after it, as it would a moment later).
+    bool watched() const { return watching_.load(std::memory_order_relaxed) != 0; }
     void publish(Event event) {
         std::lock_guard lock(mu_);
         event.set_seq(++seq_);
@@ -85,8 +92,13 @@ class AdminEvents {
         return e;
     }
 
+    // The audit trail's log lines and counters (the events themselves are published here).
+    AuditLog &audit() { return audit_; }
+
   private:
     std::mutex mu_;
+    std::atomic<size_t> watching_{0};
+    AuditLog audit_;
     std::unordered_map<uint64_t, AdminEventSink *> sinks_;
     uint64_t next_id_ = 1;
     uint64_t seq_ = 0;

@@ -487,6 +487,11 @@ grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ct
         resp->set_arena_bytes(memoryTotals().arena_bytes);
         resp->set_sessions_opened(sessions_opened_.load());
         resp->set_sessions_evicted(sessions_evicted_.load());
+        AuditLog::Counters audit = events_->audit().counters();
+        resp->set_audit_creates(audit.creates);
+        resp->set_audit_destroys(audit.destroys);
+        resp->set_audit_lines(audit.lines);
+        resp->set_audit_lines_suppressed(audit.lines_suppressed);
         addEngineCounters(broker_.devices(), resp);
         return Status::ok();
     });

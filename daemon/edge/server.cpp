@@ -453,8 +453,14 @@ void BrokerServer::endSession(const std::shared_ptr<Session> &session, const cha
     stats_.forgetSession(session->id());
     events_->publish(AdminEvents::aboutSession(AdminEvents::Event::SESSION_CLOSE, *session, why));
     const auto &c = session->identity().creds;
-    spdlog::info("session {} ended ({}): pid {} uid {}, {} object(s) destroyed", session->id(), why, c.pid,
-                 c.uid, objects);
+    uint64_t unlogged = events_->audit().sessionEnded(session->id());
+    spdlog::info("session {} ended ({}): pid {} uid {}, {} object(s) destroyed{}", session->id(), why, c.pid,
+                 c.uid, objects,
+                 unlogged == 0
+                     ? std::string()
+                     : fmt::format("; {} audit event(s) since its last audit line over its {} lines/s "
+                                   "not logged (ibv-extendctl watch, ibv_extend_audit_* counters)",
+                                   unlogged, AuditLog::kLinesPerSessionPerSecond));
 }
 
 void BrokerServer::reap() {

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <array>
 #include <string>
 
 #include "daemon/edge/convert.h"
@@ -20,9 +21,18 @@ Status reply(StatusOr<T> result, Out *out) {
 }
 
 // The full gRPC name ("/ibv_extend.v1.Broker/CreateCq"): what a stored reply is filed under, so
-// a reply stored by one build is recognised by the next.
-std::string fullMethodName(Method m) {
-    return std::string("/") + pb::Broker::service_full_name() + "/" + methodName(m);
+// a reply stored by one build is recognised by the next. Built once: every mutating call
+// stores one.
+const std::string &fullMethodName(Method m) {
+    static const std::array<std::string, static_cast<size_t>(Method::kCount)> names = [] {
+        std::array<std::string, static_cast<size_t>(Method::kCount)> out;
+        for (size_t i = 0; i < out.size(); ++i) {
+            out[i] =
+                std::string("/") + pb::Broker::service_full_name() + "/" + methodName(static_cast<Method>(i));
+        }
+        return out;
+    }();
+    return names[static_cast<size_t>(m)];
 }
 
 // The status a stored reply was sent with. The reply was built by toGrpc() from a Status (here

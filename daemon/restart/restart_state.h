@@ -152,8 +152,9 @@ class RestartState {
     // ---- the commit (restart_state.cpp); the session held throughout ----
     // The session's entry, made with a new state file at its first commit.
     StatusOr<SessionEntry *> entryOf(const Session &s);
-    // Exports the driver state of the objects a call touched (Broker::exportObject).
-    void exportTouched(Session &s, const std::vector<uint64_t> &handles);
+    // Exports the driver state of the objects a call touched (Broker::exportObject), and of
+    // their parents; a parent whose export changed joins changes.touched (it is logged).
+    void exportTouched(Session &s, SessionChanges &changes);
     // The first commit, or a compaction: the store brought to what the session holds, and the
     // whole state written as a new log. fresh: the fds new to the store.
     Status writeImage(Session &s, SessionEntry &e, NamedFds &fresh);

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -271,6 +272,28 @@ long BrokerHarness::statusKiB(const char *field) const {
         }
     }
     return -1;
+}
+
+long long BrokerHarness::memfdBytes(const std::string &prefix) const {
+    const std::string dir = "/proc/" + std::to_string(pid_) + "/fd";
+    std::error_code ec;
+    std::filesystem::directory_iterator it(dir, ec);
+    if (ec) {
+        return -1;
+    }
+    const std::string memfd = "/memfd:" + prefix;
+    long long total = 0;
+    for (const auto &entry : it) {
+        std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+        if (ec || target.rfind(memfd, 0) != 0) {
+            continue;
+        }
+        struct stat st {};
+        if (::stat(entry.path().c_str(), &st) == 0) {
+            total += static_cast<long long>(st.st_blocks) * 512;
+        }
+    }
+    return total;
 }
 
 int BrokerHarness::raiseEngineThreads() const {

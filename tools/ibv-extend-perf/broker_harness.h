@@ -45,6 +45,10 @@ class BrokerHarness {
     BrokerStats stats();
     // A field of /proc/<broker>/status in KiB ("RssAnon", "VmRSS", ...); -1 when unreadable.
     long statusKiB(const char *field) const;
+    // Memory held by the broker's memfds whose name starts with prefix ("ibvx-state-": the
+    // restart state files, which are shmem and not in RssAnon): allocated blocks, in bytes;
+    // -1 when /proc/<pid>/fd cannot be read (another user's broker).
+    long long memfdBytes(const std::string &prefix) const;
     // When this tool runs SCHED_FIFO: gives the started broker's softnda engine threads the same
     // policy and priority, so the brokered fast path spins under the scheduler the direct one
     // does. Returns how many threads were raised.

@@ -883,6 +883,12 @@ void clients(const Options &opt, Results &out, BrokerHarness &broker) {
                     r->broker_cpu_ns / calls / 1e3, "us", "broker CPU time over the run / calls");
         }
     }
+    if (floor.broker_cpu_ns > 0 && run.broker_cpu_ns >= 0 && !run.ns.empty() && !floor.ns.empty()) {
+        double op = run.broker_cpu_ns / static_cast<double>(run.ns.size());
+        double null_rpc = floor.broker_cpu_ns / static_cast<double>(floor.ns.size());
+        out.add("control", "broker_cpu_op_over_null_rpc_" + tag, op / null_rpc, "x",
+                "broker CPU per mutating call / per null RPC, same processes (goal <= 1.5)");
+    }
 }
 
 // Polls the broker until it holds no more objects, sessions and arena bytes than `base`; ms.
@@ -928,6 +934,7 @@ void scale(const Options &opt, Results &out, BrokerHarness &broker) {
     }
     double open_ms = static_cast<double>(nsSince(t0)) / 1e6;
     long anon1 = broker.statusKiB("RssAnon");
+    long long state1 = broker.memfdBytes("ibvx-state-");
     BrokerStats opened = broker.stats();
     t0 = Clock::now();
     confirmed = 0;
@@ -942,6 +949,7 @@ void scale(const Options &opt, Results &out, BrokerHarness &broker) {
     }
     double create_ms = static_cast<double>(nsSince(t0)) / 1e6;
     long anon2 = broker.statusKiB("RssAnon");
+    long long state2 = broker.memfdBytes("ibvx-state-");
     BrokerStats full = broker.stats();
     uint64_t live = full.objects - opened.objects;
     out.add("scale", "live_qps", static_cast<double>(live), "QPs",
@@ -949,9 +957,18 @@ void scale(const Options &opt, Results &out, BrokerHarness &broker) {
                 " ms");
     out.add("scale", "sessions", static_cast<double>(full.sessions - base.sessions), "sessions",
             "tenant processes, opened in " + std::to_string(static_cast<int>(open_ms)) + " ms");
-    out.add("scale", "broker_bytes_per_qp",
-            static_cast<double>(anon2 - anon1) * 1024.0 / static_cast<double>(live), "B",
-            "broker RssAnon growth / QPs (queue buffers are memfd, not anon)");
+    // Where a QP's bytes go: the broker's heap (objects, the driver's QP, stored replies, the
+    // restart layer's bookkeeping) and its restart state files (memfds, shmem: not in RssAnon).
+    const double anon_per_qp = static_cast<double>(anon2 - anon1) * 1024.0 / static_cast<double>(live);
+    const double state_per_qp =
+        state1 < 0 || state2 < 0 ? 0.0 : static_cast<double>(state2 - state1) / static_cast<double>(live);
+    out.add("scale", "broker_anon_bytes_per_qp", anon_per_qp, "B",
+            "broker RssAnon growth / QPs (objects, driver QPs, stored replies; queue buffers are memfd)");
+    out.add("scale", "broker_state_bytes_per_qp", state_per_qp, "B",
+            state1 < 0 ? "restart state files: /proc/<broker>/fd unreadable, counted as 0"
+                       : "restart state files (ibvx-state-* memfds, allocated blocks) growth / QPs");
+    out.add("scale", "broker_bytes_per_qp", anon_per_qp + state_per_qp, "B",
+            "the two above: a QP's broker footprint, restart state included (goal <= 2048)");
     out.add("scale", "broker_bytes_per_session",
             static_cast<double>(anon1 - anon0) * 1024.0 / static_cast<double>(sessions), "B",
             "broker RssAnon growth / session (context, PD, CQ, two connections)");
@@ -1137,6 +1154,8 @@ void runBrokered(const Options &opt, Results &out) {
     }
     ratio(out, "fastpath", "write8_over_shm_floor", "fastpath", "write8_p50_ns_broker", "floors",
           "shm_pingpong_p50_ns", "goal <= 10 (broker figure)");
+    ratio(out, "control", "bringup_over_null_rpc", "control", "bringup_p50_us_broker", "floors",
+          "null_rpc_p50_us", "bring-up p50 / null RPC p50 (goal <= 4)");
 }
 
 }  // namespace ibvx::perf

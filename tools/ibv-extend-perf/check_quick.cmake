@@ -23,8 +23,10 @@ set(numeric
   fastpath.client_syscalls_per_wr
   control.create_qp_p50_us_direct control.create_qp_p50_us_broker control.create_qp_p99_us_broker
   control.create_qp_over_null_rpc control.bringup_p50_us_broker control.ops_per_s_32clients
-  control.p99_us_32clients
-  scale.live_qps scale.sessions scale.broker_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms)
+  control.p99_us_32clients control.ops_over_null_rpc_32clients control.broker_cpu_op_over_null_rpc_32clients
+  control.bringup_over_null_rpc
+  scale.live_qps scale.sessions scale.broker_bytes_per_qp scale.broker_anon_bytes_per_qp
+  scale.broker_state_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms)
 foreach(key ${numeric} machine.cores machine.kernel machine.cpu machine.date machine.git_commit)
   string(REPLACE "." ";" path ${key})
   string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})

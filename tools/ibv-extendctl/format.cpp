@@ -202,6 +202,15 @@ std::string prometheusText(const pb::GetStatsResponse &s) {
     o << "ibv_extend_sessions_opened_total " << s.sessions_opened() << '\n';
     family(o, "ibv_extend_sessions_evicted_total", "counter", "Sessions evicted by an administrator.");
     o << "ibv_extend_sessions_evicted_total " << s.sessions_evicted() << '\n';
+    family(o, "ibv_extend_audit_events_total", "counter",
+           "Audited object events (each also an Admin Watch event), by action.");
+    o << "ibv_extend_audit_events_total{action=\"create\"} " << s.audit_creates() << '\n';
+    o << "ibv_extend_audit_events_total{action=\"destroy\"} " << s.audit_destroys() << '\n';
+    family(o, "ibv_extend_audit_lines_total", "counter", "\"audit:\" lines written to the broker's log.");
+    o << "ibv_extend_audit_lines_total " << s.audit_lines() << '\n';
+    family(o, "ibv_extend_audit_lines_suppressed_total", "counter",
+           "Audited events not written as log lines: their session was over its per-second line budget.");
+    o << "ibv_extend_audit_lines_suppressed_total " << s.audit_lines_suppressed() << '\n';
 
     family(o, "ibv_extend_rpc_calls_total", "counter", "Broker calls received, by method.");
     for (const auto &r : s.rpcs()) {

@@ -484,6 +484,34 @@ ObjectImport exported(Broker &broker, Session &s, uint64_t handle) {
     return in;
 }
 
+// A commit costs what a call changed: a new child touches its parents, and a parent whose
+// export did not change keeps its state and fds (the new duplicates are closed), so the commit
+// does not log it again.
+TEST_F(BrokerTest, AParentIsLoggedAgainOnlyWhenItsExportChanged) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    ObjectImport first = exported(*broker_, *session_, ctx->context);
+    ASSERT_TRUE(broker_->allocPd(*session_, ctx->context).isOk());
+    auto held = session_->hold();
+    SessionChanges changes = session_->takeChanges();
+    ASSERT_EQ(changes.parents, std::vector<uint64_t>{ctx->context}) << "the PD's context is its parent";
+    const Object *c = session_->object(ctx->context);
+    ASSERT_NE(c, nullptr);
+    std::vector<int> fds_before;
+    for (const UniqueFd &fd : c->driver_fds) {
+        fds_before.push_back(fd.get());
+    }
+    bool changed = true;
+    ASSERT_TRUE(broker_->exportObject(*session_, ctx->context, true, &changed).isOk());
+    EXPECT_FALSE(changed) << "a PD does not change softnda's context state";
+    EXPECT_EQ(c->driver_state, first.driver_state);
+    std::vector<int> fds_after;
+    for (const UniqueFd &fd : c->driver_fds) {
+        fds_after.push_back(fd.get());
+    }
+    EXPECT_EQ(fds_after, fds_before) << "the exported fds are kept";
+}
+
 // The restore's side of the core: an exported context and PD made again in another session,
 // under their handles, through the driver (import_object) and without a create event.
 TEST_F(BrokerTest, AdoptMakesExportedObjectsAgainUnderTheirHandles) {
@@ -521,7 +549,10 @@ TEST_F(BrokerTest, AdoptMakesExportedObjectsAgainUnderTheirHandles) {
         EXPECT_EQ(c->users, 1u) << "the PD uses it";
         ASSERT_EQ(p->uses.size(), 1u);
         EXPECT_EQ(*p->uses.begin(), c);
-        EXPECT_EQ(restored->takeChanges().touched.size(), 3u) << "the next commit exports both";
+        SessionChanges changes = restored->takeChanges();
+        EXPECT_EQ(changes.touched.size(), 2u) << "the next commit exports both";
+        EXPECT_EQ(changes.parents, std::vector<uint64_t>{ctx->context})
+            << "the PD's parent, logged if changed";
     }
     EXPECT_TRUE(broker_->queryDevice(*restored, ctx->context).isOk()) << "its extension context is open";
     EXPECT_EQ(broker_->closeContext(*restored, ctx->context).status().errnoValue(), EBUSY);
