@@ -42,6 +42,14 @@ extern "C" {
  * without the symbol has the table up to query_srq, and the face reads nothing beyond it. */
 #define IBV_EXTEND_DATAPATH_SIZE_SYMBOL "ibv_extend_datapath_size"
 
+/* An address handle as the face hands it out (ibv_create_ah): the ibv_ah a UD work request
+ * names (wr.ud.ah) is the first member, followed by the attributes it was created with, so a data
+ * path reads the destination without a call, as rdma-core providers embed ibv_ah in their own. */
+struct ibv_extend_datapath_ah {
+    struct ibv_ah ah;
+    struct ibv_ah_attr attr;
+};
+
 /* What a QP's data path is told when it is opened. */
 struct ibv_extend_datapath_qp_attr {
     const struct ibv_qp_extend *qp; /* sq_info, rq_info (rq_info empty with an SRQ) */

@@ -161,9 +161,10 @@ inline ibv_qp_init_attr grantedInitAttr(const ShadowQp &s) {
 // docs/verbs.md).
 struct ShadowAh {
     static constexpr ShadowKind kKind = ShadowKind::kAh;
-    ibv_ah ah;
+    // dp.ah is what the program holds; the driver's data path reads dp.attr behind it for a UD
+    // work request's destination (ibv_extend_datapath.h).
+    ibv_extend_datapath_ah dp;
     ShadowContext *owner;
-    ibv_ah_attr attr;
 };
 
 // Recover a shadow from the public struct embedded in it. Only dereference the result after the
