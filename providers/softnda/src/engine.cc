@@ -156,8 +156,10 @@ inline bool isAtomic(uint8_t opcode) {
 }
 
 // The responder's memory [remote_addr, +total) a WRITE, READ or atomic addresses, when its rkey,
-// the peer's PD and both access flags allow the operation; else nullptr and *status.
+// the peer's PD and both access flags allow the operation; else nullptr and *status. A WRITE or
+// READ of zero bytes needs no rkey and no address (IBA C9-88): only the QP's access flags count.
 uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint64_t total, uint8_t *status) {
+    static uint8_t no_bytes;
     int need = IBV_ACCESS_REMOTE_WRITE;
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         need = IBV_ACCESS_REMOTE_READ;
@@ -167,6 +169,13 @@ uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint
             *status = IBV_WC_REM_INV_REQ_ERR;
             return nullptr;
         }
+    }
+    if (total == 0 && !isAtomic(h.opcode)) {
+        if ((peer->attrs.access & need) == 0) {
+            *status = IBV_WC_REM_ACCESS_ERR;
+            return nullptr;
+        }
+        return &no_bytes;  // nothing is read or written there
     }
     Mr *mr = dev->lookupMr(h.rkey);
     uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
