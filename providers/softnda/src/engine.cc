@@ -19,8 +19,15 @@
 namespace softnda {
 namespace {
 
-constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
-constexpr uint64_t kRnrIntervalNs = 100'000;
+constexpr uint32_t kMaxWqesPerVisit = 1024;   // fairness between queues of one thread
+constexpr uint64_t kRnrIntervalNs = 100'000;  // how often the engine sleeps while RNR waits
+// The RNR NAK timer of each min_rnr_timer code (IBA table 45), in 10 us units: 0 is 655.36 ms.
+constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
+                                        48,    64,   96,   128,  192,  256,   384,   512,   768,   1024, 1536,
+                                        2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+uint64_t rnrTimerNs(uint8_t min_rnr_timer) {
+    return uint64_t{kRnrTimer10us[min_rnr_timer & 31]} * 10'000;
+}
 constexpr size_t kMaxSleepPages = FUTEX_WAITV_MAX - 1;  // one waiter is the private kick word
 constexpr uint32_t kPsnMask = 0xffffff;
 constexpr uint64_t kFullScanEvery = 8;
@@ -807,12 +814,15 @@ bool Engine::Thread::processSq(Qp *qp) {
 bool Engine::Thread::keepWaitingRnr(Qp *qp) {
     bump(ctr_.rnr_naks);
     uint64_t now = nowNs();
+    // The responder's NAK carries its min_rnr_timer: each such period without a receive uses one
+    // retry (SPEC.md §5.2). execute() found the peer this pass, so qp->peer is current.
+    const uint64_t timer = rnrTimerNs(qp->peer != nullptr ? qp->peer->attrs.min_rnr_timer : 0);
     if (!qp->rnr_waiting || qp->waits_for_peer) {  // a new wait, or the responder answered now
-        startWait(qp, false, now + kRnrIntervalNs);
+        startWait(qp, false, now + timer);
         qp->rnr_used = 0;
     } else if (now >= qp->rnr_deadline_ns) {
         qp->rnr_used++;
-        qp->rnr_deadline_ns = now + kRnrIntervalNs;
+        qp->rnr_deadline_ns = now + timer;
     }
     return qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry;
 }
