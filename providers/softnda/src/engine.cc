@@ -996,7 +996,9 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
-        return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};
+        // A QP connected elsewhere drops the request; an unexpected PSN draws a NAK or a
+        // duplicate ACK: either way the requester retries until retry_cnt runs out (SPEC.md §5.1).
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     PendingRecv pending;
     ExecResult res = respond(qp, peer, w, local, nlocal, total, &pending);

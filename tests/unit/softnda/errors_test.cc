@@ -275,23 +275,26 @@ TEST_F(Errors, ASendWaitsForAResponderThatComesUpInTime) {
     EXPECT_EQ(dst_[0], 0x5a);
 }
 
-TEST_F(Errors, BadResponseOnPsnMismatch) {
+// A request the responder does not take ends as a NIC's retransmissions end (IBA 9.7.5.2):
+// retry exhaustion after retry_cnt timeouts, not a bad response.
+TEST_F(Errors, RetryExceededOnPsnMismatch) {
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toRtr(a_.ext->qp, b_.qpn(), 0), 0);
     ASSERT_EQ(toRtr(b_.ext->qp, a_.qpn(), 100), 0);  // expects PSN 100
     ASSERT_EQ(toRts(a_.ext->qp, 5), 0);              // sends PSN 5
     ASSERT_EQ(toRts(b_.ext->qp, 0), 0);
-    EXPECT_EQ(runOnA(write(20, 8, dmr_->rkey)).status, IBV_WC_BAD_RESP_ERR);
+    EXPECT_EQ(runOnA(write(20, 8, dmr_->rkey)).status, IBV_WC_RETRY_EXC_ERR);
 }
 
-TEST_F(Errors, BadResponseWhenPeerIsConnectedElsewhere) {
+TEST_F(Errors, RetryExceededWhenPeerIsConnectedElsewhere) {
     QpH c = makeQp(scq_, rcq_);
     connect(b_, c);
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toRtr(a_.ext->qp, b_.qpn()), 0);
     ASSERT_EQ(toRts(a_.ext->qp), 0);
-    EXPECT_EQ(runOnA(write(21, 8, dmr_->rkey)).status, IBV_WC_BAD_RESP_ERR);
+    EXPECT_EQ(runOnA(write(21, 8, dmr_->rkey)).status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(qpState(b_), IBV_QPS_RTS);  // the responder is not disturbed
 }
 
 TEST_F(Errors, ErrorFlushesEverythingOutstandingAndLater) {
