@@ -8,7 +8,9 @@
  *    IBV_EVENT_QP_FATAL for that QP;
  *  - a completion channel becomes readable (poll()) after ibv_req_notify_cq and a completion,
  *    and ibv_get_cq_event names the CQ;
- *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data.
+ *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data;
+ *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
+ *    providers refuse them.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -52,8 +54,19 @@ int main(int argc, char **argv) {
     if (ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) != 0 || qa.qp_state != IBV_QPS_RESET) {
         fail("invalid mask", "the QP left RESET");
     }
+    struct ibv_recv_wr early_recv, *bad_recv = NULL;
+    memset(&early_recv, 0, sizeof(early_recv));
+    if (ibv_post_recv(a, &early_recv, &bad_recv) != EINVAL || bad_recv != &early_recv) {
+        fail("receive in RESET", "ibv_post_recv did not answer EINVAL");
+    }
     to_init(a);
     to_init(b);
+    struct ibv_send_wr early_send, *bad_send = NULL;
+    memset(&early_send, 0, sizeof(early_send));
+    early_send.opcode = IBV_WR_SEND;
+    if (ibv_post_send(a, &early_send, &bad_send) != EINVAL || bad_send != &early_send) {
+        fail("send in INIT", "ibv_post_send did not answer EINVAL");
+    }
     to_rts(a, b->qp_num, port.lid);
     to_rts(b, a->qp_num, port.lid);
     if (ibv_query_qp(a, &qa,
