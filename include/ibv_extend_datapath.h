@@ -117,6 +117,11 @@ struct ibv_extend_datapath_ops {
     int (*cq_fatal)(void *cq, int err);
     /* Every later post_srq_recv answers err. The receives the SRQ holds are not completed. */
     void (*srq_fatal)(void *srq, int err);
+
+    /* ---- Appended: the CQ's error state ----
+     * Non-zero once the device put the CQ in its error state (an overflow): the face then raises
+     * IBV_EVENT_CQ_ERR for it once, on the context's async events. May be NULL: never raised. */
+    uint32_t (*cq_error)(void *cq);
 };
 
 #ifdef __cplusplus

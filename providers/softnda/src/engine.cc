@@ -215,7 +215,9 @@ bool takeArm(Cq *cq, const softnda_cqe &c) {
     return false;
 }
 
-bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
+// *raise: the CQ's arming asks for a completion event; *overflowed: this CQE found the CQ full and
+// put it in its error state (the context's async event is then due, SPEC.md §6.3).
+bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise, bool *overflowed) {
     std::lock_guard<SpinLock> lk(cq->lock);
     if (cq->error) {
         bump(ctr.dropped_cqes);
@@ -228,6 +230,7 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
         __atomic_store_n(cq->state, 1u, __ATOMIC_RELEASE);
         bump(ctr.cq_overflows);
         bump(ctr.dropped_cqes);
+        *overflowed = true;
         return false;
     }
     auto *e = reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(r.ci_local & (r.cnt - 1)) *
@@ -253,7 +256,11 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
 
 bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
     bool raise = false;
-    bool written = publishCqe(cq, ctr, in, &raise);
+    bool overflowed = false;
+    bool written = publishCqe(cq, ctr, in, &raise, &overflowed);
+    if (overflowed) {
+        signalEventFd(cq->ctx->async_fd);  // outside the CQ's lock: a system call
+    }
     if (raise) {
         signalEventFd(cq->event_fd);  // outside the CQ's lock: a system call
     }

@@ -293,6 +293,12 @@ static int sd_cq_fatal(void *cqv, int err) {
     return 1;
 }
 
+/* The CQ's overflow state (SPEC.md §6.3), a word only the device writes. */
+static uint32_t sd_cq_error(void *cqv) {
+    struct sd_cq *cq = cqv;
+    return softnda_cq_state(&cq->cq);
+}
+
 static uint32_t sd_cq_events(void *cqv) {
     struct sd_cq *cq = cqv;
     return __atomic_load_n(cq->events, __ATOMIC_ACQUIRE);
@@ -682,6 +688,7 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .qp_fatal = sd_qp_fatal,
     .cq_fatal = sd_cq_fatal,
     .srq_fatal = sd_srq_fatal,
+    .cq_error = sd_cq_error,
 };
 /* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
 __attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =

@@ -10,7 +10,8 @@
  *    and ibv_get_cq_event names the CQ;
  *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data;
  *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
- *    providers refuse them.
+ *    providers refuse them;
+ *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -240,6 +241,60 @@ int main(int argc, char **argv) {
     if (!found) {
         fail("ibv_get_async_event", "no IBV_EVENT_QP_FATAL for the QP");
     }
+
+    /* A responder CQ overflow: the receive completion that does not fit raises IBV_EVENT_CQ_ERR. */
+    struct ibv_cq *tiny = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+    if (tiny == NULL || tiny->cqe > 6) {
+        fail("small CQ", tiny == NULL ? strerror(errno) : "more entries than asked for");
+    }
+    struct ibv_qp_init_attr ta;
+    memset(&ta, 0, sizeof(ta));
+    ta.send_cq = cq;
+    ta.recv_cq = tiny;
+    ta.qp_type = IBV_QPT_RC;
+    ta.cap.max_send_wr = 8;
+    ta.cap.max_recv_wr = 8;
+    ta.cap.max_send_sge = 1;
+    ta.cap.max_recv_sge = 1;
+    struct ibv_qp *sender = rc_qp(pd, cq), *receiver = ibv_create_qp(pd, &ta);
+    if (receiver == NULL) {
+        fail("ibv_create_qp (small CQ)", strerror(errno));
+    }
+    to_init(sender);
+    to_init(receiver);
+    to_rts(sender, receiver->qp_num, port.lid);
+    to_rts(receiver, sender->qp_num, port.lid);
+    int overflow_at = tiny->cqe + 1;
+    struct ibv_sge rsge = {(uintptr_t)dst, 8, md->lkey}, ssge = {(uintptr_t)src, 8, ms->lkey};
+    for (int i = 0; i < overflow_at; ++i) {
+        struct ibv_recv_wr rw, *rbad = NULL;
+        memset(&rw, 0, sizeof(rw));
+        rw.wr_id = 100 + i;
+        rw.sg_list = &rsge;
+        rw.num_sge = 1;
+        struct ibv_send_wr sw, *sbad = NULL;
+        memset(&sw, 0, sizeof(sw));
+        sw.sg_list = &ssge;
+        sw.num_sge = 1;
+        sw.opcode = IBV_WR_SEND; /* unsignalled: only the receiver's CQ fills */
+        if (ibv_post_recv(receiver, &rw, &rbad) != 0 || ibv_post_send(sender, &sw, &sbad) != 0) {
+            fail("CQ overflow", "a post was refused");
+        }
+    }
+    found = 0;
+    for (int i = 0; i < 4 && !found; ++i) { /* the receiver's QP_FATAL may come first */
+        if (ibv_get_async_event(ctx, &ev) != 0) {
+            fail("ibv_get_async_event (CQ overflow)", strerror(errno));
+        }
+        found = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == tiny;
+        ibv_ack_async_event(&ev);
+    }
+    if (!found) {
+        fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
+    }
+    ibv_destroy_qp(sender);
+    ibv_destroy_qp(receiver);
+    ibv_destroy_cq(tiny);
 
     ibv_destroy_qp(c1);
     ibv_destroy_qp(c2);
