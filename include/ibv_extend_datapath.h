@@ -42,6 +42,14 @@ extern "C" {
  * without the symbol has the table up to query_srq, and the face reads nothing beyond it. */
 #define IBV_EXTEND_DATAPATH_SIZE_SYMBOL "ibv_extend_datapath_size"
 
+/* An address handle as the face hands it out (ibv_create_ah): the ibv_ah a UD work request
+ * names (wr.ud.ah) is the first member, followed by the attributes it was created with, so a data
+ * path reads the destination without a call, as rdma-core providers embed ibv_ah in their own. */
+struct ibv_extend_datapath_ah {
+    struct ibv_ah ah;
+    struct ibv_ah_attr attr;
+};
+
 /* What a QP's data path is told when it is opened. */
 struct ibv_extend_datapath_qp_attr {
     const struct ibv_qp_extend *qp; /* sq_info, rq_info (rq_info empty with an SRQ) */
@@ -109,6 +117,11 @@ struct ibv_extend_datapath_ops {
     int (*cq_fatal)(void *cq, int err);
     /* Every later post_srq_recv answers err. The receives the SRQ holds are not completed. */
     void (*srq_fatal)(void *srq, int err);
+
+    /* ---- Appended: the CQ's error state ----
+     * Non-zero once the device put the CQ in its error state (an overflow): the face then raises
+     * IBV_EVENT_CQ_ERR for it once, on the context's async events. May be NULL: never raised. */
+    uint32_t (*cq_error)(void *cq);
 };
 
 #ifdef __cplusplus

@@ -111,6 +111,7 @@ struct ShadowCq {
     OpaqueState dp;
     uint32_t events_seen = 0;       // the data path's event counter when last delivered
     uint32_t events_delivered = 0;  // ibv_get_cq_event() results, for ibv_destroy_cq's wait
+    bool error_reported = false;    // IBV_EVENT_CQ_ERR delivered (the data path's cq_error)
     ibv_wc ex_wc{};                 // the completion ibv_start_poll/ibv_next_poll took
 };
 
@@ -161,9 +162,10 @@ inline ibv_qp_init_attr grantedInitAttr(const ShadowQp &s) {
 // docs/verbs.md).
 struct ShadowAh {
     static constexpr ShadowKind kKind = ShadowKind::kAh;
-    ibv_ah ah;
+    // dp.ah is what the program holds; the driver's data path reads dp.attr behind it for a UD
+    // work request's destination (ibv_extend_datapath.h).
+    ibv_extend_datapath_ah dp;
     ShadowContext *owner;
-    ibv_ah_attr attr;
 };
 
 // Recover a shadow from the public struct embedded in it. Only dereference the result after the

@@ -33,6 +33,12 @@ int postRecv(ibv_qp *qp, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
         *bad_wr = wr;
         return EOPNOTSUPP;
     }
+    // A QP in RESET takes no receive, as rdma-core's providers answer (qp->state is what the
+    // last modify or query said; the device's own moves to ERR only ever go past RTS).
+    if (qp->state == IBV_QPS_RESET) {
+        *bad_wr = wr;
+        return EINVAL;
+    }
     return s->owner->datapath->post_recv(s->dp.state, wr, bad_wr);
 }
 int postSrqRecv(ibv_srq *srq, ibv_recv_wr *wr, ibv_recv_wr **bad_wr) {
@@ -187,6 +193,12 @@ int postSend(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr) {
     if (s->dp.state == nullptr) {
         *bad_wr = wr;
         return EOPNOTSUPP;
+    }
+    // Sends before RTS (RESET, INIT, RTR) are refused, as rdma-core's providers refuse them,
+    // instead of waiting in the SQ (one compare of a word of this shadow: no shared memory).
+    if (qp->state < IBV_QPS_RTS) {
+        *bad_wr = wr;
+        return EINVAL;
     }
     return s->owner->datapath->post_send(s->dp.state, wr, bad_wr);
 }

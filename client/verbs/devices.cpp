@@ -115,7 +115,7 @@ size_t destroyLeftovers(ShadowContext *c) {
             ++left;
             switch (kind) {
                 case ShadowKind::kAh:
-                    (void)ibvx_verbs_destroy_ah(&static_cast<ShadowAh *>(o)->ah);
+                    (void)ibvx_verbs_destroy_ah(&static_cast<ShadowAh *>(o)->dp.ah);
                     break;
                 case ShadowKind::kQp:
                     (void)ibvx_verbs_destroy_qp(&static_cast<ShadowQp *>(o)->qp);

@@ -45,8 +45,9 @@ int ibvx_verbs_dereg_mr(ibv_mr *mr) {
     return -brokerDeregMr(mr);  // EINVAL for a pointer the seam does not know
 }
 
-// An address handle is checked and kept here: softnda connects RC QPs by QP number and serves no
-// UD, so the broker has no AH resource to hold (docs/verbs.md).
+// An address handle is checked and kept here, in the layout the data path reads a UD work
+// request's destination from (ibv_extend_datapath_ah); the broker holds no AH resource yet
+// (docs/verbs.md).
 ibv_ah *ibvx_verbs_create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
     ShadowPd *p = livePd(pd);
     if (p == nullptr || attr == nullptr || attr->port_num == 0 ||
@@ -55,18 +56,18 @@ ibv_ah *ibvx_verbs_create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
     }
     auto *a = new ShadowAh{};
     a->owner = p->owner;
-    a->attr = *attr;
-    a->ah.context = pd->context;
-    a->ah.pd = pd;
+    a->dp.attr = *attr;
+    a->dp.ah.context = pd->context;
+    a->dp.ah.pd = pd;
     broker::track(a, p->owner);
-    return &a->ah;
+    return &a->dp.ah;
 }
 
 int ibvx_verbs_destroy_ah(ibv_ah *ah) {
     if (ah == nullptr) {
         return EINVAL;
     }
-    auto *a = shadowOf<ShadowAh>(ah, offsetof(ShadowAh, ah));
+    auto *a = shadowOf<ShadowAh>(ah, offsetof(ShadowAh, dp.ah));
     if (!broker::untrack(a)) {
         return EINVAL;
     }

@@ -75,7 +75,7 @@ std::vector<uint64_t> timedSamples(int iters, int warmup, F one_ns) {
     return ns;
 }
 
-// Scenario names (for --only): pingpong, memcpy, uds, write8, idle10k, msgrate, write1m, nullrpc,
+// Scenario names (for --only): pingpong, memcpy, uds, write8, unreliable, idle10k, msgrate, write1m, nullrpc,
 // write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).

@@ -57,7 +57,7 @@ class Rig {
     // spin_us: the engine must not fall asleep between two measurements, unless (paired runs)
     // it must leave the CPU to the broker's engine while the other half is measured.
     Rig(const Options &opt, uint32_t sq_depth, size_t buf_size, uint32_t idle_qps = 0,
-        uint32_t spin_us = 2000000) {
+        uint32_t spin_us = 2000000, ibv_qp_type type = IBV_QPT_RC) {
         softnda_vdev_ops.configure("spin_us", std::to_string(spin_us).c_str());
         softnda_vdev_ops.configure("engine_threads", std::to_string(opt.engine_threads).c_str());
         ctx_ = softnda_vdev_ops.open_device("softnda0");
@@ -75,6 +75,7 @@ class Rig {
         }
         for (auto **qp : {&a_, &b_}) {
             ibv_qp_init_attr_extend qa = rcQpAttr(pd_, cq_->cq, sq_depth);
+            qa.attr.qp_type = type;
             qa.ops = &g_host_ops;
             *qp = ext_->ops->create_qp(ctx_, &qa);
             if (*qp == nullptr) {
@@ -90,8 +91,13 @@ class Rig {
             }
             idle_.push_back(q);
         }
-        connect(a_->qp, b_->qp->qp_num);
-        connect(b_->qp, a_->qp->qp_num);
+        if (type == IBV_QPT_UD) {
+            bringUpUd(a_->qp);
+            bringUpUd(b_->qp);
+        } else {
+            connect(a_->qp, b_->qp->qp_num, type);
+            connect(b_->qp, a_->qp->qp_num, type);
+        }
         src_ = static_cast<uint8_t *>(hostAlloc(buf_size));
         dst_ = static_cast<uint8_t *>(hostAlloc(buf_size));
         std::memset(src_, 0x5a, buf_size);
@@ -102,7 +108,8 @@ class Rig {
         if (smr_ == nullptr || dmr_ == nullptr) {
             die("reg_mr");
         }
-        if (softnda_sq_init(&sq_, &a_->sq_info) != 0 || softnda_cq_init(&cqh_, &cq_->cq_info) != 0) {
+        if (softnda_sq_init(&sq_, &a_->sq_info) != 0 || softnda_cq_init(&cqh_, &cq_->cq_info) != 0 ||
+            softnda_rq_init(&rq_b_, &b_->rq_info) != 0) {
             die("queue_info");
         }
     }
@@ -130,6 +137,27 @@ class Rig {
         sge_ = softnda_sge{reinterpret_cast<uintptr_t>(src_), len, smr_->lkey};
         return rdmaWrite(&sge_, reinterpret_cast<uintptr_t>(dst_), dmr_->rkey, flags, wr_id);
     }
+    // An 8 B UD SEND from A to B (the Q_Key both have, port 1's LID), unsignalled.
+    softnda_send_wr datagram(uint64_t wr_id) {
+        sge_ = softnda_sge{reinterpret_cast<uintptr_t>(src_), 8, smr_->lkey};
+        softnda_send_wr w{};
+        w.wr_id = wr_id;
+        w.opcode = SOFTNDA_OP_SEND;
+        w.sg_list = &sge_;
+        w.num_sge = 1;
+        ibv_port_attr port{};
+        softnda_vdev_ops.query_port(ctx_, 1, &port);
+        softnda_send_wr_set_ud(&w, b_->qp->qp_num, kQkey, port.lid);
+        return w;
+    }
+    // One receive on B into the destination buffer (room for the GRH and 8 bytes).
+    void postReceiveOnB() {
+        softnda_sge r{reinterpret_cast<uintptr_t>(dst_), SOFTNDA_GRH_SIZE + 8, dmr_->lkey};
+        if (softnda_rq_post(&rq_b_, 0, &r, 1) != 0) {
+            die("post receive");
+        }
+        softnda_rq_doorbell(&rq_b_);
+    }
     // Spins until one CQE; throws on an error completion.
     void waitCqe() {
         if (int st = waitOneCqe(&cqh_); st != IBV_WC_SUCCESS) {
@@ -151,12 +179,36 @@ class Rig {
     }
 
     softnda_sq sq_{};
+    softnda_rq rq_b_{};
     softnda_cq cqh_{};
     uint8_t *src_ = nullptr;
     uint8_t *dst_ = nullptr;
 
   private:
-    static void connect(ibv_qp *qp, uint32_t dest) {
+    static constexpr uint32_t kQkey = 0x1111;
+
+    static void bringUpUd(ibv_qp *qp) {
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_INIT;
+        a.port_num = 1;
+        a.qkey = kQkey;
+        if (softnda_vdev_ops.modify_qp(qp, &a,
+                                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
+            die("modify INIT (UD)");
+        }
+        a.qp_state = IBV_QPS_RTR;
+        if (softnda_vdev_ops.modify_qp(qp, &a, IBV_QP_STATE) != 0) {
+            die("modify RTR (UD)");
+        }
+        a.qp_state = IBV_QPS_RTS;
+        if (softnda_vdev_ops.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
+            die("modify RTS (UD)");
+        }
+    }
+
+    // RC or UC (which has no reliability attributes: SPEC.md §11.2).
+    static void connect(ibv_qp *qp, uint32_t dest, ibv_qp_type type) {
+        const bool rc = type == IBV_QPT_RC;
         ibv_qp_attr a{};
         a.qp_state = IBV_QPS_INIT;
         a.port_num = 1;
@@ -169,17 +221,18 @@ class Rig {
         a.qp_state = IBV_QPS_RTR;
         a.dest_qp_num = dest;
         a.path_mtu = IBV_MTU_4096;
-        if (softnda_vdev_ops.modify_qp(qp, &a,
-                                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-                                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-                                           IBV_QP_MIN_RNR_TIMER) != 0) {
+        const int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
+        if (softnda_vdev_ops.modify_qp(
+                qp, &a, rc ? rtr | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER : rtr) != 0) {
             die("modify RTR");
         }
         a = ibv_qp_attr{};
         a.qp_state = IBV_QPS_RTS;
-        if (softnda_vdev_ops.modify_qp(qp, &a,
-                                       IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-                                           IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC) != 0) {
+        const int rts = IBV_QP_STATE | IBV_QP_SQ_PSN;
+        if (softnda_vdev_ops.modify_qp(
+                qp, &a,
+                rc ? rts | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC
+                   : rts) != 0) {
             die("modify RTS");
         }
     }
@@ -220,6 +273,43 @@ void write8Latency(const Options &opt, Results &out, uint32_t idle_qps = 0) {
     out.add("fastpath", "write8_p50_ns_direct", percentile(ns, 50), "ns",
             "8 B WRITE post->CQE, in-process softnda");
     out.add("fastpath", "write8_p99_ns_direct", percentile(ns, 99), "ns");
+}
+
+// The unreliable transports beside RC in the same run (SPEC.md §11): an 8 B UD SEND, post +
+// doorbell -> the receiver's CQE (the receive reposted outside the timing), and an 8 B UC WRITE,
+// post + doorbell -> CQE, one at a time.
+void unreliableLatency(const Options &opt, Results &out) {
+    const int iters = opt.quick ? 200 : 200000;
+    const int warmup = opt.quick ? 20 : 1000;
+    {
+        Rig rig(opt, 64, 4096, 0, 2000000, IBV_QPT_UD);
+        uint64_t id = 0;
+        std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
+            rig.postReceiveOnB();
+            softnda_send_wr w = rig.datagram(id++);
+            auto t0 = Clock::now();
+            softnda_sq_post(&rig.sq_, &w);
+            softnda_sq_doorbell(&rig.sq_);
+            rig.waitCqe();
+            return nsSince(t0);
+        });
+        out.add("fastpath", "ud_send8_p50_ns_direct", percentile(ns, 50), "ns",
+                "8 B UD SEND post->receive CQE, in-process softnda");
+        out.add("fastpath", "ud_send8_p99_ns_direct", percentile(ns, 99), "ns");
+    }
+    Rig rig(opt, 64, 4096, 0, 2000000, IBV_QPT_UC);
+    uint64_t id = 0;
+    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
+        softnda_send_wr w = rig.write(8, SOFTNDA_WQE_SIGNALED, id++);
+        auto t0 = Clock::now();
+        softnda_sq_post(&rig.sq_, &w);
+        softnda_sq_doorbell(&rig.sq_);
+        rig.waitCqe();
+        return nsSince(t0);
+    });
+    out.add("fastpath", "uc_write8_p50_ns_direct", percentile(ns, 50), "ns",
+            "8 B UC WRITE post->CQE, in-process softnda");
+    out.add("fastpath", "uc_write8_p99_ns_direct", percentile(ns, 99), "ns");
 }
 
 // 8 B WRITEs, 64 per doorbell, one signaled per batch, up to 8 batches in flight.
@@ -337,6 +427,9 @@ void runControlDirect(const Options &opt, Results &out) {
 void runSoftndaDirect(const Options &opt, Results &out) {
     if (opt.wants("write8")) {
         write8Latency(opt, out);
+    }
+    if (opt.wants("unreliable")) {
+        unreliableLatency(opt, out);
     }
     if (opt.wants("idle10k")) {
         write8Latency(opt, out, opt.quick ? 100 : 10000);

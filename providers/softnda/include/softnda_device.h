@@ -76,7 +76,14 @@ enum softnda_wqe_flags {
 enum softnda_cqe_flags {
     SOFTNDA_CQE_WITH_IMM = 1 << 0,
     SOFTNDA_CQE_SOLICITED = 1 << 1,
+    SOFTNDA_CQE_GRH = 1 << 2, /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
 };
+
+/* UD (SPEC.md §11.1): the GRH at the head of every receive buffer, the Q_Key bit that asks for
+ * the sending QP's own Q_Key, and where a CQE carries the sender's LID. */
+#define SOFTNDA_GRH_SIZE 40u
+#define SOFTNDA_QKEY_PRIVILEGED 0x80000000u
+#define SOFTNDA_CQE_SLID_SHIFT 16u
 
 #define SOFTNDA_WQE_HEADER_SIZE 48u
 #define SOFTNDA_RECV_HEADER_SIZE 16u
@@ -232,6 +239,14 @@ struct softnda_send_wr {
     uint32_t inline_len;
 };
 
+/* A UD SEND's destination (SPEC.md §2.1): remote_qpn and remote_qkey in the remote_addr field,
+ * the destination LID in the rkey field. */
+static inline void softnda_send_wr_set_ud(struct softnda_send_wr *wr, uint32_t remote_qpn,
+                                          uint32_t remote_qkey, uint16_t dlid) {
+    wr->remote_addr = (uint64_t)(remote_qpn & 0xffffffu) | ((uint64_t)remote_qkey << 32);
+    wr->rkey = dlid;
+}
+
 /* Writes one WQE without publishing it: -ENOSPC when the SQ is full, -EINVAL when it does not
  * fit a WQE. Publish with softnda_sq_doorbell() (one doorbell may cover many WQEs). */
 static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_send_wr *wr) {
@@ -377,6 +392,11 @@ static inline int softnda_cq_init(struct softnda_cq *cq, const struct queue_info
     cq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
     cq->ci = __atomic_load_n(cq->dbr_ci, __ATOMIC_ACQUIRE);
     return 0;
+}
+
+/* The sender's LID of a UD receive's CQE (SPEC.md §3; 0 for every other CQE). */
+static inline uint16_t softnda_cqe_slid(const struct softnda_cqe *c) {
+    return (uint16_t)(c->owner >> SOFTNDA_CQE_SLID_SHIFT);
 }
 
 /* Non-zero once the CQ overflowed (SPEC.md §6.3). */

@@ -236,7 +236,8 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     ibv_qp_init_attr &ia = a->attr;
     QpParents parents;
     bool parents_ok = qpParents(ctx, a->pd, ia.send_cq, ia.recv_cq, ia.srq, &parents);
-    if (ia.qp_type != IBV_QPT_RC) {
+    // The transports softnda executes (SPEC.md §5, §11); XRC and raw packet QPs are not served.
+    if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD) {
         return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
     if (!parents_ok || !validQpCaps(ia.cap, dev->cfg, parents.srq != nullptr)) {

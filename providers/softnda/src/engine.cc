@@ -19,8 +19,15 @@
 namespace softnda {
 namespace {
 
-constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
-constexpr uint64_t kRnrIntervalNs = 100'000;
+constexpr uint32_t kMaxWqesPerVisit = 1024;   // fairness between queues of one thread
+constexpr uint64_t kRnrIntervalNs = 100'000;  // how often the engine sleeps while RNR waits
+// The RNR NAK timer of each min_rnr_timer code (IBA table 45), in 10 us units: 0 is 655.36 ms.
+constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
+                                        48,    64,   96,   128,  192,  256,   384,   512,   768,   1024, 1536,
+                                        2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+uint64_t rnrTimerNs(uint8_t min_rnr_timer) {
+    return uint64_t{kRnrTimer10us[min_rnr_timer & 31]} * 10'000;
+}
 constexpr size_t kMaxSleepPages = FUTEX_WAITV_MAX - 1;  // one waiter is the private kick word
 constexpr uint32_t kPsnMask = 0xffffff;
 constexpr uint64_t kFullScanEvery = 8;
@@ -89,6 +96,47 @@ inline void gatherFrom(const Segment *seg, uint32_t n, uint8_t *dst) {
     }
 }
 
+// The bytes of the src segments, in order, laid out over the dst segments, which hold at least
+// as many (a SEND's payload into a receive's buffers).
+inline void scatterList(const Segment *src, uint32_t nsrc, const Segment *dst) {
+    uint32_t di = 0;
+    uint64_t doff = 0;
+    for (uint32_t i = 0; i < nsrc; ++i) {
+        uint64_t soff = 0;
+        while (soff < src[i].len) {
+            uint64_t n = std::min<uint64_t>(src[i].len - soff, dst[di].len - doff);
+            std::memcpy(dst[di].addr + doff, src[i].addr + soff, n);
+            soff += n;
+            doff += n;
+            if (doff == dst[di].len) {
+                di++;
+                doff = 0;
+            }
+        }
+    }
+}
+
+// The 40-byte GRH softnda puts at the head of every UD receive (SPEC.md §11.1): IPv6 header
+// fields, big-endian, with the sender's and the receiver's port GIDs.
+void fillGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const Device &dev, uint8_t sport, uint8_t dport, uint32_t len) {
+    std::memset(grh, 0, SOFTNDA_GRH_SIZE);
+    grh[0] = 0x60;  // IP version 6, traffic class and flow label 0
+    grh[4] = static_cast<uint8_t>(len >> 8);
+    grh[5] = static_cast<uint8_t>(len);
+    grh[6] = 0x1b;  // next header: IBA transport
+    grh[7] = 1;     // hop limit
+    auto putGid = [&dev](uint8_t *at, uint8_t port) {
+        const uint64_t prefix = 0xfe80000000000000ull;
+        const uint64_t guid = dev.guid + port;
+        for (int i = 0; i < 8; ++i) {
+            at[i] = static_cast<uint8_t>(prefix >> (56 - 8 * i));
+            at[8 + i] = static_cast<uint8_t>(guid >> (56 - 8 * i));
+        }
+    };
+    putGid(grh + 8, sport);
+    putGid(grh + 24, dport);
+}
+
 // The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
 // says, bounded by the stride).
 inline void fetchWqe(const Ring &sq, WqeCopy *w) {
@@ -115,8 +163,10 @@ inline bool isAtomic(uint8_t opcode) {
 }
 
 // The responder's memory [remote_addr, +total) a WRITE, READ or atomic addresses, when its rkey,
-// the peer's PD and both access flags allow the operation; else nullptr and *status.
+// the peer's PD and both access flags allow the operation; else nullptr and *status. A WRITE or
+// READ of zero bytes needs no rkey and no address (IBA C9-88): only the QP's access flags count.
 uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint64_t total, uint8_t *status) {
+    static uint8_t no_bytes;
     int need = IBV_ACCESS_REMOTE_WRITE;
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         need = IBV_ACCESS_REMOTE_READ;
@@ -131,12 +181,11 @@ uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint
         // A zero-length WRITE or READ touches no memory, so its rkey and address are not
         // validated (IBTA C9-88, as rdma_rxe does): UCX's rc_verbs flushes with a zero-length
         // WRITE naming rkey 0. The responder QP must still allow the operation.
-        static uint8_t nothing;
         if ((peer->attrs.access & need) == 0) {
             *status = IBV_WC_REM_ACCESS_ERR;
             return nullptr;
         }
-        return &nothing;
+        return &no_bytes;  // nothing is read or written there
     }
     Mr *mr = dev->lookupMr(h.rkey);
     uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
@@ -169,7 +218,9 @@ bool takeArm(Cq *cq, const softnda_cqe &c) {
     return false;
 }
 
-bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
+// *raise: the CQ's arming asks for a completion event; *overflowed: this CQE found the CQ full and
+// put it in its error state (the context's async event is then due, SPEC.md §6.3).
+bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise, bool *overflowed) {
     std::lock_guard<SpinLock> lk(cq->lock);
     if (cq->error) {
         bump(ctr.dropped_cqes);
@@ -182,6 +233,7 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
         __atomic_store_n(cq->state, 1u, __ATOMIC_RELEASE);
         bump(ctr.cq_overflows);
         bump(ctr.dropped_cqes);
+        *overflowed = true;
         return false;
     }
     auto *e = reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(r.ci_local & (r.cnt - 1)) *
@@ -196,7 +248,8 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
     e->flags = in.flags;
     e->resv = 0;
     uint32_t log = static_cast<uint32_t>(__builtin_ctz(r.cnt));
-    __atomic_store_n(&e->owner, ((r.ci_local >> log) & 1u) ^ 1u, __ATOMIC_RELEASE);
+    // The owner word carries the phase and, for a UD receive, the sender's LID (SPEC.md §3).
+    __atomic_store_n(&e->owner, (in.owner & ~1u) | (((r.ci_local >> log) & 1u) ^ 1u), __ATOMIC_RELEASE);
     r.ci_local++;
     __atomic_store_n(r.pi, r.ci_local, __ATOMIC_RELEASE);
     bump(ctr.cqes);
@@ -206,7 +259,11 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise) {
 
 bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
     bool raise = false;
-    bool written = publishCqe(cq, ctr, in, &raise);
+    bool overflowed = false;
+    bool written = publishCqe(cq, ctr, in, &raise, &overflowed);
+    if (overflowed) {
+        signalEventFd(cq->ctx->async_fd);  // outside the CQ's lock: a system call
+    }
     if (raise) {
         signalEventFd(cq->event_fd);  // outside the CQ's lock: a system call
     }
@@ -347,6 +404,14 @@ class Engine::Thread {
     void settle(Qp *qp, uint32_t pi);
     void waitWhilePaused();
     ExecResult execute(Qp *qp, const WqeCopy &w);
+    ExecResult sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                            uint64_t total);
+    ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+                               uint64_t total);
+    void commit(Qp *qp, Qp *peer, const PendingRecv &pending);
+    void retireHead(Qp *qp);
+    uint8_t deliverInto(Qp *peer, const RecvCopy &r, const Segment *src, uint32_t nsrc, uint64_t total,
+                        uint32_t src_qpn, Segment *dst);
     ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                        uint64_t total, PendingRecv *pending);
     ExecResult responderError(Qp *peer, uint8_t status);
@@ -358,7 +423,7 @@ class Engine::Thread {
                           uint64_t total, PendingRecv *pending);
     bool takeRecv(Qp *peer, RecvCopy *out);
     void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
-                      uint32_t imm, uint8_t flags, uint32_t src);
+                      uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
     void flushSq(Qp *qp, uint32_t pi);
     void flushRq(Qp *qp);
     bool overflowed(Qp *qp, Ring &ring, uint32_t pi);
@@ -759,12 +824,15 @@ bool Engine::Thread::processSq(Qp *qp) {
 bool Engine::Thread::keepWaitingRnr(Qp *qp) {
     bump(ctr_.rnr_naks);
     uint64_t now = nowNs();
+    // The responder's NAK carries its min_rnr_timer: each such period without a receive uses one
+    // retry (SPEC.md §5.2). execute() found the peer this pass, so qp->peer is current.
+    const uint64_t timer = rnrTimerNs(qp->peer != nullptr ? qp->peer->attrs.min_rnr_timer : 0);
     if (!qp->rnr_waiting || qp->waits_for_peer) {  // a new wait, or the responder answered now
-        startWait(qp, false, now + kRnrIntervalNs);
+        startWait(qp, false, now + timer);
         qp->rnr_used = 0;
     } else if (now >= qp->rnr_deadline_ns) {
         qp->rnr_used++;
-        qp->rnr_deadline_ns = now + kRnrIntervalNs;
+        qp->rnr_deadline_ns = now + timer;
     }
     return qp->attrs.rnr_retry == 7 || qp->rnr_used < qp->attrs.rnr_retry;
 }
@@ -885,7 +953,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     const uint32_t sge_cap = sendSgeCap(qp->sq.stride);
     const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
     ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
-    if (h.opcode > SOFTNDA_OP_ATOMIC_FETCH_AND_ADD) {
+    if (h.opcode > qp->max_opcode) {  // what the QP's transport executes (SPEC.md §11)
         return bad;
     }
     if (h.opcode == SOFTNDA_OP_NOP) {
@@ -917,12 +985,16 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         }
         nlocal = h.num_sge;
     }
-    if (total > dev_->cfg.max_msg_sz || (atomic && total != 8)) {
+    if (total > qp->max_msg || (atomic && total != 8)) {
         return ExecResult{IBV_WC_LOC_LEN_ERR, 0, Outcome::Done};
     }
     bool writes_local = h.opcode == SOFTNDA_OP_RDMA_READ || atomic;
     if (!is_inline && !checkLocal(qp, w.sge, h.num_sge, writes_local, local)) {
         return ExecResult{IBV_WC_LOC_PROT_ERR, 0, Outcome::Done};
+    }
+    if (qp->init.qp_type != IBV_QPT_RC) {
+        return qp->init.qp_type == IBV_QPT_UD ? sendDatagram(qp, h, local, nlocal, total)
+                                              : sendUnconnected(qp, w, local, nlocal, total);
     }
     Qp *peer = peerOf(qp);
     if (peer == nullptr) {
@@ -934,27 +1006,127 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     if (peer->attrs.dest_qpn != qp->qpn || peer->rq_psn != qp->sq_psn) {
-        return ExecResult{IBV_WC_BAD_RESP_ERR, 0, Outcome::Done};
+        // A QP connected elsewhere drops the request; an unexpected PSN draws a NAK or a
+        // duplicate ACK: either way the requester retries until retry_cnt runs out (SPEC.md §5.1).
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     PendingRecv pending;
     ExecResult res = respond(qp, peer, w, local, nlocal, total, &pending);
     if (res.outcome == Outcome::Done) {
-        peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
-        if (pending.set && peer->srq == nullptr) {
-            // The receive's CI, held back since takeRecv: a request that dies before here has
-            // consumed nothing a successor can see (SPEC.md §10).
-            __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);
-        }
-        // The commit point of the WQE (SPEC.md §10): once this is in queue memory, a successor
-        // never runs it again.
-        __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
-        qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
-        if (pending.set) {
-            completeRecv(peer, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
-                         pending.flags, qp->qpn);
-        }
+        commit(qp, peer, pending);
     }
     return res;
+}
+
+// A request the responder took (peer->rq_lock held): its PSNs move and its receive completes.
+void Engine::Thread::commit(Qp *qp, Qp *peer, const PendingRecv &pending) {
+    peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
+    if (pending.set && peer->srq == nullptr) {
+        // The receive's CI, held back since takeRecv: a request that dies before here has
+        // consumed nothing a successor can see (SPEC.md §10).
+        __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);
+    }
+    // The commit point of the WQE (SPEC.md §10): once this is in queue memory, a successor
+    // never runs it again.
+    __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
+    qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+    if (pending.set) {
+        completeRecv(peer, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
+                     pending.flags, qp->qpn);
+    }
+}
+
+// A UD SEND (SPEC.md §11.1): one datagram to the QP the WQE names, behind a GRH. Whatever
+// becomes of it, the sender completes SUCCESS: a datagram nobody takes is dropped.
+ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                                        uint64_t total) {
+    qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+    const auto dest_qpn = static_cast<uint32_t>(h.remote_addr & 0xffffff);
+    auto qkey = static_cast<uint32_t>(h.remote_addr >> 32);
+    if ((qkey & SOFTNDA_QKEY_PRIVILEGED) != 0) {
+        qkey = qp->attrs.qkey;  // "send my own Q_Key"
+    }
+    const uint8_t dport = portOfLid(*dev_, static_cast<uint16_t>(h.rkey));
+    auto it = dport != 0 ? dev_->qps.find(dest_qpn) : dev_->qps.end();
+    if (it == dev_->qps.end()) {
+        return ExecResult{};
+    }
+    Qp *peer = it->second;
+    if (peer->init.qp_type != IBV_QPT_UD || peer->attrs.port != dport || peer->attrs.qkey != qkey) {
+        return ExecResult{};
+    }
+    std::lock_guard<std::mutex> lk(peer->rq_lock);
+    int ps = peer->state.load(std::memory_order_acquire);
+    RecvCopy r;
+    if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(peer, &r)) {
+        return ExecResult{};
+    }
+    uint8_t grh[SOFTNDA_GRH_SIZE];
+    fillGrh(grh, *dev_, qp->attrs.port, dport, static_cast<uint32_t>(total));
+    Segment src[30];
+    src[0] = Segment{grh, SOFTNDA_GRH_SIZE};
+    std::copy(local, local + nlocal, src + 1);
+    Segment dst[29];
+    if (deliverInto(peer, r, src, nlocal + 1, total + SOFTNDA_GRH_SIZE, qp->qpn, dst) != IBV_WC_SUCCESS) {
+        return ExecResult{};  // the receive completed in error; the sender knows nothing of it
+    }
+    uint8_t flags = SOFTNDA_CQE_GRH;
+    if (h.opcode == SOFTNDA_OP_SEND_WITH_IMM) {
+        flags |= SOFTNDA_CQE_WITH_IMM;
+    }
+    if (h.flags & SOFTNDA_WQE_SOLICITED) {
+        flags |= SOFTNDA_CQE_SOLICITED;
+    }
+    completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
+                 h.imm_data, flags, qp->qpn, portLid(*dev_, qp->attrs.port));
+    return ExecResult{};
+}
+
+// A UC WQE (SPEC.md §11.2): delivered when the connected peer can take it, else dropped; no
+// acknowledgement, so the sender completes SUCCESS either way and nothing waits.
+ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+                                           uint64_t total) {
+    const softnda_wqe &h = w.hdr;
+    Qp *peer = peerOf(qp);
+    auto drop = [qp] {
+        qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+        return ExecResult{};
+    };
+    if (peer == nullptr || peer->init.qp_type != IBV_QPT_UC) {
+        return drop();
+    }
+    std::lock_guard<std::mutex> lk(peer->rq_lock);
+    int ps = peer->state.load(std::memory_order_acquire);
+    if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || peer->attrs.dest_qpn != qp->qpn) {
+        return drop();
+    }
+    PendingRecv pending;
+    if (usesRkey(h.opcode)) {
+        uint8_t status = IBV_WC_SUCCESS;
+        uint8_t *remote = checkRkey(dev_, peer, h, total, &status);
+        if (remote == nullptr ||
+            writeDataIn(peer, h, remote, local, nlocal, total, &pending).outcome != Outcome::Done) {
+            return drop();
+        }
+    } else {
+        if (!takeRecv(peer, &pending.r)) {
+            return drop();
+        }
+        Segment dst[29];
+        if (deliverInto(peer, pending.r, local, nlocal, total, qp->qpn, dst) != IBV_WC_SUCCESS) {
+            return drop();  // the receive completed in error at the responder
+        }
+        pending.set = true;
+        pending.byte_len = static_cast<uint32_t>(total);
+        pending.opcode = IBV_WC_RECV;
+        pending.imm = h.imm_data;
+        pending.flags =
+            static_cast<uint8_t>((h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0) |
+                                 ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
+    }
+    peer->rq_psn = qp->sq_psn;  // a UC responder resynchronises on each new message
+    commit(qp, peer, pending);
+    return ExecResult{};
 }
 
 // After an import (SPEC.md §10): the old process died inside the head WQE (recover_head: its
@@ -966,6 +1138,14 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
     bool head = qp->recover_head;
     qp->recover_head = false;
     qp->recover_psn = false;
+    if (qp->init.qp_type == IBV_QPT_UD) {
+        // No responder to ask: a datagram is delivered at most once (SPEC.md §11.1).
+        if (head && qp->sq.ci_local != pi) {
+            qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
+            retireHead(qp);
+        }
+        return;
+    }
     Qp *peer = peerOf(qp);
     if (peer == nullptr) {
         return;
@@ -982,11 +1162,17 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
         return;  // it did not: the head WQE runs (again) as usual
     }
     qp->sq_psn = r;
-    Ring &sq = qp->sq;
-    if (!head || sq.ci_local == pi) {
+    if (!head || qp->sq.ci_local == pi) {
         __atomic_store_n(qp->recWord(kSqPsnWord), qp->sq_psn, __ATOMIC_RELEASE);
         return;
     }
+    retireHead(qp);
+}
+
+// The head WQE took effect before the process that ran it died: it completes without running
+// again (CI, PSN, and its success CQE when it was signalled).
+void Engine::Thread::retireHead(Qp *qp) {
+    Ring &sq = qp->sq;
     softnda_wqe h;
     std::memcpy(&h, sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride, sizeof(h));
     uint32_t byte_len = 0;
@@ -1101,41 +1287,15 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, co
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
     const uint8_t op = IBV_WC_RECV;
-    uint32_t recv_cap = peer->srq != nullptr ? peer->srq->max_sge : peer->rq_max_sge;
-    if (r.num_sge > recv_cap) {
-        completeRecv(peer, r, IBV_WC_LOC_QP_OP_ERR, 0, op, 0, 0, qp->qpn);
-        return responderError(peer, IBV_WC_REM_OP_ERR);
-    }
     Segment dst[29];
-    if (!checkLocal(peer, r.sge, r.num_sge, true, dst)) {
-        completeRecv(peer, r, IBV_WC_LOC_PROT_ERR, 0, op, 0, 0, qp->qpn);
-        return responderError(peer, IBV_WC_REM_OP_ERR);
+    switch (deliverInto(peer, r, local, nlocal, total, qp->qpn, dst)) {
+        case IBV_WC_SUCCESS:
+            break;
+        case IBV_WC_LOC_LEN_ERR:
+            return responderError(peer, IBV_WC_REM_INV_REQ_ERR);
+        default:
+            return responderError(peer, IBV_WC_REM_OP_ERR);
     }
-    uint64_t room = 0;
-    for (uint32_t i = 0; i < r.num_sge; ++i) {
-        room += dst[i].len;
-    }
-    if (total > room) {
-        completeRecv(peer, r, IBV_WC_LOC_LEN_ERR, 0, op, 0, 0, qp->qpn);
-        return responderError(peer, IBV_WC_REM_INV_REQ_ERR);
-    }
-    // Scatter the gather list into the receive buffers.
-    uint32_t di = 0;
-    uint64_t doff = 0;
-    for (uint32_t i = 0; i < nlocal; ++i) {
-        uint64_t soff = 0;
-        while (soff < local[i].len) {
-            uint64_t n = std::min<uint64_t>(local[i].len - soff, dst[di].len - doff);
-            std::memcpy(dst[di].addr + doff, local[i].addr + soff, n);
-            soff += n;
-            doff += n;
-            if (doff == dst[di].len) {
-                di++;
-                doff = 0;
-            }
-        }
-    }
-    bump(ctr_.bytes, total);
     pending->set = true;
     pending->byte_len = static_cast<uint32_t>(total);
     pending->opcode = op;
@@ -1143,6 +1303,35 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, co
     pending->flags = static_cast<uint8_t>((h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0) |
                                           ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
     return ExecResult{};
+}
+
+// A message's bytes into a receive the responder took (peer->rq_lock held). A receive that
+// cannot take it completes in error (the returned status), which moves the responder to ERR.
+uint8_t Engine::Thread::deliverInto(Qp *peer, const RecvCopy &r, const Segment *src, uint32_t nsrc,
+                                    uint64_t total, uint32_t src_qpn, Segment *dst) {
+    const uint8_t op = IBV_WC_RECV;
+    uint32_t recv_cap = peer->srq != nullptr ? peer->srq->max_sge : peer->rq_max_sge;
+    uint8_t status = IBV_WC_SUCCESS;
+    if (r.num_sge > recv_cap) {
+        status = IBV_WC_LOC_QP_OP_ERR;
+    } else if (!checkLocal(peer, r.sge, r.num_sge, true, dst)) {
+        status = IBV_WC_LOC_PROT_ERR;
+    } else {
+        uint64_t room = 0;
+        for (uint32_t i = 0; i < r.num_sge; ++i) {
+            room += dst[i].len;
+        }
+        if (total > room) {
+            status = IBV_WC_LOC_LEN_ERR;
+        }
+    }
+    if (status != IBV_WC_SUCCESS) {
+        completeRecv(peer, r, status, 0, op, 0, 0, src_qpn);
+        return status;
+    }
+    scatterList(src, nsrc, dst);
+    bump(ctr_.bytes, total);
+    return IBV_WC_SUCCESS;
 }
 
 bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
@@ -1191,8 +1380,9 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
 }
 
 void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
-                                  uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src) {
+                                  uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid) {
     softnda_cqe c{};
+    c.owner = static_cast<uint32_t>(slid) << SOFTNDA_CQE_SLID_SHIFT;
     c.wr_id = r.wr_id;
     c.byte_len = byte_len;
     c.imm_data = imm;

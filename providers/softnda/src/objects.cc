@@ -1,6 +1,7 @@
 // The construction of softnda's objects: one function per kind, which create (driver.cc, vdev.cc)
 // and import (restart.cc) both call, so that an imported object is made exactly as a created one.
 // They differ only in where the object's state comes from (softnda_internal.h, "construction").
+#include <algorithm>
 #include <cstring>
 
 #include "providers/softnda/src/softnda_internal.h"
@@ -56,6 +57,7 @@ void resumeQp(Qp *qp) {
     qp->ib.state = state;
     qp->sq_psn = __atomic_load_n(qp->recWord(kSqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
     qp->rq_psn = __atomic_load_n(qp->recWord(kRqPsnWord), __ATOMIC_ACQUIRE) & 0xffffff;
+    qp->attrs.qkey = __atomic_load_n(qp->recWord(kSqQkeyWord), __ATOMIC_ACQUIRE) & ~SOFTNDA_QKEY_PRIVILEGED;
     uint32_t exec = __atomic_load_n(qp->recWord(kSqExecWord), __ATOMIC_ACQUIRE);
     qp->recover_head = exec == qp->sq.ci_local + 1;
     qp->recover_psn = exec == qp->sq.ci_local && exec != 0;
@@ -191,6 +193,20 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     qp->srq = parents.srq;
     qp->ops = ops;
     qp->init = init;
+    switch (init.qp_type) {
+        case IBV_QPT_UD:
+            qp->max_opcode = SOFTNDA_OP_SEND_WITH_IMM;
+            qp->max_msg = std::min(kUdMtu, ctx->dev->cfg.max_msg_sz);
+            break;
+        case IBV_QPT_UC:
+            qp->max_opcode = SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+            qp->max_msg = ctx->dev->cfg.max_msg_sz;
+            break;
+        default:
+            qp->max_opcode = SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+            qp->max_msg = ctx->dev->cfg.max_msg_sz;
+            break;
+    }
     qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
     resumeQp(qp.get());
     qp->ib.context = &ctx->ib;
@@ -201,7 +217,7 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     qp->ib.srq = init.srq;
     qp->ib.handle = handle;
     qp->ib.qp_num = qp->qpn;
-    qp->ib.qp_type = IBV_QPT_RC;
+    qp->ib.qp_type = init.qp_type;
     qp->ext.qp = &qp->ib;
     fillQueueInfo(&qp->ext.sq_info, qp->sq, qp->sq_db);
     publishDbSlot(ctx->dev, &qp->sq_db, SlotKind::Sq, qp.get(), origin);

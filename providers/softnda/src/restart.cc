@@ -94,7 +94,8 @@ struct QpBlob {
     uint32_t path_mtu;
     uint16_t pkey_index;
     uint8_t port, timeout, retry_cnt, rnr_retry, min_rnr_timer, max_rd_atomic, max_dest_rd_atomic;
-    uint8_t has_ext, feature_set, resv;
+    uint8_t has_ext, feature_set;
+    uint8_t qp_type;  // enum ibv_qp_type; 0 (a process that served RC only) reads as RC
     ibv_ah_attr ah;
     uint32_t udp_src_port, lb_mode, lag_port;
     ibv_hyroce_feature feature;
@@ -278,6 +279,7 @@ int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
     b.rq_max_sge = qp->rq_max_sge;
     b.cap = qp->init.cap;
     b.sq_sig_all = qp->init.sq_sig_all;
+    b.qp_type = static_cast<uint8_t>(qp->init.qp_type);
     putAttrs(qp->attrs, &b);
     put(out, IBV_EXTEND_VDEV_OBJ_QP, b);
     return 0;
@@ -529,7 +531,8 @@ bool validQpBlob(const QpBlob &b, const Config &cfg) {
     return b.qpn != 0 && b.qpn <= 0xffffff && b.has_ext <= 1 && b.feature_set <= 1 &&
            b.path_mtu >= IBV_MTU_256 && b.path_mtu <= IBV_MTU_4096 && b.cap.max_send_sge <= cfg.max_sge &&
            b.cap.max_inline_data <= cfg.max_inline_data && b.cap.max_recv_sge <= cfg.max_sge &&
-           b.rq_max_sge <= cfg.max_sge;
+           b.rq_max_sge <= cfg.max_sge &&
+           (b.qp_type == 0 || b.qp_type == IBV_QPT_RC || b.qp_type == IBV_QPT_UC || b.qp_type == IBV_QPT_UD);
 }
 
 // The attributes the blob carries (putAttrs' counterpart).
@@ -609,7 +612,7 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     init.recv_cq = env->recv_cq;
     init.srq = env->srq;
     init.cap = b.cap;
-    init.qp_type = IBV_QPT_RC;
+    init.qp_type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
     init.sq_sig_all = b.sq_sig_all;
     return buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
 }

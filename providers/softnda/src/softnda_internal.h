@@ -225,6 +225,7 @@ struct QpAttrs {
     uint32_t path_mtu = IBV_MTU_1024;
     uint8_t timeout = 0, retry_cnt = 0, rnr_retry = 0, min_rnr_timer = 0;
     uint8_t max_rd_atomic = 0, max_dest_rd_atomic = 0;
+    uint32_t qkey = 0;  // UD (SPEC.md §11.1); also in the SQ record, word kSqQkeyWord
     ibv_ah_attr ah{};
     // extended (V2/V3)
     uint32_t udp_src_port = 0;
@@ -243,8 +244,12 @@ struct Qp {
     Cq *rcq = nullptr;
     Srq *srq = nullptr;
     ibv_extend_ops *ops = nullptr;
-    ibv_qp_init_attr init{};
+    ibv_qp_init_attr init{};  // init.qp_type: RC, UC or UD
     uint32_t qpn = 0;
+    // What the transport allows (SPEC.md §11), set by buildQp so the engine's shape and length
+    // checks cost the same for every transport: opcodes up to max_opcode, messages up to max_msg.
+    uint8_t max_opcode = SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+    uint32_t max_msg = 0;
     std::atomic<int> state{IBV_QPS_RESET};
     QpAttrs attrs;
     Ring sq;
@@ -344,6 +349,23 @@ struct Device {
         return mr != nullptr && mr->key == key ? mr : nullptr;
     }
 };
+
+// The LID of a port (SPEC.md §8): unique on the host; LID 0 is invalid and LIDs from 0xc000 are
+// multicast.
+inline uint16_t portLid(const Device &dev, uint8_t port) {
+    return static_cast<uint16_t>(1 + (dev.index * dev.cfg.phys_port_cnt + (port - 1u)) % 0xbffe);
+}
+// The port of dev whose LID is lid, or 0 when none is.
+inline uint8_t portOfLid(const Device &dev, uint16_t lid) {
+    for (uint32_t port = 1; port <= dev.cfg.phys_port_cnt; ++port) {
+        if (portLid(dev, static_cast<uint8_t>(port)) == lid) {
+            return static_cast<uint8_t>(port);
+        }
+    }
+    return 0;
+}
+// The UD message limit: one packet of the port's MTU (SPEC.md §8, §11.1).
+constexpr uint32_t kUdMtu = 4096;
 
 // The access flags softnda knows (MRs and QPs).
 constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
@@ -511,6 +533,7 @@ constexpr unsigned kSqPsnWord = 18;    // SQ offset 72: the requester's next PSN
 constexpr unsigned kRqPsnWord = 19;    // SQ offset 76: the responder's expected PSN
 constexpr unsigned kQpStateWord = 20;  // SQ offset 80: the QP state (enum ibv_qp_state)
 constexpr unsigned kSqExecWord = 21;   // SQ offset 84: 1 + index of the WQE last started
+constexpr unsigned kSqQkeyWord = 22;   // SQ offset 88: a UD QP's Q_Key (§11.1)
 // CQ arm values: the next completion / the next solicited or error completion.
 constexpr uint32_t kCqArmNext = 1;
 constexpr uint32_t kCqArmSolicited = 2;

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "providers/softnda/src/softnda_internal.h"
@@ -112,7 +113,8 @@ int deregMr(ibv_mr *ib) {
     return 0;
 }
 
-// RC transitions: the attributes each one requires and allows (IB spec, QP state table).
+// The transitions of each transport: the attributes each one requires and allows (IBA table 91,
+// the kernel's ib_modify_qp_is_ok).
 struct Transition {
     ibv_qp_state cur;
     ibv_qp_state next;
@@ -122,7 +124,7 @@ struct Transition {
 
 constexpr int kRtsOptional =
     IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE | IBV_QP_MIN_RNR_TIMER;
-const Transition kTransitions[] = {
+const Transition kRcTransitions[] = {
     {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
     {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
     {IBV_QPS_INIT, IBV_QPS_RTR,
@@ -141,13 +143,48 @@ const Transition kTransitions[] = {
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
 };
 
-// 0 when mask is acceptable for cur -> next, else -EINVAL.
-int checkTransition(ibv_qp_state cur, ibv_qp_state next, int mask) {
+// UC: RC without its reliability attributes (SPEC.md §11.2).
+constexpr int kUcRtsOptional =
+    IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE;
+const Transition kUcTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN, kUcRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, kUcRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0, kUcRtsOptional | IBV_QP_AV | IBV_QP_PKEY_INDEX | IBV_QP_PORT},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, kUcRtsOptional},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
+// UD: a Q_Key and no peer (SPEC.md §11.1).
+const Transition kUdTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY},
+    {IBV_QPS_INIT, IBV_QPS_RTR, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_SQD, 0, IBV_QP_PKEY_INDEX | IBV_QP_QKEY},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
+};
+
+// 0 when mask is acceptable for cur -> next on a QP of this type, else -EINVAL.
+int checkTransition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask) {
     int extra = mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
     if (next == IBV_QPS_RESET || next == IBV_QPS_ERR) {
         return extra == 0 ? 0 : -EINVAL;
     }
-    for (const Transition &t : kTransitions) {
+    std::span<const Transition> table = kRcTransitions;
+    if (type == IBV_QPT_UC) {
+        table = kUcTransitions;
+    } else if (type == IBV_QPT_UD) {
+        table = kUdTransitions;
+    }
+    for (const Transition &t : table) {
         if (t.cur == cur && t.next == next) {
             if ((mask & t.required) != t.required || (extra & ~(t.required | t.optional)) != 0) {
                 return -EINVAL;
@@ -168,8 +205,8 @@ int raw(const Enum &field) {
 }
 
 // The state modify_qp moves a QP in state cur to, or -EINVAL when the QP state table or softnda
-// refuses the transition or one of its attributes.
-int modifyTarget(int cur, const ibv_qp_attr &attr, int mask, uint32_t phys_port_cnt) {
+// refuses the transition or one of its attributes (-EPERM for a privileged Q_Key: SPEC.md §11.1).
+int modifyTarget(ibv_qp_type type, int cur, const ibv_qp_attr &attr, int mask, uint32_t phys_port_cnt) {
     if ((mask & IBV_QP_CUR_STATE) && raw(attr.cur_qp_state) != cur) {
         return -EINVAL;
     }
@@ -179,8 +216,11 @@ int modifyTarget(int cur, const ibv_qp_attr &attr, int mask, uint32_t phys_port_
          (raw(attr.path_mtu) < IBV_MTU_256 || raw(attr.path_mtu) > IBV_MTU_4096))) {
         return -EINVAL;
     }
-    if (checkTransition(static_cast<ibv_qp_state>(cur), static_cast<ibv_qp_state>(next), mask) != 0) {
+    if (checkTransition(type, static_cast<ibv_qp_state>(cur), static_cast<ibv_qp_state>(next), mask) != 0) {
         return -EINVAL;
+    }
+    if ((mask & IBV_QP_QKEY) && (attr.qkey & SOFTNDA_QKEY_PRIVILEGED) != 0) {
+        return -EPERM;
     }
     if (((mask & IBV_QP_PORT) && (attr.port_num < 1 || attr.port_num > phys_port_cnt)) ||
         ((mask & IBV_QP_PKEY_INDEX) && attr.pkey_index != 0) ||
@@ -234,6 +274,10 @@ void applyAttrs(Qp *qp, const ibv_qp_attr &attr, int mask) {
     if (mask & IBV_QP_MIN_RNR_TIMER) {
         q.min_rnr_timer = attr.min_rnr_timer;
     }
+    if (mask & IBV_QP_QKEY) {
+        q.qkey = attr.qkey;
+        __atomic_store_n(qp->recWord(kSqQkeyWord), q.qkey, __ATOMIC_RELEASE);
+    }
     if (mask & IBV_QP_TIMEOUT) {
         q.timeout = attr.timeout;
     }
@@ -268,6 +312,7 @@ void resetQp(Device *dev, Qp *qp) {
     __atomic_store_n(qp->recWord(kSqPsnWord), 0u, __ATOMIC_RELEASE);
     __atomic_store_n(qp->recWord(kRqPsnWord), 0u, __ATOMIC_RELEASE);
     __atomic_store_n(qp->recWord(kSqExecWord), qp->sq.ci_local, __ATOMIC_RELEASE);
+    __atomic_store_n(qp->recWord(kSqQkeyWord), 0u, __ATOMIC_RELEASE);
 }
 
 int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
@@ -277,7 +322,8 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     }
     Device *dev = qp->ctx->dev;
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    int target = modifyTarget(qp->state.load(std::memory_order_acquire), *attr, mask, dev->cfg.phys_port_cnt);
+    int target = modifyTarget(qp->init.qp_type, qp->state.load(std::memory_order_acquire), *attr, mask,
+                              dev->cfg.phys_port_cnt);
     if (target < 0) {
         return target;
     }
@@ -317,6 +363,7 @@ int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
     attr->port_num = q.port;
     attr->ah_attr = q.ah;
     attr->dest_qp_num = q.dest_qpn;
+    attr->qkey = q.qkey;
     // The live PSNs (what the next WQE uses), from the words the engine keeps (SPEC.md §10).
     attr->rq_psn = __atomic_load_n(qp->recWord(kRqPsnWord), __ATOMIC_ACQUIRE);
     attr->sq_psn = __atomic_load_n(qp->recWord(kSqPsnWord), __ATOMIC_ACQUIRE);
@@ -425,8 +472,7 @@ int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
     attr->gid_tbl_len = 1;
     attr->max_msg_sz = dev.cfg.max_msg_sz;
     attr->pkey_tbl_len = 1;
-    // A LID per port, unique on the host; LID 0 is invalid and LIDs from 0xc000 are multicast.
-    attr->lid = static_cast<uint16_t>(1 + (dev.index * dev.cfg.phys_port_cnt + (port - 1u)) % 0xbffe);
+    attr->lid = portLid(dev, port);
     attr->sm_lid = attr->lid;
     attr->max_vl_num = 1;     // VL0
     attr->active_width = 2;   // 4X

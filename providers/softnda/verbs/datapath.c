@@ -83,6 +83,8 @@ struct sd_qp {
     uint32_t max_inline;
     int sq_sig_all;
     int sq_fatal; /* guarded by sq_lock: 0, or the errno every post answers once the device is gone */
+    enum ibv_qp_type qp_type;
+    uint8_t max_opcode; /* the last SPEC.md §2.1 opcode the transport executes */
     uint32_t qp_num;
     const uint32_t *fatal_events;
     int has_rq; /* 0 with an SRQ: post_recv is then EINVAL */
@@ -169,9 +171,13 @@ static void cqe_to_wc(const struct softnda_cqe *c, struct ibv_wc *wc) {
     }
     wc->qp_num = c->qp_num;
     wc->src_qp = c->src_qp;
-    /* RC only: no GRH, no UD addressing; LIDs are not in the CQE. */
+    /* A UD receive has a GRH at the head of its buffer and the sender's LID (SPEC.md §3, §11.1);
+     * one SL and one P_Key. */
+    if ((c->flags & SOFTNDA_CQE_GRH) != 0) {
+        wc->wc_flags |= IBV_WC_GRH;
+    }
     wc->pkey_index = 0;
-    wc->slid = 0;
+    wc->slid = softnda_cqe_slid(c);
     wc->sl = 0;
     wc->dlid_path_bits = 0;
 }
@@ -287,6 +293,12 @@ static int sd_cq_fatal(void *cqv, int err) {
     return 1;
 }
 
+/* The CQ's overflow state (SPEC.md §6.3), a word only the device writes. */
+static uint32_t sd_cq_error(void *cqv) {
+    struct sd_cq *cq = cqv;
+    return softnda_cq_state(&cq->cq);
+}
+
 static uint32_t sd_cq_events(void *cqv) {
     struct sd_cq *cq = cqv;
     return __atomic_load_n(cq->events, __ATOMIC_ACQUIRE);
@@ -343,8 +355,8 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
         errno = EINVAL;
         return NULL;
     }
-    /* softnda executes RC only (SPEC.md §5). */
-    if (attr->qp_type != IBV_QPT_RC) {
+    /* The transports softnda executes (SPEC.md §5, §11). */
+    if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
         errno = EOPNOTSUPP;
         return NULL;
     }
@@ -369,6 +381,10 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
     qp->max_send_sge = min_u32(attr->cap.max_send_sge, qp->sq.max_sge);
     qp->max_inline = min_u32(min_u32(attr->cap.max_inline_data, qp->sq.max_inline), SD_MAX_INLINE);
     qp->sq_sig_all = attr->sq_sig_all;
+    qp->qp_type = attr->qp_type;
+    qp->max_opcode = attr->qp_type == IBV_QPT_UD   ? SOFTNDA_OP_SEND_WITH_IMM
+                     : attr->qp_type == IBV_QPT_UC ? SOFTNDA_OP_RDMA_WRITE_WITH_IMM
+                                                   : SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
     qp->qp_num = attr->qp->qp != NULL ? attr->qp->qp->qp_num : 0;
     qp->fatal_events = qp->sq.dbr_pi + SD_SQ_FATAL_EVENTS_WORD;
     pthread_spin_init(&qp->sq_lock, PTHREAD_PROCESS_PRIVATE);
@@ -415,7 +431,10 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
         return ENOMEM;
     }
     uint8_t op = wqe_opcode(wr->opcode);
-    if (op == SOFTNDA_OP_NOP || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_send_sge) {
+    /* UD sends SEND and SEND_WITH_IMM only, UC no READ or atomics (SPEC.md §11): refused at the
+     * post, as rdma-core providers refuse them, rather than as an error completion. */
+    if (op == SOFTNDA_OP_NOP || op > qp->max_opcode || wr->num_sge < 0 ||
+        (uint32_t)wr->num_sge > qp->max_send_sge) {
         return EINVAL;
     }
     struct softnda_send_wr w;
@@ -436,6 +455,14 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
         case SOFTNDA_OP_SEND:
         case SOFTNDA_OP_SEND_WITH_IMM:
             may_inline = 1;
+            if (qp->qp_type == IBV_QPT_UD) {
+                /* The destination from the address handle the face made (SPEC.md §2.1). */
+                const struct ibv_extend_datapath_ah *ah = (const struct ibv_extend_datapath_ah *)wr->wr.ud.ah;
+                if (ah == NULL) {
+                    return EINVAL;
+                }
+                softnda_send_wr_set_ud(&w, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey, ah->attr.dlid);
+            }
             break;
         case SOFTNDA_OP_RDMA_WRITE:
         case SOFTNDA_OP_RDMA_WRITE_WITH_IMM:
@@ -661,6 +688,7 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .qp_fatal = sd_qp_fatal,
     .cq_fatal = sd_cq_fatal,
     .srq_fatal = sd_srq_fatal,
+    .cq_error = sd_cq_error,
 };
 /* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
 __attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =

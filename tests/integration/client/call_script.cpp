@@ -153,7 +153,10 @@ int main(int argc, char **argv) {
     if (srq != nullptr) {
         line("srq.entry_cnt", srq->srq_info.qbuf.entry_cnt);
     }
-    ptr("create_qp.ud", qp(ctx, pd, c, nullptr, IBV_QPT_UD));
+    if (ibv_qp_extend *ud = ptr("create_qp.ud", qp(ctx, pd, c, nullptr, IBV_QPT_UD)); ud != nullptr) {
+        line("qp.ud.type", ud->qp->qp_type);
+        rc("destroy_qp.ud", ibv_destroy_qp_extend(ctx, ud));
+    }
     ptr("create_qp.xrc", qp(ctx, pd, c, nullptr, IBV_QPT_XRC_SEND));
     ibv_qp_extend *q = ptr("create_qp", qp(ctx, pd, c, nullptr, IBV_QPT_RC));
     ibv_qp_extend *qs = srq != nullptr ? ptr("create_qp.srq", qp(ctx, pd, c, srq, IBV_QPT_RC)) : nullptr;

@@ -5,7 +5,8 @@
 //    queue_info, and a standard-verbs QP bring-up whose broker RPCs are counted;
 //  - Debian's ibv_devinfo -v;
 //  - the standard data path: Debian's ibv_rc_pingpong (defaults, -g 0, -e), ibv_srq_pingpong,
-//    perftest's seven programs, a pyverbs program, each pair as server and client on this host.
+//    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), perftest's seven programs over RC and
+//    four over UD and UC, a pyverbs program, each pair as server and client on this host.
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
@@ -453,6 +454,17 @@ TEST_F(FaceTest, SrqPingpong) {
                "500 iters in");
 }
 
+// UD: datagrams through address handles, each receive behind its 40-byte GRH.
+TEST_F(FaceTest, UdPingpong) {
+    expectPair(runPair(*this, "ud", "/usr/bin/ibv_ud_pingpong", {"-d", "softnda0", "-n", "1000"}),
+               "1000 iters in");
+}
+
+TEST_F(FaceTest, UcPingpong) {
+    expectPair(runPair(*this, "uc", "/usr/bin/ibv_uc_pingpong", {"-d", "softnda0", "-n", "1000"}),
+               "1000 iters in");
+}
+
 class FacePerftest : public FaceTest, public ::testing::WithParamInterface<const char *> {};
 
 TEST_P(FacePerftest, RunsAsServerAndClient) {
@@ -467,6 +479,33 @@ INSTANTIATE_TEST_SUITE_P(Programs, FacePerftest,
                          ::testing::Values("ib_write_bw", "ib_write_lat", "ib_read_bw", "ib_read_lat",
                                            "ib_send_bw", "ib_send_lat", "ib_atomic_lat"),
                          [](const auto &info) { return std::string(info.param); });
+
+// perftest over the unreliable transports: a program and its -c connection type.
+struct PerftestOver {
+    const char *program;
+    const char *transport;
+};
+
+void PrintTo(const PerftestOver &p, std::ostream *os) {
+    *os << p.program << " -c " << p.transport;
+}
+
+class FacePerftestUnreliable : public FaceTest, public ::testing::WithParamInterface<PerftestOver> {};
+
+TEST_P(FacePerftestUnreliable, RunsAsServerAndClient) {
+    const PerftestOver p = GetParam();
+    const std::string name = std::string(p.program) + "-" + p.transport;
+    PairResult r = runPair(*this, name, std::string("/usr/bin/") + p.program,
+                           {"-d", "softnda0", "-c", p.transport, "-n", "200"});
+    expectPair(r, "#iterations");
+    EXPECT_THAT(r.client_out, ::testing::ContainsRegex("[0-9]+ +200 +[0-9.]+"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Programs, FacePerftestUnreliable,
+    ::testing::Values(PerftestOver{"ib_send_lat", "UD"}, PerftestOver{"ib_send_bw", "UD"},
+                      PerftestOver{"ib_write_bw", "UC"}, PerftestOver{"ib_send_bw", "UC"}),
+    [](const auto &info) { return std::string(info.param.program) + "_" + info.param.transport; });
 
 TEST_F(FaceTest, StrictVerbsBehaviour) {
     std::string err = dir() + "/behaviour.err";

@@ -11,6 +11,9 @@
  *  - ibv_create_cq_ex's poll API and ibv_qp_ex's ibv_wr_* API move data;
  *  - a receive-only QP (max_send_wr 0) and a send-only one (max_recv_wr 0) are created, report
  *    depth 0, refuse a post to that queue with ENOMEM and *bad_wr, and carry a SEND between them.
+ *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
+ *    providers refuse them;
+ *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -54,8 +57,19 @@ int main(int argc, char **argv) {
     if (ibv_query_qp(a, &qa, IBV_QP_STATE, &qi) != 0 || qa.qp_state != IBV_QPS_RESET) {
         fail("invalid mask", "the QP left RESET");
     }
+    struct ibv_recv_wr early_recv, *bad_recv = NULL;
+    memset(&early_recv, 0, sizeof(early_recv));
+    if (ibv_post_recv(a, &early_recv, &bad_recv) != EINVAL || bad_recv != &early_recv) {
+        fail("receive in RESET", "ibv_post_recv did not answer EINVAL");
+    }
     to_init(a);
     to_init(b);
+    struct ibv_send_wr early_send, *bad_send = NULL;
+    memset(&early_send, 0, sizeof(early_send));
+    early_send.opcode = IBV_WR_SEND;
+    if (ibv_post_send(a, &early_send, &bad_send) != EINVAL || bad_send != &early_send) {
+        fail("send in INIT", "ibv_post_send did not answer EINVAL");
+    }
     to_rts(a, b->qp_num, port.lid);
     to_rts(b, a->qp_num, port.lid);
     if (ibv_query_qp(a, &qa,
@@ -290,6 +304,60 @@ int main(int argc, char **argv) {
     if (!found) {
         fail("ibv_get_async_event", "no IBV_EVENT_QP_FATAL for the QP");
     }
+
+    /* A responder CQ overflow: the receive completion that does not fit raises IBV_EVENT_CQ_ERR. */
+    struct ibv_cq *tiny = ibv_create_cq(ctx, 2, NULL, NULL, 0);
+    if (tiny == NULL || tiny->cqe > 6) {
+        fail("small CQ", tiny == NULL ? strerror(errno) : "more entries than asked for");
+    }
+    struct ibv_qp_init_attr ta;
+    memset(&ta, 0, sizeof(ta));
+    ta.send_cq = cq;
+    ta.recv_cq = tiny;
+    ta.qp_type = IBV_QPT_RC;
+    ta.cap.max_send_wr = 8;
+    ta.cap.max_recv_wr = 8;
+    ta.cap.max_send_sge = 1;
+    ta.cap.max_recv_sge = 1;
+    struct ibv_qp *sender = rc_qp(pd, cq), *receiver = ibv_create_qp(pd, &ta);
+    if (receiver == NULL) {
+        fail("ibv_create_qp (small CQ)", strerror(errno));
+    }
+    to_init(sender);
+    to_init(receiver);
+    to_rts(sender, receiver->qp_num, port.lid);
+    to_rts(receiver, sender->qp_num, port.lid);
+    int overflow_at = tiny->cqe + 1;
+    struct ibv_sge rsge = {(uintptr_t)dst, 8, md->lkey}, ssge = {(uintptr_t)src, 8, ms->lkey};
+    for (int i = 0; i < overflow_at; ++i) {
+        struct ibv_recv_wr rw, *rbad = NULL;
+        memset(&rw, 0, sizeof(rw));
+        rw.wr_id = 100 + i;
+        rw.sg_list = &rsge;
+        rw.num_sge = 1;
+        struct ibv_send_wr sw, *sbad = NULL;
+        memset(&sw, 0, sizeof(sw));
+        sw.sg_list = &ssge;
+        sw.num_sge = 1;
+        sw.opcode = IBV_WR_SEND; /* unsignalled: only the receiver's CQ fills */
+        if (ibv_post_recv(receiver, &rw, &rbad) != 0 || ibv_post_send(sender, &sw, &sbad) != 0) {
+            fail("CQ overflow", "a post was refused");
+        }
+    }
+    found = 0;
+    for (int i = 0; i < 4 && !found; ++i) { /* the receiver's QP_FATAL may come first */
+        if (ibv_get_async_event(ctx, &ev) != 0) {
+            fail("ibv_get_async_event (CQ overflow)", strerror(errno));
+        }
+        found = ev.event_type == IBV_EVENT_CQ_ERR && ev.element.cq == tiny;
+        ibv_ack_async_event(&ev);
+    }
+    if (!found) {
+        fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
+    }
+    ibv_destroy_qp(sender);
+    ibv_destroy_qp(receiver);
+    ibv_destroy_cq(tiny);
 
     ibv_destroy_qp(c1);
     ibv_destroy_qp(c2);

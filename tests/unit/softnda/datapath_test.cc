@@ -136,7 +136,7 @@ class Datapath : public SoftndaTest {
         EXPECT_EQ(softnda_vdev_ops.query_qp(h.ext->qp, &a, IBV_QP_CAP, &ia), 0);
         ibv_extend_datapath_qp_attr d{};
         d.qp = h.ext;
-        d.qp_type = IBV_QPT_RC;
+        d.qp_type = h.ext->qp->qp_type;
         d.cap = ia.cap;
         d.sq_sig_all = ia.sq_sig_all;
         d.has_srq = h.ext->qp->srq != nullptr;
@@ -713,10 +713,73 @@ TEST_F(Datapath, ReceiveErrorsAreEinval) {
     EXPECT_EQ(bad, &wrs[0]);
 }
 
+// UD through the verbs (SPEC.md §11.1): the destination behind wr.ud.ah, the receive behind
+// its GRH with IBV_WC_GRH, src_qp and slid; an opcode UD does not carry is refused at the post.
+TEST_F(Datapath, UdSendThroughAnAddressHandle) {
+    QpCaps c;
+    c.type = IBV_QPT_UD;
+    VQp a = makeVQp(c), b = makeVQp(c);
+    for (VQp *q : {&a, &b}) {
+        ibv_qp_attr at{};
+        at.qp_state = IBV_QPS_INIT;
+        at.port_num = 1;
+        at.qkey = 0x1234;
+        ASSERT_EQ(softnda_vdev_ops.modify_qp(q->h.ext->qp, &at,
+                                             IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY),
+                  0);
+        at.qp_state = IBV_QPS_RTR;
+        ASSERT_EQ(softnda_vdev_ops.modify_qp(q->h.ext->qp, &at, IBV_QP_STATE), 0);
+        at.qp_state = IBV_QPS_RTS;
+        ASSERT_EQ(softnda_vdev_ops.modify_qp(q->h.ext->qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN), 0);
+    }
+    ibv_port_attr port{};
+    ASSERT_EQ(softnda_vdev_ops.query_port(ctx_, 1, &port), 0);
+    auto src = pattern(256, 5);
+    std::vector<uint8_t> dst(512, 0);
+    ibv_mr *smr = reg(src.data(), src.size());
+    ibv_mr *dmr = reg(dst.data(), dst.size());
+    ibv_recv_wr rw{};
+    ibv_sge rs = vsge(dst.data(), 512, dmr);
+    rw.wr_id = 42;
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    ibv_recv_wr *rbad = nullptr;
+    ASSERT_EQ(dp_->post_recv(b.dp, &rw, &rbad), 0);
+    ibv_extend_datapath_ah ah{};
+    ah.attr.dlid = port.lid;
+    ah.attr.port_num = 1;
+    ibv_sge ss = vsge(src.data(), 256, smr);
+    ibv_send_wr w = sendWr(IBV_WR_SEND_WITH_IMM, 7, &ss, 1);
+    w.imm_data = htonl(0xabcd);
+    w.wr.ud.ah = &ah.ah;
+    w.wr.ud.remote_qpn = b.h.qpn();
+    w.wr.ud.remote_qkey = 0x1234;
+    ibv_send_wr *bad = nullptr;
+    ASSERT_EQ(dp_->post_send(a.dp, &w, &bad), 0);
+    auto r = waitWcs(vrcq_, 1);
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(r[0].wr_id, 42u);
+    EXPECT_EQ(r[0].byte_len, 40u + 256u);
+    EXPECT_EQ(r[0].wc_flags, unsigned{IBV_WC_GRH | IBV_WC_WITH_IMM});
+    EXPECT_EQ(ntohl(r[0].imm_data), 0xabcdu);
+    EXPECT_EQ(r[0].src_qp, a.h.qpn());
+    EXPECT_EQ(r[0].slid, port.lid);
+    EXPECT_EQ(std::memcmp(dst.data() + 40, src.data(), 256), 0);
+    auto s = waitWcs(vscq_, 1);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].status, IBV_WC_SUCCESS);
+    ibv_send_wr wr_write = writeWr(8, &ss, reinterpret_cast<const uint64_t *>(dst.data()), dmr);
+    EXPECT_EQ(dp_->post_send(a.dp, &wr_write, &bad), EINVAL);
+    EXPECT_EQ(bad, &wr_write);
+    w.wr.ud.ah = nullptr;
+    EXPECT_EQ(dp_->post_send(a.dp, &w, &bad), EINVAL);
+}
+
 TEST_F(Datapath, OpenRefusesWhatSoftndaDoesNotServe) {
     VQp q = makeVQp();
     auto attr = dpAttr(q.h);
-    for (ibv_qp_type t : {IBV_QPT_UC, IBV_QPT_UD, IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND}) {
+    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV}) {
         attr.qp_type = t;
         errno = 0;
         EXPECT_EQ(dp_->qp_open(&attr), nullptr);

@@ -194,6 +194,44 @@ TEST_F(Errors, RnrRetryZeroFailsAtOnce) {
     EXPECT_EQ(runOnA(wr(SOFTNDA_OP_SEND, 16, &s_, 1)).status, IBV_WC_RNR_RETRY_EXC_ERR);
 }
 
+// The responder's min_rnr_timer sets each RNR retry's period (SPEC.md §5.2, IBA table 45): with
+// one retry, a send to a responder with no receive fails no sooner than that period, and a
+// receive posted within it is taken.
+TEST_F(Errors, RnrRetryLastsTheRespondersMinRnrTimer) {
+    auto bringUp = [](QpH &q, uint32_t dest, uint8_t min_rnr_timer) {
+        ASSERT_EQ(toInit(q.ext->qp, kAllAccess), 0);
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_4096;
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = min_rnr_timer;
+        ASSERT_EQ(
+            softnda_vdev_ops.modify_qp(q.ext->qp, &a,
+                                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                           IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+            0);
+        ASSERT_EQ(toRts(q.ext->qp, 0, 1), 0);
+    };
+    bringUp(a_, b_.qpn(), 1);
+    bringUp(b_, a_.qpn(), 20);  // 10.24 ms
+    s_ = sge(src_.data(), 8, smr_);
+    auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(runOnA(wr(SOFTNDA_OP_SEND, 20, &s_, 1)).status, IBV_WC_RNR_RETRY_EXC_ERR);
+    EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::microseconds(10240));
+
+    QpH c = makeQp(scq_, rcq_);
+    QpH d = makeQp(scq_, rcq_);
+    bringUp(c, d.qpn(), 1);
+    bringUp(d, c.qpn(), 28);  // 163.84 ms
+    ASSERT_EQ(postOne(c, wr(SOFTNDA_OP_SEND, 21, &s_, 1)), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    softnda_sge rs = sge(dst_.data(), 8, dmr_);
+    ASSERT_EQ(postRecv(d, 80, &rs, 1), 0);
+    EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(waitOne(rcq_.cq).wr_id, 80u);
+}
+
 TEST_F(Errors, RnrRetryInfiniteWaitsForTheReceive) {
     connect(a_, b_);  // rnr_retry 7
     s_ = sge(src_.data(), 8, smr_);
@@ -255,23 +293,26 @@ TEST_F(Errors, ASendWaitsForAResponderThatComesUpInTime) {
     EXPECT_EQ(dst_[0], 0x5a);
 }
 
-TEST_F(Errors, BadResponseOnPsnMismatch) {
+// A request the responder does not take ends as a NIC's retransmissions end (IBA 9.7.5.2):
+// retry exhaustion after retry_cnt timeouts, not a bad response.
+TEST_F(Errors, RetryExceededOnPsnMismatch) {
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toRtr(a_.ext->qp, b_.qpn(), 0), 0);
     ASSERT_EQ(toRtr(b_.ext->qp, a_.qpn(), 100), 0);  // expects PSN 100
     ASSERT_EQ(toRts(a_.ext->qp, 5), 0);              // sends PSN 5
     ASSERT_EQ(toRts(b_.ext->qp, 0), 0);
-    EXPECT_EQ(runOnA(write(20, 8, dmr_->rkey)).status, IBV_WC_BAD_RESP_ERR);
+    EXPECT_EQ(runOnA(write(20, 8, dmr_->rkey)).status, IBV_WC_RETRY_EXC_ERR);
 }
 
-TEST_F(Errors, BadResponseWhenPeerIsConnectedElsewhere) {
+TEST_F(Errors, RetryExceededWhenPeerIsConnectedElsewhere) {
     QpH c = makeQp(scq_, rcq_);
     connect(b_, c);
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toRtr(a_.ext->qp, b_.qpn()), 0);
     ASSERT_EQ(toRts(a_.ext->qp), 0);
-    EXPECT_EQ(runOnA(write(21, 8, dmr_->rkey)).status, IBV_WC_BAD_RESP_ERR);
+    EXPECT_EQ(runOnA(write(21, 8, dmr_->rkey)).status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(qpState(b_), IBV_QPS_RTS);  // the responder is not disturbed
 }
 
 TEST_F(Errors, ErrorFlushesEverythingOutstandingAndLater) {

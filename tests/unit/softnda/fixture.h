@@ -41,6 +41,7 @@ struct QpCaps {
     uint32_t recv_sge = 4;
     uint32_t inline_data = 64;
     int sq_sig_all = 0;
+    ibv_qp_type type = IBV_QPT_RC;
 };
 
 class SoftndaTest : public ::testing::Test {
@@ -134,6 +135,7 @@ class SoftndaTest : public ::testing::Test {
                                  .send_cq = scq.ext->cq,
                                  .recv_cq = rcq.ext->cq,
                                  .srq = srq != nullptr ? srq->srq : nullptr,
+                                 .qp_type = c.type,
                                  .send_wr = c.send_wr,
                                  .recv_wr = c.recv_wr,
                                  .send_sge = c.send_sge,

@@ -382,5 +382,39 @@ TEST_F(Opcodes, LoopbackAcrossContexts) {
     EXPECT_EQ(softnda_vdev_ops.close_device(ctx2), 0);
 }
 
+// A WRITE or READ of zero bytes names no memory (IBA C9-88): whatever its rkey and address, it
+// completes, and a zero-length WRITE_WITH_IMM still delivers its immediate into a receive.
+TEST_F(Opcodes, ZeroLengthRdmaChecksNoRkey) {
+    uint64_t word = 0;
+    ibv_mr *mr = reg(&word, sizeof(word));
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, 1, nullptr, 0);
+    w.remote_addr = 0xdead0000;
+    w.rkey = 0xbad;
+    ASSERT_EQ(postOne(a_, w), 0);
+    auto r = wr(SOFTNDA_OP_RDMA_READ, 2, nullptr, 0);
+    r.remote_addr = 0;
+    r.rkey = 0;
+    ASSERT_EQ(postOne(a_, r), 0);
+    softnda_sge rs = sge(&word, 8, mr);
+    ASSERT_EQ(postRecv(b_, 30, &rs, 1), 0);
+    auto wi = wr(SOFTNDA_OP_RDMA_WRITE_WITH_IMM, 3, nullptr, 0);
+    wi.rkey = 0x5eed;
+    wi.imm_data = 77;
+    ASSERT_EQ(postOne(a_, wi), 0);
+    auto done = waitCqes(scq_.cq, 3);
+    ASSERT_EQ(done.size(), 3u);
+    for (size_t i = 0; i < done.size(); ++i) {
+        EXPECT_EQ(done[i].wr_id, i + 1);
+        EXPECT_EQ(done[i].status, IBV_WC_SUCCESS);
+        EXPECT_EQ(done[i].byte_len, 0u);
+    }
+    softnda_cqe got = waitOne(rcq_.cq);
+    EXPECT_EQ(got.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(got.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+    EXPECT_EQ(got.imm_data, 77u);
+    EXPECT_EQ(got.byte_len, 0u);
+    EXPECT_EQ(qpState(b_), IBV_QPS_RTS);
+}
+
 }  // namespace
 }  // namespace softnda_test

@@ -81,7 +81,7 @@ ibv_extend_ops g_ops = {arenaAlloc,          arenaFree,   MemfdArena::memsetS,
                         MemfdArena::memcpyS, arenaDbMmap, arenaDbUnmap};
 
 // What the child leaves for the parent, in shared memory.
-enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kCqD, kSrq, kQpD, kObjs };
+enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kCqD, kSrq, kQpD, kQpE, kObjs };
 constexpr int kWrites = 16, kSends = 4;
 struct Shared {
     ibv_extend_vdev_state st[kObjs];
@@ -92,6 +92,7 @@ struct Shared {
     int n_db;
     uint32_t qpn[3];
     uint32_t qpn_d;
+    uint32_t qpn_e;
     uint32_t key[3];
     uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
     int ready;
@@ -169,10 +170,26 @@ uint32_t *rec(const ibv_qp_extend *q) {
     return static_cast<uint32_t *>(q->sq_info.dbr_pi_va.iov_base);
 }
 
+// A UD QP's Q_Key (SPEC.md §11.1), which only queue memory carries across a restart.
+constexpr uint32_t kUdQkey = 0x5eed;
+
+// UD: RESET -> INIT (P_Key index, port, Q_Key) -> RTR -> RTS.
+int udUp(ibv_qp *qp, uint32_t qkey) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = qkey;
+    int rc = softnda_vdev_ops.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY);
+    a.qp_state = IBV_QPS_RTR;
+    rc = rc != 0 ? rc : softnda_vdev_ops.modify_qp(qp, &a, IBV_QP_STATE);
+    a.qp_state = IBV_QPS_RTS;
+    return rc != 0 ? rc : softnda_vdev_ops.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN);
+}
+
 // The old broker's objects, made in the child over the one-memfd arena: three MRs (source,
 // destination, receive buffer), CQ 0 for QPs A and C, CQ 1 for B; A and B connected, C to
-// itself; an eventfd on CQ 1 and the context's async one; and QP D on an SRQ, with a CQ of its
-// own, connected to itself. Every step that fails ends the child.
+// itself; an eventfd on CQ 1 and the context's async one; QP D on an SRQ, with a CQ of its
+// own, connected to itself; and UD QP E on D's CQ. Every step that fails ends the child.
 struct OldBroker {
     explicit OldBroker(Shared *shared) : sh(shared) {}
 
@@ -217,6 +234,10 @@ struct OldBroker {
         need(softnda_vdev_ops.set_cq_event_fd(cq[1]->cq, efd) == 0, 15);
         need(softnda_vdev_ops.set_async_event_fd(ctx, afd) == 0, 15);
         makeSrqQp();
+        auto ua = ibvx::qpInitAttr({.pd = pd, .send_cq = cq_d->cq, .qp_type = IBV_QPT_UD, .ops = &g_ops});
+        qp_e = ext->ops->create_qp(ctx, &ua);
+        need(qp_e != nullptr && udUp(qp_e->qp, kUdQkey) == 0, 56);
+        sh->qpn_e = qp_e->qp->qp_num;
     }
 
     void makeSrqQp() {
@@ -267,13 +288,13 @@ struct OldBroker {
     // Blobs after each object's last control operation, as the broker takes them.
     void exportAll() {
         const void *objs[kObjs] = {ctx,   pd,    mr[0], mr[1], mr[2], cq[0], cq[1],
-                                   qp[0], qp[1], qp[2], cq_d,  srq,   qp_d};
+                                   qp[0], qp[1], qp[2], cq_d,  srq,   qp_d,  qp_e};
         ibv_extend_vdev_obj kinds[kObjs] = {
             IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR,
             IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
             IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
             IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_SRQ,
-            IBV_EXTEND_VDEV_OBJ_QP};
+            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP};
         for (int i = 0; i < kObjs; ++i) {
             need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
         }
@@ -397,6 +418,7 @@ struct OldBroker {
     softnda_rq srq_rq = {};
     ibv_qp_extend *qp_d = nullptr;
     softnda_sq sq_d = {};
+    ibv_qp_extend *qp_e = nullptr;
     uint64_t *src = nullptr;
     int efd = -1, afd = -1;
 };
@@ -586,6 +608,11 @@ class SoftndaRestart : public ::testing::Test {
             softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpD], &env));
         ASSERT_NE(qp_d, nullptr) << errno;
         EXPECT_EQ(qp_d->qp->qp_num, sh->qpn_d);
+        env.srq = nullptr;
+        qp_e = static_cast<ibv_qp_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpE], &env));
+        ASSERT_NE(qp_e, nullptr) << errno;
+        EXPECT_EQ(qp_e->qp->qp_num, sh->qpn_e);
         ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
     }
 
@@ -603,12 +630,15 @@ class SoftndaRestart : public ::testing::Test {
         rings.insert(qp_d->sq_info.qbuf.base);  // no RQ: it receives from the SRQ
         rings.insert(srq->srq_info.qbuf.base);
         rings.insert(cq_d->cq_info.qbuf.base);
+        rings.insert(qp_e->sq_info.qbuf.base);
+        rings.insert(qp_e->rq_info.qbuf.base);
         g.freed.clear();
         g.unmapped.clear();
         for (auto *q : qp) {
             EXPECT_EQ(ext->ops->destroy_qp(q), 0);
         }
         EXPECT_EQ(ext->ops->destroy_qp(qp_d), 0);
+        EXPECT_EQ(ext->ops->destroy_qp(qp_e), 0);
         EXPECT_EQ(ext->ops->destroy_srq(srq), 0);
         EXPECT_EQ(ext->ops->destroy_cq(cq_d), 0);
         for (auto *x : cq) {
@@ -651,6 +681,7 @@ class SoftndaRestart : public ::testing::Test {
     ibv_cq_extend *cq_d = nullptr;
     ibv_srq_extend *srq = nullptr;
     ibv_qp_extend *qp_d = nullptr;
+    ibv_qp_extend *qp_e = nullptr;
     uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
 };
 
@@ -801,6 +832,49 @@ TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
     EXPECT_EQ(recv[192], 0xd000u);  // the SEND before the kill, in the first receive
     EXPECT_EQ(recv[193], 0xd001u);
     EXPECT_TRUE(staysEmpty(cqD));
+    teardown();
+}
+
+// A UD QP comes back as UD, in RTS, with its Q_Key: a datagram to itself with that Q_Key
+// arrives behind its GRH (an RC QP, or a lost Q_Key, would not take it).
+TEST_F(SoftndaRestart, AUdQpKeepsItsTransportAndQkey) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    EXPECT_EQ(qp_e->qp->qp_type, IBV_QPT_UD);
+    ibv_qp_attr a{};
+    ibv_qp_init_attr ia{};
+    ASSERT_EQ(softnda_vdev_ops.query_qp(qp_e->qp, &a, IBV_QP_STATE | IBV_QP_QKEY, &ia), 0);
+    EXPECT_EQ(a.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(a.qkey, kUdQkey);
+    EXPECT_EQ(ia.qp_type, IBV_QPT_UD);
+    softnda_sq sqE;
+    softnda_rq rqE;
+    softnda_cq cqD;
+    ASSERT_EQ(softnda_sq_init(&sqE, &qp_e->sq_info), 0);
+    ASSERT_EQ(softnda_rq_init(&rqE, &qp_e->rq_info), 0);
+    ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    softnda_sge r{sh->recv + 2048, 64, sh->key[2]};
+    ASSERT_EQ(softnda_rq_post(&rqE, 8100, &r, 1), 0);
+    softnda_rq_doorbell(&rqE);
+    src[300] = 0xe0e0;
+    softnda_sge s{sh->src + 2400, 8, sh->key[0]};
+    ibv_port_attr port{};
+    ASSERT_EQ(softnda_vdev_ops.query_port(ctx, 1, &port), 0);
+    auto w = wr(SOFTNDA_OP_SEND, 8000, &s, 1);
+    softnda_send_wr_set_ud(&w, sh->qpn_e, kUdQkey, port.lid);
+    ASSERT_EQ(postAndRing(&sqE, w), 0);
+    auto done = waitCqes(cqD, 2);
+    ASSERT_EQ(done.size(), 2u);
+    std::map<uint64_t, softnda_cqe> by_id;
+    for (auto &e : done) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+        by_id[e.wr_id] = e;
+    }
+    ASSERT_EQ(by_id.count(8100), 1u);
+    EXPECT_EQ(by_id[8100].byte_len, SOFTNDA_GRH_SIZE + 8);
+    EXPECT_NE(by_id[8100].flags & SOFTNDA_CQE_GRH, 0);
+    EXPECT_EQ(by_id[8100].src_qp, sh->qpn_e);
+    EXPECT_EQ(recv[(2048 + SOFTNDA_GRH_SIZE) / 8], 0xe0e0u);
     teardown();
 }
 
