@@ -192,16 +192,35 @@ as alice /usr/local/bin/ibv-extendctl devinfo >/story/ctl.broken 2>&1
 echo "   alice: $(head -1 /story/ctl.broken)"
 # Each of the client's connection attempts starts the service through the socket (that is socket
 # activation, not Restart=, and NRestarts does not count it); the last one can still sit in the
-# socket's backlog when the client gives up. So wait until no start is under way (a slow start
-# on a loaded machine takes seconds) before reading the verdict.
-sleep 2
-for _ in $(seq 1 60); do
-  case "$(systemctl show -p ActiveState --value ibv-extendd.service)" in
-    activating | deactivating) sleep 1 ;;
-    *) break ;;
+# socket's backlog when the client gives up and start the service seconds later on a loaded
+# machine. So the verdict is a snapshot taken in one systemctl call (three calls can straddle a
+# start: "failed" from one attempt, "success" from the next) that stays the same, no start under
+# way, over two looks 2 s apart (InvocationID changes with every start).
+snapshot() {
+  systemctl show -p ActiveState -p Result -p NRestarts -p InvocationID ibv-extendd.service | {
+    local active="" result="" restarts_now="" invocation=""
+    while IFS='=' read -r key value; do
+      case $key in
+        ActiveState) active=$value ;;
+        Result) result=$value ;;
+        NRestarts) restarts_now=$value ;;
+        InvocationID) invocation=$value ;;
+      esac
+    done
+    echo "$active/$result/$restarts_now/$invocation"
+  }
+}
+previous=""
+for _ in $(seq 1 30); do
+  now=$(snapshot)
+  case "$now" in
+    activating/* | deactivating/*) previous="" ;;
+    "$previous") break ;;
+    *) previous=$now ;;
   esac
+  sleep 2
 done
-verdict=$(for p in ActiveState Result NRestarts; do systemctl show -p $p --value ibv-extendd.service; done | paste -sd/)
+verdict=$(echo "$previous" | cut -d/ -f1-3)
 echo "   the service: $verdict (ActiveState/Result/NRestarts)"
 check "the service failed with the config error and was not restarted in a loop" \
   test "$verdict" = "failed/exit-code/$restarts"
