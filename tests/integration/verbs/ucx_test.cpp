@@ -150,6 +150,8 @@ class UcxTest : public ::testing::Test {
         }
     }
 
+    void verify(const std::vector<std::string> &env);
+
     std::unique_ptr<BrokerProcess> broker_;
 };
 
@@ -218,6 +220,13 @@ TEST_F(UcxTest, UcpGet64KiB) {
 // checked on both sides, buffers freed and reallocated between messages so UCX's registration
 // cache sees pages come and go while the face moves registered pages onto its memfd.
 TEST_F(UcxTest, UcpVerifiedTaggedMessagesOfManySizes) {
+    verify(kUcpVerbs);
+}
+
+// With UCX's defaults the UCP cases do not pass yet (docs/verbs.md, "Still refused"): UCX's
+// shared-memory allocations cannot be registered, and CMA is refused between two sandboxes.
+
+void UcxTest::verify(const std::vector<std::string> &env) {
     if (std::string(IBVX_UCP_VERIFY).empty()) {
         GTEST_SKIP() << "libucx-dev is not installed (scripts/install-deps.sh)";
     }
@@ -228,7 +237,7 @@ TEST_F(UcxTest, UcpVerifiedTaggedMessagesOfManySizes) {
         [](int port) {
             return std::vector<std::string>{IBVX_UCP_VERIFY, "-c", "127.0.0.1", "-p", std::to_string(port)};
         },
-        kUcpVerbs);
+        env);
     EXPECT_THAT(out, ::testing::HasSubstr("client checked 54 messages"));
 }
 
