@@ -1,7 +1,9 @@
 // UCX 1.13 (Debian's ucx-utils) over the libibverbs face, UCT level: ucx_info lists the broker's
 // device with an IB memory domain and rc_verbs, and ucx_perftest's put_lat, put_bw, get, am_lat
-// and am_bw run between two unprivileged tenants over rc_verbs, each in ibv-extend-run's sandbox
-// (UCX considers a device only when /dev/infiniband/<dev_name> is a character device it may
+// and am_bw run between two unprivileged tenants over rc_verbs (am_lat over ud_verbs too); at the
+// UCP level tag_lat, tag_bw (rendezvous), ucp_put_bw, ucp_get and ucp-verify (every byte of
+// many sizes checked) run with UCX_TLS=rc_verbs,ud_verbs,self; each tenant in ibv-extend-run's
+// sandbox (UCX considers a device only when /dev/infiniband/<dev_name> is a character device it may
 // open, docs/verbs.md). Short iteration counts: these prove the transport works; figures belong
 // to the benchmark.
 #include <arpa/inet.h>
