@@ -29,8 +29,9 @@ PACKAGES=(
   iproute2 util-linux procps
   ibverbs-utils perftest python3-pyverbs
   go-md2man systemd-container
-  # ibv-extend-run's sandbox (docs/verbs.md, "The discovery tree"); UCX over the face
-  bubblewrap ucx-utils
+  # ibv-extend-run's sandbox (docs/verbs.md, "The discovery tree"); UCX over the face, and UCP
+  # for the verification program (tests/integration/verbs/ucp_verify.c)
+  bubblewrap ucx-utils libucx-dev
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all
