@@ -51,6 +51,10 @@ ibv_mr *brokerRegMr(ibv_pd *pd, void *addr, size_t length, int access);
 ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access);
 int brokerDeregMr(ibv_mr *mr);
+// An address handle the broker keeps (CreateAh): the returned ibv_ah is the first member of an
+// ibv_extend_datapath_ah holding attr, which the data path reads without a call.
+ibv_ah *brokerCreateAh(ibv_pd *pd, const ibv_ah_attr *attr);
+int brokerDestroyAh(ibv_ah *ah);
 int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask);
 int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr);
 

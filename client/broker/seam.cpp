@@ -276,6 +276,34 @@ int brokerDeregMr(ibv_mr *mr) {
     return destroyTracked(liveMr(mr), "DeregMr", &pb::Broker::Stub::DeregMr, &pb::DeregMrRequest::set_mr);
 }
 
+ibv_ah *brokerCreateAh(ibv_pd *pd, const ibv_ah_attr *attr) {
+    ShadowPd *p = livePd(pd);
+    if (p == nullptr || attr == nullptr) {
+        return failNull<ibv_ah>(EINVAL);
+    }
+    pb::CreateAhRequest req;
+    req.set_pd(p->handle);
+    wire::toProto(*attr, req.mutable_attr());
+    pb::CreateAhResponse resp;
+    if (int rc = p->owner->session->call("CreateAh", &pb::Broker::Stub::CreateAh, req, &resp); rc != 0) {
+        return failNull<ibv_ah>(-rc);
+    }
+    auto *a = new ShadowAh{};
+    a->owner = p->owner;
+    a->handle = resp.ah();
+    a->dp.attr = *attr;
+    a->dp.ah.context = pd->context;
+    a->dp.ah.pd = pd;
+    a->dp.ah.handle = static_cast<uint32_t>(resp.ah());
+    track(a, p->owner);
+    return &a->dp.ah;
+}
+
+int brokerDestroyAh(ibv_ah *ah) {
+    ShadowAh *a = ah != nullptr ? shadowOf<ShadowAh>(ah, offsetof(ShadowAh, dp.ah)) : nullptr;
+    return destroyTracked(a, "DestroyAh", &pb::Broker::Stub::DestroyAh, &pb::DestroyAhRequest::set_ah);
+}
+
 int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
     ShadowQp *s = liveQp(qp);
     if (s == nullptr) {

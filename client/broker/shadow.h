@@ -166,6 +166,7 @@ struct ShadowAh {
     // work request's destination (ibv_extend_datapath.h).
     ibv_extend_datapath_ah dp;
     ShadowContext *owner;
+    uint64_t handle;  // the broker's AH (CreateAh)
 };
 
 // Recover a shadow from the public struct embedded in it. Only dereference the result after the

@@ -45,34 +45,16 @@ int ibvx_verbs_dereg_mr(ibv_mr *mr) {
     return -brokerDeregMr(mr);  // EINVAL for a pointer the seam does not know
 }
 
-// An address handle is checked and kept here, in the layout the data path reads a UD work
-// request's destination from (ibv_extend_datapath_ah); the broker holds no AH resource yet
-// (docs/verbs.md).
+// An address handle is the broker's (it checks the attributes, charges the tenant's "ahs"
+// quota and reclaims it with the session); this process keeps a copy of the attributes in the
+// layout the data path reads a UD work request's destination from (ibv_extend_datapath_ah), so
+// posting never calls the broker (docs/verbs.md).
 ibv_ah *ibvx_verbs_create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
-    ShadowPd *p = livePd(pd);
-    if (p == nullptr || attr == nullptr || attr->port_num == 0 ||
-        attr->port_num > p->owner->info.phys_port_cnt || (!attr->is_global && attr->dlid == 0)) {
-        return failNull<ibv_ah>(EINVAL);
-    }
-    auto *a = new ShadowAh{};
-    a->owner = p->owner;
-    a->dp.attr = *attr;
-    a->dp.ah.context = pd->context;
-    a->dp.ah.pd = pd;
-    broker::track(a, p->owner);
-    return &a->dp.ah;
+    return livePd(pd) != nullptr ? brokerCreateAh(pd, attr) : failNull<ibv_ah>(EINVAL);
 }
 
 int ibvx_verbs_destroy_ah(ibv_ah *ah) {
-    if (ah == nullptr) {
-        return EINVAL;
-    }
-    auto *a = shadowOf<ShadowAh>(ah, offsetof(ShadowAh, dp.ah));
-    if (!broker::untrack(a)) {
-        return EINVAL;
-    }
-    delete a;
-    return 0;
+    return -brokerDestroyAh(ah);  // EINVAL for a pointer the seam does not know
 }
 
 // Registered memory needs no madvise(MADV_DONTFORK): a child gets private copies of shared pages

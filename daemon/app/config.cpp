@@ -306,7 +306,7 @@ Status parseQuotaValues(const std::string &path, const std::string &prefix, cons
             return bad(
                 path, node,
                 "unknown quota '" + prefix + key +
-                    "' (expected contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions)");
+                    "' (expected contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, ahs)");
         }
         auto v = node.value_exact<int64_t>();
         if (!v || *v < 0) {

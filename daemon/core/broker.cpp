@@ -625,6 +625,60 @@ Status Broker::deallocPd(Session &s, uint64_t pd) {
     return destroyLocked(s, p);
 }
 
+Status Broker::checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &attr) {
+    const uint32_t ports = ctx.dev->info.phys_port_cnt;
+    if (attr.port_num == 0 || attr.port_num > ports) {
+        return invalidArgument("ah_attr.port_num " + std::to_string(attr.port_num) + " is not a port of '" +
+                               ctx.dev->info.name + "' (1.." + std::to_string(ports) + ")");
+    }
+    if (attr.sl > 15) {
+        return invalidArgument("ah_attr.sl " + std::to_string(attr.sl) + " is not a service level (0..15)");
+    }
+    if (!attr.is_global) {
+        if (attr.dlid == 0) {
+            return invalidArgument("ah_attr without a GRH needs a non-zero dlid");
+        }
+        return Status::ok();
+    }
+    static constexpr uint8_t kZero[sizeof(attr.grh.dgid.raw)] = {};
+    if (std::memcmp(attr.grh.dgid.raw, kZero, sizeof(kZero)) == 0) {
+        return invalidArgument("ah_attr.grh.dgid is all zeros");
+    }
+    if (attr.grh.flow_label > 0xfffff) {
+        return invalidArgument("ah_attr.grh.flow_label does not fit 20 bits");
+    }
+    // The source GID must be a populated entry of the port's table, as the kernel checks.
+    ibv_gid_entry g{};
+    int rc = 0;
+    {
+        DriverCall call(s.memory(), ctx.dev);
+        rc = ctx.dev->verbs.queryGid(ctx.verbs, attr.port_num, attr.grh.sgid_index, &g);
+    }
+    if (rc != 0) {
+        return invalidArgument("ah_attr.grh.sgid_index " + std::to_string(attr.grh.sgid_index) +
+                               " names no entry of port " + std::to_string(attr.port_num) + "'s GID table");
+    }
+    return Status::ok();
+}
+
+StatusOr<uint64_t> Broker::createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(PdObject * p, lookup<PdObject>(s, pd));
+    RETURN_IF_ERROR(checkAhAttr(s, *p->context, attr));
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kAhs, 1}}));
+    auto obj = std::make_unique<AhObject>();
+    obj->quota = std::move(quota);
+    obj->pd = p;
+    obj->attr = attr;
+    obj->uses = {p};
+    return publish(s, std::move(obj), {});
+}
+
+Status Broker::destroyAh(Session &s, uint64_t ah) {
+    return destroyByHandle(s, ah, ObjectKind::kAh).status();
+}
+
 namespace {
 
 // The fd a RegMr names, checked: a memfd or dma-buf large enough for offset + length.

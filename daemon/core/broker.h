@@ -158,7 +158,8 @@ struct ObjectImport {
         ibv_qp_type type = IBV_QPT_RC;
         bool sq_sig_all = false, has_srq = false;
         ibv_qp_cap cap{};
-    } qp;  // kQp
+    } qp;              // kQp
+    ibv_ah_attr ah{};  // kAh: all there is of it (no driver state)
 };
 
 // Called by Broker::commit with the session's mutex held, after the reply was stored: the
@@ -210,7 +211,7 @@ class Broker {
     // peer, ENOENT unknown token, EBUSY already attached); on 0 the session owns fd.
     int attach(const SessionToken &token, const Credentials &caller, UniqueFd &fd,
                std::shared_ptr<Session> *out);
-    // Destroys everything the session owns (QPs, SRQs, CQs, MRs, PDs, contexts) and its memory.
+    // Destroys everything the session owns (QPs, SRQs, CQs, MRs, AHs, PDs, contexts) and its memory.
     void endSession(const std::shared_ptr<Session> &session);
     void endAllSessions();
     std::vector<std::shared_ptr<Session>> sessions();
@@ -273,6 +274,10 @@ class Broker {
     StatusOr<Released> destroyQp(Session &s, uint64_t qp);
     StatusOr<SrqResult> createSrq(Session &s, const CreateSrqArgs &args);
     StatusOr<Released> destroySrq(Session &s, uint64_t srq);
+    // An address handle of pd, its attributes checked against the PD's device (port, LID or
+    // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.
+    StatusOr<uint64_t> createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr);
+    Status destroyAh(Session &s, uint64_t ah);
     StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
     StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
     StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);
@@ -300,6 +305,8 @@ class Broker {
     StatusOr<QpObject *> lookupQpWithVerbs(Session &s, uint64_t qp);
     StatusOr<QpMembers> qpMembers(Session &s, const CreateQpArgs &args);
     Status openDriverContext(Session &s, ContextObject &obj);
+    // EINVAL with the reason when attr names no usable destination from ctx's device.
+    Status checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &attr);
     // Hands a CreateCq's eventfd to the driver's new CQ (set_cq_event_fd).
     Status attachCqEventFd(Session &s, CqObject &cq, const UniqueFd &fd);
     uint64_t newHandle(Session &s);

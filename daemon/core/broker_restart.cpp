@@ -40,6 +40,8 @@ std::unique_ptr<Object> newObjectOf(ObjectKind kind) {
             return std::make_unique<SrqObject>();
         case ObjectKind::kQp:
             return std::make_unique<QpObject>();
+        case ObjectKind::kAh:
+            return std::make_unique<AhObject>();
     }
     return nullptr;
 }
@@ -126,6 +128,12 @@ Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocati
             qp.cap = in.qp.cap;
             break;
         }
+        case ObjectKind::kAh: {
+            auto &ah = static_cast<AhObject &>(obj);
+            ah.pd = p.pd;
+            ah.attr = in.ah;
+            break;
+        }
     }
     return Status::ok();
 }
@@ -201,6 +209,9 @@ Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *c
     Object *obj = it->second.get();
     obj->state_dirty = false;
     Device *dev = obj->device();
+    if (!obj->hasDriverObject()) {
+        return Status::ok();  // its record carries all there is of it
+    }
     if (dev == nullptr || !dev->verbs.keepsAcrossRestart()) {
         obj->driver_state.clear();
         obj->driver_fds.clear();
@@ -260,18 +271,23 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
     // The parents the kind needs, checked before anything reaches the driver.
     const Parents p = parentsOf(*obj, *devices_, in.device);
     if (p.dev == nullptr || (in.kind != ObjectKind::kContext && p.ctx == nullptr) ||
-        ((in.kind == ObjectKind::kMr || in.kind == ObjectKind::kQp) && p.pd == nullptr)) {
+        ((in.kind == ObjectKind::kMr || in.kind == ObjectKind::kQp || in.kind == ObjectKind::kAh) &&
+         p.pd == nullptr)) {
         return importError("object " + hex(in.handle) + " has no device or parent");
     }
     if (!p.dev->verbs.keepsAcrossRestart()) {
         return importError("device " + p.dev->info.name + "'s driver cannot hand over (restart: drops)");
     }
-    if (in.driver_state.empty() || in.driver_state.size() > IBV_EXTEND_VDEV_STATE_MAX ||
-        in.driver_fds.size() > IBV_EXTEND_VDEV_STATE_FDS) {
+    // A kind the broker keeps by itself (an AH) is made from its record alone.
+    const bool driver = obj->hasDriverObject();
+    if (driver && (in.driver_state.empty() || in.driver_state.size() > IBV_EXTEND_VDEV_STATE_MAX ||
+                   in.driver_fds.size() > IBV_EXTEND_VDEV_STATE_FDS)) {
         return importError("object " + hex(in.handle) + " has no usable driver state");
     }
     RETURN_IF_ERROR(adoptKindFields(*obj, p, in, relocations));
-    RETURN_IF_ERROR(importDriverObject(s.memory(), *obj, p, in, relocations));
+    if (driver) {
+        RETURN_IF_ERROR(importDriverObject(s.memory(), *obj, p, in, relocations));
+    }
     obj->quota = quotas_.restore(tenantOf(s.identity()), in.quota);
     obj->queue_bytes = in.queue_bytes;
     link(s, std::move(obj));  // the next commit exports it from this process

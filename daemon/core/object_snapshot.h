@@ -9,7 +9,8 @@
 
 namespace ibvx::daemon {
 
-enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq };
+// Append only: a restart's state carries the kind by this value.
+enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh };
 
 struct ObjectSnapshot {
     uint64_t handle = 0;
@@ -32,6 +33,8 @@ struct ObjectSnapshot {
     // kMr
     uint64_t mr_length = 0;
     uint32_t lkey = 0, rkey = 0;
+    // kAh
+    ibv_ah_attr ah{};
 };
 
 }  // namespace ibvx::daemon

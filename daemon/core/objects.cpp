@@ -27,6 +27,8 @@ const char *kindName(ObjectKind kind) {
             return "qp";
         case ObjectKind::kSrq:
             return "srq";
+        case ObjectKind::kAh:
+            return "ah";
     }
     return "object";
 }
@@ -125,6 +127,11 @@ void QpObject::snapshot(ObjectSnapshot &out) const {
         out.qp_num = qp->qp->qp_num;
         out.qp_state = qp->qp->state;
     }
+}
+
+void AhObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
+    out.ah = attr;
 }
 
 }  // namespace ibvx::daemon

@@ -33,8 +33,9 @@ const char *kindName(ObjectKind kind);
 
 // Parents first: an object uses only objects of kinds that come before its own here. A restore
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
-inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kMr,
-                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kAh,
+                                               ObjectKind::kMr,      ObjectKind::kCq, ObjectKind::kSrq,
+                                               ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 
@@ -87,6 +88,9 @@ struct Object {
     virtual void snapshot(ObjectSnapshot &out) const = 0;
 
     // ---- restart (docs/restart.md) ----
+    // False for a kind the broker keeps by itself (an AH): no driver object to export or import;
+    // its record carries what the broker knows of it.
+    virtual bool hasDriverObject() const { return true; }
     // The kind as the vdev ABI names it, and the driver object export_object takes.
     virtual ibv_extend_vdev_obj vdevKind() const = 0;
     virtual const void *driverObject() const = 0;
@@ -190,6 +194,25 @@ struct QpObject : Object {
     ibv_qp_type qp_type = IBV_QPT_RC;
     bool sq_sig_all = false;
     bool has_srq = false;
+};
+
+// An address handle: the broker keeps its attributes, checked at create, and no driver holds
+// an object for it (softnda and the face read a UD destination from the tenant's own copy,
+// ibv_extend_datapath_ah). It exists so that the AH belongs to the session, counts in the
+// tenant's "ahs" quota, is reclaimed with the session and is destroyed before its PD.
+struct AhObject : Object {
+    static constexpr ObjectKind kKind = ObjectKind::kAh;
+    AhObject() : Object(kKind) {}
+    bool hasDriverObject() const override { return false; }
+    // Never asked (hasDriverObject): an AH has no vdev kind.
+    ibv_extend_vdev_obj vdevKind() const override { return static_cast<ibv_extend_vdev_obj>(0); }
+    const void *driverObject() const override { return nullptr; }
+    void adoptDriverObject(void *) override {}
+    Device *device() const override { return pd->context->dev; }
+    int destroyDriverObject() override { return 0; }
+    void snapshot(ObjectSnapshot &out) const override;
+    PdObject *pd = nullptr;
+    ibv_ah_attr attr{};
 };
 
 }  // namespace ibvx::daemon

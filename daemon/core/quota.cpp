@@ -11,7 +11,7 @@ namespace ibvx::daemon {
 namespace {
 
 const char *const kNames[] = {"contexts", "pds",  "mrs",         "mr_bytes", "cqs",
-                              "qps",      "srqs", "queue_bytes", "sessions"};
+                              "qps",      "srqs", "queue_bytes", "sessions", "ahs"};
 static_assert(std::size(kNames) == kQuotaCount);
 
 std::string limitText(uint64_t v) {

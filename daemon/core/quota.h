@@ -51,13 +51,14 @@ enum class Quota : int {
     kSrqs,
     kQueueBytes,  // bytes of queue buffers (CQ, SQ/RQ, SRQ rings) the driver allocated
     kSessions,
+    kAhs,  // address handles
     kCount
 };
 inline constexpr size_t kQuotaCount = static_cast<size_t>(Quota::kCount);
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
 
 // The config/API name: "contexts", "pds", "mrs", "mr_bytes", "cqs", "qps", "srqs",
-// "queue_bytes", "sessions".
+// "queue_bytes", "sessions", "ahs".
 const char *quotaName(Quota q);
 std::optional<Quota> quotaFromName(const std::string &name);
 

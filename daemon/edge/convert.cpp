@@ -28,9 +28,13 @@ Status checkFeatureRange(const pb::HyroceFeature &in) {
 }
 
 constexpr std::pair<ObjectKind, pb::ObjectKind> kObjectKinds[] = {
-    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT}, {ObjectKind::kPd, pb::OBJECT_KIND_PD},
-    {ObjectKind::kMr, pb::OBJECT_KIND_MR},           {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
-    {ObjectKind::kQp, pb::OBJECT_KIND_QP},           {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ}};
+    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT},
+    {ObjectKind::kPd, pb::OBJECT_KIND_PD},
+    {ObjectKind::kMr, pb::OBJECT_KIND_MR},
+    {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
+    {ObjectKind::kQp, pb::OBJECT_KIND_QP},
+    {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
+    {ObjectKind::kAh, pb::OBJECT_KIND_AH}};
 
 void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_qp_num(in.qp_num);
@@ -205,6 +209,31 @@ Status fromProto(const pb::HyroceFeature &in, ibv_hyroce_feature *out) {
     return refuse(wire::fromProto(in, out));
 }
 
+Status fromProto(const pb::AhAttr &in, ibv_ah_attr *out) {
+    *out = {};
+    const struct {
+        const char *name;
+        uint32_t value, max;
+    } fields[] = {{"ah_attr.sgid_index", in.sgid_index(), UINT8_MAX},
+                  {"ah_attr.hop_limit", in.hop_limit(), UINT8_MAX},
+                  {"ah_attr.traffic_class", in.traffic_class(), UINT8_MAX},
+                  {"ah_attr.dlid", in.dlid(), UINT16_MAX},
+                  {"ah_attr.sl", in.sl(), UINT8_MAX},
+                  {"ah_attr.src_path_bits", in.src_path_bits(), UINT8_MAX},
+                  {"ah_attr.static_rate", in.static_rate(), UINT8_MAX},
+                  {"ah_attr.port_num", in.port_num(), UINT8_MAX}};
+    for (const auto &f : fields) {
+        if (f.value > f.max) {
+            return invalidArgument(std::string(f.name) + " " + std::to_string(f.value) +
+                                   " is out of range (0.." + std::to_string(f.max) + ")");
+        }
+    }
+    if (in.is_global() && in.dgid().raw().size() != sizeof(out->grh.dgid.raw)) {
+        return invalidArgument("ah_attr.dgid must be 16 bytes with a GRH");
+    }
+    return refuse(wire::fromProto(in, out));
+}
+
 Status fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out) {
     *out = {};
     RETURN_IF_ERROR(checkFeatureRange(in.feature()));
@@ -303,6 +332,12 @@ void toProto(const ObjectSnapshot &in, pb::ObjectInfo *out) {
             out->mutable_mr()->set_length(in.mr_length);
             out->mutable_mr()->set_lkey(in.lkey);
             out->mutable_mr()->set_rkey(in.rkey);
+            break;
+        case ObjectKind::kAh:
+            out->mutable_ah()->set_port_num(in.ah.port_num);
+            out->mutable_ah()->set_is_global(in.ah.is_global != 0);
+            out->mutable_ah()->set_dlid(in.ah.dlid);
+            out->mutable_ah()->set_sgid_index(in.ah.grh.sgid_index);
             break;
         default:
             break;

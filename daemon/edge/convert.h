@@ -47,6 +47,9 @@ ibv_qp_cap fromProto(const pb::QpCap &c);
 Status fromProto(const pb::QpAttr &in, int mask, ibv_qp_attr *out);
 Status fromProto(const pb::QpAttrExtend &in, ibv_qp_attr_extend *out);
 Status fromProto(const pb::HyroceFeature &in, ibv_hyroce_feature *out);
+// A field beyond its C type's range (port_num > 255, dlid > 0xffff, ...) or a dgid of other
+// than 16 bytes: INVALID_ARGUMENT, never truncated into another value.
+Status fromProto(const pb::AhAttr &in, ibv_ah_attr *out);
 
 // A request into the core's arguments; the first field that is not well-formed answers.
 RegMrArgs fromProto(const pb::RegMrRequest &in);

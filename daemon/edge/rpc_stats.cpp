@@ -28,7 +28,9 @@ const char *const kMethodNames[] = {"Hello",
                                     "NegoQpHyroceFeature",
                                     "QueryDeviceAttr",
                                     "QueryPort",
-                                    "SetAsyncEventFd"};
+                                    "SetAsyncEventFd",
+                                    "CreateAh",
+                                    "DestroyAh"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

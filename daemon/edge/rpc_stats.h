@@ -40,6 +40,8 @@ enum class Method {
     kQueryDeviceAttr,
     kQueryPort,
     kSetAsyncEventFd,
+    kCreateAh,
+    kDestroyAh,
     kCount
 };
 

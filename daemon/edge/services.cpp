@@ -73,6 +73,8 @@ bool isMutating(Method m) {
         case Method::kModifyQpExtend:
         case Method::kNegoQpHyroceFeature:  // the driver's negotiation moves the QP's state
         case Method::kSetAsyncEventFd:
+        case Method::kCreateAh:
+        case Method::kDestroyAh:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -418,6 +420,24 @@ grpc::ServerUnaryReactor *BrokerService::DestroySrq(grpc::CallbackServerContext 
     return serve(ctx, Method::kDestroySrq, resp, [&](Session &s) {
         return reply(broker_.destroySrq(s, req->srq()), resp->mutable_released_regions());
     });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CreateAh(grpc::CallbackServerContext *ctx,
+                                                  const pb::CreateAhRequest *req,
+                                                  pb::CreateAhResponse *resp) {
+    return serve(ctx, Method::kCreateAh, resp, [&](Session &s) -> Status {
+        ibv_ah_attr attr;
+        RETURN_IF_ERROR(fromProto(req->attr(), &attr));
+        ASSIGN_OR_RETURN(uint64_t ah, broker_.createAh(s, req->pd(), attr));
+        resp->set_ah(ah);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DestroyAh(grpc::CallbackServerContext *ctx,
+                                                   const pb::DestroyAhRequest *req,
+                                                   pb::DestroyAhResponse *resp) {
+    return serve(ctx, Method::kDestroyAh, resp, [&](Session &s) { return broker_.destroyAh(s, req->ah()); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *ctx,

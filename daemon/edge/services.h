@@ -104,6 +104,10 @@ class BrokerService final : public pb::Broker::CallbackService {
                                         pb::CreateSrqResponse *resp) override;
     grpc::ServerUnaryReactor *DestroySrq(grpc::CallbackServerContext *ctx, const pb::DestroySrqRequest *req,
                                          pb::DestroySrqResponse *resp) override;
+    grpc::ServerUnaryReactor *CreateAh(grpc::CallbackServerContext *ctx, const pb::CreateAhRequest *req,
+                                       pb::CreateAhResponse *resp) override;
+    grpc::ServerUnaryReactor *DestroyAh(grpc::CallbackServerContext *ctx, const pb::DestroyAhRequest *req,
+                                        pb::DestroyAhResponse *resp) override;
     grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,
                                        pb::ModifyQpResponse *resp) override;
     grpc::ServerUnaryReactor *QueryQp(grpc::CallbackServerContext *ctx, const pb::QueryQpRequest *req,

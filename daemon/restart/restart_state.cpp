@@ -99,6 +99,22 @@ std::string objectRecord(uint64_t id, const Object *obj) {
             out.set_cap_max_inline_data(qp->cap.max_inline_data);
             break;
         }
+        case ObjectKind::kAh: {
+            const ibv_ah_attr &a = static_cast<const AhObject *>(obj)->attr;
+            rpb::AhRecord *ah = out.mutable_ah();
+            ah->set_dgid(a.grh.dgid.raw, sizeof(a.grh.dgid.raw));
+            ah->set_flow_label(a.grh.flow_label);
+            ah->set_sgid_index(a.grh.sgid_index);
+            ah->set_hop_limit(a.grh.hop_limit);
+            ah->set_traffic_class(a.grh.traffic_class);
+            ah->set_is_global(a.is_global != 0);
+            ah->set_dlid(a.dlid);
+            ah->set_sl(a.sl);
+            ah->set_src_path_bits(a.src_path_bits);
+            ah->set_static_rate(a.static_rate);
+            ah->set_port_num(a.port_num);
+            break;
+        }
         default:
             break;
     }

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <deque>
 
 #include "daemon/core/mapping.h"
@@ -230,6 +231,23 @@ SessionHistory historyOf(const rpb::Session &m) {
     return h;
 }
 
+// An AH's attributes as its record kept them (written by this broker's kind, so in range).
+ibv_ah_attr ahOf(const rpb::AhRecord &r) {
+    ibv_ah_attr a{};
+    std::memcpy(a.grh.dgid.raw, r.dgid().data(), std::min(r.dgid().size(), sizeof(a.grh.dgid.raw)));
+    a.grh.flow_label = r.flow_label();
+    a.grh.sgid_index = static_cast<uint8_t>(r.sgid_index());
+    a.grh.hop_limit = static_cast<uint8_t>(r.hop_limit());
+    a.grh.traffic_class = static_cast<uint8_t>(r.traffic_class());
+    a.is_global = r.is_global() ? 1 : 0;
+    a.dlid = static_cast<uint16_t>(r.dlid());
+    a.sl = static_cast<uint8_t>(r.sl());
+    a.src_path_bits = static_cast<uint8_t>(r.src_path_bits());
+    a.static_rate = static_cast<uint8_t>(r.static_rate());
+    a.port_num = static_cast<uint8_t>(r.port_num());
+    return a;
+}
+
 // What Broker::adopt needs of one object record, its fds taken.
 StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
     ObjectImport in;
@@ -261,6 +279,9 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
         in.qp.cap.max_send_sge = po.cap_max_send_sge();
         in.qp.cap.max_recv_sge = po.cap_max_recv_sge();
         in.qp.cap.max_inline_data = po.cap_max_inline_data();
+    }
+    if (in.kind == ObjectKind::kAh) {
+        in.ah = ahOf(po.ah());
     }
     return in;
 }

@@ -100,8 +100,6 @@ ibv_qp_cap fromProto(const pb::QpCap &in) {
     return cap;
 }
 
-namespace {
-
 void toProto(const ibv_ah_attr &in, pb::AhAttr *out) {
     setRaw(in.grh.dgid.raw, out->mutable_dgid()->mutable_raw());
     out->set_flow_label(in.grh.flow_label);
@@ -130,8 +128,6 @@ Oversized fromProto(const pb::AhAttr &in, ibv_ah_attr *out) {
     out->port_num = static_cast<uint8_t>(in.port_num());
     return big;
 }
-
-}  // namespace
 
 void toProto(const ibv_qp_attr &in, int mask, pb::QpAttr *out) {
     if ((mask & IBV_QP_STATE) != 0) {

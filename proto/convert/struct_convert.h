@@ -44,6 +44,11 @@ Oversized copyBytes(const std::string &src, void *dst, size_t dst_size, const ch
 void toProto(const ibv_qp_cap &in, pb::QpCap *out);
 ibv_qp_cap fromProto(const pb::QpCap &in);
 
+// struct ibv_ah_attr (a QP's path, CreateAh). Fields wider on the wire are truncated to their
+// C type: a caller that must refuse them checks the ranges first.
+void toProto(const ibv_ah_attr &in, pb::AhAttr *out);
+Oversized fromProto(const pb::AhAttr &in, ibv_ah_attr *out);
+
 // The two states are written only when mask names them (IBV_QP_STATE, IBV_QP_CUR_STATE).
 void toProto(const ibv_qp_attr &in, int mask, pb::QpAttr *out);
 // Every field; a state the wire leaves unspecified (or that is unknown) becomes IBV_QPS_UNKNOWN.

@@ -5,16 +5,17 @@
 // deserialisation, the edge's checks and conversions, and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`.
-//   op % 32 < 21  the Broker method with that index in broker.proto; the bytes are its request,
+//   op % 32 < 29  the Broker method with that index in broker.proto (26 today, up to
+//                 DestroyAh; the harness checks they stay below 29); the bytes are its request,
 //                 sent as they are when they do not parse (gRPC must reject them), otherwise
 //                 re-serialised after handle substitution: a fixed64 handle field holding 1..255
 //                 becomes the handle created (n-1) % count-th in this input, so requests can name
 //                 real objects, including other sessions' ones; 0 and large values stay (absent
 //                 or forged).
-//   op % 32 == 21 an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
+//   op % 32 == 29 an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
 //                 of that size is queued on the current session as the fd channel would.
-//   op % 32 == 22 the current session's process "goes away": the broker ends the session.
-//   op % 32 == 23 switch to the session opened (byte 0)-th in this input.
+//   op % 32 == 30 the current session's process "goes away": the broker ends the session.
+//   op % 32 == 31 switch to the session opened (byte 0)-th in this input.
 // Each input starts with a Hello; a successful Hello record opens and switches to a new session.
 //
 // Invariants: no crash, no hang (every call answers within its deadline); no status outside what
@@ -71,7 +72,7 @@ constexpr uint32_t kMaxXferBytes = 1u << 20;
 // Fixed64 request fields that carry something other than a handle.
 const std::set<std::string> kNotHandles = {"xfer_id", "iova"};
 // Response fields that name a new object.
-const std::set<std::string> kCreatedHandles = {"context", "pd", "mr", "cq", "qp", "srq"};
+const std::set<std::string> kCreatedHandles = {"context", "pd", "mr", "cq", "qp", "srq", "ah"};
 
 // Everything a broker has, built once per process: gRPC servers are far too slow to start per
 // input, and a real broker serves many sessions in one process anyway.

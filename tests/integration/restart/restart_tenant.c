@@ -1,7 +1,8 @@
 /*
  * A tenant that must not notice broker restarts: an RC loopback pair on a brokered device, a
  * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
- * target), and a control call (create + destroy a QP) every 20 ms, through the standard verbs
+ * target), a UD address handle made before and destroyed after the restarts (the broker keeps
+ * it), and a control call (create + destroy a QP) every 20 ms, through the standard verbs
  * (linked against the system libibverbs; run through ibv-extend-run so the face serves it).
  *
  *   restart-tenant DEVICE
@@ -67,6 +68,11 @@ int main(int argc, char **argv) {
     if (smr == NULL || dmr == NULL) {
         fail("ibv_reg_mr", strerror(errno));
     }
+    struct ibv_ah_attr ah_attr = {.dlid = port.lid, .port_num = 1};
+    struct ibv_ah *ah = ibv_create_ah(pd, &ah_attr);
+    if (ah == NULL) {
+        fail("ibv_create_ah", strerror(errno));
+    }
     printf("ready qpn=%u,%u\n", a->qp_num, b->qp_num);
     fflush(stdout);
 
@@ -121,6 +127,11 @@ int main(int argc, char **argv) {
                 max_control = last - t;
             }
         }
+    }
+    /* The AH made before the restarts is destroyed by the broker that serves now. */
+    if (ibv_destroy_ah(ah) != 0) {
+        fprintf(stderr, "restart-tenant: ibv_destroy_ah after the restarts: %s\n", strerror(errno));
+        ++control_failed;
     }
     printf("done wrs=%llu failed=%llu max_gap_us=%llu control=%llu control_failed=%llu max_control_us=%llu\n",
            (unsigned long long)wrs, (unsigned long long)failed, (unsigned long long)max_gap,

@@ -239,12 +239,13 @@ class AdminClient {
                               std::inserter(both, both.begin()));
         return both;
     }
-    std::map<int, std::set<uint64_t>> objects() {
+    std::map<int, std::set<uint64_t>> objects(pb::ObjectKind kind = pb::OBJECT_KIND_UNSPECIFIED) {
         std::map<int, std::set<uint64_t>> out;
         grpc::ClientContext ctx;
         ctx.set_deadline(std::chrono::system_clock::now() + 5s);
         pb::ListObjectsRequest req;
         req.set_page_size(4096);
+        req.set_kind(kind);
         pb::ListObjectsResponse resp;
         EXPECT_TRUE(stub_->ListObjects(&ctx, req, &resp).ok());
         std::map<uint64_t, int> pid_of;
@@ -347,7 +348,9 @@ TEST(Restart, FiveRestartsThroughAdminKeepEveryQueueAndHandle) {
     std::string ready = tenant.lineStarting("ready ");
     ASSERT_FALSE(ready.empty()) << slurp(broker.dir() + "/tenant.err") << broker.log();
     std::map<int, std::set<uint64_t>> before = {{tenant.pid(), admin.lastingObjects(tenant.pid())}};
-    ASSERT_GE(before[tenant.pid()].size(), 7u);  // context, PD, CQ, 2 QPs, 2 MRs
+    ASSERT_GE(before[tenant.pid()].size(), 9u);  // context, PD, 2 CQs, 2 QPs, 2 MRs, AH
+    const std::set<uint64_t> ahs = admin.objects(pb::OBJECT_KIND_AH)[tenant.pid()];
+    ASSERT_EQ(ahs.size(), 1u) << "the broker keeps the tenant's AH";
 
     std::unique_ptr<Tenant> victim;
     for (uint64_t i = 1; i <= 5; ++i) {
@@ -374,6 +377,7 @@ TEST(Restart, FiveRestartsThroughAdminKeepEveryQueueAndHandle) {
             << broker.log();
         EXPECT_LE(now.size(), before[tenant.pid()].size() + 1);  // its control loop's QP, at most
     }
+    EXPECT_EQ(admin.objects(pb::OBJECT_KIND_AH)[tenant.pid()], ahs) << "the AH outlived five restarts";
     pb::GetStatusResponse status;
     ASSERT_TRUE(admin.status(&status).ok());
     EXPECT_EQ(status.restarts(), 6u);  // the baseline's and five under the tenant

@@ -13,7 +13,9 @@
  *    depth 0, refuse a post to that queue with ENOMEM and *bad_wr, and carry a SEND between them.
  *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
  *    providers refuse them;
- *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ.
+ *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ;
+ *  - ibv_create_ah refuses a port the device lacks and a GRH whose sgid_index names no GID
+ *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -40,6 +42,36 @@ int main(int argc, char **argv) {
         fail("PD, channel, CQ", strerror(errno));
     }
     struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
+
+    /* Address handles: the broker checks the attributes and holds the AH under its PD. */
+    struct ibv_pd *ah_pd = ibv_alloc_pd(ctx);
+    struct ibv_ah_attr aa;
+    memset(&aa, 0, sizeof(aa));
+    aa.dlid = port.lid;
+    aa.port_num = 0; /* no port has number 0 */
+    errno = 0;
+    if (ah_pd == NULL || ibv_create_ah(ah_pd, &aa) != NULL || errno != EINVAL) {
+        fail("ibv_create_ah on port 0", "not refused with EINVAL");
+    }
+    aa.port_num = 1;
+    aa.is_global = 1;
+    aa.grh.dgid.global.interface_id = 1;
+    aa.grh.sgid_index = 200;
+    errno = 0;
+    if (ibv_create_ah(ah_pd, &aa) != NULL || errno != EINVAL) {
+        fail("ibv_create_ah with sgid_index 200", "not refused with EINVAL");
+    }
+    aa.is_global = 0;
+    struct ibv_ah *ah = ibv_create_ah(ah_pd, &aa);
+    if (ah == NULL) {
+        fail("ibv_create_ah", strerror(errno));
+    }
+    if (ibv_dealloc_pd(ah_pd) != EBUSY) {
+        fail("ibv_dealloc_pd under an AH", "not EBUSY");
+    }
+    if (ibv_destroy_ah(ah) != 0 || ibv_dealloc_pd(ah_pd) != 0) {
+        fail("ibv_destroy_ah, then its PD", strerror(errno));
+    }
 
     /* A mask the transition does not allow: RESET -> INIT with a path MTU. */
     struct ibv_qp_attr bad;

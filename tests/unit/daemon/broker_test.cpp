@@ -595,5 +595,148 @@ TEST_F(BrokerTest, AdoptRefusesWhatDoesNotFitTheSession) {
     EXPECT_EQ(restored->objectCount(), 0u);
 }
 
+// ---- address handles (kept by the broker, no driver object) ----
+
+ibv_ah_attr lidAh(uint16_t dlid) {
+    ibv_ah_attr a{};
+    a.port_num = 1;
+    a.dlid = dlid;
+    return a;
+}
+
+uint64_t ahsHeld(Broker &broker) {
+    return broker.quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(Quota::kAhs)];
+}
+
+TEST_F(BrokerTest, AnAddressHandleBelongsToItsSessionAndItsTenantsQuota) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    auto ah = broker_->createAh(*session_, *pd, lidAh(7));
+    ASSERT_TRUE(ah.isOk()) << ah.status().toString();
+    EXPECT_EQ(ahsHeld(*broker_), 1u);
+    {
+        auto held = session_->hold();
+        const Object *o = session_->object(*ah);
+        ASSERT_NE(o, nullptr);
+        ObjectSnapshot snap;
+        o->snapshot(snap);
+        EXPECT_EQ(snap.device, "softnda0");
+        EXPECT_EQ(snap.ah.dlid, 7);
+    }
+    EXPECT_EQ(broker_->deallocPd(*session_, *pd).errnoValue(), EBUSY) << "parents first";
+    auto other = newSession();
+    EXPECT_EQ(broker_->destroyAh(*other, *ah).code(), Code::kNotFound) << "another session's AH";
+    EXPECT_EQ(broker_->destroyAh(*session_, *pd).code(), Code::kNotFound) << "a PD is no AH";
+    EXPECT_TRUE(broker_->destroyAh(*session_, *ah).isOk());
+    EXPECT_EQ(ahsHeld(*broker_), 0u) << "released with the AH";
+    EXPECT_EQ(broker_->destroyAh(*session_, *ah).code(), Code::kNotFound);
+
+    // The session's end reclaims an AH left behind, before its PD.
+    ASSERT_TRUE(broker_->createAh(*session_, *pd, lidAh(8)).isOk());
+    EXPECT_EQ(ahsHeld(*broker_), 1u);
+    audit_.clear();
+    broker_->endSession(session_);
+    std::vector<std::string> expected = {"destroy ah", "destroy pd", "destroy context"};
+    EXPECT_EQ(audit_, expected);
+    EXPECT_EQ(ahsHeld(*broker_), 0u);
+}
+
+TEST_F(BrokerTest, AnAddressHandleWithBadAttributesIsRefusedAndLeavesNothing) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    auto port = broker_->queryPort(*session_, ctx->context, 1);
+    ASSERT_TRUE(port.isOk());
+    ASSERT_EQ(port->gids.size(), 1u) << "softnda: a one-entry GID table";
+    const uint32_t ports = devices_->find("softnda0")->info.phys_port_cnt;
+    ibv_ah_attr grh = lidAh(0);
+    grh.is_global = 1;
+    grh.grh.dgid = port->gids[0].gid;
+    grh.grh.sgid_index = 0;
+    grh.grh.hop_limit = 1;
+
+    auto refused = [&](ibv_ah_attr a, const char *why) {
+        auto r = broker_->createAh(*session_, *pd, a);
+        EXPECT_EQ(r.status().code(), Code::kInvalidArgument) << why;
+        EXPECT_EQ(r.status().errnoValue(), EINVAL) << why;
+        EXPECT_NE(r.status().message().find("ah_attr"), std::string::npos) << r.status().toString();
+    };
+    ibv_ah_attr a = lidAh(1);
+    a.port_num = 0;
+    refused(a, "port 0");
+    a.port_num = static_cast<uint8_t>(ports + 1);
+    refused(a, "a port past the device's");
+    refused(lidAh(0), "no GRH and no LID");
+    a = lidAh(1);
+    a.sl = 16;
+    refused(a, "sl past 15");
+    a = grh;
+    a.grh.dgid = {};
+    refused(a, "a zero dgid");
+    a = grh;
+    a.grh.sgid_index = 1;
+    refused(a, "an sgid_index past the GID table");
+    a = grh;
+    a.grh.flow_label = 1u << 20;
+    refused(a, "a flow label past 20 bits");
+    EXPECT_EQ(broker_->createAh(*session_, 0, lidAh(1)).status().code(), Code::kNotFound);
+    EXPECT_EQ(session_->objectCount(), 2u) << "nothing made";
+    EXPECT_EQ(ahsHeld(*broker_), 0u) << "nothing charged";
+
+    auto good = broker_->createAh(*session_, *pd, grh);
+    ASSERT_TRUE(good.isOk()) << good.status().toString();
+    broker_->quotas().setDefault(Quota::kAhs, 1);
+    auto over = broker_->createAh(*session_, *pd, lidAh(1));
+    EXPECT_EQ(over.status().code(), Code::kResourceExhausted);
+    EXPECT_NE(over.status().message().find("'ahs'"), std::string::npos) << over.status().toString();
+    EXPECT_EQ(session_->objectCount(), 3u);
+    EXPECT_EQ(ahsHeld(*broker_), 1u);
+}
+
+// An AH has no driver state: its export leaves none, and a restore makes it again from the
+// attributes its record carries, under the same handle and charge.
+TEST_F(BrokerTest, AdoptMakesAnAddressHandleAgainFromItsAttributes) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    ibv_ah_attr attr = lidAh(9);
+    attr.sl = 3;
+    auto ah = broker_->createAh(*session_, *pd, attr);
+    ASSERT_TRUE(ah.isOk());
+    ObjectImport ctx_in = exported(*broker_, *session_, ctx->context);
+    ObjectImport pd_in = exported(*broker_, *session_, *pd);
+    ObjectImport ah_in = exported(*broker_, *session_, *ah);
+    EXPECT_TRUE(ah_in.driver_state.empty());
+    ah_in.ah = attr;  // what its record carries (daemon/restart)
+    ah_in.quota[static_cast<size_t>(Quota::kAhs)] = 1;
+    auto restored = newSession();
+    Relocations relocations;
+    Device *dev = devices_->find("softnda0");
+    ASSERT_EQ(dev->verbs.setPaused(true), 0);
+    for (ObjectImport *in : {&ctx_in, &pd_in, &ah_in}) {
+        Status st = broker_->adopt(*restored, std::move(*in), relocations);
+        EXPECT_TRUE(st.isOk()) << st.toString();
+    }
+    ASSERT_EQ(dev->verbs.setPaused(false), 0);
+    EXPECT_EQ(ahsHeld(*broker_), 2u) << "the original's and the restored one's";
+    {
+        auto held = restored->hold();
+        const auto *a = dynamic_cast<const AhObject *>(restored->object(*ah));
+        ASSERT_NE(a, nullptr);
+        EXPECT_EQ(a->attr.dlid, 9);
+        EXPECT_EQ(a->attr.sl, 3);
+        EXPECT_EQ(a->attr.port_num, 1);
+    }
+    EXPECT_EQ(broker_->deallocPd(*restored, *pd).errnoValue(), EBUSY);
+    EXPECT_TRUE(broker_->destroyAh(*restored, *ah).isOk());
+    EXPECT_TRUE(broker_->deallocPd(*restored, *pd).isOk());
+    broker_->endSession(restored);
+    EXPECT_EQ(ahsHeld(*broker_), 1u);
+}
+
 }  // namespace
 }  // namespace ibvx::daemon

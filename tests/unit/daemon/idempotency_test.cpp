@@ -124,7 +124,7 @@ TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
          {Method::kOpenContext, Method::kCloseContext, Method::kAllocPd, Method::kDeallocPd, Method::kRegMr,
           Method::kDeregMr, Method::kCreateCq, Method::kDestroyCq, Method::kCreateQp, Method::kDestroyQp,
           Method::kCreateSrq, Method::kDestroySrq, Method::kModifyQp, Method::kModifyQpExtend,
-          Method::kNegoQpHyroceFeature, Method::kSetAsyncEventFd}) {
+          Method::kNegoQpHyroceFeature, Method::kSetAsyncEventFd, Method::kCreateAh, Method::kDestroyAh}) {
         EXPECT_TRUE(isMutating(m)) << methodName(m);
     }
     for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,

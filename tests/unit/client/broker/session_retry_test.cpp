@@ -62,6 +62,8 @@ static_assert(!kReadOnlyCall<pb::ModifyQpRequest>);
 static_assert(!kReadOnlyCall<pb::ModifyQpExtendRequest>);
 static_assert(!kReadOnlyCall<pb::NegoQpHyroceFeatureRequest>);
 static_assert(!kReadOnlyCall<pb::SetAsyncEventFdRequest>);
+static_assert(!kReadOnlyCall<pb::CreateAhRequest>);
+static_assert(!kReadOnlyCall<pb::DestroyAhRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker
