@@ -173,4 +173,14 @@ function(ibvx_test name)
   else()
     gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST PROPERTIES TIMEOUT ${A_TIMEOUT})
   endif()
+  # gtest_discover_tests re-splits list-valued properties, so of several LABELS only the first
+  # would reach ctest: a script ctest includes after the discovery sets them all on the tests it
+  # listed (<name>_TESTS).
+  list(LENGTH A_LABELS _labels)
+  if(_labels GREATER 1)
+    set(_script "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
+    file(WRITE "${_script}"
+         "if(DEFINED ${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\nendif()\n")
+    set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_script}")
+  endif()
 endfunction()

@@ -72,8 +72,8 @@ bool listening(int port) {
 // Debian's UCX is not instrumented: its programs load the face built with the sanitizer, whose
 // runtime must then come first in the process ("ASan runtime does not come first in initial
 // library list") - and preloading it puts the sanitizer's interceptors beside UCX's own mmap
-// hooks. The plain build runs these; the sanitizer builds skip them. (The no-asan label alone
-// does not do it: gtest_discover_tests keeps only the first of several LABELS.)
+// hooks. The plain build runs these; the sanitizer suite leaves them out by their no-asan label,
+// and a sanitizer build run by hand skips them here.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 constexpr bool kSanitizerBuild = true;
 #else
