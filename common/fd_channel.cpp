@@ -159,8 +159,8 @@ int awaitWholeFrame(int sock, int timeout_ms, Clock::time_point start) {
             return -errno;
         }
         const bool peer_done = (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-        if (queued == 0) {
-            return peer_done ? 0 : -EAGAIN;  // EAGAIN: readable with nothing queued (cannot last)
+        if (queued == 0 && peer_done) {
+            return 0;
         }
         size_t need = sizeof(FrameHeader);
         if (static_cast<size_t>(queued) >= sizeof(FrameHeader)) {
@@ -173,7 +173,7 @@ int awaitWholeFrame(int sock, int timeout_ms, Clock::time_point start) {
                 need += h.length;
             }
         }
-        if (static_cast<size_t>(queued) >= need) {
+        if (queued > 0 && static_cast<size_t>(queued) >= need) {
             return 1;
         }
         if (peer_done) {
@@ -233,10 +233,7 @@ int recvFrame(int sock, Frame *out, int timeout_ms) {
             ::close(f);
         }
     };
-    int whole;
-    do {
-        whole = awaitWholeFrame(sock, timeout_ms, start);
-    } while (whole == -EAGAIN);
+    const int whole = awaitWholeFrame(sock, timeout_ms, start);
     if (whole <= 0) {
         return whole;
     }
