@@ -281,17 +281,20 @@ void write8Latency(const Options &opt, Results &out, uint32_t idle_qps = 0) {
 void unreliableLatency(const Options &opt, Results &out) {
     const int iters = opt.quick ? 200 : 200000;
     const int warmup = opt.quick ? 20 : 1000;
+    // One work request of rig's, timed from its post to its CQE.
+    auto postAndWait = [](Rig &rig, const softnda_send_wr &w) {
+        auto t0 = Clock::now();
+        softnda_sq_post(&rig.sq_, &w);
+        softnda_sq_doorbell(&rig.sq_);
+        rig.waitCqe();
+        return nsSince(t0);
+    };
     {
         Rig rig(opt, 64, 4096, 0, 2000000, IBV_QPT_UD);
         uint64_t id = 0;
         std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
             rig.postReceiveOnB();
-            softnda_send_wr w = rig.datagram(id++);
-            auto t0 = Clock::now();
-            softnda_sq_post(&rig.sq_, &w);
-            softnda_sq_doorbell(&rig.sq_);
-            rig.waitCqe();
-            return nsSince(t0);
+            return postAndWait(rig, rig.datagram(id++));
         });
         out.add("fastpath", "ud_send8_p50_ns_direct", percentile(ns, 50), "ns",
                 "8 B UD SEND post->receive CQE, in-process softnda");
@@ -299,14 +302,8 @@ void unreliableLatency(const Options &opt, Results &out) {
     }
     Rig rig(opt, 64, 4096, 0, 2000000, IBV_QPT_UC);
     uint64_t id = 0;
-    std::vector<uint64_t> ns = timedSamples(iters, warmup, [&] {
-        softnda_send_wr w = rig.write(8, SOFTNDA_WQE_SIGNALED, id++);
-        auto t0 = Clock::now();
-        softnda_sq_post(&rig.sq_, &w);
-        softnda_sq_doorbell(&rig.sq_);
-        rig.waitCqe();
-        return nsSince(t0);
-    });
+    std::vector<uint64_t> ns = timedSamples(
+        iters, warmup, [&] { return postAndWait(rig, rig.write(8, SOFTNDA_WQE_SIGNALED, id++)); });
     out.add("fastpath", "uc_write8_p50_ns_direct", percentile(ns, 50), "ns",
             "8 B UC WRITE post->CQE, in-process softnda");
     out.add("fastpath", "uc_write8_p99_ns_direct", percentile(ns, 99), "ns");

@@ -474,6 +474,16 @@ void *relocate(void *arg, uint64_t old, uint64_t len) {
     return nullptr;
 }
 
+// Completions by wr_id, each expected to have succeeded (the order two queues finish in is free).
+std::map<uint64_t, softnda_cqe> successfulById(const std::vector<softnda_cqe> &done) {
+    std::map<uint64_t, softnda_cqe> by_id;
+    for (const softnda_cqe &e : done) {
+        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
+        by_id[e.wr_id] = e;
+    }
+    return by_id;
+}
+
 // The successor's side: receive the fds, map everything elsewhere, import, resume.
 class SoftndaRestart : public ::testing::Test {
   protected:
@@ -819,11 +829,7 @@ TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
     post(&sqD, wr(SOFTNDA_OP_SEND, 7101, &ds, 1));
     auto done = waitCqes(cqD, 2);
     ASSERT_EQ(done.size(), 2u);
-    std::map<uint64_t, softnda_cqe> by_id;
-    for (auto &e : done) {
-        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
-        by_id[e.wr_id] = e;
-    }
+    std::map<uint64_t, softnda_cqe> by_id = successfulById(done);
     ASSERT_EQ(by_id.count(7101), 1u);
     ASSERT_EQ(by_id.count(7001), 1u);
     EXPECT_EQ(by_id[7001].opcode, IBV_WC_RECV);
@@ -865,11 +871,7 @@ TEST_F(SoftndaRestart, AUdQpKeepsItsTransportAndQkey) {
     ASSERT_EQ(postAndRing(&sqE, w), 0);
     auto done = waitCqes(cqD, 2);
     ASSERT_EQ(done.size(), 2u);
-    std::map<uint64_t, softnda_cqe> by_id;
-    for (auto &e : done) {
-        EXPECT_EQ(e.status, IBV_WC_SUCCESS) << e.wr_id;
-        by_id[e.wr_id] = e;
-    }
+    std::map<uint64_t, softnda_cqe> by_id = successfulById(done);
     ASSERT_EQ(by_id.count(8100), 1u);
     EXPECT_EQ(by_id[8100].byte_len, SOFTNDA_GRH_SIZE + 8);
     EXPECT_NE(by_id[8100].flags & SOFTNDA_CQE_GRH, 0);
