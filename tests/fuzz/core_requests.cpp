@@ -55,6 +55,7 @@
 #include "daemon/edge/services.h"
 #include "ibv_extend/v1/broker.pb.h"
 #include "softnda_ops.h"
+#include "tests/fuzz/broker_baseline.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {
@@ -334,8 +335,7 @@ void settleOnce(Harness &h) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Harness &h = ibvx::fuzz::processFixture<Harness>();
     settleOnce(h);
-    const int fds_before = ibvx::fuzz::countOpenFds();
-    const uint64_t arena_before = MappingManager::instance().totals().arena_bytes;
+    const ibvx::fuzz::BrokerBaseline baseline;
     {
         State st;
         openHarnessSession(h, &st);
@@ -366,10 +366,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(h.broker().objectCount() == 0, "%zu objects left after all sessions ended",
                    h.broker().objectCount());
     }
-    const uint64_t arena_after = MappingManager::instance().totals().arena_bytes;
-    FUZZ_CHECK(arena_after == arena_before, "arena bytes %llu before, %llu after",
-               static_cast<unsigned long long>(arena_before), static_cast<unsigned long long>(arena_after));
-    const int fds_after = ibvx::fuzz::countOpenFds();
-    FUZZ_CHECK(fds_after == fds_before, "fd leak: %d open before, %d after", fds_before, fds_after);
+    baseline.checkRestored();
     return 0;
 }

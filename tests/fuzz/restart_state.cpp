@@ -51,6 +51,7 @@
 #include "daemon/restart/state_file.h"
 #include "daemon/restart/state_records.h"
 #include "softnda_ops.h"
+#include "tests/fuzz/broker_baseline.h"
 #include "tests/fuzz/fuzz_support.h"
 
 namespace {
@@ -295,8 +296,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     Template &t = ibvx::fuzz::processFixture<Template>();
     const std::vector<Edit> edits = parseEdits(data, size);
 
-    const int fds_before = ibvx::fuzz::countOpenFds();
-    const uint64_t arena_before = MappingManager::instance().totals().arena_bytes;
+    const ibvx::fuzz::BrokerBaseline baseline;
     {
         auto fds = editedFds(t, edits, editedRecords(t, edits));
         const bool state_sent =
@@ -323,10 +323,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         FUZZ_CHECK(broker.objectCount() == 0, "%zu objects left", broker.objectCount());
         broker.setCommitSink({});
     }
-    const uint64_t arena_after = MappingManager::instance().totals().arena_bytes;
-    FUZZ_CHECK(arena_after == arena_before, "arena bytes %llu before, %llu after",
-               static_cast<unsigned long long>(arena_before), static_cast<unsigned long long>(arena_after));
-    const int fds_after = ibvx::fuzz::countOpenFds();
-    FUZZ_CHECK(fds_after == fds_before, "fd leak: %d open before, %d after", fds_before, fds_after);
+    baseline.checkRestored();
     return 0;
 }
