@@ -2,26 +2,34 @@
 // The real BrokerService (daemon/edge) over the real core (daemon/core) and softnda, in this
 // process: one gRPC connection over a socketpair, handed to the server exactly as the broker's
 // accept loop hands over a tenant's connection, so every request goes through gRPC's own
-// deserialisation, the edge's checks and conversions, and the core.
+// deserialisation, the edge's checks and conversions, the idempotency keys and stored replies,
+// and the core.
 //
-// Input: a list of records `u8 op, u16 length (LE), bytes[length]`.
-//   op % 32 < 29  the Broker method with that index in broker.proto (26 today, up to
-//                 DestroyAh; the harness checks they stay below 29); the bytes are its request,
-//                 sent as they are when they do not parse (gRPC must reject them), otherwise
-//                 re-serialised after handle substitution: a fixed64 handle field holding 1..255
-//                 becomes the handle created (n-1) % count-th in this input, so requests can name
-//                 real objects, including other sessions' ones; 0 and large values stay (absent
-//                 or forged).
-//   op % 32 == 29 an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
+// Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
+//   op < 58       the Broker method with that index in broker.proto (26 today; the harness checks
+//                 they stay below 58); the bytes are its request, sent as they are when they do
+//                 not parse (gRPC must reject them), otherwise re-serialised after handle
+//                 substitution: a fixed64 handle field holding 1..255 becomes the handle created
+//                 (n-1) % count-th in this input, so requests can name real objects, including
+//                 other sessions' ones; 0 and large values stay (absent or forged). Every call
+//                 carries a new idempotency key, as the client sends one.
+//   op == 58      the bytes are the next call's "ibvx-idempotency-key" value, sent verbatim.
+//   op == 59      the previous call again, with its key and its request bytes: a retry.
+//   op == 60      the next call reuses the previous call's key (another method, or other bytes).
+//   op == 61      an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
 //                 of that size is queued on the current session as the fd channel would.
-//   op % 32 == 30 the current session's process "goes away": the broker ends the session.
-//   op % 32 == 31 switch to the session opened (byte 0)-th in this input.
+//   op == 62      the current session's process "goes away": the broker ends the session.
+//   op == 63      switch to the session opened (byte 0)-th in this input.
 // Each input starts with a Hello; a successful Hello record opens and switches to a new session.
 //
 // Invariants: no crash, no hang (every call answers within its deadline); no status outside what
 // the API documents (UNKNOWN, CANCELLED, ABORTED, DATA_LOSS and DEADLINE_EXCEEDED never occur);
-// a request naming a handle of another session never succeeds; and once every session of the
-// input has ended, the broker holds no session, no object, no arena memory and no extra fd.
+// a request naming a handle of another session never succeeds; a mutating call with a key that
+// is not 16 lower-case hex digits of a non-zero value never runs (INVALID_ARGUMENT, nothing
+// created); a retry of a mutating call answers exactly what the call answered (code, message,
+// bytes) and changes nothing in the broker; a key reused by another mutating method is refused
+// with INVALID_ARGUMENT; and once every session of the input has ended, the broker holds no
+// session, no object, no arena memory and no extra fd.
 
 #include <fcntl.h>
 #include <grpcpp/create_channel_posix.h>
@@ -35,12 +43,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -63,11 +73,15 @@ namespace {
 namespace gpb = google::protobuf;
 using namespace ibvx::daemon;  // NOLINT: the harness touches most of the daemon's names
 
-// Ops below the Broker service's method count call that method (by position); the last three of
-// the 32 op values are the harness's own. New methods take the free values in between.
-constexpr int kOpFdTransfer = 29;
-constexpr int kOpEndSession = 30;
-constexpr int kOpSwitchSession = 31;
+// Ops below the Broker service's method count call that method (by position); the last six of
+// the 64 op values are the harness's own. New methods take the free values in between.
+constexpr int kOpCount = 64;
+constexpr int kOpRawKey = 58;
+constexpr int kOpRetry = 59;
+constexpr int kOpReuseKey = 60;
+constexpr int kOpFdTransfer = 61;
+constexpr int kOpEndSession = 62;
+constexpr int kOpSwitchSession = 63;
 constexpr size_t kMaxRecords = 48;
 constexpr uint32_t kMaxXferBytes = 1u << 20;
 // Fixed64 request fields that carry something other than a handle.
@@ -109,9 +123,11 @@ class Harness : public SessionListener {
         stub_ = std::make_unique<grpc::GenericStub>(channel_);
 
         service_desc_ = gpb::DescriptorPool::generated_pool()->FindServiceByName("ibv_extend.v1.Broker");
-        FUZZ_CHECK(service_desc_ != nullptr && service_desc_->method_count() <= kOpFdTransfer,
-                   "broker.proto has %d methods; the input format assumes %d",
-                   service_desc_ ? service_desc_->method_count() : -1, kOpFdTransfer);
+        FUZZ_CHECK(service_desc_ != nullptr && service_desc_->method_count() <= kOpRawKey &&
+                       service_desc_->method_count() == static_cast<int>(Method::kCount),
+                   "broker.proto has %d methods; the input format assumes at most %d, the edge knows %d",
+                   service_desc_ ? service_desc_->method_count() : -1, kOpRawKey,
+                   static_cast<int>(Method::kCount));
     }
 
     // Stops gRPC before static destructors run: its threads must not outlive what they use.
@@ -131,13 +147,17 @@ class Harness : public SessionListener {
         return std::exchange(opened_, {});
     }
 
-    grpc::Status call(const gpb::MethodDescriptor &m, const std::string &token_hex,
+    // key: the "ibvx-idempotency-key" value, none when empty.
+    grpc::Status call(const gpb::MethodDescriptor &m, const std::string &token_hex, const std::string &key,
                       const std::string &request, std::string *response) {
         grpc::ClientContext ctx;
         // Generous: the point is "answers at all", and sanitizers are slow.
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
         if (!token_hex.empty()) {
             ctx.AddMetadata(kSessionMetadataKey, token_hex);
+        }
+        if (!key.empty()) {
+            ctx.AddMetadata(kIdempotencyMetadataKey, key);
         }
         grpc::Slice slice(request);
         grpc::ByteBuffer req(&slice, 1);
@@ -183,12 +203,33 @@ struct Handle {
     size_t session;  // index into State::sessions
 };
 
+// One call as it went out and what it answered, so a retry can be checked against it.
+struct SentCall {
+    int method = -1;                   // index in broker.proto; -1: none yet
+    std::shared_ptr<Session> session;  // the current session when it was sent; may be null
+    std::string token;
+    std::string key;
+    std::string request;
+    bool parsed = false;  // false: gRPC refuses the bytes before any handler sees them
+    grpc::Status status;
+    std::string response;
+};
+
 // What one input built so far.
 struct State {
     std::vector<std::shared_ptr<Session>> sessions;
     size_t current = 0;
     std::vector<Handle> handles;
+    uint64_t next_key = 1;
+    std::optional<std::string> key_for_next;  // set by kOpRawKey / kOpReuseKey
+    SentCall last;
 };
+
+std::string keyText(uint64_t key) {
+    char text[17];
+    std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(key));
+    return text;
+}
 
 const gpb::Message &prototype(const gpb::Descriptor *d) {
     const gpb::Message *p = gpb::MessageFactory::generated_factory()->GetPrototype(d);
@@ -250,7 +291,7 @@ bool documentedCode(grpc::StatusCode c) {
 void openSession(Harness &h, State *st, const std::string &request) {
     const gpb::MethodDescriptor &hello = *h.service().FindMethodByName("Hello");
     std::string resp;
-    grpc::Status s = h.call(hello, "", request, &resp);
+    grpc::Status s = h.call(hello, "", "", request, &resp);
     FUZZ_CHECK(documentedCode(s.error_code()), "Hello answered %d: %s", s.error_code(),
                s.error_message().c_str());
     for (auto &session : h.takeOpened()) {
@@ -275,6 +316,68 @@ void fdTransfer(State *st, const uint8_t *p, size_t n) {
     (void)st->sessions[st->current]->putXfer(xfer_id, std::move(fd));
 }
 
+// A key value gRPC lets through: metadata values are printable ASCII, and a client library
+// refuses others before they leave, which is not what this target is about.
+std::string printableKey(const uint8_t *p, size_t n) {
+    std::string key;
+    for (size_t i = 0; i < std::min<size_t>(n, 40); ++i) {
+        key.push_back(static_cast<char>(0x21 + p[i] % 0x5e));
+    }
+    return key;
+}
+
+// The key the next call carries: the one an op asked for, else a new valid one.
+std::string takeKey(State *st) {
+    if (st->key_for_next) {
+        return *std::exchange(st->key_for_next, std::nullopt);
+    }
+    return keyText(st->next_key++);
+}
+
+// Whether a call sent with this key was stored when it ran: mutating, the key valid, and its
+// session live then and now (a session ended since has no stored replies to answer from).
+bool storable(const SentCall &c) {
+    return c.method >= 0 && c.parsed && isMutating(static_cast<Method>(c.method)) &&
+           parseIdempotencyKey(c.key).isOk() && c.session != nullptr && !c.session->ended();
+}
+
+// The checks only the keys make: a malformed key runs nothing; a key reused by another method is
+// refused and by the same method is answered from the stored reply of the call that first used it.
+void checkKeyUse(Harness &h, const State &st, const SentCall &sent, size_t objects_before) {
+    const gpb::MethodDescriptor &m = *h.service().method(sent.method);
+    const grpc::Status &s = sent.status;
+    const bool live = sent.session != nullptr && !sent.session->ended();
+    if (!live || !sent.parsed || !isMutating(static_cast<Method>(sent.method)) || sent.key.empty()) {
+        return;
+    }
+    if (!parseIdempotencyKey(sent.key).isOk()) {
+        FUZZ_CHECK(
+            s.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+                h.broker().objectCount() == objects_before,
+            "%s with the malformed key '%s' answered %d (%s) and the broker went from %zu to %zu objects",
+            m.name().c_str(), sent.key.c_str(), s.error_code(), s.error_message().c_str(), objects_before,
+            h.broker().objectCount());
+        return;
+    }
+    const SentCall &prev = st.last;
+    if (prev.key != sent.key || prev.session != sent.session || !storable(prev) || !prev.status.ok()) {
+        return;
+    }
+    if (prev.method != sent.method) {
+        FUZZ_CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT,
+                   "%s reused the key of a %s call and answered %d: %s", m.name().c_str(),
+                   h.service().method(prev.method)->name().c_str(), s.error_code(),
+                   s.error_message().c_str());
+    } else {
+        FUZZ_CHECK(s.ok() && sent.response == prev.response,
+                   "%s sent again with its key (other bytes) answered %d, not its stored reply",
+                   m.name().c_str(), s.error_code());
+    }
+    FUZZ_CHECK(h.broker().objectCount() == objects_before,
+               "%s with a used key changed the broker's objects from %zu to %zu", m.name().c_str(),
+               objects_before, h.broker().objectCount());
+}
+
 void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
     const gpb::MethodDescriptor &m = *h.service().method(index);
     std::unique_ptr<gpb::Message> req(prototype(m.input_type()).New());
@@ -286,24 +389,63 @@ void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
         wire = req->SerializeAsString();
     }
     if (m.name() == "Hello") {
+        st->key_for_next.reset();
         openSession(h, st, wire);
         return;
     }
-    const std::string token = st->sessions.empty() ? "" : st->sessions[st->current]->tokenHex();
-    std::string resp;
-    grpc::Status s = h.call(m, token, wire, &resp);
+    SentCall sent;
+    sent.method = index;
+    if (!st->sessions.empty()) {
+        sent.session = st->sessions[st->current];
+        sent.token = sent.session->tokenHex();
+    }
+    sent.key = takeKey(st);
+    sent.request = wire;
+    sent.parsed = parsed;
+    const size_t objects_before = h.broker().objectCount();
+    sent.status = h.call(m, sent.token, sent.key, wire, &sent.response);
+    const grpc::Status &s = sent.status;
     FUZZ_CHECK(documentedCode(s.error_code()), "%s answered %d: %s", m.name().c_str(), s.error_code(),
                s.error_message().c_str());
-    if (!s.ok()) {
-        return;
+    checkKeyUse(h, *st, sent, objects_before);
+    const bool replayed = storable(st->last) && st->last.key == sent.key && st->last.session == sent.session;
+    st->last = sent;
+    if (!s.ok() || replayed) {
+        return;  // a replayed reply names objects already collected
     }
     for (size_t owner : owners) {
         FUZZ_CHECK(owner == st->current, "%s succeeded in session %zu with a handle of session %zu",
                    m.name().c_str(), st->current, owner);
     }
     std::unique_ptr<gpb::Message> out(prototype(m.output_type()).New());
-    FUZZ_CHECK(out->ParseFromString(resp), "%s answered bytes that do not parse", m.name().c_str());
+    FUZZ_CHECK(out->ParseFromString(sent.response), "%s answered bytes that do not parse", m.name().c_str());
     collectHandles(*out, st->current, st);
+}
+
+// The previous call again, exactly as a client's retry sends it. A mutating call the broker ran
+// is answered from its stored reply: the same code, message and bytes, and nothing changes.
+void retryLast(Harness &h, State *st) {
+    const SentCall &first = st->last;
+    if (first.method < 0) {
+        return;
+    }
+    const gpb::MethodDescriptor &m = *h.service().method(first.method);
+    const size_t objects_before = h.broker().objectCount();
+    std::string response;
+    grpc::Status s = h.call(m, first.token, first.key, first.request, &response);
+    FUZZ_CHECK(documentedCode(s.error_code()), "retried %s answered %d: %s", m.name().c_str(), s.error_code(),
+               s.error_message().c_str());
+    if (!storable(first)) {
+        return;
+    }
+    FUZZ_CHECK(s.error_code() == first.status.error_code() &&
+                   s.error_message() == first.status.error_message() && response == first.response,
+               "retried %s answered %d '%s' (%zu bytes), the call answered %d '%s' (%zu bytes)",
+               m.name().c_str(), s.error_code(), s.error_message().c_str(), response.size(),
+               first.status.error_code(), first.status.error_message().c_str(), first.response.size());
+    FUZZ_CHECK(h.broker().objectCount() == objects_before,
+               "retried %s changed the broker's objects from %zu to %zu", m.name().c_str(), objects_before,
+               h.broker().objectCount());
 }
 
 // The harness's own session, through a Hello as a client sends it.
@@ -342,7 +484,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
         size_t off = 0;
         for (size_t records = 0; off + 3 <= size && records < kMaxRecords; ++records) {
-            const int op = data[off] % 32;
+            const int op = data[off] % kOpCount;
             size_t len = data[off + 1] | static_cast<size_t>(data[off + 2]) << 8;
             off += 3;
             len = std::min(len, size - off);
@@ -350,6 +492,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             off += len;
             if (op < h.service().method_count()) {
                 callMethod(h, &st, op, p, len);
+            } else if (op == kOpRawKey) {
+                st.key_for_next = printableKey(p, len);
+            } else if (op == kOpRetry) {
+                retryLast(h, &st);
+            } else if (op == kOpReuseKey) {
+                st.key_for_next = st.last.key;
             } else if (op == kOpFdTransfer) {
                 fdTransfer(&st, p, len);
             } else if (op == kOpEndSession) {
