@@ -30,8 +30,9 @@ PACKAGES=(
   ibverbs-utils perftest python3-pyverbs
   go-md2man systemd-container
   # ibv-extend-run's sandbox (docs/verbs.md, "The discovery tree"); UCX over the face, and UCP
-  # for the verification program (tests/integration/verbs/ucp_verify.c)
-  bubblewrap ucx-utils libucx-dev
+  # for the verification program (tests/integration/verbs/ucp_verify.c); Open MPI over UCX
+  # (tests/integration/verbs/mpi_verify.c)
+  bubblewrap ucx-utils libucx-dev openmpi-bin libopenmpi-dev
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all

@@ -21,6 +21,7 @@
 #include "common/build_config.h"
 #include "common/unix_socket.h"
 #include "tools/ibv-extend-run/sandbox.h"
+#include "tools/ibv-extend-run/shared_userns.h"
 
 namespace {
 
@@ -207,7 +208,20 @@ std::vector<std::string> prepareSandbox(const std::string &socket, std::string *
         *why = "bwrap is not on PATH (install the bubblewrap package)";
         return {};
     }
-    std::vector<std::string> args = ibvx::run::sandboxArgs(bwrap, real);
+    // Root may read any process's memory anyway (CAP_SYS_PTRACE); another user's sandboxes share
+    // one user namespace so that they may read each other's as outside (shared_userns.h).
+    int userns = -1;
+    if (::geteuid() != 0) {
+        std::string unshared;
+        userns = ibvx::run::sharedUserns(&unshared);
+        if (userns < 0) {
+            std::fprintf(stderr,
+                         "ibv-extend-run: this sandbox gets a user namespace of its own (%s), so programs "
+                         "in other sandboxes cannot read its memory with process_vm_readv (UCX's cma)\n",
+                         unshared.c_str());
+        }
+    }
+    std::vector<std::string> args = ibvx::run::sandboxArgs(bwrap, real, userns);
     if (std::string refused = ibvx::run::probeSandbox(args); !refused.empty()) {
         *why = "bwrap cannot make the sandbox here: " + refused;
         return {};

@@ -67,12 +67,16 @@ bool parseSandboxMode(const std::string &text, SandboxMode *mode) {
     return true;
 }
 
-std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string &tree) {
+std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string &tree, int userns_fd) {
     // The whole host first (devices usable, as outside), then /dev and /sys/class rebuilt on
     // tmpfs mounts of the sandbox's own: sysfs and devtmpfs cannot take a new mount point, and
     // the host may have no /dev/infiniband or /sys/class/infiniband to mount over.
     // --die-with-parent: the program goes when bwrap (the pid the caller knows) is killed.
-    std::vector<std::string> args = {bwrap, "--die-with-parent", "--dev-bind", "/", "/"};
+    std::vector<std::string> args = {bwrap};
+    if (userns_fd >= 0) {
+        args.insert(args.end(), {"--userns", std::to_string(userns_fd)});
+    }
+    args.insert(args.end(), {"--die-with-parent", "--dev-bind", "/", "/"});
     rebuild("/dev", kHiddenDev, "--dev-bind", &args);
     args.insert(args.end(), {"--ro-bind", tree + "/dev/infiniband", "/dev/infiniband"});
     rebuild("/sys/class", kHiddenClasses, "--bind", &args);

@@ -21,8 +21,9 @@ bool parseSandboxMode(const std::string &text, SandboxMode *mode);
 
 // The bwrap command line (without the program) that shows the discovery tree at tree (a
 // directory, symlinks resolved) to the program. Reads the host's /dev and /sys/class to bind
-// their other entries back.
-std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string &tree);
+// their other entries back. userns_fd >= 0: the sandbox joins that user namespace (an inherited
+// descriptor, shared_userns.h) instead of making one of its own.
+std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string &tree, int userns_fd = -1);
 
 // Whether the sandbox can be set up here: runs it once around `true`. "" when it can, else why
 // not (bwrap's own first line of complaint, or what is missing).

@@ -5,7 +5,7 @@
 // many sizes checked) run with UCX_TLS=rc_verbs,ud_verbs,self; each tenant in ibv-extend-run's
 // sandbox (UCX considers a device only when /dev/infiniband/<dev_name> is a character device it may
 // open, docs/verbs.md). Short iteration counts: these prove the transport works; figures belong
-// to the benchmark.
+// to the benchmark. Open MPI (pml ucx, osc ucx) runs mpi-verify between two unprivileged ranks.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -242,6 +243,92 @@ TEST_F(UcxTest, UcpVerifiedTaggedMessagesOfManySizes) {
 
 // With UCX's defaults the UCP cases do not pass yet (docs/verbs.md, "Still refused"): UCX's
 // shared-memory allocations cannot be registered, and CMA is refused between two sandboxes.
+
+// ---- Sandboxes of one user share one user namespace (tools/ibv-extend-run/shared_userns.h) ----
+
+// UCX's cma transport reads the peer's memory with process_vm_readv, which the kernel allows only
+// within one user namespace: with a namespace per sandbox this put_bw fails (EPERM, fatal in
+// UCX). UCP and Open MPI pick cma by default between two processes of one host.
+TEST_F(UcxTest, CmaWorksBetweenTwoSandboxesOfOneUser) {
+    perftest({"-t", "put_bw", "-D", "zcopy", "-s", "65536", "-n", "200"}, {"-d", "memory", "-x", "cma"});
+}
+
+// The namespace's holder is there while a sandbox runs and goes with the last one, taking its
+// registry entry along. A registry of this test's own (XDG_RUNTIME_DIR), so tests running beside
+// it cannot keep the holder alive.
+TEST_F(UcxTest, TheSharedNamespaceHolderGoesWithTheLastSandbox) {
+    const std::string runtime = broker_->dir() + "/xdg-runtime";
+    ASSERT_EQ(::mkdir(runtime.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(runtime.c_str(), kNobody, kNobody), 0);
+    const std::string registry = runtime + "/ibv-extend-run";
+    const std::string said = runtime + "/said";
+    // The sandbox names its holder and its own namespace, then stays a while: the holder has every
+    // capability in the namespace, so only a process outside it (this one) may look at it.
+    auto sandbox = std::async(std::launch::async, [&] {
+        return tenant({"/bin/sh", "-c",
+                       "echo $(cat " + registry + "/holder) $(readlink /proc/self/ns/user) > " + said +
+                           ".new && mv " + said + ".new " + said + " && sleep 2"},
+                      {"XDG_RUNTIME_DIR=" + runtime});
+    });
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (::access(said.c_str(), F_OK) != 0 && std::chrono::steady_clock::now() < deadline &&
+           sandbox.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    }
+    std::ifstream in(said);
+    std::string holder, sandbox_ns;
+    in >> holder >> sandbox_ns;
+    ASSERT_FALSE(holder.empty()) << "the sandbox said nothing";
+    std::ifstream comm("/proc/" + holder + "/comm");
+    std::string name;
+    comm >> name;
+    EXPECT_EQ(name, "ibvx-userns");
+    char holder_ns[64] = {}, ours[64] = {};
+    ASSERT_GT(::readlink(("/proc/" + holder + "/ns/user").c_str(), holder_ns, sizeof(holder_ns) - 1), 0);
+    ASSERT_GT(::readlink("/proc/self/ns/user", ours, sizeof(ours) - 1), 0);
+    EXPECT_EQ(sandbox_ns, holder_ns) << "the sandbox is not in its holder's user namespace";
+    EXPECT_NE(sandbox_ns, ours);
+    ProcessResult r = sandbox.get();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // Gone: no registry entry, and the process has exited (a zombie until whoever adopted it reaps).
+    auto holderRuns = [&] {
+        std::ifstream stat("/proc/" + holder + "/stat");
+        std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        size_t paren = text.rfind(')');
+        return paren != std::string::npos && paren + 2 < text.size() && text[paren + 2] != 'Z';
+    };
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while ((::access((registry + "/holder").c_str(), F_OK) == 0 || holderRuns()) &&
+           std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_NE(::access((registry + "/holder").c_str(), F_OK), 0) << "the registry still names a holder";
+    EXPECT_FALSE(holderRuns()) << "holder " << holder << " still runs after the last sandbox";
+}
+
+// ---- Open MPI over UCX: mpirun as uid 65534, each rank a tenant in its sandbox ----
+
+// Debian's Open MPI 4.1 with its UCX pml and osc, verbs transports only (UCX_TLS), so every
+// message and every one-sided access between the two ranks crosses softnda through the broker;
+// the btl is self alone, so Open MPI has no path of its own between them. mpi-verify checks every
+// byte of point-to-point messages of 0 B-4 MiB, MPI_Allreduce, MPI_Alltoall and MPI_Put/MPI_Get.
+// No --allow-run-as-root: the job is the unprivileged user's own.
+TEST_F(UcxTest, OpenMpiJobOfTwoUnprivilegedRanksLosesNoByte) {
+    if (std::string(IBVX_MPIRUN).empty() || std::string(IBVX_MPI_VERIFY).empty()) {
+        GTEST_SKIP() << "openmpi-bin / libopenmpi-dev are not installed (scripts/install-deps.sh)";
+    }
+    RunOptions o;
+    o.uid = kNobody;
+    o.timeout_ms = 120000;
+    o.env = {"PATH=/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "UCX_WARN_UNUSED_ENV_VARS=n",
+             "UCX_TLS=rc_verbs,ud_verbs,self"};
+    ProcessResult r = runProcess({IBVX_MPIRUN, "--oversubscribe", "-np", "2", "--mca", "pml", "ucx", "--mca",
+                                  "osc", "ucx", "--mca", "btl", "self", IBVX_RUN_BINARY, "--socket",
+                                  broker_->socket(), "--sandbox=on", "--", IBVX_MPI_VERIFY},
+                                 o);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << broker_->log();
+    EXPECT_THAT(r.out, ::testing::HasSubstr("allreduce, alltoall, put/get: 0 + 0 + 0 bad bytes")) << r.err;
+    std::printf("%s", r.out.c_str());
+}
 
 void UcxTest::verify(const std::vector<std::string> &env) {
     if (std::string(IBVX_UCP_VERIFY).empty()) {
