@@ -101,22 +101,8 @@ int closeContext(ShadowContext *c) {
     return rc;
 }
 
-ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr,
-                   uint64_t iova, SharedHold *hold) {
-    Session *s = pd->owner->session;
-    pb::RegMrRequest req;
-    req.set_pd(pd->handle);
-    req.set_offset(offset);
-    req.set_length(length);
-    req.set_access(static_cast<uint32_t>(access));
-    req.set_iova(iova);
-    pb::RegMrResponse resp;
-    int rc = s->callWithFd(
-        "RegMr", &pb::Broker::Stub::RegMr, fd, req,
-        [](pb::RegMrRequest *r, uint64_t x) { r->set_xfer_id(x); }, &resp);
-    if (rc != 0) {
-        return failNull<ibv_mr>(-rc);
-    }
+// The shadow of an MR the broker registered (resp); hold: the shared pages it keeps, if any.
+ibv_mr *trackMr(ShadowPd *pd, const pb::RegMrResponse &resp, void *addr, size_t length, SharedHold *hold) {
     auto *m = new ShadowMr{};
     if (hold != nullptr) {
         std::swap(m->shared.addr, hold->addr);
@@ -133,6 +119,43 @@ ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int acc
     m->mr.rkey = resp.rkey();
     track(m, pd->owner);
     return &m->mr;
+}
+
+pb::RegMrRequest regMrRequest(const ShadowPd *pd, uint64_t offset, size_t length, int access, uint64_t iova) {
+    pb::RegMrRequest req;
+    req.set_pd(pd->handle);
+    req.set_offset(offset);
+    req.set_length(length);
+    req.set_access(static_cast<uint32_t>(access));
+    req.set_iova(iova);
+    return req;
+}
+
+ibv_mr *registerMr(ShadowPd *pd, int fd, uint64_t offset, size_t length, int access, void *addr,
+                   uint64_t iova, SharedHold *hold) {
+    pb::RegMrRequest req = regMrRequest(pd, offset, length, access, iova);
+    pb::RegMrResponse resp;
+    int rc = pd->owner->session->callWithFd(
+        "RegMr", &pb::Broker::Stub::RegMr, fd, req,
+        [](pb::RegMrRequest *r, uint64_t x) { r->set_xfer_id(x); }, &resp);
+    if (rc != 0) {
+        return failNull<ibv_mr>(-rc);
+    }
+    return trackMr(pd, resp, addr, length, hold);
+}
+
+// Shared memory the program mapped (SysV, POSIX shm, shared anonymous): the broker opens it from
+// this process's own mapping and registers it in place; nothing moves and no fd is sent.
+ibv_mr *registerInPlace(ShadowPd *pd, void *addr, size_t length, int access, uint64_t iova) {
+    pb::RegMrRequest req = regMrRequest(pd, 0, length, access, iova);
+    req.set_tenant_address(reinterpret_cast<uintptr_t>(addr));
+    pb::RegMrResponse resp;
+    if (int rc = pd->owner->session->call("RegMr", &pb::Broker::Stub::RegMr, req, &resp); rc != 0) {
+        warn("reg_mr: the broker cannot register the shared memory at [%p, +%zu) in place (%s)", addr, length,
+             std::strerror(-rc));
+        return failNull<ibv_mr>(-rc);
+    }
+    return trackMr(pd, resp, addr, length, nullptr);
 }
 
 std::atomic<bool> g_broker_mode{false};
@@ -255,6 +278,9 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
     SharedWindow window;
     std::string why;
     if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {
+        if (rc == -EINVAL && inSharedMapping(addr, length)) {
+            return registerInPlace(p, addr, length, access, iova);
+        }
         warn("reg_mr: [%p, +%zu) cannot be registered through the broker: %s", addr, length, why.c_str());
         return failNull<ibv_mr>(-rc);
     }

@@ -19,6 +19,8 @@
 #include <new>
 #include <vector>
 
+#include "common/proc_maps.h"
+
 #if defined(__has_feature)
 #if __has_feature(address_sanitizer)
 #define IBVX_LSAN_ROOTS 1
@@ -71,69 +73,10 @@ std::string span(uintptr_t begin, uintptr_t end) {
 }
 
 // One line of /proc/self/maps.
-struct Vma {
-    uintptr_t start = 0;
-    uintptr_t end = 0;
-    int prot = 0;
-    bool shared = false;
-    uint64_t offset = 0;
-    dev_t dev = 0;
-    uint64_t inode = 0;
-    std::string path;
-};
+using Vma = MapsEntry;
 
 bool readMaps(std::vector<Vma> *out) {
-    out->clear();
-    int fd = ::open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return false;
-    }
-    std::string text;
-    char buf[16384];
-    for (;;) {
-        ssize_t n = ::read(fd, buf, sizeof buf);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            ::close(fd);
-            if (n < 0) {
-                return false;
-            }
-            break;
-        }
-        text.append(buf, static_cast<size_t>(n));
-    }
-    size_t pos = 0;
-    while (pos < text.size()) {
-        size_t nl = text.find('\n', pos);
-        if (nl == std::string::npos) {
-            nl = text.size();
-        }
-        std::string line = text.substr(pos, nl - pos);
-        pos = nl + 1;
-        unsigned long start = 0, end = 0;
-        unsigned long long offset = 0, inode = 0;
-        unsigned major_no = 0, minor_no = 0;
-        char perms[5] = {};
-        int path_at = 0;
-        if (std::sscanf(line.c_str(), "%lx-%lx %4s %llx %x:%x %llu %n", &start, &end, perms, &offset,
-                        &major_no, &minor_no, &inode, &path_at) < 7) {
-            continue;
-        }
-        Vma v;
-        v.start = start;
-        v.end = end;
-        v.prot = (perms[0] == 'r' ? PROT_READ : 0) | (perms[1] == 'w' ? PROT_WRITE : 0) |
-                 (perms[2] == 'x' ? PROT_EXEC : 0);
-        v.shared = perms[3] == 's';
-        v.offset = offset;
-        v.dev = makedev(major_no, minor_no);
-        v.inode = inode;
-        v.path = line.substr(static_cast<size_t>(path_at));
-        out->push_back(std::move(v));
-    }
-    return true;
+    return ibvx::readMaps("/proc/self/maps", out);
 }
 
 // Raw system calls for copying the moved bytes: the kernel reads and writes the pages, so a
@@ -656,6 +599,17 @@ void forkChild() {
 [[maybe_unused]] const bool g_registered_at_load = home().state != nullptr;
 
 }  // namespace
+
+bool inSharedMapping(const void *addr, size_t length) {
+    std::vector<Vma> vmas;
+    const auto begin = reinterpret_cast<uintptr_t>(addr);
+    if (length == 0 || begin > UINTPTR_MAX - length || !readMaps(&vmas)) {
+        return false;
+    }
+    const Vma *v = findMapping(vmas, begin);
+    return v != nullptr && v->shared && begin + length <= v->end &&
+           (v->prot & (PROT_READ | PROT_WRITE)) == (PROT_READ | PROT_WRITE);
+}
 
 int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why) {
     std::string reason;

@@ -42,6 +42,11 @@ struct SharedWindow {
 // exactly as it was.
 int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why);
 
+// Whether [addr, addr + length) lies in one read-write MAP_SHARED mapping (SysV or POSIX shared
+// memory, shared anonymous memory, a memfd): memory acquireShared() refuses because it is shared
+// with others, and which the broker registers in place instead (RegMr's tenant_address).
+bool inSharedMapping(const void *addr, size_t length);
+
 // Drops one acquireShared() of exactly [addr, addr + length). Pages no acquisition holds are
 // left alone.
 void releaseShared(void *addr, size_t length);

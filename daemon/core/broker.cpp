@@ -15,6 +15,7 @@
 #include "daemon/core/driver_call.h"
 #include "daemon/core/events.h"
 #include "daemon/core/fault_hooks.h"
+#include "daemon/core/tenant_mapping.h"
 #include "providers/loader/create_rules.h"
 #include "providers/loader/extend_open.h"
 
@@ -727,14 +728,27 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     if (args.offset > UINT64_MAX - args.length) {
         return invalidArgument("MR offset + length overflows");
     }
-    // Wait for the fd before taking the session lock: the fd-channel reader must not wait on us.
-    UniqueFd fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
-    if (!fd) {
-        return Status(Code::kInvalidArgument, EBADF,
-                      "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
+    UniqueFd fd;
+    RegMrArgs placed = args;  // offset: where the memory is in fd
+    if (args.tenant_address != 0) {
+        if (args.xfer_id != 0 || args.offset != 0) {
+            return invalidArgument(
+                "a RegMr of the tenant's own mapping (tenant_address) names no fd and no offset");
+        }
+        ASSIGN_OR_RETURN(TenantMapping m,
+                         openTenantMapping(s.identity().creds, s.pidfd(), args.tenant_address, args.length));
+        fd = std::move(m.fd);
+        placed.offset = m.offset;
+    } else {
+        // Wait for the fd before taking the session lock: the fd-channel reader must not wait on us.
+        fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
+        if (!fd) {
+            return Status(Code::kInvalidArgument, EBADF,
+                          "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
+        }
+        crashOnceAt("RegMr");  // the fd taken, the call not committed (tests only)
+        RETURN_IF_ERROR(checkMrFd(fd, args));
     }
-    crashOnceAt("RegMr");  // the fd taken, the call not committed (tests only)
-    RETURN_IF_ERROR(checkMrFd(fd, args));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
     ASSIGN_OR_RETURN(PdObject * pd, lookup<PdObject>(s, args.pd));
@@ -744,12 +758,12 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     }
     ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kMrs, 1}, {Quota::kMrBytes, args.length}}));
     void *addr = nullptr;
-    ASSIGN_OR_RETURN(UniqueMapping mapping, mapMrMemory(fd, args, &addr));
+    ASSIGN_OR_RETURN(UniqueMapping mapping, mapMrMemory(fd, placed, &addr));
     auto obj = std::make_unique<MrObject>();
     obj->quota = std::move(quota);
     obj->mapping = std::move(mapping);
     obj->fd = std::move(fd);
-    obj->fd_offset = args.offset - args.offset % pageSize();
+    obj->fd_offset = placed.offset - placed.offset % pageSize();
     obj->pd = pd;
     obj->length = args.length;
     uint64_t iova = args.iova != 0 ? args.iova : reinterpret_cast<uint64_t>(addr);

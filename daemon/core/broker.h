@@ -57,6 +57,9 @@ struct RegMrArgs {
     uint64_t length = 0;
     uint32_t access = 0;
     uint64_t iova = 0;  // 0: the broker's own address of the memory
+    // Non-zero: the tenant's own shared mapping at this address, opened by the broker
+    // (tenant_mapping.h); xfer_id and offset are then 0.
+    uint64_t tenant_address = 0;
 };
 
 struct RegMrResult {

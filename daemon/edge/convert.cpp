@@ -248,6 +248,7 @@ RegMrArgs fromProto(const pb::RegMrRequest &in) {
     a.length = in.length();
     a.access = in.access();
     a.iova = in.iova();
+    a.tenant_address = in.tenant_address();
     return a;
 }
 

@@ -85,7 +85,7 @@ constexpr int kOpSwitchSession = 63;
 constexpr size_t kMaxRecords = 48;
 constexpr uint32_t kMaxXferBytes = 1u << 20;
 // Fixed64 request fields that carry something other than a handle.
-const std::set<std::string> kNotHandles = {"xfer_id", "iova"};
+const std::set<std::string> kNotHandles = {"xfer_id", "iova", "tenant_address"};
 // Response fields that name a new object.
 const std::set<std::string> kCreatedHandles = {"context", "pd", "mr", "cq", "qp", "srq", "ah"};
 

@@ -2,10 +2,12 @@
 // device with an IB memory domain and rc_verbs, and ucx_perftest's put_lat, put_bw, get, am_lat
 // and am_bw run between two unprivileged tenants over rc_verbs (am_lat over ud_verbs too); at the
 // UCP level tag_lat, tag_bw (rendezvous), ucp_put_bw, ucp_get and ucp-verify (every byte of
-// many sizes checked) run with UCX_TLS=rc_verbs,ud_verbs,self; each tenant in ibv-extend-run's
+// many sizes checked) run with UCX_TLS=rc_verbs,ud_verbs,self, and tag_bw, put/get and ucp-verify
+// with UCX's defaults too; each tenant in ibv-extend-run's
 // sandbox (UCX considers a device only when /dev/infiniband/<dev_name> is a character device it may
 // open, docs/verbs.md). Short iteration counts: these prove the transport works; figures belong
-// to the benchmark. Open MPI (pml ucx, osc ucx) runs mpi-verify between two unprivileged ranks.
+// to the benchmark. Open MPI (pml ucx, osc ucx) runs mpi-verify between two unprivileged ranks,
+// over verbs only and with UCX's defaults.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -169,6 +171,8 @@ class UcxTest : public ::testing::Test {
     }
 
     void verify(const std::vector<std::string> &env);
+    // mpirun -np 2 of mpi-verify as uid 65534, each rank through ibv-extend-run; env: UCX's.
+    void mpiJob(const std::vector<std::string> &env);
 
     std::unique_ptr<BrokerProcess> broker_;
 };
@@ -241,8 +245,24 @@ TEST_F(UcxTest, UcpVerifiedTaggedMessagesOfManySizes) {
     verify(kUcpVerbs);
 }
 
-// With UCX's defaults the UCP cases do not pass yet (docs/verbs.md, "Still refused"): UCX's
-// shared-memory allocations cannot be registered, and CMA is refused between two sandboxes.
+// ---- UCP with UCX's defaults (no UCX_TLS) ----
+// UCX then allocates from its SysV/POSIX shared-memory domains and registers that memory with the
+// IB domain too (the face registers it in place: docs/verbs.md, "Shared memory: registered in
+// place"), and moves data between the two tenants with shared memory and cma (the sandboxes share
+// a user namespace).
+
+TEST_F(UcxTest, UcpTagBandwidthRendezvous1MiBWithUcxDefaults) {
+    perftest({"-t", "tag_bw", "-s", "1048576", "-n", "20", "-w", "2"}, {}, {});
+}
+
+TEST_F(UcxTest, UcpPutAndGetWithUcxDefaults) {
+    perftest({"-t", "ucp_put_bw", "-s", "65536", "-n", "50"}, {}, {});
+    perftest({"-t", "ucp_get", "-s", "65536", "-n", "50"}, {}, {});
+}
+
+TEST_F(UcxTest, UcpVerifiedTaggedMessagesWithUcxDefaults) {
+    verify({});
+}
 
 // ---- Sandboxes of one user share one user namespace (tools/ibv-extend-run/shared_userns.h) ----
 
@@ -307,20 +327,20 @@ TEST_F(UcxTest, TheSharedNamespaceHolderGoesWithTheLastSandbox) {
 
 // ---- Open MPI over UCX: mpirun as uid 65534, each rank a tenant in its sandbox ----
 
-// Debian's Open MPI 4.1 with its UCX pml and osc, verbs transports only (UCX_TLS), so every
+// Debian's Open MPI 4.1 with its UCX pml and osc; with verbs transports only (UCX_TLS) every
 // message and every one-sided access between the two ranks crosses softnda through the broker;
 // the btl is self alone, so Open MPI has no path of its own between them. mpi-verify checks every
 // byte of point-to-point messages of 0 B-4 MiB, MPI_Allreduce, MPI_Alltoall and MPI_Put/MPI_Get.
 // No --allow-run-as-root: the job is the unprivileged user's own.
-TEST_F(UcxTest, OpenMpiJobOfTwoUnprivilegedRanksLosesNoByte) {
+void UcxTest::mpiJob(const std::vector<std::string> &env) {
     if (std::string(IBVX_MPIRUN).empty() || std::string(IBVX_MPI_VERIFY).empty()) {
         GTEST_SKIP() << "openmpi-bin / libopenmpi-dev are not installed (scripts/install-deps.sh)";
     }
     RunOptions o;
     o.uid = kNobody;
     o.timeout_ms = 120000;
-    o.env = {"PATH=/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "UCX_WARN_UNUSED_ENV_VARS=n",
-             "UCX_TLS=rc_verbs,ud_verbs,self"};
+    o.env = {"PATH=/usr/bin:/bin", "HOME=/tmp", "TMPDIR=/tmp", "UCX_WARN_UNUSED_ENV_VARS=n"};
+    o.env.insert(o.env.end(), env.begin(), env.end());
     ProcessResult r = runProcess({IBVX_MPIRUN, "--oversubscribe", "-np", "2", "--mca", "pml", "ucx", "--mca",
                                   "osc", "ucx", "--mca", "btl", "self", IBVX_RUN_BINARY, "--socket",
                                   broker_->socket(), "--sandbox=on", "--", IBVX_MPI_VERIFY},
@@ -328,6 +348,16 @@ TEST_F(UcxTest, OpenMpiJobOfTwoUnprivilegedRanksLosesNoByte) {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err << broker_->log();
     EXPECT_THAT(r.out, ::testing::HasSubstr("allreduce, alltoall, put/get: 0 + 0 + 0 bad bytes")) << r.err;
     std::printf("%s", r.out.c_str());
+}
+
+TEST_F(UcxTest, OpenMpiJobOfTwoUnprivilegedRanksLosesNoByte) {
+    mpiJob(kUcpVerbs);
+}
+
+// UCX's defaults: between two ranks of one host UCX moves messages over shared memory and cma,
+// and MPI_Win_allocate takes the one-sided window from SysV shared memory, registered in place.
+TEST_F(UcxTest, OpenMpiJobWithUcxDefaultsLosesNoByte) {
+    mpiJob({});
 }
 
 void UcxTest::verify(const std::vector<std::string> &env) {

@@ -15,19 +15,118 @@
  *    providers refuse them;
  *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ;
  *  - ibv_create_ah refuses a port the device lacks and a GRH whose sgid_index names no GID
- *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed.
+ *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed;
+ *  - shared memory (a SysV segment, POSIX shared memory, shared anonymous memory) registers, in
+ *    place: an RDMA WRITE into it shows through a second mapping of the same object, an RDMA READ
+ *    returns what the program wrote, and deregistration leaves it as it is.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
+#define _GNU_SOURCE /* mremap */
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/shm.h>
+#include <unistd.h>
 
 static const char *rc_prog = "verbs-behaviour";
 #include "rc_helpers.h"
+
+/* One signalled RDMA operation of len bytes between local (in mr) and raddr, waited for. */
+static void rdma(struct ibv_qp *qp, struct ibv_cq *cq, enum ibv_wr_opcode op, struct ibv_mr *mr, char *local,
+                 uint32_t len, char *raddr, uint32_t rkey, const char *step) {
+    struct ibv_sge sge = {(uintptr_t)local, len, mr->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 77;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)raddr;
+    wr.wr.rdma.rkey = rkey;
+    if (ibv_post_send(qp, &wr, &bad) != 0) {
+        fail(step, "ibv_post_send refused");
+    }
+    struct ibv_wc wc = wait_wc(cq, step);
+    if (wc.status != IBV_WC_SUCCESS) {
+        fail(step, ibv_wc_status_str(wc.status));
+    }
+}
+
+enum { kSharedLen = 8192 };
+
+/* mem and other: two mappings of one shared object of kSharedLen bytes. src and dst: 4 KiB
+ * buffers registered as ms and md. */
+static void check_in_place(const char *kind, struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *cq,
+                           struct ibv_mr *ms, char *src, struct ibv_mr *md, char *dst, char *mem,
+                           char *other) {
+    struct ibv_mr *mr = ibv_reg_mr(pd, mem, kSharedLen, kAccess);
+    if (mr == NULL) {
+        fprintf(stderr, "verbs-behaviour: ibv_reg_mr of %s: %s\n", kind, strerror(errno));
+        exit(1);
+    }
+    for (int i = 0; i < 3000; ++i)
+        src[i] = (char)(i * 7 + 1);
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 3000, mem + 3000, mr->rkey, kind); /* across a page edge */
+    if (memcmp(mem + 3000, src, 3000) != 0 || memcmp(other + 3000, src, 3000) != 0) {
+        fail(kind, "the RDMA WRITE is not in the shared memory");
+    }
+    for (int i = 0; i < 2000; ++i)
+        mem[6000 + i] = (char)(i * 3 + 5);
+    rdma(qp, cq, IBV_WR_RDMA_READ, md, dst, 2000, mem + 6000, mr->rkey, kind);
+    if (memcmp(dst, other + 6000, 2000) != 0) {
+        fail(kind, "the RDMA READ did not return the shared memory");
+    }
+    if (ibv_dereg_mr(mr) != 0 || memcmp(other + 3000, src, 3000) != 0) {
+        fail(kind, "ibv_dereg_mr failed or changed the shared memory");
+    }
+}
+
+static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *ms,
+                          char *src, struct ibv_mr *md, char *dst) {
+    int id = shmget(IPC_PRIVATE, kSharedLen, IPC_CREAT | 0600);
+    char *sysv = id >= 0 ? shmat(id, NULL, 0) : (char *)-1,
+         *sysv2 = id >= 0 ? shmat(id, NULL, 0) : (char *)-1;
+    if (id < 0 || sysv == (char *)-1 || sysv2 == (char *)-1) {
+        fail("shmget/shmat", strerror(errno));
+    }
+    shmctl(id, IPC_RMID, NULL);
+    check_in_place("a SysV segment", pd, qp, cq, ms, src, md, dst, sysv, sysv2);
+
+    char name[64];
+    snprintf(name, sizeof(name), "/ibvx-verbs-behaviour-%d", (int)getpid());
+    int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 || shm_unlink(name) != 0 || ftruncate(fd, kSharedLen) != 0) {
+        fail("shm_open", strerror(errno));
+    }
+    char *px = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    char *px2 = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (px == MAP_FAILED || px2 == MAP_FAILED) {
+        fail("mmap of POSIX shared memory", strerror(errno));
+    }
+    check_in_place("POSIX shared memory", pd, qp, cq, ms, src, md, dst, px, px2);
+
+    char *anon = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    /* mremap of old size 0 maps the same shared pages a second time */
+    char *anon2 = anon != MAP_FAILED ? mremap(anon, 0, kSharedLen, MREMAP_MAYMOVE) : MAP_FAILED;
+    if (anon == MAP_FAILED || anon2 == MAP_FAILED) {
+        fail("shared anonymous mmap", strerror(errno));
+    }
+    check_in_place("shared anonymous memory", pd, qp, cq, ms, src, md, dst, anon, anon2);
+    shmdt(sysv);
+    shmdt(sysv2);
+    munmap(px, kSharedLen);
+    munmap(px2, kSharedLen);
+    munmap(anon, kSharedLen);
+    munmap(anon2, kSharedLen);
+    close(fd);
+}
 
 int main(int argc, char **argv) {
     struct ibv_context *ctx = open_named(argc > 1 ? argv[1] : "softnda0");
@@ -150,6 +249,8 @@ int main(int argc, char **argv) {
     if (wc.status != IBV_WC_SUCCESS || strcmp(dst, "event") != 0) {
         fail("event completion", "wrong status or data");
     }
+
+    shared_memory(pd, a, cq, ms, src, md, dst);
 
     /* ibv_qp_ex: the ibv_wr_* API on a QP made by ibv_create_qp_ex. */
     struct ibv_qp_init_attr_ex ix;

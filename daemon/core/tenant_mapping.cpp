@@ -1,0 +1,99 @@
+#include "daemon/core/tenant_mapping.h"
+
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/proc_maps.h"
+
+namespace ibvx::daemon {
+namespace {
+
+std::string range(uint64_t addr, uint64_t length) {
+    char text[64];
+    std::snprintf(text, sizeof(text), "[0x%" PRIx64 ", +%" PRIu64 ")", addr, length);
+    return text;
+}
+
+// open(2) of path as the tenant's fsuid/fsgid would, on a thread of its own: file-system ids are
+// per thread, so no other broker thread opens anything as the tenant meanwhile.
+UniqueFd openAsTenant(const std::string &path, const Credentials &creds, int *err) {
+    UniqueFd fd;
+    std::thread([&] {
+        // setfsuid answers the previous id, never an error: the open below fails if it did not take.
+        (void)::syscall(SYS_setfsgid, creds.gid);
+        (void)::syscall(SYS_setfsuid, creds.uid);
+        fd.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));
+        *err = errno;
+    }).join();
+    return fd;
+}
+
+}  // namespace
+
+StatusOr<TenantMapping> openTenantMapping(const Credentials &creds, int pidfd, uint64_t addr,
+                                          uint64_t length) {
+    const std::string where = range(addr, length);
+    if (length == 0 || addr > UINT64_MAX - length) {
+        return invalidArgument(where + " is not a range of the tenant's address space");
+    }
+    if (pidfd < 0 || creds.pid <= 0) {
+        return failedPrecondition("the session has no process to read " + where + " of");
+    }
+    const std::string proc = "/proc/" + std::to_string(creds.pid);
+    std::vector<MapsEntry> maps;
+    if (!readMaps(proc + "/maps", &maps)) {
+        return Status::fromErrno(errno, "cannot read the tenant's " + proc + "/maps");
+    }
+    const MapsEntry *v = findMapping(maps, addr);
+    if (v == nullptr || addr + length > v->end) {
+        return invalidArgument(where + " is not inside one mapping of the tenant's");
+    }
+    if (!v->shared) {
+        return invalidArgument(where + " is private memory, not a shared mapping");
+    }
+    if ((v->prot & (PROT_READ | PROT_WRITE)) != (PROT_READ | PROT_WRITE)) {
+        return Status(Code::kPermissionDenied, EACCES, where + " is not mapped read-write by the tenant");
+    }
+    char name[64];
+    std::snprintf(name, sizeof(name), "/map_files/%" PRIxPTR "-%" PRIxPTR, v->start, v->end);
+    int err = 0;
+    TenantMapping out;
+    out.fd = openAsTenant(proc + name, creds, &err);
+    if (!out.fd) {
+        return Status::fromErrno(
+            err, "cannot open the object behind the tenant's mapping of " + where + " (" + v->path + ")");
+    }
+    struct stat st {};
+    struct statfs fs {};
+    if (::fstat(out.fd.get(), &st) < 0 || st.st_dev != v->dev || st.st_ino != v->inode) {
+        return invalidArgument("the tenant's mapping of " + where + " changed while it was opened");
+    }
+    if (::fstatfs(out.fd.get(), &fs) < 0 || fs.f_type != TMPFS_MAGIC) {
+        return invalidArgument(
+            where + " maps " + v->path +
+            ", not shared memory (SysV or POSIX shared memory, shared anonymous memory, a memfd)");
+    }
+    // Alive after the open: the pid named this process, not a later one with its number.
+    if (::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) < 0) {
+        return failedPrecondition("the tenant's process went away while " + where + " was opened");
+    }
+    out.offset = v->offset + (addr - v->start);
+    if (out.offset + length > static_cast<uint64_t>(st.st_size)) {
+        return invalidArgument(where + " runs past the end of " + v->path);
+    }
+    return out;
+}
+
+}  // namespace ibvx::daemon
