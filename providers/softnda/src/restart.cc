@@ -224,6 +224,9 @@ int exportSrq(const ibv_srq_extend *ext, ibv_extend_vdev_state *out) {
     if (srq == nullptr || &srq->ext != ext) {
         return -EINVAL;
     }
+    if (srq->xrcd != nullptr) {
+        return -EOPNOTSUPP;  // XRC objects do not cross a restart yet (SPEC.md "XRC")
+    }
     std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
     put(out, IBV_EXTEND_VDEV_OBJ_SRQ,
         SrqBlob{ringBlob(srq->ring), slotBlob(srq->db), reinterpret_cast<uintptr_t>(srq->ib.srq_context),
@@ -266,6 +269,9 @@ int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
     if (qp == nullptr || &qp->ext != ext) {
         return -EINVAL;
     }
+    if (qp->init.qp_type == IBV_QPT_XRC_SEND || qp->init.qp_type == IBV_QPT_XRC_RECV) {
+        return -EOPNOTSUPP;  // XRC objects do not cross a restart yet (SPEC.md "XRC")
+    }
     std::lock_guard<std::mutex> ctl(qp->ctx->dev->ctl);
     QpBlob b{};
     b.qpn = qp->qpn;
@@ -275,7 +281,7 @@ int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
     b.rq = ringBlob(qp->rq);
     b.sq_db = slotBlob(qp->sq_db);
     b.rq_db = slotBlob(qp->rq_db);
-    b.has_rq = qp->srq == nullptr ? 1 : 0;
+    b.has_rq = qp->hasRq() ? 1 : 0;
     b.rq_max_sge = qp->rq_max_sge;
     b.cap = qp->init.cap;
     b.sq_sig_all = qp->init.sq_sig_all;
@@ -586,7 +592,7 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     Context *ctx = asContext(env->context);
     QpParents parents;
     if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 ||
-        !qpParents(ctx, env->pd, env->send_cq, env->recv_cq, env->srq, &parents) ||
+        !qpParents(ctx, IBV_QPT_RC, env->pd, env->send_cq, env->recv_cq, env->srq, &parents) ||
         b.has_rq != (parents.srq == nullptr ? 1u : 0u) || !opsComplete(env->ops) ||
         !validQpBlob(b, ctx->dev->cfg)) {
         return failNull<void>(EINVAL);
