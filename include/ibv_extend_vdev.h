@@ -76,6 +76,7 @@ enum ibv_extend_vdev_obj {
     IBV_EXTEND_VDEV_OBJ_CQ = 4,      /* struct ibv_cq_extend * (create_cq_extend's result) */
     IBV_EXTEND_VDEV_OBJ_SRQ = 5,     /* struct ibv_srq_extend * */
     IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
+    IBV_EXTEND_VDEV_OBJ_XRCD = 7,    /* struct ibv_xrcd * (ABI V6) */
 };
 
 #define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */
@@ -105,7 +106,11 @@ struct ibv_extend_vdev_import {
      * address), or NULL when the caller does not know it (import then fails with EINVAL). */
     void *(*relocate)(void *arg, uint64_t old_addr, uint64_t length);
     void *arg;
-    uint64_t resv[4];
+    /* ABI V6 (XRC): the domain of an XRC SRQ or XRC target QP, and an XRC SRQ's CQ. NULL
+     * otherwise. */
+    struct ibv_xrcd *xrcd;
+    struct ibv_cq *srq_cq;
+    uint64_t resv[2];
 };
 
 /* What a virtual device announces about itself. */

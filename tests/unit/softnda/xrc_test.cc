@@ -257,10 +257,11 @@ TEST_F(Xrc, ObjectsHoldTheirParents) {
     ibv_qp_attr at{};
     at.qp_state = IBV_QPS_RTS;
     EXPECT_EQ(softnda_vdev_ops.modify_qp(tgt.ext->qp, &at, IBV_QP_STATE | IBV_QP_SQ_PSN), -EINVAL);
-    // Restart does not carry XRC objects yet: export says so instead of writing a wrong blob.
+    // Every XRC object has a restart blob (restart_test.cc restores them).
     ibv_extend_vdev_state st{};
-    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_SRQ, s.ext, &st), -EOPNOTSUPP);
-    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_QP, tgt.ext, &st), -EOPNOTSUPP);
+    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_SRQ, s.ext, &st), 0);
+    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_QP, tgt.ext, &st), 0);
+    EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_XRCD, xrcd_, &st), 0);
 }
 
 // Two contexts of the device (two tenants) share one domain: the SRQ is the first one's, the
