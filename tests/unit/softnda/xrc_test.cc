@@ -2,6 +2,8 @@
 // the target's domain, completing on that SRQ's CQ; memory is checked against the SRQ's PD; an
 // SRQ number outside the target's domain is an invalid request. Objects of two contexts of the
 // device share one domain, as two processes do.
+#include <set>
+
 #include "tests/unit/softnda/fixture.h"
 
 namespace softnda_test {
@@ -264,35 +266,71 @@ TEST_F(Xrc, ObjectsHoldTheirParents) {
     EXPECT_EQ(softnda_vdev_ops.export_object(IBV_EXTEND_VDEV_OBJ_XRCD, xrcd_, &st), 0);
 }
 
+// A second context of the device (a second tenant): its own PD, send CQ and doorbell pages.
+struct Tenant {
+    ibv_context *ctx = nullptr;
+    ibv_context_extend *ext = nullptr;
+    ibv_pd *pd = nullptr;
+    ibv_cq_extend *cq = nullptr;
+    softnda_cq cqh{};
+    std::vector<ibv_qp_extend *> qps;
+    std::vector<ibv_mr *> mrs;
+
+    void open(const ibv_cq_init_attr_extend &ca) {
+        ctx = softnda_vdev_ops.open_device("softnda0");
+        ASSERT_NE(ctx, nullptr);
+        ext = softnda_driver_ops.alloc_context(ctx);
+        pd = softnda_vdev_ops.alloc_pd(ctx);
+        auto a = ca;
+        cq = ext->ops->create_cq(ctx, &a);
+        ASSERT_NE(cq, nullptr);
+        ASSERT_EQ(softnda_cq_init(&cqh, &cq->cq_info), 0);
+    }
+    void close() {
+        for (auto it = qps.rbegin(); it != qps.rend(); ++it) {
+            EXPECT_EQ(ext->ops->destroy_qp(*it), 0);
+        }
+        for (ibv_mr *m : mrs) {
+            EXPECT_EQ(softnda_vdev_ops.dereg_mr(m), 0);
+        }
+        EXPECT_EQ(ext->ops->destroy_cq(cq), 0);
+        EXPECT_EQ(softnda_vdev_ops.dealloc_pd(pd), 0);
+        softnda_driver_ops.free_context(ext);
+        EXPECT_EQ(softnda_vdev_ops.close_device(ctx), 0);
+    }
+    ibv_mr *reg(void *addr, size_t len) {
+        mrs.push_back(softnda_vdev_ops.reg_mr(pd, addr, len, reinterpret_cast<uintptr_t>(addr), kAllAccess));
+        return mrs.back();
+    }
+    // An initiator on this tenant's CQ, and a target of its own in xrcd.
+    void makeXrcPair(ibv_extend_ops *ops, ibv_xrcd *xrcd, uint32_t depth, QpH *ini, QpH *tgt) {
+        ibv_qp_init_attr_extend ia{};
+        ia.pd = pd;
+        ia.attr.send_cq = cq->cq;
+        ia.attr.qp_type = IBV_QPT_XRC_SEND;
+        ia.attr.cap.max_send_wr = depth;
+        ia.attr.cap.max_send_sge = 1;
+        ia.ops = ops;
+        ini->ext = ext->ops->create_qp(ctx, &ia);
+        ASSERT_NE(ini->ext, nullptr);
+        qps.push_back(ini->ext);
+        ASSERT_EQ(softnda_sq_init_xrc(&ini->sq, &ini->ext->sq_info), 0);
+        ibv_qp_init_attr_extend ta{};
+        ta.ops = ops;
+        tgt->ext = softnda_vdev_ops.create_xrc_tgt_qp(ctx, &ta, xrcd);
+        ASSERT_NE(tgt->ext, nullptr);
+        qps.push_back(tgt->ext);
+    }
+};
+
 // Two contexts of the device (two tenants) share one domain: the SRQ is the first one's, the
 // initiator and the target the second's.
 TEST_F(Xrc, ADomainIsSharedAcrossContexts) {
     SrqH s = makeXrcSrq(xrcd_, xcq_);
-    ibv_context *ctx2 = softnda_vdev_ops.open_device("softnda0");
-    ASSERT_NE(ctx2, nullptr);
-    ibv_context_extend *ext2 = softnda_driver_ops.alloc_context(ctx2);
-    ibv_pd *pd2 = softnda_vdev_ops.alloc_pd(ctx2);
-    ibv_cq_init_attr_extend ca = cqAttr(64);
-    ibv_cq_extend *cq2 = ext2->ops->create_cq(ctx2, &ca);
-    ASSERT_NE(cq2, nullptr);
-    softnda_cq cq2h{};
-    ASSERT_EQ(softnda_cq_init(&cq2h, &cq2->cq_info), 0);
-    ibv_qp_init_attr_extend ia{};
-    ia.pd = pd2;
-    ia.attr.send_cq = cq2->cq;
-    ia.attr.qp_type = IBV_QPT_XRC_SEND;
-    ia.attr.cap.max_send_wr = 4;
-    ia.attr.cap.max_send_sge = 1;
-    ia.ops = arena().ops();
-    QpH ini;
-    ini.ext = ext2->ops->create_qp(ctx2, &ia);
-    ASSERT_NE(ini.ext, nullptr);
-    ASSERT_EQ(softnda_sq_init_xrc(&ini.sq, &ini.ext->sq_info), 0);
-    ibv_qp_init_attr_extend ta{};
-    ta.ops = arena().ops();
-    QpH tgt;
-    tgt.ext = softnda_vdev_ops.create_xrc_tgt_qp(ctx2, &ta, xrcd_);
-    ASSERT_NE(tgt.ext, nullptr);
+    Tenant t;
+    ASSERT_NO_FATAL_FAILURE(t.open(cqAttr(64)));
+    QpH ini, tgt;
+    ASSERT_NO_FATAL_FAILURE(t.makeXrcPair(arena().ops(), xrcd_, 4, &ini, &tgt));
     connectXrc(ini, tgt);
 
     char in[16] = {};
@@ -300,25 +338,80 @@ TEST_F(Xrc, ADomainIsSharedAcrossContexts) {
     ASSERT_EQ(softnda_rq_post(&s.rq, 3, &r, 1), 0);
     softnda_rq_doorbell(&s.rq);
     char out[16] = "shared domain";
-    ibv_mr *omr =
-        softnda_vdev_ops.reg_mr(pd2, out, sizeof(out), reinterpret_cast<uintptr_t>(out), kAllAccess);
-    softnda_sge o = sge(out, sizeof(out), omr);
+    softnda_sge o = sge(out, sizeof(out), t.reg(out, sizeof(out)));
     softnda_send_wr w = wr(SOFTNDA_OP_SEND, 9, &o, 1);
     w.remote_srqn = srqn(s);
     ASSERT_EQ(postAndRing(&ini.sq, w), 0);
-    EXPECT_EQ(waitOne(cq2h).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(waitOne(t.cqh).status, IBV_WC_SUCCESS);
     softnda_cqe c = waitOne(xcq_.cq);
     EXPECT_EQ(c.status, IBV_WC_SUCCESS);
     EXPECT_EQ(c.qp_num, tgt.qpn());
     EXPECT_STREQ(in, out);
+    t.close();
+}
 
-    EXPECT_EQ(ext2->ops->destroy_qp(tgt.ext), 0);
-    EXPECT_EQ(ext2->ops->destroy_qp(ini.ext), 0);
-    EXPECT_EQ(softnda_vdev_ops.dereg_mr(omr), 0);
-    EXPECT_EQ(ext2->ops->destroy_cq(cq2), 0);
-    EXPECT_EQ(softnda_vdev_ops.dealloc_pd(pd2), 0);
-    softnda_driver_ops.free_context(ext2);
-    EXPECT_EQ(softnda_vdev_ops.close_device(ctx2), 0);
+// Two engine threads: two tenants' initiators (their doorbell pages, so their SQs, belong to
+// different threads), each through its own target, fill one XRC SRQ at once. Every message lands
+// in exactly one receive and every receive completes once on the SRQ's CQ.
+class XrcTwoEngines : public Xrc {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override {
+        return {{"engine_threads", "2"}, {"spin_us", "20"}, {"sleep_us", "200"}};
+    }
+};
+
+TEST_F(XrcTwoEngines, InitiatorsOnTwoThreadsShareOneSrq) {
+    constexpr uint32_t kPer = 200;
+    CqH big = makeCq(2 * kPer);
+    SrqH s = makeXrcSrq(xrcd_, big, 2 * kPer);
+    std::vector<uint64_t> in(2 * kPer, 0);
+    ibv_mr *inmr = reg(in.data(), in.size() * 8);
+    for (uint32_t i = 0; i < 2 * kPer; ++i) {
+        softnda_sge r = sge(&in[i], 8, inmr);
+        ASSERT_EQ(softnda_rq_post(&s.rq, i, &r, 1), 0);
+    }
+    softnda_rq_doorbell(&s.rq);
+    Tenant t[2];
+    QpH ini[2], tgt[2];
+    std::vector<uint64_t> out[2];
+    ibv_mr *outmr[2];
+    for (int k = 0; k < 2; ++k) {
+        ASSERT_NO_FATAL_FAILURE(t[k].open(cqAttr(2 * kPer)));
+        ASSERT_NO_FATAL_FAILURE(t[k].makeXrcPair(arena().ops(), xrcd_, kPer, &ini[k], &tgt[k]));
+        connectXrc(ini[k], tgt[k]);
+        out[k].resize(kPer);
+        for (uint32_t i = 0; i < kPer; ++i) {
+            out[k][i] = (uint64_t{k + 1u} << 32) | i;
+        }
+        outmr[k] = t[k].reg(out[k].data(), kPer * 8);
+    }
+    std::thread senders[2];
+    for (int k = 0; k < 2; ++k) {
+        senders[k] = std::thread([&, k] {
+            for (uint32_t i = 0; i < kPer; ++i) {
+                softnda_sge o = sge(&out[k][i], 8, outmr[k]);
+                softnda_send_wr w = wr(SOFTNDA_OP_SEND, i, &o, 1, 0);
+                w.remote_srqn = srqn(s);
+                ASSERT_EQ(postAndRing(&ini[k].sq, w), 0);
+            }
+        });
+    }
+    for (auto &th : senders) {
+        th.join();
+    }
+    auto got = waitCqes(big.cq, 2 * kPer);
+    ASSERT_EQ(got.size(), 2 * kPer);
+    std::set<uint64_t> values;
+    for (const softnda_cqe &c : got) {
+        EXPECT_EQ(c.status, IBV_WC_SUCCESS);
+        EXPECT_TRUE(c.qp_num == tgt[0].qpn() || c.qp_num == tgt[1].qpn());
+        values.insert(in[c.wr_id]);
+    }
+    EXPECT_EQ(values.size(), 2 * kPer);  // each message once, each receive once
+    EXPECT_EQ(values.count(0), 0u);
+    for (Tenant &x : t) {
+        x.close();
+    }
 }
 
 }  // namespace
