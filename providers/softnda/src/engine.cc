@@ -433,7 +433,7 @@ class Engine::Thread {
     ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                uint64_t total);
     void commit(Qp *qp, const Responder &peer, const PendingRecv &pending);
-    ExecResult xrcTarget(Qp *qp, Qp *tgt, uint32_t srqn, Responder *out);
+    ExecResult xrcTarget(Qp *tgt, uint32_t srqn, Responder *out);
     void retireHead(Qp *qp);
     uint8_t deliverInto(const Responder &peer, const RecvCopy &r, const Segment *src, uint32_t nsrc,
                         uint64_t total, uint32_t src_qpn, Segment *dst);
@@ -1048,7 +1048,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     }
     Responder rp = responderOf(peer);
     if (peer_type == IBV_QPT_XRC_RECV) {
-        if (ExecResult bad_srq = xrcTarget(qp, peer, w.xrc_srqn, &rp); bad_srq.status != IBV_WC_SUCCESS) {
+        if (ExecResult bad_srq = xrcTarget(peer, w.xrc_srqn, &rp); bad_srq.status != IBV_WC_SUCCESS) {
             return bad_srq;
         }
     }
@@ -1064,8 +1064,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
 // and belong to the target's XRC domain; otherwise the target answers with an invalid-request NAK,
 // which moves it to ERR (SPEC.md "XRC"). The SRQ is device-wide: an SRQ of any context of the
 // device, reachable while the gate is held.
-ExecResult Engine::Thread::xrcTarget(Qp *qp, Qp *tgt, uint32_t srqn, Responder *out) {
-    (void)qp;
+ExecResult Engine::Thread::xrcTarget(Qp *tgt, uint32_t srqn, Responder *out) {
     auto it = dev_->xrc_srqs.find(srqn);
     if (it == dev_->xrc_srqs.end() || it->second->xrcd != tgt->xrcd) {
         return responderError(tgt, IBV_WC_REM_INV_REQ_ERR);
