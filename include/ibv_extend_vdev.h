@@ -38,7 +38,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V3 3
 #define IBV_EXTEND_VDEV_ABI_V4 4
 #define IBV_EXTEND_VDEV_ABI_V5 5
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V5
+#define IBV_EXTEND_VDEV_ABI_V6 6 /* XRC: the entries of "XRC (ABI V6)" below */
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V6
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -75,6 +76,7 @@ enum ibv_extend_vdev_obj {
     IBV_EXTEND_VDEV_OBJ_CQ = 4,      /* struct ibv_cq_extend * (create_cq_extend's result) */
     IBV_EXTEND_VDEV_OBJ_SRQ = 5,     /* struct ibv_srq_extend * */
     IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
+    IBV_EXTEND_VDEV_OBJ_XRCD = 7,    /* struct ibv_xrcd * (ABI V6) */
 };
 
 #define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */
@@ -104,7 +106,11 @@ struct ibv_extend_vdev_import {
      * address), or NULL when the caller does not know it (import then fails with EINVAL). */
     void *(*relocate)(void *arg, uint64_t old_addr, uint64_t length);
     void *arg;
-    uint64_t resv[4];
+    /* ABI V6 (XRC): the domain of an XRC SRQ or XRC target QP, and an XRC SRQ's CQ. NULL
+     * otherwise. */
+    struct ibv_xrcd *xrcd;
+    struct ibv_cq *srq_cq;
+    uint64_t resv[2];
 };
 
 /* What a virtual device announces about itself. */
@@ -220,6 +226,30 @@ struct ibv_extend_vdev_ops {
      * What the provider and its extension driver guarantee: IBV_EXTEND_GUARANTEE_* bits (see
      * "What a driver guarantees" above). 0: nothing beyond the reference. */
     uint32_t guarantees;
+
+    /* ---- XRC (ABI V6 and later; never read from an older provider; all five or none) ----
+     * XRC domains, XRC SRQs and XRC target QPs (softnda's SPEC.md, "XRC"), which the reference's
+     * create structs cannot name. An XRC domain belongs to the device, not to the context that
+     * opened it: SRQs and target QPs of any context of the device may use it, which is how two
+     * processes share one (the fd/oflags sharing of ibv_open_xrcd is the caller's business: it
+     * opens one domain per file and hands it to every opener). Initiator QPs (IBV_QPT_XRC_SEND)
+     * are made by the ordinary create_qp_extend, with no recv_cq and no SRQ. */
+    struct ibv_xrcd *(*open_xrcd)(struct ibv_context *context);
+    /* 0, -EBUSY while an SRQ or QP uses it, -EINVAL. */
+    int (*close_xrcd)(struct ibv_xrcd *xrcd);
+    /* An SRQ of type IBV_SRQT_XRC in xrcd, completing its receives on cq (a CQ of the same
+     * context); attr as for create_srq_extend (pd: the PD its receives' lkeys and the requests'
+     * rkeys must belong to). NULL + errno. */
+    struct ibv_srq_extend *(*create_xrc_srq)(struct ibv_context *context,
+                                             struct ibv_srq_init_attr_extend *attr, struct ibv_xrcd *xrcd,
+                                             struct ibv_cq *cq);
+    /* An XRC target QP (IBV_QPT_XRC_RECV) in xrcd: attr->pd and the CQs and SRQ are ignored
+     * (a target has none), attr->ops as for create_qp_extend. NULL + errno. */
+    struct ibv_qp_extend *(*create_xrc_tgt_qp)(struct ibv_context *context,
+                                               struct ibv_qp_init_attr_extend *attr, struct ibv_xrcd *xrcd);
+    /* The SRQ number of an XRC SRQ (what initiators name in their work requests). 0 or -EINVAL
+     * (not an XRC SRQ). */
+    int (*get_srq_num)(struct ibv_srq *srq, uint32_t *srq_num);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -192,6 +192,11 @@ void wrSetInlineDataList(ibv_qp_ex *qpx, size_t n, const ibv_data_buf *bufs) {
     wrSetSgeList(qpx, 1, &sge);
     wr->send_flags |= IBV_SEND_INLINE;
 }
+void wrSetXrcSrqn(ibv_qp_ex *qpx, uint32_t remote_srqn) {
+    if (ibv_send_wr *wr = lastWr(qpx); wr != nullptr) {
+        wr->qp_type.xrc.remote_srqn = remote_srqn;
+    }
+}
 void wrSetInlineData(ibv_qp_ex *qpx, void *addr, size_t length) {
     ibv_data_buf buf{addr, length};
     wrSetInlineDataList(qpx, 1, &buf);
@@ -219,6 +224,7 @@ void fillQpEx(ShadowQp *s) {
     x.wr_set_sge_list = wrSetSgeList;
     x.wr_set_inline_data = wrSetInlineData;
     x.wr_set_inline_data_list = wrSetInlineDataList;
+    x.wr_set_xrc_srqn = wrSetXrcSrqn;  // read by the driver's data path on an XRC initiator only
     s->has_qp_ex = true;
 }
 

@@ -166,6 +166,8 @@ class Templates {
                 return ext_->ops->destroy_srq(static_cast<ibv_srq_extend *>(object));
             case IBV_EXTEND_VDEV_OBJ_QP:
                 return ext_->ops->destroy_qp(static_cast<ibv_qp_extend *>(object));
+            case IBV_EXTEND_VDEV_OBJ_XRCD:  // no template of this kind yet (kKinds)
+                return softnda_vdev_ops.close_xrcd(static_cast<ibv_xrcd *>(object));
         }
         return -EINVAL;
     }

@@ -86,6 +86,9 @@ enum softnda_cqe_flags {
 #define SOFTNDA_CQE_SLID_SHIFT 16u
 
 #define SOFTNDA_WQE_HEADER_SIZE 48u
+/* An XRC initiator's send WQE (SPEC.md "XRC"): the XRC segment, u32 remote_srqn then 12 reserved
+ * bytes, follows the header, and the data segment starts after it. */
+#define SOFTNDA_XRC_SEG_SIZE 16u
 #define SOFTNDA_RECV_HEADER_SIZE 16u
 #define SOFTNDA_SGE_SIZE 16u
 #define SOFTNDA_CQE_SIZE 32u
@@ -188,6 +191,7 @@ struct softnda_sq {
     uint32_t max_sge;
     uint32_t max_inline;
     struct softnda_doorbell db;
+    uint32_t data_offset; /* where a WQE's data segment starts: after the header (and XRC segment) */
 };
 
 static inline int softnda_is_pow2(uint32_t v) {
@@ -208,9 +212,25 @@ static inline int softnda_sq_init(struct softnda_sq *sq, const struct queue_info
     sq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
     sq->pi = __atomic_load_n(sq->dbr_pi, __ATOMIC_ACQUIRE);
     sq->ci_cached = __atomic_load_n(sq->dbr_ci, __ATOMIC_ACQUIRE);
+    sq->data_offset = SOFTNDA_WQE_HEADER_SIZE;
     sq->max_sge = (sq->entry_size - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
     sq->max_inline = sq->entry_size - SOFTNDA_WQE_HEADER_SIZE;
     return softnda_doorbell_init(&sq->db, &qi->db_hw_va);
+}
+
+/* The SQ of an XRC initiator QP (IBV_QPT_XRC_SEND): every WQE carries the XRC segment. */
+static inline int softnda_sq_init_xrc(struct softnda_sq *sq, const struct queue_info *qi) {
+    int rc = softnda_sq_init(sq, qi);
+    if (rc != 0) {
+        return rc;
+    }
+    if (sq->entry_size <= SOFTNDA_WQE_HEADER_SIZE + SOFTNDA_XRC_SEG_SIZE) {
+        return -EINVAL;
+    }
+    sq->data_offset = SOFTNDA_WQE_HEADER_SIZE + SOFTNDA_XRC_SEG_SIZE;
+    sq->max_sge = (sq->entry_size - sq->data_offset) / SOFTNDA_SGE_SIZE;
+    sq->max_inline = sq->entry_size - sq->data_offset;
+    return 0;
 }
 
 /* Free entries, refreshing the engine's CI only when the cached one says "full". */
@@ -237,6 +257,7 @@ struct softnda_send_wr {
     uint32_t num_sge;
     const void *inline_data; /* non-NULL: inline_len bytes are copied into the WQE */
     uint32_t inline_len;
+    uint32_t remote_srqn; /* XRC initiator SQs only: the SRQ at the target that takes the message */
 };
 
 /* A UD SEND's destination (SPEC.md §2.1): remote_qpn and remote_qkey in the remote_addr field,
@@ -260,7 +281,7 @@ static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_se
         if (wr->inline_len > sq->max_inline) {
             return -EINVAL;
         }
-        memcpy(slot + SOFTNDA_WQE_HEADER_SIZE, wr->inline_data, wr->inline_len);
+        memcpy(slot + sq->data_offset, wr->inline_data, wr->inline_len);
         flags |= SOFTNDA_WQE_INLINE;
         w->num_sge = 0;
         w->inline_len = wr->inline_len;
@@ -269,7 +290,7 @@ static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_se
             return -EINVAL;
         }
         if (wr->num_sge > 0) {
-            memcpy(slot + SOFTNDA_WQE_HEADER_SIZE, wr->sg_list, (size_t)wr->num_sge * SOFTNDA_SGE_SIZE);
+            memcpy(slot + sq->data_offset, wr->sg_list, (size_t)wr->num_sge * SOFTNDA_SGE_SIZE);
         }
         flags &= (uint8_t)~SOFTNDA_WQE_INLINE;
         w->num_sge = (uint8_t)wr->num_sge;
@@ -284,6 +305,10 @@ static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_se
     w->rkey = wr->rkey;
     w->compare_add = wr->compare_add;
     w->swap = wr->swap;
+    if (sq->data_offset > SOFTNDA_WQE_HEADER_SIZE) {
+        uint32_t srqn = wr->remote_srqn & 0xffffffu;
+        memcpy(slot + SOFTNDA_WQE_HEADER_SIZE, &srqn, sizeof(srqn));
+    }
     sq->pi++;
     return 0;
 }

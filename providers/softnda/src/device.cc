@@ -321,6 +321,9 @@ Srq *asSrq(ibv_srq *ib) {
 Mr *asMr(ibv_mr *ib) {
     return checked<Mr>(ib, kMagicMr);
 }
+Xrcd *asXrcd(ibv_xrcd *ib) {
+    return checked<Xrcd>(ib, kMagicXrcd);
+}
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
     DbPage *page = nullptr;

@@ -95,7 +95,22 @@ uint32_t recvStride(uint32_t max_sge) {
     return std::max(pow2Ceil(SOFTNDA_RECV_HEADER_SIZE * (1 + max_sge)), 32u);
 }
 
-ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
+// The next XRC SRQ number no SRQ of the device has (24 bits, never 0).
+uint32_t newSrqn(Device *dev) {
+    uint32_t srqn;
+    do {
+        srqn = dev->next_srqn;
+        dev->next_srqn = (dev->next_srqn + 1) & 0xffffff;
+        if (dev->next_srqn == 0) {
+            dev->next_srqn = 1;
+        }
+    } while (dev->xrc_srqs.count(srqn) != 0);
+    return srqn;
+}
+
+// An SRQ, basic or (xrcd set) XRC: the same queue, an XRC one also numbered and completing on
+// its own CQ (SPEC.md "XRC").
+ibv_srq_extend *makeSrq(ibv_context *context, ibv_srq_init_attr_extend *a, Xrcd *xrcd, Cq *cq) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
         return failNull<ibv_srq_extend>(EINVAL);
@@ -112,6 +127,11 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
         return failNull<ibv_srq_extend>(ENOMEM);
     }
     auto srq = std::make_unique<Srq>();
+    if (xrcd != nullptr) {
+        srq->xrcd = xrcd;
+        srq->cq = cq;
+        srq->srqn = newSrqn(dev);
+    }
     uint32_t stride = recvStride(sa.max_sge);
     srq->max_sge = recvSgeCap(stride);
     int rc = allocRing(a->ops, pow2Ceil(sa.max_wr), stride, &srq->ring);
@@ -133,6 +153,10 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     return buildSrq(std::move(srq), ctx, pd, a->ops, a->attr.srq_context, dev->n_srq, Origin::Created);
 }
 
+ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
+    return makeSrq(context, a, nullptr, nullptr);
+}
+
 int destroySrq(ibv_srq_extend *ext) {
     Srq *srq = ext != nullptr ? asSrq(ext->srq) : nullptr;
     if (srq == nullptr || &srq->ext != ext) {
@@ -142,6 +166,13 @@ int destroySrq(ibv_srq_extend *ext) {
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (srq->refs != 0) {
         return -EBUSY;
+    }
+    if (srq->xrcd != nullptr) {
+        dev->gate.lock();
+        dev->xrc_srqs.erase(srq->srqn);
+        dev->gate.unlock();
+        srq->xrcd->refs--;
+        srq->cq->refs--;
     }
     releaseDbSlot(srq->ctx, srq->ops, &srq->db);
     freeRing(srq->ops, &srq->ring);
@@ -169,18 +200,20 @@ bool validQpCaps(const ibv_qp_cap &cap, const Config &cfg, bool has_srq) {
 }
 
 // Bytes of a send WQE with room for the requested SGEs or inline data (SPEC.md §2.1).
-uint32_t sendStride(const ibv_qp_cap &cap) {
+uint32_t sendStride(const ibv_qp_cap &cap, ibv_qp_type type) {
     uint32_t sge = cap.max_send_sge < 1 ? 1 : cap.max_send_sge;
-    uint32_t need = SOFTNDA_WQE_HEADER_SIZE + std::max(sge * SOFTNDA_SGE_SIZE, cap.max_inline_data);
+    uint32_t need = wqeDataOffset(type) + std::max(sge * SOFTNDA_SGE_SIZE, cap.max_inline_data);
     return std::max(pow2Ceil(need), 64u);
 }
 
 // A new QP's SQ and, without an SRQ, its RQ: rings for cap, then their doorbell registers
 // (caller holds dev->ctl). -errno, leaving nothing. A queue of depth 0 still gets a one-entry ring,
 // so the engine and queue_info see the same shape for every QP (SPEC.md §1).
-int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_cap &cap, Qp *qp) {
-    const bool has_rq = qp->srq == nullptr;
-    int rc = allocRing(ops, pow2Ceil(cap.max_send_wr < 1 ? 1 : cap.max_send_wr), sendStride(cap), &qp->sq);
+int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_cap &cap, ibv_qp_type type,
+                  Qp *qp) {
+    const bool has_rq = qp->srq == nullptr && type != IBV_QPT_XRC_SEND && type != IBV_QPT_XRC_RECV;
+    int rc =
+        allocRing(ops, pow2Ceil(cap.max_send_wr < 1 ? 1 : cap.max_send_wr), sendStride(cap, type), &qp->sq);
     if (rc == 0 && has_rq) {
         uint32_t rq_stride = recvStride(cap.max_recv_sge < 1 ? 1 : cap.max_recv_sge);
         qp->rq_max_sge = recvSgeCap(rq_stride);
@@ -201,11 +234,12 @@ int allocQpQueues(Context *ctx, ibv_extend_ops *ops, int dma_type, const ibv_qp_
 // What a QP's queues really hold, as rdma-core providers report it back; cap holds the request.
 // A queue asked with depth 0 is granted depth 0, so every post to it fails (ENOMEM, as a full
 // queue) however many ring entries back it.
-void grantQpCaps(const Qp &qp, const Config &cfg, ibv_qp_cap *cap) {
+void grantQpCaps(const Qp &qp, const Config &cfg, ibv_qp_type type, ibv_qp_cap *cap) {
+    const uint32_t data = wqeDataOffset(type);
     cap->max_send_wr = cap->max_send_wr == 0 ? 0 : qp.sq.cnt;
-    cap->max_send_sge = std::min(sendSgeCap(qp.sq.stride), cfg.max_sge);
-    cap->max_inline_data = std::min(qp.sq.stride - SOFTNDA_WQE_HEADER_SIZE, cfg.max_inline_data);
-    if (qp.srq == nullptr) {
+    cap->max_send_sge = std::min(sendSgeCap(qp.sq.stride, data), cfg.max_sge);
+    cap->max_inline_data = std::min(qp.sq.stride - data, cfg.max_inline_data);
+    if (qp.hasRq()) {
         cap->max_recv_wr = cap->max_recv_wr == 0 ? 0 : qp.rq.cnt;
         cap->max_recv_sge = std::min(qp.rq_max_sge, cfg.max_sge);
     } else {
@@ -235,12 +269,15 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     Device *dev = ctx->dev;
     ibv_qp_init_attr &ia = a->attr;
     QpParents parents;
-    bool parents_ok = qpParents(ctx, a->pd, ia.send_cq, ia.recv_cq, ia.srq, &parents);
-    // The transports softnda executes (SPEC.md §5, §11); XRC and raw packet QPs are not served.
-    if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD) {
-        return failNull<ibv_qp_extend>(EOPNOTSUPP);
+    // The transports softnda executes (SPEC.md §5, §11, "XRC"); raw packet QPs are not served,
+    // and an XRC target is made by create_xrc_tgt_qp (it needs its domain).
+    if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD &&
+        ia.qp_type != IBV_QPT_XRC_SEND) {
+        return failNull<ibv_qp_extend>(ia.qp_type == IBV_QPT_XRC_RECV ? EINVAL : EOPNOTSUPP);
     }
-    if (!parents_ok || !validQpCaps(ia.cap, dev->cfg, parents.srq != nullptr)) {
+    bool parents_ok = qpParents(ctx, ia.qp_type, a->pd, ia.send_cq, ia.recv_cq, ia.srq, &parents);
+    if (!parents_ok ||
+        !validQpCaps(ia.cap, dev->cfg, parents.srq != nullptr || ia.qp_type == IBV_QPT_XRC_SEND)) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
@@ -251,10 +288,13 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     qp->ctx = ctx;
     qp->srq = parents.srq;
     qp->ops = a->ops;
-    if (int rc = allocQpQueues(ctx, a->ops, a->type, ia.cap, qp.get()); rc != 0) {
+    if (int rc = allocQpQueues(ctx, a->ops, a->type, ia.cap, ia.qp_type, qp.get()); rc != 0) {
         return failNull<ibv_qp_extend>(-rc);
     }
-    grantQpCaps(*qp, dev->cfg, &ia.cap);
+    grantQpCaps(*qp, dev->cfg, ia.qp_type, &ia.cap);
+    if (ia.qp_type == IBV_QPT_XRC_SEND) {
+        ia.recv_cq = nullptr;
+    }
     qp->qpn = newQpn(dev);
     uint32_t handle = qp->qpn;
     return buildQp(std::move(qp), ctx, parents, a->ops, ia, handle, Origin::Created);
@@ -275,11 +315,13 @@ int destroyQp(ibv_qp_extend *ext) {
     }
     dev->gate.unlock();
     undoQp(qp);
-    qp->pd->refs--;
-    qp->scq->refs--;
-    qp->rcq->refs--;
-    if (qp->srq != nullptr) {
-        qp->srq->refs--;
+    for (uint32_t *refs :
+         {qp->pd != nullptr ? &qp->pd->refs : nullptr, qp->scq != nullptr ? &qp->scq->refs : nullptr,
+          qp->rcq != nullptr ? &qp->rcq->refs : nullptr, qp->srq != nullptr ? &qp->srq->refs : nullptr,
+          qp->xrcd != nullptr ? &qp->xrcd->refs : nullptr}) {
+        if (refs != nullptr) {
+            --*refs;
+        }
     }
     dev->n_qp--;
     qp->ctx->objects--;
@@ -462,6 +504,86 @@ void freeContext(ibv_context_extend *ext) {
 }
 
 }  // namespace
+
+// ---- XRC (SPEC.md "XRC"; vdev ABI V6) ----------------------------------------------------------
+
+ibv_xrcd *openXrcd(ibv_context *context) {
+    Context *ctx = asContext(context);
+    if (ctx == nullptr) {
+        return failNull<ibv_xrcd>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    return buildXrcd(ctx);
+}
+
+int closeXrcd(ibv_xrcd *ib) {
+    Xrcd *x = asXrcd(ib);
+    if (x == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(x->ctx->dev->ctl);
+    if (x->refs != 0) {
+        return -EBUSY;
+    }
+    x->ctx->objects--;
+    x->magic = 0;
+    delete x;
+    return 0;
+}
+
+// The domain may be another context's of the same device (that is how processes share one); the
+// CQ is the SRQ's own context's.
+ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *a, ibv_xrcd *xrcd, ibv_cq *cq) {
+    Context *ctx = asContext(context);
+    Xrcd *x = asXrcd(xrcd);
+    Cq *c = asCq(cq);
+    if (ctx == nullptr || x == nullptr || x->ctx->dev != ctx->dev || c == nullptr || c->ctx != ctx) {
+        return failNull<ibv_srq_extend>(EINVAL);
+    }
+    return makeSrq(context, a, x, c);
+}
+
+// A target has no send or receive queue of its own: it gets the zero-depth SQ ring every QP has
+// (its record keeps the QP's state and PSNs, SPEC.md §10) and nothing else.
+ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *a, ibv_xrcd *xrcd) {
+    Context *ctx = asContext(context);
+    Xrcd *x = asXrcd(xrcd);
+    if (ctx == nullptr || a == nullptr || !opsComplete(a->ops) || x == nullptr || x->ctx->dev != ctx->dev) {
+        return failNull<ibv_qp_extend>(EINVAL);
+    }
+    Device *dev = ctx->dev;
+    ibv_qp_init_attr &ia = a->attr;
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    if (dev->n_qp >= dev->cfg.max_qp) {
+        return failNull<ibv_qp_extend>(ENOMEM);
+    }
+    ia.qp_type = IBV_QPT_XRC_RECV;
+    ia.send_cq = nullptr;
+    ia.recv_cq = nullptr;
+    ia.srq = nullptr;
+    ia.cap = ibv_qp_cap{};
+    ia.sq_sig_all = 0;
+    auto qp = std::make_unique<Qp>();
+    qp->ctx = ctx;
+    qp->ops = a->ops;
+    if (int rc = allocQpQueues(ctx, a->ops, a->type, ia.cap, ia.qp_type, qp.get()); rc != 0) {
+        return failNull<ibv_qp_extend>(-rc);
+    }
+    qp->qpn = newQpn(dev);
+    QpParents parents;
+    parents.xrcd = x;
+    uint32_t handle = qp->qpn;
+    return buildQp(std::move(qp), ctx, parents, a->ops, ia, handle, Origin::Created);
+}
+
+int getSrqNum(ibv_srq *ib, uint32_t *srq_num) {
+    Srq *srq = asSrq(ib);
+    if (srq == nullptr || srq->xrcd == nullptr || srq_num == nullptr) {
+        return -EINVAL;
+    }
+    *srq_num = srq->srqn;
+    return 0;
+}
 
 }  // namespace softnda
 

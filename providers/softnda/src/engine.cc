@@ -42,6 +42,7 @@ uint64_t nowNs() {
 // between validation and use.
 struct WqeCopy {
     softnda_wqe hdr;
+    uint32_t xrc_srqn;  // an XRC initiator's WQE: the SRQ it names at the target
     softnda_sge sge[29];
     uint8_t inline_data[464];
 };
@@ -79,6 +80,20 @@ struct Segment {
     uint8_t *addr;
     uint32_t len;
 };
+
+// Who takes a request at the responder: the responder QP (its state, PSNs, rq_lock and access
+// flags), where the receive comes from and completes, and the PD its rkeys and receive lkeys
+// must belong to. For most QPs that is the QP's own SRQ or RQ, CQ and PD; at an XRC target it is
+// the XRC SRQ the request names, with that SRQ's CQ and PD (SPEC.md "XRC").
+struct Responder {
+    Qp *qp;
+    Srq *srq;
+    Cq *rcq;
+    Pd *pd;
+};
+inline Responder responderOf(Qp *qp) {
+    return Responder{qp, qp->srq, qp->rcq, qp->pd};
+}
 
 // The bytes at src, laid out over the segments in order (a READ's or an atomic's reply).
 inline void scatterTo(const Segment *seg, uint32_t n, const uint8_t *src) {
@@ -139,15 +154,22 @@ void fillGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const Device &dev, uint8_t sport, ui
 
 // The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
 // says, bounded by the stride).
-inline void fetchWqe(const Ring &sq, WqeCopy *w) {
+inline void fetchWqe(const Qp &qp, WqeCopy *w) {
+    const Ring &sq = qp.sq;
     const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
     std::memcpy(&w->hdr, slot, sizeof(w->hdr));
+    w->xrc_srqn = 0;
+    if (qp.wqe_data > SOFTNDA_WQE_HEADER_SIZE) {  // the XRC segment (SPEC.md "XRC")
+        std::memcpy(&w->xrc_srqn, slot + SOFTNDA_WQE_HEADER_SIZE, sizeof(w->xrc_srqn));
+        w->xrc_srqn &= 0xffffff;
+    }
     if (w->hdr.flags & SOFTNDA_WQE_INLINE) {
-        std::memcpy(w->inline_data, slot + SOFTNDA_WQE_HEADER_SIZE,
-                    std::min<uint32_t>(w->hdr.inline_len, sq.stride - SOFTNDA_WQE_HEADER_SIZE));
+        std::memcpy(w->inline_data, slot + qp.wqe_data,
+                    std::min<uint32_t>(w->hdr.inline_len, sq.stride - qp.wqe_data));
     } else {
-        std::memcpy(w->sge, slot + SOFTNDA_WQE_HEADER_SIZE,
-                    std::min<uint32_t>(w->hdr.num_sge, sendSgeCap(sq.stride)) * sizeof(softnda_sge));
+        std::memcpy(
+            w->sge, slot + qp.wqe_data,
+            std::min<uint32_t>(w->hdr.num_sge, sendSgeCap(sq.stride, qp.wqe_data)) * sizeof(softnda_sge));
     }
 }
 
@@ -165,7 +187,9 @@ inline bool isAtomic(uint8_t opcode) {
 // The responder's memory [remote_addr, +total) a WRITE, READ or atomic addresses, when its rkey,
 // the peer's PD and both access flags allow the operation; else nullptr and *status. A WRITE or
 // READ of zero bytes needs no rkey and no address (IBA C9-88): only the QP's access flags count.
-uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint64_t total, uint8_t *status) {
+uint8_t *checkRkey(const Device *dev, const Responder &rp, const softnda_wqe &h, uint64_t total,
+                   uint8_t *status) {
+    const Qp *peer = rp.qp;
     static uint8_t no_bytes;
     int need = IBV_ACCESS_REMOTE_WRITE;
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
@@ -189,7 +213,7 @@ uint8_t *checkRkey(const Device *dev, const Qp *peer, const softnda_wqe &h, uint
     }
     Mr *mr = dev->lookupMr(h.rkey);
     uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
-    if (remote == nullptr || mr->pd != peer->pd || (mr->access & need) == 0 ||
+    if (remote == nullptr || mr->pd != rp.pd || (mr->access & need) == 0 ||
         (peer->attrs.access & need) == 0) {
         *status = IBV_WC_REM_ACCESS_ERR;
         return nullptr;
@@ -408,27 +432,28 @@ class Engine::Thread {
                             uint64_t total);
     ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                uint64_t total);
-    void commit(Qp *qp, Qp *peer, const PendingRecv &pending);
+    void commit(Qp *qp, const Responder &peer, const PendingRecv &pending);
+    ExecResult xrcTarget(Qp *tgt, uint32_t srqn, Responder *out);
     void retireHead(Qp *qp);
-    uint8_t deliverInto(Qp *peer, const RecvCopy &r, const Segment *src, uint32_t nsrc, uint64_t total,
-                        uint32_t src_qpn, Segment *dst);
-    ExecResult respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+    uint8_t deliverInto(const Responder &peer, const RecvCopy &r, const Segment *src, uint32_t nsrc,
+                        uint64_t total, uint32_t src_qpn, Segment *dst);
+    ExecResult respond(Qp *qp, const Responder &peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                        uint64_t total, PendingRecv *pending);
     ExecResult responderError(Qp *peer, uint8_t status);
-    ExecResult writeDataIn(Qp *peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
+    ExecResult writeDataIn(const Responder &peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
                            uint32_t nlocal, uint64_t total, PendingRecv *pending);
     ExecResult readReply(const uint8_t *remote, const Segment *local, uint32_t nlocal, uint64_t total);
     ExecResult atomicReply(const softnda_wqe &h, uint8_t *remote, const Segment *local, uint32_t nlocal);
-    ExecResult sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
-                          uint64_t total, PendingRecv *pending);
-    bool takeRecv(Qp *peer, RecvCopy *out);
-    void completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len, uint8_t opcode,
-                      uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
+    ExecResult sendDataIn(Qp *qp, const Responder &peer, const softnda_wqe &h, const Segment *local,
+                          uint32_t nlocal, uint64_t total, PendingRecv *pending);
+    bool takeRecv(const Responder &peer, RecvCopy *out);
+    void completeRecv(const Responder &peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
+                      uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
     void flushSq(Qp *qp, uint32_t pi);
     void flushRq(Qp *qp);
     bool overflowed(Qp *qp, Ring &ring, uint32_t pi);
     Qp *peerOf(Qp *qp);
-    bool checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out);
+    bool checkLocal(const Pd *pd, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out);
     // True when the wait timed out: nobody rang a hint or kicked the engine.
     bool sleep();
     void sweep();
@@ -733,12 +758,12 @@ Qp *Engine::Thread::peerOf(Qp *qp) {
     return qp->peer;
 }
 
-bool Engine::Thread::checkLocal(Qp *qp, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out) {
+bool Engine::Thread::checkLocal(const Pd *pd, const softnda_sge *sges, uint32_t n, bool need_write,
+                                Segment *out) {
     for (uint32_t i = 0; i < n; ++i) {
         Mr *mr = dev_->lookupMr(sges[i].lkey);
         uint8_t *host = mr != nullptr ? mr->translate(sges[i].addr, sges[i].length) : nullptr;
-        if (host == nullptr || mr->pd != qp->pd ||
-            (need_write && (mr->access & IBV_ACCESS_LOCAL_WRITE) == 0)) {
+        if (host == nullptr || mr->pd != pd || (need_write && (mr->access & IBV_ACCESS_LOCAL_WRITE) == 0)) {
             return false;
         }
         out[i] = Segment{host, sges[i].length};
@@ -770,6 +795,13 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
 bool Engine::Thread::processSq(Qp *qp) {
     Ring &sq = qp->sq;
     uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
+    if (qp->scq == nullptr) {
+        // An XRC target has no send queue (its SQ ring is the zero-depth one every QP has, SPEC.md
+        // §1): whatever software put there is discarded without completions.
+        sq.ci_local = pi;
+        __atomic_store_n(sq.ci, pi, __ATOMIC_RELEASE);
+        return false;
+    }
     overflowed(qp, sq, pi);
     int state = qp->state.load(std::memory_order_acquire);
     if (state == IBV_QPS_ERR) {
@@ -790,7 +822,7 @@ bool Engine::Thread::processSq(Qp *qp) {
         // asks the responder whether the WQE took effect before running it again.
         __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
-        fetchWqe(sq, &w);
+        fetchWqe(*qp, &w);
         ExecResult res = execute(qp, w);
         if (res.outcome != Outcome::Done) {
             bool rnr = res.outcome == Outcome::RnrWait;
@@ -926,7 +958,7 @@ void Engine::Thread::flushSq(Qp *qp, uint32_t pi) {
 }
 
 void Engine::Thread::flushRq(Qp *qp) {
-    if (qp->srq != nullptr) {
+    if (!qp->hasRq()) {
         return;
     }
     std::lock_guard<std::mutex> lk(qp->rq_lock);
@@ -950,7 +982,7 @@ void Engine::Thread::flushRq(Qp *qp) {
 
 ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     const softnda_wqe &h = w.hdr;
-    const uint32_t sge_cap = sendSgeCap(qp->sq.stride);
+    const uint32_t sge_cap = sendSgeCap(qp->sq.stride, qp->wqe_data);
     const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
     ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
     if (h.opcode > qp->max_opcode) {  // what the QP's transport executes (SPEC.md §11)
@@ -962,7 +994,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     if (is_inline) {
         bool inline_ok = h.opcode == SOFTNDA_OP_SEND || h.opcode == SOFTNDA_OP_SEND_WITH_IMM ||
                          h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
-        if (!inline_ok || h.inline_len > qp->sq.stride - SOFTNDA_WQE_HEADER_SIZE ||
+        if (!inline_ok || h.inline_len > qp->sq.stride - qp->wqe_data ||
             h.inline_len > qp->init.cap.max_inline_data) {
             return bad;
         }
@@ -989,15 +1021,19 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         return ExecResult{IBV_WC_LOC_LEN_ERR, 0, Outcome::Done};
     }
     bool writes_local = h.opcode == SOFTNDA_OP_RDMA_READ || atomic;
-    if (!is_inline && !checkLocal(qp, w.sge, h.num_sge, writes_local, local)) {
+    if (!is_inline && !checkLocal(qp->pd, w.sge, h.num_sge, writes_local, local)) {
         return ExecResult{IBV_WC_LOC_PROT_ERR, 0, Outcome::Done};
     }
-    if (qp->init.qp_type != IBV_QPT_RC) {
-        return qp->init.qp_type == IBV_QPT_UD ? sendDatagram(qp, h, local, nlocal, total)
-                                              : sendUnconnected(qp, w, local, nlocal, total);
+    if (qp->init.qp_type == IBV_QPT_UD) {
+        return sendDatagram(qp, h, local, nlocal, total);
     }
+    if (qp->init.qp_type == IBV_QPT_UC) {
+        return sendUnconnected(qp, w, local, nlocal, total);
+    }
+    // RC, and an XRC initiator, whose responder is an XRC target (SPEC.md "XRC").
+    const ibv_qp_type peer_type = qp->init.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : IBV_QPT_RC;
     Qp *peer = peerOf(qp);
-    if (peer == nullptr) {
+    if (peer == nullptr || peer->init.qp_type != peer_type) {
         return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
     std::lock_guard<std::mutex> lk(peer->rq_lock);
@@ -1010,18 +1046,39 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         // duplicate ACK: either way the requester retries until retry_cnt runs out (SPEC.md §5.1).
         return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::PeerWait};
     }
+    Responder rp = responderOf(peer);
+    if (peer_type == IBV_QPT_XRC_RECV) {
+        if (ExecResult bad_srq = xrcTarget(peer, w.xrc_srqn, &rp); bad_srq.status != IBV_WC_SUCCESS) {
+            return bad_srq;
+        }
+    }
     PendingRecv pending;
-    ExecResult res = respond(qp, peer, w, local, nlocal, total, &pending);
+    ExecResult res = respond(qp, rp, w, local, nlocal, total, &pending);
     if (res.outcome == Outcome::Done) {
-        commit(qp, peer, pending);
+        commit(qp, rp, pending);
     }
     return res;
 }
 
+// The XRC SRQ an initiator's request names at the target tgt (tgt->rq_lock held): it must exist
+// and belong to the target's XRC domain; otherwise the target answers with an invalid-request NAK,
+// which moves it to ERR (SPEC.md "XRC"). The SRQ is device-wide: an SRQ of any context of the
+// device, reachable while the gate is held.
+ExecResult Engine::Thread::xrcTarget(Qp *tgt, uint32_t srqn, Responder *out) {
+    auto it = dev_->xrc_srqs.find(srqn);
+    if (it == dev_->xrc_srqs.end() || it->second->xrcd != tgt->xrcd) {
+        return responderError(tgt, IBV_WC_REM_INV_REQ_ERR);
+    }
+    Srq *srq = it->second;
+    *out = Responder{tgt, srq, srq->cq, srq->pd};
+    return ExecResult{};
+}
+
 // A request the responder took (peer->rq_lock held): its PSNs move and its receive completes.
-void Engine::Thread::commit(Qp *qp, Qp *peer, const PendingRecv &pending) {
+void Engine::Thread::commit(Qp *qp, const Responder &rp, const PendingRecv &pending) {
+    Qp *peer = rp.qp;
     peer->rq_psn = (peer->rq_psn + 1) & kPsnMask;
-    if (pending.set && peer->srq == nullptr) {
+    if (pending.set && rp.srq == nullptr) {
         // The receive's CI, held back since takeRecv: a request that dies before here has
         // consumed nothing a successor can see (SPEC.md §10).
         __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);
@@ -1031,7 +1088,7 @@ void Engine::Thread::commit(Qp *qp, Qp *peer, const PendingRecv &pending) {
     __atomic_store_n(peer->recWord(kRqPsnWord), peer->rq_psn, __ATOMIC_RELEASE);
     qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
     if (pending.set) {
-        completeRecv(peer, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
+        completeRecv(rp, pending.r, IBV_WC_SUCCESS, pending.byte_len, pending.opcode, pending.imm,
                      pending.flags, qp->qpn);
     }
 }
@@ -1058,7 +1115,8 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     std::lock_guard<std::mutex> lk(peer->rq_lock);
     int ps = peer->state.load(std::memory_order_acquire);
     RecvCopy r;
-    if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(peer, &r)) {
+    const Responder rp = responderOf(peer);
+    if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(rp, &r)) {
         return ExecResult{};
     }
     uint8_t grh[SOFTNDA_GRH_SIZE];
@@ -1067,7 +1125,7 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     src[0] = Segment{grh, SOFTNDA_GRH_SIZE};
     std::copy(local, local + nlocal, src + 1);
     Segment dst[29];
-    if (deliverInto(peer, r, src, nlocal + 1, total + SOFTNDA_GRH_SIZE, qp->qpn, dst) != IBV_WC_SUCCESS) {
+    if (deliverInto(rp, r, src, nlocal + 1, total + SOFTNDA_GRH_SIZE, qp->qpn, dst) != IBV_WC_SUCCESS) {
         return ExecResult{};  // the receive completed in error; the sender knows nothing of it
     }
     uint8_t flags = SOFTNDA_CQE_GRH;
@@ -1077,7 +1135,7 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     if (h.flags & SOFTNDA_WQE_SOLICITED) {
         flags |= SOFTNDA_CQE_SOLICITED;
     }
-    completeRecv(peer, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
+    completeRecv(rp, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
                  h.imm_data, flags, qp->qpn, portLid(*dev_, qp->attrs.port));
     return ExecResult{};
 }
@@ -1101,19 +1159,20 @@ ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segme
         return drop();
     }
     PendingRecv pending;
+    const Responder rp = responderOf(peer);
     if (usesRkey(h.opcode)) {
         uint8_t status = IBV_WC_SUCCESS;
-        uint8_t *remote = checkRkey(dev_, peer, h, total, &status);
+        uint8_t *remote = checkRkey(dev_, rp, h, total, &status);
         if (remote == nullptr ||
-            writeDataIn(peer, h, remote, local, nlocal, total, &pending).outcome != Outcome::Done) {
+            writeDataIn(rp, h, remote, local, nlocal, total, &pending).outcome != Outcome::Done) {
             return drop();
         }
     } else {
-        if (!takeRecv(peer, &pending.r)) {
+        if (!takeRecv(rp, &pending.r)) {
             return drop();
         }
         Segment dst[29];
-        if (deliverInto(peer, pending.r, local, nlocal, total, qp->qpn, dst) != IBV_WC_SUCCESS) {
+        if (deliverInto(rp, pending.r, local, nlocal, total, qp->qpn, dst) != IBV_WC_SUCCESS) {
             return drop();  // the receive completed in error at the responder
         }
         pending.set = true;
@@ -1125,7 +1184,7 @@ ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segme
                                  ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
     }
     peer->rq_psn = qp->sq_psn;  // a UC responder resynchronises on each new message
-    commit(qp, peer, pending);
+    commit(qp, rp, pending);
     return ExecResult{};
 }
 
@@ -1180,8 +1239,8 @@ void Engine::Thread::retireHead(Qp *qp) {
         byte_len = 8;
     } else if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         const auto *sges = reinterpret_cast<const softnda_sge *>(
-            sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride + SOFTNDA_WQE_HEADER_SIZE);
-        uint32_t n = std::min<uint32_t>(h.num_sge, sendSgeCap(sq.stride));
+            sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride + qp->wqe_data);
+        uint32_t n = std::min<uint32_t>(h.num_sge, sendSgeCap(sq.stride, qp->wqe_data));
         for (uint32_t i = 0; i < n; ++i) {
             softnda_sge s;
             std::memcpy(&s, &sges[i], sizeof(s));
@@ -1205,8 +1264,8 @@ void Engine::Thread::retireHead(Qp *qp) {
 
 // The responder half of one WQE (rdma_rxe's rxe_resp.c): the rkey of a WRITE, READ or atomic
 // checked, then the operation. peer->rq_lock is held.
-ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                                   uint64_t total, PendingRecv *pending) {
+ExecResult Engine::Thread::respond(Qp *qp, const Responder &peer, const WqeCopy &w, const Segment *local,
+                                   uint32_t nlocal, uint64_t total, PendingRecv *pending) {
     const softnda_wqe &h = w.hdr;
     if (!usesRkey(h.opcode)) {
         return sendDataIn(qp, peer, h, local, nlocal, total, pending);
@@ -1214,7 +1273,7 @@ ExecResult Engine::Thread::respond(Qp *qp, Qp *peer, const WqeCopy &w, const Seg
     uint8_t status = IBV_WC_SUCCESS;
     uint8_t *remote = checkRkey(dev_, peer, h, total, &status);
     if (remote == nullptr) {
-        return responderError(peer, status);
+        return responderError(peer.qp, status);
     }
     switch (h.opcode) {
         case SOFTNDA_OP_RDMA_WRITE:
@@ -1236,8 +1295,9 @@ ExecResult Engine::Thread::responderError(Qp *peer, uint8_t status) {
     return ExecResult{status, 0, Outcome::Done};
 }
 
-ExecResult Engine::Thread::writeDataIn(Qp *peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
-                                       uint32_t nlocal, uint64_t total, PendingRecv *pending) {
+ExecResult Engine::Thread::writeDataIn(const Responder &peer, const softnda_wqe &h, uint8_t *remote,
+                                       const Segment *local, uint32_t nlocal, uint64_t total,
+                                       PendingRecv *pending) {
     const bool with_imm = h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
     // taken in place: no copy on the fast path
     if (with_imm && !takeRecv(peer, &pending->r)) {
@@ -1280,8 +1340,9 @@ ExecResult Engine::Thread::atomicReply(const softnda_wqe &h, uint8_t *remote, co
 
 // A SEND into the next receive of the peer's RQ or SRQ. A receive that cannot take the message
 // completes in error, and so does the request.
-ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, const Segment *local,
-                                      uint32_t nlocal, uint64_t total, PendingRecv *pending) {
+ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softnda_wqe &h,
+                                      const Segment *local, uint32_t nlocal, uint64_t total,
+                                      PendingRecv *pending) {
     RecvCopy &r = pending->r;
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
@@ -1292,9 +1353,9 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, co
         case IBV_WC_SUCCESS:
             break;
         case IBV_WC_LOC_LEN_ERR:
-            return responderError(peer, IBV_WC_REM_INV_REQ_ERR);
+            return responderError(peer.qp, IBV_WC_REM_INV_REQ_ERR);
         default:
-            return responderError(peer, IBV_WC_REM_OP_ERR);
+            return responderError(peer.qp, IBV_WC_REM_OP_ERR);
     }
     pending->set = true;
     pending->byte_len = static_cast<uint32_t>(total);
@@ -1307,14 +1368,14 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, Qp *peer, const softnda_wqe &h, co
 
 // A message's bytes into a receive the responder took (peer->rq_lock held). A receive that
 // cannot take it completes in error (the returned status), which moves the responder to ERR.
-uint8_t Engine::Thread::deliverInto(Qp *peer, const RecvCopy &r, const Segment *src, uint32_t nsrc,
-                                    uint64_t total, uint32_t src_qpn, Segment *dst) {
+uint8_t Engine::Thread::deliverInto(const Responder &peer, const RecvCopy &r, const Segment *src,
+                                    uint32_t nsrc, uint64_t total, uint32_t src_qpn, Segment *dst) {
     const uint8_t op = IBV_WC_RECV;
-    uint32_t recv_cap = peer->srq != nullptr ? peer->srq->max_sge : peer->rq_max_sge;
+    uint32_t recv_cap = peer.srq != nullptr ? peer.srq->max_sge : peer.qp->rq_max_sge;
     uint8_t status = IBV_WC_SUCCESS;
     if (r.num_sge > recv_cap) {
         status = IBV_WC_LOC_QP_OP_ERR;
-    } else if (!checkLocal(peer, r.sge, r.num_sge, true, dst)) {
+    } else if (!checkLocal(peer.pd, r.sge, r.num_sge, true, dst)) {
         status = IBV_WC_LOC_PROT_ERR;
     } else {
         uint64_t room = 0;
@@ -1334,7 +1395,7 @@ uint8_t Engine::Thread::deliverInto(Qp *peer, const RecvCopy &r, const Segment *
     return IBV_WC_SUCCESS;
 }
 
-bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
+bool Engine::Thread::takeRecv(const Responder &peer, RecvCopy *out) {
     auto copy = [out](const Ring &ring, uint32_t cap) {
         const uint8_t *slot = ring.buf + static_cast<size_t>(ring.ci_local & (ring.cnt - 1)) * ring.stride;
         std::memcpy(&out->wr_id, slot, 8);
@@ -1342,7 +1403,7 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
         std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE,
                     std::min(out->num_sge, cap) * sizeof(softnda_sge));
     };
-    if (Srq *srq = peer->srq; srq != nullptr) {
+    if (Srq *srq = peer.srq; srq != nullptr) {
         bool limit_reached = false;
         {
             std::lock_guard<SpinLock> lk(srq->lock);
@@ -1367,20 +1428,21 @@ bool Engine::Thread::takeRecv(Qp *peer, RecvCopy *out) {
         }
         return true;
     }
-    Ring &ring = peer->rq;
+    Ring &ring = peer.qp->rq;
     uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
-    if (ring.ci_local == pi || overflowed(peer, ring, pi)) {
+    if (ring.ci_local == pi || overflowed(peer.qp, ring, pi)) {
         return false;
     }
-    copy(ring, peer->rq_max_sge);
+    copy(ring, peer.qp->rq_max_sge);
     // CI in the record waits for the request's commit (execute) or its error completion
     // (completeRecv): SPEC.md §10. peer->rq_lock is held throughout.
     ring.ci_local++;
     return true;
 }
 
-void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
+void Engine::Thread::completeRecv(const Responder &rp, const RecvCopy &r, uint8_t status, uint32_t byte_len,
                                   uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid) {
+    Qp *peer = rp.qp;
     softnda_cqe c{};
     c.owner = static_cast<uint32_t>(slid) << SOFTNDA_CQE_SLID_SHIFT;
     c.wr_id = r.wr_id;
@@ -1391,14 +1453,14 @@ void Engine::Thread::completeRecv(Qp *peer, const RecvCopy &r, uint8_t status, u
     c.opcode = opcode;
     c.status = status;
     c.flags = flags;
-    if (peer->srq == nullptr) {
+    if (rp.srq == nullptr) {
         __atomic_store_n(peer->rq.ci, peer->rq.ci_local, __ATOMIC_RELEASE);  // CI before the CQE (§4)
     }
     if (status != IBV_WC_SUCCESS) {
         bump(ctr_.errors);
         setQpError(dev_, peer);  // before the CQE, as in processSq
     }
-    if (!writeCqe(peer->rcq, ctr_, c) && status == IBV_WC_SUCCESS) {
+    if (!writeCqe(rp.rcq, ctr_, c) && status == IBV_WC_SUCCESS) {
         setQpError(dev_, peer);
     }
 }

@@ -49,7 +49,7 @@ void resumeProducer(Ring *r) {
 // engine died inside that WQE or just after one.
 void resumeQp(Qp *qp) {
     resumeConsumer(&qp->sq);
-    if (qp->srq == nullptr) {
+    if (qp->hasRq()) {
         resumeConsumer(&qp->rq);
     }
     auto state = static_cast<ibv_qp_state>(recordedQpState(qp->sq));
@@ -74,11 +74,13 @@ void linkQp(Qp *qp, Origin origin) {
         dev->qp_epoch++;
     }
     dev->gate.unlock();
-    qp->pd->refs++;
-    qp->scq->refs++;
-    qp->rcq->refs++;
-    if (qp->srq != nullptr) {
-        qp->srq->refs++;
+    for (uint32_t *refs :
+         {qp->pd != nullptr ? &qp->pd->refs : nullptr, qp->scq != nullptr ? &qp->scq->refs : nullptr,
+          qp->rcq != nullptr ? &qp->rcq->refs : nullptr, qp->srq != nullptr ? &qp->srq->refs : nullptr,
+          qp->xrcd != nullptr ? &qp->xrcd->refs : nullptr}) {
+        if (refs != nullptr) {
+            ++*refs;
+        }
     }
     dev->n_qp++;
     qp->ctx->objects++;
@@ -91,14 +93,29 @@ bool opsComplete(const ibv_extend_ops *o) {
            o->memcpy_s != nullptr && o->db_mmap != nullptr && o->db_unmap != nullptr;
 }
 
-bool qpParents(Context *ctx, ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, ibv_srq *srq, QpParents *out) {
+bool qpParents(Context *ctx, ibv_qp_type type, ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, ibv_srq *srq,
+               QpParents *out) {
     out->pd = asPd(pd);
     out->scq = asCq(scq);
     out->rcq = asCq(rcq);
     out->srq = srq != nullptr ? asSrq(srq) : nullptr;
-    return out->pd != nullptr && out->pd->ctx == ctx && out->scq != nullptr && out->scq->ctx == ctx &&
-           out->rcq != nullptr && out->rcq->ctx == ctx &&
-           (srq == nullptr || (out->srq != nullptr && out->srq->ctx == ctx));
+    const bool base =
+        out->pd != nullptr && out->pd->ctx == ctx && out->scq != nullptr && out->scq->ctx == ctx;
+    if (type == IBV_QPT_XRC_SEND) {  // a send queue only: no receive side to hang on anything
+        out->rcq = nullptr;
+        return base && srq == nullptr;
+    }
+    return base && out->rcq != nullptr && out->rcq->ctx == ctx &&
+           (srq == nullptr || (out->srq != nullptr && out->srq->ctx == ctx && out->srq->xrcd == nullptr));
+}
+
+ibv_xrcd *buildXrcd(Context *ctx) {
+    auto *x = new Xrcd;
+    x->magic = kMagicXrcd;
+    x->ctx = ctx;
+    x->ib.context = &ctx->ib;
+    ctx->objects++;
+    return &x->ib;
 }
 
 uint32_t recordedQpState(const Ring &sq) {
@@ -177,6 +194,13 @@ ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_ext
     srq->ext.srq = &srq->ib;
     fillQueueInfo(&srq->ext.srq_info, srq->ring, srq->db);
     publishDbSlot(dev, &srq->db, SlotKind::Srq, srq.get(), origin);
+    if (srq->xrcd != nullptr) {
+        dev->gate.lock();
+        dev->xrc_srqs[srq->srqn] = srq.get();
+        dev->gate.unlock();
+        srq->xrcd->refs++;
+        srq->cq->refs++;
+    }
     pd->refs++;
     dev->n_srq++;
     ctx->objects++;
@@ -191,8 +215,10 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     qp->scq = parents.scq;
     qp->rcq = parents.rcq;
     qp->srq = parents.srq;
+    qp->xrcd = parents.xrcd;
     qp->ops = ops;
     qp->init = init;
+    qp->wqe_data = wqeDataOffset(init.qp_type);
     switch (init.qp_type) {
         case IBV_QPT_UD:
             qp->max_opcode = SOFTNDA_OP_SEND_WITH_IMM;
@@ -211,7 +237,7 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     resumeQp(qp.get());
     qp->ib.context = &ctx->ib;
     qp->ib.qp_context = init.qp_context;
-    qp->ib.pd = &parents.pd->ib;
+    qp->ib.pd = parents.pd != nullptr ? &parents.pd->ib : nullptr;
     qp->ib.send_cq = init.send_cq;
     qp->ib.recv_cq = init.recv_cq;
     qp->ib.srq = init.srq;
@@ -221,7 +247,7 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     qp->ext.qp = &qp->ib;
     fillQueueInfo(&qp->ext.sq_info, qp->sq, qp->sq_db);
     publishDbSlot(ctx->dev, &qp->sq_db, SlotKind::Sq, qp.get(), origin);
-    if (qp->srq == nullptr) {
+    if (qp->hasRq()) {
         fillQueueInfo(&qp->ext.rq_info, qp->rq, qp->rq_db);
         publishDbSlot(ctx->dev, &qp->rq_db, SlotKind::Rq, qp.get(), origin);
     }

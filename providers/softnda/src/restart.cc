@@ -78,6 +78,17 @@ struct SrqBlob {
     uint32_t handle;
 };
 
+// An XRC SRQ's blob: a basic SRQ's, then its number (SPEC.md "XRC").
+struct XrcSrqBlob {
+    SrqBlob srq;
+    uint32_t srqn;
+    uint32_t resv;
+};
+
+struct XrcdBlob {
+    uint32_t resv[2];
+};
+
 struct QpBlob {
     uint32_t qpn;
     uint32_t handle;
@@ -225,9 +236,23 @@ int exportSrq(const ibv_srq_extend *ext, ibv_extend_vdev_state *out) {
         return -EINVAL;
     }
     std::lock_guard<std::mutex> ctl(srq->ctx->dev->ctl);
-    put(out, IBV_EXTEND_VDEV_OBJ_SRQ,
-        SrqBlob{ringBlob(srq->ring), slotBlob(srq->db), reinterpret_cast<uintptr_t>(srq->ib.srq_context),
-                srq->max_sge, srq->ib.handle});
+    SrqBlob b{ringBlob(srq->ring), slotBlob(srq->db), reinterpret_cast<uintptr_t>(srq->ib.srq_context),
+              srq->max_sge, srq->ib.handle};
+    if (srq->xrcd != nullptr) {
+        put(out, IBV_EXTEND_VDEV_OBJ_SRQ, XrcSrqBlob{b, srq->srqn, 0});
+    } else {
+        put(out, IBV_EXTEND_VDEV_OBJ_SRQ, b);
+    }
+    return 0;
+}
+
+int exportXrcd(ibv_xrcd *ib, ibv_extend_vdev_state *out) {
+    Xrcd *x = asXrcd(ib);
+    if (x == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(x->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_XRCD, XrcdBlob{});
     return 0;
 }
 
@@ -275,7 +300,7 @@ int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
     b.rq = ringBlob(qp->rq);
     b.sq_db = slotBlob(qp->sq_db);
     b.rq_db = slotBlob(qp->rq_db);
-    b.has_rq = qp->srq == nullptr ? 1 : 0;
+    b.has_rq = qp->hasRq() ? 1 : 0;
     b.rq_max_sge = qp->rq_max_sge;
     b.cap = qp->init.cap;
     b.sq_sig_all = qp->init.sq_sig_all;
@@ -307,6 +332,8 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
             return exportSrq(static_cast<const ibv_srq_extend *>(object), out);
         case IBV_EXTEND_VDEV_OBJ_QP:
             return exportQp(static_cast<const ibv_qp_extend *>(object), out);
+        case IBV_EXTEND_VDEV_OBJ_XRCD:
+            return exportXrcd(static_cast<ibv_xrcd *>(obj), out);
     }
     return -EINVAL;
 }
@@ -502,12 +529,32 @@ void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
                    Origin::Imported);
 }
 
+void *importXrcd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    XrcdBlob b;
+    Context *ctx = asContext(env->context);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_XRCD, in, &b) || ctx == nullptr || in->fd_cnt != 0 || b.resv[0] != 0 ||
+        b.resv[1] != 0) {
+        return failNull<void>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    if (!devicePaused(ctx->dev)) {
+        return failNull<void>(EBUSY);
+    }
+    return buildXrcd(ctx);
+}
+
 void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
-    SrqBlob b;
+    XrcSrqBlob xb{};
+    const bool xrc = readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &xb);
+    SrqBlob &b = xb.srq;
     Context *ctx = asContext(env->context);
     Pd *pd = asPd(env->pd);
-    if (!readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &b) || ctx == nullptr || pd == nullptr || pd->ctx != ctx ||
-        !opsComplete(env->ops) || in->fd_cnt != 0) {
+    Xrcd *xrcd = xrc ? asXrcd(env->xrcd) : nullptr;
+    Cq *cq = xrc ? asCq(env->srq_cq) : nullptr;
+    if ((!xrc && !readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &b)) || ctx == nullptr || pd == nullptr ||
+        pd->ctx != ctx || !opsComplete(env->ops) || in->fd_cnt != 0 ||
+        (xrc && (xrcd == nullptr || xrcd->ctx->dev != ctx->dev || cq == nullptr || cq->ctx != ctx ||
+                 xb.srqn == 0 || xb.srqn > 0xffffff))) {
         return failNull<void>(EINVAL);
     }
     Device *dev = ctx->dev;
@@ -515,7 +562,15 @@ void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *e
     if (!devicePaused(dev)) {
         return failNull<void>(EBUSY);
     }
+    if (xrc && dev->xrc_srqs.count(xb.srqn) != 0) {
+        return failNull<void>(EINVAL);  // an SRQ of this process has the number
+    }
     auto srq = std::make_unique<Srq>();
+    if (xrc) {
+        srq->xrcd = xrcd;
+        srq->cq = cq;
+        srq->srqn = xb.srqn;
+    }
     if (!importRing(env, b.ring, dev->cfg.max_srq_wr * 2, 32, 1024, &srq->ring) ||
         b.max_sge != recvSgeCap(b.ring.stride) || !importSlot(ctx, env, b.db, &srq->db)) {
         return failNull<void>(EINVAL);
@@ -532,7 +587,9 @@ bool validQpBlob(const QpBlob &b, const Config &cfg) {
            b.path_mtu >= IBV_MTU_256 && b.path_mtu <= IBV_MTU_4096 && b.cap.max_send_sge <= cfg.max_sge &&
            b.cap.max_inline_data <= cfg.max_inline_data && b.cap.max_recv_sge <= cfg.max_sge &&
            b.rq_max_sge <= cfg.max_sge &&
-           (b.qp_type == 0 || b.qp_type == IBV_QPT_RC || b.qp_type == IBV_QPT_UC || b.qp_type == IBV_QPT_UD);
+           (b.qp_type == 0 || b.qp_type == IBV_QPT_RC || b.qp_type == IBV_QPT_UC || b.qp_type == IBV_QPT_UD ||
+            b.qp_type == IBV_QPT_XRC_SEND || b.qp_type == IBV_QPT_XRC_RECV) &&
+           ((b.qp_type != IBV_QPT_XRC_SEND && b.qp_type != IBV_QPT_XRC_RECV) || b.has_rq == 0);
 }
 
 // The attributes the blob carries (putAttrs' counterpart).
@@ -581,14 +638,23 @@ bool importQpQueues(Context *ctx, const ibv_extend_vdev_import *env, const QpBlo
            (qp->rq_db.page != qp->sq_db.page || qp->rq_db.index != qp->sq_db.index);
 }
 
+// What the QP hangs on, by its transport: an XRC target only on its domain (SPEC.md "XRC").
+bool importParents(Context *ctx, const QpBlob &b, const ibv_extend_vdev_import *env, QpParents *out) {
+    const auto type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
+    if (type == IBV_QPT_XRC_RECV) {
+        out->xrcd = asXrcd(env->xrcd);
+        return out->xrcd != nullptr && out->xrcd->ctx->dev == ctx->dev;
+    }
+    return qpParents(ctx, type, env->pd, env->send_cq, env->recv_cq, env->srq, out) &&
+           b.has_rq == (out->srq == nullptr && type != IBV_QPT_XRC_SEND ? 1u : 0u);
+}
+
 void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     QpBlob b;
     Context *ctx = asContext(env->context);
     QpParents parents;
     if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 ||
-        !qpParents(ctx, env->pd, env->send_cq, env->recv_cq, env->srq, &parents) ||
-        b.has_rq != (parents.srq == nullptr ? 1u : 0u) || !opsComplete(env->ops) ||
-        !validQpBlob(b, ctx->dev->cfg)) {
+        !opsComplete(env->ops) || !validQpBlob(b, ctx->dev->cfg) || !importParents(ctx, b, env, &parents)) {
         return failNull<void>(EINVAL);
     }
     Device *dev = ctx->dev;
@@ -608,9 +674,9 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     takeAttrs(b, &qp->attrs);
     ibv_qp_init_attr init{};
     init.qp_context = reinterpret_cast<void *>(static_cast<uintptr_t>(b.qp_context));
-    init.send_cq = env->send_cq;
-    init.recv_cq = env->recv_cq;
-    init.srq = env->srq;
+    init.send_cq = parents.scq != nullptr ? &parents.scq->ib : nullptr;
+    init.recv_cq = parents.rcq != nullptr ? &parents.rcq->ib : nullptr;
+    init.srq = parents.srq != nullptr ? &parents.srq->ib : nullptr;
     init.cap = b.cap;
     init.qp_type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
     init.sq_sig_all = b.sq_sig_all;
@@ -648,6 +714,8 @@ void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in
             return importSrq(in, env);
         case IBV_EXTEND_VDEV_OBJ_QP:
             return importQp(in, env);
+        case IBV_EXTEND_VDEV_OBJ_XRCD:
+            return importXrcd(in, env);
     }
     return failNull<void>(EINVAL);
 }

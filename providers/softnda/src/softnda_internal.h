@@ -186,6 +186,15 @@ struct Cq {
     bool error = false;  // overflowed
 };
 
+// An XRC domain (SPEC.md "XRC"): the device's, whichever context opened it; SRQs and target QPs
+// of any context may belong to it. refs: those SRQs and QPs (Device::ctl).
+struct Xrcd {
+    ibv_xrcd ib{};  // first: the ibv_xrcd * handed out points here
+    uint64_t magic = 0;
+    Context *ctx = nullptr;  // the opener (counted in its objects)
+    uint32_t refs = 0;
+};
+
 struct Srq {
     ibv_srq ib{};
     ibv_srq_extend ext{};
@@ -200,6 +209,10 @@ struct Srq {
     DbSlot db;
     uint32_t refs = 0;
     SpinLock lock;
+    // An XRC SRQ (xrcd set): its number, and the CQ its receives complete on.
+    Xrcd *xrcd = nullptr;
+    Cq *cq = nullptr;
+    uint32_t srqn = 0;
 };
 
 // The big V2/V3 extended attributes. Few QPs ever set them and they are 480 bytes, more than a
@@ -244,8 +257,13 @@ struct Qp {
     Cq *rcq = nullptr;
     Srq *srq = nullptr;
     ibv_extend_ops *ops = nullptr;
-    ibv_qp_init_attr init{};  // init.qp_type: RC, UC or UD
+    ibv_qp_init_attr init{};  // init.qp_type: RC, UC, UD, XRC_SEND or XRC_RECV
     uint32_t qpn = 0;
+    // An XRC target QP's domain (SPEC.md "XRC"; it has no PD, no CQs and no receive queue).
+    Xrcd *xrcd = nullptr;
+    // Where a send WQE's data segment starts: after the header, and the XRC segment on an XRC
+    // initiator QP.
+    uint32_t wqe_data = SOFTNDA_WQE_HEADER_SIZE;
     // What the transport allows (SPEC.md §11), set by buildQp so the engine's shape and length
     // checks cost the same for every transport: opcodes up to max_opcode, messages up to max_msg.
     uint8_t max_opcode = SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
@@ -275,6 +293,8 @@ struct Qp {
     bool recover_psn = false;
     // The SQ record's engine-private words (SPEC.md §10), as u32 indexes from dbr_pi.
     uint32_t *recWord(unsigned w) const { return sq.pi + w; }
+    // Whether the QP has a receive queue of its own: not with an SRQ, and never on XRC QPs.
+    bool hasRq() const { return rq.buf != nullptr; }
 };
 
 // Per engine thread counters: one writer (its thread), read by softnda_query_counters.
@@ -331,6 +351,8 @@ struct Device {
     std::unordered_map<uint32_t, Qp *> qps;  // by QPN; ctl + gate
     uint32_t next_qpn = 1;
     uint64_t qp_epoch = 1;  // bumped when a QP goes away, invalidating cached peers (gate)
+    std::unordered_map<uint32_t, Srq *> xrc_srqs;  // XRC SRQs by SRQ number; ctl + gate
+    uint32_t next_srqn = 1;
 
     uint32_t n_pd = 0, n_mr = 0, n_qp = 0, n_cq = 0, n_srq = 0;  // ctl
     uint32_t open_contexts = 0;                                  // Registry::mu
@@ -383,6 +405,7 @@ constexpr uint64_t kMagicMr = 0x736f66746e646133ull;
 constexpr uint64_t kMagicCq = 0x736f66746e646134ull;
 constexpr uint64_t kMagicSrq = 0x736f66746e646135ull;
 constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
+constexpr uint64_t kMagicXrcd = 0x736f66746e646137ull;
 constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
 
 // ---- identity.cc ----
@@ -410,12 +433,13 @@ Qp *asQp(ibv_qp *ib);
 Cq *asCq(ibv_cq *ib);
 Srq *asSrq(ibv_srq *ib);
 Mr *asMr(ibv_mr *ib);
+Xrcd *asXrcd(ibv_xrcd *ib);
 
 // A queue's allocation: the ring, then its 128 B doorbell record (SPEC.md §1).
 inline constexpr size_t kRecordSize = 128;
 // SGEs a send WQE / a receive WQE of `stride` bytes holds (SPEC.md §2).
-constexpr uint32_t sendSgeCap(uint32_t stride) {
-    return (stride - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+constexpr uint32_t sendSgeCap(uint32_t stride, uint32_t data = SOFTNDA_WQE_HEADER_SIZE) {
+    return (stride - data) / SOFTNDA_SGE_SIZE;
 }
 constexpr uint32_t recvSgeCap(uint32_t stride) {
     return (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
@@ -458,13 +482,16 @@ int vdevExportMmio(const void *addr, int *fd, uint64_t *offset);
 // Whether a caller's ibv_extend_ops has every callback a queue needs.
 bool opsComplete(const ibv_extend_ops *o);
 // What a QP hangs on, checked: softnda objects of ctx (srq may be NULL).
+// An XRC initiator has no recv_cq; an XRC target has only its domain (xrcd).
 struct QpParents {
     Pd *pd = nullptr;
     Cq *scq = nullptr;
     Cq *rcq = nullptr;
     Srq *srq = nullptr;
+    Xrcd *xrcd = nullptr;
 };
-bool qpParents(Context *ctx, ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, ibv_srq *srq, QpParents *out);
+bool qpParents(Context *ctx, ibv_qp_type type, ibv_pd *pd, ibv_cq *scq, ibv_cq *rcq, ibv_srq *srq,
+               QpParents *out);
 // The QP state word of an SQ record (SPEC.md §10).
 uint32_t recordedQpState(const Ring &sq);
 
@@ -474,13 +501,27 @@ ibv_mr *buildMr(std::unique_ptr<Mr> mr, Pd *pd, uint32_t handle);
 // cq: ring and db set (and event_fd, when one comes with it).
 ibv_cq_extend *buildCq(std::unique_ptr<Cq> cq, Context *ctx, ibv_extend_ops *ops, void *cq_context,
                        uint32_t handle, Origin origin);
-// srq: ring, db and max_sge set.
+// srq: ring, db and max_sge set (and, for an XRC SRQ, xrcd, cq and srqn).
+// xrcd: made (or imported) by open_xrcd; counted in the opener's context.
+ibv_xrcd *buildXrcd(Context *ctx);
 ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_extend_ops *ops,
                          void *srq_context, uint32_t handle, Origin origin);
 // qp: qpn, sq and sq_db set, and rq, rq_db and rq_max_sge unless it uses an SRQ (and attrs, when
 // they come with it). init: as granted (its CQ and SRQ pointers are the parents').
 ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &parents, ibv_extend_ops *ops,
                        const ibv_qp_init_attr &init, uint32_t handle, Origin origin);
+
+// ---- XRC (driver.cc; SPEC.md "XRC", vdev ABI V6) ----
+ibv_xrcd *openXrcd(ibv_context *context);
+int closeXrcd(ibv_xrcd *xrcd);
+ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *a, ibv_xrcd *xrcd, ibv_cq *cq);
+ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *a, ibv_xrcd *xrcd);
+int getSrqNum(ibv_srq *srq, uint32_t *srq_num);
+// Where a send WQE's data segment starts on a QP of this type (SPEC.md §2.1, "XRC").
+constexpr uint32_t wqeDataOffset(ibv_qp_type type) {
+    return type == IBV_QPT_XRC_SEND ? SOFTNDA_WQE_HEADER_SIZE + SOFTNDA_XRC_SEG_SIZE
+                                    : SOFTNDA_WQE_HEADER_SIZE;
+}
 
 // ---- engine.cc ----
 class Engine {

@@ -172,6 +172,36 @@ const Transition kUdTransitions[] = {
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
 };
 
+// XRC (SPEC.md "XRC", the kernel's table): an initiator is RC's requester, whose RTR needs no
+// responder attributes (it has no receive side; they are accepted and ignored, as programs
+// written for RC pass them); a target is RC's responder, whose RTS needs only TIMEOUT and SQ_PSN.
+const Transition kXrcIniTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR, IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER},
+    {IBV_QPS_RTR, IBV_QPS_RTS,
+     IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC,
+     kRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, kRtsOptional},
+    {IBV_QPS_RTS, IBV_QPS_SQD, 0, IBV_QP_EN_SQD_ASYNC_NOTIFY},
+    {IBV_QPS_SQD, IBV_QPS_RTS, 0, kRtsOptional},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+const Transition kXrcTgtTransitions[] = {
+    {IBV_QPS_RESET, IBV_QPS_INIT, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, 0},
+    {IBV_QPS_INIT, IBV_QPS_INIT, 0, IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS},
+    {IBV_QPS_INIT, IBV_QPS_RTR,
+     IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+         IBV_QP_MIN_RNR_TIMER,
+     IBV_QP_ALT_PATH | IBV_QP_ACCESS_FLAGS | IBV_QP_PKEY_INDEX},
+    {IBV_QPS_RTR, IBV_QPS_RTS, IBV_QP_SQ_PSN | IBV_QP_TIMEOUT,
+     kRtsOptional | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC},
+    {IBV_QPS_RTS, IBV_QPS_RTS, 0, kRtsOptional},
+    {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_ACCESS_FLAGS},
+};
+
 // 0 when mask is acceptable for cur -> next on a QP of this type, else -EINVAL.
 int checkTransition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int mask) {
     int extra = mask & ~(IBV_QP_STATE | IBV_QP_CUR_STATE);
@@ -183,6 +213,10 @@ int checkTransition(ibv_qp_type type, ibv_qp_state cur, ibv_qp_state next, int m
         table = kUcTransitions;
     } else if (type == IBV_QPT_UD) {
         table = kUdTransitions;
+    } else if (type == IBV_QPT_XRC_SEND) {
+        table = kXrcIniTransitions;
+    } else if (type == IBV_QPT_XRC_RECV) {
+        table = kXrcTgtTransitions;
     }
     for (const Transition &t : table) {
         if (t.cur == cur && t.next == next) {
@@ -294,7 +328,7 @@ void applyAttrs(Qp *qp, const ibv_qp_attr &attr, int mask) {
 void resetQp(Device *dev, Qp *qp) {
     qp->sq.ci_local = __atomic_load_n(qp->sq.pi, __ATOMIC_ACQUIRE);
     __atomic_store_n(qp->sq.ci, qp->sq.ci_local, __ATOMIC_RELEASE);
-    if (qp->srq == nullptr) {
+    if (qp->hasRq()) {
         qp->rq.ci_local = __atomic_load_n(qp->rq.pi, __ATOMIC_ACQUIRE);
         __atomic_store_n(qp->rq.ci, qp->rq.ci_local, __ATOMIC_RELEASE);
     }
@@ -523,7 +557,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V5,
+    .abi = IBV_EXTEND_VDEV_ABI_V6,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -549,4 +583,10 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
     // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h).
     .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS,
+    // ABI V6: XRC (SPEC.md "XRC").
+    .open_xrcd = softnda::CEntry<softnda::openXrcd>::call,
+    .close_xrcd = softnda::CEntry<softnda::closeXrcd>::call,
+    .create_xrc_srq = softnda::CEntry<softnda::createXrcSrq>::call,
+    .create_xrc_tgt_qp = softnda::CEntry<softnda::createXrcTgtQp>::call,
+    .get_srq_num = softnda::CEntry<softnda::getSrqNum>::call,
 };

@@ -355,8 +355,11 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
         errno = EINVAL;
         return NULL;
     }
-    /* The transports softnda executes (SPEC.md §5, §11). */
-    if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD) {
+    /* The transports softnda executes (SPEC.md §5, §11, "XRC"). An XRC initiator's WQEs carry
+     * the XRC segment; neither XRC QP has a receive queue (a target's granted depths are 0, so
+     * every post to it is refused). */
+    const int xrc = attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV;
+    if (attr->qp_type != IBV_QPT_RC && attr->qp_type != IBV_QPT_UC && attr->qp_type != IBV_QPT_UD && !xrc) {
         errno = EOPNOTSUPP;
         return NULL;
     }
@@ -364,12 +367,14 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
     if (qp == NULL) {
         return NULL;
     }
-    if (softnda_sq_init(&qp->sq, &attr->qp->sq_info) != 0) {
+    int sq_rc = attr->qp_type == IBV_QPT_XRC_SEND ? softnda_sq_init_xrc(&qp->sq, &attr->qp->sq_info)
+                                                  : softnda_sq_init(&qp->sq, &attr->qp->sq_info);
+    if (sq_rc != 0) {
         free(qp);
         errno = EINVAL;
         return NULL;
     }
-    qp->has_rq = !attr->has_srq;
+    qp->has_rq = !attr->has_srq && !xrc;
     if (qp->has_rq &&
         recv_queue_init(&qp->rq, &attr->qp->rq_info, attr->cap.max_recv_wr, attr->cap.max_recv_sge) != 0) {
         free(qp);
@@ -449,6 +454,9 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
     }
     if ((wr->send_flags & IBV_SEND_SOLICITED) != 0) {
         w.flags |= SOFTNDA_WQE_SOLICITED;
+    }
+    if (qp->qp_type == IBV_QPT_XRC_SEND) {
+        w.remote_srqn = wr->qp_type.xrc.remote_srqn; /* the SRQ at the target (SPEC.md "XRC") */
     }
     int may_inline = 0;
     switch (op) {

@@ -779,7 +779,7 @@ TEST_F(Datapath, UdSendThroughAnAddressHandle) {
 TEST_F(Datapath, OpenRefusesWhatSoftndaDoesNotServe) {
     VQp q = makeVQp();
     auto attr = dpAttr(q.h);
-    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_XRC_SEND, IBV_QPT_XRC_RECV}) {
+    for (ibv_qp_type t : {IBV_QPT_RAW_PACKET, IBV_QPT_DRIVER}) {  // XRC: XrcInitiatorNamesTheSrq
         attr.qp_type = t;
         errno = 0;
         EXPECT_EQ(dp_->qp_open(&attr), nullptr);
@@ -805,6 +805,97 @@ TEST_F(Datapath, OpenRefusesWhatSoftndaDoesNotServe) {
     errno = 0;
     EXPECT_EQ(dp_->srq_open(&srq, nullptr), nullptr);
     EXPECT_EQ(errno, EINVAL);
+}
+
+// An XRC initiator's post carries wr.qp_type.xrc.remote_srqn into the WQE's XRC segment (SPEC.md
+// "XRC"); the receive completes on the XRC SRQ's CQ, from the target QP. A target takes no posts.
+TEST_F(Datapath, XrcInitiatorNamesTheSrq) {
+    ibv_xrcd *xrcd = softnda_vdev_ops.open_xrcd(ctx_);
+    ASSERT_NE(xrcd, nullptr);
+    ibv_srq_init_attr_extend sa{};
+    sa.pd = pd_;
+    sa.attr.attr.max_wr = 8;
+    sa.attr.attr.max_sge = 1;
+    sa.ops = arena().ops();
+    ibv_srq_extend *srq = softnda_vdev_ops.create_xrc_srq(ctx_, &sa, xrcd, rcq_.ext->cq);
+    ASSERT_NE(srq, nullptr);
+    srqs_.push_back(srq);
+    void *vsrq = openSrq(SrqH{srq, {}}, 8, 1);
+    uint32_t srqn = 0;
+    ASSERT_EQ(softnda_vdev_ops.get_srq_num(srq->srq, &srqn), 0);
+
+    ibv_qp_init_attr_extend ia{};
+    ia.pd = pd_;
+    ia.attr.send_cq = scq_.ext->cq;
+    ia.attr.qp_type = IBV_QPT_XRC_SEND;
+    ia.attr.cap.max_send_wr = 8;
+    ia.attr.cap.max_send_sge = 1;
+    ia.attr.cap.max_inline_data = 16;
+    ia.ops = arena().ops();
+    VQp ini;
+    ini.h.ext = ext_->ops->create_qp(ctx_, &ia);
+    ASSERT_NE(ini.h.ext, nullptr);
+    qps_.push_back(ini.h.ext);
+    ibv_qp_init_attr_extend ta{};
+    ta.ops = arena().ops();
+    VQp tgt;
+    tgt.h.ext = softnda_vdev_ops.create_xrc_tgt_qp(ctx_, &ta, xrcd);
+    ASSERT_NE(tgt.h.ext, nullptr);
+    qps_.push_back(tgt.h.ext);
+    for (VQp *q : {&ini, &tgt}) {
+        auto attr = dpAttr(q->h);
+        q->dp = dp_->qp_open(&attr);
+        ASSERT_NE(q->dp, nullptr) << "errno " << errno;
+        dp_qps_.push_back(q->dp);
+    }
+    ASSERT_EQ(toInit(ini.h.ext->qp, 0), 0);
+    ASSERT_EQ(toInit(tgt.h.ext->qp, kAllAccess), 0);
+    ASSERT_EQ(toRtr(ini.h.ext->qp, tgt.h.qpn()), 0);
+    ASSERT_EQ(toRtr(tgt.h.ext->qp, ini.h.qpn()), 0);
+    ASSERT_EQ(toRts(ini.h.ext->qp), 0);
+    ASSERT_EQ(toRts(tgt.h.ext->qp), 0);
+
+    char in[32] = {};
+    ibv_mr *m = reg(in, sizeof(in));
+    ibv_sge rs = vsge(in, sizeof(in), m);
+    ibv_recv_wr rw{};
+    rw.wr_id = 77;
+    rw.sg_list = &rs;
+    rw.num_sge = 1;
+    ibv_recv_wr *rbad = nullptr;
+    ASSERT_EQ(dp_->post_srq_recv(vsrq, &rw, &rbad), 0);
+    char msg[] = "xrc through the data path";
+    ibv_sge ss = vsge(msg, sizeof(msg), nullptr);
+    auto w = sendWr(IBV_WR_SEND, 5, &ss, 1, IBV_SEND_SIGNALED | IBV_SEND_INLINE);
+    w.qp_type.xrc.remote_srqn = srqn;
+    ASSERT_EQ(post(ini, &w), 0);
+    expectPlainWc(waitWc(vscq_), 5, IBV_WC_SEND, 0, ini.h.qpn());
+    ibv_wc wc = waitWc(vrcq_);
+    expectPlainWc(wc, 77, IBV_WC_RECV, sizeof(msg), tgt.h.qpn());
+    EXPECT_EQ(wc.src_qp, ini.h.qpn());
+    EXPECT_STREQ(in, msg);
+
+    // Neither XRC QP has a receive queue; a target has no send queue either.
+    ibv_recv_wr own{};
+    EXPECT_EQ(dp_->post_recv(ini.dp, &own, &rbad), EINVAL);
+    EXPECT_EQ(dp_->post_recv(tgt.dp, &own, &rbad), EINVAL);
+    ibv_send_wr *bad = nullptr;
+    EXPECT_NE(dp_->post_send(tgt.dp, &w, &bad), 0);
+    EXPECT_EQ(bad, &w);
+
+    for (void *q : {ini.dp, tgt.dp}) {
+        dp_->qp_close(q);
+        dp_qps_.erase(std::find(dp_qps_.begin(), dp_qps_.end(), q));
+    }
+    for (ibv_qp_extend *q : {tgt.h.ext, ini.h.ext}) {
+        ASSERT_EQ(ext_->ops->destroy_qp(q), 0);
+        qps_.erase(std::find(qps_.begin(), qps_.end(), q));
+    }
+    dp_->srq_close(vsrq);
+    dp_srqs_.erase(std::find(dp_srqs_.begin(), dp_srqs_.end(), vsrq));
+    ASSERT_EQ(ext_->ops->destroy_srq(srq), 0);
+    srqs_.erase(std::find(srqs_.begin(), srqs_.end(), srq));
+    EXPECT_EQ(softnda_vdev_ops.close_xrcd(xrcd), 0);
 }
 
 TEST_F(Datapath, PollCqArguments) {

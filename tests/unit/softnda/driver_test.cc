@@ -92,7 +92,7 @@ TEST(SoftndaConfig, ForeignObjectsAreRefused) {
     EXPECT_EQ(softnda_ub_resolve(1, 2, 1, 0), nullptr);
     EXPECT_EQ(errno, ENODEV);
     EXPECT_STREQ(softnda_vdev_ops.provider, softnda_driver_ops.name);
-    EXPECT_EQ(softnda_vdev_ops.abi, static_cast<uint32_t>(IBV_EXTEND_VDEV_ABI_V5));
+    EXPECT_EQ(softnda_vdev_ops.abi, static_cast<uint32_t>(IBV_EXTEND_VDEV_ABI_V6));
 }
 
 class Driver : public SoftndaTest {};
@@ -290,10 +290,14 @@ TEST_F(Driver, BadArgumentsAreRefused) {
     errno = 0;
     EXPECT_EQ(ext_->ops->create_qp(ctx_, nullptr), nullptr);
     EXPECT_EQ(errno, EINVAL);
-    a.attr.qp_type = IBV_QPT_XRC_RECV;  // RC, UC and UD are served (SPEC.md §11); XRC is not
+    a.attr.qp_type = IBV_QPT_RAW_PACKET;  // RC, UC, UD and XRC are served (SPEC.md §11, "XRC")
     errno = 0;
     EXPECT_EQ(ext_->ops->create_qp(ctx_, &a), nullptr);
     EXPECT_EQ(errno, EOPNOTSUPP);
+    a.attr.qp_type = IBV_QPT_XRC_RECV;  // a target needs its domain: create_xrc_tgt_qp
+    errno = 0;
+    EXPECT_EQ(ext_->ops->create_qp(ctx_, &a), nullptr);
+    EXPECT_EQ(errno, EINVAL);
     a = qpAttr(cq, cq);
     a.ops = nullptr;
     EXPECT_EQ(ext_->ops->create_qp(ctx_, &a), nullptr);

@@ -81,7 +81,27 @@ ibv_extend_ops g_ops = {arenaAlloc,          arenaFree,   MemfdArena::memsetS,
                         MemfdArena::memcpyS, arenaDbMmap, arenaDbUnmap};
 
 // What the child leaves for the parent, in shared memory.
-enum Obj { kCtx, kPd, kMrSrc, kMrDst, kMrRecv, kCqA, kCqB, kQpA, kQpB, kQpC, kCqD, kSrq, kQpD, kQpE, kObjs };
+enum Obj {
+    kCtx,
+    kPd,
+    kMrSrc,
+    kMrDst,
+    kMrRecv,
+    kCqA,
+    kCqB,
+    kQpA,
+    kQpB,
+    kQpC,
+    kCqD,
+    kSrq,
+    kQpD,
+    kQpE,
+    kXrcd,
+    kXsrq,
+    kQpI,
+    kQpT,
+    kObjs
+};
 constexpr int kWrites = 16, kSends = 4;
 struct Shared {
     ibv_extend_vdev_state st[kObjs];
@@ -93,6 +113,7 @@ struct Shared {
     uint32_t qpn[3];
     uint32_t qpn_d;
     uint32_t qpn_e;
+    uint32_t qpn_i, qpn_t, srqn;  // the XRC initiator and target, and the XRC SRQ's number
     uint32_t key[3];
     uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
     int ready;
@@ -238,6 +259,39 @@ struct OldBroker {
         qp_e = ext->ops->create_qp(ctx, &ua);
         need(qp_e != nullptr && udUp(qp_e->qp, kUdQkey) == 0, 56);
         sh->qpn_e = qp_e->qp->qp_num;
+        makeXrc();
+    }
+
+    // An XRC domain, an XRC SRQ completing on D's CQ, initiator I (sending on D's CQ) connected
+    // to target T (SPEC.md "XRC").
+    void makeXrc() {
+        xrcd = softnda_vdev_ops.open_xrcd(ctx);
+        need(xrcd != nullptr, 60);
+        ibv_srq_init_attr_extend sa{};
+        sa.pd = pd;
+        sa.attr.attr.max_wr = 8;
+        sa.attr.attr.max_sge = 1;
+        sa.ops = &g_ops;
+        xsrq = softnda_vdev_ops.create_xrc_srq(ctx, &sa, xrcd, cq_d->cq);
+        need(xsrq != nullptr && softnda_vdev_ops.get_srq_num(xsrq->srq, &sh->srqn) == 0, 61);
+        softnda_rq_init(&xsrq_rq, &xsrq->srq_info);
+        auto ia = ibvx::qpInitAttr({.pd = pd,
+                                    .send_cq = cq_d->cq,
+                                    .qp_type = IBV_QPT_XRC_SEND,
+                                    .send_wr = 8,
+                                    .recv_wr = 0,
+                                    .ops = &g_ops});
+        qp_i = ext->ops->create_qp(ctx, &ia);
+        ibv_qp_init_attr_extend ta{};
+        ta.ops = &g_ops;
+        qp_t = softnda_vdev_ops.create_xrc_tgt_qp(ctx, &ta, xrcd);
+        need(qp_i != nullptr && qp_t != nullptr && softnda_sq_init_xrc(&sq_i, &qp_i->sq_info) == 0, 62);
+        sh->qpn_i = qp_i->qp->qp_num;
+        sh->qpn_t = qp_t->qp->qp_num;
+        need(toInit(qp_i->qp, 0) == 0 && toInit(qp_t->qp, kAllAccess) == 0 &&
+                 toRtr(qp_i->qp, sh->qpn_t) == 0 && toRtr(qp_t->qp, sh->qpn_i) == 0 && toRts(qp_i->qp) == 0 &&
+                 toRts(qp_t->qp) == 0,
+             63);
     }
 
     void makeSrqQp() {
@@ -287,14 +341,15 @@ struct OldBroker {
 
     // Blobs after each object's last control operation, as the broker takes them.
     void exportAll() {
-        const void *objs[kObjs] = {ctx,   pd,    mr[0], mr[1], mr[2], cq[0], cq[1],
-                                   qp[0], qp[1], qp[2], cq_d,  srq,   qp_d,  qp_e};
+        const void *objs[kObjs] = {ctx,   pd,   mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1],
+                                   qp[2], cq_d, srq,   qp_d,  qp_e,  xrcd,  xsrq,  qp_i,  qp_t};
         ibv_extend_vdev_obj kinds[kObjs] = {
             IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR,
             IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
             IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
             IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_SRQ,
-            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP};
+            IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_XRCD,
+            IBV_EXTEND_VDEV_OBJ_SRQ,     IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP};
         for (int i = 0; i < kObjs; ++i) {
             need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
         }
@@ -325,6 +380,18 @@ struct OldBroker {
         softnda_sge ds{sh->src + 1520, 8, sh->key[0]};
         post(&sq_d, wr(SOFTNDA_OP_SEND, 7100, &ds, 1));
         need(waitCqes(cqs_d, 2).size() == 2, 55);
+        // XRC: two receives on the XRC SRQ, the first taken by I's SEND through T.
+        for (int i = 0; i < 2; ++i) {
+            softnda_sge rr{sh->recv + 2560 + 8u * i, 8, sh->key[2]};
+            need(softnda_rq_post(&xsrq_rq, 9000 + i, &rr, 1) == 0, 64);
+        }
+        softnda_rq_doorbell(&xsrq_rq);
+        src[200] = 0xa000;
+        softnda_sge xs{sh->src + 1600, 8, sh->key[0]};
+        auto xw = wr(SOFTNDA_OP_SEND, 9100, &xs, 1);
+        xw.remote_srqn = sh->srqn;
+        post(&sq_i, xw);
+        need(waitCqes(cqs_d, 2).size() == 2, 65);
     }
 
     // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
@@ -419,6 +486,11 @@ struct OldBroker {
     ibv_qp_extend *qp_d = nullptr;
     softnda_sq sq_d = {};
     ibv_qp_extend *qp_e = nullptr;
+    ibv_xrcd *xrcd = nullptr;
+    ibv_srq_extend *xsrq = nullptr;
+    softnda_rq xsrq_rq{};
+    ibv_qp_extend *qp_i = nullptr, *qp_t = nullptr;
+    softnda_sq sq_i{};
     uint64_t *src = nullptr;
     int efd = -1, afd = -1;
 };
@@ -623,7 +695,34 @@ class SoftndaRestart : public ::testing::Test {
             softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpE], &env));
         ASSERT_NE(qp_e, nullptr) << errno;
         EXPECT_EQ(qp_e->qp->qp_num, sh->qpn_e);
+        ASSERT_NO_FATAL_FAILURE(importXrc());
         ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
+    }
+
+    // The XRC objects: the domain first, then the SRQ (its domain and CQ as parents), the
+    // initiator (PD and send CQ) and the target (its domain alone).
+    void importXrc() {
+        xrcd = static_cast<ibv_xrcd *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_XRCD, &sh->st[kXrcd], &env));
+        ASSERT_NE(xrcd, nullptr) << errno;
+        env.xrcd = xrcd;
+        env.srq_cq = cq_d->cq;
+        xsrq = static_cast<ibv_srq_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_SRQ, &sh->st[kXsrq], &env));
+        ASSERT_NE(xsrq, nullptr) << errno;
+        env.send_cq = cq_d->cq;
+        env.recv_cq = nullptr;
+        qp_i = static_cast<ibv_qp_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpI], &env));
+        ASSERT_NE(qp_i, nullptr) << errno;
+        env.send_cq = nullptr;
+        env.pd = nullptr;
+        qp_t = static_cast<ibv_qp_extend *>(
+            softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_QP, &sh->st[kQpT], &env));
+        ASSERT_NE(qp_t, nullptr) << errno;
+        env.pd = pd;
+        env.xrcd = nullptr;
+        env.srq_cq = nullptr;
     }
 
     // Destroys every imported object and checks that each gave back what it used.
@@ -642,6 +741,9 @@ class SoftndaRestart : public ::testing::Test {
         rings.insert(cq_d->cq_info.qbuf.base);
         rings.insert(qp_e->sq_info.qbuf.base);
         rings.insert(qp_e->rq_info.qbuf.base);
+        rings.insert(xsrq->srq_info.qbuf.base);
+        rings.insert(qp_i->sq_info.qbuf.base);
+        rings.insert(qp_t->sq_info.qbuf.base);
         g.freed.clear();
         g.unmapped.clear();
         for (auto *q : qp) {
@@ -649,6 +751,10 @@ class SoftndaRestart : public ::testing::Test {
         }
         EXPECT_EQ(ext->ops->destroy_qp(qp_d), 0);
         EXPECT_EQ(ext->ops->destroy_qp(qp_e), 0);
+        EXPECT_EQ(ext->ops->destroy_qp(qp_t), 0);
+        EXPECT_EQ(ext->ops->destroy_qp(qp_i), 0);
+        EXPECT_EQ(ext->ops->destroy_srq(xsrq), 0);
+        EXPECT_EQ(softnda_vdev_ops.close_xrcd(xrcd), 0);
         EXPECT_EQ(ext->ops->destroy_srq(srq), 0);
         EXPECT_EQ(ext->ops->destroy_cq(cq_d), 0);
         for (auto *x : cq) {
@@ -692,6 +798,11 @@ class SoftndaRestart : public ::testing::Test {
     ibv_srq_extend *srq = nullptr;
     ibv_qp_extend *qp_d = nullptr;
     ibv_qp_extend *qp_e = nullptr;
+    ibv_xrcd *xrcd = nullptr;
+    ibv_srq_extend *xsrq = nullptr;
+    softnda_rq xsrq_rq{};
+    ibv_qp_extend *qp_i = nullptr, *qp_t = nullptr;
+    softnda_sq sq_i{};
     uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
 };
 
@@ -837,6 +948,39 @@ TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
     EXPECT_EQ(by_id[7001].src_qp, sh->qpn_d);
     EXPECT_EQ(recv[192], 0xd000u);  // the SEND before the kill, in the first receive
     EXPECT_EQ(recv[193], 0xd001u);
+    EXPECT_TRUE(staysEmpty(cqD));
+    teardown();
+}
+
+// XRC comes back whole (SPEC.md "XRC", §10): the SRQ keeps its number and the receive the
+// SEND before the kill took; the initiator's next SEND lands in the SRQ's second receive, through
+// the target, with the target's QPN in the completion.
+TEST_F(SoftndaRestart, AnXrcInitiatorTargetAndSrqCarryOn) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    uint32_t srqn = 0;
+    ASSERT_EQ(softnda_vdev_ops.get_srq_num(xsrq->srq, &srqn), 0);
+    EXPECT_EQ(srqn, sh->srqn);
+    EXPECT_EQ(qp_i->qp->qp_num, sh->qpn_i);
+    EXPECT_EQ(qp_t->qp->qp_num, sh->qpn_t);
+    EXPECT_EQ(qp_t->qp->qp_type, IBV_QPT_XRC_RECV);
+    EXPECT_EQ(recv[2560 / 8], 0xa000u);
+    softnda_sq sqI;
+    softnda_cq cqD;
+    ASSERT_EQ(softnda_sq_init_xrc(&sqI, &qp_i->sq_info), 0);
+    ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    src[201] = 0xa001;
+    softnda_sge xs{sh->src + 1608, 8, sh->key[0]};
+    auto w = wr(SOFTNDA_OP_SEND, 9101, &xs, 1);
+    w.remote_srqn = sh->srqn;
+    ASSERT_EQ(postAndRing(&sqI, w), 0);
+    auto done = waitCqes(cqD, 2);
+    std::map<uint64_t, softnda_cqe> by_id = successfulById(done);
+    ASSERT_EQ(by_id.count(9101), 1u);
+    ASSERT_EQ(by_id.count(9001), 1u);
+    EXPECT_EQ(by_id[9001].qp_num, sh->qpn_t);
+    EXPECT_EQ(by_id[9001].src_qp, sh->qpn_i);
+    EXPECT_EQ(recv[2568 / 8], 0xa001u);
     EXPECT_TRUE(staysEmpty(cqD));
     teardown();
 }

@@ -93,13 +93,13 @@ class Transport : public SoftndaTest {
     softnda_sge s_{}, r_{};
 };
 
-TEST_F(Transport, CreatesRcUcAndUdButNotXrc) {
+TEST_F(Transport, CreatesRcUcAndUdButNotRawPacket) {
     QpH ud = makeTyped(IBV_QPT_UD);
     QpH uc = makeTyped(IBV_QPT_UC);
     EXPECT_EQ(ud.ext->qp->qp_type, IBV_QPT_UD);
     EXPECT_EQ(uc.ext->qp->qp_type, IBV_QPT_UC);
     auto a = qpAttr(scq_, rcq_);
-    a.attr.qp_type = IBV_QPT_XRC_SEND;
+    a.attr.qp_type = IBV_QPT_RAW_PACKET;  // XRC: xrc_test.cc
     errno = 0;
     EXPECT_EQ(ext_->ops->create_qp(ctx_, &a), nullptr);
     EXPECT_EQ(errno, EOPNOTSUPP);
