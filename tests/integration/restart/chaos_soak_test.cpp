@@ -37,6 +37,7 @@ struct Figures {
     uint64_t kill9 = 0, ctl_restarts = 0, tenant_kills = 0, corrupted = 0, garbage = 0;
     uint64_t ops = 0, churn = 0, forks = 0, control = 0, write_loop = 0;
     uint64_t win_atomic = 0, win_recv = 0, win_cqe = 0;
+    uint64_t fork_no_session = 0;  // a child's session not opened: the broker was restarting
 };
 
 // The broker's state of interest for the baseline: what it holds for sessions.
@@ -126,11 +127,14 @@ class Soak {
             (unsigned long long)f.garbage);
         printf(
             "soak: verified %llu operations (WRITE/READ/SEND/atomic) + %llu WRITE-loop WRs, %llu churn "
-            "calls, %llu control calls, %llu forked children; SPEC §10 windows: %llu atomic applied twice, "
-            "%llu receive skipped, %llu completion lost\n",
+            "calls, %llu control calls, %llu forked children (%llu found no session: opened during a "
+            "restart)\n",
             (unsigned long long)f.ops, (unsigned long long)f.write_loop, (unsigned long long)f.churn,
-            (unsigned long long)f.control, (unsigned long long)f.forks, (unsigned long long)f.win_atomic,
-            (unsigned long long)f.win_recv, (unsigned long long)f.win_cqe);
+            (unsigned long long)f.control, (unsigned long long)f.forks,
+            (unsigned long long)f.fork_no_session);
+        printf(
+            "soak: SPEC §10 windows: %llu atomic applied twice, %llu receive skipped, %llu completion lost\n",
+            (unsigned long long)f.win_atomic, (unsigned long long)f.win_recv, (unsigned long long)f.win_cqe);
         RecordProperty("ops", std::to_string(f.ops));
         RecordProperty("restarts", std::to_string(f.kill9 + f.ctl_restarts));
     }
@@ -166,15 +170,32 @@ class Soak {
     // No session of a survivor ended (their ids are kept across restarts).
     void checkSurvivorsLive() {
         std::set<uint64_t> live;
+        std::string listed;
         for (auto &[id, pid] : admin_.sessions()) {
             live.insert(id);
+            listed += " " + std::to_string(id) + "(pid " + std::to_string(pid) + ")";
         }
         for (uint64_t id : survivor_sessions_) {
-            ASSERT_EQ(live.count(id), 1u) << "survivor session " << id << " ended\n" << broker_.log();
+            ASSERT_EQ(live.count(id), 1u) << "survivor session " << id << " ended; listed:" << listed << "\n"
+                                          << survivorErrors() << broker_.log();
         }
         broker_.send("status");  // read the harness's events, so its stdout never fills
         ASSERT_FALSE(broker_.waitFor("status ").empty());
         broker_.forgetSeen();
+    }
+
+    // What the survivors wrote on stderr, for a failure's message.
+    std::string survivorErrors() {
+        std::string out;
+        for (size_t i = 0; i < survivors_.size(); ++i) {
+            const std::string name = i + 1 == survivors_.size() ? "writeloop" : "chaos" + std::to_string(i);
+            int rc = -1;
+            const bool exited = survivors_[i]->exited(&rc);
+            out += name + " (pid " + std::to_string(survivors_[i]->pid()) + ", " +
+                   (exited ? "exited " + std::to_string(rc) : std::string("running")) +
+                   "): " + slurp(err(name)) + "\n";
+        }
+        return out;
     }
 
     void act() {
@@ -184,6 +205,7 @@ class Soak {
                 break;
             case 1:
                 ctlRestart();
+                ++figures_.ctl_restarts;
                 break;
             case 2:
                 killTenantMidCall();
@@ -309,6 +331,7 @@ class Soak {
             figures_.win_atomic += field(done, "win_atomic");
             figures_.win_recv += field(done, "win_recv");
             figures_.win_cqe += field(done, "win_cqe");
+            figures_.fork_no_session += field(done, "fork_no_session");
         }
     }
 
