@@ -6,7 +6,8 @@
  * device and register memory. Through the standard verbs (linked against the system libibverbs,
  * run through ibv-extend-run), like restart-tenant.
  *
- *   chaos-tenant DEVICE SEED
+ *   chaos-tenant DEVICE SEED [fork]
+ * ("fork": also fork a child now and then, see fork_child)
  *
  * stdout: "ready\n" once the pair is up; when stdin reaches EOF, "done ops=N writes=W reads=R
  * sends=S atomics=A churn=C forks=F failed=X win_atomic=.. win_recv=.. win_cqe=..\n". Exit 0
@@ -311,6 +312,7 @@ static void fork_child(const char *device) {
 int main(int argc, char **argv) {
     const char *device = argc > 1 ? argv[1] : "softnda0";
     rng_state = (argc > 2 ? strtoull(argv[2], NULL, 10) : 1) * 0x9E3779B97F4A7C15ull | 1;
+    const int forks_too = argc > 3 && strcmp(argv[3], "fork") == 0;
     struct pair p;
     memset(&p, 0, sizeof(p));
     p.ctx = open_named(device);
@@ -371,7 +373,7 @@ int main(int argc, char **argv) {
         } else if (r < 950) {
             atomic_op(&p, id, &counter);
             ++atomics;
-        } else if (r < 998) {
+        } else if (r < 998 || !forks_too) {
             churn(&p);
             ++churns;
             continue;
