@@ -303,10 +303,10 @@ Status parseQuotaValues(const std::string &path, const std::string &prefix, cons
         }
         auto q = quotaFromName(key);
         if (!q) {
-            return bad(
-                path, node,
-                "unknown quota '" + prefix + key +
-                    "' (expected contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, ahs)");
+            return bad(path, node,
+                       "unknown quota '" + prefix + key +
+                           "' (expected contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, "
+                           "ahs, event_fds, replies, state_bytes)");
         }
         auto v = node.value_exact<int64_t>();
         if (!v || *v < 0) {

@@ -266,6 +266,8 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
     }
     MappingManager::instance().dropSession(s->memory_.get());
     s->quota_.release();
+    s->state_quota_.release();
+    s->dropReplies();
     s->channel_fd_ = -1;
     s->channel_.reset();
     if (end_sink_) {
@@ -313,19 +315,38 @@ size_t Broker::objectCount() {
 
 // ---- handles -------------------------------------------------------------------------------
 
-Status Broker::commit(Session &s, StoredReply reply) {
+Status Broker::commit(Session &s, StoredReply reply, QuotaCharge reply_quota) {
     auto lock = lockLive(s);
     if (!lock.isOk()) {
         return lock.status();
     }
     if (reply.key != 0) {
-        s.addReply(std::move(reply));
+        s.addReply(std::move(reply), std::move(reply_quota));
     }
     if (!commit_) {
         (void)s.takeChanges();
         return Status::ok();
     }
     return commit_(s);
+}
+
+StatusOr<QuotaCharge> Broker::reserveReply(Session &s) {
+    const TenantKey tenant = tenantOf(s.identity());
+    for (;;) {
+        auto room = quotas_.reserve(tenant, {{Quota::kReplies, 1}});
+        if (room.isOk() || room.status().code() != Code::kResourceExhausted) {
+            return room;
+        }
+        if (!s.dropOldestReply()) {  // nothing of its own left to give up
+            if (events_ != nullptr) {
+                events_->quotaDenied(s.identity(), s.id(), room.status().message());
+            }
+            return Status(Code::kResourceExhausted, room.status().errnoValue(),
+                          room.status().message() +
+                              " (replies kept for calls with an idempotency key; this session keeps none to "
+                              "give up; the call was not run)");
+        }
+    }
 }
 
 StatusOr<Broker::SessionLock> Broker::lockLive(Session &s) {
@@ -336,12 +357,28 @@ StatusOr<Broker::SessionLock> Broker::lockLive(Session &s) {
     return lock;
 }
 
-Status Broker::checkRoom(const Session &s) const {
+Status Broker::checkRoom(const Session &s) {
     if (s.objects_.size() >= options_.max_objects_per_session) {
         return resourceExhausted("the session holds " + std::to_string(s.objects_.size()) +
                                  " objects, the limit");
     }
+    // One byte more of restart state must fit: at the limit, what the state holds stays and
+    // nothing new is made. The probe's charge is given back at once.
+    auto probe = reserve(s.identity(), s.id(), {{Quota::kStateBytes, 1}});
+    if (!probe.isOk()) {
+        return Status(probe.status().code(), probe.status().errnoValue(),
+                      probe.status().message() + " (restart state: end objects or sessions to make room)");
+    }
     return Status::ok();
+}
+
+void Broker::chargeStateBytes(Session &s, uint64_t bytes) {
+    if (s.state_quota_.amount(Quota::kStateBytes) == bytes) {
+        return;
+    }
+    QuotaValues v{};
+    v[static_cast<size_t>(Quota::kStateBytes)] = bytes;
+    s.state_quota_ = quotas_.restore(tenantOf(s.identity()), v);
 }
 
 StatusOr<Object *> Broker::find(Session &s, uint64_t handle, ObjectKind kind) {
@@ -600,10 +637,17 @@ Status Broker::setAsyncEventFd(Session &s, uint64_t context, uint64_t xfer_id) {
                      takeEventFd(s, xfer_id, options_.xfer_wait, "SetAsyncEventFd", "SetAsyncEventFd"));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
-    // The driver dups the fd; ours closes on return.
+    // The driver keeps a dup of the fd (ours closes on return): one per context, which a second
+    // call replaces, so it is charged once.
+    QuotaCharge event_fd;
+    if (ctx->quota.amount(Quota::kEventFds) == 0) {
+        ASSIGN_OR_RETURN(event_fd, charge(s, {{Quota::kEventFds, 1}}));
+    }
     touch(s, ctx);
-    return callDriver(s.memory(), ctx->dev, "the device cannot deliver async events",
-                      [&] { return ctx->dev->verbs.setAsyncEventFd(ctx->verbs, fd.get()); });
+    RETURN_IF_ERROR(callDriver(s.memory(), ctx->dev, "the device cannot deliver async events",
+                               [&] { return ctx->dev->verbs.setAsyncEventFd(ctx->verbs, fd.get()); }));
+    ctx->quota.merge(std::move(event_fd));
+    return Status::ok();
 }
 
 StatusOr<uint64_t> Broker::allocPd(Session &s, uint64_t context) {
@@ -806,7 +850,9 @@ StatusOr<CqResult> Broker::createCq(Session &s, const CreateCqArgs &args) {
     attr.cq_cap_flag = args.cq_cap_flag;
     attr.type = args.dma_mode;
     attr.ops = MappingManager::ops();
-    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kCqs, 1}}));
+    // A completion eventfd is kept (the driver's dup) as long as the CQ.
+    ASSIGN_OR_RETURN(QuotaCharge quota,
+                     charge(s, {{Quota::kCqs, 1}, {Quota::kEventFds, event_fd ? 1u : 0u}}));
     auto obj = std::make_unique<CqObject>();
     obj->quota = std::move(quota);
     obj->context = ctx;

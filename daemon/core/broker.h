@@ -227,7 +227,18 @@ class Broker {
     // (key 0: none) and hands the session's state to the commit sink, before the reply is sent.
     // An error means the state could not be kept (the reply still goes out: the call did
     // happen; the session would then not survive a crash, which the sink logs).
-    Status commit(Session &s, StoredReply reply);
+    // reply_quota: the charge reserveReply() took for it, which the stored reply holds.
+    Status commit(Session &s, StoredReply reply, QuotaCharge reply_quota = {});
+    // Room for one more stored reply, before a mutating call with an idempotency key runs: one
+    // of the tenant's "replies" quota. When the tenant has none left, the session gives up its
+    // own oldest replies first (a client retries only its latest call); RESOURCE_EXHAUSTED when
+    // it keeps none and there is still no room (the call does not run).
+    StatusOr<QuotaCharge> reserveReply(Session &s);
+    // The restart layer's count of the session's restart state (its state file, image and log),
+    // after a commit or a restore, with the session's mutex held: charged to the tenant's
+    // "state_bytes" without a check (the state is written already); while the tenant is at or
+    // over its limit, checkRoom() refuses new objects, which are what the state grows with.
+    void chargeStateBytes(Session &s, uint64_t bytes);
 
     // ---- restart (daemon/restart, docs/restart.md) ----
     // The commit's export (called by the commit sink, the session's mutex held): the driver
@@ -301,7 +312,7 @@ class Broker {
     // Session::mu_ of a session that has not ended (UNAVAILABLE otherwise).
     static StatusOr<SessionLock> lockLive(Session &s);
     // RESOURCE_EXHAUSTED when the session holds max_objects_per_session objects.
-    Status checkRoom(const Session &s) const;
+    Status checkRoom(const Session &s);
     StatusOr<Object *> find(Session &s, uint64_t handle, ObjectKind kind);
     template <typename T>
     StatusOr<T *> lookup(Session &s, uint64_t handle);

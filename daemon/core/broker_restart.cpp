@@ -303,6 +303,10 @@ Status Broker::adoptSession(std::shared_ptr<Session> s) {
         return Status(Code::kAlreadyExists, EEXIST, "a session with this token exists");
     }
     s->quota_ = std::move(quota);
+    // Its stored replies were admitted once: charged again without a check, like its objects.
+    QuotaValues reply{};
+    reply[static_cast<size_t>(Quota::kReplies)] = 1;
+    s->chargeReplies([&] { return quotas_.restore(tenantOf(s->identity()), reply); });
     next_session_id_ = std::max(next_session_id_, s->id() + 1);
     by_token_[s->tokenHex()] = std::move(s);
     return Status::ok();

@@ -52,13 +52,19 @@ enum class Quota : int {
     kQueueBytes,  // bytes of queue buffers (CQ, SQ/RQ, SRQ rings) the driver allocated
     kSessions,
     kAhs,  // address handles
+    // What the broker holds for a tenant beside its objects (issue 26, hole 7):
+    kEventFds,  // eventfds it keeps for event delivery: a context's async fd, a CQ's completion fd
+    kReplies,   // stored replies (idempotency, docs/restart.md): each session keeps its newest 64
+    // bytes of its sessions' restart state (docs/restart.md: each session's state file, image and
+    // log, a memfd the broker holds and hands to systemd's fd store)
+    kStateBytes,
     kCount
 };
 inline constexpr size_t kQuotaCount = static_cast<size_t>(Quota::kCount);
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
 
 // The config/API name: "contexts", "pds", "mrs", "mr_bytes", "cqs", "qps", "srqs",
-// "queue_bytes", "sessions", "ahs".
+// "queue_bytes", "sessions", "ahs", "event_fds", "replies", "state_bytes".
 const char *quotaName(Quota q);
 std::optional<Quota> quotaFromName(const std::string &name);
 

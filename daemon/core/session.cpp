@@ -167,14 +167,38 @@ SessionChanges Session::takeChanges() {
     return std::exchange(changes_, {});
 }
 
-void Session::addReply(StoredReply reply) {
+void Session::addReply(StoredReply reply, QuotaCharge quota) {
     PackedReply packed = pack(reply);
+    packed.quota = std::move(quota);
     std::lock_guard lock(replies_mu_);
     if (replies_.size() >= kMaxReplies) {
         replies_.pop_front();
     }
     replies_.push_back(std::move(packed));
     ++reply_seq_;
+}
+
+bool Session::dropOldestReply() {
+    std::lock_guard lock(replies_mu_);
+    if (replies_.empty()) {
+        return false;
+    }
+    replies_.pop_front();
+    return true;
+}
+
+void Session::chargeReplies(const std::function<QuotaCharge()> &charge) {
+    std::lock_guard lock(replies_mu_);
+    for (PackedReply &r : replies_) {
+        if (r.quota.empty()) {
+            r.quota = charge();
+        }
+    }
+}
+
+void Session::dropReplies() {
+    std::lock_guard lock(replies_mu_);
+    replies_.clear();
 }
 
 bool Session::putXfer(uint64_t xfer_id, UniqueFd fd) {

@@ -164,6 +164,9 @@ class Session {
     const CallCounts earlier_calls_;
     UniqueFd pidfd_;
     QuotaCharge quota_;  // the session itself (Quota::kSessions); released by Broker::endSession
+    // Its restart state's bytes (Quota::kStateBytes), as the restart layer last counted them;
+    // guarded by mu_ (a commit holds it), released by Broker::endSession.
+    QuotaCharge state_quota_;
 
     mutable std::mutex mu_;
     UniqueFd channel_;
@@ -175,10 +178,12 @@ class Session {
     std::unique_ptr<SessionMemory> memory_;
 
     // A stored reply as kept here: its key and one buffer holding the rest, length-prefixed
-    // (one allocation instead of up to five strings; a session keeps kMaxReplies of them).
+    // (one allocation instead of up to five strings; a session keeps kMaxReplies of them), and
+    // what it holds of the tenant's "replies" quota (given back when it is dropped).
     struct PackedReply {
         uint64_t key = 0;
         std::string bytes;
+        QuotaCharge quota;
     };
     static PackedReply pack(const StoredReply &r);
     static StoredReplyView view(const PackedReply &p);
@@ -186,8 +191,15 @@ class Session {
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;
     std::deque<PackedReply> replies_;
-    uint64_t reply_seq_ = 0;           // replies ever added (the restart layer logs the new ones)
-    void addReply(StoredReply reply);  // packs it outside the lock
+    uint64_t reply_seq_ = 0;  // replies ever added (the restart layer logs the new ones)
+    // Packs it outside the lock; quota is its charge (Broker::reserveReply), none for a restored one.
+    void addReply(StoredReply reply, QuotaCharge quota = {});
+    // Gives up the oldest stored reply and its charge; false when none is kept.
+    bool dropOldestReply();
+    // Charges every kept reply that holds nothing yet (a restored session's), with charge().
+    void chargeReplies(const std::function<QuotaCharge()> &charge);
+    // Drops every stored reply (the session ended: nothing retries into it).
+    void dropReplies();
 
     std::mutex xfer_mu_;
     std::condition_variable xfer_cv_;

@@ -716,9 +716,9 @@ grpc::ServerUnaryReactor *AdminService::SetQuota(grpc::CallbackServerContext *ct
     return serve(ctx, AdminMethod::kSetQuota, [&]() -> Status {
         std::optional<Quota> q = quotaFromName(req->quota());
         if (!q) {
-            return invalidArgument(
-                "unknown quota '" + req->quota() +
-                "' (contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, ahs)");
+            return invalidArgument("unknown quota '" + req->quota() +
+                                   "' (contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, "
+                                   "ahs, event_fds, replies, state_bytes)");
         }
         ASSIGN_OR_RETURN(std::optional<uint64_t> limit, requestedLimit(*req));
         RETURN_IF_ERROR(setQuota(*req, *q, limit));

@@ -151,6 +151,8 @@ StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerConte
     // failed, so two calls with one key at once are a broken client, and each just runs.
     std::optional<StoredReply> stored = a.session->findReply(a.key);
     if (!stored) {
+        ASSIGN_OR_RETURN(QuotaCharge room, broker_.reserveReply(*a.session));
+        a.reply_quota = std::make_shared<QuotaCharge>(std::move(room));
         return a;
     }
     if (stored->method != fullMethodName(m)) {
@@ -165,11 +167,12 @@ StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerConte
     return a;
 }
 
-void BrokerService::commitReply(Session &s, Method m, uint64_t key, const Status &result,
+void BrokerService::commitReply(const Admitted &a, Method m, const Status &result,
                                 const google::protobuf::Message &resp) {
+    Session &s = *a.session;
     grpc::Status wire = toGrpc(result);
     StoredReply stored;
-    stored.key = key;
+    stored.key = a.key;
     stored.method = fullMethodName(m);
     stored.code = static_cast<int>(wire.error_code());
     stored.message = wire.error_message();
@@ -178,7 +181,8 @@ void BrokerService::commitReply(Session &s, Method m, uint64_t key, const Status
         stored.response = resp.SerializeAsString();  // a failed call sends no message
     }
     // The call did happen: its reply goes out either way; only a crash now would lose it.
-    if (Status st = broker_.commit(s, std::move(stored)); !st.isOk()) {
+    QuotaCharge room = a.reply_quota != nullptr ? std::move(*a.reply_quota) : QuotaCharge();
+    if (Status st = broker_.commit(s, std::move(stored), std::move(room)); !st.isOk()) {
         spdlog::warn("session {}: {} could not be committed: {}", s.id(), methodName(m), st.toString());
     }
 }
@@ -188,7 +192,7 @@ Status BrokerService::runAndCommit(const Admitted &a, Method m, const google::pr
                                    Fn &fn) {
     Status result = fn(*a.session);
     if (isMutating(m)) {
-        commitReply(*a.session, m, a.key, result, resp);
+        commitReply(a, m, result, resp);
     }
     return result;
 }

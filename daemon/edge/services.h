@@ -135,6 +135,9 @@ class BrokerService final : public pb::Broker::CallbackService {
         std::shared_ptr<Session> session;
         uint64_t key = 0;
         std::optional<Status> replayed;
+        // Room for the reply a call with a key stores (Broker::reserveReply); shared, since a
+        // blocking call's task is copied. Given back if the call never commits.
+        std::shared_ptr<QuotaCharge> reply_quota;
     };
 
     // The steps of every call but Hello, in order: admit (authenticate; find a stored reply),
@@ -154,7 +157,7 @@ class BrokerService final : public pb::Broker::CallbackService {
     template <typename Fn>
     Status runAndCommit(const Admitted &a, Method m, const google::protobuf::Message &resp, Fn &fn);
     // The commit point of a mutating call that ran (a failed one included).
-    void commitReply(Session &s, Method m, uint64_t key, const Status &result,
+    void commitReply(const Admitted &a, Method m, const Status &result,
                      const google::protobuf::Message &resp);
     // A call that does not run: refused at admission, or answered from its stored reply.
     static grpc::ServerUnaryReactor *finishWithoutRunning(const CallRecorder<Method>::Call &call,

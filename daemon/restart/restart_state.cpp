@@ -490,6 +490,7 @@ Status RestartState::commit(Session &s) {
         e->compact_next = true;  // the log may be behind: the next commit rewrites it whole
         return written;
     }
+    broker_.chargeStateBytes(s, e->file.compactedBytes() + e->file.appendedBytes());
     return keepRegionFloor();
 }
 

@@ -475,6 +475,9 @@ void RestartState::restoreOne(const std::string &state_name, std::map<std::strin
     if (st.isOk()) {
         if (st = broker_.adoptSession(s); !st.isOk()) {
             broker_.endSession(s);
+        } else if (auto e = entryOf(*s); e.isOk()) {
+            auto lock = s->hold();
+            broker_.chargeStateBytes(*s, (*e)->file.compactedBytes() + (*e)->file.appendedBytes());
         }
     }
     // The session's fds as they came back: what it uses was duplicated, these close now.

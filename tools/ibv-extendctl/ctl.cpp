@@ -886,7 +886,8 @@ void addQuotaCommands(CLI::App &app, Args *a) {
     ns->excludes(all);
     a->quota_set
         ->add_option("quota", a->q_name,
-                     "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, ahs")
+                     "contexts, pds, mrs, mr_bytes, cqs, qps, srqs, queue_bytes, sessions, ahs, event_fds, "
+                     "replies, state_bytes")
         ->required();
     a->quota_set->add_option("value", a->q_value, "A number, 'unlimited', or 'clear' (drop the override)")
         ->required()

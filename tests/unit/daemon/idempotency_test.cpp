@@ -74,6 +74,17 @@ class Edge : public SessionListener {
     }
 
     Broker &broker() { return core_.broker(); }
+    void endSession(const std::string &token) {
+        std::lock_guard lock(mu_);
+        for (auto &s : sessions_) {
+            if (s->tokenHex() == token) {
+                broker().endSession(s);
+            }
+        }
+    }
+    uint64_t replies() {
+        return broker().quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(Quota::kReplies)];
+    }
     int commits() const { return commits_.load(); }
     void failCommits() { commit_result_ = Status(Code::kInternal, EIO, "state file not writable"); }
 
@@ -290,6 +301,51 @@ TEST(Idempotency, AFailedCommitStillAnswersTheCall) {
     pb::CreateCqResponse cq;
     EXPECT_TRUE(edge.call(&pb::Broker::Stub::CreateCq, token, kKey, Edge::cqRequest(context), &cq).ok());
     EXPECT_NE(cq.cq(), 0u);
+}
+
+// The replies the broker keeps for a tenant's retries count in its 'replies' quota (issue 26,
+// hole 7): a session over it gives up its own oldest replies; a session with none to give up is
+// refused before its call runs; an ended session's replies are given back.
+TEST(Idempotency, StoredRepliesAreLimitedPerTenant) {
+    Edge edge;
+    edge.broker().quotas().setDefault(Quota::kReplies, 3);
+    std::string a = edge.hello();
+    uint64_t context = edge.openContext(a);
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    const char *keys[] = {"00000000000000b1", "00000000000000b2", "00000000000000b3", "00000000000000b4",
+                          "00000000000000b5"};
+    std::vector<uint64_t> pds;
+    for (const char *key : keys) {
+        pb::AllocPdResponse r;
+        ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, a, key, pd, &r).ok());
+        pds.push_back(r.pd());
+        EXPECT_LE(edge.replies(), 3u);
+    }
+    EXPECT_EQ(edge.replies(), 3u);
+    pb::AllocPdResponse r;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, a, keys[4], pd, &r).ok());
+    EXPECT_EQ(r.pd(), pds[4]);  // the newest replies are kept and answered
+
+    // Another session of the tenant: no room, and none of its own to give up.
+    std::string b = edge.hello();
+    pb::OpenContextRequest open;
+    open.set_device_name("softnda0");
+    pb::OpenContextResponse opened;
+    const size_t objects = edge.broker().objectCount();
+    const int commits = edge.commits();
+    grpc::Status st = edge.call(&pb::Broker::Stub::OpenContext, b, kKey, open, &opened);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st.error_message().find("'replies'"), std::string::npos) << st.error_message();
+    EXPECT_NE(st.error_message().find("the call was not run"), std::string::npos) << st.error_message();
+    EXPECT_EQ(edge.broker().objectCount(), objects);
+    EXPECT_EQ(edge.commits(), commits);
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::OpenContext, b, nullptr, open, &opened).ok());  // keyless runs
+
+    edge.endSession(a);
+    EXPECT_EQ(edge.replies(), 0u);
+    EXPECT_TRUE(edge.call(&pb::Broker::Stub::OpenContext, b, kKey, open, &opened).ok());
+    EXPECT_EQ(edge.replies(), 1u);
 }
 
 }  // namespace

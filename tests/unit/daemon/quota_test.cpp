@@ -4,6 +4,7 @@
 #include "daemon/core/quota.h"
 
 #include <gtest/gtest.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -335,6 +336,76 @@ TEST_F(BrokerQuotaTest, EveryQuotaIsEnforcedAndNamed) {
     EXPECT_EQ(used(Quota::kMrBytes), 8192u);
     EXPECT_GT(used(Quota::kQueueBytes), 0u);
     EXPECT_EQ(ss.objectCount(), 6u);  // nothing half-created by the refusals
+    broker_->endSession(*s);
+    EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
+}
+
+// What the broker holds for a tenant beside objects (issue 26, hole 7): the eventfds it keeps
+// for event delivery count in 'event_fds', one per CQ made with a completion fd and one per
+// context given an async fd (a second SetAsyncEventFd replaces the first).
+TEST_F(BrokerQuotaTest, EventFdsAreChargedPerCqAndOncePerContext) {
+    broker_->quotas().setDefault(Quota::kEventFds, 2);
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    Session &ss = **s;
+    auto ctx = broker_->openContext(ss, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto eventFd = [] { return UniqueFd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)); };
+    for (uint64_t xfer : {1, 2}) {
+        ASSERT_TRUE(ss.putXfer(xfer, eventFd()));
+        ASSERT_TRUE(broker_->setAsyncEventFd(ss, ctx->context, xfer).isOk());
+        EXPECT_EQ(used(Quota::kEventFds), 1u);
+    }
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 16;
+    ca.event_xfer_id = 3;
+    ASSERT_TRUE(ss.putXfer(3, eventFd()));
+    auto cq = broker_->createCq(ss, ca);
+    ASSERT_TRUE(cq.isOk()) << cq.status().toString();
+    EXPECT_EQ(used(Quota::kEventFds), 2u);
+    const size_t objects = ss.objectCount();
+    ca.event_xfer_id = 4;
+    ASSERT_TRUE(ss.putXfer(4, eventFd()));
+    Status st = broker_->createCq(ss, ca).status();
+    EXPECT_EQ(st.code(), Code::kResourceExhausted);
+    EXPECT_NE(st.message().find("'event_fds'"), std::string::npos) << st.message();
+    EXPECT_EQ(ss.objectCount(), objects);  // no CQ made, its fd not kept
+    ca.event_xfer_id = 0;                  // a CQ without one is no event fd
+    ASSERT_TRUE(broker_->createCq(ss, ca).isOk());
+    EXPECT_EQ(used(Quota::kEventFds), 2u);
+    ASSERT_TRUE(broker_->destroyCq(ss, cq->cq).isOk());
+    EXPECT_EQ(used(Quota::kEventFds), 1u);
+    ASSERT_TRUE(ss.putXfer(5, eventFd()));
+    ca.event_xfer_id = 5;
+    EXPECT_TRUE(broker_->createCq(ss, ca).isOk());  // the room given back is taken again
+    broker_->endSession(*s);
+    EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
+}
+
+// A session's restart state counts in 'state_bytes' as the restart layer reports it (after each
+// commit): charged as it is, and while the tenant is at its limit no object is made (objects are
+// what the state grows with); an ended session gives its bytes back.
+TEST_F(BrokerQuotaTest, RestartStateBytesAtTheLimitRefuseNewObjects) {
+    broker_->quotas().setDefault(Quota::kStateBytes, 1000);
+    auto s = hello();
+    ASSERT_TRUE(s.isOk());
+    Session &ss = **s;
+    auto ctx = broker_->openContext(ss, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    broker_->chargeStateBytes(ss, 999);
+    EXPECT_EQ(used(Quota::kStateBytes), 999u);
+    ASSERT_TRUE(broker_->allocPd(ss, ctx->context).isOk());
+    broker_->chargeStateBytes(ss, 1200);  // written already: charged over the limit
+    EXPECT_EQ(used(Quota::kStateBytes), 1200u);
+    Status st = broker_->allocPd(ss, ctx->context).status();
+    EXPECT_EQ(st.code(), Code::kResourceExhausted);
+    EXPECT_NE(st.message().find("'state_bytes'"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("restart state"), std::string::npos) << st.message();
+    EXPECT_EQ(ss.objectCount(), 2u);
+    broker_->chargeStateBytes(ss, 500);  // a compaction shrank it
+    EXPECT_EQ(used(Quota::kStateBytes), 500u);
+    EXPECT_TRUE(broker_->allocPd(ss, ctx->context).isOk());
     broker_->endSession(*s);
     EXPECT_TRUE(broker_->quotas().snapshot().uids.empty());
 }
