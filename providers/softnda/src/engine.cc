@@ -829,7 +829,8 @@ bool Engine::Thread::processSq(Qp *qp) {
             if (rnr ? keepWaitingRnr(qp) : keepWaitingForPeer(qp)) {
                 break;  // at the head of the SQ
             }
-            res = ExecResult{rnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+            res = ExecResult{static_cast<uint8_t>(rnr ? IBV_WC_RNR_RETRY_EXC_ERR : IBV_WC_RETRY_EXC_ERR), 0,
+                             Outcome::Done};
         }
         endRnrWait(qp);
         did = true;
