@@ -38,7 +38,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V3 3
 #define IBV_EXTEND_VDEV_ABI_V4 4
 #define IBV_EXTEND_VDEV_ABI_V5 5
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V5
+#define IBV_EXTEND_VDEV_ABI_V6 6
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V6
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -220,6 +221,15 @@ struct ibv_extend_vdev_ops {
      * What the provider and its extension driver guarantee: IBV_EXTEND_GUARANTEE_* bits (see
      * "What a driver guarantees" above). 0: nothing beyond the reference. */
     uint32_t guarantees;
+
+    /* ---- ABI V6 and later (never read from an older provider) ----
+     * ibv_resize_cq on a CQ create_cq_extend made: at least cqe entries, keeping every completion
+     * not yet polled (-EINVAL when cqe is 0, above the device's max_cqe, or below the number of
+     * completions the CQ holds; the CQ is then unchanged). On success cq->cq->cqe is the new
+     * depth and cq->cq_info describes the CQ's new queue memory (from the create's ops; the old
+     * is freed): whoever polls it re-reads cq_info, and must not poll during the call. May be
+     * NULL: resizing answers -EOPNOTSUPP. */
+    int (*resize_cq)(struct ibv_cq_extend *cq, uint32_t cqe);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -48,6 +48,7 @@ class DeviceVerbs {
         void *(*import_object)(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
                                const ibv_extend_vdev_import *env);
         int (*set_paused)(const DeviceVerbs &self, int paused);
+        int (*resize_cq)(ibv_cq_extend *cq, uint32_t cqe);  // ABI V6
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -102,6 +103,9 @@ class DeviceVerbs {
     void *importObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
                        const ibv_extend_vdev_import *env) const;
     int setPaused(bool paused) const;
+    // ibv_resize_cq on a CQ of the extend API (a provider's from ABI V6 on): 0 or a negative
+    // errno; -EOPNOTSUPP when the provider cannot (an rdma-core device's CQs are not served).
+    int resizeCq(ibv_cq_extend *cq, uint32_t cqe) const;
 
   private:
     int result(int rc) const;

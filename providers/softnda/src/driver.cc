@@ -9,7 +9,6 @@
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
-namespace {
 
 uint32_t pow2Ceil(uint32_t v) {
     uint32_t p = 1;
@@ -42,6 +41,8 @@ void freeRing(ibv_extend_ops *ops, Ring *r) {
         r->buf = nullptr;
     }
 }
+
+namespace {
 
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     Context *ctx = asContext(context);

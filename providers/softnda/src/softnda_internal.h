@@ -421,6 +421,17 @@ constexpr uint32_t recvSgeCap(uint32_t stride) {
     return (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
 }
 
+// Queue memory (driver.cc): the smallest power of two >= v; one allocation through ops holding
+// the ring then its 128 B doorbell record, zeroed (SPEC.md §1), 0 or -errno; its release.
+uint32_t pow2Ceil(uint32_t v);
+int allocRing(ibv_extend_ops *ops, uint32_t cnt, uint32_t stride, Ring *r);
+void freeRing(ibv_extend_ops *ops, Ring *r);
+
+// The queue_info a create, an import or a resize hands back for a ring and its doorbell.
+void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db);
+// ibv_resize_cq (resize.cc, SPEC.md §12): 0 or -errno.
+int resizeCq(ibv_cq_extend *ext, uint32_t cqe);
+
 // Where an object's state comes from: made now by a create, or found again by an import where
 // an earlier process left it (restart.cc, SPEC.md §10).
 enum class Origin : uint8_t { Created, Imported };

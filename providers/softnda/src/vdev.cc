@@ -523,7 +523,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V5,
+    .abi = IBV_EXTEND_VDEV_ABI_V6,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -549,4 +549,6 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
     // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h).
     .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS,
+    // ABI V6: resizing a CQ (SPEC.md §12).
+    .resize_cq = softnda::CEntry<softnda::resizeCq>::call,
 };
