@@ -230,6 +230,14 @@ struct ibv_extend_vdev_ops {
      * is freed): whoever polls it re-reads cq_info, and must not poll during the call. May be
      * NULL: resizing answers -EOPNOTSUPP. */
     int (*resize_cq)(struct ibv_cq_extend *cq, uint32_t cqe);
+    /* ibv_rereg_mr on an MR reg_mr made: flags (enum ibv_rereg_mr_flags, at least one) say which
+     * of the translation ([addr, addr+length) addressed as [iova, iova+length), as reg_mr takes
+     * them), the PD (one of the same context) and the access flags change; the others are
+     * ignored. On success mr's fields (pd, addr = iova, length, lkey, rkey) say what it is now;
+     * keys may change (the driver documents how). 0, or a negative errno with the MR unchanged
+     * (-EINVAL: no or unknown flags, a foreign PD, bad access or range). May be NULL: -EOPNOTSUPP. */
+    int (*rereg_mr)(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                    int access);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -431,6 +431,14 @@ void freeRing(ibv_extend_ops *ops, Ring *r);
 void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db);
 // ibv_resize_cq (resize.cc, SPEC.md §12): 0 or -errno.
 int resizeCq(ibv_cq_extend *ext, uint32_t cqe);
+// ibv_rereg_mr (rereg.cc, SPEC.md §13): 0 or -errno, the MR unchanged on failure.
+inline constexpr int kReregFlags =
+    IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+int reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
+// What reg_mr and rereg_mr check (vdev.cc): known access bits and the IB rule that remote write
+// and atomic need local write; a non-empty range of mapped memory within max_mr_size. 0 or -errno.
+int checkMrAccess(int access);
+int checkMrRange(const Device *dev, const void *addr, size_t length, uint64_t iova);
 
 // Where an object's state comes from: made now by a create, or found again by an import where
 // an earlier process left it (restart.cc, SPEC.md §10).
