@@ -5,8 +5,8 @@
 // deserialisation, the edge's checks and conversions, and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`.
-//   op % 32 < 29  the Broker method with that index in broker.proto (26 today, up to
-//                 DestroyAh; the harness checks they stay below 29); the bytes are its request,
+//   op % 32 < 29  the Broker method with that index in broker.proto (27 today, up to
+//                 ResizeCq; the harness checks they stay below 29); the bytes are its request,
 //                 sent as they are when they do not parse (gRPC must reject them), otherwise
 //                 re-serialised after handle substitution: a fixed64 handle field holding 1..255
 //                 becomes the handle created (n-1) % count-th in this input, so requests can name
