@@ -122,6 +122,14 @@ struct ibv_extend_datapath_ops {
      * Non-zero once the device put the CQ in its error state (an overflow): the face then raises
      * IBV_EVENT_CQ_ERR for it once, on the context's async events. May be NULL: never raised. */
     uint32_t (*cq_error)(void *cq);
+
+    /* ---- Appended: resizing a CQ ----
+     * ibv_resize_cq: with the CQ's lock held (no poll runs meanwhile), calls resize(arg), which
+     * has the device move the CQ and, on success, updates ext's cq_info (ext is the
+     * ibv_cq_extend cq_open was given); the state then polls the CQ's new memory, from the
+     * consumer index the device kept. Returns resize's result (0 or an errno); on failure the
+     * state is unchanged. May be NULL: resizing answers EOPNOTSUPP. */
+    int (*cq_resize)(void *cq, const struct ibv_cq_extend *ext, int (*resize)(void *arg), void *arg);
 };
 
 #ifdef __cplusplus

@@ -39,7 +39,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V4 4
 #define IBV_EXTEND_VDEV_ABI_V5 5
 #define IBV_EXTEND_VDEV_ABI_V6 6 /* XRC: the entries of "XRC (ABI V6)" below */
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V6
+#define IBV_EXTEND_VDEV_ABI_V7 7 /* resize_cq, rereg_mr */
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V7
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -228,7 +229,7 @@ struct ibv_extend_vdev_ops {
     uint32_t guarantees;
 
     /* ---- XRC (ABI V6 and later; never read from an older provider; all five or none) ----
-     * XRC domains, XRC SRQs and XRC target QPs (softnda's SPEC.md, "XRC"), which the reference's
+     * XRC domains, XRC SRQs and XRC target QPs (softnda's SPEC.md, §14), which the reference's
      * create structs cannot name. An XRC domain belongs to the device, not to the context that
      * opened it: SRQs and target QPs of any context of the device may use it, which is how two
      * processes share one (the fd/oflags sharing of ibv_open_xrcd is the caller's business: it
@@ -250,6 +251,23 @@ struct ibv_extend_vdev_ops {
     /* The SRQ number of an XRC SRQ (what initiators name in their work requests). 0 or -EINVAL
      * (not an XRC SRQ). */
     int (*get_srq_num)(struct ibv_srq *srq, uint32_t *srq_num);
+
+    /* ---- ABI V7 and later (never read from an older provider) ----
+     * ibv_resize_cq on a CQ create_cq_extend made: at least cqe entries, keeping every completion
+     * not yet polled (-EINVAL when cqe is 0, above the device's max_cqe, or below the number of
+     * completions the CQ holds; the CQ is then unchanged). On success cq->cq->cqe is the new
+     * depth and cq->cq_info describes the CQ's new queue memory (from the create's ops; the old
+     * is freed): whoever polls it re-reads cq_info, and must not poll during the call. May be
+     * NULL: resizing answers -EOPNOTSUPP. */
+    int (*resize_cq)(struct ibv_cq_extend *cq, uint32_t cqe);
+    /* ibv_rereg_mr on an MR reg_mr made: flags (enum ibv_rereg_mr_flags, at least one) say which
+     * of the translation ([addr, addr+length) addressed as [iova, iova+length), as reg_mr takes
+     * them), the PD (one of the same context) and the access flags change; the others are
+     * ignored. On success mr's fields (pd, addr = iova, length, lkey, rkey) say what it is now;
+     * keys may change (the driver documents how). 0, or a negative errno with the MR unchanged
+     * (-EINVAL: no or unknown flags, a foreign PD, bad access or range). May be NULL: -EOPNOTSUPP. */
+    int (*rereg_mr)(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                    int access);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -109,6 +109,28 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
     return handOut(s, rc);
 }
 
+int resizeCq(ShadowCq *s, uint32_t cqe) {
+    ShadowContext *c = s->owner;
+    pb::ResizeCqRequest req;
+    req.set_cq(s->handle);
+    req.set_cqe(cqe);
+    pb::ResizeCqResponse resp;
+    int rc = c->session->call("ResizeCq", &pb::Broker::Stub::ResizeCq, req, &resp);
+    if (rc != 0) {
+        return rc;
+    }
+    queue_info info;
+    rc = fillQueue(c->session, resp.cq_info(), &info);
+    if (rc != 0) {
+        return rc;  // the broker resized, but the new memory is not reachable here
+    }
+    info.db_hw_va = s->ext.cq_info.db_hw_va;  // the register stays, as mapped at create
+    s->ext.cq_info = info;
+    s->cq.cqe = static_cast<int>(resp.cqe());
+    c->session->releaseRegions(resp.released_regions());
+    return 0;
+}
+
 namespace {
 
 int destroyCq(ibv_cq_extend *e) {

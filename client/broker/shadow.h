@@ -261,4 +261,9 @@ inline ShadowSrq *liveSrq(ibv_srq *srq, const ShadowContext *in = nullptr) {
 // the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).
 ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, int event_fd);
 
+// ibv_resize_cq at the broker (ResizeCq): on success s->ext.cq_info describes the CQ's new memory
+// and s->cq.cqe its depth, and the old memory is unmapped. Nobody may poll the CQ meanwhile (the
+// face holds its data path's lock). 0 or a negative errno.
+int resizeCq(ShadowCq *s, uint32_t cqe);
+
 }  // namespace ibvx::client::broker

@@ -253,6 +253,27 @@ int destroyAttached(ShadowSrq *s) {
     return destroyDetached(s, &gone);
 }
 
+int resizeAttached(ShadowCq *s, uint32_t cqe) {
+    const ShadowContext *c = s->owner;
+    const ibv_extend_datapath_ops *dp = c->datapath;
+    constexpr size_t kEnd = offsetof(ibv_extend_datapath_ops, cq_resize) + sizeof(void *);
+    if (s->dp.state == nullptr || c->datapath_size < kEnd || dp->cq_resize == nullptr) {
+        return EOPNOTSUPP;
+    }
+    struct Call {
+        ShadowCq *s;
+        uint32_t cqe;
+    } call{s, cqe};
+    // The broker moves the CQ while the data path holds its lock: no poll reads the old memory.
+    return dp->cq_resize(
+        s->dp.state, &s->ext,
+        [](void *arg) {
+            auto *k = static_cast<Call *>(arg);
+            return -broker::resizeCq(k->s, k->cqe);
+        },
+        &call);
+}
+
 void flushAttachedLocked(ShadowContext *c) {
     for (ShadowQp *q : c->dp_qps) {
         flushLocked(c, q);

@@ -94,6 +94,10 @@ int attachDatapath(ShadowCq *s);
 int attachDatapath(ShadowQp *s, const ibv_qp_init_attr &attr);
 int attachDatapath(ShadowSrq *s, ibv_srq_attr *attr);
 
+// ibv_resize_cq through the driver's data path (its cq_resize around the broker's ResizeCq): 0 or
+// an errno; EOPNOTSUPP when the data path cannot.
+int resizeAttached(ShadowCq *s, uint32_t cqe);
+
 // Destroys a queue through the extend API while it is out of reach of a session's end (which must
 // not flush a queue being freed); a queue the broker refused to destroy, and that lives on, is
 // attached again. The extend API's answer (0 or a negative errno); *gone: the shadow is freed.

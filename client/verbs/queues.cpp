@@ -62,6 +62,15 @@ int ibvx_verbs_destroy_cq(ibv_cq *cq) {
     return -rc;
 }
 
+int ibvx_verbs_resize_cq(ibv_cq *cq, int cqe) {
+    ShadowCq *s = liveCq(cq);
+    int rc = s == nullptr || cqe <= 0 ? EINVAL : resizeAttached(s, static_cast<uint32_t>(cqe));
+    if (rc != 0) {
+        errno = rc;
+    }
+    return rc;
+}
+
 ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
     ShadowPd *p = livePd(pd);
     if (p == nullptr || attr == nullptr) {

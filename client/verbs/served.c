@@ -101,6 +101,9 @@ IBVX_EXPORT struct ibv_cq *ibv_create_cq(struct ibv_context *context, int cqe, v
 IBVX_EXPORT int ibv_destroy_cq(struct ibv_cq *cq) {
     return ibvx_verbs_destroy_cq(cq);
 }
+IBVX_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
+    return ibvx_verbs_resize_cq(cq, cqe);
+}
 IBVX_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context) {
     return ibvx_verbs_get_cq_event(channel, cq, cq_context);
 }

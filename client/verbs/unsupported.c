@@ -18,9 +18,6 @@
 
 /* ---- Public verbs (prototypes from <infiniband/verbs.h>) ---- */
 
-IBVX_FACE_EXPORT int ibv_resize_cq(struct ibv_cq *cq, int cqe) {
-    return ibvx_unsupported_int();
-}
 IBVX_FACE_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
     return ibvx_unsupported_int();
 }

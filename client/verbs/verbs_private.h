@@ -62,6 +62,7 @@ int ibvx_verbs_destroy_comp_channel(struct ibv_comp_channel *channel);
 struct ibv_cq *ibvx_verbs_create_cq(struct ibv_context *context, int cqe, void *cq_context,
                                     struct ibv_comp_channel *channel, int comp_vector);
 int ibvx_verbs_destroy_cq(struct ibv_cq *cq);
+int ibvx_verbs_resize_cq(struct ibv_cq *cq, int cqe);
 int ibvx_verbs_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq, void **cq_context);
 void ibvx_verbs_ack_cq_events(struct ibv_cq *cq, unsigned int nevents);
 struct ibv_qp *ibvx_verbs_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);

@@ -890,6 +890,42 @@ StatusOr<Released> Broker::destroyCq(Session &s, uint64_t cq) {
     return destroyByHandle(s, cq, ObjectKind::kCq);
 }
 
+StatusOr<ResizeCqResult> Broker::resizeCq(Session &s, uint64_t cq, uint32_t cqe) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(CqObject * o, lookup<CqObject>(s, cq));
+    Device *dev = o->device();
+    RETURN_IF_ERROR(rule(loader::checkCqRequest(cqe)));
+    RETURN_IF_ERROR(rule(loader::checkCqLimits(cqe, limitsOf(dev->info))));
+    if (o->cq->cq == nullptr) {
+        return failedPrecondition("the driver's CQ has no ibv_cq");
+    }
+    const uint32_t old_cqe = static_cast<uint32_t>(o->cq->cq->cqe);
+    touch(s, o);  // a refused resize changes nothing, but re-exporting is harmless
+    auto resize = [&](uint32_t n) {
+        return callDriver(s.memory(), dev, "resize_cq failed", [&] { return dev->verbs.resizeCq(o->cq, n); });
+    };
+    RETURN_IF_ERROR(resize(cqe));
+    const queue_info &qi = o->cq->cq_info;
+    const uint64_t bytes = uint64_t{qi.qbuf.entry_cnt} * qi.qbuf.entry_size;
+    Status st = bytes > o->queue_bytes ? chargeQueueBytes(s, *o, bytes - o->queue_bytes) : Status::ok();
+    if (!st.isOk()) {
+        // Back to the depth it had (best effort: completions that arrived meanwhile may not fit,
+        // and the CQ then keeps the depth the quota refused).
+        if (resize(old_cqe).isOk()) {
+            (void)MappingManager::instance().takeReleased(*s.memory_);
+            return st;
+        }
+    } else {
+        o->queue_bytes = std::max(o->queue_bytes, bytes);
+    }
+    ResizeCqResult r;
+    r.cqe = static_cast<uint32_t>(o->cq->cq->cqe);
+    ASSIGN_OR_RETURN(r.info, translate(s, qi));
+    RETURN_IF_ERROR(sendRegions(s));
+    r.released = MappingManager::instance().takeReleased(*s.memory_);
+    return r;
+}
+
 // The objects a QP uses, looked up and checked to share the QP's context.
 struct Broker::QpMembers {
     ContextObject *ctx = nullptr;

@@ -140,6 +140,12 @@ struct NegoResult {
 // Regions the tenant may unmap after a destroy.
 using Released = std::vector<RegionId>;
 
+struct ResizeCqResult {
+    uint32_t cqe = 0;   // the depth granted
+    QueueResult info;   // the CQ's new queue memory
+    Released released;  // arena regions the old memory freed (the tenant unmaps them)
+};
+
 // One object as a restarted broker's snapshot recorded it (daemon/restart reads it from the
 // session's state file): what Broker::adopt() makes again in this process, under the same handle.
 struct ObjectImport {
@@ -284,6 +290,10 @@ class Broker {
     Status deregMr(Session &s, uint64_t mr);
     StatusOr<CqResult> createCq(Session &s, const CreateCqArgs &args);
     StatusOr<Released> destroyCq(Session &s, uint64_t cq);
+    // ibv_resize_cq (softnda SPEC.md §12): at least cqe entries, every completion not yet polled
+    // kept; the tenant must not poll the CQ during the call. Growth is charged to queue_bytes
+    // (refused: the CQ keeps its depth); a shrink returns nothing until the CQ is destroyed.
+    StatusOr<ResizeCqResult> resizeCq(Session &s, uint64_t cq, uint32_t cqe);
     StatusOr<QpResult> createQp(Session &s, const CreateQpArgs &args);
     StatusOr<Released> destroyQp(Session &s, uint64_t qp);
     StatusOr<SrqResult> createSrq(Session &s, const CreateSrqArgs &args);

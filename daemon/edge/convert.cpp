@@ -127,6 +127,12 @@ void toProto(const CqResult &in, pb::CreateCqResponse *out) {
     out->set_resv(in.resv, sizeof(in.resv));
 }
 
+void toProto(const ResizeCqResult &in, pb::ResizeCqResponse *out) {
+    out->set_cqe(in.cqe);
+    toProto(in.info, out->mutable_cq_info());
+    toProto(in.released, out->mutable_released_regions());
+}
+
 void toProto(const QpResult &in, pb::CreateQpResponse *out) {
     out->set_qp(in.qp);
     out->set_qp_num(in.qp_num);

@@ -31,6 +31,7 @@ void toProto(const ibv_device_attr_extend &in, pb::QueryDeviceResponse *out);
 void toProto(const PortInfo &in, pb::QueryPortResponse *out);
 void toProto(const RegMrResult &in, pb::RegMrResponse *out);
 void toProto(const CqResult &in, pb::CreateCqResponse *out);
+void toProto(const ResizeCqResult &in, pb::ResizeCqResponse *out);
 void toProto(const QpResult &in, pb::CreateQpResponse *out);
 void toProto(const SrqResult &in, pb::CreateSrqResponse *out);
 void toProto(const QueryQpResult &in, pb::QueryQpResponse *out);

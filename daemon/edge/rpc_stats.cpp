@@ -30,7 +30,8 @@ const char *const kMethodNames[] = {"Hello",
                                     "QueryPort",
                                     "SetAsyncEventFd",
                                     "CreateAh",
-                                    "DestroyAh"};
+                                    "DestroyAh",
+                                    "ResizeCq"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

@@ -42,6 +42,7 @@ enum class Method {
     kSetAsyncEventFd,
     kCreateAh,
     kDestroyAh,
+    kResizeCq,
     kCount
 };
 

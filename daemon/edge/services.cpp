@@ -75,6 +75,7 @@ bool isMutating(Method m) {
         case Method::kSetAsyncEventFd:
         case Method::kCreateAh:
         case Method::kDestroyAh:
+        case Method::kResizeCq:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -442,6 +443,16 @@ grpc::ServerUnaryReactor *BrokerService::DestroyAh(grpc::CallbackServerContext *
                                                    const pb::DestroyAhRequest *req,
                                                    pb::DestroyAhResponse *resp) {
     return serve(ctx, Method::kDestroyAh, resp, [&](Session &s) { return broker_.destroyAh(s, req->ah()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::ResizeCq(grpc::CallbackServerContext *ctx,
+                                                  const pb::ResizeCqRequest *req,
+                                                  pb::ResizeCqResponse *resp) {
+    return serve(ctx, Method::kResizeCq, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(ResizeCqResult r, broker_.resizeCq(s, req->cq(), req->cqe()));
+        toProto(r, resp);
+        return Status::ok();
+    });
 }
 
 grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *ctx,

@@ -108,6 +108,8 @@ class BrokerService final : public pb::Broker::CallbackService {
                                        pb::CreateAhResponse *resp) override;
     grpc::ServerUnaryReactor *DestroyAh(grpc::CallbackServerContext *ctx, const pb::DestroyAhRequest *req,
                                         pb::DestroyAhResponse *resp) override;
+    grpc::ServerUnaryReactor *ResizeCq(grpc::CallbackServerContext *ctx, const pb::ResizeCqRequest *req,
+                                       pb::ResizeCqResponse *resp) override;
     grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,
                                        pb::ModifyQpResponse *resp) override;
     grpc::ServerUnaryReactor *QueryQp(grpc::CallbackServerContext *ctx, const pb::QueryQpRequest *req,

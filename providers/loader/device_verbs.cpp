@@ -83,10 +83,20 @@ int noSetPaused(const DeviceVerbs &, int) {
     return -EOPNOTSUPP;
 }
 
-constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,     noDeregMr,
-    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort, noQueryGid,
-    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused};
+int noResizeCq(ibv_cq_extend *, uint32_t) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+int noReregMr(ibv_mr *, int, ibv_pd *, void *, size_t, uint64_t, int) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
+constexpr DeviceVerbs::Ops kDummyOps = {noOpen,          noClose,           noAllocPd,      noDeallocPd,
+                                        noRegMr,         noDeregMr,         noModifyQp,     noQueryQp,
+                                        noQueryCounters, noQueryDevice,     noQueryPort,    noQueryGid,
+                                        noSetCqEventFd,  noSetAsyncEventFd, noExportObject, noImportObject,
+                                        noSetPaused,     noResizeCq,        noReregMr};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -181,6 +191,8 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.export_object, ops.export_object);
     setOp(v.ops_.import_object, ops.import_object);
     setOp(v.ops_.set_paused, ops.set_paused);
+    setOp(v.ops_.resize_cq, ops.resize_cq);
+    setOp(v.ops_.rereg_mr, ops.rereg_mr);
     return v;
 }
 
@@ -201,14 +213,17 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                v3Entry(provider, provider->set_async_event_fd),
                hasRestart(provider) ? provider->export_object : nullptr,
                hasRestart(provider) ? provider->import_object : nullptr,
-               hasRestart(provider) ? vdevSetPaused : nullptr};
+               hasRestart(provider) ? vdevSetPaused : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V7 ? provider->resize_cq : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V7 ? provider->rereg_mr : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,     ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd,   verbsRegMr,     ibv_dereg_mr,
-               ibv_modify_qp, ibv_query_qp,     nullptr,      ibv_query_device, verbsQueryPort, verbsQueryGid,
-               nullptr,       nullptr,          nullptr,      nullptr,          nullptr};
+    Ops ops = {verbsOpen,      ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,   ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
+               verbsQueryPort, verbsQueryGid,    nullptr,      nullptr,        nullptr,
+               nullptr,        nullptr,          nullptr,      nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -306,6 +321,17 @@ void *DeviceVerbs::importObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_
 int DeviceVerbs::setPaused(bool paused) const {
     errno = 0;
     return ops_.set_paused(*this, paused ? 1 : 0);
+}
+
+int DeviceVerbs::resizeCq(ibv_cq_extend *cq, uint32_t cqe) const {
+    errno = 0;
+    return ops_.resize_cq(cq, cqe);
+}
+
+int DeviceVerbs::reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                         int access) const {
+    errno = 0;
+    return ops_.rereg_mr(mr, flags, pd, addr, length, iova, access);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

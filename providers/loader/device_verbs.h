@@ -48,6 +48,9 @@ class DeviceVerbs {
         void *(*import_object)(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
                                const ibv_extend_vdev_import *env);
         int (*set_paused)(const DeviceVerbs &self, int paused);
+        int (*resize_cq)(ibv_cq_extend *cq, uint32_t cqe);  // ABI V7
+        int (*rereg_mr)(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                        int access);  // ABI V7
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -102,6 +105,13 @@ class DeviceVerbs {
     void *importObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in,
                        const ibv_extend_vdev_import *env) const;
     int setPaused(bool paused) const;
+    // ibv_resize_cq on a CQ of the extend API (a provider's from ABI V7 on): 0 or a negative
+    // errno; -EOPNOTSUPP when the provider cannot (an rdma-core device's CQs are not served).
+    int resizeCq(ibv_cq_extend *cq, uint32_t cqe) const;
+    // ibv_rereg_mr (a provider's from ABI V7 on; ibv_extend_vdev.h says what the arguments
+    // mean): 0 or a negative errno, -EOPNOTSUPP when the provider cannot.
+    int reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova,
+                int access) const;
 
   private:
     int result(int rc) const;

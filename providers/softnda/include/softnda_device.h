@@ -86,7 +86,7 @@ enum softnda_cqe_flags {
 #define SOFTNDA_CQE_SLID_SHIFT 16u
 
 #define SOFTNDA_WQE_HEADER_SIZE 48u
-/* An XRC initiator's send WQE (SPEC.md "XRC"): the XRC segment, u32 remote_srqn then 12 reserved
+/* An XRC initiator's send WQE (SPEC.md §14): the XRC segment, u32 remote_srqn then 12 reserved
  * bytes, follows the header, and the data segment starts after it. */
 #define SOFTNDA_XRC_SEG_SIZE 16u
 #define SOFTNDA_RECV_HEADER_SIZE 16u

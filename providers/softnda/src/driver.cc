@@ -9,7 +9,6 @@
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
-namespace {
 
 uint32_t pow2Ceil(uint32_t v) {
     uint32_t p = 1;
@@ -42,6 +41,8 @@ void freeRing(ibv_extend_ops *ops, Ring *r) {
         r->buf = nullptr;
     }
 }
+
+namespace {
 
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     Context *ctx = asContext(context);
@@ -109,7 +110,7 @@ uint32_t newSrqn(Device *dev) {
 }
 
 // An SRQ, basic or (xrcd set) XRC: the same queue, an XRC one also numbered and completing on
-// its own CQ (SPEC.md "XRC").
+// its own CQ (SPEC.md §14).
 ibv_srq_extend *makeSrq(ibv_context *context, ibv_srq_init_attr_extend *a, Xrcd *xrcd, Cq *cq) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
@@ -269,7 +270,7 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     Device *dev = ctx->dev;
     ibv_qp_init_attr &ia = a->attr;
     QpParents parents;
-    // The transports softnda executes (SPEC.md §5, §11, "XRC"); raw packet QPs are not served,
+    // The transports softnda executes (SPEC.md §5, §11, §14); raw packet QPs are not served,
     // and an XRC target is made by create_xrc_tgt_qp (it needs its domain).
     if (ia.qp_type != IBV_QPT_RC && ia.qp_type != IBV_QPT_UC && ia.qp_type != IBV_QPT_UD &&
         ia.qp_type != IBV_QPT_XRC_SEND) {
@@ -505,7 +506,7 @@ void freeContext(ibv_context_extend *ext) {
 
 }  // namespace
 
-// ---- XRC (SPEC.md "XRC"; vdev ABI V6) ----------------------------------------------------------
+// ---- XRC (SPEC.md §14; vdev ABI V6) ----------------------------------------------------------
 
 ibv_xrcd *openXrcd(ibv_context *context) {
     Context *ctx = asContext(context);

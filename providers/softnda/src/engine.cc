@@ -84,7 +84,7 @@ struct Segment {
 // Who takes a request at the responder: the responder QP (its state, PSNs, rq_lock and access
 // flags), where the receive comes from and completes, and the PD its rkeys and receive lkeys
 // must belong to. For most QPs that is the QP's own SRQ or RQ, CQ and PD; at an XRC target it is
-// the XRC SRQ the request names, with that SRQ's CQ and PD (SPEC.md "XRC").
+// the XRC SRQ the request names, with that SRQ's CQ and PD (SPEC.md §14).
 struct Responder {
     Qp *qp;
     Srq *srq;
@@ -159,7 +159,7 @@ inline void fetchWqe(const Qp &qp, WqeCopy *w) {
     const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
     std::memcpy(&w->hdr, slot, sizeof(w->hdr));
     w->xrc_srqn = 0;
-    if (qp.wqe_data > SOFTNDA_WQE_HEADER_SIZE) {  // the XRC segment (SPEC.md "XRC")
+    if (qp.wqe_data > SOFTNDA_WQE_HEADER_SIZE) {  // the XRC segment (SPEC.md §14)
         std::memcpy(&w->xrc_srqn, slot + SOFTNDA_WQE_HEADER_SIZE, sizeof(w->xrc_srqn));
         w->xrc_srqn &= 0xffffff;
     }
@@ -1031,7 +1031,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     if (qp->init.qp_type == IBV_QPT_UC) {
         return sendUnconnected(qp, w, local, nlocal, total);
     }
-    // RC, and an XRC initiator, whose responder is an XRC target (SPEC.md "XRC").
+    // RC, and an XRC initiator, whose responder is an XRC target (SPEC.md §14).
     const ibv_qp_type peer_type = qp->init.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : IBV_QPT_RC;
     Qp *peer = peerOf(qp);
     if (peer == nullptr || peer->init.qp_type != peer_type) {
@@ -1063,7 +1063,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
 
 // The XRC SRQ an initiator's request names at the target tgt (tgt->rq_lock held): it must exist
 // and belong to the target's XRC domain; otherwise the target answers with an invalid-request NAK,
-// which moves it to ERR (SPEC.md "XRC"). The SRQ is device-wide: an SRQ of any context of the
+// which moves it to ERR (SPEC.md §14). The SRQ is device-wide: an SRQ of any context of the
 // device, reachable while the gate is held.
 ExecResult Engine::Thread::xrcTarget(Qp *tgt, uint32_t srqn, Responder *out) {
     auto it = dev_->xrc_srqs.find(srqn);

@@ -7,9 +7,7 @@
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
-namespace {
 
-// The queue_info a create or an import hands back for a ring and its doorbell.
 void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
     std::memset(qi, 0, sizeof(*qi));
     qi->qbuf.base = reinterpret_cast<uintptr_t>(r.buf);
@@ -19,6 +17,8 @@ void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
     qi->dbr_ci_va = iov_addr_desc{r.ci, 8};
     qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
 }
+
+namespace {
 
 // The engine's consumer index of an SQ, RQ or SRQ: the one in its record.
 void resumeConsumer(Ring *r) {

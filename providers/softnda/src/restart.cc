@@ -78,7 +78,7 @@ struct SrqBlob {
     uint32_t handle;
 };
 
-// An XRC SRQ's blob: a basic SRQ's, then its number (SPEC.md "XRC").
+// An XRC SRQ's blob: a basic SRQ's, then its number (SPEC.md §14).
 struct XrcSrqBlob {
     SrqBlob srq;
     uint32_t srqn;
@@ -638,7 +638,7 @@ bool importQpQueues(Context *ctx, const ibv_extend_vdev_import *env, const QpBlo
            (qp->rq_db.page != qp->sq_db.page || qp->rq_db.index != qp->sq_db.index);
 }
 
-// What the QP hangs on, by its transport: an XRC target only on its domain (SPEC.md "XRC").
+// What the QP hangs on, by its transport: an XRC target only on its domain (SPEC.md §14).
 bool importParents(Context *ctx, const QpBlob &b, const ibv_extend_vdev_import *env, QpParents *out) {
     const auto type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
     if (type == IBV_QPT_XRC_RECV) {

@@ -186,7 +186,7 @@ struct Cq {
     bool error = false;  // overflowed
 };
 
-// An XRC domain (SPEC.md "XRC"): the device's, whichever context opened it; SRQs and target QPs
+// An XRC domain (SPEC.md §14): the device's, whichever context opened it; SRQs and target QPs
 // of any context may belong to it. refs: those SRQs and QPs (Device::ctl).
 struct Xrcd {
     ibv_xrcd ib{};  // first: the ibv_xrcd * handed out points here
@@ -259,7 +259,7 @@ struct Qp {
     ibv_extend_ops *ops = nullptr;
     ibv_qp_init_attr init{};  // init.qp_type: RC, UC, UD, XRC_SEND or XRC_RECV
     uint32_t qpn = 0;
-    // An XRC target QP's domain (SPEC.md "XRC"; it has no PD, no CQs and no receive queue).
+    // An XRC target QP's domain (SPEC.md §14; it has no PD, no CQs and no receive queue).
     Xrcd *xrcd = nullptr;
     // Where a send WQE's data segment starts: after the header, and the XRC segment on an XRC
     // initiator QP.
@@ -445,6 +445,25 @@ constexpr uint32_t recvSgeCap(uint32_t stride) {
     return (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
 }
 
+// Queue memory (driver.cc): the smallest power of two >= v; one allocation through ops holding
+// the ring then its 128 B doorbell record, zeroed (SPEC.md §1), 0 or -errno; its release.
+uint32_t pow2Ceil(uint32_t v);
+int allocRing(ibv_extend_ops *ops, uint32_t cnt, uint32_t stride, Ring *r);
+void freeRing(ibv_extend_ops *ops, Ring *r);
+
+// The queue_info a create, an import or a resize hands back for a ring and its doorbell.
+void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db);
+// ibv_resize_cq (resize.cc, SPEC.md §12): 0 or -errno.
+int resizeCq(ibv_cq_extend *ext, uint32_t cqe);
+// ibv_rereg_mr (rereg.cc, SPEC.md §13): 0 or -errno, the MR unchanged on failure.
+inline constexpr int kReregFlags =
+    IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+int reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
+// What reg_mr and rereg_mr check (vdev.cc): known access bits and the IB rule that remote write
+// and atomic need local write; a non-empty range of mapped memory within max_mr_size. 0 or -errno.
+int checkMrAccess(int access);
+int checkMrRange(const Device *dev, const void *addr, size_t length, uint64_t iova);
+
 // Where an object's state comes from: made now by a create, or found again by an import where
 // an earlier process left it (restart.cc, SPEC.md §10).
 enum class Origin : uint8_t { Created, Imported };
@@ -511,13 +530,13 @@ ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_ext
 ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &parents, ibv_extend_ops *ops,
                        const ibv_qp_init_attr &init, uint32_t handle, Origin origin);
 
-// ---- XRC (driver.cc; SPEC.md "XRC", vdev ABI V6) ----
+// ---- XRC (driver.cc; SPEC.md §14, vdev ABI V6) ----
 ibv_xrcd *openXrcd(ibv_context *context);
 int closeXrcd(ibv_xrcd *xrcd);
 ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *a, ibv_xrcd *xrcd, ibv_cq *cq);
 ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *a, ibv_xrcd *xrcd);
 int getSrqNum(ibv_srq *srq, uint32_t *srq_num);
-// Where a send WQE's data segment starts on a QP of this type (SPEC.md §2.1, "XRC").
+// Where a send WQE's data segment starts on a QP of this type (SPEC.md §2.1, §14).
 constexpr uint32_t wqeDataOffset(ibv_qp_type type) {
     return type == IBV_QPT_XRC_SEND ? SOFTNDA_WQE_HEADER_SIZE + SOFTNDA_XRC_SEG_SIZE
                                     : SOFTNDA_WQE_HEADER_SIZE;

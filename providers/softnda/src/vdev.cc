@@ -14,6 +14,35 @@
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
+
+int checkMrAccess(int access) {
+    if ((access & ~kKnownAccess) != 0) {
+        return -EINVAL;
+    }
+    // IB rule: remote write and atomic access need local write.
+    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
+        (access & IBV_ACCESS_LOCAL_WRITE) == 0) {
+        return -EINVAL;
+    }
+    return 0;
+}
+
+int checkMrRange(const Device *dev, const void *addr, size_t length, uint64_t iova) {
+    if (addr == nullptr || length == 0 ||
+        reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr) ||
+        iova + length < iova || length > dev->cfg.max_mr_size) {
+        return -EINVAL;
+    }
+    // The engine dereferences the range: refuse what is not mapped now (msync reports holes).
+    uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    uintptr_t lo = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+    uintptr_t hi = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
+    if (msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) < 0) {
+        return -EFAULT;
+    }
+    return 0;
+}
+
 namespace {
 
 ibv_pd *allocPd(ibv_context *context) {
@@ -48,26 +77,15 @@ int deallocPd(ibv_pd *ib) {
 
 ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) {
     Pd *pd = asPd(ib);
-    if (pd == nullptr || addr == nullptr || length == 0 || (access & ~kKnownAccess) != 0 ||
-        reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr) ||
-        iova + length < iova) {
-        return failNull<ibv_mr>(EINVAL);
-    }
-    // IB rule: remote write and atomic access need local write.
-    if ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) != 0 &&
-        (access & IBV_ACCESS_LOCAL_WRITE) == 0) {
+    if (pd == nullptr) {
         return failNull<ibv_mr>(EINVAL);
     }
     Device *dev = pd->ctx->dev;
-    if (length > dev->cfg.max_mr_size) {
-        return failNull<ibv_mr>(EINVAL);
+    if (int rc = checkMrAccess(access); rc != 0) {
+        return failNull<ibv_mr>(-rc);
     }
-    // The engine dereferences the range: refuse what is not mapped now (msync reports holes).
-    uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    uintptr_t lo = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-    uintptr_t hi = (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
-    if (msync(reinterpret_cast<void *>(lo), hi - lo, MS_ASYNC) < 0) {
-        return failNull<ibv_mr>(EFAULT);
+    if (int rc = checkMrRange(dev, addr, length, iova); rc != 0) {
+        return failNull<ibv_mr>(-rc);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     if (dev->n_mr >= dev->cfg.max_mr) {
@@ -172,7 +190,7 @@ const Transition kUdTransitions[] = {
     {IBV_QPS_SQE, IBV_QPS_RTS, 0, IBV_QP_CUR_STATE | IBV_QP_QKEY},
 };
 
-// XRC (SPEC.md "XRC", the kernel's table): an initiator is RC's requester, whose RTR needs no
+// XRC (SPEC.md §14, the kernel's table): an initiator is RC's requester, whose RTR needs no
 // responder attributes (it has no receive side; they are accepted and ignored, as programs
 // written for RC pass them); a target is RC's responder, whose RTS needs only TIMEOUT and SQ_PSN.
 const Transition kXrcIniTransitions[] = {
@@ -557,7 +575,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V6,
+    .abi = IBV_EXTEND_VDEV_ABI_V7,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -583,10 +601,13 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
     // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h).
     .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS,
-    // ABI V6: XRC (SPEC.md "XRC").
+    // ABI V6: XRC (SPEC.md §14).
     .open_xrcd = softnda::CEntry<softnda::openXrcd>::call,
     .close_xrcd = softnda::CEntry<softnda::closeXrcd>::call,
     .create_xrc_srq = softnda::CEntry<softnda::createXrcSrq>::call,
     .create_xrc_tgt_qp = softnda::CEntry<softnda::createXrcTgtQp>::call,
     .get_srq_num = softnda::CEntry<softnda::getSrqNum>::call,
+    // ABI V7: resizing a CQ (SPEC.md §12), re-registering an MR (§13).
+    .resize_cq = softnda::CEntry<softnda::resizeCq>::call,
+    .rereg_mr = softnda::CEntry<softnda::reregMr>::call,
 };

@@ -61,6 +61,7 @@ _Static_assert(offsetof(struct ibv_sge, lkey) == offsetof(struct softnda_sge, lk
 struct sd_cq {
     pthread_spinlock_t lock;
     struct softnda_cq cq; /* guarded by lock */
+    /* Into the record: moved by cq_resize, so read with an atomic load of the pointer. */
     uint32_t *arm;
     uint32_t *events; /* written here only once the device is gone (cq_fatal) */
     int fatal;        /* 0, or the errno req_notify_cq answers (atomic: against arming) */
@@ -212,6 +213,13 @@ static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
     return total;
 }
 
+static uint32_t *sd_cq_arm(struct sd_cq *cq) {
+    return __atomic_load_n(&cq->arm, __ATOMIC_ACQUIRE);
+}
+static uint32_t *sd_cq_events_word(struct sd_cq *cq) {
+    return __atomic_load_n(&cq->events, __ATOMIC_ACQUIRE);
+}
+
 static int sd_req_notify_cq(void *cqv, int solicited_only) {
     struct sd_cq *cq = cqv;
     /* Sequentially consistent, with the fatal load after it, against cq_fatal's store of fatal
@@ -221,10 +229,10 @@ static int sd_req_notify_cq(void *cqv, int solicited_only) {
         /* As the IB CQ arming rules say, a CQ already armed for the next completion stays so: a
          * solicited-only request only arms a disarmed CQ. */
         uint32_t expected = 0;
-        __atomic_compare_exchange_n(cq->arm, &expected, SD_ARM_SOLICITED, 0, __ATOMIC_SEQ_CST,
+        __atomic_compare_exchange_n(sd_cq_arm(cq), &expected, SD_ARM_SOLICITED, 0, __ATOMIC_SEQ_CST,
                                     __ATOMIC_SEQ_CST);
     } else {
-        __atomic_store_n(cq->arm, SD_ARM_NEXT, __ATOMIC_SEQ_CST);
+        __atomic_store_n(sd_cq_arm(cq), SD_ARM_NEXT, __ATOMIC_SEQ_CST);
     }
     return __atomic_load_n(&cq->fatal, __ATOMIC_SEQ_CST);
 }
@@ -286,22 +294,45 @@ static int sd_cq_fatal(void *cqv, int err) {
     __atomic_store_n(&cq->fatal, err, __ATOMIC_SEQ_CST);
     /* The engine's side of §9 for the flushed completions: an armed CQ raises one event (error
      * completions qualify for a solicited-only arming too). */
-    if (__atomic_exchange_n(cq->arm, 0u, __ATOMIC_SEQ_CST) == 0) {
+    if (__atomic_exchange_n(sd_cq_arm(cq), 0u, __ATOMIC_SEQ_CST) == 0) {
         return 0;
     }
-    __atomic_fetch_add(cq->events, 1u, __ATOMIC_RELEASE);
+    __atomic_fetch_add(sd_cq_events_word(cq), 1u, __ATOMIC_RELEASE);
     return 1;
 }
 
 /* The CQ's overflow state (SPEC.md §6.3), a word only the device writes. */
 static uint32_t sd_cq_error(void *cqv) {
     struct sd_cq *cq = cqv;
-    return softnda_cq_state(&cq->cq);
+    pthread_spin_lock(&cq->lock); /* cq_resize moves the record */
+    uint32_t state = softnda_cq_state(&cq->cq);
+    pthread_spin_unlock(&cq->lock);
+    return state;
+}
+
+/* The device keeps every waiting CQE and the consumer index across the move (SPEC.md §12):
+ * the ring is read again from the new queue_info, the events and arm words with it. */
+static int sd_cq_resize(void *cqv, const struct ibv_cq_extend *ext, int (*resize)(void *arg), void *arg) {
+    struct sd_cq *cq = cqv;
+    pthread_spin_lock(&cq->lock);
+    int rc = resize(arg);
+    if (rc == 0) {
+        struct softnda_cq fresh;
+        if (softnda_cq_init(&fresh, &ext->cq_info) == 0) {
+            cq->cq = fresh;
+            __atomic_store_n(&cq->arm, cq->cq.dbr_pi + SD_CQ_ARM_WORD, __ATOMIC_RELEASE);
+            __atomic_store_n(&cq->events, cq->cq.dbr_pi + SD_CQ_EVENTS_WORD, __ATOMIC_RELEASE);
+        } else {
+            rc = EIO;
+        }
+    }
+    pthread_spin_unlock(&cq->lock);
+    return rc;
 }
 
 static uint32_t sd_cq_events(void *cqv) {
     struct sd_cq *cq = cqv;
-    return __atomic_load_n(cq->events, __ATOMIC_ACQUIRE);
+    return __atomic_load_n(sd_cq_events_word(cq), __ATOMIC_ACQUIRE);
 }
 
 /* ---- Receive queues (RQ and SRQ) -------------------------------------------------------- */
@@ -355,7 +386,7 @@ static void *sd_qp_open(const struct ibv_extend_datapath_qp_attr *attr) {
         errno = EINVAL;
         return NULL;
     }
-    /* The transports softnda executes (SPEC.md §5, §11, "XRC"). An XRC initiator's WQEs carry
+    /* The transports softnda executes (SPEC.md §5, §11, §14). An XRC initiator's WQEs carry
      * the XRC segment; neither XRC QP has a receive queue (a target's granted depths are 0, so
      * every post to it is refused). */
     const int xrc = attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV;
@@ -456,7 +487,7 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
         w.flags |= SOFTNDA_WQE_SOLICITED;
     }
     if (qp->qp_type == IBV_QPT_XRC_SEND) {
-        w.remote_srqn = wr->qp_type.xrc.remote_srqn; /* the SRQ at the target (SPEC.md "XRC") */
+        w.remote_srqn = wr->qp_type.xrc.remote_srqn; /* the SRQ at the target (SPEC.md §14) */
     }
     int may_inline = 0;
     switch (op) {
@@ -697,6 +728,7 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .cq_fatal = sd_cq_fatal,
     .srq_fatal = sd_srq_fatal,
     .cq_error = sd_cq_error,
+    .cq_resize = sd_cq_resize,
 };
 /* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
 __attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =

@@ -1,9 +1,10 @@
 /*
  * A tenant that must not notice broker restarts: an RC loopback pair on a brokered device, a
  * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
- * target), a UD address handle made before and destroyed after the restarts (the broker keeps
- * it), and a control call (create + destroy a QP) every 20 ms, through the standard verbs
- * (linked against the system libibverbs; run through ibv-extend-run so the face serves it).
+ * target) into a CQ resized before it starts, a UD address handle made before and destroyed
+ * after the restarts (the broker keeps it), and a control call (create + destroy a QP) every
+ * 20 ms, through the standard verbs (linked against the system libibverbs; run through
+ * ibv-extend-run so the face serves it).
  *
  *   restart-tenant DEVICE
  *
@@ -56,6 +57,10 @@ int main(int argc, char **argv) {
     struct ibv_cq *event_cq = channel != NULL ? ibv_create_cq(ctx, 4, NULL, channel, 0) : NULL;
     if (event_cq == NULL) {
         fail("a CQ with a completion channel", strerror(errno));
+    }
+    /* The loop's completions arrive in a resized CQ: each restart must bring back its new ring. */
+    if (ibv_resize_cq(cq, 256) != 0 || cq->cqe < 256) {
+        fail("ibv_resize_cq", strerror(errno));
     }
     struct ibv_qp *a = rc_qp(pd, cq), *b = rc_qp(pd, cq);
     to_init(a);

@@ -516,14 +516,21 @@ TEST_F(FaceTest, StrictVerbsBehaviour) {
     EXPECT_EQ(out, "OK\n") << slurp(err);
 }
 
-TEST_F(FaceTest, PyverbsProgram) {
-    std::string err = dir() + "/pyverbs.err";
-    Contained c(runArgs("/usr/bin/python3", {IBVX_PYVERBS_PROGRAM, "softnda0"}), env(), err);
+// The pyverbs programs of this directory (pyverbs_<name>.py), each as an unprivileged tenant.
+class FacePyverbs : public FaceTest, public ::testing::WithParamInterface<const char *> {};
+
+TEST_P(FacePyverbs, ProgramSucceeds) {
+    const std::string program = std::string(IBVX_PYVERBS_DIR) + "/pyverbs_" + GetParam() + ".py";
+    std::string err = dir() + "/pyverbs_" + GetParam() + ".err";
+    Contained c(runArgs("/usr/bin/python3", {program, "softnda0"}), env(), err);
     c.reply();
     std::string out = c.readAll();
     EXPECT_EQ(c.wait(), 0) << out << slurp(err);
     EXPECT_EQ(out, "OK\n") << slurp(err);
 }
+
+INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize"),
+                         [](const auto &info) { return std::string(info.param); });
 
 }  // namespace
 }  // namespace ibvx::test

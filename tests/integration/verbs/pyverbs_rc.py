@@ -9,53 +9,21 @@ Exit status 0 and "OK" on success; a Python traceback otherwise.
 """
 import sys
 
-import pyverbs.device as d
 import pyverbs.enums as e
-from pyverbs.addr import AHAttr
 from pyverbs.cq import CQ
 from pyverbs.mr import MR
 from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QP, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
 
-ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+from pyverbs_kit import ACCESS, connect, open_context, poll_one
+
 LEN = 4096
 
 
-def poll_one(cq, what):
-    for _ in range(10_000_000):
-        n, wcs = cq.poll()
-        if n:
-            wc = wcs[0]
-            if wc.status != e.IBV_WC_SUCCESS:
-                sys.exit(f"{what}: completion status {wc.status}")
-            return wc
-    sys.exit(f"{what}: no completion")
-
-
-def connect(qp, peer, lid):
-    attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
-    attr.qp_access_flags = ACCESS
-    qp.to_init(attr)
-    attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024)
-    attr.dest_qp_num = peer.qp_num
-    attr.ah_attr = AHAttr(dlid=lid, port_num=1)
-    attr.max_dest_rd_atomic = 1
-    attr.min_rnr_timer = 12
-    qp.to_rtr(attr)
-    attr.qp_state = e.IBV_QPS_RTS
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 14, 7, 7, 1
-    qp.to_rts(attr)
-
-
 def main(name):
-    names = [dev.name.decode() for dev in d.get_device_list()]
-    if name not in names:
-        sys.exit(f"{name} is not in the device list {names}")
-    with d.Context(name=name) as ctx:
-        port = ctx.query_port(1)
-        if port.state != e.IBV_PORT_ACTIVE:
-            sys.exit("port 1 is not active")
+    ctx, port = open_context(name)
+    with ctx:
         pd = PD(ctx)
         cq = CQ(ctx, 32)
         cap = QPCap(max_send_wr=8, max_recv_wr=8, max_send_sge=1, max_recv_sge=1)

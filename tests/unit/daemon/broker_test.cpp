@@ -193,6 +193,33 @@ TEST_F(BrokerTest, CreateFailsCleanlyWhenRegionsCannotBeSent) {
     EXPECT_EQ(MappingManager::instance().stats(session_->memory()).allocated_bytes, 0u);
 }
 
+// ResizeCq (softnda SPEC.md §12): a new ring in the session's memory, sent before the reply,
+// the old one's memory given back; bad sizes change nothing; the CQ still goes with a destroy.
+TEST_F(BrokerTest, ResizeCqMovesTheRingAndKeepsTheDoorbell) {
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    CreateCqArgs ca;
+    ca.context = ctx->context;
+    ca.cqe = 8;
+    auto cq = broker_->createCq(*session_, ca);
+    ASSERT_TRUE(cq.isOk()) << cq.status().toString();
+    auto grown = broker_->resizeCq(*session_, cq->cq, 4096);
+    ASSERT_TRUE(grown.isOk()) << grown.status().toString();
+    EXPECT_EQ(grown->cqe, 4096u);
+    EXPECT_EQ(grown->info.entry_cnt, 4096u);
+    EXPECT_EQ(grown->info.db_hw.region, cq->info.db_hw.region);  // the register stays
+    EXPECT_EQ(grown->info.db_hw.offset, cq->info.db_hw.offset);
+    EXPECT_GE(MappingManager::instance().stats(session_->memory()).allocated_bytes, 4096u * 32);
+    EXPECT_EQ(broker_->resizeCq(*session_, cq->cq, 0).status().code(), Code::kInvalidArgument);
+    EXPECT_FALSE(broker_->resizeCq(*session_, cq->cq + 1000, 8).isOk());
+    auto shrunk = broker_->resizeCq(*session_, cq->cq, 8);
+    ASSERT_TRUE(shrunk.isOk()) << shrunk.status().toString();
+    EXPECT_EQ(shrunk->cqe, 8u);
+    EXPECT_LT(MappingManager::instance().stats(session_->memory()).allocated_bytes, 4096u * 32);
+    ASSERT_TRUE(broker_->destroyCq(*session_, cq->cq).isOk());
+    EXPECT_EQ(session_->objectCount(), 1u);
+}
+
 TEST_F(BrokerTest, QpStateMachineAndExtendCalls) {
     Objs o = makeQp(*session_);
     ibv_qp_attr a{};

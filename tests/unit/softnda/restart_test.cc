@@ -210,7 +210,8 @@ int udUp(ibv_qp *qp, uint32_t qkey) {
 // The old broker's objects, made in the child over the one-memfd arena: three MRs (source,
 // destination, receive buffer), CQ 0 for QPs A and C, CQ 1 for B; A and B connected, C to
 // itself; an eventfd on CQ 1 and the context's async one; QP D on an SRQ, with a CQ of its
-// own, connected to itself; and UD QP E on D's CQ. Every step that fails ends the child.
+// own (resized from 64 to 128 entries), connected to itself; and UD QP E on D's CQ. Every step that fails
+// ends the child.
 struct OldBroker {
     explicit OldBroker(Shared *shared) : sh(shared) {}
 
@@ -263,7 +264,7 @@ struct OldBroker {
     }
 
     // An XRC domain, an XRC SRQ completing on D's CQ, initiator I (sending on D's CQ) connected
-    // to target T (SPEC.md "XRC").
+    // to target T (SPEC.md §14).
     void makeXrc() {
         xrcd = softnda_vdev_ops.open_xrcd(ctx);
         need(xrcd != nullptr, 60);
@@ -299,7 +300,8 @@ struct OldBroker {
         ca.attr.cqe = 64;
         ca.ops = &g_ops;
         cq_d = ext->ops->create_cq(ctx, &ca);
-        need(cq_d != nullptr, 50);
+        // Resized before its export (SPEC.md §12): the successor must find the new ring.
+        need(cq_d != nullptr && softnda_vdev_ops.resize_cq(cq_d, 128) == 0, 50);
         softnda_cq_init(&cqs_d, &cq_d->cq_info);
         ibv_srq_init_attr_extend sa{};
         sa.pd = pd;
@@ -952,7 +954,7 @@ TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
     teardown();
 }
 
-// XRC comes back whole (SPEC.md "XRC", §10): the SRQ keeps its number and the receive the
+// XRC comes back whole (SPEC.md §14, §10): the SRQ keeps its number and the receive the
 // SEND before the kill took; the initiator's next SEND lands in the SRQ's second receive, through
 // the target, with the target's QPN in the completion.
 TEST_F(SoftndaRestart, AnXrcInitiatorTargetAndSrqCarryOn) {
@@ -1003,6 +1005,7 @@ TEST_F(SoftndaRestart, AUdQpKeepsItsTransportAndQkey) {
     ASSERT_EQ(softnda_sq_init(&sqE, &qp_e->sq_info), 0);
     ASSERT_EQ(softnda_rq_init(&rqE, &qp_e->rq_info), 0);
     ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    EXPECT_EQ(cqD.entry_cnt, 128u);  // as resized before the export
     softnda_sge r{sh->recv + 2048, 64, sh->key[2]};
     ASSERT_EQ(softnda_rq_post(&rqE, 8100, &r, 1), 0);
     softnda_rq_doorbell(&rqE);

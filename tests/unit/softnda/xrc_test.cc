@@ -1,4 +1,4 @@
-// XRC (SPEC.md "XRC"): an initiator's message lands on the SRQ its WQE names at the target, in
+// XRC (SPEC.md §14): an initiator's message lands on the SRQ its WQE names at the target, in
 // the target's domain, completing on that SRQ's CQ; memory is checked against the SRQ's PD; an
 // SRQ number outside the target's domain is an invalid request. Objects of two contexts of the
 // device share one domain, as two processes do.

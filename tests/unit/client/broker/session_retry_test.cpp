@@ -64,6 +64,7 @@ static_assert(!kReadOnlyCall<pb::NegoQpHyroceFeatureRequest>);
 static_assert(!kReadOnlyCall<pb::SetAsyncEventFdRequest>);
 static_assert(!kReadOnlyCall<pb::CreateAhRequest>);
 static_assert(!kReadOnlyCall<pb::DestroyAhRequest>);
+static_assert(!kReadOnlyCall<pb::ResizeCqRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker

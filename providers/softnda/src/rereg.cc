@@ -1,0 +1,62 @@
+// ibv_rereg_mr on softnda (SPEC.md §13): the region keeps its slot and takes a new key, with what
+// the flags change (translation, PD, access), in one step between two engine passes.
+#include <cerrno>
+#include <mutex>
+
+#include "providers/softnda/src/softnda_internal.h"
+
+namespace softnda {
+
+int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, uint64_t iova, int access) {
+    Mr *mr = asMr(ib);
+    if (mr == nullptr || flags == 0 || (flags & ~kReregFlags) != 0) {
+        return -EINVAL;
+    }
+    Device *dev = mr->pd->ctx->dev;
+    Pd *pd = mr->pd;
+    if ((flags & IBV_REREG_MR_CHANGE_PD) != 0) {
+        pd = asPd(new_pd);
+        if (pd == nullptr || pd->ctx != mr->pd->ctx) {
+            return -EINVAL;
+        }
+    }
+    if ((flags & IBV_REREG_MR_CHANGE_ACCESS) == 0) {
+        access = mr->access;
+    } else if (int rc = checkMrAccess(access); rc != 0) {
+        return rc;
+    }
+    if ((flags & IBV_REREG_MR_CHANGE_TRANSLATION) == 0) {
+        addr = mr->addr;
+        length = mr->len;
+        iova = mr->iova;
+    } else if (int rc = checkMrRange(dev, addr, length, iova); rc != 0) {
+        return rc;
+    }
+    std::lock_guard<std::mutex> ctl(dev->ctl);
+    // A new key in the same slot: a work request still naming the old one misses (SPEC.md §13).
+    uint32_t key = mr->key;
+    while (key == mr->key) {
+        key = (mr->key & ~0xffu) | (++dev->mr_generation & 0xff);
+    }
+    {
+        std::lock_guard<Gate> gate(dev->gate);
+        mr->addr = static_cast<uint8_t *>(addr);
+        mr->len = length;
+        mr->iova = iova;
+        mr->access = access;
+        mr->key = key;
+        if (pd != mr->pd) {
+            mr->pd->refs--;
+            pd->refs++;
+            mr->pd = pd;
+        }
+    }
+    mr->ib.pd = &pd->ib;
+    mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(iova));
+    mr->ib.length = length;
+    mr->ib.lkey = key;
+    mr->ib.rkey = key;
+    return 0;
+}
+
+}  // namespace softnda

@@ -1,0 +1,48 @@
+"""What the pyverbs programs of these tests share: opening the device, a loopback RC pair, polling.
+Plain pyverbs (Debian's python3-pyverbs); nothing here knows about the face."""
+import sys
+
+import pyverbs.device as d
+import pyverbs.enums as e
+from pyverbs.addr import AHAttr
+from pyverbs.qp import QPAttr
+
+ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
+
+
+def open_context(name):
+    """The device's context, after checking it is listed and its port 1 is active."""
+    names = [dev.name.decode() for dev in d.get_device_list()]
+    if name not in names:
+        sys.exit(f"{name} is not in the device list {names}")
+    ctx = d.Context(name=name)
+    port = ctx.query_port(1)
+    if port.state != e.IBV_PORT_ACTIVE:
+        sys.exit("port 1 is not active")
+    return ctx, port
+
+
+def poll_one(cq, what):
+    for _ in range(10_000_000):
+        n, wcs = cq.poll()
+        if n:
+            wc = wcs[0]
+            if wc.status != e.IBV_WC_SUCCESS:
+                sys.exit(f"{what}: completion status {wc.status}")
+            return wc
+    sys.exit(f"{what}: no completion")
+
+
+def connect(qp, peer, lid, access=ACCESS):
+    attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
+    attr.qp_access_flags = access
+    qp.to_init(attr)
+    attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=e.IBV_MTU_1024)
+    attr.dest_qp_num = peer.qp_num
+    attr.ah_attr = AHAttr(dlid=lid, port_num=1)
+    attr.max_dest_rd_atomic = 1
+    attr.min_rnr_timer = 12
+    qp.to_rtr(attr)
+    attr.qp_state = e.IBV_QPS_RTS
+    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 14, 7, 7, 1
+    qp.to_rts(attr)
