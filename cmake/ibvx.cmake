@@ -16,6 +16,7 @@ endif()
 # They and the cross build (run under qemu, never shipped) also keep line tables only (-g1):
 # every sanitizer report and backtrace still has file:line, and full debug info was a fifth of
 # the ASan build's compile time (daemon/app/daemon.cpp: 67 s with -g, 54 s with -g1).
+# Test code has levels of its own (-O1; -O0 under ASan): tests/CMakeLists.txt.
 if(IBVX_ASAN OR IBVX_TSAN)
   add_compile_options(-O1 -g1)
 elseif(CMAKE_CROSSCOMPILING)
