@@ -16,6 +16,7 @@ endif()
 # They and the cross build (run under qemu, never shipped) also keep line tables only (-g1):
 # every sanitizer report and backtrace still has file:line, and full debug info was a fifth of
 # the ASan build's compile time (daemon/app/daemon.cpp: 67 s with -g, 54 s with -g1).
+# Test code has levels of its own (-O1; -O0 under ASan): tests/CMakeLists.txt.
 if(IBVX_ASAN OR IBVX_TSAN)
   add_compile_options(-O1 -g1)
 elseif(CMAKE_CROSSCOMPILING)
@@ -146,11 +147,41 @@ function(ibvx_test_library name)
   ibvx_warnings(${name})
 endfunction()
 
+# The labels of tests this build never runs (the Makefile's ctest selections): the ASan suite
+# leaves out no-asan; the cross build's suite under qemu-user leaves out no-qemu, and needs-binfmt
+# when the kernel has no binfmt_misc handler for aarch64 (cmake/toolchain-aarch64.cmake).
+set(IBVX_UNRUN_LABELS "")
+if(IBVX_ASAN)
+  list(APPEND IBVX_UNRUN_LABELS no-asan)
+endif()
+if(CMAKE_CROSSCOMPILING)
+  list(APPEND IBVX_UNRUN_LABELS no-qemu)
+  if(NOT IBVX_BINFMT_AARCH64)
+    list(APPEND IBVX_UNRUN_LABELS needs-binfmt)
+  endif()
+endif()
+
 # ibvx_test(NAME SOURCES ... [LIBS ...] [LABELS ...]): a GoogleTest binary, every test a ctest.
+#
+# A binary whose LABELS include one of IBVX_UNRUN_LABELS is left out of the default build
+# (EXCLUDE_FROM_ALL; `cmake --build <dir> --target NAME` still builds it): compiling it would cost
+# minutes of CI for tests nobody runs there (tests/integration/verbs/ucx_test.cpp alone was 65 s
+# of the ASan build). ctest then lists it as the single test NAME_NOT_BUILT carrying the same
+# labels, so the build's suite (-LE no-asan ...) leaves it out exactly as before and the
+# Makefile's lists of what is not run still name it.
 include(GoogleTest)
 function(ibvx_test name)
   cmake_parse_arguments(A "" "TIMEOUT" "SOURCES;LIBS;LABELS" ${ARGN})
   add_executable(${name} ${A_SOURCES})
+  set(_unrun OFF)
+  foreach(_label ${A_LABELS})
+    if(_label IN_LIST IBVX_UNRUN_LABELS)
+      set(_unrun ON)
+    endif()
+  endforeach()
+  if(_unrun)
+    set_target_properties(${name} PROPERTIES EXCLUDE_FROM_ALL TRUE)
+  endif()
   ibvx_test_surface(${name})
   target_link_libraries(${name} PRIVATE ${A_LIBS} GTest::gtest GTest::gtest_main GTest::gmock Threads::Threads)
   ibvx_warnings(${name})
@@ -175,12 +206,15 @@ function(ibvx_test name)
   endif()
   # gtest_discover_tests re-splits list-valued properties, so of several LABELS only the first
   # would reach ctest: a script ctest includes after the discovery sets them all on the tests it
-  # listed (<name>_TESTS).
+  # listed (<name>_TESTS), or, for a binary this build leaves out, on its NAME_NOT_BUILT.
   list(LENGTH A_LABELS _labels)
-  if(_labels GREATER 1)
+  if(_labels GREATER 1 OR _unrun)
     set(_script "${CMAKE_CURRENT_BINARY_DIR}/${name}_labels.cmake")
-    file(WRITE "${_script}"
-         "if(DEFINED ${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\nendif()\n")
+    set(_body "if(DEFINED ${name}_TESTS)\n  set_tests_properties(\${${name}_TESTS} PROPERTIES LABELS \"${A_LABELS}\")\n")
+    if(_unrun)
+      string(APPEND _body "else()\n  set_tests_properties(${name}_NOT_BUILT PROPERTIES LABELS \"${A_LABELS}\")\n")
+    endif()
+    file(WRITE "${_script}" "${_body}endif()\n")
     set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${_script}")
   endif()
 endfunction()
