@@ -271,7 +271,13 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
         RETURN_IF_ERROR(fds.take(name, &in.driver_fds.emplace_back()));
     }
     if (in.kind == ObjectKind::kQp) {
-        in.qp.type = static_cast<ibv_qp_type>(po.qp_type());
+        // Checked before it becomes an ibv_qp_type: outside the enum's values it is no value at all.
+        const uint32_t type = po.qp_type();
+        if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD) {
+            return invalidArgument("QP " + std::to_string(po.handle()) + " has type " + std::to_string(type) +
+                                   ", not one the broker makes (RC, UC, UD)");
+        }
+        in.qp.type = static_cast<ibv_qp_type>(type);
         in.qp.sq_sig_all = po.sq_sig_all();
         in.qp.has_srq = po.has_srq();
         in.qp.cap.max_send_wr = po.cap_max_send_wr();
