@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -26,6 +27,7 @@
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/wait_for.h"
 #include "tests/integration/ops/run_process.h"
+#include "tests/integration/tcp_ports.h"
 
 namespace ibvx::test {
 namespace {
@@ -394,6 +396,25 @@ class ContainerTest : public DevicePluginTest {
         }
         return argv;
     }
+
+    // A broker as an operator starts it for unprivileged tenants (socket_mode 0666, a socket
+    // directory the tenant can enter), the kubelet and the plugin; *base: the runtime's command
+    // line for the container the plugin's answer to Allocate(nda-0) describes.
+    void allocateContainer(std::vector<std::string> *base) {
+        broker_ = std::make_unique<BrokerProcess>(std::string(kBrokerConfig));
+        ASSERT_TRUE(broker_->started()) << broker_->log();
+        ::chmod(broker_->dir().c_str(), 0755);
+        startKubelet();
+        std::vector<std::string> args = {"--kubelet-dir",   kubeletDir(),          "--socket",
+                                         broker_->socket(), "--devices",           std::to_string(kDevices),
+                                         "--cdi-spec-dir",  dir_ + "/cdi",         "--client-lib-dir",
+                                         dir_ + "/libs",    "--device-marker-dir", markerDir()};
+        plugin_ = std::make_unique<PluginProcess>(args, dir_ + "/plugin.log");
+        ASSERT_TRUE(waitHealth("Healthy")) << plugin_->log();
+        pb::AllocateResponse resp;
+        ASSERT_TRUE(kubelet_->allocate({{"nda-0"}}, &resp).ok());
+        *base = runtimeArgs(resp.container_responses(0));
+    }
 };
 
 TEST_F(ContainerTest, SocketInAReadOnlyBindMountStillConnects) {
@@ -408,21 +429,11 @@ TEST_F(ContainerTest, SocketInAReadOnlyBindMountStillConnects) {
 }
 
 TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
-    // The broker as an operator starts it for unprivileged tenants: socket_mode 0666 and a
-    // socket directory the tenant can enter.
-    broker_ = std::make_unique<BrokerProcess>(std::string(kBrokerConfig));
-    ASSERT_TRUE(broker_->started()) << broker_->log();
-    ::chmod(broker_->dir().c_str(), 0755);
-    startKubelet();
-    std::vector<std::string> args = {"--kubelet-dir",   kubeletDir(),          "--socket",
-                                     broker_->socket(), "--devices",           std::to_string(kDevices),
-                                     "--cdi-spec-dir",  dir_ + "/cdi",         "--client-lib-dir",
-                                     dir_ + "/libs",    "--device-marker-dir", markerDir()};
-    plugin_ = std::make_unique<PluginProcess>(args, dir_ + "/plugin.log");
-    ASSERT_TRUE(waitHealth("Healthy")) << plugin_->log();
-    pb::AllocateResponse resp;
-    ASSERT_TRUE(kubelet_->allocate({{"nda-0"}}, &resp).ok());
-    std::vector<std::string> base = runtimeArgs(resp.container_responses(0));
+    std::vector<std::string> base;
+    allocateContainer(&base);
+    if (HasFatalFailure()) {
+        return;
+    }
 
     // The environment inside is the answer's and nothing else.
     std::vector<std::string> argv = base;
@@ -481,6 +492,57 @@ TEST_F(ContainerTest, AllocatedContainerReachesTheBroker) {
     const std::string guid = tree.out.substr(tree.out.find('\n') + 1, 19);
     EXPECT_NE(devinfo.out.find("node_guid:\t\t\t" + guid), std::string::npos) << devinfo.out;
     EXPECT_EQ(fs::exists("/dev/infiniband"), host_dev);
+}
+
+// UCX as ucx_test.cpp runs it, inside containers built from the Allocate answer alone: the
+// discovery tree the plugin mounts is the /dev/infiniband and /sys/class/infiniband UCX reads,
+// with no sandbox and no UCX_TLS. ucx_info lists the device with rc_verbs, and ucx_perftest's
+// put_lat runs between two such containers (two runtime instances of the answer, as two pods
+// given one device each would be) over rc_verbs through the broker.
+TEST_F(ContainerTest, UcxInAllocatedContainersFindsTheDeviceAndMovesData) {
+    if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
+        GTEST_SKIP() << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
+    }
+    if (!fs::exists("/usr/bin/ucx_info") || !fs::exists("/usr/bin/ucx_perftest")) {
+        GTEST_SKIP() << "ucx-utils is not installed (scripts/install-deps.sh)";
+    }
+    std::vector<std::string> base;
+    allocateContainer(&base);
+    if (HasFatalFailure()) {
+        return;
+    }
+    auto inside = [&](std::vector<std::string> command) {
+        std::vector<std::string> argv = base;
+        argv.push_back("--");
+        argv.insert(argv.end(), command.begin(), command.end());
+        return runProcess(argv, {.env = {}, .uid = -1, .timeout_ms = 60000});
+    };
+    ProcessResult info = inside({"/usr/bin/ucx_info", "-d"});
+    EXPECT_EQ(info.exit_code, 0) << info.err;
+    EXPECT_THAT(info.out, ::testing::HasSubstr("Device: softnda0:1")) << info.err;
+    EXPECT_THAT(info.out, ::testing::HasSubstr("Transport: rc_verbs"));
+
+    const int port = freePort();
+    ASSERT_GT(port, 0);
+    const std::vector<std::string> device = {"-p",      std::to_string(port), "-d", "softnda0:1", "-x",
+                                             "rc_verbs"};
+    auto server = std::async(std::launch::async, [&] {
+        std::vector<std::string> command = {"/usr/bin/ucx_perftest"};
+        command.insert(command.end(), device.begin(), device.end());
+        return inside(command);
+    });
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!listening(port) && std::chrono::steady_clock::now() < deadline &&
+           server.wait_for(std::chrono::milliseconds(20)) != std::future_status::ready) {
+    }
+    std::vector<std::string> client = {"/usr/bin/ucx_perftest", "127.0.0.1"};
+    client.insert(client.end(), device.begin(), device.end());
+    client.insert(client.end(), {"-t", "put_lat", "-n", "1000"});
+    ProcessResult c = inside(client);
+    ProcessResult srv = server.get();
+    EXPECT_EQ(c.exit_code, 0) << c.out << c.err << broker_->log();
+    EXPECT_EQ(srv.exit_code, 0) << srv.out << srv.err;
+    EXPECT_THAT(c.out, ::testing::HasSubstr("Final:"));
 }
 
 }  // namespace

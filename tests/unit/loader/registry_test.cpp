@@ -285,6 +285,13 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .import_object = nullptr,
     .set_paused = nullptr,
     .guarantees = 0,
+    .open_xrcd = nullptr,
+    .close_xrcd = nullptr,
+    .create_xrc_srq = nullptr,
+    .create_xrc_tgt_qp = nullptr,
+    .get_srq_num = nullptr,
+    .resize_cq = nullptr,
+    .rereg_mr = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};
