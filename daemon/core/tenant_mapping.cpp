@@ -27,13 +27,21 @@ std::string range(uint64_t addr, uint64_t length) {
 }
 
 // open(2) of path as the tenant's fsuid/fsgid would, on a thread of its own: file-system ids are
-// per thread, so no other broker thread opens anything as the tenant meanwhile.
+// per thread, so no other broker thread opens anything as the tenant meanwhile. EPERM without
+// opening anything when the ids do not take (no CAP_SETUID/CAP_SETGID): the broker's own
+// permissions must never stand in for the tenant's.
 UniqueFd openAsTenant(const std::string &path, const Credentials &creds, int *err) {
     UniqueFd fd;
     std::thread([&] {
-        // setfsuid answers the previous id, never an error: the open below fails if it did not take.
+        // setfsuid/setfsgid answer the previous id, never an error; an invalid id (-1) changes
+        // nothing and answers the current one, which says whether the change took.
         (void)::syscall(SYS_setfsgid, creds.gid);
         (void)::syscall(SYS_setfsuid, creds.uid);
+        if (static_cast<uid_t>(::syscall(SYS_setfsuid, -1)) != creds.uid ||
+            static_cast<gid_t>(::syscall(SYS_setfsgid, -1)) != creds.gid) {
+            *err = EPERM;
+            return;
+        }
         fd.reset(::open(path.c_str(), O_RDWR | O_CLOEXEC));
         *err = errno;
     }).join();
@@ -72,8 +80,12 @@ StatusOr<TenantMapping> openTenantMapping(const Credentials &creds, int pidfd, u
     TenantMapping out;
     out.fd = openAsTenant(proc + name, creds, &err);
     if (!out.fd) {
-        return Status::fromErrno(
-            err, "cannot open the object behind the tenant's mapping of " + where + " (" + v->path + ")");
+        const char *hint = err == EPERM
+                               ? " (the broker needs CAP_CHECKPOINT_RESTORE, CAP_SETUID and CAP_SETGID "
+                                 "for this: docs/verbs.md)"
+                               : "";
+        return Status::fromErrno(err, "cannot open the object behind the tenant's mapping of " + where +
+                                          " (" + v->path + ") as the tenant" + hint);
     }
     struct stat st {};
     struct statfs fs {};

@@ -3,7 +3,8 @@
 // onto its session's memfd (docs/verbs.md, "Memory registration"), and an unmodified program has
 // no fd to hand over (a SysV segment has none at all). The broker opens the object behind the
 // tenant's mapping itself, through /proc/<pid>/map_files/<start>-<end>, which needs
-// CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN) and ptrace read access to the tenant.
+// CAP_CHECKPOINT_RESTORE (or CAP_SYS_ADMIN), ptrace read access to the tenant, and CAP_SETUID and
+// CAP_SETGID to take the tenant's file-system ids for the open.
 //
 // What keeps it to what the tenant may do itself:
 // - the open runs with the tenant's fsuid and fsgid (a thread of its own), so the object's own
