@@ -26,10 +26,12 @@ static long pingPong(int rank, size_t n, unsigned seed) {
         return 1;
     }
     if (rank == 0) {
-        for (size_t i = 0; i < n; ++i) buf[i] = pattern(i, seed);
+        for (size_t i = 0; i < n; ++i)
+            buf[i] = pattern(i, seed);
         MPI_Send(buf, (int)n, MPI_BYTE, 1, (int)seed, MPI_COMM_WORLD);
         MPI_Recv(buf, (int)n, MPI_BYTE, 1, (int)seed, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        for (size_t i = 0; i < n; ++i) bad += buf[i] != (unsigned char)(pattern(i, seed) + 1);
+        for (size_t i = 0; i < n; ++i)
+            bad += buf[i] != (unsigned char)(pattern(i, seed) + 1);
     } else if (rank == 1) {
         MPI_Recv(buf, (int)n, MPI_BYTE, 0, (int)seed, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         for (size_t i = 0; i < n; ++i) {
@@ -55,7 +57,8 @@ static long collectives(int rank, int size) {
         return 1;
     }
     for (int to = 0; to < size; ++to)
-        for (size_t i = 0; i < kBlock; ++i) out[(size_t)to * kBlock + i] = pattern(i, (unsigned)(rank * 31 + to));
+        for (size_t i = 0; i < kBlock; ++i)
+            out[(size_t)to * kBlock + i] = pattern(i, (unsigned)(rank * 31 + to));
     MPI_Alltoall(out, kBlock, MPI_BYTE, in, kBlock, MPI_BYTE, MPI_COMM_WORLD);
     for (int from = 0; from < size; ++from)
         for (size_t i = 0; i < kBlock; ++i)
@@ -76,16 +79,19 @@ static long oneSided(int rank, int size) {
     }
     MPI_Win_allocate(kWindow, 1, MPI_INFO_NULL, MPI_COMM_WORLD, &base, &win);
     const int right = (rank + 1) % size, left = (rank + size - 1) % size;
-    for (size_t i = 0; i < kWindow; ++i) mine[i] = pattern(i, (unsigned)(100 + rank));
+    for (size_t i = 0; i < kWindow; ++i)
+        mine[i] = pattern(i, (unsigned)(100 + rank));
     MPI_Win_fence(0, win);
     MPI_Put(mine, kWindow, MPI_BYTE, right, 0, kWindow, MPI_BYTE, win);
     MPI_Win_fence(0, win);
-    for (size_t i = 0; i < kWindow; ++i) bad += base[i] != pattern(i, (unsigned)(100 + left));
+    for (size_t i = 0; i < kWindow; ++i)
+        bad += base[i] != pattern(i, (unsigned)(100 + left));
     MPI_Win_fence(0, win);
     MPI_Get(got, kWindow, MPI_BYTE, left, 0, kWindow, MPI_BYTE, win);
     MPI_Win_fence(0, win);
     /* left's window holds what left's left put there. */
-    for (size_t i = 0; i < kWindow; ++i) bad += got[i] != pattern(i, (unsigned)(100 + (left + size - 1) % size));
+    for (size_t i = 0; i < kWindow; ++i)
+        bad += got[i] != pattern(i, (unsigned)(100 + (left + size - 1) % size));
     MPI_Win_free(&win);
     free(mine);
     free(got);
@@ -98,14 +104,16 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (size < 2) {
-        if (rank == 0) fprintf(stderr, "mpi-verify: needs at least 2 ranks\n");
+        if (rank == 0)
+            fprintf(stderr, "mpi-verify: needs at least 2 ranks\n");
         MPI_Finalize();
         return 2;
     }
     const size_t sizes[] = {0, 1, 8, 1000, 4096, 65536, 1 << 20, 4 << 20};
     long bad = 0, round_trips = 0;
     for (unsigned s = 0; s < sizeof(sizes) / sizeof(sizes[0]); ++s) {
-        for (unsigned r = 0; r < kRounds; ++r, ++round_trips) bad += pingPong(rank, sizes[s], s * kRounds + r);
+        for (unsigned r = 0; r < kRounds; ++r, ++round_trips)
+            bad += pingPong(rank, sizes[s], s * kRounds + r);
     }
     const long p2p_bad = bad;
     bad += collectives(rank, size);
@@ -114,9 +122,10 @@ int main(int argc, char **argv) {
     long all[3] = {p2p_bad, coll_bad, bad - p2p_bad - coll_bad}, sum[3] = {0, 0, 0};
     MPI_Reduce(all, sum, 3, MPI_LONG, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("mpi-verify: %d ranks, %ld round trips of 0 B-4 MiB, allreduce, alltoall, put/get: "
-               "%ld + %ld + %ld bad bytes\n",
-               size, round_trips, sum[0], sum[1], sum[2]);
+        printf(
+            "mpi-verify: %d ranks, %ld round trips of 0 B-4 MiB, allreduce, alltoall, put/get: "
+            "%ld + %ld + %ld bad bytes\n",
+            size, round_trips, sum[0], sum[1], sum[2]);
     }
     MPI_Finalize();
     return rank == 0 && sum[0] + sum[1] + sum[2] != 0 ? 1 : 0;
