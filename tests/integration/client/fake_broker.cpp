@@ -132,6 +132,12 @@ class FakeBroker final : public pb::Broker::Service, public ibvx::test::StandInH
         if (s == nullptr) {
             return wireError(StatusCode::NOT_FOUND, ENOENT, "no pd");
         }
+        if (req->tenant_address() != 0) {
+            // The real broker opens the tenant's own shared mapping (daemon/core/tenant_mapping.h);
+            // this double maps only fds it is sent, and says so distinctly.
+            return wireError(StatusCode::UNIMPLEMENTED, EOPNOTSUPP,
+                             "the fake broker registers no mapping in place");
+        }
         ibvx::UniqueFd fd;
         {
             std::unique_lock lock(s->mu);
