@@ -4,8 +4,10 @@
 
 #include <dirent.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 // A broken invariant is a finding exactly like a sanitizer report: say what broke, then abort so
 // libFuzzer saves the input (and the standalone driver writes it out).
@@ -34,6 +36,27 @@ inline int countOpenFds() {
     }
     closedir(d);
     return n - 1;
+}
+
+// The open-fd count once it has held still for `quiet`: a server just started (gRPC's threads,
+// their pollers) may open and close descriptors for a while, and a baseline taken in that
+// window makes the first input's leak check see a "leak" (or a close) that is not its own.
+inline int settledFdCount(std::chrono::milliseconds quiet = std::chrono::milliseconds(200),
+                          std::chrono::milliseconds limit = std::chrono::seconds(10)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    int n = countOpenFds();
+    auto since = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        const int now = countOpenFds();
+        if (now != n) {
+            n = now;
+            since = std::chrono::steady_clock::now();
+        } else if (std::chrono::steady_clock::now() - since >= quiet) {
+            break;
+        }
+    }
+    return n;
 }
 
 // The costly setup a target builds once per process (a broker, a server): made by the first
