@@ -27,6 +27,14 @@ set(numeric
   control.bringup_over_null_rpc
   scale.live_qps scale.sessions scale.broker_bytes_per_qp scale.broker_anon_bytes_per_qp
   scale.broker_state_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms)
+# The middleware scenario's rows exist where its programs were found at configure time.
+if(UCX)
+  list(APPEND numeric middleware.helpers_put_lat_p50_ns middleware.ucx_put_lat_ns middleware.ucx_put_lat_over_helpers
+       middleware.helpers_put_bw_mibs middleware.ucx_put_bw_mibs middleware.ucx_put_bw_over_helpers)
+endif()
+if(MPI)
+  list(APPEND numeric middleware.mpi_pingpong_rtt_us middleware.ibv_rc_pingpong_rtt_us middleware.mpi_over_rc_pingpong)
+endif()
 foreach(key ${numeric} machine.cores machine.kernel machine.cpu machine.date machine.git_commit)
   string(REPLACE "." ";" path ${key})
   string(JSON value ERROR_VARIABLE jerr GET "${json}" ${path})

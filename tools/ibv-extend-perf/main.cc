@@ -31,7 +31,7 @@ int main(int argc, char **argv) {
     app.add_option("--only", opt.only, "run only these scenarios")
         ->check(CLI::IsMember({"pingpong", "memcpy", "uds", "write8", "unreliable", "idle10k", "msgrate",
                                "write1m", "nullrpc", "write8broker", "verbs", "createqp", "bringup",
-                               "clients", "reclaim", "teardown", "scale", "restart"}));
+                               "clients", "reclaim", "teardown", "scale", "restart", "middleware"}));
     app.add_option("--daemon", opt.daemon,
                    "ibv-extendd to start (default: next to this tool, or the build tree's)");
     app.add_option("--socket", opt.socket,

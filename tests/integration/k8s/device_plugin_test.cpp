@@ -22,12 +22,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/tcp_ports.h"
 #include "common/unique_fd.h"
 #include "fake_kubelet.h"
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/wait_for.h"
 #include "tests/integration/ops/run_process.h"
-#include "tests/integration/tcp_ports.h"
 
 namespace ibvx::test {
 namespace {

@@ -28,9 +28,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/tcp_ports.h"
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/ops/run_process.h"
-#include "tests/integration/tcp_ports.h"
 
 namespace ibvx::test {
 namespace {

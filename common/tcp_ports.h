@@ -1,4 +1,4 @@
-// Loopback TCP ports for tests that run a server and a client program (ucx_perftest's
+// Loopback TCP ports for a server and a client program run side by side (ucx_perftest's
 // out-of-band exchange): one free now, and whether a server listens on it yet.
 #pragma once
 
@@ -11,7 +11,7 @@
 #include <fstream>
 #include <string>
 
-namespace ibvx::test {
+namespace ibvx {
 
 // A TCP port nobody listens on now.
 inline int freePort() {
@@ -49,4 +49,4 @@ inline bool listening(int port) {
     return false;
 }
 
-}  // namespace ibvx::test
+}  // namespace ibvx
