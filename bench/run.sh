@@ -65,6 +65,8 @@ targets = [
     ("fastpath.write1m_over_memcpy", ">= 0.8", lambda v: v >= 0.8),
     ("verbs.verbs_over_helpers_ratio", "<= 1.10", lambda v: v <= 1.10),
     ("verbs.verbs_over_helpers_rate", ">= 0.8", lambda v: v >= 0.8),
+    ("middleware.ucx_put_lat_over_helpers", "<= 1.3", lambda v: v <= 1.3),
+    ("middleware.ucx_put_bw_over_helpers", ">= 0.8", lambda v: v >= 0.8),
     ("verbs.verbs_syscalls_per_wr", "= 0", lambda v: v == 0),
     ("verbs.verbs_broker_rpcs_during_data", "= 0", lambda v: v == 0),
     ("control.create_qp_over_null_rpc", "<= 1.1", lambda v: v <= 1.1),

@@ -26,7 +26,8 @@ set(numeric
   control.p99_us_32clients control.ops_over_null_rpc_32clients control.broker_cpu_op_over_null_rpc_32clients
   control.bringup_over_null_rpc
   scale.live_qps scale.sessions scale.broker_bytes_per_qp scale.broker_anon_bytes_per_qp
-  scale.broker_state_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms)
+  scale.broker_state_bytes_per_qp scale.teardown_10k_ms scale.reclaim_after_kill_ms
+  fork.fork_ms_unregistered fork.fork_ms_registered fork.fork_ms_per_gib_registered)
 # The middleware scenario's rows exist where its programs were found at configure time.
 if(UCX)
   list(APPEND numeric middleware.helpers_put_lat_p50_ns middleware.ucx_put_lat_ns middleware.ucx_put_lat_over_helpers

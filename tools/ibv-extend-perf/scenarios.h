@@ -76,7 +76,7 @@ std::vector<uint64_t> timedSamples(int iters, int warmup, F one_ns) {
 }
 
 // Scenario names (for --only): pingpong, memcpy, uds, write8, unreliable, idle10k, msgrate, write1m, nullrpc,
-// write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale, middleware.
+// write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale, restart, middleware, fork.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.
@@ -113,6 +113,10 @@ bool wantsBroker(const Options &opt);
 // UCX put_lat/put_bw and Open MPI's ping-pong between tenants of ibv-extend-run on the broker at
 // socket, beside softnda's helpers and ibv_rc_pingpong (middleware.cc).
 void middlewareSection(const Options &opt, Results &out, const std::string &socket);
+
+// fork() of a process with memory registered through the face, beside the same memory
+// unregistered (fork_cost.cc).
+void forkSection(const Options &opt, Results &out);
 
 // machine.cores, kernel, cpu, date, git_commit.
 void collectMachine(Results &out);
