@@ -548,7 +548,9 @@ void forkPrepare() {
     // shares the snapshot copy-on-write, so the child only has to mremap it into place. From
     // here to fork() nothing of ours writes memory (a free() would change heap pages the copy
     // holds); our prepare handler runs last, as it was registered first (at load).
-    void *snap = rawMmap(nullptr, total, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    // Populated in one go: faulting the copy in page by page during the pread() cost as much as
+    // the copy itself (ibv-extend-perf --only fork: 256 MiB registered, ~1,500 -> ~740 ms).
+    void *snap = rawMmap(nullptr, total, kReadWrite, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (snap == MAP_FAILED) {
         return;  // the child copies from the file itself
     }
