@@ -145,6 +145,7 @@ void toProto(const SrqResult &in, pb::CreateSrqResponse *out) {
     out->set_srq(in.srq);
     out->set_max_wr(in.max_wr);
     out->set_max_sge(in.max_sge);
+    out->set_srq_num(in.srq_num);
     toProto(in.info, out->mutable_srq_info());
     out->set_resv(in.resv, sizeof(in.resv));
 }
@@ -276,6 +277,7 @@ StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in) {
     a.send_cq = in.send_cq();
     a.recv_cq = in.recv_cq();
     a.srq = in.srq();
+    a.xrcd = in.xrcd();
     a.cap = fromProto(in.cap());
     a.sq_sig_all = in.sq_sig_all();
     a.qp_cap_flag = in.qp_cap_flag();
@@ -291,6 +293,8 @@ StatusOr<CreateSrqArgs> fromProto(const pb::CreateSrqRequest &in) {
     a.max_sge = in.max_sge();
     a.srq_limit = in.srq_limit();
     a.srq_cap_flag = in.srq_cap_flag();
+    a.xrcd = in.xrcd();
+    a.cq = in.cq();
     return a;
 }
 
