@@ -5,8 +5,9 @@
 //    queue_info, and a standard-verbs QP bring-up whose broker RPCs are counted;
 //  - Debian's ibv_devinfo -v;
 //  - the standard data path: Debian's ibv_rc_pingpong (defaults, -g 0, -e), ibv_srq_pingpong,
-//    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), perftest's seven programs over RC and
-//    four over UD and UC, a pyverbs program, each pair as server and client on this host.
+//    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), ibv_xsrq_pingpong (XRC, §14), perftest's seven
+//    programs over RC and four over UD and UC, a pyverbs program, each pair as server and client on this
+//    host.
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
@@ -452,6 +453,15 @@ TEST_F(FaceTest, RcPingpongWithCompletionEvents) {
 TEST_F(FaceTest, SrqPingpong) {
     expectPair(runPair(*this, "srq", "/usr/bin/ibv_srq_pingpong", {"-d", "softnda0", "-n", "500"}),
                "500 iters in");
+}
+
+// XRC (SPEC.md §14): each side opens a domain, makes XRC SRQs and target QPs in it and initiator
+// QPs that send to the peer's SRQs by number. It prints no iteration count: both sides exiting 0
+// after exchanging addresses and all their messages is the result.
+TEST_F(FaceTest, XsrqPingpong) {
+    PairResult r = runPair(*this, "xsrq", "/usr/bin/ibv_xsrq_pingpong", {"-d", "softnda0", "-n", "1000"});
+    expectPair(r, "remote: LID");
+    EXPECT_THAT(r.server_out, ::testing::HasSubstr("remote: LID")) << r.server_err;
 }
 
 // UD: datagrams through address handles, each receive behind its 40-byte GRH.
