@@ -517,13 +517,24 @@ INSTANTIATE_TEST_SUITE_P(
                       PerftestOver{"ib_write_bw", "UC"}, PerftestOver{"ib_send_bw", "UC"}),
     [](const auto &info) { return std::string(info.param.program) + "_" + info.param.transport; });
 
-TEST_F(FaceTest, StrictVerbsBehaviour) {
-    std::string err = dir() + "/behaviour.err";
-    Contained c(run({IBVX_VERBS_BEHAVIOUR, "softnda0"}), env(), err);
+// Runs a behaviour program of this directory ("PROGRAM DEVICE": exit 0 and "OK") as a tenant.
+void expectBehaviour(const FaceTest &t, const char *program, const std::string &name) {
+    std::string err = t.dir() + "/" + name + ".err";
+    Contained c(t.run({program, "softnda0"}), t.env(), err);
     c.reply();
     std::string out = c.readAll();
     EXPECT_EQ(c.wait(), 0) << out << slurp(err);
     EXPECT_EQ(out, "OK\n") << slurp(err);
+}
+
+TEST_F(FaceTest, StrictVerbsBehaviour) {
+    expectBehaviour(*this, IBVX_VERBS_BEHAVIOUR, "behaviour");
+}
+
+// XRC's bad requests (no domain, a basic SRQ's number, a domain in use, an unknown SRQ number)
+// and both ways to name the SRQ.
+TEST_F(FaceTest, XrcBehaviour) {
+    expectBehaviour(*this, IBVX_XRC_BEHAVIOUR, "xrc-behaviour");
 }
 
 // The pyverbs programs of this directory (pyverbs_<name>.py), each as an unprivileged tenant.
