@@ -335,6 +335,7 @@ void toProto(const ObjectSnapshot &in, pb::ObjectInfo *out) {
         case ObjectKind::kSrq:
             out->mutable_srq()->set_max_wr(in.srq_entries);
             out->mutable_srq()->set_entry_size(in.srq_entry_size);
+            out->mutable_srq()->set_srq_num(in.srq_num);
             break;
         case ObjectKind::kMr:
             out->mutable_mr()->set_length(in.mr_length);

@@ -277,7 +277,7 @@ std::string objectDetails(const pb::ObjectInfo &o) {
     }
     if (o.has_srq()) {
         return "wr=" + std::to_string(o.srq().max_wr()) + " entry=" + std::to_string(o.srq().entry_size()) +
-               "B";
+               "B" + (o.srq().srq_num() != 0 ? " xrc srqn=" + std::to_string(o.srq().srq_num()) : "");
     }
     if (o.has_mr()) {
         char keys[64];
