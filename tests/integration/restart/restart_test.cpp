@@ -332,7 +332,8 @@ TEST(RestartDaemonizing, RequireKeepRestartsTheDetachedBrokerInPlace) {
 // Runs `program -d softnda0 -n iters -p PORT` as a server and a client tenant, restarts the
 // broker (require_keep) once the pair has executed a fifth of its work requests, and checks that
 // no session ends early and both ends finish, their output holding a line starting with `done`.
-void pairRunsOnAcrossARestart(const char *program, int iters, const std::string &done) {
+// The objects of kind `kept` the pair holds keep their handles across the restart.
+void pairRunsOnAcrossARestart(const char *program, int iters, const std::string &done, pb::ObjectKind kept) {
     if (access(program, X_OK) != 0) {
         GTEST_SKIP() << "no " << program << " (Debian's ibverbs-utils)";
     }
@@ -358,6 +359,8 @@ void pairRunsOnAcrossARestart(const char *program, int iters, const std::string 
         20s))
         << slurp(broker.dir() + "/server.err") << slurp(broker.dir() + "/client.err") << broker.log();
     ASSERT_EQ(admin.sessions().size(), 2u);
+    const auto kept_before = admin.objects(kept);
+    ASSERT_EQ(kept_before.size(), 2u) << "both tenants hold objects of the kind";
 
     // The clients that found no server yet ended their sessions before this point.
     const size_t restart_at = broker.log().size();
@@ -367,6 +370,7 @@ void pairRunsOnAcrossARestart(const char *program, int iters, const std::string 
     EXPECT_EQ(resp.sessions_kept(), 2u);
     admin.reconnect();
     ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(admin.objects(kept), kept_before) << "handles changed across the restart";
 
     // No session ends while the pair runs ("session N ended (fd channel closed)" after a restore
     // was the bug), and both ends finish.
@@ -399,14 +403,15 @@ TEST(RestartForeground, RcPingpongPairRunsOnAcrossARequireKeepRestart) {
     // Under a second on an idle host, many times that on a loaded one (a 2-core CI machine runs
     // two tests at once): the restart comes a fifth of the way in, the deadline is generous.
     constexpr int kIters = 5000;
-    pairRunsOnAcrossARestart("/usr/bin/ibv_rc_pingpong", kIters, std::to_string(kIters) + " iters in");
+    pairRunsOnAcrossARestart("/usr/bin/ibv_rc_pingpong", kIters, std::to_string(kIters) + " iters in",
+                             pb::OBJECT_KIND_QP);
 }
 
 // XRC (softnda SPEC.md §14): the domains, XRC SRQs (with their numbers), target and initiator
 // QPs of both tenants are carried by the restart while the messages flow. ibv_xsrq_pingpong
 // prints no count: its "remote:" address line is what each side prints once connected.
 TEST(RestartForeground, XsrqPingpongPairRunsOnAcrossARequireKeepRestart) {
-    pairRunsOnAcrossARestart("/usr/bin/ibv_xsrq_pingpong", 5000, "  remote:");
+    pairRunsOnAcrossARestart("/usr/bin/ibv_xsrq_pingpong", 5000, "  remote:", pb::OBJECT_KIND_XRCD);
 }
 
 TEST(RestartFdStore, SystemdRestartAndKill9KeepEveryQueue) {
