@@ -142,6 +142,28 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     if (c == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
+    return createSrqIn(c, a, nullptr, nullptr);
+}
+
+int destroySrq(ibv_srq_extend *e) {
+    return destroyShadow(IBVX_SHADOW_OF(ShadowSrq, ext, e));
+}
+
+ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
+    ShadowContext *c = contextOf(context);
+    if (c == nullptr) {
+        return failNull<ibv_qp_extend>(EINVAL);
+    }
+    return createQpIn(c, a, nullptr);
+}
+
+int destroyQp(ibv_qp_extend *e) {
+    return destroyShadow(IBVX_SHADOW_OF(ShadowQp, ext, e));
+}
+
+}  // namespace
+
+ibv_srq_extend *createSrqIn(ShadowContext *c, ibv_srq_init_attr_extend *a, ShadowXrcd *xrcd, ShadowCq *cq) {
     auto *pd = livePd(a->pd, c);
     if (pd == nullptr) {
         return failNull<ibv_srq_extend>(EINVAL);
@@ -154,6 +176,8 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     req.set_srq_limit(a->attr.attr.srq_limit);
     req.set_srq_cap_flag(a->srq_cap_flag);
     req.set_dma_mode(toProtoDmaMode(a->type));
+    req.set_xrcd(xrcd != nullptr ? xrcd->handle : 0);
+    req.set_cq(cq != nullptr ? cq->handle : 0);
     pb::CreateSrqResponse resp;
     int rc = c->session->call("CreateSrq", &pb::Broker::Stub::CreateSrq, req, &resp);
     if (rc != 0) {
@@ -164,6 +188,7 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     auto *s = new ShadowSrq{};
     s->owner = c;
     s->handle = resp.srq();
+    s->srq_num = resp.srq_num();
     s->srq.context = &c->ctx;
     s->srq.srq_context = a->attr.srq_context;
     s->srq.pd = &pd->pd;
@@ -176,35 +201,34 @@ ibv_srq_extend *createSrq(ibv_context *context, ibv_srq_init_attr_extend *a) {
     return handOut(s, rc);
 }
 
-int destroySrq(ibv_srq_extend *e) {
-    return destroyShadow(IBVX_SHADOW_OF(ShadowSrq, ext, e));
-}
-
-ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
-    ShadowContext *c = contextOf(context);
-    if (c == nullptr) {
+ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXrcd *xrcd) {
+    const ibv_qp_type type = a->attr.qp_type;
+    // An XRC target has its domain only; an initiator a PD and a send CQ (SPEC.md §14).
+    const bool target = type == IBV_QPT_XRC_RECV, initiator = type == IBV_QPT_XRC_SEND;
+    auto *pd = target ? nullptr : livePd(a->pd, c);
+    auto *scq = target ? nullptr : liveCq(a->attr.send_cq, c);
+    auto *rcq = target || initiator ? nullptr : liveCq(a->attr.recv_cq, c);
+    auto *srq = target || initiator ? nullptr : liveSrq(a->attr.srq, c);
+    if (target ? xrcd == nullptr
+               : pd == nullptr || scq == nullptr || (rcq == nullptr && !initiator) ||
+                     (a->attr.srq != nullptr && srq == nullptr && !initiator)) {
+        warn(target ? "create_qp: an XRC target QP needs an XRC domain of this broker context"
+                    : "create_qp: the PD, CQs and SRQ must come from this broker context");
         return failNull<ibv_qp_extend>(EINVAL);
     }
-    auto *pd = livePd(a->pd, c);
-    auto *scq = liveCq(a->attr.send_cq, c);
-    auto *rcq = liveCq(a->attr.recv_cq, c);
-    auto *srq = liveSrq(a->attr.srq, c);
-    if (pd == nullptr || scq == nullptr || rcq == nullptr || (a->attr.srq != nullptr && srq == nullptr)) {
-        warn("create_qp: the PD, CQs and SRQ must come from this broker context");
-        return failNull<ibv_qp_extend>(EINVAL);
-    }
-    if (toProtoQpType(a->attr.qp_type) == pb::QP_TYPE_UNSPECIFIED) {
-        // The wire carries RC, UC and UD only; no broker driver can be asked for anything else.
-        warn("create_qp: QP type %d cannot be created through the broker (RC, UC, UD only)", a->attr.qp_type);
+    if (toProtoQpType(type) == pb::QP_TYPE_UNSPECIFIED) {
+        // No broker driver can be asked for a type the wire does not carry.
+        warn("create_qp: QP type %d cannot be created through the broker (RC, UC, UD, XRC only)", type);
         return failNull<ibv_qp_extend>(EOPNOTSUPP);
     }
     pb::CreateQpRequest req;
     req.set_context(c->handle);
-    req.set_pd(pd->handle);
-    req.set_send_cq(scq->handle);
-    req.set_recv_cq(rcq->handle);
+    req.set_pd(pd != nullptr ? pd->handle : 0);
+    req.set_send_cq(scq != nullptr ? scq->handle : 0);
+    req.set_recv_cq(rcq != nullptr ? rcq->handle : 0);
     req.set_srq(srq != nullptr ? srq->handle : 0);
-    req.set_qp_type(toProtoQpType(a->attr.qp_type));
+    req.set_xrcd(target ? xrcd->handle : 0);
+    req.set_qp_type(toProtoQpType(type));
     toProto(a->attr.cap, req.mutable_cap());
     req.set_sq_sig_all(a->attr.sq_sig_all != 0);
     req.set_qp_cap_flag(a->qp_cap_flag);
@@ -223,14 +247,14 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     ibv_qp &qp = s->qp;
     qp.context = &c->ctx;
     qp.qp_context = a->attr.qp_context;
-    qp.pd = &pd->pd;
-    qp.send_cq = &scq->cq;
-    qp.recv_cq = &rcq->cq;
+    qp.pd = pd != nullptr ? &pd->pd : nullptr;
+    qp.send_cq = scq != nullptr ? &scq->cq : nullptr;
+    qp.recv_cq = rcq != nullptr ? &rcq->cq : nullptr;
     qp.srq = srq != nullptr ? &srq->srq : nullptr;
     qp.handle = resp.qp_num();
     qp.qp_num = resp.qp_num();
     qp.state = fromProtoState(resp.state());
-    qp.qp_type = a->attr.qp_type;
+    qp.qp_type = type;
     s->ext.qp = &s->qp;
     copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
     s->ext.vendor_priv_info.value = resp.vendor_priv_info();
@@ -247,9 +271,26 @@ ibv_qp_extend *createQp(ibv_context *context, ibv_qp_init_attr_extend *a) {
     return handOut(s, rc);
 }
 
-int destroyQp(ibv_qp_extend *e) {
-    return destroyShadow(IBVX_SHADOW_OF(ShadowQp, ext, e));
+ShadowXrcd *openXrcd(ShadowContext *c) {
+    pb::OpenXrcdRequest req;
+    req.set_context(c->handle);
+    pb::OpenXrcdResponse resp;
+    if (int rc = c->session->call("OpenXrcd", &pb::Broker::Stub::OpenXrcd, req, &resp); rc != 0) {
+        return failNull<ShadowXrcd>(-rc);
+    }
+    auto *x = new ShadowXrcd{};
+    x->owner = c;
+    x->handle = resp.xrcd();
+    x->xrcd.context = &c->ctx;
+    track(x, c);
+    return x;
 }
+
+int closeXrcd(ShadowXrcd *x) {
+    return destroyTracked(x, "CloseXrcd", &pb::Broker::Stub::CloseXrcd, &pb::CloseXrcdRequest::set_xrcd);
+}
+
+namespace {
 
 int queryDevice(ibv_context *context, ibv_device_attr_extend *attr) {
     ShadowContext *c = contextOf(context);

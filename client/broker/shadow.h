@@ -37,7 +37,7 @@ struct ShadowContext;
 
 // What a tracked shadow is, in the order a context's objects are destroyed when a program closes
 // it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
-enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kPd };
+enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kXrcd, kPd };
 
 // A doorbell the caller's ibv_extend_ops.db_mmap mapped into its device (broker mode calls it on
 // the locally mapped doorbell page, as a driver does in direct mode). Unmapped with db_unmap when
@@ -124,6 +124,15 @@ struct ShadowSrq {
     DoorbellMapping db;
     OpaqueState dp;
     uint32_t limit_events_seen = 0;
+    uint32_t srq_num = 0;  // an XRC SRQ's number (ibv_get_srq_num); 0 for a basic SRQ
+};
+
+// An XRC domain (OpenXrcd): the program holds &xrcd.
+struct ShadowXrcd {
+    static constexpr ShadowKind kKind = ShadowKind::kXrcd;
+    ibv_xrcd xrcd;
+    ShadowContext *owner;
+    uint64_t handle;
 };
 
 struct ShadowQp {
@@ -256,6 +265,9 @@ inline ShadowQp *liveQp(ibv_qp *qp, const ShadowContext *in = nullptr) {
 inline ShadowSrq *liveSrq(ibv_srq *srq, const ShadowContext *in = nullptr) {
     return liveShadow<ShadowSrq>(srq, offsetof(ShadowSrq, srq), in);
 }
+inline ShadowXrcd *liveXrcd(ibv_xrcd *xrcd, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowXrcd>(xrcd, offsetof(ShadowXrcd, xrcd), in);
+}
 
 // The create_cq entry of the forwarding ops, with a completion-event eventfd (-1: none) handed to
 // the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).
@@ -265,5 +277,17 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
 // and s->cq.cqe its depth, and the old memory is unmapped. Nobody may poll the CQ meanwhile (the
 // face holds its data path's lock). 0 or a negative errno.
 int resizeCq(ShadowCq *s, uint32_t cqe);
+
+// ---- XRC (the libibverbs face's; the extend API cannot name a domain) ----
+// An XRC domain at the broker (OpenXrcd), tracked under c; NULL + errno.
+ShadowXrcd *openXrcd(ShadowContext *c);
+// CloseXrcd: 0 or a negative errno (-EBUSY while an XRC SRQ or target QP uses it).
+int closeXrcd(ShadowXrcd *x);
+// The forwarding create_srq with, for an XRC SRQ, its domain and the CQ its receives complete on
+// (both or neither); s->srq_num is the XRC SRQ's number.
+ibv_srq_extend *createSrqIn(ShadowContext *c, ibv_srq_init_attr_extend *a, ShadowXrcd *xrcd, ShadowCq *cq);
+// The forwarding create_qp, serving IBV_QPT_XRC_SEND (a PD and a send CQ; recv_cq and srq are
+// ignored, as the kernel ignores them) and IBV_QPT_XRC_RECV (xrcd only) besides the others.
+ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXrcd *xrcd);
 
 }  // namespace ibvx::client::broker

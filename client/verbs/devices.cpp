@@ -85,6 +85,10 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.query_device_ex = faceQueryDeviceEx;
     c->vctx.create_cq_ex = faceCreateCqEx;
     c->vctx.create_qp_ex = faceCreateQpEx;
+    c->vctx.open_xrcd = faceOpenXrcd;
+    c->vctx.close_xrcd = faceCloseXrcd;
+    c->vctx.create_srq_ex = faceCreateSrqEx;
+    c->vctx.get_srq_num = faceGetSrqNum;
     serveDatapath(c);
 }
 
@@ -110,7 +114,7 @@ size_t destroyLeftovers(ShadowContext *c) {
     using broker::ShadowKind;
     size_t left = 0;
     for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
-                            ShadowKind::kMr, ShadowKind::kPd}) {
+                            ShadowKind::kMr, ShadowKind::kXrcd, ShadowKind::kPd}) {
         for (void *o : broker::shadowsOf(c, kind)) {
             ++left;
             switch (kind) {
@@ -128,6 +132,9 @@ size_t destroyLeftovers(ShadowContext *c) {
                     break;
                 case ShadowKind::kMr:
                     (void)ibvx_verbs_dereg_mr(&static_cast<ShadowMr *>(o)->mr);
+                    break;
+                case ShadowKind::kXrcd:
+                    (void)faceCloseXrcd(&static_cast<ShadowXrcd *>(o)->xrcd);
                     break;
                 case ShadowKind::kPd:
                     (void)ibvx_verbs_dealloc_pd(&static_cast<ShadowPd *>(o)->pd);

@@ -248,6 +248,21 @@ ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
 
 ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
     constexpr uint32_t kServed = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    if (attr != nullptr && (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV)) {
+        // An initiator may post through the ibv_wr_* API too (ibv_wr_set_xrc_srqn).
+        const bool send_ops =
+            attr->qp_type == IBV_QPT_XRC_SEND && (attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+        if (send_ops && (attr->send_ops_flags & ~kQpExSendOps) != 0) {
+            warn("ibv_create_qp_ex: only the standard send operations are served (send_ops_flags 0x%llx)",
+                 static_cast<unsigned long long>(attr->send_ops_flags));
+            return failNull<ibv_qp>(EOPNOTSUPP);
+        }
+        ibv_qp *qp = createXrcQpEx(context, attr);
+        if (qp != nullptr && send_ops) {
+            fillQpEx(shadowOf<ShadowQp>(qp, offsetof(ShadowQp, qp)));
+        }
+        return qp;
+    }
     if (attr == nullptr || (attr->comp_mask & IBV_QP_INIT_ATTR_PD) == 0 || attr->pd == nullptr ||
         attr->pd->context != context) {
         return failNull<ibv_qp>(EINVAL);

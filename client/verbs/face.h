@@ -11,6 +11,7 @@
 //   objects.cpp   PDs, MRs, AHs, fork status
 //   queues.cpp    CQs, QPs and SRQs of the standard verbs
 //   extended.cpp  ibv_cq_ex (create, poll API) and ibv_qp_ex (create, the ibv_wr_* post API)
+//   xrc.cpp       XRC domains, XRC SRQs (ibv_create_srq_ex, ibv_get_srq_num), XRC QPs' attributes
 //   datapath.cpp  a queue's attachment to its driver's data path, and the data verbs behind it
 //   events.cpp    completion channels, async events, and the end of a session
 //
@@ -50,6 +51,7 @@ using broker::shadowOf;
 using broker::ShadowPd;
 using broker::ShadowQp;
 using broker::ShadowSrq;
+using broker::ShadowXrcd;
 using ibvx::failNull;
 using loader::warn;  // the one the library prints every warning with
 
@@ -74,6 +76,24 @@ int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *inp
 // The verbs_context entries ibv_create_cq_ex() and ibv_create_qp_ex() reach.
 ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr);
 ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
+
+// ---- queues (queues.cpp) --------------------------------------------------------------------------
+
+// A QP of the context (pd: NULL for an XRC target, which has xrcd instead) and an SRQ of p (an XRC
+// SRQ with xrcd and cq), attached to the data path; attr gets what was granted. NULL + errno.
+ibv_qp *createQp(ShadowContext *c, ibv_pd *pd, ibv_qp_init_attr *attr, ShadowXrcd *xrcd);
+ibv_srq *createSrq(ShadowPd *p, ibv_srq_init_attr *attr, ShadowXrcd *xrcd, ShadowCq *cq);
+
+// ---- XRC (xrc.cpp) --------------------------------------------------------------------------------
+
+// The verbs_context entries ibv_open_xrcd(), ibv_close_xrcd(), ibv_create_srq_ex() and
+// ibv_get_srq_num() reach.
+ibv_xrcd *faceOpenXrcd(ibv_context *context, ibv_xrcd_init_attr *attr);
+int faceCloseXrcd(ibv_xrcd *xrcd);
+ibv_srq *faceCreateSrqEx(ibv_context *context, ibv_srq_init_attr_ex *attr);
+int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num);
+// ibv_create_qp_ex() of an XRC QP (attr->qp_type IBV_QPT_XRC_SEND or IBV_QPT_XRC_RECV).
+ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
 // ---- the data path (datapath.cpp) ----------------------------------------------------------------
 

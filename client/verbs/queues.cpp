@@ -71,17 +71,18 @@ int ibvx_verbs_resize_cq(ibv_cq *cq, int cqe) {
     return rc;
 }
 
-ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
-    ShadowPd *p = livePd(pd);
-    if (p == nullptr || attr == nullptr) {
-        return failNull<ibv_qp>(EINVAL);
-    }
-    ShadowContext *c = p->owner;
+}  // extern "C"
+
+namespace ibvx::client::verbs {
+
+ibv_qp *createQp(ShadowContext *c, ibv_pd *pd, ibv_qp_init_attr *attr, ShadowXrcd *xrcd) {
     ibv_qp_init_attr_extend a{};
     a.pd = pd;
     a.attr = *attr;
     a.type = QU_BUF_DMA_MODE_DEFAULT;
-    ibv_qp_extend *ext = ibv_create_qp_extend(&c->ext, &a);
+    // XRC QPs go to the broker directly: the extend API has no domain to name.
+    const bool xrc = attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV;
+    ibv_qp_extend *ext = xrc ? broker::createQpIn(c, &a, xrcd) : ibv_create_qp_extend(&c->ext, &a);
     if (ext == nullptr) {
         return nullptr;
     }
@@ -91,6 +92,36 @@ ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
         return failNull<ibv_qp>(err);
     }
     return ext->qp;
+}
+
+ibv_srq *createSrq(ShadowPd *p, ibv_srq_init_attr *attr, ShadowXrcd *xrcd, ShadowCq *cq) {
+    ShadowContext *c = p->owner;
+    ibv_srq_init_attr_extend a{};
+    a.pd = &p->pd;
+    a.attr = *attr;
+    a.type = QU_BUF_DMA_MODE_DEFAULT;
+    ibv_srq_extend *ext = broker::createSrqIn(c, &a, xrcd, cq);
+    if (ext == nullptr) {
+        return nullptr;
+    }
+    attr->attr = a.attr.attr;  // granted max_wr / max_sge
+    if (int err = attachDatapath(IBVX_SHADOW_OF(ShadowSrq, ext, ext), &attr->attr); err != 0) {
+        (void)ibv_destroy_srq_extend(&c->ext, ext);
+        return failNull<ibv_srq>(err);
+    }
+    return ext->srq;
+}
+
+}  // namespace ibvx::client::verbs
+
+extern "C" {
+
+ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
+    ShadowPd *p = livePd(pd);
+    if (p == nullptr || attr == nullptr) {
+        return failNull<ibv_qp>(EINVAL);
+    }
+    return createQp(p->owner, pd, attr, nullptr);
 }
 
 int ibvx_verbs_destroy_qp(ibv_qp *qp) {
@@ -129,21 +160,7 @@ ibv_srq *ibvx_verbs_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr) {
     if (p == nullptr || attr == nullptr) {
         return failNull<ibv_srq>(EINVAL);
     }
-    ShadowContext *c = p->owner;
-    ibv_srq_init_attr_extend a{};
-    a.pd = pd;
-    a.attr = *attr;
-    a.type = QU_BUF_DMA_MODE_DEFAULT;
-    ibv_srq_extend *ext = ibv_create_srq_extend(&c->ext, &a);
-    if (ext == nullptr) {
-        return nullptr;
-    }
-    attr->attr = a.attr.attr;  // granted max_wr / max_sge
-    if (int err = attachDatapath(IBVX_SHADOW_OF(ShadowSrq, ext, ext), &attr->attr); err != 0) {
-        (void)ibv_destroy_srq_extend(&c->ext, ext);
-        return failNull<ibv_srq>(err);
-    }
-    return ext->srq;
+    return createSrq(p, attr, nullptr, nullptr);
 }
 
 int ibvx_verbs_destroy_srq(ibv_srq *srq) {

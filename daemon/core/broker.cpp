@@ -927,10 +927,27 @@ StatusOr<ResizeCqResult> Broker::resizeCq(Session &s, uint64_t cq, uint32_t cqe)
 }
 
 // The objects a QP uses, looked up and checked to share the QP's context.
+namespace {
+
+// What every QP create answers besides the handle and queue memory.
+QpResult qpResultOf(const ibv_qp_extend &qp, const ibv_qp_cap &granted) {
+    QpResult r;
+    if (qp.qp != nullptr) {
+        r.qp_num = qp.qp->qp_num;
+        r.state = qp.qp->state;
+    }
+    r.cap = granted;
+    std::memcpy(r.resv, qp.resv, sizeof(r.resv));
+    r.vendor_priv_info = qp.vendor_priv_info.value;
+    return r;
+}
+
+}  // namespace
+
 struct Broker::QpMembers {
     ContextObject *ctx = nullptr;
     PdObject *pd = nullptr;
-    CqObject *send_cq = nullptr, *recv_cq = nullptr;
+    CqObject *send_cq = nullptr, *recv_cq = nullptr;  // recv_cq: none for an XRC initiator
     SrqObject *srq = nullptr;
 };
 
@@ -939,11 +956,28 @@ StatusOr<Broker::QpMembers> Broker::qpMembers(Session &s, const CreateQpArgs &ar
     ASSIGN_OR_RETURN(m.ctx, lookup<ContextObject>(s, args.context));
     ASSIGN_OR_RETURN(m.pd, lookup<PdObject>(s, args.pd));
     ASSIGN_OR_RETURN(m.send_cq, lookup<CqObject>(s, args.send_cq));
-    ASSIGN_OR_RETURN(m.recv_cq, lookup<CqObject>(s, args.recv_cq));
+    if (args.qp_type == IBV_QPT_XRC_SEND) {
+        // An initiator receives nothing (SPEC.md §14): a receive CQ or SRQ would be ignored by
+        // the driver, so naming one is a mistake worth reporting.
+        if (args.recv_cq != 0 || args.srq != 0 || args.xrcd != 0) {
+            return invalidArgument(
+                "an XRC initiator QP (IBV_QPT_XRC_SEND) takes a PD and a send CQ only, "
+                "no recv_cq, SRQ or XRC domain");
+        }
+    } else {
+        ASSIGN_OR_RETURN(m.recv_cq, lookup<CqObject>(s, args.recv_cq));
+    }
     if (args.srq != 0) {
         ASSIGN_OR_RETURN(m.srq, lookup<SrqObject>(s, args.srq));
+        if (m.srq->srq_num != 0) {
+            return invalidArgument("an XRC SRQ serves XRC target QPs through its number, not as a QP's srq");
+        }
     }
-    if (m.pd->context != m.ctx || m.send_cq->context != m.ctx || m.recv_cq->context != m.ctx ||
+    if (args.xrcd != 0) {
+        return invalidArgument("only an XRC target QP (IBV_QPT_XRC_RECV) takes an XRC domain");
+    }
+    if (m.pd->context != m.ctx || m.send_cq->context != m.ctx ||
+        (m.recv_cq != nullptr && m.recv_cq->context != m.ctx) ||
         (m.srq != nullptr && m.srq->context != m.ctx)) {
         return invalidArgument(loader::kQpMembership);
     }
@@ -952,6 +986,9 @@ StatusOr<Broker::QpMembers> Broker::qpMembers(Session &s, const CreateQpArgs &ar
 
 StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
+    if (args.qp_type == IBV_QPT_XRC_RECV) {
+        return createXrcTargetQp(s, args);
+    }
     RETURN_IF_ERROR(rule(loader::checkQpType(args.qp_type)));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
@@ -962,7 +999,7 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     ibv_qp_init_attr_extend attr{};
     attr.pd = m.pd->pd;
     attr.attr.send_cq = m.send_cq->cq->cq;
-    attr.attr.recv_cq = m.recv_cq->cq->cq;
+    attr.attr.recv_cq = m.recv_cq != nullptr ? m.recv_cq->cq->cq : nullptr;
     attr.attr.srq = m.srq != nullptr ? m.srq->srq->srq : nullptr;
     attr.attr.qp_type = args.qp_type;
     attr.attr.cap = args.cap;
@@ -980,18 +1017,52 @@ StatusOr<QpResult> Broker::createQp(Session &s, const CreateQpArgs &args) {
     obj->qp_type = attr.attr.qp_type;
     obj->sq_sig_all = attr.attr.sq_sig_all != 0;
     obj->has_srq = m.srq != nullptr;
-    QpResult r;
-    if (obj->qp->qp != nullptr) {
-        r.qp_num = obj->qp->qp->qp_num;
-        r.state = obj->qp->qp->state;
+    QpResult r = qpResultOf(*obj->qp, attr.attr.cap);
+    obj->uses = {ctx, m.pd, m.send_cq};
+    if (m.recv_cq != nullptr) {
+        obj->uses.push_back(m.recv_cq);
     }
-    r.cap = attr.attr.cap;
-    std::memcpy(r.resv, obj->qp->resv, sizeof(r.resv));
-    r.vendor_priv_info = obj->qp->vendor_priv_info.value;
-    obj->uses = {ctx, m.pd, m.send_cq, m.recv_cq};
     if (m.srq != nullptr) {
         obj->uses.push_back(m.srq);
     }
+    const queue_info *sq = &obj->qp->sq_info, *rq = &obj->qp->rq_info;
+    ASSIGN_OR_RETURN(r.qp, publish(s, std::move(obj), {{sq, &r.sq}, {rq, &r.rq}}));
+    return r;
+}
+
+StatusOr<QpResult> Broker::createXrcTargetQp(Session &s, const CreateQpArgs &args) {
+    if (args.pd != 0 || args.send_cq != 0 || args.recv_cq != 0 || args.srq != 0) {
+        return invalidArgument(
+            "an XRC target QP (IBV_QPT_XRC_RECV) takes its XRC domain only, "
+            "no PD, CQs or SRQ");
+    }
+    if (args.xrcd == 0) {
+        return invalidArgument("an XRC target QP (IBV_QPT_XRC_RECV) needs an XRC domain (xrcd)");
+    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
+    ASSIGN_OR_RETURN(XrcdObject * xrcd, lookup<XrcdObject>(s, args.xrcd));
+    if (xrcd->context->dev != ctx->dev) {
+        return invalidArgument("the XRC domain belongs to another device than the QP's context");
+    }
+    ibv_qp_init_attr_extend attr{};
+    attr.attr.qp_type = IBV_QPT_XRC_RECV;
+    attr.attr.cap = args.cap;
+    attr.qp_cap_flag = args.qp_cap_flag;
+    attr.type = args.dma_mode;
+    attr.ops = MappingManager::ops();
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kQps, 1}}));
+    auto obj = std::make_unique<QpObject>();
+    obj->quota = std::move(quota);
+    obj->context = ctx;
+    ASSIGN_OR_RETURN(obj->qp, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_xrc_tgt_qp failed", [&] {
+                         return ctx->dev->verbs.createXrcTgtQp(ctx->verbs, &attr, xrcd->xrcd);
+                     }));
+    obj->cap = attr.attr.cap;
+    obj->qp_type = IBV_QPT_XRC_RECV;
+    QpResult r = qpResultOf(*obj->qp, attr.attr.cap);
+    obj->uses = {ctx, xrcd};
     const queue_info *sq = &obj->qp->sq_info, *rq = &obj->qp->rq_info;
     ASSIGN_OR_RETURN(r.qp, publish(s, std::move(obj), {{sq, &r.sq}, {rq, &r.rq}}));
     return r;
@@ -1001,18 +1072,61 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
     return destroyByHandle(s, qp, ObjectKind::kQp);
 }
 
+StatusOr<uint64_t> Broker::openXrcd(Session &s, uint64_t context) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kXrcds, 1}}));
+    auto obj = std::make_unique<XrcdObject>();
+    obj->quota = std::move(quota);
+    obj->context = ctx;
+    ASSIGN_OR_RETURN(obj->xrcd, createOnDriver(s.memory(), ctx->dev, EOPNOTSUPP, "open_xrcd failed",
+                                               [&] { return ctx->dev->verbs.openXrcd(ctx->verbs); }));
+    obj->uses = {ctx};
+    return publish(s, std::move(obj), {});
+}
+
+Status Broker::closeXrcd(Session &s, uint64_t xrcd) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(XrcdObject * x, lookup<XrcdObject>(s, xrcd));
+    return destroyLocked(s, x);
+}
+
+StatusOr<ibv_srq_extend *> Broker::createDriverSrq(Session &s, ContextObject *ctx,
+                                                   ibv_srq_init_attr_extend &attr, XrcdObject *xrcd,
+                                                   CqObject *cq) {
+    if (xrcd == nullptr) {
+        RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kCreateSrq, "the driver has no create_srq"));
+        return createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_srq failed",
+                              [&] { return ctx->ext->ops->create_srq(ctx->verbs, &attr); });
+    }
+    return createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_xrc_srq failed", [&] {
+        return ctx->dev->verbs.createXrcSrq(ctx->verbs, &attr, xrcd->xrcd, cq->cq->cq);
+    });
+}
+
 StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
     RETURN_IF_ERROR(rule(loader::checkDmaMode(static_cast<int>(args.dma_mode))));
     RETURN_IF_ERROR(rule(loader::checkSrqRequest(args.max_wr)));
+    if ((args.xrcd == 0) != (args.cq == 0)) {
+        return invalidArgument(
+            "an XRC SRQ needs both its XRC domain (xrcd) and the CQ its receives complete on");
+    }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
     ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
     ASSIGN_OR_RETURN(PdObject * pd, lookup<PdObject>(s, args.pd));
-    if (pd->context != ctx) {
+    XrcdObject *xrcd = nullptr;
+    CqObject *cq = nullptr;
+    if (args.xrcd != 0) {
+        ASSIGN_OR_RETURN(xrcd, lookup<XrcdObject>(s, args.xrcd));
+        ASSIGN_OR_RETURN(cq, lookup<CqObject>(s, args.cq));
+    }
+    if (pd->context != ctx || (cq != nullptr && cq->context != ctx) ||
+        (xrcd != nullptr && xrcd->context->dev != ctx->dev)) {
         return invalidArgument(loader::kSrqMembership);
     }
     RETURN_IF_ERROR(rule(loader::checkSrqLimits(args.max_wr, args.max_sge, limitsOf(ctx->dev->info))));
-    RETURN_IF_ERROR(requireOp(ctx->ext->ops, DriverOp::kCreateSrq, "the driver has no create_srq"));
     ibv_srq_init_attr_extend attr{};
     attr.pd = pd->pd;
     attr.attr.attr.max_wr = args.max_wr;
@@ -1025,13 +1139,26 @@ StatusOr<SrqResult> Broker::createSrq(Session &s, const CreateSrqArgs &args) {
     auto obj = std::make_unique<SrqObject>();
     obj->quota = std::move(quota);
     obj->context = ctx;
-    ASSIGN_OR_RETURN(obj->srq, createOnDriver(s.memory(), ctx->dev, ENOMEM, "create_srq failed",
-                                              [&] { return ctx->ext->ops->create_srq(ctx->verbs, &attr); }));
+    ASSIGN_OR_RETURN(obj->srq, createDriverSrq(s, ctx, attr, xrcd, cq));
+    obj->uses = {ctx, pd};
+    if (xrcd != nullptr) {
+        obj->uses.push_back(xrcd);
+        obj->uses.push_back(cq);
+        // Read now (the number never changes, a restart keeps it): the tenant's initiators name it.
+        uint32_t num = 0;
+        DriverCall call(s.memory(), ctx->dev);
+        const int rc = ctx->dev->verbs.getSrqNum(obj->srq->srq, &num);
+        if (rc < 0 || num == 0) {
+            (void)obj->destroyDriverObject();
+            return Status(Code::kInternal, rc < 0 ? -rc : EIO, "the driver gave the XRC SRQ no number");
+        }
+        obj->srq_num = num;
+    }
     SrqResult r;
     r.max_wr = attr.attr.attr.max_wr;
     r.max_sge = attr.attr.attr.max_sge;
+    r.srq_num = obj->srq_num;
     std::memcpy(r.resv, obj->srq->resv, sizeof(r.resv));
-    obj->uses = {ctx, pd};
     const queue_info *info = &obj->srq->srq_info;
     ASSIGN_OR_RETURN(r.srq, publish(s, std::move(obj), {{info, &r.info}}));
     return r;

@@ -87,8 +87,10 @@ struct CqResult {
     uint8_t resv[256] = {};
 };
 
+// An XRC initiator (IBV_QPT_XRC_SEND) has a PD and a send CQ, no recv_cq and no SRQ; an XRC
+// target (IBV_QPT_XRC_RECV) has its domain (xrcd) and nothing else (softnda SPEC.md §14).
 struct CreateQpArgs {
-    uint64_t context = 0, pd = 0, send_cq = 0, recv_cq = 0, srq = 0;
+    uint64_t context = 0, pd = 0, send_cq = 0, recv_cq = 0, srq = 0, xrcd = 0;
     ibv_qp_type qp_type = IBV_QPT_RC;
     ibv_qp_cap cap{};
     bool sq_sig_all = false;
@@ -106,8 +108,9 @@ struct QpResult {
     uint64_t vendor_priv_info = 0;
 };
 
+// With xrcd: an XRC SRQ of that domain whose receives complete on cq (both or neither).
 struct CreateSrqArgs {
-    uint64_t context = 0, pd = 0;
+    uint64_t context = 0, pd = 0, xrcd = 0, cq = 0;
     uint32_t max_wr = 0, max_sge = 0, srq_limit = 0, srq_cap_flag = 0;
     queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
 };
@@ -115,6 +118,7 @@ struct CreateSrqArgs {
 struct SrqResult {
     uint64_t srq = 0;
     uint32_t max_wr = 0, max_sge = 0;
+    uint32_t srq_num = 0;  // an XRC SRQ's number; 0 for a basic SRQ
     QueueResult info;
     uint8_t resv[256] = {};
 };
@@ -298,6 +302,10 @@ class Broker {
     StatusOr<Released> destroyQp(Session &s, uint64_t qp);
     StatusOr<SrqResult> createSrq(Session &s, const CreateSrqArgs &args);
     StatusOr<Released> destroySrq(Session &s, uint64_t srq);
+    // An XRC domain on the context's device (driver: open_xrcd, vdev ABI V6), charged to the
+    // tenant's "xrcds" quota; closing one its XRC SRQs or target QPs still use answers EBUSY.
+    StatusOr<uint64_t> openXrcd(Session &s, uint64_t context);
+    Status closeXrcd(Session &s, uint64_t xrcd);
     // An address handle of pd, its attributes checked against the PD's device (port, LID or
     // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.
     StatusOr<uint64_t> createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr);
@@ -328,6 +336,11 @@ class Broker {
     StatusOr<T *> lookup(Session &s, uint64_t handle);
     StatusOr<QpObject *> lookupQpWithVerbs(Session &s, uint64_t qp);
     StatusOr<QpMembers> qpMembers(Session &s, const CreateQpArgs &args);
+    // An XRC target QP (create_xrc_tgt_qp): the create of createQp for IBV_QPT_XRC_RECV.
+    StatusOr<QpResult> createXrcTargetQp(Session &s, const CreateQpArgs &args);
+    // The driver's SRQ of an XRC SRQ create (create_xrc_srq) or a basic one (create_srq).
+    StatusOr<ibv_srq_extend *> createDriverSrq(Session &s, ContextObject *ctx, ibv_srq_init_attr_extend &attr,
+                                               XrcdObject *xrcd, CqObject *cq);
     Status openDriverContext(Session &s, ContextObject &obj);
     // EINVAL with the reason when attr names no usable destination from ctx's device.
     Status checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &attr);

@@ -42,6 +42,8 @@ std::unique_ptr<Object> newObjectOf(ObjectKind kind) {
             return std::make_unique<QpObject>();
         case ObjectKind::kAh:
             return std::make_unique<AhObject>();
+        case ObjectKind::kXrcd:
+            return std::make_unique<XrcdObject>();
     }
     return nullptr;
 }
@@ -119,6 +121,9 @@ Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocati
         case ObjectKind::kSrq:
             static_cast<SrqObject &>(obj).context = p.ctx;
             break;
+        case ObjectKind::kXrcd:
+            static_cast<XrcdObject &>(obj).context = p.ctx;
+            break;
         case ObjectKind::kQp: {
             auto &qp = static_cast<QpObject &>(obj);
             qp.context = p.ctx;
@@ -150,15 +155,30 @@ StatusOr<ibv_extend_vdev_import> importEnvironment(const Object &obj, const Pare
     env.device = p.dev->info.name.c_str();
     env.context = p.ctx != nullptr ? p.ctx->verbs : nullptr;
     env.pd = p.pd != nullptr ? p.pd->pd : nullptr;
+    // An XRC SRQ and target name their domain; an XRC SRQ its CQ (SPEC.md §14).
+    XrcdObject *xrcd = usedBy<XrcdObject>(obj);
+    env.xrcd = xrcd != nullptr ? xrcd->xrcd : nullptr;
+    if (obj.kind == ObjectKind::kSrq && xrcd != nullptr) {
+        CqObject *cq = usedBy<CqObject>(obj);
+        if (cq == nullptr) {
+            return importError("XRC SRQ " + hex(obj.handle) + " has no CQ");
+        }
+        env.srq_cq = cq->cq->cq;
+    }
     if (obj.kind == ObjectKind::kQp) {
+        const ibv_qp_type type = static_cast<const QpObject &>(obj).qp_type;
         CqObject *scq = usedBy<CqObject>(obj, 0);
         CqObject *rcq = usedBy<CqObject>(obj, 1);
         SrqObject *srq = usedBy<SrqObject>(obj);
-        if (scq == nullptr || rcq == nullptr) {
-            return importError("QP " + hex(obj.handle) + " has no CQs");
+        // An XRC target has no CQs, an initiator no receive CQ.
+        const bool cqs_ok = type == IBV_QPT_XRC_RECV
+                                ? xrcd != nullptr
+                                : scq != nullptr && (rcq != nullptr || type == IBV_QPT_XRC_SEND);
+        if (!cqs_ok) {
+            return importError("QP " + hex(obj.handle) + " has not the CQs or domain of its type");
         }
-        env.send_cq = scq->cq->cq;
-        env.recv_cq = rcq->cq->cq;
+        env.send_cq = scq != nullptr ? scq->cq->cq : nullptr;
+        env.recv_cq = rcq != nullptr ? rcq->cq->cq : nullptr;
         env.srq = srq != nullptr ? srq->srq->srq : nullptr;
     }
     env.ops = MappingManager::ops();
@@ -271,7 +291,8 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
     // The parents the kind needs, checked before anything reaches the driver.
     const Parents p = parentsOf(*obj, *devices_, in.device);
     if (p.dev == nullptr || (in.kind != ObjectKind::kContext && p.ctx == nullptr) ||
-        ((in.kind == ObjectKind::kMr || in.kind == ObjectKind::kQp || in.kind == ObjectKind::kAh) &&
+        ((in.kind == ObjectKind::kMr || (in.kind == ObjectKind::kQp && in.qp.type != IBV_QPT_XRC_RECV) ||
+          in.kind == ObjectKind::kAh) &&
          p.pd == nullptr)) {
         return importError("object " + hex(in.handle) + " has no device or parent");
     }
@@ -287,6 +308,15 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
     RETURN_IF_ERROR(adoptKindFields(*obj, p, in, relocations));
     if (driver) {
         RETURN_IF_ERROR(importDriverObject(s.memory(), *obj, p, in, relocations));
+    }
+    if (obj->kind == ObjectKind::kSrq && usedBy<XrcdObject>(*obj) != nullptr) {
+        // The import kept the XRC SRQ's number (SPEC.md §14); the broker reports it again.
+        auto &srq = static_cast<SrqObject &>(*obj);
+        DriverCall call(s.memory(), p.dev);
+        if (p.dev->verbs.getSrqNum(srq.srq->srq, &srq.srq_num) < 0 || srq.srq_num == 0) {
+            (void)srq.destroyDriverObject();
+            return importError("XRC SRQ " + hex(in.handle) + " came back without its number");
+        }
     }
     obj->quota = quotas_.restore(tenantOf(s.identity()), in.quota);
     obj->queue_bytes = in.queue_bytes;

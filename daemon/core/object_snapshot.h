@@ -10,7 +10,7 @@
 namespace ibvx::daemon {
 
 // Append only: a restart's state carries the kind by this value.
-enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh };
+enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh, kXrcd };
 
 struct ObjectSnapshot {
     uint64_t handle = 0;
@@ -30,6 +30,7 @@ struct ObjectSnapshot {
     // kSrq
     uint32_t srq_entries = 0;
     uint32_t srq_entry_size = 0;
+    uint32_t srq_num = 0;  // an XRC SRQ's number (0: a basic SRQ)
     // kMr
     uint64_t mr_length = 0;
     uint32_t lkey = 0, rkey = 0;

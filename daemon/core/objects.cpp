@@ -29,6 +29,8 @@ const char *kindName(ObjectKind kind) {
             return "srq";
         case ObjectKind::kAh:
             return "ah";
+        case ObjectKind::kXrcd:
+            return "xrcd";
     }
     return "object";
 }
@@ -86,6 +88,14 @@ void MrObject::snapshot(ObjectSnapshot &out) const {
     }
 }
 
+int XrcdObject::destroyDriverObject() {
+    return device()->verbs.closeXrcd(xrcd);
+}
+
+void XrcdObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+}
+
 int CqObject::destroyDriverObject() {
     auto *ops = context->ext->ops;
     return ops->destroy_cq != nullptr ? ops->destroy_cq(cq) : -EOPNOTSUPP;
@@ -111,6 +121,7 @@ void SrqObject::snapshot(ObjectSnapshot &out) const {
         out.srq_entries = srq->srq_info.qbuf.entry_cnt;
         out.srq_entry_size = srq->srq_info.qbuf.entry_size;
     }
+    out.srq_num = srq_num;
 }
 
 int QpObject::destroyDriverObject() {

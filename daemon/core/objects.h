@@ -33,9 +33,9 @@ const char *kindName(ObjectKind kind);
 
 // Parents first: an object uses only objects of kinds that come before its own here. A restore
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
-inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kAh,
-                                               ObjectKind::kMr,      ObjectKind::kCq, ObjectKind::kSrq,
-                                               ObjectKind::kQp};
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kXrcd,
+                                               ObjectKind::kAh,      ObjectKind::kMr, ObjectKind::kCq,
+                                               ObjectKind::kSrq,     ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 
@@ -152,6 +152,23 @@ struct MrObject : Object {
     uint64_t fd_offset = 0;
 };
 
+// An XRC domain (softnda SPEC.md §14), opened on a context of the session. Its XRC SRQs and
+// target QPs use it, so it is closed after them. The domain belongs to this session alone: the
+// file sharing of ibv_open_xrcd (one domain for every process opening the same file) is not
+// served, each opener gets a domain of its own (docs/verbs.md).
+struct XrcdObject : Object {
+    static constexpr ObjectKind kKind = ObjectKind::kXrcd;
+    XrcdObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_XRCD; }
+    const void *driverObject() const override { return xrcd; }
+    void adoptDriverObject(void *made) override { xrcd = static_cast<ibv_xrcd *>(made); }
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
+    ContextObject *context = nullptr;
+    ibv_xrcd *xrcd = nullptr;
+};
+
 struct CqObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kCq;
     CqObject() : Object(kKind) {}
@@ -176,6 +193,9 @@ struct SrqObject : Object {
     void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
     ibv_srq_extend *srq = nullptr;
+    // An XRC SRQ's number (initiators name it in their requests); 0 for a basic SRQ. An XRC SRQ
+    // uses its domain and the CQ its receives complete on besides its context and PD.
+    uint32_t srq_num = 0;
 };
 
 struct QpObject : Object {

@@ -28,13 +28,10 @@ Status checkFeatureRange(const pb::HyroceFeature &in) {
 }
 
 constexpr std::pair<ObjectKind, pb::ObjectKind> kObjectKinds[] = {
-    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT},
-    {ObjectKind::kPd, pb::OBJECT_KIND_PD},
-    {ObjectKind::kMr, pb::OBJECT_KIND_MR},
-    {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
-    {ObjectKind::kQp, pb::OBJECT_KIND_QP},
-    {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
-    {ObjectKind::kAh, pb::OBJECT_KIND_AH}};
+    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT}, {ObjectKind::kPd, pb::OBJECT_KIND_PD},
+    {ObjectKind::kMr, pb::OBJECT_KIND_MR},           {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
+    {ObjectKind::kQp, pb::OBJECT_KIND_QP},           {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
+    {ObjectKind::kAh, pb::OBJECT_KIND_AH},           {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD}};
 
 void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_qp_num(in.qp_num);
@@ -148,6 +145,7 @@ void toProto(const SrqResult &in, pb::CreateSrqResponse *out) {
     out->set_srq(in.srq);
     out->set_max_wr(in.max_wr);
     out->set_max_sge(in.max_sge);
+    out->set_srq_num(in.srq_num);
     toProto(in.info, out->mutable_srq_info());
     out->set_resv(in.resv, sizeof(in.resv));
 }
@@ -279,6 +277,7 @@ StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in) {
     a.send_cq = in.send_cq();
     a.recv_cq = in.recv_cq();
     a.srq = in.srq();
+    a.xrcd = in.xrcd();
     a.cap = fromProto(in.cap());
     a.sq_sig_all = in.sq_sig_all();
     a.qp_cap_flag = in.qp_cap_flag();
@@ -294,6 +293,8 @@ StatusOr<CreateSrqArgs> fromProto(const pb::CreateSrqRequest &in) {
     a.max_sge = in.max_sge();
     a.srq_limit = in.srq_limit();
     a.srq_cap_flag = in.srq_cap_flag();
+    a.xrcd = in.xrcd();
+    a.cq = in.cq();
     return a;
 }
 
@@ -334,6 +335,7 @@ void toProto(const ObjectSnapshot &in, pb::ObjectInfo *out) {
         case ObjectKind::kSrq:
             out->mutable_srq()->set_max_wr(in.srq_entries);
             out->mutable_srq()->set_entry_size(in.srq_entry_size);
+            out->mutable_srq()->set_srq_num(in.srq_num);
             break;
         case ObjectKind::kMr:
             out->mutable_mr()->set_length(in.mr_length);

@@ -31,7 +31,9 @@ const char *const kMethodNames[] = {"Hello",
                                     "SetAsyncEventFd",
                                     "CreateAh",
                                     "DestroyAh",
-                                    "ResizeCq"};
+                                    "ResizeCq",
+                                    "OpenXrcd",
+                                    "CloseXrcd"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

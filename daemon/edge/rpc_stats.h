@@ -43,6 +43,8 @@ enum class Method {
     kCreateAh,
     kDestroyAh,
     kResizeCq,
+    kOpenXrcd,
+    kCloseXrcd,
     kCount
 };
 

@@ -76,6 +76,8 @@ bool isMutating(Method m) {
         case Method::kCreateAh:
         case Method::kDestroyAh:
         case Method::kResizeCq:
+        case Method::kOpenXrcd:
+        case Method::kCloseXrcd:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -353,6 +355,23 @@ grpc::ServerUnaryReactor *BrokerService::DeallocPd(grpc::CallbackServerContext *
                                                    const pb::DeallocPdRequest *req,
                                                    pb::DeallocPdResponse *resp) {
     return serve(ctx, Method::kDeallocPd, resp, [&](Session &s) { return broker_.deallocPd(s, req->pd()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::OpenXrcd(grpc::CallbackServerContext *ctx,
+                                                  const pb::OpenXrcdRequest *req,
+                                                  pb::OpenXrcdResponse *resp) {
+    return serve(ctx, Method::kOpenXrcd, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(uint64_t xrcd, broker_.openXrcd(s, req->context()));
+        resp->set_xrcd(xrcd);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::CloseXrcd(grpc::CallbackServerContext *ctx,
+                                                   const pb::CloseXrcdRequest *req,
+                                                   pb::CloseXrcdResponse *resp) {
+    return serve(ctx, Method::kCloseXrcd, resp,
+                 [&](Session &s) { return broker_.closeXrcd(s, req->xrcd()); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,

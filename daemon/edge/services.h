@@ -110,6 +110,10 @@ class BrokerService final : public pb::Broker::CallbackService {
                                         pb::DestroyAhResponse *resp) override;
     grpc::ServerUnaryReactor *ResizeCq(grpc::CallbackServerContext *ctx, const pb::ResizeCqRequest *req,
                                        pb::ResizeCqResponse *resp) override;
+    grpc::ServerUnaryReactor *OpenXrcd(grpc::CallbackServerContext *ctx, const pb::OpenXrcdRequest *req,
+                                       pb::OpenXrcdResponse *resp) override;
+    grpc::ServerUnaryReactor *CloseXrcd(grpc::CallbackServerContext *ctx, const pb::CloseXrcdRequest *req,
+                                        pb::CloseXrcdResponse *resp) override;
     grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,
                                        pb::ModifyQpResponse *resp) override;
     grpc::ServerUnaryReactor *QueryQp(grpc::CallbackServerContext *ctx, const pb::QueryQpRequest *req,

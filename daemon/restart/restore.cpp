@@ -273,9 +273,10 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
     if (in.kind == ObjectKind::kQp) {
         // Checked before it becomes an ibv_qp_type: outside the enum's values it is no value at all.
         const uint32_t type = po.qp_type();
-        if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD) {
+        if (type != IBV_QPT_RC && type != IBV_QPT_UC && type != IBV_QPT_UD && type != IBV_QPT_XRC_SEND &&
+            type != IBV_QPT_XRC_RECV) {
             return invalidArgument("QP " + std::to_string(po.handle()) + " has type " + std::to_string(type) +
-                                   ", not one the broker makes (RC, UC, UD)");
+                                   ", not one the broker makes (RC, UC, UD, XRC)");
         }
         in.qp.type = static_cast<ibv_qp_type>(type);
         in.qp.sq_sig_all = po.sq_sig_all();

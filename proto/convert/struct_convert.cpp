@@ -15,8 +15,11 @@ constexpr std::pair<ibv_qp_state, pb::QpState> kQpStates[] = {
     {IBV_QPS_RESET, pb::QP_STATE_RESET}, {IBV_QPS_INIT, pb::QP_STATE_INIT}, {IBV_QPS_RTR, pb::QP_STATE_RTR},
     {IBV_QPS_RTS, pb::QP_STATE_RTS},     {IBV_QPS_SQD, pb::QP_STATE_SQD},   {IBV_QPS_SQE, pb::QP_STATE_SQE},
     {IBV_QPS_ERR, pb::QP_STATE_ERR}};
-constexpr std::pair<ibv_qp_type, pb::QpType> kQpTypes[] = {
-    {IBV_QPT_RC, pb::QP_TYPE_RC}, {IBV_QPT_UC, pb::QP_TYPE_UC}, {IBV_QPT_UD, pb::QP_TYPE_UD}};
+constexpr std::pair<ibv_qp_type, pb::QpType> kQpTypes[] = {{IBV_QPT_RC, pb::QP_TYPE_RC},
+                                                           {IBV_QPT_UC, pb::QP_TYPE_UC},
+                                                           {IBV_QPT_UD, pb::QP_TYPE_UD},
+                                                           {IBV_QPT_XRC_SEND, pb::QP_TYPE_XRC_SEND},
+                                                           {IBV_QPT_XRC_RECV, pb::QP_TYPE_XRC_RECV}};
 constexpr std::pair<queue_buf_dma_mode, pb::DmaMode> kDmaModes[] = {
     {QU_BUF_DMA_MODE_DEFAULT, pb::DMA_MODE_DEFAULT}, {QU_BUF_DMA_MODE_INDEP_UB, pb::DMA_MODE_INDEP_UB}};
 

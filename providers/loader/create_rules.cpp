@@ -44,7 +44,8 @@ RuleError checkCqRequest(uint32_t cqe) {
 }
 
 RuleError checkQpType(ibv_qp_type type) {
-    if (type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD) {
+    // An XRC initiator is made like the others; a target needs its domain (create_xrc_tgt_qp).
+    if (type == IBV_QPT_RC || type == IBV_QPT_UC || type == IBV_QPT_UD || type == IBV_QPT_XRC_SEND) {
         return std::nullopt;
     }
     return std::string("invalid qp_type");

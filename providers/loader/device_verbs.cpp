@@ -92,11 +92,32 @@ int noReregMr(ibv_mr *, int, ibv_pd *, void *, size_t, uint64_t, int) {
     return -EOPNOTSUPP;
 }
 
-constexpr DeviceVerbs::Ops kDummyOps = {noOpen,          noClose,           noAllocPd,      noDeallocPd,
-                                        noRegMr,         noDeregMr,         noModifyQp,     noQueryQp,
-                                        noQueryCounters, noQueryDevice,     noQueryPort,    noQueryGid,
-                                        noSetCqEventFd,  noSetAsyncEventFd, noExportObject, noImportObject,
-                                        noSetPaused,     noResizeCq,        noReregMr};
+ibv_xrcd *noOpenXrcd(ibv_context *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noCloseXrcd(ibv_xrcd *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+ibv_srq_extend *noCreateXrcSrq(ibv_context *, ibv_srq_init_attr_extend *, ibv_xrcd *, ibv_cq *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+ibv_qp_extend *noCreateXrcTgtQp(ibv_context *, ibv_qp_init_attr_extend *, ibv_xrcd *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noGetSrqNum(ibv_srq *, uint32_t *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
+constexpr DeviceVerbs::Ops kDummyOps = {
+    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
+    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
+    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
+    noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -115,6 +136,12 @@ bool hasQueryCounters(const ibv_extend_vdev_ops *provider) {
 template <typename Fn>
 Fn v3Entry(const ibv_extend_vdev_ops *provider, Fn entry) {
     return provider->abi >= IBV_EXTEND_VDEV_ABI_V3 ? entry : nullptr;
+}
+
+// The V6 (XRC) entries are past the end of an older provider's struct: never read there.
+template <typename Fn>
+Fn v6Entry(const ibv_extend_vdev_ops *provider, Fn entry) {
+    return provider->abi >= IBV_EXTEND_VDEV_ABI_V6 ? entry : nullptr;
 }
 
 ibv_context *verbsOpen(const DeviceVerbs &self) {
@@ -193,6 +220,14 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
     setOp(v.ops_.set_paused, ops.set_paused);
     setOp(v.ops_.resize_cq, ops.resize_cq);
     setOp(v.ops_.rereg_mr, ops.rereg_mr);
+    if (ops.open_xrcd != nullptr && ops.close_xrcd != nullptr && ops.create_xrc_srq != nullptr &&
+        ops.create_xrc_tgt_qp != nullptr && ops.get_srq_num != nullptr) {  // all five or none
+        setOp(v.ops_.open_xrcd, ops.open_xrcd);
+        setOp(v.ops_.close_xrcd, ops.close_xrcd);
+        setOp(v.ops_.create_xrc_srq, ops.create_xrc_srq);
+        setOp(v.ops_.create_xrc_tgt_qp, ops.create_xrc_tgt_qp);
+        setOp(v.ops_.get_srq_num, ops.get_srq_num);
+    }
     return v;
 }
 
@@ -215,15 +250,20 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                hasRestart(provider) ? provider->import_object : nullptr,
                hasRestart(provider) ? vdevSetPaused : nullptr,
                provider->abi >= IBV_EXTEND_VDEV_ABI_V7 ? provider->resize_cq : nullptr,
-               provider->abi >= IBV_EXTEND_VDEV_ABI_V7 ? provider->rereg_mr : nullptr};
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V7 ? provider->rereg_mr : nullptr,
+               v6Entry(provider, provider->open_xrcd),
+               v6Entry(provider, provider->close_xrcd),
+               v6Entry(provider, provider->create_xrc_srq),
+               v6Entry(provider, provider->create_xrc_tgt_qp),
+               v6Entry(provider, provider->get_srq_num)};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,      ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,   ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
-               verbsQueryPort, verbsQueryGid,    nullptr,      nullptr,        nullptr,
-               nullptr,        nullptr,          nullptr,      nullptr};
+    Ops ops = {verbsOpen,     ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd,   verbsRegMr,     ibv_dereg_mr,
+               ibv_modify_qp, ibv_query_qp,     nullptr,      ibv_query_device, verbsQueryPort, verbsQueryGid,
+               nullptr,       nullptr,          nullptr,      nullptr,          nullptr,        nullptr,
+               nullptr,       nullptr,          nullptr,      nullptr,          nullptr,        nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -332,6 +372,33 @@ int DeviceVerbs::reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t l
                          int access) const {
     errno = 0;
     return ops_.rereg_mr(mr, flags, pd, addr, length, iova, access);
+}
+
+ibv_xrcd *DeviceVerbs::openXrcd(ibv_context *context) const {
+    errno = 0;
+    return ops_.open_xrcd(context);
+}
+
+int DeviceVerbs::closeXrcd(ibv_xrcd *xrcd) const {
+    errno = 0;
+    return ops_.close_xrcd(xrcd);
+}
+
+ibv_srq_extend *DeviceVerbs::createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *attr,
+                                          ibv_xrcd *xrcd, ibv_cq *cq) const {
+    errno = 0;
+    return ops_.create_xrc_srq(context, attr, xrcd, cq);
+}
+
+ibv_qp_extend *DeviceVerbs::createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *attr,
+                                           ibv_xrcd *xrcd) const {
+    errno = 0;
+    return ops_.create_xrc_tgt_qp(context, attr, xrcd);
+}
+
+int DeviceVerbs::getSrqNum(ibv_srq *srq, uint32_t *srq_num) const {
+    errno = 0;
+    return ops_.get_srq_num(srq, srq_num);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

@@ -51,6 +51,14 @@ class DeviceVerbs {
         int (*resize_cq)(ibv_cq_extend *cq, uint32_t cqe);  // ABI V7
         int (*rereg_mr)(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                         int access);  // ABI V7
+        // XRC (ABI V6, all five or none): see ibv_extend_vdev.h.
+        ibv_xrcd *(*open_xrcd)(ibv_context *context);
+        int (*close_xrcd)(ibv_xrcd *xrcd);
+        ibv_srq_extend *(*create_xrc_srq)(ibv_context *context, ibv_srq_init_attr_extend *attr,
+                                          ibv_xrcd *xrcd, ibv_cq *cq);
+        ibv_qp_extend *(*create_xrc_tgt_qp)(ibv_context *context, ibv_qp_init_attr_extend *attr,
+                                            ibv_xrcd *xrcd);
+        int (*get_srq_num)(ibv_srq *srq, uint32_t *srq_num);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -112,6 +120,16 @@ class DeviceVerbs {
     // mean): 0 or a negative errno, -EOPNOTSUPP when the provider cannot.
     int reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                 int access) const;
+
+    // XRC (a provider's from ABI V6 on; ibv_extend_vdev.h, softnda SPEC.md §14): domains, XRC
+    // SRQs and target QPs. Pointer calls NULL + errno, int calls 0 or a negative errno;
+    // EOPNOTSUPP when the provider has none (an rdma-core device's XRC is not served).
+    ibv_xrcd *openXrcd(ibv_context *context) const;
+    int closeXrcd(ibv_xrcd *xrcd) const;
+    ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *attr, ibv_xrcd *xrcd,
+                                 ibv_cq *cq) const;
+    ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *attr, ibv_xrcd *xrcd) const;
+    int getSrqNum(ibv_srq *srq, uint32_t *srq_num) const;
 
   private:
     int result(int rc) const;

@@ -6,7 +6,7 @@
 // and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
-//   op < 58       the Broker method with that index in broker.proto (27 today, up to ResizeCq; the harness
+//   op < 58       the Broker method with that index in broker.proto (29 today, up to CloseXrcd; the harness
 //   checks
 //                 they stay below 58); the bytes are its request, sent as they are when they do
 //                 not parse (gRPC must reject them), otherwise re-serialised after handle

@@ -323,7 +323,7 @@ TEST_F(FakeBrokerTest, BadArgumentsAnswerEinvalLikeDirectMode) {
     ibv_cq_extend *cq = createCq();
     ASSERT_NE(cq, nullptr);
     errno = 0;
-    EXPECT_EQ(createQp(cq, IBV_QPT_XRC_SEND), nullptr);  // not expressible on the wire
+    EXPECT_EQ(createQp(cq, IBV_QPT_RAW_PACKET), nullptr);  // not expressible on the wire
     EXPECT_EQ(errno, EOPNOTSUPP);
     EXPECT_EQ(ibv_create_qp_extend(ctx_, nullptr), nullptr);
     EXPECT_EQ(errno, EINVAL);

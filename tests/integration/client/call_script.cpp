@@ -157,8 +157,14 @@ int main(int argc, char **argv) {
         line("qp.ud.type", ud->qp->qp_type);
         rc("destroy_qp.ud", ibv_destroy_qp_extend(ctx, ud));
     }
-    // A transport neither mode serves (softnda and the broker refuse raw packet QPs alike; XRC
-    // initiators are softnda's in direct mode but not yet the broker's).
+    // An XRC initiator (its receive CQ is ignored, SPEC.md §14), and a transport neither mode
+    // serves (softnda and the broker refuse raw packet QPs alike).
+    if (ibv_qp_extend *xi = ptr("create_qp.xrc_send", qp(ctx, pd, c, nullptr, IBV_QPT_XRC_SEND));
+        xi != nullptr) {
+        line("qp.xrc_send.type", xi->qp->qp_type);
+        line("qp.xrc_send.rq_entry_cnt", xi->rq_info.qbuf.entry_cnt);
+        rc("destroy_qp.xrc_send", ibv_destroy_qp_extend(ctx, xi));
+    }
     ptr("create_qp.raw_packet", qp(ctx, pd, c, nullptr, IBV_QPT_RAW_PACKET));
     ibv_qp_extend *q = ptr("create_qp", qp(ctx, pd, c, nullptr, IBV_QPT_RC));
     ibv_qp_extend *qs = srq != nullptr ? ptr("create_qp.srq", qp(ctx, pd, c, srq, IBV_QPT_RC)) : nullptr;

@@ -5,8 +5,9 @@
 //    queue_info, and a standard-verbs QP bring-up whose broker RPCs are counted;
 //  - Debian's ibv_devinfo -v;
 //  - the standard data path: Debian's ibv_rc_pingpong (defaults, -g 0, -e), ibv_srq_pingpong,
-//    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), perftest's seven programs over RC and
-//    four over UD and UC, a pyverbs program, each pair as server and client on this host.
+//    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), ibv_xsrq_pingpong (XRC, §14), perftest's seven
+//    programs over RC and four over UD and UC, a pyverbs program, each pair as server and client on this
+//    host.
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
@@ -454,6 +455,15 @@ TEST_F(FaceTest, SrqPingpong) {
                "500 iters in");
 }
 
+// XRC (SPEC.md §14): each side opens a domain, makes XRC SRQs and target QPs in it and initiator
+// QPs that send to the peer's SRQs by number. It prints no iteration count: both sides exiting 0
+// after exchanging addresses and all their messages is the result.
+TEST_F(FaceTest, XsrqPingpong) {
+    PairResult r = runPair(*this, "xsrq", "/usr/bin/ibv_xsrq_pingpong", {"-d", "softnda0", "-n", "1000"});
+    expectPair(r, "remote: LID");
+    EXPECT_THAT(r.server_out, ::testing::HasSubstr("remote: LID")) << r.server_err;
+}
+
 // UD: datagrams through address handles, each receive behind its 40-byte GRH.
 TEST_F(FaceTest, UdPingpong) {
     expectPair(runPair(*this, "ud", "/usr/bin/ibv_ud_pingpong", {"-d", "softnda0", "-n", "1000"}),
@@ -507,13 +517,24 @@ INSTANTIATE_TEST_SUITE_P(
                       PerftestOver{"ib_write_bw", "UC"}, PerftestOver{"ib_send_bw", "UC"}),
     [](const auto &info) { return std::string(info.param.program) + "_" + info.param.transport; });
 
-TEST_F(FaceTest, StrictVerbsBehaviour) {
-    std::string err = dir() + "/behaviour.err";
-    Contained c(run({IBVX_VERBS_BEHAVIOUR, "softnda0"}), env(), err);
+// Runs a behaviour program of this directory ("PROGRAM DEVICE": exit 0 and "OK") as a tenant.
+void expectBehaviour(const FaceTest &t, const char *program, const std::string &name) {
+    std::string err = t.dir() + "/" + name + ".err";
+    Contained c(t.run({program, "softnda0"}), t.env(), err);
     c.reply();
     std::string out = c.readAll();
     EXPECT_EQ(c.wait(), 0) << out << slurp(err);
     EXPECT_EQ(out, "OK\n") << slurp(err);
+}
+
+TEST_F(FaceTest, StrictVerbsBehaviour) {
+    expectBehaviour(*this, IBVX_VERBS_BEHAVIOUR, "behaviour");
+}
+
+// XRC's bad requests (no domain, a basic SRQ's number, a domain in use, an unknown SRQ number)
+// and both ways to name the SRQ.
+TEST_F(FaceTest, XrcBehaviour) {
+    expectBehaviour(*this, IBVX_XRC_BEHAVIOUR, "xrc-behaviour");
 }
 
 // The pyverbs programs of this directory (pyverbs_<name>.py), each as an unprivileged tenant.

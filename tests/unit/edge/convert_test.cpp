@@ -244,6 +244,25 @@ TEST(EdgeConvert, ObjectSnapshotCarriesItsKindsDetails) {
     EXPECT_EQ(mo.mr().length(), 4096u);
     EXPECT_EQ(mo.mr().rkey(), 2u);
 
+    // An XRC SRQ shows its number, an XRC QP its type, a domain its kind.
+    ObjectSnapshot x;
+    x.kind = ObjectKind::kSrq;
+    x.srq_entries = 16;
+    x.srq_num = 5;
+    pb::ObjectInfo xo;
+    toProto(x, &xo);
+    ASSERT_TRUE(xo.has_srq());
+    EXPECT_EQ(xo.srq().srq_num(), 5u);
+    x = {};
+    x.kind = ObjectKind::kQp;
+    x.qp_type = IBV_QPT_XRC_RECV;
+    toProto(x, &xo);
+    EXPECT_EQ(xo.qp().qp_type(), pb::QP_TYPE_XRC_RECV);
+    x = {};
+    x.kind = ObjectKind::kXrcd;
+    toProto(x, &xo);
+    EXPECT_EQ(xo.kind(), pb::OBJECT_KIND_XRCD);
+
     ObjectSnapshot pd;
     pd.kind = ObjectKind::kPd;
     pb::ObjectInfo po;

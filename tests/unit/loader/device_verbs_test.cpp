@@ -257,5 +257,48 @@ TEST(DeviceVerbsEvents, ReadOnlyFromProvidersOfAbiV3) {
     EXPECT_EQ(DeviceVerbs::forVerbs(nullptr).setAsyncEventFd(&fake_context, 5), -EOPNOTSUPP);
 }
 
+ibv_xrcd fake_xrcd{};
+ibv_xrcd *fakeOpenXrcd(ibv_context *) {
+    return &fake_xrcd;
+}
+int fakeCloseXrcd(ibv_xrcd *) {
+    return 0;
+}
+ibv_srq_extend *fakeCreateXrcSrq(ibv_context *, ibv_srq_init_attr_extend *, ibv_xrcd *, ibv_cq *) {
+    return nullptr;
+}
+ibv_qp_extend *fakeCreateXrcTgtQp(ibv_context *, ibv_qp_init_attr_extend *, ibv_xrcd *) {
+    return nullptr;
+}
+int fakeGetSrqNum(ibv_srq *, uint32_t *num) {
+    *num = 42;
+    return 0;
+}
+
+// The XRC entries lie past the end of a V5 provider's struct, and come all five or none: a
+// provider lacking one serves no XRC at all (no domain it could not fill).
+TEST(DeviceVerbsXrc, ReadOnlyFromProvidersOfAbiV6AndAllOrNone) {
+    ibv_extend_vdev_ops v = partialProvider();
+    v.open_xrcd = fakeOpenXrcd;
+    v.close_xrcd = fakeCloseXrcd;
+    v.create_xrc_srq = fakeCreateXrcSrq;
+    v.create_xrc_tgt_qp = fakeCreateXrcTgtQp;
+    v.get_srq_num = fakeGetSrqNum;
+    ibv_srq srq{};
+    uint32_t num = 0;
+    v.abi = IBV_EXTEND_VDEV_ABI_V5;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").openXrcd(&fake_context), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").getSrqNum(&srq, &num), -EOPNOTSUPP);
+    v.abi = IBV_EXTEND_VDEV_ABI_V6;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").openXrcd(&fake_context), &fake_xrcd);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").getSrqNum(&srq, &num), 0);
+    EXPECT_EQ(num, 42u);
+    v.create_xrc_tgt_qp = nullptr;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").openXrcd(&fake_context), nullptr);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").closeXrcd(&fake_xrcd), -EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVerbs(nullptr).openXrcd(&fake_context), nullptr);
+}
+
 }  // namespace
 }  // namespace ibvx::loader

@@ -93,7 +93,9 @@ TEST(CreateRules, RequestChecks) {
     EXPECT_EQ(checkSrqRequest(0).value_or(""), "max_wr must be > 0");
     EXPECT_FALSE(checkQpType(IBV_QPT_RC));
     EXPECT_FALSE(checkQpType(IBV_QPT_UD));
-    EXPECT_TRUE(checkQpType(IBV_QPT_XRC_SEND));
+    EXPECT_FALSE(checkQpType(IBV_QPT_XRC_SEND));
+    EXPECT_TRUE(checkQpType(IBV_QPT_XRC_RECV));
+    EXPECT_TRUE(checkQpType(IBV_QPT_RAW_PACKET));
 }
 
 TEST(CreateRules, LimitsNameTheFieldAndZeroIsUnlimited) {
