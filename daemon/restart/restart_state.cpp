@@ -659,10 +659,10 @@ void RestartState::sessionEnded(Session &s) {
         for (auto file : e->forgets) {
             dropFileRef(file);
         }
-        for (auto &[name, file] : e->stored) {
+        for (const auto &named : e->stored) {  // a name still queued to add was never counted
             if (std::none_of(e->adds.begin(), e->adds.end(),
-                             [&](const SessionEntry::Add &a) { return a.name == name; })) {
-                dropFileRef(file);
+                             [&named](const SessionEntry::Add &a) { return a.name == named.first; })) {
+                dropFileRef(named.second);
             }
         }
     }
