@@ -416,11 +416,11 @@ void RestartState::storeAdd(SessionEntry &e, const std::string &name, int fd) {
     if (!store_.enabled() || fd < 0) {
         return;
     }
-    auto id = fileOf(fd);
     auto it = e.stored.find(name);
-    if (it != e.stored.end() && it->second == id) {
+    if (it != e.stored.end() && isFile(fd, it->second)) {
         return;
     }
+    auto id = fileOf(fd);
     if (it != e.stored.end()) {
         storeForget(e, name, it->second);  // the same name now carries another file
     }
@@ -436,17 +436,36 @@ std::pair<uint64_t, uint64_t> RestartState::fileOf(int fd) {
     if (S_ISREG(st.st_mode)) {
         return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
     }
+    const std::pair<uint64_t, uint64_t> inode{static_cast<uint64_t>(st.st_dev),
+                                              static_cast<uint64_t>(st.st_ino)};
     const pid_t self = ::getpid();
     std::lock_guard lock(files_mu_);
-    for (auto &[id, f] : files_) {
-        if (f.probe && ::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, f.probe.get()) == 0) {
-            return id;
+    for (auto [it, end] = probes_.equal_range(inode); it != end; ++it) {
+        if (::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, files_.at(it->second).probe.get()) == 0) {
+            return it->second;
         }
     }
     // Known from now on (no name yet: the commit's syncStore gives it its first).
     std::pair<uint64_t, uint64_t> id{UINT64_MAX, ++next_probe_};
-    files_[id].probe.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    File &f = files_[id];
+    f.probe.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    f.inode = inode;
+    probes_.emplace(inode, id);
     return id;
+}
+
+bool RestartState::isFile(int fd, std::pair<uint64_t, uint64_t> file) {
+    if (file.first != UINT64_MAX) {
+        struct stat st {};
+        return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+               static_cast<uint64_t>(st.st_dev) == file.first &&
+               static_cast<uint64_t>(st.st_ino) == file.second;
+    }
+    const pid_t self = ::getpid();
+    std::lock_guard lock(files_mu_);
+    auto f = files_.find(file);
+    return f != files_.end() && f->second.probe &&
+           ::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, f->second.probe.get()) == 0;
 }
 
 void RestartState::storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id) {
@@ -461,6 +480,12 @@ void RestartState::dropFileRef(std::pair<uint64_t, uint64_t> id) {
     }
     if (f->second.names > 0 && --f->second.names == 0) {
         (void)store_.remove(f->second.canonical);
+        for (auto [it, end] = probes_.equal_range(f->second.inode); it != end; ++it) {
+            if (it->second == id) {
+                probes_.erase(it);
+                break;
+            }
+        }
         files_.erase(f);
     }
 }

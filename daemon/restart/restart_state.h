@@ -12,6 +12,8 @@
 //    and handover() take it with Session::hold()). mu_ guards the per-session table and the
 //    globals and is held only around table operations, never across a driver call or a file
 //    write of another session.
+//  - files_mu_ guards the table of stored files every session shares (files_); a commit holds it
+//    while it updates the table and sends the store its new fds, never across a file write.
 //  - restore() runs before the server serves; handover() after it stopped.
 //  - global_mu_ serializes the writes of ibvx.global (a commit's region floor, markAlive() from
 //    the heartbeat, handover()); it is taken before mu_, never the other way.
@@ -152,7 +154,7 @@ class RestartState {
     // their parents; a parent whose export changed joins changes.touched (it is logged).
     void exportTouched(Session &s, SessionChanges &changes);
     // The first commit, or a compaction: the store brought to what the session holds, and the
-    // whole state written as a new log. fresh: the fds new to the store.
+    // whole state written as a new log.
     Status writeImage(Session &s, SessionEntry &e);
     // Any other commit: what the call changed, appended to the log.
     Status appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes);
@@ -183,6 +185,8 @@ class RestartState {
     // Which file fd is, as systemd tells stored fds apart: (dev, inode) for a regular file (a
     // memfd), a number per open file description for anything else (takes files_mu_).
     std::pair<uint64_t, uint64_t> fileOf(int fd);
+    // Whether fd is the file `file` (a commit's usual case: a name keeps its file), in O(1).
+    bool isFile(int fd, std::pair<uint64_t, uint64_t> file);
     // Rewrites ibvx.global whole, with the handover's start time once handover() set it.
     Status writeGlobal();
     void dropNames(const std::vector<std::string> &names);
@@ -221,10 +225,14 @@ class RestartState {
         std::string canonical;
         size_t names = 0;
         UniqueFd probe;  // not a regular file: a dup, told apart by kcmp(KCMP_FILE) as systemd does
+        std::pair<uint64_t, uint64_t> inode;  // the probe's (dev, inode): its key in probes_
     };
     std::mutex files_mu_;  // guards files_ and next_probe_; taken after a session's mutex, never with mu_
     std::map<std::pair<uint64_t, uint64_t>, File> files_;
     uint64_t next_probe_ = 0;
+    // The probed files by (dev, inode), so a lookup compares only files of one inode (a socket
+    // has its own; eventfds share the anonymous inode).
+    std::multimap<std::pair<uint64_t, uint64_t>, std::pair<uint64_t, uint64_t>> probes_;
     std::mutex global_mu_;  // serializes writes of global_ (commits, the heartbeat, handover)
     StateFile global_;
     uint64_t restarts_ = 0;
