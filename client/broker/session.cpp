@@ -144,12 +144,47 @@ const Settings &settings() {
     return s;
 }
 
+std::chrono::milliseconds retryPause(int retries) {
+    return std::chrono::milliseconds(retries <= 1 ? 0 : 10 << std::min(retries - 2, 4));
+}
+
+bool openRetryAfter(int rc) {
+    // Hello: the connection failed or the broker went away with the call in flight (finish()
+    // maps UNAVAILABLE and CANCELLED so). Attach: the broker closed the fd channel before
+    // answering (it died), or does not know the token (its predecessor said Hello and died
+    // before committing the session).
+    return rc == -ENOTCONN || rc == -ECANCELED || rc == -ECONNRESET || rc == -EPIPE || rc == -ENOENT;
+}
+
 int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
+    // A broker restart can cut an open short as it can a call: the process that accepted the fd
+    // channel or said Hello is gone, and nothing of the session survived it (a session survives
+    // from its attach on). The open starts again from the connect, under the policy of a call:
+    // one deadline (IBV_EXTEND_TIMEOUT_MS) for all tries, pauses of 10 ms doubling to 160 ms.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(settings.timeout_ms);
+    for (int retries = 0;; ++retries) {
+        bool refused = false;
+        int rc = openOnce(settings, deadline, out, &refused);
+        const auto now = std::chrono::steady_clock::now();
+        if (rc == 0 || refused || !openRetryAfter(rc) || now >= deadline) {
+            return rc == -ECONNRESET || rc == -EPIPE ? -ENOTCONN : rc;  // the fd channel closed: no broker
+        }
+        if (retries == 0) {
+            warn("opening a session: the broker restarted (%s); retrying until the deadline", strerror(-rc));
+        }
+        std::this_thread::sleep_for(
+            std::min<std::chrono::steady_clock::duration>(retryPause(retries + 1), deadline - now));
+    }
+}
+
+int Session::openOnce(const Settings &settings, std::chrono::steady_clock::time_point deadline,
+                      std::unique_ptr<Session> *out, bool *refused) {
     std::unique_ptr<Session> s(new Session);
     s->pid_ = getpid();
     s->timeout_ms_ = settings.timeout_ms;
 
-    // The fd channel connects first: a refused connection is the cheapest "no broker here".
+    // The fd channel connects first: a refused connection is the cheapest "no broker here"
+    // (never retried: a restarting broker's socket stays, and queues connections meanwhile).
     UniqueFd fdch;
     int rc = connectUnix(settings.socket_path, &fdch);
     if (rc < 0) {
@@ -157,17 +192,20 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
             "cannot connect to the broker at %s: %s (is ibv-extendd running? IBV_EXTEND_SOCKET selects the "
             "socket)",
             settings.socket_path.c_str(), strerror(-rc));
+        *refused = true;
         return -ENOTCONN;
     }
     s->connectGrpc(settings.socket_path);
     SessionToken token{};
-    if (rc = s->hello(&token); rc != 0) {
+    if (rc = s->hello(&token, deadline); rc != 0) {
         return rc;
     }
-    rc = attachClient(fdch.get(), token, s->timeout_ms_);
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    rc = attachClient(fdch.get(), token, static_cast<int>(std::max<int64_t>(left.count(), 1)));
     if (rc < 0) {
         warn("the broker refused the fd channel: %s", strerror(-rc));
-        return rc == -ETIMEDOUT ? rc : (rc == -ECONNRESET || rc == -EPIPE ? -ENOTCONN : rc);
+        return rc;
     }
     s->fd_channel_ = std::move(fdch);
     s->token_hex_ = tokenToHex(token);
@@ -205,7 +243,7 @@ void Session::connectGrpc(const std::string &socket_path) {
     stub_ = pb::Broker::NewStub(channel_);
 }
 
-int Session::hello(SessionToken *token) {
+int Session::hello(SessionToken *token, std::chrono::steady_clock::time_point deadline) {
     pb::HelloRequest req;
     req.mutable_client_version()->set_major(IBV_EXTEND_VERSION_MAJOR);
     req.mutable_client_version()->set_minor(IBV_EXTEND_VERSION_MINOR);
@@ -213,7 +251,7 @@ int Session::hello(SessionToken *token) {
     req.set_client_name(std::string(program_invocation_short_name).substr(0, 64));
     pb::HelloResponse resp;
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_));
+    ctx.set_deadline(std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now()));
     // The socket just accepted our fd channel, so waiting for the connection is bounded.
     ctx.set_wait_for_ready(true);
     if (int rc = finish("Hello", stub_->Hello(&ctx, req, &resp)); rc != 0) {
@@ -349,13 +387,11 @@ bool Session::again(const char *what, const grpc::Status &status, Attempts *atte
     if (attempts->retries == 0) {
         warn("%s: the broker restarted (%s); the session is kept, retrying the call until its deadline", what,
              status.error_message().c_str());
-    } else {
-        // A retry already waited for the connection, so the broker itself answered UNAVAILABLE
-        // (busy, or not serving yet): pause before asking again, 10 ms doubling to 160 ms.
-        auto pause = std::chrono::milliseconds(10 << std::min(attempts->retries - 1, 4));
-        std::this_thread::sleep_for(
-            std::min<std::chrono::system_clock::duration>(pause, attempts->deadline - now));
     }
+    // A retry after the first already waited for the connection, so the broker itself answered
+    // UNAVAILABLE (busy, or not serving yet): pause before asking again.
+    std::this_thread::sleep_for(std::min<std::chrono::system_clock::duration>(
+        retryPause(attempts->retries + 1), attempts->deadline - now));
     ++attempts->retries;
     return true;
 }

@@ -82,10 +82,19 @@ std::string newIdempotencyKey();
 // session ended; any other code is an answer.
 bool retryAfter(grpc::StatusCode code, bool fd_channel_open);
 
+// Whether a session open that failed with rc (a negative errno) after its fd channel connected
+// is tried again: the broker went away during Hello or the attach (a restart).
+bool openRetryAfter(int rc);
+
+// The pause before a call's or an open's retry number `retries` (1, 2, ...): none before the
+// first (it waits for the connection itself), then 10 ms doubling to 160 ms.
+std::chrono::milliseconds retryPause(int retries);
+
 class Session {
   public:
     // Connects, says Hello and attaches the fd channel. 0 or a negative errno (-ENOTCONN when
-    // nothing answers on the socket).
+    // nothing answers on the socket). An open a broker restart cuts short is tried again, as
+    // calls are, until IBV_EXTEND_TIMEOUT_MS has passed (openRetryAfter).
     static int open(const Settings &settings, std::unique_ptr<Session> *out);
 
     Session(const Session &) = delete;
@@ -171,7 +180,10 @@ class Session {
     // Steps of open(): the gRPC channel to the broker's socket (it connects lazily); Hello, whose
     // answer is the session token (0 or a negative errno).
     void connectGrpc(const std::string &socket_path);
-    int hello(SessionToken *token);
+    // One try of open(); *refused: nothing listens on the socket (not tried again).
+    static int openOnce(const Settings &settings, std::chrono::steady_clock::time_point deadline,
+                        std::unique_ptr<Session> *out, bool *refused);
+    int hello(SessionToken *token, std::chrono::steady_clock::time_point deadline);
     int checkUsable();
     Attempts startCall(bool mutating) const;
     void prepare(grpc::ClientContext *ctx, const Attempts &attempts) const;

@@ -412,31 +412,23 @@ RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e)
     return out;
 }
 
-void RestartState::storeAdd(SessionEntry &e, std::vector<std::pair<std::string, int>> &batch,
-                            const std::string &name, int fd) {
+void RestartState::storeAdd(SessionEntry &e, const std::string &name, int fd) {
     if (!store_.enabled() || fd < 0) {
         return;
     }
-    auto id = fileOf(e, fd);
     auto it = e.stored.find(name);
-    if (it != e.stored.end() && it->second == id) {
+    if (it != e.stored.end() && isFile(fd, it->second)) {
         return;
     }
+    auto id = fileOf(fd);
     if (it != e.stored.end()) {
         storeForget(e, name, it->second);  // the same name now carries another file
     }
     e.stored[name] = id;
-    SessionEntry::File &f = e.files[id];
-    if (f.names++ == 0) {
-        f.canonical = name;
-        batch.emplace_back(name, fd);
-        return;
-    }
-    e.aliases[name] = f.canonical;
-    e.new_aliases.emplace_back(kAlias, name + "\n" + f.canonical);
+    e.adds.push_back({name, fd, id});
 }
 
-std::pair<uint64_t, uint64_t> RestartState::fileOf(SessionEntry &e, int fd) {
+std::pair<uint64_t, uint64_t> RestartState::fileOf(int fd) {
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
         return {0, 0};
@@ -444,26 +436,90 @@ std::pair<uint64_t, uint64_t> RestartState::fileOf(SessionEntry &e, int fd) {
     if (S_ISREG(st.st_mode)) {
         return {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
     }
+    const std::pair<uint64_t, uint64_t> inode{static_cast<uint64_t>(st.st_dev),
+                                              static_cast<uint64_t>(st.st_ino)};
     const pid_t self = ::getpid();
-    for (auto &[probe, id] : e.probes) {
-        if (::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, probe.get()) == 0) {
-            return {UINT64_MAX, id};
+    std::lock_guard lock(files_mu_);
+    for (auto [it, end] = probes_.equal_range(inode); it != end; ++it) {
+        if (::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, files_.at(it->second).probe.get()) == 0) {
+            return it->second;
         }
     }
-    uint64_t id = e.probes.size() + 1;
-    e.probes.emplace_back(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)), id);
-    return {UINT64_MAX, id};
+    // Known from now on (no name yet: the commit's syncStore gives it its first).
+    std::pair<uint64_t, uint64_t> id{UINT64_MAX, ++next_probe_};
+    File &f = files_[id];
+    f.probe.reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    f.inode = inode;
+    probes_.emplace(inode, id);
+    return id;
+}
+
+bool RestartState::isFile(int fd, std::pair<uint64_t, uint64_t> file) {
+    if (file.first != UINT64_MAX) {
+        struct stat st {};
+        return ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+               static_cast<uint64_t>(st.st_dev) == file.first &&
+               static_cast<uint64_t>(st.st_ino) == file.second;
+    }
+    const pid_t self = ::getpid();
+    std::lock_guard lock(files_mu_);
+    auto f = files_.find(file);
+    return f != files_.end() && f->second.probe &&
+           ::syscall(SYS_kcmp, self, self, 0 /* KCMP_FILE */, fd, f->second.probe.get()) == 0;
 }
 
 void RestartState::storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id) {
     e.aliases.erase(name);
-    auto f = e.files.find(id);
-    if (f == e.files.end()) {
+    e.forgets.push_back(id);
+}
+
+void RestartState::dropFileRef(std::pair<uint64_t, uint64_t> id) {
+    auto f = files_.find(id);
+    if (f == files_.end()) {
         return;
     }
-    if (--f->second.names == 0) {
+    if (f->second.names > 0 && --f->second.names == 0) {
         (void)store_.remove(f->second.canonical);
-        e.files.erase(f);
+        for (auto [it, end] = probes_.equal_range(f->second.inode); it != end; ++it) {
+            if (it->second == id) {
+                probes_.erase(it);
+                break;
+            }
+        }
+        files_.erase(f);
+    }
+}
+
+void RestartState::syncStore(SessionEntry &e, uint64_t id) {
+    NamedFds fresh;
+    // The table and the store change together under files_mu_: another session cannot alias a
+    // file whose canonical is not stored yet, nor store a file under a name about to be removed.
+    std::lock_guard lock(files_mu_);
+    for (auto file : e.forgets) {  // first: a name may leave and another take its file
+        dropFileRef(file);
+    }
+    e.forgets.clear();
+    for (SessionEntry::Add &add : e.adds) {
+        File &f = files_[add.file];
+        if (f.names++ == 0) {
+            f.canonical = add.name;
+            fresh.emplace_back(add.name, add.fd);
+            continue;
+        }
+        e.aliases[add.name] = f.canonical;
+        e.new_aliases.emplace_back(kAlias, add.name + "\n" + f.canonical);
+    }
+    e.adds.clear();
+    if (fresh.empty()) {
+        return;
+    }
+    Status st = store_.add(fresh);
+    if (!st.isOk() && !e.warned) {
+        e.warned = true;
+        spdlog::warn(
+            "session {}: the fd store did not take every fd ({}): it survives "
+            "ibv-extendctl restart, not a crash",
+            id, st.message());
     }
 }
 
@@ -482,10 +538,7 @@ Status RestartState::commit(Session &s) {
     // Only objects a control call touched are exported again, and only what changed is logged:
     // a commit costs the call's changes, whatever the session holds.
     exportTouched(s, changes);
-    NamedFds fresh;
-    Status written = !e->header_logged || e->compact_next ? writeImage(s, *e, fresh)
-                                                          : appendChanges(s, *e, changes, fresh);
-    storeFresh(*e, s.id(), fresh);
+    Status written = !e->header_logged || e->compact_next ? writeImage(s, *e) : appendChanges(s, *e, changes);
     if (!written.isOk()) {
         e->compact_next = true;  // the log may be behind: the next commit rewrites it whole
         return written;
@@ -510,12 +563,12 @@ StatusOr<RestartState::SessionEntry *> RestartState::entryOf(const Session &s) {
     return slot.get();
 }
 
-Status RestartState::writeImage(Session &s, SessionEntry &e, NamedFds &fresh) {
+Status RestartState::writeImage(Session &s, SessionEntry &e) {
     if (store_.enabled()) {
         std::set<std::string> now;
         for (auto &[name, fd] : sessionFds(s, e)) {
             now.insert(name);
-            storeAdd(e, fresh, name, fd);
+            storeAdd(e, name, fd);
         }
         for (auto it = e.stored.begin(); it != e.stored.end();) {
             if (now.count(it->first) == 0) {
@@ -525,21 +578,22 @@ Status RestartState::writeImage(Session &s, SessionEntry &e, NamedFds &fresh) {
                 ++it;
             }
         }
+        syncStore(e, s.id());  // the fds are in the store before the state names them
     }
     e.new_aliases.clear();  // the image carries every alias
     return e.file.compact(fullImage(s, e));
 }
 
-Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes,
-                                   NamedFds &fresh) {
+Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes) {
     const uint64_t id = s.id();
     Records records;
     MemoryState mem = MappingManager::instance().exportState(s.memory(), &e.chunks);
-    logRegions(id, e, mem.chunks, e.chunks, records, fresh);
-    logRegions(id, e, mem.doorbells, e.doorbells, records, fresh);
-    logObjects(s, e, changes, records, fresh);
+    logRegions(id, e, mem.chunks, e.chunks, records);
+    logRegions(id, e, mem.doorbells, e.doorbells, records);
+    logObjects(s, e, changes, records);
     s.forEachReplySince(
         &e.reply_seq, [&records](const StoredReplyView &r) { records.emplace_back(kReply, replyRecord(r)); });
+    syncStore(e, id);  // the fds are in the store before the log names them; it makes the aliases
     for (auto &a : e.new_aliases) {
         records.push_back(std::move(a));
     }
@@ -557,7 +611,7 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
 
 template <typename State, typename Logged>
 void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<State> &now,
-                              std::map<RegionId, Logged> &logged, Records &records, NamedFds &fresh) {
+                              std::map<RegionId, Logged> &logged, Records &records) {
     using Log = RegionLog<State>;
     std::set<RegionId> live;
     for (const State &r : now) {
@@ -567,7 +621,7 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
             continue;
         }
         records.emplace_back(Log::kPut, Log::record(id, r));
-        storeAdd(e, fresh, Log::name(id, r.id), r.fd);
+        storeAdd(e, Log::name(id, r.id), r.fd);
         logged[r.id] = Log::logged(r);
     }
     for (auto it = logged.begin(); it != logged.end();) {
@@ -581,8 +635,7 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
     }
 }
 
-void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records,
-                              NamedFds &fresh) {
+void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records) {
     const uint64_t id = s.id();
     for (uint64_t h : changes.erased) {
         records.emplace_back(kObjectDel, u64Payload(h));
@@ -597,22 +650,8 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
         }
         records.emplace_back(kObjectPut, objectRecord(id, obj));
         for (const auto &[name, fd] : objectFds(id, *obj)) {
-            storeAdd(e, fresh, name, fd);
+            storeAdd(e, name, fd);
         }
-    }
-}
-
-void RestartState::storeFresh(SessionEntry &e, uint64_t id, const NamedFds &fresh) {
-    if (fresh.empty()) {
-        return;
-    }
-    Status st = store_.add(fresh);
-    if (!st.isOk() && !e.warned) {
-        e.warned = true;
-        spdlog::warn(
-            "session {}: the fd store did not take every fd ({}): it survives "
-            "ibv-extendctl restart, not a crash",
-            id, st.message());
     }
 }
 
@@ -640,8 +679,16 @@ void RestartState::sessionEnded(Session &s) {
         entries_.erase(it);
     }
     if (store_.enabled()) {
-        for (auto &[name, id] : e->stored) {
-            (void)store_.remove(name);
+        // Its names go; a file another session still uses stays stored (under whichever name).
+        std::lock_guard lock(files_mu_);
+        for (auto file : e->forgets) {
+            dropFileRef(file);
+        }
+        for (const auto &named : e->stored) {  // a name still queued to add was never counted
+            if (std::none_of(e->adds.begin(), e->adds.end(),
+                             [&named](const SessionEntry::Add &a) { return a.name == named.first; })) {
+                dropFileRef(named.second);
+            }
         }
     }
 }

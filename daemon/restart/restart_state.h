@@ -12,6 +12,8 @@
 //    and handover() take it with Session::hold()). mu_ guards the per-session table and the
 //    globals and is held only around table operations, never across a driver call or a file
 //    write of another session.
+//  - files_mu_ guards the table of stored files every session shares (files_); a commit holds it
+//    while it updates the table and sends the store its new fds, never across a file write.
 //  - restore() runs before the server serves; handover() after it stopped.
 //  - global_mu_ serializes the writes of ibvx.global (a commit's region floor, markAlive() from
 //    the heartbeat, handover()); it is taken before mu_, never the other way.
@@ -128,22 +130,18 @@ class RestartState {
         std::map<RegionId, uint64_t> chunks;                          // logged chunk versions
         std::map<RegionId, std::pair<int, bool>> doorbells;           // logged (refs, sent)
         uint64_t reply_seq = 0;                                       // replies logged
-        std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // fd store: name -> (dev, ino)
-        // systemd keeps one copy of a file however many names it is stored under (a shared
-        // memfd behind several MRs, a context's doorbell file behind its doorbell regions): the
-        // first name stored is the canonical one, the others are logged as aliases of it, and
-        // the canonical stays in the store while any of its names lives.
-        struct File {
-            std::string canonical;
-            size_t names = 0;
+        std::map<std::string, std::pair<uint64_t, uint64_t>> stored;  // fd store: name -> file
+        std::map<std::string, std::string> aliases;  // name -> canonical (maybe another session's)
+        // What this commit asks of the shared file table (files_), applied at once by syncStore().
+        struct Add {
+            std::string name;
+            int fd;
+            std::pair<uint64_t, uint64_t> file;
         };
-        std::map<std::pair<uint64_t, uint64_t>, File> files;
-        std::map<std::string, std::string> aliases;  // name -> canonical
-        // Files that are not regular (eventfds share one anonymous inode): one dup of each, so
-        // a new fd is told apart by kcmp(KCMP_FILE), as systemd does.
-        std::vector<std::pair<UniqueFd, uint64_t>> probes;
-        std::vector<StateFile::Record> new_aliases;  // not logged yet
-        CallCounts image_calls;                      // the counts the last image's header holds
+        std::vector<Add> adds;
+        std::vector<std::pair<uint64_t, uint64_t>> forgets;  // one name of the file gone
+        std::vector<StateFile::Record> new_aliases;          // not logged yet
+        CallCounts image_calls;                              // the counts the last image's header holds
         bool warned = false;
     };
     using NamedFds = std::vector<std::pair<std::string, int>>;
@@ -156,20 +154,23 @@ class RestartState {
     // their parents; a parent whose export changed joins changes.touched (it is logged).
     void exportTouched(Session &s, SessionChanges &changes);
     // The first commit, or a compaction: the store brought to what the session holds, and the
-    // whole state written as a new log. fresh: the fds new to the store.
-    Status writeImage(Session &s, SessionEntry &e, NamedFds &fresh);
+    // whole state written as a new log.
+    Status writeImage(Session &s, SessionEntry &e);
     // Any other commit: what the call changed, appended to the log.
-    Status appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes, NamedFds &fresh);
+    Status appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes);
     // The arena chunks or doorbell pages (State) that appeared or changed since the last commit,
     // and those that went; logged: what the log holds of each (a chunk's version, a doorbell's
     // refs and sent flag).
     template <typename State, typename Logged>
     void logRegions(uint64_t id, SessionEntry &e, const std::vector<State> &now,
-                    std::map<RegionId, Logged> &logged, Records &records, NamedFds &fresh);
-    void logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records,
-                    NamedFds &fresh);
-    // Hands the fds new to the store over (a refusal is logged once per session).
-    void storeFresh(SessionEntry &e, uint64_t id, const NamedFds &fresh);
+                    std::map<RegionId, Logged> &logged, Records &records);
+    void logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records);
+    // Applies the session's queued adds and forgets to the shared file table and the store: a
+    // file new to the broker is stored under this name (one message for the commit, a refusal
+    // logged once per session), one another name already holds becomes an alias of it.
+    void syncStore(SessionEntry &e, uint64_t id);
+    // One name of file gone; the last takes its canonical out of the store. files_mu_ held.
+    void dropFileRef(std::pair<uint64_t, uint64_t> file);
     // Rewrites ibvx.global when this process has used half the region ids its floor allows.
     Status keepRegionFloor();
     // Names and fds a session's state needs now (for the store and for exec).
@@ -178,12 +179,14 @@ class RestartState {
     Records fullImage(const Session &s, SessionEntry &e);
     // Its calls so far, in this process and before (takes mu_).
     CallCounts callsOf(const Session &s) const;
-    void storeAdd(SessionEntry &e, NamedFds &batch, const std::string &name, int fd);
+    void storeAdd(SessionEntry &e, const std::string &name, int fd);
     void storeRemovePrefix(SessionEntry &e, const std::string &prefix);
     void storeForget(SessionEntry &e, const std::string &name, std::pair<uint64_t, uint64_t> id);
     // Which file fd is, as systemd tells stored fds apart: (dev, inode) for a regular file (a
-    // memfd), a per-session number per open file description for anything else.
-    std::pair<uint64_t, uint64_t> fileOf(SessionEntry &e, int fd);
+    // memfd), a number per open file description for anything else (takes files_mu_).
+    std::pair<uint64_t, uint64_t> fileOf(int fd);
+    // Whether fd is the file `file` (a commit's usual case: a name keeps its file), in O(1).
+    bool isFile(int fd, std::pair<uint64_t, uint64_t> file);
     // Rewrites ibvx.global whole, with the handover's start time once handover() set it.
     Status writeGlobal();
     void dropNames(const std::vector<std::string> &names);
@@ -197,10 +200,9 @@ class RestartState {
     // configuration (a change that cannot be is a problem of the report, and skipped).
     void applyQuotaEdits(const ibv_extend::restart::v1::Global &g, RestoreReport *report);
     void noteRestart(const ibv_extend::restart::v1::Global &g);
-    // Restores the session whose state fds[state_name] holds, or ends it cleanly; either way its
-    // fds leave fds (all_names: every fd that came back, for the store).
+    // Restores the session whose state fds[state_name] holds, or ends it cleanly. Its fds stay in
+    // fds (another session's aliases may name them); restore() closes them all at the end.
     void restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
-                    const std::vector<std::string> &all_names,
                     std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report);
     Status restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds, StateFile file,
                           std::shared_ptr<Session> *out, uint64_t *objects);
@@ -213,6 +215,24 @@ class RestartState {
     FdStoreHooks store_;
     mutable std::mutex mu_;
     std::map<uint64_t, std::unique_ptr<SessionEntry>> entries_;
+    // The files in the fd store, shared by every session: systemd keeps one copy of a file however
+    // many names it is stored under (a memfd behind several MRs, of one session or of a parent and
+    // its forked child; a context's doorbell file behind its doorbell regions). The first name
+    // stored is the canonical one, every other name (of any session) is logged as an alias of it,
+    // and the canonical stays in the store while any name of the file lives, in any session: a
+    // session that ends does not take a file another still uses out of the store.
+    struct File {
+        std::string canonical;
+        size_t names = 0;
+        UniqueFd probe;  // not a regular file: a dup, told apart by kcmp(KCMP_FILE) as systemd does
+        std::pair<uint64_t, uint64_t> inode;  // the probe's (dev, inode): its key in probes_
+    };
+    std::mutex files_mu_;  // guards files_ and next_probe_; taken after a session's mutex, never with mu_
+    std::map<std::pair<uint64_t, uint64_t>, File> files_;
+    uint64_t next_probe_ = 0;
+    // The probed files by (dev, inode), so a lookup compares only files of one inode (a socket
+    // has its own; eventfds share the anonymous inode).
+    std::multimap<std::pair<uint64_t, uint64_t>, std::pair<uint64_t, uint64_t>> probes_;
     std::mutex global_mu_;  // serializes writes of global_ (commits, the heartbeat, handover)
     StateFile global_;
     uint64_t restarts_ = 0;

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <set>
 
 #include "daemon/core/mapping.h"
 #include "daemon/restart/restart_state.h"
@@ -326,16 +327,6 @@ std::vector<Device *> pauseHandingOver(DeviceRegistry &devices) {
     return paused;
 }
 
-void eraseByPrefix(std::map<std::string, UniqueFd> &fds, const std::string &pre) {
-    for (auto it = fds.begin(); it != fds.end();) {
-        if (it->first.rfind(pre, 0) == 0) {
-            it = fds.erase(it);
-        } else {
-            ++it;
-        }
-    }
-}
-
 }  // namespace
 
 Status RestartState::restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds,
@@ -388,12 +379,14 @@ void RestartState::keepEntry(const Session &s, StateFile file, uint64_t start_ti
     entry->compact_next = true;  // the first commit rewrites the log from this process's state
     if (store_.enabled()) {
         // What the store holds already: the fds came from it, under their canonical names; the
-        // other names of the same files are the aliases the log recorded.
+        // other names of the same files are the aliases the log recorded, whose canonical may be
+        // another session's name (a file two sessions share), of one that has ended even.
         auto held = s.hold();
         for (auto &[name, fd] : sessionFds(s, *entry)) {
-            auto id = fileOf(*entry, fd);
+            auto id = fileOf(fd);
             entry->stored[name] = id;
-            SessionEntry::File &f = entry->files[id];
+            std::lock_guard files(files_mu_);
+            File &f = files_[id];
             ++f.names;
             auto a = aliases.find(name);
             if (a != aliases.end()) {
@@ -467,9 +460,7 @@ void RestartState::noteRestart(const rpb::Global &g) {
 }
 
 void RestartState::restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
-                              const std::vector<std::string> &all_names,
                               std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report) {
-    const std::string pre = state_name.substr(0, state_name.size() - 5);  // "ibvx.s<id>."
     auto file = StateFile::adopt(std::move(fds.at(state_name)));
     fds.erase(state_name);
     std::shared_ptr<Session> s;
@@ -487,8 +478,6 @@ void RestartState::restoreOne(const std::string &state_name, std::map<std::strin
             broker_.chargeStateBytes(*s, (*e)->file.compactedBytes() + (*e)->file.appendedBytes());
         }
     }
-    // The session's fds as they came back: what it uses was duplicated, these close now.
-    eraseByPrefix(fds, pre);
     if (st.isOk()) {
         ++report->sessions_kept;
         report->objects += objects;
@@ -502,14 +491,6 @@ void RestartState::restoreOne(const std::string &state_name, std::map<std::strin
         "restore: " + state_name.substr(5, state_name.size() - 11) + ": " + st.message() + "; ending it";
     spdlog::warn("{}", line);
     report->problems.push_back(line);
-    // The store forgets every fd of the session.
-    std::vector<std::string> names;
-    for (const std::string &n : all_names) {
-        if (n.rfind(pre, 0) == 0) {
-            names.push_back(n);
-        }
-    }
-    dropNames(names);
 }
 
 RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>> &fds,
@@ -547,23 +528,54 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
             state_names.push_back(name);
         }
     }
+    // Every session's fds stay until all are restored: a session's file may be stored under
+    // another session's name (a file they share), whichever comes back first.
     for (const std::string &name : state_names) {
-        restoreOne(name, mine, all_names, restored, &report);
+        restoreOne(name, mine, restored, &report);
     }
     for (Device *dev : paused) {
         (void)dev->verbs.setPaused(false);
     }
-    // Leftovers: fds no session claimed (a session that ended during the window, say).
-    std::vector<std::string> left;
-    for (auto &[name, fd] : mine) {
-        left.push_back(name);
+    // What the restored sessions use was duplicated; the fds that came back close now. The store
+    // keeps the names the restored sessions' files are stored under, and forgets the others:
+    // a dropped session's, and leftovers no session claims (a session that ended during the
+    // window, say; a file's name whose sessions all ended).
+    std::set<std::string> kept_prefixes, dropped_prefixes;
+    for (const auto &s : *restored) {
+        kept_prefixes.insert(prefix(s->id()));
     }
-    if (!left.empty()) {
-        report.problems.push_back("restore: " + std::to_string(left.size()) + " unclaimed fd(s) closed");
-        spdlog::info("restore: closing {} fd(s) no restored session claims", left.size());
+    for (const std::string &name : state_names) {
+        const std::string pre = name.substr(0, name.size() - 5);  // "ibvx.s<id>."
+        if (kept_prefixes.count(pre) == 0) {
+            dropped_prefixes.insert(pre);
+        }
+    }
+    std::set<std::string> stored;
+    {
+        std::lock_guard lock(files_mu_);
+        for (const auto &[id, f] : files_) {
+            stored.insert(f.canonical);
+        }
+    }
+    auto under = [](const std::set<std::string> &prefixes, const std::string &name) {
+        const std::string pre = name.substr(0, name.find('.', 6) + 1);  // "ibvx.s<id>."
+        return prefixes.count(pre) != 0;
+    };
+    std::vector<std::string> forget;
+    size_t left = 0;
+    for (const std::string &name : all_names) {
+        if (name == kGlobalName || stored.count(name) != 0 || under(kept_prefixes, name)) {
+            continue;
+        }
+        forget.push_back(name);
+        left += under(dropped_prefixes, name) ? 0 : 1;
+    }
+    if (left != 0) {
+        report.problems.push_back("restore: " + std::to_string(left) + " unclaimed fd(s) closed");
+        spdlog::info("restore: closing {} fd(s) no restored session claims", left);
     }
     mine.clear();
-    dropNames(left);
+    dropNames(forget);
     for (auto &s : *restored) {
         (void)broker_.commit(*s, StoredReply{});
     }

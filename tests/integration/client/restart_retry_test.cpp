@@ -136,4 +136,33 @@ TEST_F(RestartRetryTest, AnEndedSessionAnswersEconnresetWithoutARetry) {
     ctx_ = nullptr;
 }
 
+// A broker that dies in the middle of a session's open (it accepted the fd channel and said
+// Hello, but never committed the session): the library opens the session again from the start,
+// as it retries a call, and the tenant sees a device that works.
+class OpenRetryTest : public RestartRetryTest {
+  protected:
+    void SetUp() override {
+        ASSERT_TRUE(broker_.start(
+            {ibvx::test::selfDir() + "/ibvx-restarting-broker", "{socket}", log_, "crash-in-first-open"},
+            socket_));
+    }
+};
+
+TEST_F(OpenRetryTest, AnOpenARestartCutsShortIsOpenedAgainAndTheSessionWorks) {
+    testing::internal::CaptureStderr();
+    ctx_ = ibvx_open_device("fake0");
+    std::string warnings = testing::internal::GetCapturedStderr();
+    ASSERT_NE(ctx_, nullptr) << strerror(errno) << "\n" << warnings;
+    EXPECT_EQ(count(warnings, "opening a session: the broker restarted"), 1u) << warnings;
+    std::vector<LoggedCall> log = calls();
+    ASSERT_GE(log.size(), 2u);
+    EXPECT_EQ(log[0].method, "Attach");
+    EXPECT_EQ(log[0].what, "dropped");
+    EXPECT_EQ(log[1].method, "OpenContext");  // on the session the second open made
+    EXPECT_EQ(log[1].what, "applied");
+    ibv_pd *pd = ibvx_alloc_pd(ctx_);
+    ASSERT_NE(pd, nullptr) << strerror(errno);
+    EXPECT_EQ(ibvx_dealloc_pd(pd), 0);
+}
+
 }  // namespace

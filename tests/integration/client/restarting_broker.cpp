@@ -10,9 +10,15 @@
 // while the fd channels stay open. The client must retry that call with the same key and get
 // the stored reply.
 //
+// With "crash-in-first-open", the broker also "crashes" in the middle of the first session's
+// open: the first fd channel to present its token is closed unanswered, the session Hello opened
+// is forgotten (it was never committed) and the gRPC side is lost as above. The client must
+// open its session again from the start.
+//
 // Every mutating call is logged to LOG_PATH as "METHOD KEY applied|replayed" (KEY "-" when the
-// call had none), so a test sees what ran and what was answered from a stored reply.
-// Usage: ibvx-restarting-broker SOCKET_PATH LOG_PATH   (runs until SIGTERM/SIGKILL)
+// call had none), and the dropped attach as "Attach - dropped", so a test sees what ran and
+// what was answered from a stored reply.
+// Usage: ibvx-restarting-broker SOCKET_PATH LOG_PATH [crash-in-first-open]   (runs until killed)
 #include <fcntl.h>
 #include <sys/socket.h>
 
@@ -39,8 +45,22 @@ namespace {
 
 class RestartingBroker final : public pb::Broker::Service, public ibvx::test::StandInHooks {
   public:
-    explicit RestartingBroker(const char *log_path) : log_(fopen(log_path, "w")) {}
+    RestartingBroker(const char *log_path, bool crash_in_first_open)
+        : log_(fopen(log_path, "w")), crash_in_open_(crash_in_first_open) {}
 
+    bool dropAttach(const ibvx::SessionToken &t) override {
+        {
+            std::lock_guard lock(mu_);
+            if (!crash_in_open_) {
+                return false;
+            }
+            crash_in_open_ = false;
+            log("Attach", "-", "dropped");
+        }
+        sessions_.forget(t);
+        loseGrpc();
+        return true;
+    }
     std::shared_ptr<ibvx::test::StandInSession> sessionByToken(const ibvx::SessionToken &t) override {
         return sessions_.byToken(t);
     }
@@ -149,17 +169,19 @@ class RestartingBroker final : public pb::Broker::Service, public ibvx::test::St
     std::map<std::string, std::string> replies_;          // guarded by mu_: key -> serialized reply
     std::vector<ibvx::UniqueFd> connections_;             // guarded by mu_
     bool dropped_once_ = false;                           // guarded by mu_
+    bool crash_in_open_ = false;                          // guarded by mu_
     std::chrono::steady_clock::time_point paused_until_;  // guarded by mu_
 };
 
 }  // namespace
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: %s SOCKET_PATH LOG_PATH\n", argv[0]);
+    const bool crash_in_open = argc == 4 && std::string(argv[3]) == "crash-in-first-open";
+    if (argc != 3 && !crash_in_open) {
+        fprintf(stderr, "usage: %s SOCKET_PATH LOG_PATH [crash-in-first-open]\n", argv[0]);
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
-    RestartingBroker broker(argv[2]);
+    RestartingBroker broker(argv[2], crash_in_open);
     return ibvx::test::serveStandIn(argv[1], broker, broker);
 }

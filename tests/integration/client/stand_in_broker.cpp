@@ -47,6 +47,9 @@ void serveFdChannel(StandInHooks &hooks, UniqueFd sock) {
     }
     SessionToken token;
     std::memcpy(token.data(), req.token, token.size());
+    if (hooks.dropAttach(token)) {
+        return;
+    }
     std::shared_ptr<StandInSession> s = hooks.sessionByToken(token);
     AttachReply rep{{'I', 'B', 'V', 'X'}, s != nullptr ? 0 : ENOENT};
     if (s == nullptr) {

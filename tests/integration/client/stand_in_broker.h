@@ -68,6 +68,11 @@ class SessionTable {
     // The session of a call's "ibvx-session" metadata; nullptr when it names none.
     std::shared_ptr<S> of(const grpc::ServerContext &ctx) { return byHex(sessionMetadata(ctx)); }
     std::shared_ptr<S> byToken(const SessionToken &token) { return byHex(tokenToHex(token)); }
+    // The session is gone (a broker that never committed it died).
+    void forget(const SessionToken &token) {
+        std::lock_guard lock(mu_);
+        sessions_.erase(tokenToHex(token));
+    }
 
   private:
     std::shared_ptr<S> byHex(const std::string &hex) {
@@ -88,6 +93,12 @@ class StandInHooks {
     virtual std::shared_ptr<StandInSession> sessionByToken(const SessionToken &token) = 0;
     // Asked before each accept: false leaves new connections waiting in the listen backlog.
     virtual bool accepting() { return true; }
+    // Asked when an fd channel presents its token: true closes it unanswered, as a broker that
+    // dies in the middle of the attach does.
+    virtual bool dropAttach(const SessionToken &token) {
+        (void)token;
+        return false;
+    }
     // An HTTP/2 connection, just before gRPC gets it.
     virtual void grpcConnectionOpened(int fd) { (void)fd; }
 };

@@ -16,8 +16,9 @@
  *   win_atomic  an atomic applied twice (the value is one more add, or the swap's, beyond);
  *   win_recv    a receive consumed without a completion, the message in the next receive;
  *   win_cqe     a completion lost while its effect is there (the WQE ran once).
- * fork_no_session counts forked children whose session could not open (ENOTCONN) because the
- * broker was restarting at that moment: a known gap (docs/restart.md), not a lost operation.
+ * fork_no_session counts forked children whose session could not open (ENOTCONN) although the
+ * open is retried across a restart until IBV_EXTEND_TIMEOUT_MS (docs/restart.md): restarts back
+ * to back for that long; not a lost operation.
  * Anything else (a wrong status, a wrong byte, an effect missing) is a failure, on stderr.
  */
 #include <errno.h>
@@ -287,8 +288,8 @@ static void fork_child(const char *device) {
         int n = 0;
         struct ibv_device **list = ibv_get_device_list(&n);
         if (list == NULL) {
-            /* No session: it opened while the broker restarted (counted, not a failure: see
-             * docs/restart.md, a session's open is not retried across a restart). */
+            /* No session: restarts outlasted the open's retries (counted, not a failure: see
+             * docs/restart.md, "The tenant's side"). */
             _exit(errno == ENOTCONN ? 2 : 1);
         }
         ibv_free_device_list(list);

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -17,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <map>
 #include <set>
@@ -24,7 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "common/unix_socket.h"
+#include "tests/integration/daemon/broker_calls.h"
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/test_client.h"
 #include "tests/integration/restart/restart_support.h"
@@ -667,6 +671,92 @@ TEST(RestartFdStore, Kill9KeepsTheSessionsAge) {
     std::string done = tenant.finish();
     EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
     EXPECT_EQ(field(done, "control_failed"), 0u) << done;
+}
+
+// A file two sessions share (a forked child registering its parent's memfd; here two sessions of
+// one process) is stored once: the first session's name holds it and the second's is an alias.
+// When the first session ends, the file stays in the store for the second, so a crash after
+// that loses nothing: the second session comes back with its MR, and a WRITE through that MR
+// (queues made before the crash, posted after it) moves the memfd's bytes.
+TEST(RestartFdStore, AFileTwoSessionsShareOutlivesTheFirstSessionAndACrash) {
+    StoreBroker broker;
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    const size_t len = 65536;
+    UniqueFd mfd(memfd_create("shared", MFD_CLOEXEC));
+    ASSERT_EQ(ftruncate(mfd.get(), len), 0);
+    auto *buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd.get(), 0));
+    ASSERT_NE(buf, MAP_FAILED);
+    auto regMr = [&](TestClient &c, const Handles &h, uint64_t xfer, pb::RegMrResponse *mr) {
+        ASSERT_EQ(c.sendFd(xfer, mfd.get()), 0);
+        pb::RegMrRequest req;
+        req.set_pd(h.pd);
+        req.set_xfer_id(xfer);
+        req.set_length(len);
+        req.set_access(kAllAccess);
+        req.set_iova(reinterpret_cast<uint64_t>(buf));
+        grpc::Status st = c.call(&pb::Broker::Stub::RegMr, req, mr);
+        ASSERT_TRUE(st.ok()) << st.error_message();
+    };
+    auto first = std::make_unique<TestClient>(broker.socket());
+    ASSERT_TRUE(first->connect());
+    pb::RegMrResponse mr1, mr2;
+    regMr(*first, openDevice(*first), 1, &mr1);
+    const uint64_t first_id = admin.sessions().begin()->first;
+
+    TestClient second(broker.socket());
+    ASSERT_TRUE(second.connect());
+    Handles h = openDevice(second);
+    regMr(second, h, 2, &mr2);
+    pb::CreateCqResponse cq;
+    ASSERT_TRUE(createCq(second, h.ctx, 64, &cq).ok());
+    pb::CreateQpResponse qa, qb;
+    ASSERT_TRUE(createQp(second, h, cq.cq(), 0, &qa).ok());
+    ASSERT_TRUE(createQp(second, h, cq.cq(), 0, &qb).ok());
+    ASSERT_GE(second.drainRegions(), 0);
+    connectQp(second, qa.qp(), qb.qp_num());
+    connectQp(second, qb.qp(), qa.qp_num());
+    auto sessions = admin.sessions();
+    ASSERT_EQ(sessions.size(), 2u);
+    const uint64_t second_id = sessions.rbegin()->first;
+    ASSERT_NE(second_id, first_id);
+
+    first.reset();  // its fd channel closes: the session ends, and its names leave the store
+    ASSERT_TRUE(eventually([&] { return admin.sessions().size() == 1; })) << broker.log();
+    broker.send("kill9");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    ASSERT_EQ(admin.sessions().count(second_id), 1u) << broker.log();
+    EXPECT_EQ(admin.objects()[getpid()].count(mr2.mr()), 1u) << broker.log();
+
+    for (size_t i = 0; i < 4096; ++i) {
+        buf[i] = static_cast<uint8_t>(i * 7 + 3);
+    }
+    queue_info sqi = localQueue(second, qa.sq_info());
+    queue_info cqi = localQueue(second, cq.cq_info());
+    softnda_sq sq;
+    softnda_cq dcq;
+    ASSERT_EQ(softnda_sq_init(&sq, &sqi), 0);
+    ASSERT_EQ(softnda_cq_init(&dcq, &cqi), 0);
+    softnda_sge sge{reinterpret_cast<uint64_t>(buf), 4096, mr2.lkey()};
+    softnda_send_wr wr{};
+    wr.wr_id = 7;
+    wr.opcode = SOFTNDA_OP_RDMA_WRITE;
+    wr.flags = SOFTNDA_WQE_SIGNALED;
+    wr.remote_addr = reinterpret_cast<uint64_t>(buf) + 8192;
+    wr.rkey = mr2.rkey();
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    ASSERT_EQ(softnda_sq_post(&sq, &wr), 0);
+    softnda_sq_doorbell(&sq);
+    softnda_cqe cqe{};
+    ASSERT_TRUE(eventually([&] { return softnda_cq_poll(&dcq, &cqe, 1) == 1; })) << broker.log();
+    EXPECT_EQ(cqe.wr_id, 7u);
+    EXPECT_EQ(cqe.status, IBV_WC_SUCCESS);
+    EXPECT_EQ(std::memcmp(buf, buf + 8192, 4096), 0);
+    munmap(buf, len);
 }
 
 }  // namespace

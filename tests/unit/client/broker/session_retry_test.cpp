@@ -3,6 +3,7 @@
 // failures are retried, which calls carry a key, and what a key looks like.
 #include <gtest/gtest.h>
 
+#include <cerrno>
 #include <set>
 #include <string>
 
@@ -23,6 +24,24 @@ TEST(SessionRetry, OnlyUnavailableOrCancelledWithTheFdChannelOpenIsRetried) {
           grpc::StatusCode::RESOURCE_EXHAUSTED}) {
         EXPECT_FALSE(retryAfter(c, true)) << c;
         EXPECT_FALSE(retryAfter(c, false)) << c;
+    }
+}
+
+TEST(SessionRetry, AnOpenIsRetriedOnlyWhenTheBrokerWentAwayDuringIt) {
+    // Hello: UNAVAILABLE or CANCELLED; attach: closed unanswered, or a token the broker lost.
+    for (int rc : {-ENOTCONN, -ECANCELED, -ECONNRESET, -EPIPE, -ENOENT}) {
+        EXPECT_TRUE(openRetryAfter(rc)) << rc;
+    }
+    // Answers: a version mismatch, a refused peer, a quota, a timeout (the deadline is spent).
+    for (int rc : {-EPROTONOSUPPORT, -EPROTO, -EPERM, -ENOMEM, -ETIMEDOUT, -EBUSY}) {
+        EXPECT_FALSE(openRetryAfter(rc)) << rc;
+    }
+}
+
+TEST(SessionRetry, RetriesPauseNoneFirstThenTenMillisecondsDoublingToOneHundredSixty) {
+    const int want[] = {0, 0, 10, 20, 40, 80, 160, 160, 160};
+    for (int n = 1; n <= 8; ++n) {
+        EXPECT_EQ(retryPause(n).count(), want[n]) << n;
     }
 }
 
