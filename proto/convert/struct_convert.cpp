@@ -139,7 +139,12 @@ void toProto(const ibv_qp_attr &in, int mask, pb::QpAttr *out) {
     if ((mask & IBV_QP_CUR_STATE) != 0) {
         out->set_cur_qp_state(toProto(in.cur_qp_state));
     }
-    out->set_path_mtu(in.path_mtu);
+    // Programs leave the fields their mask does not name uninitialised (Debian's
+    // ibv_xsrq_pingpong does): copy path_mtu's bytes rather than load a garbage enum.
+    uint32_t mtu = 0;
+    static_assert(sizeof(in.path_mtu) == sizeof(mtu));
+    std::memcpy(&mtu, &in.path_mtu, sizeof(mtu));
+    out->set_path_mtu(mtu);
     out->set_qkey(in.qkey);
     out->set_rq_psn(in.rq_psn);
     out->set_sq_psn(in.sq_psn);
@@ -160,7 +165,11 @@ void toProto(const ibv_qp_attr &in, int mask, pb::QpAttr *out) {
 Oversized fromProto(const pb::QpAttr &in, ibv_qp_attr *out) {
     out->qp_state = fromProto(in.qp_state()).value_or(IBV_QPS_UNKNOWN);
     out->cur_qp_state = fromProto(in.cur_qp_state()).value_or(IBV_QPS_UNKNOWN);
-    out->path_mtu = static_cast<ibv_mtu>(in.path_mtu());
+    // Only IB's MTUs become an ibv_mtu; anything else (a field outside the mask, bad input) is 0,
+    // which no driver takes for an MTU.
+    out->path_mtu = in.path_mtu() >= IBV_MTU_256 && in.path_mtu() <= IBV_MTU_4096
+                        ? static_cast<ibv_mtu>(in.path_mtu())
+                        : static_cast<ibv_mtu>(0);
     out->qkey = in.qkey();
     out->rq_psn = in.rq_psn();
     out->sq_psn = in.sq_psn();
