@@ -45,6 +45,8 @@
 #include "tools/ibv-extend-perf/workers.h"
 #include "tools/ibv-extend-perf/wr.h"
 
+extern char **environ;
+
 namespace ibvx::perf {
 namespace {
 
@@ -227,6 +229,16 @@ class Program {
             args.push_back(const_cast<char *>(a.c_str()));
         }
         args.push_back(nullptr);
+        // The environment is built before fork(): this process has threads (gRPC's), so the
+        // child may only make async-signal-safe calls until it execs.
+        std::vector<char *> envp;  // ours first: getenv() takes the first of a name
+        for (const auto &e : env) {
+            envp.push_back(const_cast<char *>(e.c_str()));
+        }
+        for (char **e = environ; *e != nullptr; ++e) {
+            envp.push_back(*e);
+        }
+        envp.push_back(nullptr);
         pid_ = ::fork();
         if (pid_ < 0) {
             fail(std::string("fork: ") + std::strerror(errno));
@@ -234,11 +246,9 @@ class Program {
         if (pid_ == 0) {
             ::dup2(w.get(), STDOUT_FILENO);
             ::dup2(w.get(), STDERR_FILENO);
-            for (const auto &e : env) {
-                ::putenv(const_cast<char *>(e.c_str()));
-            }
-            ::execv(args[0], args.data());
-            std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
+            ::execve(args[0], args.data(), envp.data());
+            static const char kExecFailed[] = "ibv-extend-perf: exec of a middleware program failed\n";
+            (void)!::write(STDERR_FILENO, kExecFailed, sizeof(kExecFailed) - 1);
             ::_exit(127);
         }
         out_ = std::move(r);
