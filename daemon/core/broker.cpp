@@ -926,7 +926,6 @@ StatusOr<ResizeCqResult> Broker::resizeCq(Session &s, uint64_t cq, uint32_t cqe)
     return r;
 }
 
-// The objects a QP uses, looked up and checked to share the QP's context.
 namespace {
 
 // What every QP create answers besides the handle and queue memory.
@@ -944,6 +943,7 @@ QpResult qpResultOf(const ibv_qp_extend &qp, const ibv_qp_cap &granted) {
 
 }  // namespace
 
+// The objects a QP uses, looked up and checked to share the QP's context.
 struct Broker::QpMembers {
     ContextObject *ctx = nullptr;
     PdObject *pd = nullptr;

@@ -412,16 +412,7 @@ void write8Broker(const Options &opt, Results &out, BrokerHarness &broker) {
 class VerbsProbe : public Write8Probe {
   public:
     explicit VerbsProbe(Face &f) : f_(f) {
-        int n = 0;
-        ibv_device **list = f_.get_device_list(&n);
-        for (int i = 0; list != nullptr && i < n && ctx_ == nullptr; ++i) {
-            if (std::string(list[i]->name) == "softnda0") {
-                ctx_ = f_.open_device(list[i]);
-            }
-        }
-        if (list != nullptr) {
-            f_.free_device_list(list);
-        }
+        ctx_ = f_.openDevice("softnda0");
         if (ctx_ == nullptr || (pd_ = f_.alloc_pd(ctx_)) == nullptr ||
             (cq_ = f_.create_cq(ctx_, 64, nullptr, nullptr, 0)) == nullptr) {
             die("the face's device, PD or CQ");

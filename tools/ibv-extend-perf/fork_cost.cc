@@ -60,17 +60,7 @@ void forkSection(const Options &opt, Results &out) {
     const size_t bytes = mib << 20;
     const int iters = opt.quick ? 2 : 7;
     Face f;
-    int n = 0;
-    ibv_device **list = f.get_device_list(&n);
-    ibv_context *ctx = nullptr;
-    for (int i = 0; list != nullptr && i < n && ctx == nullptr; ++i) {
-        if (std::string(list[i]->name) == "softnda0") {
-            ctx = f.open_device(list[i]);
-        }
-    }
-    if (list != nullptr) {
-        f.free_device_list(list);
-    }
+    ibv_context *ctx = f.openDevice("softnda0");
     ibv_pd *pd = ctx == nullptr ? nullptr : f.alloc_pd(ctx);
     if (pd == nullptr) {
         queueError("the face's softnda0 and PD");

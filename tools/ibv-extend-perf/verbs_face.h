@@ -62,6 +62,21 @@ struct Face {
         bind(destroy_qp, "ibv_destroy_qp");
         bind(modify_qp, "ibv_modify_qp");
     }
+    // The named device opened through the face; nullptr when it is not listed or will not open.
+    ibv_context *openDevice(const std::string &name) const {
+        int n = 0;
+        ibv_device **list = get_device_list(&n);
+        ibv_context *ctx = nullptr;
+        for (int i = 0; list != nullptr && i < n && ctx == nullptr; ++i) {
+            if (name == list[i]->name) {
+                ctx = open_device(list[i]);
+            }
+        }
+        if (list != nullptr) {
+            free_device_list(list);
+        }
+        return ctx;
+    }
     template <typename F>
     void bind(F &fn, const char *name) {
         fn = reinterpret_cast<F>(::dlsym(handle, name));
