@@ -117,37 +117,47 @@ class HelperPuts {
         const uint64_t total = static_cast<uint64_t>(iters + warmup);
         std::vector<uint64_t> half_rtt;
         half_rtt.reserve(static_cast<size_t>(iters));
-        std::atomic<bool> echo_failed{false};
-        std::exception_ptr error;
+        // Either side failing stops the other: the echo thread is joined before any error
+        // leaves this function (a joinable std::thread destroyed would terminate the tool).
+        std::atomic<bool> stop{false};
+        std::exception_ptr echo_error;
         std::thread echo([&] {
             try {
                 for (uint64_t i = 1; i <= total; ++i) {
                     while (b_.slot() != i) {
+                        if (stop) {
+                            return;
+                        }
                         ibvx_cpu_relax();
                     }
                     put8(b_, a_, i);
                 }
             } catch (...) {
-                error = std::current_exception();
-                echo_failed = true;
+                echo_error = std::current_exception();
+                stop = true;
             }
         });
-        for (uint64_t i = 1; i <= total; ++i) {
-            auto t0 = Clock::now();
-            put8(a_, b_, i, [&] {
-                while (a_.slot() != i && !echo_failed) {
-                    ibvx_cpu_relax();
+        try {
+            for (uint64_t i = 1; i <= total && !stop; ++i) {
+                auto t0 = Clock::now();
+                put8(a_, b_, i, [&] {
+                    while (a_.slot() != i && !stop) {
+                        ibvx_cpu_relax();
+                    }
+                });
+                if (i > static_cast<uint64_t>(warmup) && !stop) {
+                    half_rtt.push_back(nsSince(t0) / 2);
                 }
-            });
-            if (echo_failed) {
-                echo.join();
-                std::rethrow_exception(error);
             }
-            if (i > static_cast<uint64_t>(warmup)) {
-                half_rtt.push_back(nsSince(t0) / 2);
-            }
+        } catch (...) {
+            stop = true;
+            echo.join();
+            throw;
         }
         echo.join();
+        if (echo_error) {
+            std::rethrow_exception(echo_error);
+        }
         return half_rtt;
     }
 
