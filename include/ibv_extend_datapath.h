@@ -60,6 +60,14 @@ struct ibv_extend_datapath_qp_attr {
     uint64_t resv[4];
 };
 
+/* A completion's times (poll_cq_times): the device clock's value when the device wrote the
+ * completion, in its ticks (clock_info's frequency), and the wall-clock time of that instant in
+ * nanoseconds since the Epoch. */
+struct ibv_extend_datapath_wc_times {
+    uint64_t completion;
+    uint64_t wallclock_ns;
+};
+
 struct ibv_extend_datapath_ops {
     uint32_t abi; /* IBV_EXTEND_DATAPATH_ABI_V1 */
     const char *provider;
@@ -130,6 +138,18 @@ struct ibv_extend_datapath_ops {
      * consumer index the device kept. Returns resize's result (0 or an errno); on failure the
      * state is unchanged. May be NULL: resizing answers EOPNOTSUPP. */
     int (*cq_resize)(void *cq, const struct ibv_cq_extend *ext, int (*resize)(void *arg), void *arg);
+
+    /* ---- Appended: completion timestamps ----
+     * The device clock, which a driver's spec defines: its frequency in kHz
+     * (ibv_device_attr_ex.hca_core_clock) and the mask of its valid bits
+     * (completion_timestamp_mask), and its value now (ibv_query_rt_values_ex's raw clock). 0 or
+     * an errno. poll_cq_times is poll_cq with times[i] filled for wc[i]; on a CQ the driver made
+     * without timestamps (it was not asked for them at creation) the times are 0. All three or
+     * none; NULL: timestamps are not served (ibv_create_cq_ex with them answers EOPNOTSUPP). */
+    int (*clock_info)(uint64_t *khz, uint64_t *mask);
+    int (*read_clock)(uint64_t *ticks);
+    int (*poll_cq_times)(void *cq, int num_entries, struct ibv_wc *wc,
+                         struct ibv_extend_datapath_wc_times *times);
 };
 
 #ifdef __cplusplus

@@ -109,10 +109,12 @@ struct ShadowCq {
     uint64_t handle;
     DoorbellMapping db;
     OpaqueState dp;
-    uint32_t events_seen = 0;       // the data path's event counter when last delivered
-    uint32_t events_delivered = 0;  // ibv_get_cq_event() results, for ibv_destroy_cq's wait
-    bool error_reported = false;    // IBV_EVENT_CQ_ERR delivered (the data path's cq_error)
-    ibv_wc ex_wc{};                 // the completion ibv_start_poll/ibv_next_poll took
+    uint32_t events_seen = 0;                 // the data path's event counter when last delivered
+    uint32_t events_delivered = 0;            // ibv_get_cq_event() results, for ibv_destroy_cq's wait
+    bool error_reported = false;              // IBV_EVENT_CQ_ERR delivered (the data path's cq_error)
+    ibv_wc ex_wc{};                           // the completion ibv_start_poll/ibv_next_poll took
+    ibv_extend_datapath_wc_times ex_times{};  // and its times, on a CQ created with timestamps
+    bool timed = false;                       // created with a completion timestamp
 };
 
 struct ShadowSrq {

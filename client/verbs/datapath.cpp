@@ -255,9 +255,8 @@ int destroyAttached(ShadowSrq *s) {
 
 int resizeAttached(ShadowCq *s, uint32_t cqe) {
     const ShadowContext *c = s->owner;
-    const ibv_extend_datapath_ops *dp = c->datapath;
-    constexpr size_t kEnd = offsetof(ibv_extend_datapath_ops, cq_resize) + sizeof(void *);
-    if (s->dp.state == nullptr || c->datapath_size < kEnd || dp->cq_resize == nullptr) {
+    auto cq_resize = IBVX_DATAPATH_ENTRY(c, cq_resize);
+    if (s->dp.state == nullptr || cq_resize == nullptr) {
         return EOPNOTSUPP;
     }
     struct Call {
@@ -265,7 +264,7 @@ int resizeAttached(ShadowCq *s, uint32_t cqe) {
         uint32_t cqe;
     } call{s, cqe};
     // The broker moves the CQ while the data path holds its lock: no poll reads the old memory.
-    return dp->cq_resize(
+    return cq_resize(
         s->dp.state, &s->ext,
         [](void *arg) {
             auto *k = static_cast<Call *>(arg);

@@ -83,6 +83,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.sz = sizeof(c->vctx);
     c->vctx.query_port = faceQueryPort;
     c->vctx.query_device_ex = faceQueryDeviceEx;
+    c->vctx.query_rt_values = faceQueryRtValues;
     c->vctx.create_cq_ex = faceCreateCqEx;
     c->vctx.create_qp_ex = faceCreateQpEx;
     c->vctx.open_xrcd = faceOpenXrcd;

@@ -135,18 +135,12 @@ void onSessionEnd(broker::Session *session) {
     }
 }
 
-// The data path's cq_error entry, when its table reaches it (ibv_extend_datapath.h).
-uint32_t (*cqErrorEntry(const ShadowContext *c))(void *) {
-    constexpr size_t kEnd = offsetof(ibv_extend_datapath_ops, cq_error) + sizeof(void *);
-    return c->datapath_size >= kEnd ? c->datapath->cq_error : nullptr;
-}
-
 // The next async event the data path's counters show on the context's attached queues: a QP
 // moved to ERR by an error, an SRQ below its limit, a CQ in its error state (once). The caller
 // holds c->mu.
 bool takeQueueEventLocked(ShadowContext *c, ibv_async_event *event) {
     const ibv_extend_datapath_ops *dp = c->datapath;
-    if (auto cq_error = cqErrorEntry(c); cq_error != nullptr) {
+    if (auto cq_error = IBVX_DATAPATH_ENTRY(c, cq_error); cq_error != nullptr) {
         for (ShadowCq *q : c->dp_cqs) {
             if (!q->error_reported && cq_error(q->dp.state) != 0) {
                 q->error_reported = true;

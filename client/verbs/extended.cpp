@@ -18,9 +18,16 @@ namespace {
 ShadowCq *cqExShadow(ibv_cq_ex *cq) {
     return shadowOf<ShadowCq>(reinterpret_cast<ibv_cq *>(cq), offsetof(ShadowCq, cq));
 }
+// One completion with its times: faceCreateCqEx made a timed CQ only where the data path times.
+int pollTimed(ShadowCq *s) {
+    if (s->dp.state == nullptr) {
+        return -EOPNOTSUPP;
+    }
+    return IBVX_DATAPATH_ENTRY(s->owner, poll_cq_times)(s->dp.state, 1, &s->ex_wc, &s->ex_times);
+}
 int exTake(ibv_cq_ex *cq) {
     ShadowCq *s = cqExShadow(cq);
-    int n = pollCq(&s->cq, 1, &s->ex_wc);
+    int n = s->timed ? pollTimed(s) : pollCq(&s->cq, 1, &s->ex_wc);
     if (n < 0) {
         return -n;
     }
@@ -45,11 +52,20 @@ template <auto Field, typename Value>
 Value exRead(ibv_cq_ex *cq) {
     return cqExShadow(cq)->ex_wc.*Field;
 }
+// ibv_wc_read_completion_ts() and _wallclock_ns(): the times the data path polled with it.
+template <auto Field>
+uint64_t exReadTime(ibv_cq_ex *cq) {
+    return cqExShadow(cq)->ex_times.*Field;
+}
 
-// What ibv_create_cq_ex serves: the standard work-completion fields.
+// What ibv_create_cq_ex serves: the standard work-completion fields, and the completion's times
+// where the driver's data path has a clock (SPEC.md §15 for softnda). Refused: CVLAN and
+// FLOW_TAG (no Ethernet VLAN or flow steering on the face's devices), TM_INFO (no tag matching).
 constexpr uint64_t kCqExWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM |
                                   IBV_WC_EX_WITH_SRC_QP | IBV_WC_EX_WITH_SLID | IBV_WC_EX_WITH_SL |
                                   IBV_WC_EX_WITH_DLID_PATH_BITS;
+constexpr uint64_t kCqExTimes =
+    IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 
 void fillCqEx(ShadowCq *s) {
     ibv_cq_ex &x = s->cq_ex;
@@ -66,6 +82,8 @@ void fillCqEx(ShadowCq *s) {
     x.read_slid = exRead<&ibv_wc::slid>;
     x.read_sl = exRead<&ibv_wc::sl>;
     x.read_dlid_path_bits = exRead<&ibv_wc::dlid_path_bits>;
+    x.read_completion_ts = exReadTime<&ibv_extend_datapath_wc_times::completion>;
+    x.read_completion_wallclock_ns = exReadTime<&ibv_extend_datapath_wc_times::wallclock_ns>;
 }
 
 // ---- ibv_qp_ex's ibv_wr_* post API, over the data path's post_send ----------------------------
@@ -231,18 +249,25 @@ void fillQpEx(ShadowQp *s) {
 }  // namespace
 
 ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
-    if (attr == nullptr || (attr->wc_flags & ~kCqExWcFlags) != 0 || attr->comp_mask != 0) {
-        warn("ibv_create_cq_ex: only the standard completion fields are served (wc_flags 0x%llx)",
-             attr != nullptr ? static_cast<unsigned long long>(attr->wc_flags) : 0ull);
+    const ShadowContext *c = faceContext(context);
+    if (c == nullptr || attr == nullptr) {
+        return failNull<ibv_cq_ex>(EINVAL);
+    }
+    const bool clock = IBVX_DATAPATH_ENTRY(c, poll_cq_times) != nullptr;
+    const uint64_t served = kCqExWcFlags | (clock ? kCqExTimes : 0);
+    if ((attr->wc_flags & ~served) != 0 || attr->comp_mask != 0) {
+        warn("ibv_create_cq_ex: only the standard completion fields%s are served (wc_flags 0x%llx)",
+             clock ? " and the completion times" : "", static_cast<unsigned long long>(attr->wc_flags));
         return failNull<ibv_cq_ex>(EOPNOTSUPP);
     }
-    ibv_cq *cq = ibvx_verbs_create_cq(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
-                                      static_cast<int>(attr->comp_vector));
+    ibv_cq *cq = createCq(context, static_cast<int>(attr->cqe), attr->cq_context, attr->channel,
+                          static_cast<int>(attr->comp_vector), attr->wc_flags & kCqExTimes);
     if (cq == nullptr) {
         return nullptr;
     }
     ShadowCq *s = shadowOf<ShadowCq>(cq, offsetof(ShadowCq, cq));
     fillCqEx(s);
+    s->timed = (attr->wc_flags & kCqExTimes) != 0;
     return &s->cq_ex;
 }
 

@@ -70,6 +70,8 @@ int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr);
 int faceQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr, size_t attr_len);
 int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *input, ibv_device_attr_ex *attr,
                       size_t attr_size);
+// ibv_query_rt_values_ex(): the device clock, read by the driver's data path (read_clock).
+int faceQueryRtValues(ibv_context *context, ibv_values_ex *values);
 
 // ---- the extended verbs (extended.cpp) -----------------------------------------------------------
 
@@ -78,6 +80,11 @@ ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr);
 ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
 // ---- queues (queues.cpp) --------------------------------------------------------------------------
+
+// A CQ of the context attached to the data path, asking the driver for the wc_flags of
+// ibv_create_cq_ex (0: the standard completion). NULL + errno.
+ibv_cq *createCq(ibv_context *context, int cqe, void *cq_context, ibv_comp_channel *channel, int comp_vector,
+                 uint64_t wc_flags);
 
 // A QP of the context (pd: NULL for an XRC target, which has xrcd instead) and an SRQ of p (an XRC
 // SRQ with xrcd and cq), attached to the data path; attr gets what was granted. NULL + errno.
@@ -96,6 +103,14 @@ int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num);
 ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
 // ---- the data path (datapath.cpp) ----------------------------------------------------------------
+
+// The data path's entry `member` of context c's driver, or nullptr: entries are appended to the
+// table, and one exists only where the library's table reaches it (include/ibv_extend_datapath.h).
+#define IBVX_DATAPATH_ENTRY(c, member)                                                        \
+    ((c)->datapath != nullptr &&                                                              \
+             (c)->datapath_size >= offsetof(ibv_extend_datapath_ops, member) + sizeof(void *) \
+         ? (c)->datapath->member                                                              \
+         : nullptr)
 
 // Loads the context's driver data path (include/ibv_extend_datapath.h; none when the driver ships
 // none) and points the context's ops, which the inline data verbs call, at it.

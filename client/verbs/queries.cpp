@@ -47,7 +47,8 @@ int faceQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr, size_
     return 0;
 }
 
-// The standard attributes; no extended capability is announced.
+// The standard attributes, and the device clock where the driver's data path has one (SPEC.md §15
+// for softnda); no other extended capability is announced.
 int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, ibv_device_attr_ex *attr,
                       size_t attr_size) {
     ShadowContext *c = faceContext(context);
@@ -59,7 +60,34 @@ int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, i
         return -rc;
     }
     ex.phys_port_cnt_ex = ex.orig_attr.phys_port_cnt;
+    if (auto clock_info = IBVX_DATAPATH_ENTRY(c, clock_info); clock_info != nullptr) {
+        if (int rc = clock_info(&ex.hca_core_clock, &ex.completion_timestamp_mask); rc != 0) {
+            return rc;
+        }
+    }
     memcpy(attr, &ex, std::min(attr_size, sizeof(ex)));
+    return 0;
+}
+
+// As rdma-core's providers answer: the raw clock's ticks in tv_nsec, tv_sec 0; only the values
+// asked for and known are set in comp_mask.
+int faceQueryRtValues(ibv_context *context, ibv_values_ex *values) {
+    const ShadowContext *c = faceContext(context);
+    if (c == nullptr || values == nullptr) {
+        return EINVAL;
+    }
+    auto read_clock = IBVX_DATAPATH_ENTRY(c, read_clock);
+    if ((values->comp_mask & IBV_VALUES_MASK_RAW_CLOCK) == 0 || read_clock == nullptr) {
+        values->comp_mask = 0;
+        return read_clock == nullptr ? EOPNOTSUPP : 0;
+    }
+    uint64_t ticks = 0;
+    if (int rc = read_clock(&ticks); rc != 0) {
+        return rc;
+    }
+    values->raw_clock.tv_sec = 0;
+    values->raw_clock.tv_nsec = static_cast<long>(ticks);
+    values->comp_mask = IBV_VALUES_MASK_RAW_CLOCK;
     return 0;
 }
 

@@ -13,10 +13,10 @@
 using namespace ibvx::client;         // NOLINT: the broker seam's functions
 using namespace ibvx::client::verbs;  // NOLINT: this file serves the face's verbs
 
-extern "C" {
+namespace ibvx::client::verbs {
 
-ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ibv_comp_channel *channel,
-                             int comp_vector) {
+ibv_cq *createCq(ibv_context *context, int cqe, void *cq_context, ibv_comp_channel *channel, int comp_vector,
+                 uint64_t wc_flags) {
     ShadowContext *c = faceContext(context);
     FaceChannel *f = channel != nullptr ? faceChannel(channel) : nullptr;
     if (c == nullptr || cqe <= 0 || comp_vector < 0 || comp_vector >= context->num_comp_vectors ||
@@ -28,6 +28,7 @@ ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ib
     a.attr.cq_context = cq_context;
     a.attr.channel = channel;
     a.attr.comp_vector = static_cast<uint32_t>(comp_vector);
+    a.attr.wc_flags = wc_flags;
     a.type = QU_BUF_DMA_MODE_DEFAULT;
     ibv_cq_extend *ext = broker::createCqWithEvents(c, &a, f != nullptr ? channelEventFd(f) : -1);
     if (ext == nullptr) {
@@ -47,6 +48,15 @@ ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ib
         channelAddCq(f, s);
     }
     return cq;
+}
+
+}  // namespace ibvx::client::verbs
+
+extern "C" {
+
+ibv_cq *ibvx_verbs_create_cq(ibv_context *context, int cqe, void *cq_context, ibv_comp_channel *channel,
+                             int comp_vector) {
+    return createCq(context, cqe, cq_context, channel, comp_vector, 0);
 }
 
 int ibvx_verbs_destroy_cq(ibv_cq *cq) {

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h> /* struct timespec; clock_gettime where POSIX is visible */
 #include <unistd.h>
 
 #include <ibv_extend.h>
@@ -31,7 +32,7 @@ extern "C" {
 #endif
 
 #if !defined(__cplusplus) && !defined(__USE_MISC)
-/* Strict ISO C modes hide syscall(); the wake hint below needs it. */
+/* Strict ISO C modes hide syscall(); the wake hint and the clocks below need it. */
 extern long syscall(long number, ...);
 #endif
 
@@ -92,6 +93,7 @@ enum softnda_cqe_flags {
 #define SOFTNDA_RECV_HEADER_SIZE 16u
 #define SOFTNDA_SGE_SIZE 16u
 #define SOFTNDA_CQE_SIZE 32u
+#define SOFTNDA_CQE_TS_SIZE 64u   /* a CQ with completion timestamps (SPEC.md §15) */
 #define SOFTNDA_DBR_CI_OFFSET 64u /* dbr_ci_va - dbr_pi_va inside a doorbell record */
 #define SOFTNDA_DB_PAGE_SIZE 4096u
 #define SOFTNDA_DB_REGS_OFFSET 512u
@@ -139,6 +141,13 @@ struct softnda_cqe {
     uint8_t flags;  /* enum softnda_cqe_flags */
     uint8_t resv;
     uint32_t owner; /* bit0: phase */
+};
+
+/* The times of a 64-byte CQE (SPEC.md §15), at offset SOFTNDA_CQE_SIZE of its entry. */
+struct softnda_cqe_times {
+    uint64_t completion; /* the device clock: CLOCK_MONOTONIC, ns */
+    uint64_t wallclock;  /* CLOCK_REALTIME at the same instant, ns since the Epoch */
+    uint64_t resv[2];
 };
 
 /* ---- Doorbell (SPEC.md §1.2, §4) ------------------------------------------------------ */
@@ -396,7 +405,8 @@ struct softnda_cq {
     uint8_t *buf;
     uint32_t entry_cnt;
     uint32_t log_cnt;
-    uint32_t *dbr_pi; /* engine's PI; word 1 is the CQ state */
+    uint32_t entry_size; /* SOFTNDA_CQE_SIZE, or SOFTNDA_CQE_TS_SIZE with timestamps */
+    uint32_t *dbr_pi;    /* engine's PI; word 1 is the CQ state */
     uint32_t *dbr_ci;
     uint32_t ci;
 };
@@ -404,12 +414,13 @@ struct softnda_cq {
 static inline int softnda_cq_init(struct softnda_cq *cq, const struct queue_info *qi) {
     memset(cq, 0, sizeof(*cq));
     if (qi->qbuf.base == 0 || !softnda_is_pow2(qi->qbuf.entry_cnt) ||
-        qi->qbuf.entry_size != SOFTNDA_CQE_SIZE || qi->dbr_pi_va.iov_base == NULL ||
-        qi->dbr_ci_va.iov_base == NULL) {
+        (qi->qbuf.entry_size != SOFTNDA_CQE_SIZE && qi->qbuf.entry_size != SOFTNDA_CQE_TS_SIZE) ||
+        qi->dbr_pi_va.iov_base == NULL || qi->dbr_ci_va.iov_base == NULL) {
         return -EINVAL;
     }
     cq->buf = (uint8_t *)(uintptr_t)qi->qbuf.base;
     cq->entry_cnt = qi->qbuf.entry_cnt;
+    cq->entry_size = qi->qbuf.entry_size;
     while ((1u << cq->log_cnt) < cq->entry_cnt) {
         cq->log_cnt++;
     }
@@ -429,18 +440,28 @@ static inline uint32_t softnda_cq_state(const struct softnda_cq *cq) {
     return __atomic_load_n(cq->dbr_pi + 1, __ATOMIC_ACQUIRE);
 }
 
-/* Copies up to max valid CQEs out and returns their slots to the engine. Returns the number
- * polled (0 when none) or -EOVERFLOW when nothing is left and the CQ is in the error state. */
-static inline int softnda_cq_poll(struct softnda_cq *cq, struct softnda_cqe *out, int max) {
+/* Copies up to max valid CQEs out, and with times != NULL each one's times (zeros on a CQ of
+ * 32-byte entries), and returns their slots to the engine. Returns the number polled (0 when
+ * none) or -EOVERFLOW when nothing is left and the CQ is in the error state. */
+static inline int softnda_cq_poll_times(struct softnda_cq *cq, struct softnda_cqe *out,
+                                        struct softnda_cqe_times *times, int max) {
     int n = 0;
     while (n < max) {
-        const struct softnda_cqe *e =
-            (const struct softnda_cqe *)(cq->buf + (size_t)(cq->ci & (cq->entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        const uint8_t *slot = cq->buf + (size_t)(cq->ci & (cq->entry_cnt - 1)) * cq->entry_size;
+        const struct softnda_cqe *e = (const struct softnda_cqe *)slot;
         uint32_t want = ((cq->ci >> cq->log_cnt) & 1u) ^ 1u;
         if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != want) {
             break;
         }
-        out[n++] = *e;
+        out[n] = *e;
+        if (times != NULL) {
+            if (cq->entry_size == SOFTNDA_CQE_TS_SIZE) {
+                memcpy(&times[n], slot + SOFTNDA_CQE_SIZE, sizeof(times[n]));
+            } else {
+                memset(&times[n], 0, sizeof(times[n]));
+            }
+        }
+        n++;
         cq->ci++;
     }
     if (n > 0) {
@@ -448,6 +469,36 @@ static inline int softnda_cq_poll(struct softnda_cq *cq, struct softnda_cqe *out
         return n;
     }
     return softnda_cq_state(cq) != 0 ? -EOVERFLOW : 0;
+}
+
+/* The clocks of SPEC.md §15, by their Linux clock ids (what CLOCK_MONOTONIC and CLOCK_REALTIME
+ * are; strict ISO C modes do not declare those names). */
+#define SOFTNDA_CLOCK_DEVICE 1 /* CLOCK_MONOTONIC */
+#define SOFTNDA_CLOCK_WALL 0   /* CLOCK_REALTIME */
+
+/* A clock's value now, in ns. With POSIX's clocks declared, clock_gettime (the vDSO: no system
+ * call); in strict ISO C modes, the system call itself. */
+static inline uint64_t softnda_clock_ns(int id) {
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC
+    clock_gettime((clockid_t)id, &ts);
+#else
+    syscall(SYS_clock_gettime, id, &ts);
+#endif
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* The device clock and the wall clock now, as a CQE carries them (SPEC.md §15). */
+static inline void softnda_cqe_times_now(struct softnda_cqe_times *t) {
+    t->completion = softnda_clock_ns(SOFTNDA_CLOCK_DEVICE);
+    t->wallclock = softnda_clock_ns(SOFTNDA_CLOCK_WALL);
+    t->resv[0] = 0;
+    t->resv[1] = 0;
+}
+
+/* softnda_cq_poll_times without the times. */
+static inline int softnda_cq_poll(struct softnda_cq *cq, struct softnda_cqe *out, int max) {
+    return softnda_cq_poll_times(cq, out, NULL, max);
 }
 
 #ifdef __cplusplus

@@ -44,6 +44,13 @@ void freeRing(ibv_extend_ops *ops, Ring *r) {
 
 namespace {
 
+// A CQ asked to time its completions carries the times in each entry (SPEC.md §15).
+uint32_t cqeSize(uint64_t wc_flags) {
+    constexpr uint64_t kTimed =
+        IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+    return (wc_flags & kTimed) != 0 ? SOFTNDA_CQE_TS_SIZE : SOFTNDA_CQE_SIZE;
+}
+
 ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || a == nullptr || !opsComplete(a->ops)) {
@@ -58,7 +65,8 @@ ibv_cq_extend *createCq(ibv_context *context, ibv_cq_init_attr_extend *a) {
         return failNull<ibv_cq_extend>(ENOMEM);
     }
     auto cq = std::make_unique<Cq>();
-    int rc = allocRing(a->ops, pow2Ceil(a->attr.cqe < 2 ? 2 : a->attr.cqe), SOFTNDA_CQE_SIZE, &cq->ring);
+    int rc =
+        allocRing(a->ops, pow2Ceil(a->attr.cqe < 2 ? 2 : a->attr.cqe), cqeSize(a->attr.wc_flags), &cq->ring);
     if (rc == 0) {
         rc = reserveDbSlot(ctx, a->ops, a->type, &cq->db);
     }

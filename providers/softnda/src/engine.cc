@@ -260,8 +260,8 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise, bool 
         *overflowed = true;
         return false;
     }
-    auto *e = reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(r.ci_local & (r.cnt - 1)) *
-                                                          SOFTNDA_CQE_SIZE);
+    uint8_t *slot = r.buf + static_cast<size_t>(r.ci_local & (r.cnt - 1)) * r.stride;
+    auto *e = reinterpret_cast<softnda_cqe *>(slot);
     e->wr_id = in.wr_id;
     e->byte_len = in.byte_len;
     e->imm_data = in.imm_data;
@@ -271,6 +271,10 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise, bool 
     e->status = in.status;
     e->flags = in.flags;
     e->resv = 0;
+    if (r.stride == SOFTNDA_CQE_TS_SIZE) {
+        // Taken under the CQ's lock, so times never decrease in CQE order (SPEC.md §15).
+        softnda_cqe_times_now(reinterpret_cast<softnda_cqe_times *>(slot + SOFTNDA_CQE_SIZE));
+    }
     uint32_t log = static_cast<uint32_t>(__builtin_ctz(r.cnt));
     // The owner word carries the phase and, for a UD receive, the sender's LID (SPEC.md §3).
     __atomic_store_n(&e->owner, (in.owner & ~1u) | (((r.ci_local >> log) & 1u) ^ 1u), __ATOMIC_RELEASE);

@@ -34,7 +34,7 @@ void resumeProducer(Ring *r) {
     uint32_t log = static_cast<uint32_t>(__builtin_ctz(r->cnt));
     while (pi - ci < r->cnt) {
         const auto *e = reinterpret_cast<const softnda_cqe *>(
-            r->buf + static_cast<size_t>(pi & (r->cnt - 1)) * SOFTNDA_CQE_SIZE);
+            r->buf + static_cast<size_t>(pi & (r->cnt - 1)) * r->stride);
         if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != (((pi >> log) & 1u) ^ 1u)) {
             break;
         }

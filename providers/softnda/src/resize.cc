@@ -11,7 +11,7 @@ namespace softnda {
 namespace {
 
 softnda_cqe *cqeAt(const Ring &r, uint32_t n) {
-    return reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(n & (r.cnt - 1)) * SOFTNDA_CQE_SIZE);
+    return reinterpret_cast<softnda_cqe *>(r.buf + static_cast<size_t>(n & (r.cnt - 1)) * r.stride);
 }
 
 uint32_t lapPhase(const Ring &r, uint32_t n) {
@@ -26,7 +26,7 @@ uint32_t lapPhase(const Ring &r, uint32_t n) {
 void moveCqes(const Ring &from, const Ring &to, uint32_t ci, uint32_t pi) {
     for (uint32_t n = ci; n != pi; ++n) {
         softnda_cqe *e = cqeAt(to, n);
-        *e = *cqeAt(from, n);
+        std::memcpy(e, cqeAt(from, n), from.stride);  // with its times (SPEC.md §15)
         e->owner = (e->owner & ~1u) | (lapPhase(to, n) ^ 1u);
     }
     for (uint32_t n = pi; n != ci + to.cnt; ++n) {
@@ -48,7 +48,7 @@ int resizeCq(ibv_cq_extend *ext, uint32_t cqe) {
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
     Ring fresh;
-    int rc = allocRing(cq->ops, pow2Ceil(std::max(cqe, 2u)), SOFTNDA_CQE_SIZE, &fresh);
+    int rc = allocRing(cq->ops, pow2Ceil(std::max(cqe, 2u)), cq->ring.stride, &fresh);
     if (rc != 0) {
         return rc;
     }

@@ -518,8 +518,9 @@ void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         return failNull<void>(EBUSY);
     }
     auto cq = std::make_unique<Cq>();
+    // 32- or 64-byte entries: a CQ keeps its timestamps across a restart (SPEC.md §15).
     if (!importRing(env, b.ring, std::max<uint32_t>(2, dev->cfg.max_cqe) * 2, SOFTNDA_CQE_SIZE,
-                    SOFTNDA_CQE_SIZE, &cq->ring) ||
+                    SOFTNDA_CQE_TS_SIZE, &cq->ring) ||
         !importSlot(ctx, env, b.db, &cq->db)) {
         return failNull<void>(EINVAL);
     }

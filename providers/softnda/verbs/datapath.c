@@ -130,7 +130,8 @@ static void *sd_cq_open(const struct ibv_cq_extend *ext, int cqe) {
     }
     struct softnda_cq probe;
     struct softnda_doorbell db;
-    /* A softnda CQ has 32-byte CQEs and a register in a doorbell page (§1.2). */
+    /* A softnda CQ has 32-byte CQEs, or 64 with timestamps (§15), and a register in a doorbell
+     * page (§1.2). */
     if (softnda_cq_init(&probe, &ext->cq_info) != 0 ||
         softnda_doorbell_init(&db, &ext->cq_info.db_hw_va) != 0) {
         errno = EINVAL;
@@ -183,17 +184,19 @@ static void cqe_to_wc(const struct softnda_cqe *c, struct ibv_wc *wc) {
     wc->dlid_path_bits = 0;
 }
 
-static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
-    struct sd_cq *cq = cqv;
+/* poll_cq, and with times != NULL poll_cq_times. */
+static int poll_cq(struct sd_cq *cq, int num_entries, struct ibv_wc *wc,
+                   struct ibv_extend_datapath_wc_times *times) {
     if (num_entries < 0) {
         return -EINVAL;
     }
     struct softnda_cqe batch[SD_POLL_BATCH];
+    struct softnda_cqe_times batch_times[SD_POLL_BATCH];
     int total = 0;
     pthread_spin_lock(&cq->lock);
     while (total < num_entries) {
         int want = num_entries - total < SD_POLL_BATCH ? num_entries - total : SD_POLL_BATCH;
-        int got = softnda_cq_poll(&cq->cq, batch, want);
+        int got = softnda_cq_poll_times(&cq->cq, batch, times != NULL ? batch_times : NULL, want);
         if (got <= 0) {
             /* An overflowed CQ (§6.3) reports -EOVERFLOW once nothing valid is left. */
             if (got < 0 && total == 0) {
@@ -203,6 +206,10 @@ static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
         }
         for (int i = 0; i < got; ++i) {
             cqe_to_wc(&batch[i], &wc[total + i]);
+            if (times != NULL) {
+                times[total + i].completion = batch_times[i].completion;
+                times[total + i].wallclock_ns = batch_times[i].wallclock;
+            }
         }
         total += got;
         if (got < want) {
@@ -211,6 +218,27 @@ static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
     }
     pthread_spin_unlock(&cq->lock);
     return total;
+}
+
+static int sd_poll_cq(void *cqv, int num_entries, struct ibv_wc *wc) {
+    return poll_cq(cqv, num_entries, wc, NULL);
+}
+
+static int sd_poll_cq_times(void *cqv, int num_entries, struct ibv_wc *wc,
+                            struct ibv_extend_datapath_wc_times *times) {
+    return poll_cq(cqv, num_entries, wc, times);
+}
+
+/* The device clock (SPEC.md §15): CLOCK_MONOTONIC in ns, a 1 GHz counter of 64 bits. */
+static int sd_clock_info(uint64_t *khz, uint64_t *mask) {
+    *khz = 1000000u;
+    *mask = UINT64_MAX;
+    return 0;
+}
+
+static int sd_read_clock(uint64_t *ticks) {
+    *ticks = softnda_clock_ns(SOFTNDA_CLOCK_DEVICE);
+    return 0;
 }
 
 static uint32_t *sd_cq_arm(struct sd_cq *cq) {
@@ -253,8 +281,8 @@ static int cq_publish(struct sd_cq *cq, const struct softnda_cqe *cqe) {
             __atomic_store_n(q->dbr_pi + 1, 1u, __ATOMIC_RELEASE);
             return -EOVERFLOW;
         }
-        struct softnda_cqe *slot =
-            (struct softnda_cqe *)(q->buf + (size_t)(pi & (q->entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        uint8_t *entry = q->buf + (size_t)(pi & (q->entry_cnt - 1)) * q->entry_size;
+        struct softnda_cqe *slot = (struct softnda_cqe *)entry;
         uint32_t phase = ((pi >> q->log_cnt) & 1u) ^ 1u;
         if ((__atomic_load_n(&slot->owner, __ATOMIC_ACQUIRE) & 1u) == phase) {
             ++pi; /* written by the device, its PI store lost */
@@ -269,6 +297,9 @@ static int cq_publish(struct sd_cq *cq, const struct softnda_cqe *cqe) {
         slot->status = cqe->status;
         slot->flags = cqe->flags;
         slot->resv = 0;
+        if (q->entry_size == SOFTNDA_CQE_TS_SIZE) {
+            softnda_cqe_times_now((struct softnda_cqe_times *)(entry + SOFTNDA_CQE_SIZE));
+        }
         __atomic_store_n(&slot->owner, phase, __ATOMIC_RELEASE);
         __atomic_store_n(q->dbr_pi, pi + 1, __ATOMIC_RELEASE);
         return 0;
@@ -729,6 +760,9 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .srq_fatal = sd_srq_fatal,
     .cq_error = sd_cq_error,
     .cq_resize = sd_cq_resize,
+    .clock_info = sd_clock_info,
+    .read_clock = sd_read_clock,
+    .poll_cq_times = sd_poll_cq_times,
 };
 /* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
 __attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =

@@ -298,6 +298,7 @@ struct OldBroker {
     void makeSrqQp() {
         ibv_cq_init_attr_extend ca{};
         ca.attr.cqe = 64;
+        ca.attr.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;  // 64-byte entries (SPEC.md §15)
         ca.ops = &g_ops;
         cq_d = ext->ops->create_cq(ctx, &ca);
         // Resized before its export (SPEC.md §12): the successor must find the new ring.
@@ -937,6 +938,7 @@ TEST_F(SoftndaRestart, AnSrqAndTheQpOnItCarryOn) {
     softnda_cq cqD;
     ASSERT_EQ(softnda_sq_init(&sqD, &qp_d->sq_info), 0);
     ASSERT_EQ(softnda_cq_init(&cqD, &cq_d->cq_info), 0);
+    EXPECT_EQ(cqD.entry_size, SOFTNDA_CQE_TS_SIZE);  // the timed CQ stays timed, resized and restored
     src[191] = 0xd001;
     softnda_sge ds{sh->src + 1528, 8, sh->key[0]};
     post(&sqD, wr(SOFTNDA_OP_SEND, 7101, &ds, 1));
