@@ -40,7 +40,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V5 5
 #define IBV_EXTEND_VDEV_ABI_V6 6 /* XRC: the entries of "XRC (ABI V6)" below */
 #define IBV_EXTEND_VDEV_ABI_V7 7 /* resize_cq, rereg_mr */
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V7
+#define IBV_EXTEND_VDEV_ABI_V8 8 /* attach_mcast, detach_mcast */
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V8
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -268,6 +269,18 @@ struct ibv_extend_vdev_ops {
      * (-EINVAL: no or unknown flags, a foreign PD, bad access or range). May be NULL: -EOPNOTSUPP. */
     int (*rereg_mr)(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                     int access);
+
+    /* ---- ABI V8 and later ----
+     * ibv_attach_mcast / ibv_detach_mcast on a UD QP create_qp_extend made: the QP joins (leaves)
+     * the multicast group gid (a multicast GID: first byte 0xff) with multicast LID lid
+     * (0xc000-0xfffe), and receives the datagrams sent to it (the driver documents how it tells
+     * groups apart). Attaching a group the QP has is 0 and changes nothing, as the kernel
+     * answers. 0 or a negative errno: -EINVAL (not a UD QP, not a multicast GID or LID, a
+     * detach of a group the QP does not have), -ENOMEM (the device's attach limits,
+     * max_mcast_qp_attach and max_total_mcast_qp_attach). A destroyed QP leaves its groups. May
+     * be NULL: -EOPNOTSUPP. */
+    int (*attach_mcast)(struct ibv_qp_extend *qp, const union ibv_gid *gid, uint16_t lid);
+    int (*detach_mcast)(struct ibv_qp_extend *qp, const union ibv_gid *gid, uint16_t lid);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -112,12 +112,18 @@ int noGetSrqNum(ibv_srq *, uint32_t *) {
     errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
+int noMcast(ibv_qp_extend *, const ibv_gid *, uint16_t) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
 
 constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
-    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
-    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
-    noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum};
+    noOpen,         noClose,        noAllocPd,        noDeallocPd,       noRegMr,
+    noDeregMr,      noModifyQp,     noQueryQp,        noQueryCounters,   noQueryDevice,
+    noQueryPort,    noQueryGid,     noSetCqEventFd,   noSetAsyncEventFd, noExportObject,
+    noImportObject, noSetPaused,    noResizeCq,       noReregMr,         noOpenXrcd,
+    noCloseXrcd,    noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,       noMcast,
+    noMcast};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -228,6 +234,10 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
         setOp(v.ops_.create_xrc_tgt_qp, ops.create_xrc_tgt_qp);
         setOp(v.ops_.get_srq_num, ops.get_srq_num);
     }
+    if (ops.attach_mcast != nullptr && ops.detach_mcast != nullptr) {  // both or none
+        setOp(v.ops_.attach_mcast, ops.attach_mcast);
+        setOp(v.ops_.detach_mcast, ops.detach_mcast);
+    }
     return v;
 }
 
@@ -255,15 +265,32 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                v6Entry(provider, provider->close_xrcd),
                v6Entry(provider, provider->create_xrc_srq),
                v6Entry(provider, provider->create_xrc_tgt_qp),
-               v6Entry(provider, provider->get_srq_num)};
+               v6Entry(provider, provider->get_srq_num),
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->attach_mcast : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
+namespace {
+
+// An rdma-core device's QPs made by its extension driver are its own ibv_qp: libibverbs attaches
+// them (its answer is a positive errno; result() makes it ours).
+int verbsAttachMcast(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid) {
+    return ibv_attach_mcast(qp->qp, gid, lid);
+}
+int verbsDetachMcast(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid) {
+    return ibv_detach_mcast(qp->qp, gid, lid);
+}
+
+}  // namespace
+
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,     ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd,   verbsRegMr,     ibv_dereg_mr,
-               ibv_modify_qp, ibv_query_qp,     nullptr,      ibv_query_device, verbsQueryPort, verbsQueryGid,
-               nullptr,       nullptr,          nullptr,      nullptr,          nullptr,        nullptr,
-               nullptr,       nullptr,          nullptr,      nullptr,          nullptr,        nullptr};
+    Ops ops = {verbsOpen,       ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,    ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
+               verbsQueryPort,  verbsQueryGid,    nullptr,      nullptr,        nullptr,
+               nullptr,         nullptr,          nullptr,      nullptr,        nullptr,
+               nullptr,         nullptr,          nullptr,      nullptr,        verbsAttachMcast,
+               verbsDetachMcast};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -399,6 +426,16 @@ ibv_qp_extend *DeviceVerbs::createXrcTgtQp(ibv_context *context, ibv_qp_init_att
 int DeviceVerbs::getSrqNum(ibv_srq *srq, uint32_t *srq_num) const {
     errno = 0;
     return ops_.get_srq_num(srq, srq_num);
+}
+
+int DeviceVerbs::attachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const {
+    errno = 0;
+    return result(ops_.attach_mcast(qp, &gid, lid));
+}
+
+int DeviceVerbs::detachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const {
+    errno = 0;
+    return result(ops_.detach_mcast(qp, &gid, lid));
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

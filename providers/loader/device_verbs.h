@@ -59,6 +59,9 @@ class DeviceVerbs {
         ibv_qp_extend *(*create_xrc_tgt_qp)(ibv_context *context, ibv_qp_init_attr_extend *attr,
                                             ibv_xrcd *xrcd);
         int (*get_srq_num)(ibv_srq *srq, uint32_t *srq_num);
+        // Multicast (ABI V8): see ibv_extend_vdev.h.
+        int (*attach_mcast)(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid);
+        int (*detach_mcast)(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -130,6 +133,11 @@ class DeviceVerbs {
                                  ibv_cq *cq) const;
     ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *attr, ibv_xrcd *xrcd) const;
     int getSrqNum(ibv_srq *srq, uint32_t *srq_num) const;
+
+    // ibv_attach_mcast / ibv_detach_mcast on a UD QP of the extend API (a provider's from ABI V8
+    // on): 0 or a negative errno, -EOPNOTSUPP when the provider cannot.
+    int attachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const;
+    int detachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const;
 
   private:
     int result(int rc) const;

@@ -318,6 +318,7 @@ int destroyQp(ibv_qp_extend *ext) {
     std::lock_guard<std::mutex> ctl(dev->ctl);
     dev->gate.lock();
     dev->qps.erase(qp->qpn);
+    leaveAllGroups(qp);  // a destroyed QP leaves its groups, as the kernel detaches them
     dev->qp_epoch++;
     if (dev->engine) {
         dev->engine->forgetQp(qp);

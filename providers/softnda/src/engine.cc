@@ -131,25 +131,43 @@ inline void scatterList(const Segment *src, uint32_t nsrc, const Segment *dst) {
     }
 }
 
+// GID 0 of a port (SPEC.md §8): fe80::<port GUID>, big-endian.
+ibv_gid portGid(const Device &dev, uint8_t port) {
+    ibv_gid gid{};
+    const uint64_t prefix = 0xfe80000000000000ull;
+    const uint64_t guid = dev.guid + port;
+    for (int i = 0; i < 8; ++i) {
+        gid.raw[i] = static_cast<uint8_t>(prefix >> (56 - 8 * i));
+        gid.raw[8 + i] = static_cast<uint8_t>(guid >> (56 - 8 * i));
+    }
+    return gid;
+}
+
 // The 40-byte GRH softnda puts at the head of every UD receive (SPEC.md §11.1): IPv6 header
-// fields, big-endian, with the sender's and the receiver's port GIDs.
-void fillGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const Device &dev, uint8_t sport, uint8_t dport, uint32_t len) {
+// fields, big-endian, with the sender's port GID and the destination GID (the receiver's port's,
+// or a multicast group's, §11.3).
+void fillGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const Device &dev, uint8_t sport, const ibv_gid &dgid,
+             uint32_t len) {
     std::memset(grh, 0, SOFTNDA_GRH_SIZE);
     grh[0] = 0x60;  // IP version 6, traffic class and flow label 0
     grh[4] = static_cast<uint8_t>(len >> 8);
     grh[5] = static_cast<uint8_t>(len);
     grh[6] = 0x1b;  // next header: IBA transport
     grh[7] = 1;     // hop limit
-    auto putGid = [&dev](uint8_t *at, uint8_t port) {
-        const uint64_t prefix = 0xfe80000000000000ull;
-        const uint64_t guid = dev.guid + port;
-        for (int i = 0; i < 8; ++i) {
-            at[i] = static_cast<uint8_t>(prefix >> (56 - 8 * i));
-            at[8 + i] = static_cast<uint8_t>(guid >> (56 - 8 * i));
+    const ibv_gid sgid = portGid(dev, sport);
+    std::memcpy(grh + 8, sgid.raw, sizeof(sgid.raw));
+    std::memcpy(grh + 24, dgid.raw, sizeof(dgid.raw));
+}
+
+// The MGID of the first group with MLID lid that qp joined (SPEC.md §11.3: groups on one MLID
+// are not told apart).
+const ibv_gid &groupGid(const Qp &qp, uint16_t lid) {
+    for (const McastGroup &g : qp.mcast) {
+        if (g.lid == lid) {
+            return g.gid;
         }
-    };
-    putGid(grh + 8, sport);
-    putGid(grh + 24, dport);
+    }
+    return qp.mcast.front().gid;  // not reached: qp is a member of lid's list only while it has one
 }
 
 // The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
@@ -434,6 +452,8 @@ class Engine::Thread {
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
                             uint64_t total);
+    void deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal, uint64_t total,
+                         uint32_t qkey, Qp *peer, const ibv_gid &dgid);
     ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                uint64_t total);
     void commit(Qp *qp, const Responder &peer, const PendingRecv &pending);
@@ -1108,30 +1128,48 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     if ((qkey & SOFTNDA_QKEY_PRIVILEGED) != 0) {
         qkey = qp->attrs.qkey;  // "send my own Q_Key"
     }
-    const uint8_t dport = portOfLid(*dev_, static_cast<uint16_t>(h.rkey));
-    auto it = dport != 0 ? dev_->qps.find(dest_qpn) : dev_->qps.end();
-    if (it == dev_->qps.end()) {
+    const auto dlid = static_cast<uint16_t>(h.rkey);
+    if (isMulticastLid(dlid)) {
+        // Every member of the MLID's groups gets its copy (SPEC.md §11.3), the sender too when
+        // it joined; only the multicast QPN reaches a group.
+        auto group = dest_qpn == kMcastQpn ? dev_->mcast.find(dlid) : dev_->mcast.end();
+        if (group != dev_->mcast.end()) {
+            for (Qp *member : group->second) {
+                deliverDatagram(qp, h, local, nlocal, total, qkey, member, groupGid(*member, dlid));
+            }
+        }
         return ExecResult{};
     }
-    Qp *peer = it->second;
-    if (peer->init.qp_type != IBV_QPT_UD || peer->attrs.port != dport || peer->attrs.qkey != qkey) {
-        return ExecResult{};
+    const uint8_t dport = portOfLid(*dev_, dlid);
+    auto it = dport != 0 ? dev_->qps.find(dest_qpn) : dev_->qps.end();
+    if (it != dev_->qps.end() && it->second->attrs.port == dport) {
+        deliverDatagram(qp, h, local, nlocal, total, qkey, it->second, portGid(*dev_, dport));
+    }
+    return ExecResult{};
+}
+
+// One datagram into peer, when it is a UD QP that can take it (its Q_Key, its state, a receive);
+// otherwise it is dropped, and the sender never knows.
+void Engine::Thread::deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                                     uint64_t total, uint32_t qkey, Qp *peer, const ibv_gid &dgid) {
+    if (peer->init.qp_type != IBV_QPT_UD || peer->attrs.qkey != qkey) {
+        return;
     }
     std::lock_guard<std::mutex> lk(peer->rq_lock);
     int ps = peer->state.load(std::memory_order_acquire);
     RecvCopy r;
     const Responder rp = responderOf(peer);
     if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(rp, &r)) {
-        return ExecResult{};
+        return;
     }
     uint8_t grh[SOFTNDA_GRH_SIZE];
-    fillGrh(grh, *dev_, qp->attrs.port, dport, static_cast<uint32_t>(total));
+    fillGrh(grh, *dev_, qp->attrs.port, dgid, static_cast<uint32_t>(total));
     Segment src[30];
     src[0] = Segment{grh, SOFTNDA_GRH_SIZE};
     std::copy(local, local + nlocal, src + 1);
     Segment dst[29];
     if (deliverInto(rp, r, src, nlocal + 1, total + SOFTNDA_GRH_SIZE, qp->qpn, dst) != IBV_WC_SUCCESS) {
-        return ExecResult{};  // the receive completed in error; the sender knows nothing of it
+        return;  // the receive completed in error; the sender knows nothing of it
     }
     uint8_t flags = SOFTNDA_CQE_GRH;
     if (h.opcode == SOFTNDA_OP_SEND_WITH_IMM) {
@@ -1142,7 +1180,6 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     }
     completeRecv(rp, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
                  h.imm_data, flags, qp->qpn, portLid(*dev_, qp->attrs.port));
-    return ExecResult{};
 }
 
 // A UC WQE (SPEC.md §11.2): delivered when the connected peer can take it, else dropped; no

@@ -114,7 +114,15 @@ struct QpBlob {
     ibv_ar_config ar;
     ibv_sack_config sack;
 };
-static_assert(sizeof(BlobHdr) + sizeof(QpBlob) <= IBV_EXTEND_VDEV_STATE_MAX, "a QP's blob fits");
+// A UD QP's blob ends with its multicast groups (SPEC.md §11.3), in joining order.
+struct McastBlob {
+    uint8_t gid[16];
+    uint16_t lid;
+    uint16_t resv;
+};
+static_assert(sizeof(BlobHdr) + sizeof(QpBlob) + kMaxQpGroups * sizeof(McastBlob) <=
+                  IBV_EXTEND_VDEV_STATE_MAX,
+              "a QP's blob fits, with its groups");
 
 constexpr uint32_t kMaxCtxPages =
     (IBV_EXTEND_VDEV_STATE_MAX - sizeof(BlobHdr) - sizeof(CtxBlob)) / sizeof(uint32_t);
@@ -306,7 +314,12 @@ int exportQp(const ibv_qp_extend *ext, ibv_extend_vdev_state *out) {
     b.sq_sig_all = qp->init.sq_sig_all;
     b.qp_type = static_cast<uint8_t>(qp->init.qp_type);
     putAttrs(qp->attrs, &b);
-    put(out, IBV_EXTEND_VDEV_OBJ_QP, b);
+    std::vector<McastBlob> groups(qp->mcast.size());
+    for (size_t i = 0; i < groups.size(); ++i) {
+        std::memcpy(groups[i].gid, qp->mcast[i].gid.raw, sizeof(groups[i].gid));
+        groups[i].lid = qp->mcast[i].lid;
+    }
+    put(out, IBV_EXTEND_VDEV_OBJ_QP, b, groups.data(), groups.size() * sizeof(McastBlob));
     return 0;
 }
 
@@ -650,12 +663,38 @@ bool importParents(Context *ctx, const QpBlob &b, const ibv_extend_vdev_import *
            b.has_rq == (out->srq == nullptr && type != IBV_QPT_XRC_SEND ? 1u : 0u);
 }
 
+// A QP blob's body and its multicast groups (the tail after the body); false for a blob whose
+// tail is not a whole number of groups or has a non-zero reserved field.
+bool readQpBlob(const ibv_extend_vdev_state *in, QpBlob *b, std::vector<McastGroup> *groups) {
+    const uint8_t *p = body(IBV_EXTEND_VDEV_OBJ_QP, in, sizeof(QpBlob));
+    if (p == nullptr) {
+        return false;
+    }
+    std::memcpy(b, p, sizeof(*b));
+    const size_t tail = in->len - sizeof(BlobHdr) - sizeof(QpBlob);
+    if (tail % sizeof(McastBlob) != 0) {
+        return false;
+    }
+    groups->resize(tail / sizeof(McastBlob));
+    for (size_t i = 0; i < groups->size(); ++i) {
+        McastBlob m;
+        std::memcpy(&m, p + sizeof(QpBlob) + i * sizeof(McastBlob), sizeof(m));
+        if (m.resv != 0) {
+            return false;
+        }
+        std::memcpy((*groups)[i].gid.raw, m.gid, sizeof(m.gid));
+        (*groups)[i].lid = m.lid;
+    }
+    return true;
+}
+
 void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     QpBlob b;
+    std::vector<McastGroup> groups;
     Context *ctx = asContext(env->context);
     QpParents parents;
-    if (!readBody(IBV_EXTEND_VDEV_OBJ_QP, in, &b) || ctx == nullptr || in->fd_cnt != 0 ||
-        !opsComplete(env->ops) || !validQpBlob(b, ctx->dev->cfg) || !importParents(ctx, b, env, &parents)) {
+    if (!readQpBlob(in, &b, &groups) || ctx == nullptr || in->fd_cnt != 0 || !opsComplete(env->ops) ||
+        !validQpBlob(b, ctx->dev->cfg) || !importParents(ctx, b, env, &parents)) {
         return failNull<void>(EINVAL);
     }
     Device *dev = ctx->dev;
@@ -665,6 +704,10 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     }
     if (dev->qps.count(b.qpn) != 0) {
         return failNull<void>(EINVAL);  // a QP of this process has the number
+    }
+    const auto type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
+    if (int rc = checkImportedGroups(*dev, type, groups); rc != 0) {
+        return failNull<void>(-rc);
     }
     auto qp = std::make_unique<Qp>();
     qp->srq = parents.srq;
@@ -679,9 +722,13 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     init.recv_cq = parents.rcq != nullptr ? &parents.rcq->ib : nullptr;
     init.srq = parents.srq != nullptr ? &parents.srq->ib : nullptr;
     init.cap = b.cap;
-    init.qp_type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
+    init.qp_type = type;
     init.sq_sig_all = b.sq_sig_all;
-    return buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
+    ibv_qp_extend *ext = buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
+    if (ext != nullptr) {
+        joinImportedGroups(asQp(ext->qp), groups);  // checked above, under the same ctl
+    }
+    return ext;
 }
 
 }  // namespace

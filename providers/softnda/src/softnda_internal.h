@@ -247,6 +247,12 @@ struct QpAttrs {
     std::unique_ptr<QpExtAttrs> ext;
 };
 
+// A multicast group a UD QP joined (SPEC.md §11.3): its MGID and MLID.
+struct McastGroup {
+    ibv_gid gid{};
+    uint16_t lid = 0;
+};
+
 struct Qp {
     ibv_qp ib{};
     ibv_qp_extend ext{};
@@ -293,6 +299,8 @@ struct Qp {
     bool recover_psn = false;
     // The SQ record's engine-private words (SPEC.md §10), as u32 indexes from dbr_pi.
     uint32_t *recWord(unsigned w) const { return sq.pi + w; }
+    // The multicast groups a UD QP joined, in joining order (ctl + gate).
+    std::vector<McastGroup> mcast;
     // Whether the QP has a receive queue of its own: not with an SRQ, and never on XRC QPs.
     bool hasRq() const { return rq.buf != nullptr; }
 };
@@ -352,6 +360,9 @@ struct Device {
     uint32_t next_qpn = 1;
     uint64_t qp_epoch = 1;  // bumped when a QP goes away, invalidating cached peers (gate)
     std::unordered_map<uint32_t, Srq *> xrc_srqs;  // XRC SRQs by SRQ number; ctl + gate
+    // The UD QPs that joined a multicast group, by MLID, each once (SPEC.md §11.3); ctl + gate.
+    std::unordered_map<uint16_t, std::vector<Qp *>> mcast;
+    uint32_t mcast_attached = 0;  // group memberships of all QPs (ctl)
     uint32_t next_srqn = 1;
 
     uint32_t n_pd = 0, n_mr = 0, n_qp = 0, n_cq = 0, n_srq = 0;  // ctl
@@ -388,6 +399,17 @@ inline uint8_t portOfLid(const Device &dev, uint16_t lid) {
 }
 // The UD message limit: one packet of the port's MTU (SPEC.md §8, §11.1).
 constexpr uint32_t kUdMtu = 4096;
+
+// Multicast (SPEC.md §11.3): LIDs 0xc000-0xfffe (0xffff is the permissive LID), the QPN a
+// datagram to a group names, and the device's limits (ibv_device_attr's max_mcast_*).
+inline bool isMulticastLid(uint16_t lid) {
+    return lid >= 0xc000 && lid != 0xffff;
+}
+constexpr uint32_t kMcastQpn = 0xffffff;
+constexpr uint32_t kMaxMcastGroups = 1024;       // MLIDs with members on one device
+constexpr uint32_t kMaxMcastQpAttach = 64;       // QPs in one group
+constexpr uint32_t kMaxMcastTotalAttach = 4096;  // memberships on one device
+constexpr uint32_t kMaxQpGroups = 16;            // groups one QP joins (its restart blob holds them)
 
 // The access flags softnda knows (MRs and QPs).
 constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
@@ -459,6 +481,16 @@ int resizeCq(ibv_cq_extend *ext, uint32_t cqe);
 inline constexpr int kReregFlags =
     IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
 int reregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, uint64_t iova, int access);
+// mcast.cc (SPEC.md §11.3): the vdev entries, and what destroy and import do with a QP's groups.
+int attachMcast(ibv_qp_extend *ext, const ibv_gid *gid, uint16_t lid);
+int detachMcast(ibv_qp_extend *ext, const ibv_gid *gid, uint16_t lid);
+// The caller holds Device::ctl and the gate exclusively.
+void leaveAllGroups(Qp *qp);
+// An imported QP's groups (its blob's): whether a QP of that type may be in all of them and the
+// device has room (0, -EINVAL or -ENOMEM); then, once the QP is built, its joining. The caller
+// holds Device::ctl across both.
+int checkImportedGroups(const Device &dev, ibv_qp_type type, const std::vector<McastGroup> &groups);
+void joinImportedGroups(Qp *qp, const std::vector<McastGroup> &groups);
 // What reg_mr and rereg_mr check (vdev.cc): known access bits and the IB rule that remote write
 // and atomic need local write; a non-empty range of mapped memory within max_mr_size. 0 or -errno.
 int checkMrAccess(int access);

@@ -502,6 +502,9 @@ int queryDevice(ibv_context *context, ibv_device_attr *attr) {
     attr->max_srq_wr = static_cast<int>(c.max_srq_wr);
     attr->max_srq_sge = static_cast<int>(c.max_sge);
     attr->max_pkeys = 1;
+    attr->max_mcast_grp = static_cast<int>(kMaxMcastGroups);
+    attr->max_mcast_qp_attach = static_cast<int>(kMaxMcastQpAttach);
+    attr->max_total_mcast_qp_attach = static_cast<int>(kMaxMcastTotalAttach);
     attr->local_ca_ack_delay = 0;
     attr->phys_port_cnt = static_cast<uint8_t>(c.phys_port_cnt);
     return 0;
@@ -575,7 +578,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V7,
+    .abi = IBV_EXTEND_VDEV_ABI_V8,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -610,4 +613,7 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     // ABI V7: resizing a CQ (SPEC.md §12), re-registering an MR (§13).
     .resize_cq = softnda::CEntry<softnda::resizeCq>::call,
     .rereg_mr = softnda::CEntry<softnda::reregMr>::call,
+    // ABI V8: multicast (SPEC.md §11.3).
+    .attach_mcast = softnda::CEntry<softnda::attachMcast>::call,
+    .detach_mcast = softnda::CEntry<softnda::detachMcast>::call,
 };

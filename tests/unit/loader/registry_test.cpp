@@ -292,6 +292,8 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .get_srq_num = nullptr,
     .resize_cq = nullptr,
     .rereg_mr = nullptr,
+    .attach_mcast = nullptr,
+    .detach_mcast = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};

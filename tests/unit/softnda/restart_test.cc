@@ -194,6 +194,16 @@ uint32_t *rec(const ibv_qp_extend *q) {
 // A UD QP's Q_Key (SPEC.md §11.1), which only queue memory carries across a restart.
 constexpr uint32_t kUdQkey = 0x5eed;
 
+// The multicast group UD QP E joins before the export (SPEC.md §11.3).
+constexpr uint16_t kUdMlid = 0xc00e;
+ibv_gid udGroup() {
+    ibv_gid g{};
+    g.raw[0] = 0xff;
+    g.raw[1] = 0x12;
+    g.raw[15] = 0x0e;
+    return g;
+}
+
 // UD: RESET -> INIT (P_Key index, port, Q_Key) -> RTR -> RTS.
 int udUp(ibv_qp *qp, uint32_t qkey) {
     ibv_qp_attr a{};
@@ -259,6 +269,8 @@ struct OldBroker {
         auto ua = ibvx::qpInitAttr({.pd = pd, .send_cq = cq_d->cq, .qp_type = IBV_QPT_UD, .ops = &g_ops});
         qp_e = ext->ops->create_qp(ctx, &ua);
         need(qp_e != nullptr && udUp(qp_e->qp, kUdQkey) == 0, 56);
+        const ibv_gid mgid = udGroup();
+        need(softnda_vdev_ops.attach_mcast(qp_e, &mgid, kUdMlid) == 0, 57);
         sh->qpn_e = qp_e->qp->qp_num;
         makeXrc();
     }
@@ -989,9 +1001,10 @@ TEST_F(SoftndaRestart, AnXrcInitiatorTargetAndSrqCarryOn) {
     teardown();
 }
 
-// A UD QP comes back as UD, in RTS, with its Q_Key: a datagram to itself with that Q_Key
-// arrives behind its GRH (an RC QP, or a lost Q_Key, would not take it).
-TEST_F(SoftndaRestart, AUdQpKeepsItsTransportAndQkey) {
+// A UD QP comes back as UD, in RTS, with its Q_Key and its multicast group: a datagram to
+// itself with that Q_Key arrives behind its GRH (an RC QP, or a lost Q_Key, would not take it),
+// and so does one to the group, with the group's GID.
+TEST_F(SoftndaRestart, AUdQpKeepsItsTransportQkeyAndGroup) {
     restore(kNormal);
     ASSERT_FALSE(HasFatalFailure());
     EXPECT_EQ(qp_e->qp->qp_type, IBV_QPT_UD);
@@ -1026,6 +1039,16 @@ TEST_F(SoftndaRestart, AUdQpKeepsItsTransportAndQkey) {
     EXPECT_NE(by_id[8100].flags & SOFTNDA_CQE_GRH, 0);
     EXPECT_EQ(by_id[8100].src_qp, sh->qpn_e);
     EXPECT_EQ(recv[(2048 + SOFTNDA_GRH_SIZE) / 8], 0xe0e0u);
+    softnda_sge r2{sh->recv + 2048 + 64, 64, sh->key[2]};
+    ASSERT_EQ(softnda_rq_post(&rqE, 8101, &r2, 1), 0);
+    softnda_rq_doorbell(&rqE);
+    auto m = wr(SOFTNDA_OP_SEND, 8001, &s, 1);
+    softnda_send_wr_set_ud(&m, 0xffffff, kUdQkey, kUdMlid);
+    ASSERT_EQ(postAndRing(&sqE, m), 0);
+    by_id = successfulById(waitCqes(cqD, 2));
+    ASSERT_EQ(by_id.count(8101), 1u);
+    const ibv_gid mgid = udGroup();
+    EXPECT_EQ(std::memcmp(reinterpret_cast<const uint8_t *>(recv) + 2048 + 64 + 24, mgid.raw, 16), 0);
     teardown();
 }
 

@@ -2,12 +2,15 @@
 // that nothing is acknowledged or retried: a message nobody takes is dropped, the sender completes.
 #include <endian.h>
 
+#include <set>
+
 #include "tests/unit/softnda/fixture.h"
 
 namespace softnda_test {
 namespace {
 
 constexpr uint32_t kQkey = 0x11111111;
+constexpr uint32_t kMcastQpn = 0xffffff;  // the QPN a datagram to a multicast group names (IBA)
 
 int modify(ibv_qp *qp, ibv_qp_attr a, int mask) {
     return softnda_vdev_ops.modify_qp(qp, &a, mask);
@@ -205,6 +208,89 @@ TEST_F(Transport, UdDatagramsNobodyTakesAreDroppedAndTheSenderCompletes) {
     EXPECT_EQ(r.wr_id, 7u);
     EXPECT_EQ(r.status, IBV_WC_SUCCESS);
     EXPECT_EQ(qpState(b), IBV_QPS_RTS);
+}
+
+// Multicast (SPEC.md §11.3): a datagram to an MLID and the multicast QPN reaches every QP that
+// joined a group with that MLID, behind a GRH whose DGID is the group's; a QP that left, or never
+// joined, gets nothing; a unicast QPN to a multicast LID reaches nobody.
+TEST_F(Transport, McastDatagramReachesEveryMemberAndNobodyElse) {
+    ibv_gid mgid{};
+    mgid.raw[0] = 0xff;
+    mgid.raw[1] = 0x0e;
+    mgid.raw[15] = 0x42;
+    constexpr uint16_t kMlid = 0xc007;
+    QpH a = makeTyped(IBV_QPT_UD);
+    QpH b = makeTyped(IBV_QPT_UD);
+    QpH c = makeTyped(IBV_QPT_UD);
+    QpH d = makeTyped(IBV_QPT_UD);
+    for (QpH *q : {&a, &b, &c, &d}) {
+        ASSERT_EQ(udUp(q->ext->qp, kQkey), 0);
+    }
+    ASSERT_EQ(softnda_vdev_ops.attach_mcast(b.ext, &mgid, kMlid), 0);
+    ASSERT_EQ(softnda_vdev_ops.attach_mcast(c.ext, &mgid, kMlid), 0);
+    softnda_sge rs[3];
+    QpH *receivers[3] = {&b, &c, &d};
+    for (size_t i = 0; i < 3; ++i) {
+        rs[i] = sge(dst_.data() + i * 2048, 2048, dmr_);
+        ASSERT_EQ(postRecv(*receivers[i], 100 + i, &rs[i], 1), 0);
+    }
+    ASSERT_EQ(postOne(a, udSend(1, 64, kMcastQpn, kQkey, kMlid)), 0);
+    EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
+    auto got = waitCqes(rcq_.cq, 2);
+    ASSERT_EQ(got.size(), 2u);
+    std::set<uint32_t> qpns;
+    for (const softnda_cqe &r : got) {
+        EXPECT_EQ(r.status, IBV_WC_SUCCESS);
+        EXPECT_EQ(r.byte_len, SOFTNDA_GRH_SIZE + 64);
+        EXPECT_EQ(r.src_qp, a.qpn());
+        EXPECT_NE(r.flags & SOFTNDA_CQE_GRH, 0);
+        qpns.insert(r.qp_num);
+        const uint8_t *buf = dst_.data() + (r.wr_id - 100) * 2048;
+        EXPECT_EQ(std::memcmp(buf + 24, mgid.raw, 16), 0);  // DGID: the group's
+        EXPECT_EQ(std::memcmp(buf + SOFTNDA_GRH_SIZE, src_.data(), 64), 0);
+    }
+    EXPECT_EQ(qpns, (std::set<uint32_t>{b.qpn(), c.qpn()}));
+    EXPECT_TRUE(staysEmpty(rcq_.cq));  // d never joined
+
+    // c leaves; the next datagram reaches b only, and a unicast QPN to the MLID nobody.
+    ASSERT_EQ(softnda_vdev_ops.detach_mcast(c.ext, &mgid, kMlid), 0);
+    ASSERT_EQ(postRecv(b, 103, &rs[0], 1), 0);
+    ASSERT_EQ(postOne(a, udSend(2, 8, b.qpn(), kQkey, kMlid)), 0);
+    ASSERT_EQ(postOne(a, udSend(3, 8, kMcastQpn, kQkey, kMlid)), 0);
+    EXPECT_EQ(waitCqes(scq_.cq, 2).size(), 2u);
+    softnda_cqe r = waitOne(rcq_.cq);
+    EXPECT_EQ(r.qp_num, b.qpn());
+    EXPECT_EQ(r.wr_id, 103u);
+    EXPECT_TRUE(staysEmpty(rcq_.cq));
+}
+
+TEST_F(Transport, McastJoiningRulesAndLimits) {
+    ibv_gid mgid{};
+    mgid.raw[0] = 0xff;
+    ibv_gid unicast{};
+    unicast.raw[0] = 0xfe;
+    QpH ud = makeTyped(IBV_QPT_UD);
+    QpH rc = makeQp(scq_, rcq_);
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(rc.ext, &mgid, 0xc001), -EINVAL);  // UD only
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &unicast, 0xc001), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, lid_), -EINVAL);    // a unicast LID
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, 0xffff), -EINVAL);  // permissive
+    EXPECT_EQ(softnda_vdev_ops.detach_mcast(ud.ext, &mgid, 0xc001), -EINVAL);  // not joined
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, 0xc001), 0);
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, 0xc001), 0);  // again: nothing changes
+    EXPECT_EQ(softnda_vdev_ops.detach_mcast(ud.ext, &mgid, 0xc001), 0);
+    EXPECT_EQ(softnda_vdev_ops.detach_mcast(ud.ext, &mgid, 0xc001), -EINVAL);  // left once
+    for (uint16_t i = 0; i < 16; ++i) {
+        mgid.raw[15] = static_cast<uint8_t>(i);
+        ASSERT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, static_cast<uint16_t>(0xc100 + i)), 0);
+    }
+    mgid.raw[15] = 16;
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(ud.ext, &mgid, 0xc200), -ENOMEM);  // 16 groups per QP
+    ibv_device_attr attr{};
+    ASSERT_EQ(softnda_vdev_ops.query_device(ctx_, &attr), 0);
+    EXPECT_GT(attr.max_mcast_grp, 0);
+    EXPECT_GT(attr.max_mcast_qp_attach, 0);
+    EXPECT_GE(attr.max_total_mcast_qp_attach, attr.max_mcast_qp_attach);
 }
 
 TEST_F(Transport, UdMessageOverTheMtuIsALocalLengthError) {
