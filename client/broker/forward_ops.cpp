@@ -286,6 +286,17 @@ ShadowXrcd *openXrcd(ShadowContext *c) {
     return x;
 }
 
+int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach) {
+    pb::McastRequest req;
+    req.set_qp(s->handle);
+    req.set_gid(gid.raw, sizeof(gid.raw));
+    req.set_lid(lid);
+    pb::McastResponse resp;
+    Session *session = s->owner->session;
+    return attach ? session->call("AttachMcast", &pb::Broker::Stub::AttachMcast, req, &resp)
+                  : session->call("DetachMcast", &pb::Broker::Stub::DetachMcast, req, &resp);
+}
+
 int closeXrcd(ShadowXrcd *x) {
     return destroyTracked(x, "CloseXrcd", &pb::Broker::Stub::CloseXrcd, &pb::CloseXrcdRequest::set_xrcd);
 }

@@ -280,6 +280,10 @@ ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, 
 // face holds its data path's lock). 0 or a negative errno.
 int resizeCq(ShadowCq *s, uint32_t cqe);
 
+// ibv_attach_mcast (attach) / ibv_detach_mcast at the broker (AttachMcast / DetachMcast): 0 or a
+// negative errno.
+int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach);
+
 // ---- XRC (the libibverbs face's; the extend API cannot name a domain) ----
 // An XRC domain at the broker (OpenXrcd), tracked under c; NULL + errno.
 ShadowXrcd *openXrcd(ShadowContext *c);

@@ -139,6 +139,17 @@ int ibvx_verbs_destroy_qp(ibv_qp *qp) {
     return s != nullptr ? -destroyAttached(s) : EINVAL;
 }
 
+// The broker and its driver check the group (softnda SPEC.md §11.3); a positive errno, as
+// libibverbs answers.
+int ibvx_verbs_mcast(ibv_qp *qp, const ibv_gid *gid, uint16_t lid, int attach) {
+    ShadowQp *s = liveQp(qp);
+    int rc = s == nullptr || gid == nullptr ? EINVAL : -broker::mcast(s, *gid, lid, attach != 0);
+    if (rc != 0) {
+        errno = rc;
+    }
+    return rc;
+}
+
 int ibvx_verbs_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
     if (attr == nullptr) {
         return EINVAL;

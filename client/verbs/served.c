@@ -116,6 +116,12 @@ IBVX_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_a
 IBVX_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
     return ibvx_verbs_destroy_qp(qp);
 }
+IBVX_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_verbs_mcast(qp, gid, lid, 1);
+}
+IBVX_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
+    return ibvx_verbs_mcast(qp, gid, lid, 0);
+}
 IBVX_EXPORT int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask) {
     return ibvx_verbs_modify_qp(qp, attr, attr_mask);
 }

@@ -67,6 +67,8 @@ int ibvx_verbs_get_cq_event(struct ibv_comp_channel *channel, struct ibv_cq **cq
 void ibvx_verbs_ack_cq_events(struct ibv_cq *cq, unsigned int nevents);
 struct ibv_qp *ibvx_verbs_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 int ibvx_verbs_destroy_qp(struct ibv_qp *qp);
+/* ibv_attach_mcast (attach != 0) and ibv_detach_mcast. */
+int ibvx_verbs_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid, int attach);
 int ibvx_verbs_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask);
 int ibvx_verbs_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int attr_mask,
                         struct ibv_qp_init_attr *init_attr);

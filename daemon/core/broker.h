@@ -144,6 +144,13 @@ struct NegoResult {
 // Regions the tenant may unmap after a destroy.
 using Released = std::vector<RegionId>;
 
+// A multicast group of a QP (AttachMcast, DetachMcast).
+struct McastArgs {
+    uint64_t qp = 0;
+    ibv_gid gid{};
+    uint16_t lid = 0;
+};
+
 struct ResizeCqResult {
     uint32_t cqe = 0;   // the depth granted
     QueueResult info;   // the CQ's new queue memory
@@ -310,6 +317,10 @@ class Broker {
     // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.
     StatusOr<uint64_t> createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr);
     Status destroyAh(Session &s, uint64_t ah);
+    // ibv_attach_mcast / ibv_detach_mcast of a UD QP of the session (driver: attach_mcast /
+    // detach_mcast, vdev ABI V8; softnda SPEC.md §11.3). The QP's restart record follows.
+    Status attachMcast(Session &s, const McastArgs &args);
+    Status detachMcast(Session &s, const McastArgs &args);
     StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
     StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
     StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);

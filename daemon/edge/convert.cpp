@@ -268,6 +268,20 @@ StatusOr<CreateCqArgs> fromProto(const pb::CreateCqRequest &in) {
     return a;
 }
 
+StatusOr<McastArgs> fromProto(const pb::McastRequest &in) {
+    McastArgs a;
+    if (in.gid().size() != sizeof(a.gid.raw)) {
+        return invalidArgument("gid must be 16 bytes, got " + std::to_string(in.gid().size()));
+    }
+    if (in.lid() > 0xffff) {
+        return invalidArgument("lid must fit 16 bits, got " + std::to_string(in.lid()));
+    }
+    a.qp = in.qp();
+    std::memcpy(a.gid.raw, in.gid().data(), sizeof(a.gid.raw));
+    a.lid = static_cast<uint16_t>(in.lid());
+    return a;
+}
+
 StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in) {
     CreateQpArgs a;
     ASSIGN_OR_RETURN(a.dma_mode, fromProto(in.dma_mode()));

@@ -55,6 +55,7 @@ Status fromProto(const pb::AhAttr &in, ibv_ah_attr *out);
 // A request into the core's arguments; the first field that is not well-formed answers.
 RegMrArgs fromProto(const pb::RegMrRequest &in);
 StatusOr<CreateCqArgs> fromProto(const pb::CreateCqRequest &in);
+StatusOr<McastArgs> fromProto(const pb::McastRequest &in);
 StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in);
 StatusOr<CreateSrqArgs> fromProto(const pb::CreateSrqRequest &in);
 

@@ -45,6 +45,8 @@ enum class Method {
     kResizeCq,
     kOpenXrcd,
     kCloseXrcd,
+    kAttachMcast,
+    kDetachMcast,
     kCount
 };
 

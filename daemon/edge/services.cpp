@@ -78,6 +78,8 @@ bool isMutating(Method m) {
         case Method::kResizeCq:
         case Method::kOpenXrcd:
         case Method::kCloseXrcd:
+        case Method::kAttachMcast:
+        case Method::kDetachMcast:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -372,6 +374,22 @@ grpc::ServerUnaryReactor *BrokerService::CloseXrcd(grpc::CallbackServerContext *
                                                    pb::CloseXrcdResponse *resp) {
     return serve(ctx, Method::kCloseXrcd, resp,
                  [&](Session &s) { return broker_.closeXrcd(s, req->xrcd()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::AttachMcast(grpc::CallbackServerContext *ctx,
+                                                     const pb::McastRequest *req, pb::McastResponse *resp) {
+    return serve(ctx, Method::kAttachMcast, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(McastArgs a, fromProto(*req));
+        return broker_.attachMcast(s, a);
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DetachMcast(grpc::CallbackServerContext *ctx,
+                                                     const pb::McastRequest *req, pb::McastResponse *resp) {
+    return serve(ctx, Method::kDetachMcast, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(McastArgs a, fromProto(*req));
+        return broker_.detachMcast(s, a);
+    });
 }
 
 grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,

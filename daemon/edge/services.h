@@ -112,6 +112,10 @@ class BrokerService final : public pb::Broker::CallbackService {
                                        pb::ResizeCqResponse *resp) override;
     grpc::ServerUnaryReactor *OpenXrcd(grpc::CallbackServerContext *ctx, const pb::OpenXrcdRequest *req,
                                        pb::OpenXrcdResponse *resp) override;
+    grpc::ServerUnaryReactor *AttachMcast(grpc::CallbackServerContext *ctx, const pb::McastRequest *req,
+                                          pb::McastResponse *resp) override;
+    grpc::ServerUnaryReactor *DetachMcast(grpc::CallbackServerContext *ctx, const pb::McastRequest *req,
+                                          pb::McastResponse *resp) override;
     grpc::ServerUnaryReactor *CloseXrcd(grpc::CallbackServerContext *ctx, const pb::CloseXrcdRequest *req,
                                         pb::CloseXrcdResponse *resp) override;
     grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,

@@ -537,6 +537,12 @@ TEST_F(FaceTest, XrcBehaviour) {
     expectBehaviour(*this, IBVX_XRC_BEHAVIOUR, "xrc-behaviour");
 }
 
+// Multicast groups (softnda SPEC.md §11.3): the bad requests, delivery to the members only,
+// leaving by detach and by destroy.
+TEST_F(FaceTest, McastBehaviour) {
+    expectBehaviour(*this, IBVX_MCAST_BEHAVIOUR, "mcast-behaviour");
+}
+
 // The pyverbs programs of this directory (pyverbs_<name>.py), each as an unprivileged tenant.
 class FacePyverbs : public FaceTest, public ::testing::WithParamInterface<const char *> {};
 
