@@ -328,7 +328,9 @@ bool takeStraysPrivate(State &s, std::vector<Vma> *vmas) {
 // or lose the write (unheld). Other threads' stacks and TLS move like any memory.
 struct Caller {
     uintptr_t frame = 0;
-    uintptr_t tls_begin = 0;
+    uintptr_t errno_at = 0;
+    uintptr_t self_at = 0;
+    uintptr_t tls_begin = 0;  // the pages from one to the other
     uintptr_t tls_end = 0;
 };
 
@@ -337,7 +339,8 @@ Caller callerOf(uintptr_t frame) {
     const auto self = static_cast<uintptr_t>(pthread_self());
     // The descriptor starts at `self` and is under a page long.
     const uintptr_t last = std::max(err, self) + pageSize();
-    return {frame, std::min(err, self) & ~(pageSize() - 1), (last + pageSize() - 1) & ~(pageSize() - 1)};
+    return {frame, err, self, std::min(err, self) & ~(pageSize() - 1),
+            (last + pageSize() - 1) & ~(pageSize() - 1)};
 }
 
 // Why v's pages [begin, end) cannot move onto shared memory, or "" when they can.
@@ -378,7 +381,10 @@ std::string unmovable(const Vma &v, uintptr_t begin, uintptr_t end, const Caller
     if (begin < h.end && h.begin < end) {
         return where + " holds the shared-pages bookkeeping itself";
     }
-    if (begin < caller.tls_end && caller.tls_begin < end) {
+    // The span may reach past the TLS into a neighbouring mapping: only the mapping holding it.
+    const bool holds_tls = (caller.errno_at >= v.start && caller.errno_at < v.end) ||
+                           (caller.self_at >= v.start && caller.self_at < v.end);
+    if (holds_tls && begin < caller.tls_end && caller.tls_begin < end) {
         return where + " holds the calling thread's thread-local storage, which the move itself writes";
     }
     return "";
