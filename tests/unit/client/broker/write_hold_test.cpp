@@ -4,7 +4,7 @@
 // pages: threads writing and malloc()/free()ing around buffers that another thread registers
 // and deregisters in a loop lose no write, user-mode or kernel-mode.
 //
-//   IBVX_WRITE_HOLD_SECONDS  how long each soak runs (default 2: the short form in ctest)
+//   IBVX_WRITE_HOLD_SECONDS  how long each soak runs (default 1: the short form in ctest)
 //   IBV_EXTEND_SHARED_PAGES_WP=0  the moves as before holds existed: the soaks then count the
 //                                 writes lost (and fail)
 // The long form (millions of writes and thousands of moves per soak):
@@ -47,7 +47,7 @@ bool holdsDisabledOnPurpose() {
 int soakSeconds() {
     const char *v = getenv("IBVX_WRITE_HOLD_SECONDS");
     int s = v != nullptr ? atoi(v) : 0;
-    return s > 0 ? s : 2;
+    return s > 0 ? s : 1;
 }
 
 // Why holds do not work here ("" when they do), as the shared pages find it: with a page moved.
