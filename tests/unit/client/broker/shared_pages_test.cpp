@@ -101,6 +101,25 @@ int openFdCount() {
     return n - 1;  // the directory's own fd
 }
 
+// Descriptors of this process that are userfaultfds.
+int userfaultfdCount() {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) {
+        return -1;
+    }
+    while (dirent *e = readdir(d)) {
+        char target[64] = {};
+        std::string link = std::string("/proc/self/fd/") + e->d_name;
+        if (readlink(link.c_str(), target, sizeof target - 1) > 0 &&
+            strstr(target, "[userfaultfd]") != nullptr) {
+            ++n;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
 // What the broker does: map the window's pages of the fd, from the page holding the offset.
 // The bytes there must be the buffer's, and a write there (an RDMA WRITE) must show up at addr.
 void expectWindowIsTheBuffer(const SharedWindow &w, void *addr, size_t len) {
@@ -546,6 +565,8 @@ void forkAndCheckTheChild() {
         failed |= holds(buf, len, 20) ? 0 : 1;  // as at fork(), not the parent's later writes
         failed |= privatePage(buf) && privatePage(buf + len - 1) ? 0 : 2;
         failed |= sharedPageCount() == 0 ? 0 : 4;
+        // The parent's userfaultfd acts on the parent's memory: the child must not keep it.
+        failed |= userfaultfdCount() == 0 ? 0 : 128;
         fill(buf, len, 22);
         if (write(to_parent[1], "w", 1) != 1) {
             _exit(101);
@@ -556,6 +577,7 @@ void forkAndCheckTheChild() {
             struct stat own_file {};
             failed |= fstat(own.fd, &own_file) == 0 && own_file.st_ino != parent_file.st_ino ? 0 : 8;
             failed |= holds(buf, len, 22) && onSharedPages(buf) ? 0 : 16;
+            failed |= userfaultfdCount() == (writeHoldsUnavailable().empty() ? 1 : 0) ? 0 : 256;
             releaseShared(buf, len);
             failed |= privatePage(buf) && holds(buf, len, 22) ? 0 : 32;
         } else {
@@ -576,9 +598,11 @@ void forkAndCheckTheChild() {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal "
                                    << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "child failures (bits): 1 contents at fork, 2 not private, 4 "
-                                         "acquisitions inherited, 8 same memfd, 16 own acquisition, 32 own "
-                                         "release, 64 acquire failed";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "child failures (bits): 1 contents at fork, 2 not private, 4 "
+           "acquisitions inherited, 8 same memfd, 16 own acquisition, 32 own "
+           "release, 64 acquire failed, 128 the parent's userfaultfd kept, 256 no userfaultfd "
+           "of its own";
     close(to_child[1]);
     close(to_parent[0]);
     releaseShared(buf, len);
