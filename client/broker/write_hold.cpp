@@ -34,6 +34,7 @@ constexpr size_t kKernelSigsetBytes = 8;
 struct Holds {
     int fd = -1;
     std::string unavailable = "not opened yet";
+    bool turned_off = false;  // IBV_EXTEND_SHARED_PAGES_WP=0: asked for, so no warning
     bool warned = false;
 };
 
@@ -59,7 +60,8 @@ void warn(const char *fmt, ...) {
 // The userfaultfd, or -1 with h.unavailable set.
 int openUffd(Holds &h) {
     const char *knob = secure_getenv("IBV_EXTEND_SHARED_PAGES_WP");
-    if (knob != nullptr && std::strcmp(knob, "0") == 0) {
+    h.turned_off = knob != nullptr && std::strcmp(knob, "0") == 0;
+    if (h.turned_off) {
         h.unavailable = "IBV_EXTEND_SHARED_PAGES_WP=0";
         return -1;
     }
@@ -91,7 +93,7 @@ void openWriteHolds() {
     h.fd = openUffd(h);
     if (h.fd >= 0) {
         h.unavailable.clear();
-    } else if (!h.warned && h.unavailable != "IBV_EXTEND_SHARED_PAGES_WP=0") {
+    } else if (!h.warned && !h.turned_off) {
         h.warned = true;
         warn(
             "registration moves pages without holding other threads' writes (%s): another thread's "
