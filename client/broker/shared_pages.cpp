@@ -19,6 +19,7 @@
 #include <new>
 #include <vector>
 
+#include "client/broker/write_hold.h"
 #include "common/proc_maps.h"
 
 #if defined(__has_feature)
@@ -117,6 +118,13 @@ int copyFromFile(int fd, uintptr_t addr, size_t len, uint64_t offset) {
     return 0;
 }
 
+// Other threads' writes to the pages held from before the copy until the new mapping is in
+// place (write_hold.h), when the pages can be written at all. Nothing of ours writes the range
+// meanwhile (no allocation, no bookkeeping, not the calling thread's stack or errno: unmovable()).
+WriteHold holdWrites(uintptr_t addr, size_t len, int prot) {
+    return (prot & PROT_WRITE) != 0 ? WriteHold(addr, len) : WriteHold(addr, 0);
+}
+
 // Replaces [addr, addr + len) by private anonymous memory holding the file's bytes at offset,
 // with protection prot. The new pages are filled aside and moved into place by one mremap, so
 // the range never reads as anything but its contents. 0 or an errno; on failure the range is
@@ -126,13 +134,17 @@ int moveToPrivate(int fd, uintptr_t addr, size_t len, int prot, uint64_t offset)
     if (tmp == MAP_FAILED) {
         return errno;
     }
-    int err = copyFromFile(fd, reinterpret_cast<uintptr_t>(tmp), len, offset);
-    if (err == 0 && prot != kReadWrite && rawMprotect(tmp, len, prot) < 0) {
-        err = errno;
-    }
-    if (err == 0 && rawMremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED, reinterpret_cast<void *>(addr)) ==
-                        MAP_FAILED) {
-        err = errno;
+    int err = 0;
+    {
+        WriteHold hold = holdWrites(addr, len, prot);
+        err = copyFromFile(fd, reinterpret_cast<uintptr_t>(tmp), len, offset);
+        if (err == 0 && prot != kReadWrite && rawMprotect(tmp, len, prot) < 0) {
+            err = errno;
+        }
+        if (err == 0 && rawMremap(tmp, len, len, MREMAP_MAYMOVE | MREMAP_FIXED,
+                                  reinterpret_cast<void *>(addr)) == MAP_FAILED) {
+            err = errno;
+        }
     }
     if (err != 0) {
         rawMunmap(tmp, len);
@@ -140,12 +152,12 @@ int moveToPrivate(int fd, uintptr_t addr, size_t len, int prot, uint64_t offset)
     return err;
 }
 
-// Moves private [addr, addr + len) onto the memfd at file offset addr. The bytes are copied
-// first and the shared mapping replaces the private one right after: nothing of ours writes the
-// range in between (no allocation, no bookkeeping), so only another thread's writes could be
-// lost (the documented caveat). 0 or an errno; *mapped says whether the old mapping may be gone.
+// Moves private [addr, addr + len) onto the memfd at file offset addr: the bytes are copied,
+// then the shared mapping replaces the private one. 0 or an errno; *mapped says whether the old
+// mapping may be gone.
 int moveToShared(int fd, uintptr_t addr, size_t len, int prot, bool *mapped) {
     *mapped = false;
+    WriteHold hold = holdWrites(addr, len, prot);
     if (int err = copyToFile(fd, addr, len, addr); err != 0) {
         return err;
     }
@@ -189,9 +201,9 @@ struct State {
     size_t snapshot_len = 0;
 };
 
-// The state lives on a page of its own that acquireShared() refuses to move: a thread waiting
-// for the mutex writes the mutex word, and a write that lands between a page's copy and its
-// remapping would be lost (a malloc'd neighbour of a registered buffer could share its page).
+// The state lives on a page of its own that acquireShared() refuses to move: the moving thread
+// writes it, and a thread waiting for the mutex writes the mutex word, which during a move
+// would wait for the mover (held) or be lost (unheld).
 struct StateHome {
     State *state = nullptr;
     uintptr_t begin = 0;
@@ -310,8 +322,30 @@ bool takeStraysPrivate(State &s, std::vector<Vma> *vmas) {
     return !changed || readMaps(vmas);
 }
 
+// The calling thread's own memory, which it writes while it moves pages: its stack (found by an
+// address in it, `frame`) and its thread-local storage, from errno (which a failed system call
+// writes) to its thread descriptor. A move of such a page would wait for itself (held, forever)
+// or lose the write (unheld). Other threads' stacks and TLS move like any memory.
+struct Caller {
+    uintptr_t frame = 0;
+    uintptr_t errno_at = 0;
+    uintptr_t self_at = 0;
+    uintptr_t tls_begin = 0;  // the pages from one to the other
+    uintptr_t tls_end = 0;
+};
+
+Caller callerOf(uintptr_t frame) {
+    const auto err = reinterpret_cast<uintptr_t>(&errno);
+    const auto self = static_cast<uintptr_t>(pthread_self());
+    // The descriptor starts at `self` and is under a page long.
+    const uintptr_t last = std::max(err, self) + pageSize();
+    return {frame, err, self, std::min(err, self) & ~(pageSize() - 1),
+            (last + pageSize() - 1) & ~(pageSize() - 1)};
+}
+
 // Why v's pages [begin, end) cannot move onto shared memory, or "" when they can.
-std::string unmovable(const Vma &v, uintptr_t begin, uintptr_t end, uintptr_t frame, const StateHome &h) {
+std::string unmovable(const Vma &v, uintptr_t begin, uintptr_t end, const Caller &caller,
+                      const StateHome &h) {
     std::string where = span(begin, end);
     if (v.shared) {
         if (v.path.rfind("/dev/zero", 0) == 0 || v.path.rfind("[anon_shmem", 0) == 0) {
@@ -330,7 +364,7 @@ std::string unmovable(const Vma &v, uintptr_t begin, uintptr_t end, uintptr_t fr
     if (v.path.rfind("/anon_hugepage", 0) == 0) {
         return where + " is hugetlb memory: it cannot be remapped with ordinary pages";
     }
-    if (v.path.rfind("[stack", 0) == 0 || (frame >= v.start && frame < v.end)) {
+    if (v.path.rfind("[stack", 0) == 0 || (caller.frame >= v.start && caller.frame < v.end)) {
         return where + " is on " +
                (v.path.rfind("[stack", 0) == 0 ? "the main thread's" : "the calling thread's") +
                " stack, whose pages are written while they would move; register heap or mmap'd memory";
@@ -346,6 +380,12 @@ std::string unmovable(const Vma &v, uintptr_t begin, uintptr_t end, uintptr_t fr
     }
     if (begin < h.end && h.begin < end) {
         return where + " holds the shared-pages bookkeeping itself";
+    }
+    // The span may reach past the TLS into a neighbouring mapping: only the mapping holding it.
+    const bool holds_tls = (caller.errno_at >= v.start && caller.errno_at < v.end) ||
+                           (caller.self_at >= v.start && caller.self_at < v.end);
+    if (holds_tls && begin < caller.tls_end && caller.tls_begin < end) {
+        return where + " holds the calling thread's thread-local storage, which the move itself writes";
     }
     return "";
 }
@@ -375,11 +415,13 @@ int ensureFd(State &s, std::string *why) {
     s.dev = st.st_dev;
     s.ino = st.st_ino;
     s.size = 0;
+    openWriteHolds();  // lives as long as the memfd: no descriptor stays while nothing is moved
     return 0;
 }
 
 void closeIfUnused(State &s) {
     if (s.runs.empty() && s.fd >= 0) {
+        closeWriteHolds();
         ::close(s.fd);
         s.fd = -1;
         s.size = 0;
@@ -401,10 +443,10 @@ void rollBack(State &s, const std::vector<Piece> &moved) {
 }
 
 // The pieces of [begin, end) an acquisition moves: every page must be mapped and movable, and
-// pages at home already are where they must be. 0, or -EINVAL with *why. `frame` is an address on
-// the calling thread's stack.
+// pages at home already are where they must be. 0, or -EINVAL with *why. `caller` is what the
+// calling thread writes itself.
 int piecesToMove(const State &s, const StateHome &h, const std::vector<Vma> &vmas, uintptr_t begin,
-                 uintptr_t end, uintptr_t frame, std::vector<Piece> *pieces, std::string *why) {
+                 uintptr_t end, const Caller &caller, std::vector<Piece> *pieces, std::string *why) {
     auto it = std::upper_bound(vmas.begin(), vmas.end(), begin,
                                [](uintptr_t a, const Vma &v) { return a < v.end; });
     for (uintptr_t cur = begin; cur < end; ++it) {
@@ -415,7 +457,7 @@ int piecesToMove(const State &s, const StateHome &h, const std::vector<Vma> &vma
         }
         uintptr_t piece_end = std::min(end, it->end);
         if (!atHome(s, *it)) {
-            if (std::string no = unmovable(*it, cur, piece_end, frame, h); !no.empty()) {
+            if (std::string no = unmovable(*it, cur, piece_end, caller, h); !no.empty()) {
                 *why = std::move(no);
                 return -EINVAL;
             }
@@ -573,6 +615,7 @@ void forkParent() {
 // Until its pages are in place it reads nothing but the state page and the plan.
 void forkChild() {
     State &s = *home().state;
+    closeWriteHolds();  // the parent's: its ioctls would act on the parent's memory (one thread here)
     for (size_t i = 0; i < s.fork_piece_count; ++i) {
         const ForkPiece &p = s.fork_pieces[i];
         bool placed = false;
@@ -643,10 +686,9 @@ int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why
         return -ENOMEM;
     }
 
-    // The calling thread's stack is found by an address in it.
-    const auto frame = reinterpret_cast<uintptr_t>(__builtin_frame_address(0));
+    const Caller caller = callerOf(reinterpret_cast<uintptr_t>(__builtin_frame_address(0)));
     std::vector<Piece> pieces;
-    int rc = piecesToMove(s, h, vmas, begin, end, frame, &pieces, &msg);
+    int rc = piecesToMove(s, h, vmas, begin, end, caller, &pieces, &msg);
     if (rc == 0) {
         rc = growFileTo(s, end, &msg);
     }

@@ -7,7 +7,8 @@
 // page's file offset is its virtual address, so every moved page of the process has exactly one
 // home and any range of moved pages is one (fd, offset) window, however registrations overlap.
 // Only private memory moves (heap, anonymous mmap, static data, private file mappings); shared
-// mappings, devices, stacks, code, PROT_NONE and kernel mappings are refused with a reason.
+// mappings, devices, stacks, the caller's TLS, code, PROT_NONE and kernel mappings are refused
+// with a reason.
 // The first and last page move whole: their neighbouring bytes keep their contents.
 // Pages are reference counted per acquisition (a run-length interval map); when the last
 // acquisition of a page goes, the page is moved back to private anonymous memory with its
@@ -19,9 +20,12 @@
 // its MRs are the parent's.
 //
 // Thread-safety: all functions may be called concurrently; one internal mutex, on a page of its
-// own, guards the registry and the memfd and is held across the moves. No other thread may
-// write any byte of the pages being moved (the whole first and last page, neighbours included)
-// during acquireShared() or the releaseShared() that moves them back: such a write can be lost.
+// own, guards the registry and the memfd and is held across the moves. Other threads may write
+// the pages being moved (the whole first and last page, neighbours included) during
+// acquireShared() or the releaseShared() that moves them back: a user-mode write waits for the
+// instant of the move and lands in the new pages (write_hold.h); a system call writing them
+// then fails with EFAULT. Without a userfaultfd, or for private file mappings, such a write can
+// be lost (docs/verbs.md, "Other threads' writes during a move").
 #pragma once
 
 #include <cstddef>
@@ -37,9 +41,9 @@ struct SharedWindow {
 
 // Makes [addr, addr + length) reachable through *out. 0, or a negative errno with *why set (why
 // may be null): -EINVAL for length 0, a range past the end of the address space, or memory that
-// cannot be moved (a shared mapping, device memory, an unmapped hole, [vvar]/[vdso], a stack);
-// -ENOMEM when the memfd cannot grow or the pages cannot be remapped. On failure the range is
-// exactly as it was.
+// cannot be moved (a shared mapping, device memory, an unmapped hole, [vvar]/[vdso], a stack,
+// the calling thread's thread-local storage); -ENOMEM when the memfd cannot grow or the pages cannot be
+// remapped. On failure the range is exactly as it was.
 int acquireShared(void *addr, size_t length, SharedWindow *out, std::string *why);
 
 // Whether [addr, addr + length) lies in one read-write MAP_SHARED mapping (SysV or POSIX shared

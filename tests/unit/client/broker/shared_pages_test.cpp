@@ -1,6 +1,7 @@
 // Ordinary memory moved onto the per-process memfd so the broker can reach it: contents,
 // protection and the (fd, offset) window, reference counts, moving back, refusals, fork().
 #include "client/broker/shared_pages.h"
+#include "client/broker/write_hold.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -98,6 +99,25 @@ int openFdCount() {
     }
     closedir(d);
     return n - 1;  // the directory's own fd
+}
+
+// Descriptors of this process that are userfaultfds.
+int userfaultfdCount() {
+    int n = 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (d == nullptr) {
+        return -1;
+    }
+    while (dirent *e = readdir(d)) {
+        char target[64] = {};
+        std::string link = std::string("/proc/self/fd/") + e->d_name;
+        if (readlink(link.c_str(), target, sizeof target - 1) > 0 &&
+            strstr(target, "[userfaultfd]") != nullptr) {
+            ++n;
+        }
+    }
+    closedir(d);
+    return n;
 }
 
 // What the broker does: map the window's pages of the fd, from the page holding the offset.
@@ -310,7 +330,9 @@ TEST(SharedPages, NoFdLeaks) {
         std::string why;
         ASSERT_EQ(acquireShared(buf, kPage + 1, &w, &why), 0) << why;
         ASSERT_EQ(acquireShared(static_cast<uint8_t *>(buf) + 1, kPage, &w, &why), 0) << why;
-        EXPECT_EQ(openFdCount(), before + 1) << "one memfd, however many acquisitions";
+        // The userfaultfd that holds other threads' writes lives as long as the memfd.
+        const int uffd = writeHoldsUnavailable().empty() ? 1 : 0;
+        EXPECT_EQ(openFdCount(), before + 1 + uffd) << "one memfd, however many acquisitions";
         releaseShared(static_cast<uint8_t *>(buf) + 1, kPage);
         releaseShared(buf, kPage + 1);
     }
@@ -369,6 +391,18 @@ TEST(SharedPages, UnmovableMemoryIsRefusedAndLeftAsItWas) {
     char on_stack[256];
     memset(on_stack, 1, sizeof on_stack);
     expectRefused(on_stack, sizeof on_stack, "stack");
+    // The caller's own thread-local storage: errno is written by the move's failed system calls.
+    // (This is the main thread, whose TLS is not on its stack.)
+    static thread_local char in_tls[64];
+    memset(in_tls, 1, sizeof in_tls);
+    expectRefused(in_tls, sizeof in_tls, "thread-local storage");
+    // Another thread moves it like any memory.
+    std::thread([mine = &in_tls[0]] {
+        SharedWindow w;
+        std::string why;
+        EXPECT_EQ(acquireShared(mine, sizeof in_tls, &w, &why), 0) << why;
+        releaseShared(mine, sizeof in_tls);
+    }).join();
     // Code and the kernel's pages.
     expectRefused(reinterpret_cast<void *>(&roundTrip), 16, "executable code");
     if (auto vdso = getauxval(AT_SYSINFO_EHDR); vdso != 0) {
@@ -531,6 +565,8 @@ void forkAndCheckTheChild() {
         failed |= holds(buf, len, 20) ? 0 : 1;  // as at fork(), not the parent's later writes
         failed |= privatePage(buf) && privatePage(buf + len - 1) ? 0 : 2;
         failed |= sharedPageCount() == 0 ? 0 : 4;
+        // The parent's userfaultfd acts on the parent's memory: the child must not keep it.
+        failed |= userfaultfdCount() == 0 ? 0 : 128;
         fill(buf, len, 22);
         if (write(to_parent[1], "w", 1) != 1) {
             _exit(101);
@@ -541,6 +577,7 @@ void forkAndCheckTheChild() {
             struct stat own_file {};
             failed |= fstat(own.fd, &own_file) == 0 && own_file.st_ino != parent_file.st_ino ? 0 : 8;
             failed |= holds(buf, len, 22) && onSharedPages(buf) ? 0 : 16;
+            failed |= userfaultfdCount() == (writeHoldsUnavailable().empty() ? 1 : 0) ? 0 : 256;
             releaseShared(buf, len);
             failed |= privatePage(buf) && holds(buf, len, 22) ? 0 : 32;
         } else {
@@ -561,9 +598,11 @@ void forkAndCheckTheChild() {
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status)) << "child killed by signal "
                                    << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "child failures (bits): 1 contents at fork, 2 not private, 4 "
-                                         "acquisitions inherited, 8 same memfd, 16 own acquisition, 32 own "
-                                         "release, 64 acquire failed";
+    EXPECT_EQ(WEXITSTATUS(status), 0)
+        << "child failures (bits): 1 contents at fork, 2 not private, 4 "
+           "acquisitions inherited, 8 same memfd, 16 own acquisition, 32 own "
+           "release, 64 acquire failed, 128 the parent's userfaultfd kept, 256 no userfaultfd "
+           "of its own";
     close(to_child[1]);
     close(to_parent[0]);
     releaseShared(buf, len);
