@@ -41,6 +41,26 @@ ibv_mr *ibvx_verbs_reg_mr_iova2(ibv_pd *pd, void *addr, size_t length, uint64_t 
     return brokerRegMrIova(pd, addr, length, iova, mrAccess(access));
 }
 
+// rdma-core 44's ibv_rereg_mr, answer for answer: its own checks of the arguments answer
+// IBV_REREG_MR_ERR_INPUT, the provider's (here the broker's) refusal IBV_REREG_MR_ERR_CMD, both
+// with errno set. The fork-range steps cannot fail: registered memory needs no
+// madvise(MADV_DONTFORK) here (ibvx_verbs_fork_init). On softnda a refused MR is unchanged and
+// stays usable (SPEC.md §13), though rdma-core's documentation says not to use it.
+int ibvx_verbs_rereg_mr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, int access) {
+    const bool translate = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+    if (broker::liveMr(mr) == nullptr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) != 0 ||
+        (translate && (addr == nullptr || length == 0)) || (!translate && (addr != nullptr || length != 0))) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    if (int rc = brokerReregMr(mr, flags, pd, addr, length, mrAccess(static_cast<unsigned int>(access)));
+        rc != 0) {
+        errno = -rc;
+        return IBV_REREG_MR_ERR_CMD;
+    }
+    return 0;
+}
+
 int ibvx_verbs_dereg_mr(ibv_mr *mr) {
     return -brokerDeregMr(mr);  // EINVAL for a pointer the seam does not know
 }

@@ -24,10 +24,6 @@ IBVX_FACE_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gi
 IBVX_FACE_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid, uint16_t lid) {
     return ibvx_unsupported_int();
 }
-IBVX_FACE_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
-                                  int access) {
-    return ibvx_unsupported_int();
-}
 IBVX_FACE_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                                   uint64_t iova, int fd, int access) {
     return ibvx_unsupported_ptr();

@@ -33,7 +33,8 @@ const char *const kMethodNames[] = {"Hello",
                                     "DestroyAh",
                                     "ResizeCq",
                                     "OpenXrcd",
-                                    "CloseXrcd"};
+                                    "CloseXrcd",
+                                    "ReregMr"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

@@ -6,7 +6,7 @@
 // and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
-//   op < 58       the Broker method with that index in broker.proto (29 today, up to CloseXrcd; the harness
+//   op < 58       the Broker method with that index in broker.proto (30 today, up to ReregMr; the harness
 //   checks
 //                 they stay below 58); the bytes are its request, sent as they are when they do
 //                 not parse (gRPC must reject them), otherwise re-serialised after handle
@@ -17,7 +17,7 @@
 //   op == 58      the bytes are the next call's "ibvx-idempotency-key" value, sent verbatim.
 //   op == 59      the previous call again, with its key and its request bytes: a retry.
 //   op == 60      the next call reuses the previous call's key (another method, or other bytes).
-//   op == 61      an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
+//   op == 61      an fd transfer for RegMr (or ReregMr): u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
 //                 of that size is queued on the current session as the fd channel would.
 //   op == 62      the current session's process "goes away": the broker ends the session.
 //   op == 63      switch to the session opened (byte 0)-th in this input.
