@@ -84,6 +84,9 @@ static_assert(!kReadOnlyCall<pb::SetAsyncEventFdRequest>);
 static_assert(!kReadOnlyCall<pb::CreateAhRequest>);
 static_assert(!kReadOnlyCall<pb::DestroyAhRequest>);
 static_assert(!kReadOnlyCall<pb::ResizeCqRequest>);
+static_assert(!kReadOnlyCall<pb::OpenXrcdRequest>);
+static_assert(!kReadOnlyCall<pb::CloseXrcdRequest>);
+static_assert(!kReadOnlyCall<pb::ReregMrRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker
