@@ -18,7 +18,12 @@
  *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed;
  *  - shared memory (a SysV segment, POSIX shared memory, shared anonymous memory) registers, in
  *    place: an RDMA WRITE into it shows through a second mapping of the same object, an RDMA READ
- *    returns what the program wrote, and deregistration leaves it as it is.
+ *    returns what the program wrote, and deregistration leaves it as it is;
+ *  - ibv_rereg_mr answers as rdma-core 44's: IBV_REREG_MR_ERR_INPUT for what its wrapper checks
+ *    (an unknown flag, a translation without a range, a range without one), IBV_REREG_MR_ERR_CMD
+ *    for what the provider refuses (no flag, a PD of another context), errno EINVAL, the MR
+ *    unchanged and usable; a translation onto shared memory registers it in place (a WRITE
+ *    through the new rkey shows through a second mapping) and one back onto ordinary memory works.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -126,6 +131,87 @@ static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *c
     munmap(anon, kSharedLen);
     munmap(anon2, kSharedLen);
     close(fd);
+}
+
+/* md registers dst (4 KiB, kAccess); a pair of QPs of its own on pd carries the WRITEs. */
+static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, uint16_t lid,
+                  struct ibv_mr *ms, char *src, struct ibv_mr *md, char *dst) {
+    struct ibv_qp *qp = rc_qp(pd, cq), *peer = rc_qp(pd, cq);
+    to_init(qp);
+    to_init(peer);
+    to_rts(qp, peer->qp_num, lid);
+    to_rts(peer, qp->qp_num, lid);
+    const uint32_t lkey = md->lkey, rkey = md->rkey;
+    struct {
+        int flags;
+        void *addr;
+        size_t length;
+        int want;
+    } bad[] = {
+        {8, NULL, 0, IBV_REREG_MR_ERR_INPUT},
+        {IBV_REREG_MR_CHANGE_TRANSLATION, NULL, 4096, IBV_REREG_MR_ERR_INPUT},
+        {IBV_REREG_MR_CHANGE_ACCESS, dst, 4096, IBV_REREG_MR_ERR_INPUT},
+        {0, NULL, 0, IBV_REREG_MR_ERR_CMD},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+        errno = 0;
+        int rc = ibv_rereg_mr(md, bad[i].flags, NULL, bad[i].addr, bad[i].length, kAccess);
+        if (rc != bad[i].want || errno != EINVAL) {
+            fprintf(stderr, "verbs-behaviour: ibv_rereg_mr case %zu: %d errno %d, want %d errno EINVAL\n", i,
+                    rc, errno, bad[i].want);
+            exit(1);
+        }
+    }
+    struct ibv_context *other = ibv_open_device(ctx->device);
+    struct ibv_pd *foreign = other != NULL ? ibv_alloc_pd(other) : NULL;
+    errno = 0;
+    if (foreign == NULL ||
+        ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_PD, foreign, NULL, 0, 0) != IBV_REREG_MR_ERR_CMD ||
+        errno != EINVAL) {
+        fail("ibv_rereg_mr to a PD of another context", "not refused with ERR_CMD and EINVAL");
+    }
+    if (md->lkey != lkey || md->rkey != rkey || md->pd == foreign || md->addr != dst) {
+        fail("ibv_rereg_mr", "a refused call changed the MR");
+    }
+    strcpy(src, "still usable");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 13, dst, md->rkey, "WRITE after a refused rereg");
+    if (strcmp(dst, "still usable") != 0) {
+        fail("WRITE after a refused rereg", "the data did not land");
+    }
+
+    /* Onto shared anonymous memory (registered in place), then back onto dst. */
+    char *anon = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    char *anon2 = anon != MAP_FAILED ? mremap(anon, 0, 8192, MREMAP_MAYMOVE) : MAP_FAILED;
+    if (anon == MAP_FAILED || anon2 == MAP_FAILED) {
+        fail("shared anonymous mmap", strerror(errno));
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, anon + 100, 5000, 0) != 0) {
+        fail("ibv_rereg_mr onto shared memory", strerror(errno));
+    }
+    if (md->rkey == rkey || md->addr != anon + 100 || md->length != 5000) {
+        fail("ibv_rereg_mr onto shared memory", "keys or range not changed");
+    }
+    strcpy(src, "in place");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 9, anon + 4090, md->rkey, "WRITE after a translation");
+    if (strcmp(anon2 + 4090, "in place") != 0) {
+        fail("WRITE after a translation", "not in the shared memory");
+    }
+    const uint32_t shared_rkey = md->rkey;
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, dst, 4096, 0) != 0 ||
+        md->rkey == shared_rkey || md->addr != dst) {
+        fail("ibv_rereg_mr back onto ordinary memory", strerror(errno));
+    }
+    strcpy(src, "back");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 5, dst, md->rkey, "WRITE after a translation back");
+    if (strcmp(dst, "back") != 0) {
+        fail("WRITE after a translation back", "the data did not land");
+    }
+    munmap(anon, 8192);
+    munmap(anon2, 8192);
+    ibv_destroy_qp(qp);
+    ibv_destroy_qp(peer);
+    ibv_dealloc_pd(foreign);
+    ibv_close_device(other);
 }
 
 int main(int argc, char **argv) {
@@ -488,6 +574,7 @@ int main(int argc, char **argv) {
     if (!found) {
         fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
     }
+    rereg(ctx, pd, cq, port.lid, ms, src, md, dst); /* last: it changes md's keys */
     ibv_destroy_qp(sender);
     ibv_destroy_qp(receiver);
     ibv_destroy_cq(tiny);
