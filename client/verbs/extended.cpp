@@ -231,7 +231,14 @@ void fillQpEx(ShadowQp *s) {
 }  // namespace
 
 ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
-    if (attr == nullptr || (attr->wc_flags & ~kCqExWcFlags) != 0 || attr->comp_mask != 0) {
+    // A parent domain (IBV_CQ_INIT_ATTR_MASK_PD) is checked as rdma-core's providers check it and
+    // changes nothing else: a CQ has no PD, and the allocators it could carry are refused.
+    if (attr != nullptr && (attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) != 0 &&
+        (!isParentDomain(attr->parent_domain) || attr->parent_domain->context != context)) {
+        return failNull<ibv_cq_ex>(EINVAL);
+    }
+    if (attr == nullptr || (attr->wc_flags & ~kCqExWcFlags) != 0 ||
+        (attr->comp_mask & ~IBV_CQ_INIT_ATTR_MASK_PD) != 0) {
         warn("ibv_create_cq_ex: only the standard completion fields are served (wc_flags 0x%llx)",
              attr != nullptr ? static_cast<unsigned long long>(attr->wc_flags) : 0ull);
         return failNull<ibv_cq_ex>(EOPNOTSUPP);

@@ -23,7 +23,12 @@
  *    (an unknown flag, a translation without a range, a range without one), IBV_REREG_MR_ERR_CMD
  *    for what the provider refuses (no flag, a PD of another context), errno EINVAL, the MR
  *    unchanged and usable; a translation onto shared memory registers it in place (a WRITE
- *    through the new rkey shows through a second mapping) and one back onto ordinary memory works.
+ *    through the new rkey shows through a second mapping) and one back onto ordinary memory works;
+ *  - thread and parent domains: ibv_alloc_td (comp_mask must be 0), ibv_alloc_parent_domain with
+ *    and without one (custom allocators refused with EOPNOTSUPP; no PD, a foreign TD: EINVAL);
+ *    a QP, SRQ, MR, AH and cq_ex made under a parent domain work on its PD and name it as their
+ *    pd; a WRITE between a QP of the parent domain and one of the PD lands; the PD and the TD
+ *    answer EBUSY while a parent domain names them, and ibv_dealloc_pd frees the parent domain.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -212,6 +217,115 @@ static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
     ibv_destroy_qp(peer);
     ibv_dealloc_pd(foreign);
     ibv_close_device(other);
+}
+
+static void *no_alloc(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment, uint64_t type) {
+    (void)pd, (void)pd_context, (void)size, (void)alignment, (void)type;
+    return IBV_ALLOCATOR_USE_DEFAULT;
+}
+static void no_free(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t type) {
+    (void)pd, (void)pd_context, (void)ptr, (void)type;
+}
+
+static void domains(struct ibv_context *ctx, uint16_t lid) {
+    struct ibv_td_init_attr tda = {.comp_mask = 1};
+    errno = 0;
+    if (ibv_alloc_td(ctx, &tda) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_td with a comp_mask", "not refused with EINVAL");
+    }
+    tda.comp_mask = 0;
+    struct ibv_td *td = ibv_alloc_td(ctx, &tda);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    if (td == NULL || td->context != ctx || pd == NULL) {
+        fail("ibv_alloc_td", strerror(errno));
+    }
+    struct ibv_parent_domain_init_attr pa = {.pd = NULL, .td = td};
+    errno = 0;
+    if (ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_parent_domain without a PD", "not refused with EINVAL");
+    }
+    pa.pd = pd;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+    pa.alloc = no_alloc;
+    pa.free = no_free;
+    errno = 0;
+    if (ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EOPNOTSUPP) {
+        fail("ibv_alloc_parent_domain with allocators", "not refused with EOPNOTSUPP");
+    }
+    struct ibv_context *other = ibv_open_device(ctx->device);
+    struct ibv_td *foreign = other != NULL ? ibv_alloc_td(other, &tda) : NULL;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    pa.pd_context = &pa;
+    pa.td = foreign;
+    errno = 0;
+    if (foreign == NULL || ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_parent_domain with another context's TD", "not refused with EINVAL");
+    }
+    pa.td = td;
+    struct ibv_pd *with_td = ibv_alloc_parent_domain(ctx, &pa);
+    pa.td = NULL;
+    pa.comp_mask = 0;
+    struct ibv_pd *plain = ibv_alloc_parent_domain(ctx, &pa);
+    if (with_td == NULL || plain == NULL || with_td->context != ctx || with_td == pd) {
+        fail("ibv_alloc_parent_domain", strerror(errno));
+    }
+    if (ibv_dealloc_td(td) != EBUSY || ibv_dealloc_pd(pd) != EBUSY) {
+        fail("ibv_dealloc_td/pd under a parent domain", "not refused with EBUSY");
+    }
+
+    /* Objects under the parent domains: a CQ (cq_ex naming one), QPs, an SRQ, MRs and an AH. */
+    struct ibv_cq_init_attr_ex cx = {.cqe = 16, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD, .parent_domain = pd};
+    errno = 0;
+    if (ibv_create_cq_ex(ctx, &cx) != NULL || errno != EINVAL) {
+        fail("ibv_create_cq_ex naming a PD as parent domain", "not refused with EINVAL");
+    }
+    cx.parent_domain = with_td;
+    struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
+    if (cqx == NULL) {
+        fail("ibv_create_cq_ex with a parent domain", strerror(errno));
+    }
+    struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+    struct ibv_qp *a = rc_qp(with_td, cq), *b = rc_qp(pd, cq);
+    struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+    struct ibv_srq *srq = ibv_create_srq(plain, &sa);
+    char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+    struct ibv_mr *ms = ibv_reg_mr(with_td, src, 4096, kAccess), *md = ibv_reg_mr(plain, dst, 4096, kAccess);
+    struct ibv_ah_attr aa = {.dlid = lid, .port_num = 1};
+    struct ibv_ah *ah = ibv_create_ah(plain, &aa);
+    if (a->pd != with_td || b->pd != pd || srq == NULL || srq->pd != plain || ms == NULL ||
+        ms->pd != with_td || md == NULL || md->pd != plain || ah == NULL || ah->pd != plain) {
+        fail("objects under a parent domain", "not made, or not naming it as their pd");
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, lid);
+    to_rts(b, a->qp_num, lid);
+    strcpy(src, "parent domain");
+    rdma(a, cq, IBV_WR_RDMA_WRITE, ms, src, 14, dst, md->rkey, "WRITE under parent domains");
+    if (strcmp(dst, "parent domain") != 0) {
+        fail("WRITE under parent domains", "the data did not land");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_PD, with_td, NULL, 0, 0) != 0 || md->pd != with_td) {
+        fail("ibv_rereg_mr to a parent domain", strerror(errno));
+    }
+
+    ibv_destroy_ah(ah);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+    ibv_destroy_srq(srq);
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_destroy_cq(cq);
+    if (ibv_dealloc_pd(with_td) != 0 || ibv_dealloc_pd(plain) != 0 || ibv_dealloc_td(td) != 0 ||
+        ibv_dealloc_pd(pd) != 0) {
+        fail("ibv_dealloc_pd of the parent domains, then the TD and the PD", "refused");
+    }
+    errno = 0;
+    if (ibv_dealloc_td(foreign) != 0 || ibv_close_device(other) != 0) {
+        fail("ibv_dealloc_td/ibv_close_device", strerror(errno));
+    }
+    free(src);
+    free(dst);
 }
 
 int main(int argc, char **argv) {
@@ -575,6 +689,7 @@ int main(int argc, char **argv) {
         fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
     }
     rereg(ctx, pd, cq, port.lid, ms, src, md, dst); /* last: it changes md's keys */
+    domains(ctx, port.lid);
     ibv_destroy_qp(sender);
     ibv_destroy_qp(receiver);
     ibv_destroy_cq(tiny);
