@@ -550,7 +550,7 @@ TEST_P(FacePyverbs, ProgramSucceeds) {
     EXPECT_EQ(out, "OK\n") << slurp(err);
 }
 
-INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize", "rereg"),
+INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize", "rereg", "domains"),
                          [](const auto &info) { return std::string(info.param); });
 
 }  // namespace
