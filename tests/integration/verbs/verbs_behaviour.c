@@ -138,6 +138,22 @@ static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *c
     close(fd);
 }
 
+/* Whether the page at p is one of the shared pages registration moves ordinary memory onto. */
+static int on_shared_pages(const void *p) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[512];
+    int found = 0;
+    while (maps != NULL && !found && fgets(line, sizeof(line), maps) != NULL) {
+        unsigned long lo = 0, hi = 0;
+        found = sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)p >= lo && (unsigned long)p < hi &&
+                strstr(line, "ibvx-shared-pages") != NULL;
+    }
+    if (maps != NULL) {
+        fclose(maps);
+    }
+    return found;
+}
+
 /* md registers dst (4 KiB, kAccess); a pair of QPs of its own on pd carries the WRITEs. */
 static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, uint16_t lid,
                   struct ibv_mr *ms, char *src, struct ibv_mr *md, char *dst) {
@@ -213,6 +229,32 @@ static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
     }
     munmap(anon, 8192);
     munmap(anon2, 8192);
+
+    /* Between private pages: the new range's pages move onto shared pages as at registration,
+     * the old range's move back as at deregistration. */
+    char *one = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *two = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (one == MAP_FAILED || two == MAP_FAILED) {
+        fail("private anonymous mmap", strerror(errno));
+    }
+    strcpy(two, "kept");
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, one, 4096, 0) != 0 || !on_shared_pages(one)) {
+        fail("ibv_rereg_mr onto private memory", "the page did not move onto shared pages");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, two, 4096, 0) != 0 || !on_shared_pages(two) ||
+        on_shared_pages(one) || strcmp(two, "kept") != 0) {
+        fail("ibv_rereg_mr between private pages", "the pages did not move as at reg and dereg");
+    }
+    strcpy(src, "moved");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 6, two, md->rkey, "WRITE after a translation between pages");
+    if (strcmp(two, "moved") != 0) {
+        fail("WRITE after a translation between pages", "the data did not land");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, dst, 4096, 0) != 0 || on_shared_pages(two)) {
+        fail("ibv_rereg_mr back onto dst", "the private page stayed on shared pages");
+    }
+    munmap(one, 4096);
+    munmap(two, 4096);
     ibv_destroy_qp(qp);
     ibv_destroy_qp(peer);
     ibv_dealloc_pd(foreign);
