@@ -158,6 +158,41 @@ ibv_mr *registerInPlace(ShadowPd *pd, void *addr, size_t length, int access, uin
     return trackMr(pd, resp, addr, length, nullptr);
 }
 
+// How the broker is given [addr, addr + length) of this process: a window (fd, offset) of a
+// buffer the library made or of ordinary memory moved onto shared pages (hold keeps them), or,
+// fd -1, the program's own shared mapping, which the broker opens in place (tenant_address).
+struct MrSource {
+    int fd = -1;
+    uint64_t offset = 0;
+    SharedHold hold;  // the moved pages, given back when dropped (unless an MR takes them over)
+};
+
+// 0, or a negative errno with a warning saying why the memory cannot reach the broker.
+int sourceOf(void *addr, size_t length, const char *verb, MrSource *out) {
+    BufferInfo buf;
+    if (findBuffer(addr, length, &buf)) {
+        out->fd = buf.fd;
+        out->offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
+        return 0;
+    }
+    // Ordinary memory: its pages move onto shared memory the broker can be given
+    // (client/broker/shared_pages.h); the MR gives them back when it goes.
+    SharedWindow window;
+    std::string why;
+    if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {
+        if (rc == -EINVAL && inSharedMapping(addr, length)) {
+            return 0;  // in place: fd -1
+        }
+        warn("%s: [%p, +%zu) cannot be registered through the broker: %s", verb, addr, length, why.c_str());
+        return rc;
+    }
+    out->fd = window.fd;
+    out->offset = window.offset;
+    out->hold.addr = addr;
+    out->hold.length = length;
+    return 0;
+}
+
 std::atomic<bool> g_broker_mode{false};
 
 }  // namespace
@@ -268,26 +303,14 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
     if (p == nullptr || addr == nullptr || length == 0) {
         return failNull<ibv_mr>(EINVAL);
     }
-    BufferInfo buf;
-    if (findBuffer(addr, length, &buf)) {
-        uint64_t offset = reinterpret_cast<uintptr_t>(addr) - reinterpret_cast<uintptr_t>(buf.base);
-        return registerMr(p, buf.fd, offset, length, access, addr, iova, nullptr);
-    }
-    // Ordinary memory: its pages move onto shared memory the broker can be given
-    // (client/broker/shared_pages.h); the MR gives them back when it goes.
-    SharedWindow window;
-    std::string why;
-    if (int rc = acquireShared(addr, length, &window, &why); rc != 0) {
-        if (rc == -EINVAL && inSharedMapping(addr, length)) {
-            return registerInPlace(p, addr, length, access, iova);
-        }
-        warn("reg_mr: [%p, +%zu) cannot be registered through the broker: %s", addr, length, why.c_str());
+    MrSource src;
+    if (int rc = sourceOf(addr, length, "reg_mr", &src); rc != 0) {
         return failNull<ibv_mr>(-rc);
     }
-    SharedHold hold;
-    hold.addr = addr;
-    hold.length = length;
-    return registerMr(p, window.fd, window.offset, length, access, addr, iova, &hold);
+    if (src.fd < 0) {
+        return registerInPlace(p, addr, length, access, iova);
+    }
+    return registerMr(p, src.fd, src.offset, length, access, addr, iova, &src.hold);
 }
 
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access) {
@@ -296,6 +319,68 @@ ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int ac
         return failNull<ibv_mr>(EINVAL);
     }
     return registerMr(p, fd, offset, length, access, nullptr, 0, nullptr);
+}
+
+int brokerReregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, int access) {
+    ShadowMr *m = liveMr(mr);
+    if (m == nullptr) {
+        return -EINVAL;
+    }
+    pb::ReregMrRequest req;
+    req.set_mr(m->handle);
+    req.set_flags(static_cast<uint32_t>(flags));
+    ShadowPd *p = nullptr;
+    if ((flags & IBV_REREG_MR_CHANGE_PD) != 0) {
+        p = livePd(pd);
+        if (p == nullptr || p->owner != m->owner) {
+            return -EINVAL;  // not a PD of the MR's context (SPEC.md §13)
+        }
+        req.set_pd(p->handle);
+    }
+    if ((flags & IBV_REREG_MR_CHANGE_ACCESS) != 0) {
+        req.set_access(static_cast<uint32_t>(access));
+    }
+    const bool translate = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+    Session *session = m->owner->session;
+    pb::ReregMrResponse resp;
+    MrSource src;  // the new memory; dropped on failure, its moved pages given back
+    int rc = 0;
+    if (!translate) {
+        rc = session->call("ReregMr", &pb::Broker::Stub::ReregMr, req, &resp);
+    } else if (addr == nullptr || length == 0) {
+        return -EINVAL;
+    } else if (rc = sourceOf(addr, length, "rereg_mr", &src); rc != 0) {
+        return rc;
+    } else {
+        req.set_length(length);
+        req.set_iova(reinterpret_cast<uintptr_t>(addr));  // ibv_rereg_mr has no iova: the address
+        if (src.fd < 0) {
+            req.set_tenant_address(reinterpret_cast<uintptr_t>(addr));
+            rc = session->call("ReregMr", &pb::Broker::Stub::ReregMr, req, &resp);
+        } else {
+            req.set_offset(src.offset);
+            rc = session->callWithFd(
+                "ReregMr", &pb::Broker::Stub::ReregMr, src.fd, req,
+                [](pb::ReregMrRequest *r, uint64_t x) { r->set_xfer_id(x); }, &resp);
+        }
+    }
+    if (rc != 0) {
+        return rc;  // the MR is unchanged (SPEC.md §13)
+    }
+    m->mr.lkey = resp.lkey();
+    m->mr.rkey = resp.rkey();
+    if (p != nullptr) {
+        m->mr.pd = &p->pd;
+    }
+    if (translate) {
+        m->mr.addr = addr;
+        m->mr.length = length;
+        // The MR keeps the new range's moved pages; src takes the old range's and gives them
+        // back as a deregistration would.
+        std::swap(m->shared.addr, src.hold.addr);
+        std::swap(m->shared.length, src.hold.length);
+    }
+    return 0;
 }
 
 int brokerDeregMr(ibv_mr *mr) {

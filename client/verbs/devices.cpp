@@ -90,6 +90,9 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.close_xrcd = faceCloseXrcd;
     c->vctx.create_srq_ex = faceCreateSrqEx;
     c->vctx.get_srq_num = faceGetSrqNum;
+    c->vctx.alloc_td = faceAllocTd;
+    c->vctx.dealloc_td = faceDeallocTd;
+    c->vctx.alloc_parent_domain = faceAllocParentDomain;
     serveDatapath(c);
 }
 
@@ -114,6 +117,7 @@ void askForAsyncEvents(ShadowContext *c, const FaceDevice &dev) {
 size_t destroyLeftovers(ShadowContext *c) {
     using broker::ShadowKind;
     size_t left = 0;
+    dropDomains(c);  // no broker object behind them; their PDs can then go
     for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
                             ShadowKind::kMr, ShadowKind::kXrcd, ShadowKind::kPd}) {
         for (void *o : broker::shadowsOf(c, kind)) {

@@ -253,9 +253,15 @@ ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
     if (c == nullptr || attr == nullptr) {
         return failNull<ibv_cq_ex>(EINVAL);
     }
+    // A parent domain (IBV_CQ_INIT_ATTR_MASK_PD) is checked as rdma-core's providers check it and
+    // changes nothing else: a CQ has no PD, and the allocators it could carry are refused.
+    if ((attr->comp_mask & IBV_CQ_INIT_ATTR_MASK_PD) != 0 &&
+        (!isParentDomain(attr->parent_domain) || attr->parent_domain->context != context)) {
+        return failNull<ibv_cq_ex>(EINVAL);
+    }
     const bool clock = IBVX_DATAPATH_ENTRY(c, poll_cq_times) != nullptr;
     const uint64_t served = kCqExWcFlags | (clock ? kCqExTimes : 0);
-    if ((attr->wc_flags & ~served) != 0 || attr->comp_mask != 0) {
+    if ((attr->wc_flags & ~served) != 0 || (attr->comp_mask & ~IBV_CQ_INIT_ATTR_MASK_PD) != 0) {
         warn("ibv_create_cq_ex: only the standard completion fields%s are served (wc_flags 0x%llx)",
              clock ? " and the completion times" : "", static_cast<unsigned long long>(attr->wc_flags));
         return failNull<ibv_cq_ex>(EOPNOTSUPP);

@@ -102,6 +102,30 @@ int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num);
 // ibv_create_qp_ex() of an XRC QP (attr->qp_type IBV_QPT_XRC_SEND or IBV_QPT_XRC_RECV).
 ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 
+// ---- thread and parent domains (domains.cpp) ------------------------------------------------------
+
+// The verbs_context entries ibv_alloc_td(), ibv_dealloc_td() and ibv_alloc_parent_domain() reach.
+ibv_td *faceAllocTd(ibv_context *context, ibv_td_init_attr *init_attr);
+int faceDeallocTd(ibv_td *td);
+ibv_pd *faceAllocParentDomain(ibv_context *context, ibv_parent_domain_init_attr *attr);
+// The PD a parent domain stands for; any other pointer as it is. Every verb taking a PD asks.
+ibv_pd *underlyingPd(ibv_pd *pd);
+// What ibv_dealloc_pd does first: frees pd when it is a parent domain (*was_parent), or answers
+// EBUSY for a PD a parent domain still names; 0 otherwise.
+int releaseParentDomain(ibv_pd *pd, bool *was_parent);
+// Whether pd is a parent domain of the face.
+bool isParentDomain(const ibv_pd *pd);
+// Forgets the context's parent and thread domains (ibv_close_device).
+void dropDomains(const ShadowContext *c);
+// An object made under a parent domain keeps it as its pd, as rdma-core's providers answer.
+template <typename T>
+T *keepPd(T *obj, ibv_pd *given) {
+    if (obj != nullptr) {
+        obj->pd = given;
+    }
+    return obj;
+}
+
 // ---- the data path (datapath.cpp) ----------------------------------------------------------------
 
 // The data path's entry `member` of context c's driver, or nullptr: entries are appended to the

@@ -31,14 +31,43 @@ ibv_pd *ibvx_verbs_alloc_pd(ibv_context *context) {
 }
 
 int ibvx_verbs_dealloc_pd(ibv_pd *pd) {
+    bool parent = false;
+    if (int rc = releaseParentDomain(pd, &parent); rc != 0 || parent) {
+        return rc;
+    }
     return livePd(pd) != nullptr ? -brokerDeallocPd(pd) : EINVAL;
 }
 
 ibv_mr *ibvx_verbs_reg_mr_iova2(ibv_pd *pd, void *addr, size_t length, uint64_t iova, unsigned int access) {
-    if (livePd(pd) == nullptr) {
+    ibv_pd *base = underlyingPd(pd);
+    if (livePd(base) == nullptr) {
         return failNull<ibv_mr>(EINVAL);
     }
-    return brokerRegMrIova(pd, addr, length, iova, mrAccess(access));
+    return keepPd(brokerRegMrIova(base, addr, length, iova, mrAccess(access)), pd);
+}
+
+// rdma-core 44's ibv_rereg_mr, answer for answer: its own checks of the arguments answer
+// IBV_REREG_MR_ERR_INPUT, the provider's (here the broker's) refusal IBV_REREG_MR_ERR_CMD, both
+// with errno set. The fork-range steps cannot fail: registered memory needs no
+// madvise(MADV_DONTFORK) here (ibvx_verbs_fork_init). On softnda a refused MR is unchanged and
+// stays usable (SPEC.md §13), though rdma-core's documentation says not to use it.
+int ibvx_verbs_rereg_mr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, int access) {
+    const bool translate = (flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+    if (broker::liveMr(mr) == nullptr || (flags & ~IBV_REREG_MR_FLAGS_SUPPORTED) != 0 ||
+        (translate && (addr == nullptr || length == 0)) || (!translate && (addr != nullptr || length != 0))) {
+        errno = EINVAL;
+        return IBV_REREG_MR_ERR_INPUT;
+    }
+    if (int rc = brokerReregMr(mr, flags, underlyingPd(pd), addr, length,
+                               mrAccess(static_cast<unsigned int>(access)));
+        rc != 0) {
+        errno = -rc;
+        return IBV_REREG_MR_ERR_CMD;
+    }
+    if ((flags & IBV_REREG_MR_CHANGE_PD) != 0) {
+        mr->pd = pd;  // a parent domain stays what the MR names, as rdma-core's wrapper sets it
+    }
+    return 0;
 }
 
 int ibvx_verbs_dereg_mr(ibv_mr *mr) {
@@ -50,7 +79,8 @@ int ibvx_verbs_dereg_mr(ibv_mr *mr) {
 // layout the data path reads a UD work request's destination from (ibv_extend_datapath_ah), so
 // posting never calls the broker (docs/verbs.md).
 ibv_ah *ibvx_verbs_create_ah(ibv_pd *pd, ibv_ah_attr *attr) {
-    return livePd(pd) != nullptr ? brokerCreateAh(pd, attr) : failNull<ibv_ah>(EINVAL);
+    ibv_pd *base = underlyingPd(pd);
+    return livePd(base) != nullptr ? keepPd(brokerCreateAh(base, attr), pd) : failNull<ibv_ah>(EINVAL);
 }
 
 int ibvx_verbs_destroy_ah(ibv_ah *ah) {

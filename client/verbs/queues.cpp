@@ -127,11 +127,12 @@ ibv_srq *createSrq(ShadowPd *p, ibv_srq_init_attr *attr, ShadowXrcd *xrcd, Shado
 extern "C" {
 
 ibv_qp *ibvx_verbs_create_qp(ibv_pd *pd, ibv_qp_init_attr *attr) {
-    ShadowPd *p = livePd(pd);
+    ibv_pd *base = underlyingPd(pd);
+    ShadowPd *p = livePd(base);
     if (p == nullptr || attr == nullptr) {
         return failNull<ibv_qp>(EINVAL);
     }
-    return createQp(p->owner, pd, attr, nullptr);
+    return keepPd(createQp(p->owner, base, attr, nullptr), pd);
 }
 
 int ibvx_verbs_destroy_qp(ibv_qp *qp) {
@@ -177,11 +178,11 @@ int ibvx_verbs_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_ini
 }
 
 ibv_srq *ibvx_verbs_create_srq(ibv_pd *pd, ibv_srq_init_attr *attr) {
-    ShadowPd *p = livePd(pd);
+    ShadowPd *p = livePd(underlyingPd(pd));
     if (p == nullptr || attr == nullptr) {
         return failNull<ibv_srq>(EINVAL);
     }
-    return createSrq(p, attr, nullptr, nullptr);
+    return keepPd(createSrq(p, attr, nullptr, nullptr), pd);
 }
 
 int ibvx_verbs_destroy_srq(ibv_srq *srq) {

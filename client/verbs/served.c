@@ -84,6 +84,10 @@ IBVX_EXPORT struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_
                                             unsigned int access) {
     return ibvx_verbs_reg_mr_iova2(pd, addr, length, iova, access);
 }
+IBVX_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                             int access) {
+    return ibvx_verbs_rereg_mr(mr, flags, pd, addr, length, access);
+}
 IBVX_EXPORT int ibv_dereg_mr(struct ibv_mr *mr) {
     return ibvx_verbs_dereg_mr(mr);
 }

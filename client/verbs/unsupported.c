@@ -18,10 +18,6 @@
 
 /* ---- Public verbs (prototypes from <infiniband/verbs.h>) ---- */
 
-IBVX_FACE_EXPORT int ibv_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
-                                  int access) {
-    return ibvx_unsupported_int();
-}
 IBVX_FACE_EXPORT struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t length,
                                                   uint64_t iova, int fd, int access) {
     return ibvx_unsupported_ptr();

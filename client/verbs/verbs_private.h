@@ -54,6 +54,8 @@ struct ibv_pd *ibvx_verbs_alloc_pd(struct ibv_context *context);
 int ibvx_verbs_dealloc_pd(struct ibv_pd *pd);
 struct ibv_mr *ibvx_verbs_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t length, uint64_t iova,
                                        unsigned int access);
+int ibvx_verbs_rereg_mr(struct ibv_mr *mr, int flags, struct ibv_pd *pd, void *addr, size_t length,
+                        int access);
 int ibvx_verbs_dereg_mr(struct ibv_mr *mr);
 
 /* Queues. */

@@ -65,7 +65,7 @@ ibv_srq *faceCreateSrqEx(ibv_context *context, ibv_srq_init_attr_ex *attr) {
         warn("ibv_create_srq_ex: only basic and XRC SRQs are served (comp_mask 0x%x)", attr->comp_mask);
         return failNull<ibv_srq>(EOPNOTSUPP);
     }
-    ShadowPd *p = livePd(attr->pd, c);
+    ShadowPd *p = livePd(underlyingPd(attr->pd), c);
     ShadowXrcd *x = nullptr;
     ShadowCq *cq = nullptr;
     if (xrc) {
@@ -86,7 +86,7 @@ ibv_srq *faceCreateSrqEx(ibv_context *context, ibv_srq_init_attr_ex *attr) {
     if (srq != nullptr) {
         attr->attr = basic.attr;
     }
-    return srq;
+    return keepPd(srq, attr->pd);
 }
 
 int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num) {
@@ -124,7 +124,7 @@ ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
             return failNull<ibv_qp>(EINVAL);
         }
     } else {
-        pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) != 0 ? attr->pd : nullptr;
+        pd = (attr->comp_mask & IBV_QP_INIT_ATTR_PD) != 0 ? underlyingPd(attr->pd) : nullptr;
         if (livePd(pd, c) == nullptr) {
             return failNull<ibv_qp>(EINVAL);
         }
@@ -138,6 +138,7 @@ ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
     ibv_qp *qp = createQp(c, pd, &a, x);
     if (qp != nullptr) {
         attr->cap = a.cap;
+        qp->pd = target ? nullptr : attr->pd;  // a parent domain stays what the QP names
     }
     return qp;
 }

@@ -765,34 +765,48 @@ StatusOr<UniqueMapping> mapMrMemory(const UniqueFd &fd, const RegMrArgs &args, v
 
 }  // namespace
 
-StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
+struct Broker::MrMemory {
+    UniqueFd fd;
+    UniqueMapping mapping;
+    void *addr = nullptr;    // the first byte named, in mapping
+    uint64_t fd_offset = 0;  // where mapping starts in fd
+};
+
+StatusOr<Broker::MrMemory> Broker::takeMrMemory(Session &s, const RegMrArgs &args, const char *call) {
     if (args.length == 0) {
         return invalidArgument("MR length must be > 0");
     }
     if (args.offset > UINT64_MAX - args.length) {
         return invalidArgument("MR offset + length overflows");
     }
-    UniqueFd fd;
+    MrMemory m;
     RegMrArgs placed = args;  // offset: where the memory is in fd
     if (args.tenant_address != 0) {
         if (args.xfer_id != 0 || args.offset != 0) {
-            return invalidArgument(
-                "a RegMr of the tenant's own mapping (tenant_address) names no fd and no offset");
+            return invalidArgument(std::string("a ") + call +
+                                   " of the tenant's own mapping (tenant_address) names no fd and no offset");
         }
-        ASSIGN_OR_RETURN(TenantMapping m,
+        ASSIGN_OR_RETURN(TenantMapping t,
                          openTenantMapping(s.identity().creds, s.pidfd(), args.tenant_address, args.length));
-        fd = std::move(m.fd);
-        placed.offset = m.offset;
+        m.fd = std::move(t.fd);
+        placed.offset = t.offset;
     } else {
         // Wait for the fd before taking the session lock: the fd-channel reader must not wait on us.
-        fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
-        if (!fd) {
+        m.fd = s.takeXfer(args.xfer_id, options_.xfer_wait);
+        if (!m.fd) {
             return Status(Code::kInvalidArgument, EBADF,
                           "no fd arrived on the fd channel with xfer_id " + std::to_string(args.xfer_id));
         }
-        crashOnceAt("RegMr");  // the fd taken, the call not committed (tests only)
-        RETURN_IF_ERROR(checkMrFd(fd, args));
+        crashOnceAt(call);  // the fd taken, the call not committed (tests only)
+        RETURN_IF_ERROR(checkMrFd(m.fd, args));
     }
+    ASSIGN_OR_RETURN(m.mapping, mapMrMemory(m.fd, placed, &m.addr));
+    m.fd_offset = placed.offset - placed.offset % pageSize();
+    return m;
+}
+
+StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
+    ASSIGN_OR_RETURN(MrMemory memory, takeMrMemory(s, args, "RegMr"));
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
     ASSIGN_OR_RETURN(PdObject * pd, lookup<PdObject>(s, args.pd));
@@ -801,15 +815,14 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
         return invalidArgument("MR length exceeds the device's max_mr_size");
     }
     ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kMrs, 1}, {Quota::kMrBytes, args.length}}));
-    void *addr = nullptr;
-    ASSIGN_OR_RETURN(UniqueMapping mapping, mapMrMemory(fd, placed, &addr));
     auto obj = std::make_unique<MrObject>();
     obj->quota = std::move(quota);
-    obj->mapping = std::move(mapping);
-    obj->fd = std::move(fd);
-    obj->fd_offset = placed.offset - placed.offset % pageSize();
+    obj->mapping = std::move(memory.mapping);
+    obj->fd = std::move(memory.fd);
+    obj->fd_offset = memory.fd_offset;
     obj->pd = pd;
     obj->length = args.length;
+    void *addr = memory.addr;
     uint64_t iova = args.iova != 0 ? args.iova : reinterpret_cast<uint64_t>(addr);
     ASSIGN_OR_RETURN(obj->mr, createOnDriver(s.memory(), dev, EOPNOTSUPP, "MR registration failed", [&] {
                          return dev->verbs.regMr(pd->pd, addr, args.length, iova,
@@ -821,6 +834,82 @@ StatusOr<RegMrResult> Broker::regMr(Session &s, const RegMrArgs &args) {
     r.iova = iova;
     obj->uses = {pd};
     ASSIGN_OR_RETURN(r.mr, publish(s, std::move(obj), {}));
+    return r;
+}
+
+StatusOr<RegMrResult> Broker::reregMr(Session &s, const ReregMrArgs &args) {
+    constexpr int kKnown =
+        IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS;
+    if (args.flags == 0 || (args.flags & ~kKnown) != 0) {
+        return invalidArgument("ReregMr flags " + std::to_string(args.flags) +
+                               " are not a non-empty set of IBV_REREG_MR_CHANGE_{TRANSLATION,PD,ACCESS}");
+    }
+    const bool translate = (args.flags & IBV_REREG_MR_CHANGE_TRANSLATION) != 0;
+    const bool new_pd = (args.flags & IBV_REREG_MR_CHANGE_PD) != 0;
+    const RegMrArgs &mem = args.memory;
+    if (!translate && (mem.xfer_id | mem.offset | mem.length | mem.iova | mem.tenant_address) != 0) {
+        return invalidArgument("ReregMr names new memory without IBV_REREG_MR_CHANGE_TRANSLATION");
+    }
+    if (!new_pd && args.pd != 0) {
+        return invalidArgument("ReregMr names a PD without IBV_REREG_MR_CHANGE_PD");
+    }
+    MrMemory memory;
+    if (translate) {
+        ASSIGN_OR_RETURN(memory, takeMrMemory(s, mem, "ReregMr"));
+    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(MrObject * m, lookup<MrObject>(s, args.mr));
+    if (m->mr == nullptr) {
+        return failedPrecondition("the driver's MR is gone");
+    }
+    PdObject *pd = m->pd;
+    if (new_pd) {
+        ASSIGN_OR_RETURN(pd, lookup<PdObject>(s, args.pd));
+        if (pd->context != m->pd->context) {
+            return invalidArgument("ReregMr's PD is not one of the MR's context");
+        }
+    }
+    Device *dev = m->device();
+    QuotaCharge more;
+    if (translate) {
+        if (dev->info.max_mr_size != 0 && mem.length > dev->info.max_mr_size) {
+            return invalidArgument("MR length exceeds the device's max_mr_size");
+        }
+        const uint64_t charged = m->quota.amount(Quota::kMrBytes);
+        if (mem.length > charged) {
+            ASSIGN_OR_RETURN(more, charge(s, {{Quota::kMrBytes, mem.length - charged}}));
+        }
+    }
+    void *addr = translate ? memory.addr : nullptr;
+    const uint64_t iova = !translate ? 0 : mem.iova != 0 ? mem.iova : reinterpret_cast<uint64_t>(addr);
+    // A refusal changes nothing (SPEC.md §13): `more` goes back and the new mapping is unmapped.
+    RETURN_IF_ERROR(callDriver(s.memory(), dev, "MR re-registration failed", [&] {
+        return dev->verbs.reregMr(m->mr, args.flags, pd->pd, addr, translate ? mem.length : 0, iova,
+                                  static_cast<int>(args.access));
+    }));
+    m->quota.merge(std::move(more));
+    if (translate) {
+        // The driver no longer reaches the old memory (SPEC.md §13, "When"): it may go.
+        m->mapping = std::move(memory.mapping);
+        m->fd = std::move(memory.fd);
+        m->fd_offset = memory.fd_offset;
+        m->length = mem.length;
+    }
+    if (pd != m->pd) {
+        // The restart record names the MR's parent: an import gives the MR its new PD.
+        --m->pd->users;
+        touchParent(s, m->pd);
+        ++pd->users;
+        touchParent(s, pd);
+        m->pd = pd;
+        m->uses = {pd};
+    }
+    touch(s, m);  // the driver's blob carries the new keys, range and access
+    RegMrResult r;
+    r.mr = args.mr;
+    r.lkey = m->mr->lkey;
+    r.rkey = m->mr->rkey;
+    r.iova = iova;  // 0: unchanged
     return r;
 }
 

@@ -68,6 +68,17 @@ struct RegMrResult {
     uint64_t iova = 0;
 };
 
+// ibv_rereg_mr (softnda SPEC.md §13).
+struct ReregMrArgs {
+    uint64_t mr = 0;
+    int flags = 0;        // enum ibv_rereg_mr_flags
+    uint64_t pd = 0;      // IBV_REREG_MR_CHANGE_PD
+    uint32_t access = 0;  // IBV_REREG_MR_CHANGE_ACCESS
+    // IBV_REREG_MR_CHANGE_TRANSLATION: the new memory, named as a RegMr names it (its pd and
+    // access are unused); all 0 without the flag.
+    RegMrArgs memory;
+};
+
 struct CreateCqArgs {
     uint64_t context = 0;
     uint32_t cqe = 0;
@@ -299,6 +310,10 @@ class Broker {
     Status deallocPd(Session &s, uint64_t pd);
     StatusOr<RegMrResult> regMr(Session &s, const RegMrArgs &args);
     Status deregMr(Session &s, uint64_t mr);
+    // ibv_rereg_mr (softnda SPEC.md §13): the MR changes in place and takes new keys; a refusal
+    // changes nothing. A larger new range is charged to mr_bytes (refused: nothing changes); a
+    // smaller one gives nothing back until the MR is deregistered, as a CQ's shrink.
+    StatusOr<RegMrResult> reregMr(Session &s, const ReregMrArgs &args);
     StatusOr<CqResult> createCq(Session &s, const CreateCqArgs &args);
     StatusOr<Released> destroyCq(Session &s, uint64_t cq);
     // ibv_resize_cq (softnda SPEC.md §12): at least cqe entries, every completion not yet polled
@@ -352,6 +367,11 @@ class Broker {
     // The driver's SRQ of an XRC SRQ create (create_xrc_srq) or a basic one (create_srq).
     StatusOr<ibv_srq_extend *> createDriverSrq(Session &s, ContextObject *ctx, ibv_srq_init_attr_extend &attr,
                                                XrcdObject *xrcd, CqObject *cq);
+    // The memory a RegMr (or a ReregMr's new translation) names, mapped here: the fd sent on the
+    // fd channel (waited for, so before the session lock), or the tenant's own shared mapping.
+    // call names the RPC (the test-only crash point after the fd is taken).
+    struct MrMemory;
+    StatusOr<MrMemory> takeMrMemory(Session &s, const RegMrArgs &args, const char *call);
     Status openDriverContext(Session &s, ContextObject &obj);
     // EINVAL with the reason when attr names no usable destination from ctx's device.
     Status checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &attr);

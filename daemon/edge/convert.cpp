@@ -117,6 +117,12 @@ void toProto(const RegMrResult &in, pb::RegMrResponse *out) {
     out->set_iova(in.iova);
 }
 
+void toProto(const RegMrResult &in, pb::ReregMrResponse *out) {
+    out->set_lkey(in.lkey);
+    out->set_rkey(in.rkey);
+    out->set_iova(in.iova);
+}
+
 void toProto(const CqResult &in, pb::CreateCqResponse *out) {
     out->set_cq(in.cq);
     out->set_cqe(in.cqe);
@@ -253,6 +259,20 @@ RegMrArgs fromProto(const pb::RegMrRequest &in) {
     a.access = in.access();
     a.iova = in.iova();
     a.tenant_address = in.tenant_address();
+    return a;
+}
+
+ReregMrArgs fromProto(const pb::ReregMrRequest &in) {
+    ReregMrArgs a;
+    a.mr = in.mr();
+    a.flags = static_cast<int>(in.flags());
+    a.pd = in.pd();
+    a.access = in.access();
+    a.memory.xfer_id = in.xfer_id();
+    a.memory.offset = in.offset();
+    a.memory.length = in.length();
+    a.memory.iova = in.iova();
+    a.memory.tenant_address = in.tenant_address();
     return a;
 }
 

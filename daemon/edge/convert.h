@@ -30,6 +30,7 @@ void toProto(const OpenContextResult &in, pb::OpenContextResponse *out);
 void toProto(const ibv_device_attr_extend &in, pb::QueryDeviceResponse *out);
 void toProto(const PortInfo &in, pb::QueryPortResponse *out);
 void toProto(const RegMrResult &in, pb::RegMrResponse *out);
+void toProto(const RegMrResult &in, pb::ReregMrResponse *out);
 void toProto(const CqResult &in, pb::CreateCqResponse *out);
 void toProto(const ResizeCqResult &in, pb::ResizeCqResponse *out);
 void toProto(const QpResult &in, pb::CreateQpResponse *out);
@@ -54,6 +55,7 @@ Status fromProto(const pb::AhAttr &in, ibv_ah_attr *out);
 
 // A request into the core's arguments; the first field that is not well-formed answers.
 RegMrArgs fromProto(const pb::RegMrRequest &in);
+ReregMrArgs fromProto(const pb::ReregMrRequest &in);
 StatusOr<CreateCqArgs> fromProto(const pb::CreateCqRequest &in);
 StatusOr<McastArgs> fromProto(const pb::McastRequest &in);
 StatusOr<CreateQpArgs> fromProto(const pb::CreateQpRequest &in);

@@ -34,6 +34,7 @@ const char *const kMethodNames[] = {"Hello",
                                     "ResizeCq",
                                     "OpenXrcd",
                                     "CloseXrcd",
+                                    "ReregMr",
                                     "AttachMcast",
                                     "DetachMcast"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));

@@ -45,6 +45,7 @@ enum class Method {
     kResizeCq,
     kOpenXrcd,
     kCloseXrcd,
+    kReregMr,
     kAttachMcast,
     kDetachMcast,
     kCount

@@ -78,6 +78,7 @@ bool isMutating(Method m) {
         case Method::kResizeCq:
         case Method::kOpenXrcd:
         case Method::kCloseXrcd:
+        case Method::kReregMr:
         case Method::kAttachMcast:
         case Method::kDetachMcast:
             return true;
@@ -398,6 +399,20 @@ grpc::ServerUnaryReactor *BrokerService::RegMr(grpc::CallbackServerContext *ctx,
     return serveBlocking(ctx, Method::kRegMr, resp, [this, args = fromProto(*req), resp](Session &s) {
         return reply(broker_.regMr(s, args), resp);
     });
+}
+
+grpc::ServerUnaryReactor *BrokerService::ReregMr(grpc::CallbackServerContext *ctx,
+                                                 const pb::ReregMrRequest *req, pb::ReregMrResponse *resp) {
+    auto rereg = [this, args = fromProto(*req), resp](Session &s) -> Status {
+        ASSIGN_OR_RETURN(RegMrResult r, broker_.reregMr(s, args));
+        toProto(r, resp);
+        return Status::ok();
+    };
+    // New memory is waited for on the fd channel, as RegMr's: never on a callback thread.
+    if ((req->flags() & IBV_REREG_MR_CHANGE_TRANSLATION) != 0) {
+        return serveBlocking(ctx, Method::kReregMr, resp, rereg);
+    }
+    return serve(ctx, Method::kReregMr, resp, rereg);
 }
 
 grpc::ServerUnaryReactor *BrokerService::DeregMr(grpc::CallbackServerContext *ctx,

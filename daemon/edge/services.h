@@ -90,6 +90,8 @@ class BrokerService final : public pb::Broker::CallbackService {
                                         pb::DeallocPdResponse *resp) override;
     grpc::ServerUnaryReactor *RegMr(grpc::CallbackServerContext *ctx, const pb::RegMrRequest *req,
                                     pb::RegMrResponse *resp) override;
+    grpc::ServerUnaryReactor *ReregMr(grpc::CallbackServerContext *ctx, const pb::ReregMrRequest *req,
+                                      pb::ReregMrResponse *resp) override;
     grpc::ServerUnaryReactor *DeregMr(grpc::CallbackServerContext *ctx, const pb::DeregMrRequest *req,
                                       pb::DeregMrResponse *resp) override;
     grpc::ServerUnaryReactor *CreateCq(grpc::CallbackServerContext *ctx, const pb::CreateCqRequest *req,

@@ -6,18 +6,17 @@
 // and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
-//   op < 58       the Broker method with that index in broker.proto (29 today, up to CloseXrcd; the harness
-//   checks
-//                 they stay below 58); the bytes are its request, sent as they are when they do
-//                 not parse (gRPC must reject them), otherwise re-serialised after handle
-//                 substitution: a fixed64 handle field holding 1..255 becomes the handle created
-//                 (n-1) % count-th in this input, so requests can name real objects, including
-//                 other sessions' ones; 0 and large values stay (absent or forged). Every call
-//                 carries a new idempotency key, as the client sends one.
+//   op < 58       the Broker method with that index in broker.proto (32 today, up to
+//                 DetachMcast; the harness checks they stay below 58); the bytes are its request, sent as
+//                 they are when they do not parse (gRPC must reject them), otherwise re-serialised after
+//                 handle substitution: a fixed64 handle field holding 1..255 becomes the handle created (n-1)
+//                 % count-th in this input, so requests can name real objects, including other sessions'
+//                 ones; 0 and large values stay (absent or forged). Every call carries a new idempotency key,
+//                 as the client sends one.
 //   op == 58      the bytes are the next call's "ibvx-idempotency-key" value, sent verbatim.
 //   op == 59      the previous call again, with its key and its request bytes: a retry.
 //   op == 60      the next call reuses the previous call's key (another method, or other bytes).
-//   op == 61      an fd transfer for RegMr: u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
+//   op == 61      an fd transfer for RegMr (or ReregMr): u8 xfer id, u32 size (LE, capped at 1 MiB); a memfd
 //                 of that size is queued on the current session as the fd channel would.
 //   op == 62      the current session's process "goes away": the broker ends the session.
 //   op == 63      switch to the session opened (byte 0)-th in this input.

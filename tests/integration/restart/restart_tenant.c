@@ -1,7 +1,8 @@
 /*
  * A tenant that must not notice broker restarts: an RC loopback pair on a brokered device, a
  * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
- * target) into a CQ resized before it starts, a UD address handle made before and destroyed
+ * target) into a CQ resized before it starts and an MR re-registered onto other memory and
+ * another PD before it starts (ibv_rereg_mr), a UD address handle made before and destroyed
  * after the restarts (the broker keeps it), and a control call (create + destroy a QP) every
  * 20 ms, through the standard verbs (linked against the system libibverbs; run through
  * ibv-extend-run so the face serves it).
@@ -67,11 +68,19 @@ int main(int argc, char **argv) {
     to_init(b);
     to_rts(a, b->qp_num, port.lid);
     to_rts(b, a->qp_num, port.lid);
-    uint64_t *src = calloc(1, 64), *dst = calloc(1, 64);
+    uint64_t *src = calloc(1, 64), *first = calloc(1, 64), *dst = calloc(1, 4096);
+    struct ibv_pd *other_pd = ibv_alloc_pd(ctx);
     struct ibv_mr *smr = ibv_reg_mr(pd, src, 64, kAccess);
-    struct ibv_mr *dmr = ibv_reg_mr(pd, dst, 64, kAccess);
+    struct ibv_mr *dmr = other_pd != NULL ? ibv_reg_mr(other_pd, first, 64, IBV_ACCESS_LOCAL_WRITE) : NULL;
     if (smr == NULL || dmr == NULL) {
         fail("ibv_reg_mr", strerror(errno));
+    }
+    /* The loop WRITEs into a re-registered MR: each restart must bring back its new memory, keys,
+     * access and PD (the QPs'; under other_pd, still allocated, every WRITE would fail). */
+    if (ibv_rereg_mr(dmr,
+                     IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS,
+                     pd, dst, 4096, kAccess) != 0) {
+        fail("ibv_rereg_mr", strerror(errno));
     }
     struct ibv_ah_attr ah_attr = {.dlid = port.lid, .port_num = 1};
     struct ibv_ah *ah = ibv_create_ah(pd, &ah_attr);
@@ -146,6 +155,7 @@ int main(int argc, char **argv) {
     ibv_destroy_qp(b);
     ibv_dereg_mr(smr);
     ibv_dereg_mr(dmr);
+    ibv_dealloc_pd(other_pd);
     ibv_destroy_cq(cq);
     ibv_destroy_cq(event_cq);
     ibv_destroy_comp_channel(channel);

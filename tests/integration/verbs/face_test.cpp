@@ -6,8 +6,9 @@
 //  - Debian's ibv_devinfo -v;
 //  - the standard data path: Debian's ibv_rc_pingpong (defaults, -g 0, -e), ibv_srq_pingpong,
 //    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), ibv_xsrq_pingpong (XRC, §14), perftest's seven
-//    programs over RC and four over UD and UC, a pyverbs program, each pair as server and client on this
-//    host.
+//    programs over RC and four over UD and UC, each pair as server and client on this host;
+//  - the pyverbs programs of this directory (RC traffic, ibv_resize_cq, ibv_rereg_mr, parent
+//    domains).
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
@@ -556,7 +557,7 @@ TEST_P(FacePyverbs, ProgramSucceeds) {
     EXPECT_EQ(out, "OK\n") << slurp(err);
 }
 
-INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize", "timestamps"),
+INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize", "rereg", "domains", "timestamps"),
                          [](const auto &info) { return std::string(info.param); });
 
 }  // namespace

@@ -18,7 +18,17 @@
  *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed;
  *  - shared memory (a SysV segment, POSIX shared memory, shared anonymous memory) registers, in
  *    place: an RDMA WRITE into it shows through a second mapping of the same object, an RDMA READ
- *    returns what the program wrote, and deregistration leaves it as it is.
+ *    returns what the program wrote, and deregistration leaves it as it is;
+ *  - ibv_rereg_mr answers as rdma-core 44's: IBV_REREG_MR_ERR_INPUT for what its wrapper checks
+ *    (an unknown flag, a translation without a range, a range without one), IBV_REREG_MR_ERR_CMD
+ *    for what the provider refuses (no flag, a PD of another context), errno EINVAL, the MR
+ *    unchanged and usable; a translation onto shared memory registers it in place (a WRITE
+ *    through the new rkey shows through a second mapping) and one back onto ordinary memory works;
+ *  - thread and parent domains: ibv_alloc_td (comp_mask must be 0), ibv_alloc_parent_domain with
+ *    and without one (custom allocators refused with EOPNOTSUPP; no PD, a foreign TD: EINVAL);
+ *    a QP, SRQ, MR, AH and cq_ex made under a parent domain work on its PD and name it as their
+ *    pd; a WRITE between a QP of the parent domain and one of the PD lands; the PD and the TD
+ *    answer EBUSY while a parent domain names them, and ibv_dealloc_pd frees the parent domain.
  *
  *   verbs-behaviour DEVICE      exit 0 and "OK", or 1 with "verbs-behaviour: <step>: <why>"
  */
@@ -126,6 +136,238 @@ static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *c
     munmap(anon, kSharedLen);
     munmap(anon2, kSharedLen);
     close(fd);
+}
+
+/* Whether the page at p is one of the shared pages registration moves ordinary memory onto. */
+static int on_shared_pages(const void *p) {
+    FILE *maps = fopen("/proc/self/maps", "r");
+    char line[512];
+    int found = 0;
+    while (maps != NULL && !found && fgets(line, sizeof(line), maps) != NULL) {
+        unsigned long lo = 0, hi = 0;
+        found = sscanf(line, "%lx-%lx", &lo, &hi) == 2 && (unsigned long)p >= lo && (unsigned long)p < hi &&
+                strstr(line, "ibvx-shared-pages") != NULL;
+    }
+    if (maps != NULL) {
+        fclose(maps);
+    }
+    return found;
+}
+
+/* md registers dst (4 KiB, kAccess); a pair of QPs of its own on pd carries the WRITEs. */
+static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, uint16_t lid,
+                  struct ibv_mr *ms, char *src, struct ibv_mr *md, char *dst) {
+    struct ibv_qp *qp = rc_qp(pd, cq), *peer = rc_qp(pd, cq);
+    to_init(qp);
+    to_init(peer);
+    to_rts(qp, peer->qp_num, lid);
+    to_rts(peer, qp->qp_num, lid);
+    const uint32_t lkey = md->lkey, rkey = md->rkey;
+    struct {
+        int flags;
+        void *addr;
+        size_t length;
+        int want;
+    } bad[] = {
+        {8, NULL, 0, IBV_REREG_MR_ERR_INPUT},
+        {IBV_REREG_MR_CHANGE_TRANSLATION, NULL, 4096, IBV_REREG_MR_ERR_INPUT},
+        {IBV_REREG_MR_CHANGE_ACCESS, dst, 4096, IBV_REREG_MR_ERR_INPUT},
+        {0, NULL, 0, IBV_REREG_MR_ERR_CMD},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); ++i) {
+        errno = 0;
+        int rc = ibv_rereg_mr(md, bad[i].flags, NULL, bad[i].addr, bad[i].length, kAccess);
+        if (rc != bad[i].want || errno != EINVAL) {
+            fprintf(stderr, "verbs-behaviour: ibv_rereg_mr case %zu: %d errno %d, want %d errno EINVAL\n", i,
+                    rc, errno, bad[i].want);
+            exit(1);
+        }
+    }
+    struct ibv_context *other = ibv_open_device(ctx->device);
+    struct ibv_pd *foreign = other != NULL ? ibv_alloc_pd(other) : NULL;
+    errno = 0;
+    if (foreign == NULL ||
+        ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_PD, foreign, NULL, 0, 0) != IBV_REREG_MR_ERR_CMD ||
+        errno != EINVAL) {
+        fail("ibv_rereg_mr to a PD of another context", "not refused with ERR_CMD and EINVAL");
+    }
+    if (md->lkey != lkey || md->rkey != rkey || md->pd == foreign || md->addr != dst) {
+        fail("ibv_rereg_mr", "a refused call changed the MR");
+    }
+    strcpy(src, "still usable");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 13, dst, md->rkey, "WRITE after a refused rereg");
+    if (strcmp(dst, "still usable") != 0) {
+        fail("WRITE after a refused rereg", "the data did not land");
+    }
+
+    /* Onto shared anonymous memory (registered in place), then back onto dst. */
+    char *anon = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    char *anon2 = anon != MAP_FAILED ? mremap(anon, 0, 8192, MREMAP_MAYMOVE) : MAP_FAILED;
+    if (anon == MAP_FAILED || anon2 == MAP_FAILED) {
+        fail("shared anonymous mmap", strerror(errno));
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, anon + 100, 5000, 0) != 0) {
+        fail("ibv_rereg_mr onto shared memory", strerror(errno));
+    }
+    if (md->rkey == rkey || md->addr != anon + 100 || md->length != 5000) {
+        fail("ibv_rereg_mr onto shared memory", "keys or range not changed");
+    }
+    strcpy(src, "in place");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 9, anon + 4090, md->rkey, "WRITE after a translation");
+    if (strcmp(anon2 + 4090, "in place") != 0) {
+        fail("WRITE after a translation", "not in the shared memory");
+    }
+    const uint32_t shared_rkey = md->rkey;
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, dst, 4096, 0) != 0 ||
+        md->rkey == shared_rkey || md->addr != dst) {
+        fail("ibv_rereg_mr back onto ordinary memory", strerror(errno));
+    }
+    strcpy(src, "back");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 5, dst, md->rkey, "WRITE after a translation back");
+    if (strcmp(dst, "back") != 0) {
+        fail("WRITE after a translation back", "the data did not land");
+    }
+    munmap(anon, 8192);
+    munmap(anon2, 8192);
+
+    /* Between private pages: the new range's pages move onto shared pages as at registration,
+     * the old range's move back as at deregistration. */
+    char *one = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    char *two = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (one == MAP_FAILED || two == MAP_FAILED) {
+        fail("private anonymous mmap", strerror(errno));
+    }
+    strcpy(two, "kept");
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, one, 4096, 0) != 0 || !on_shared_pages(one)) {
+        fail("ibv_rereg_mr onto private memory", "the page did not move onto shared pages");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, two, 4096, 0) != 0 || !on_shared_pages(two) ||
+        on_shared_pages(one) || strcmp(two, "kept") != 0) {
+        fail("ibv_rereg_mr between private pages", "the pages did not move as at reg and dereg");
+    }
+    strcpy(src, "moved");
+    rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 6, two, md->rkey, "WRITE after a translation between pages");
+    if (strcmp(two, "moved") != 0) {
+        fail("WRITE after a translation between pages", "the data did not land");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, dst, 4096, 0) != 0 || on_shared_pages(two)) {
+        fail("ibv_rereg_mr back onto dst", "the private page stayed on shared pages");
+    }
+    munmap(one, 4096);
+    munmap(two, 4096);
+    ibv_destroy_qp(qp);
+    ibv_destroy_qp(peer);
+    ibv_dealloc_pd(foreign);
+    ibv_close_device(other);
+}
+
+static void *no_alloc(struct ibv_pd *pd, void *pd_context, size_t size, size_t alignment, uint64_t type) {
+    (void)pd, (void)pd_context, (void)size, (void)alignment, (void)type;
+    return IBV_ALLOCATOR_USE_DEFAULT;
+}
+static void no_free(struct ibv_pd *pd, void *pd_context, void *ptr, uint64_t type) {
+    (void)pd, (void)pd_context, (void)ptr, (void)type;
+}
+
+static void domains(struct ibv_context *ctx, uint16_t lid) {
+    struct ibv_td_init_attr tda = {.comp_mask = 1};
+    errno = 0;
+    if (ibv_alloc_td(ctx, &tda) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_td with a comp_mask", "not refused with EINVAL");
+    }
+    tda.comp_mask = 0;
+    struct ibv_td *td = ibv_alloc_td(ctx, &tda);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    if (td == NULL || td->context != ctx || pd == NULL) {
+        fail("ibv_alloc_td", strerror(errno));
+    }
+    struct ibv_parent_domain_init_attr pa = {.pd = NULL, .td = td};
+    errno = 0;
+    if (ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_parent_domain without a PD", "not refused with EINVAL");
+    }
+    pa.pd = pd;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS;
+    pa.alloc = no_alloc;
+    pa.free = no_free;
+    errno = 0;
+    if (ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EOPNOTSUPP) {
+        fail("ibv_alloc_parent_domain with allocators", "not refused with EOPNOTSUPP");
+    }
+    struct ibv_context *other = ibv_open_device(ctx->device);
+    struct ibv_td *foreign = other != NULL ? ibv_alloc_td(other, &tda) : NULL;
+    pa.comp_mask = IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+    pa.pd_context = &pa;
+    pa.td = foreign;
+    errno = 0;
+    if (foreign == NULL || ibv_alloc_parent_domain(ctx, &pa) != NULL || errno != EINVAL) {
+        fail("ibv_alloc_parent_domain with another context's TD", "not refused with EINVAL");
+    }
+    pa.td = td;
+    struct ibv_pd *with_td = ibv_alloc_parent_domain(ctx, &pa);
+    pa.td = NULL;
+    pa.comp_mask = 0;
+    struct ibv_pd *plain = ibv_alloc_parent_domain(ctx, &pa);
+    if (with_td == NULL || plain == NULL || with_td->context != ctx || with_td == pd) {
+        fail("ibv_alloc_parent_domain", strerror(errno));
+    }
+    if (ibv_dealloc_td(td) != EBUSY || ibv_dealloc_pd(pd) != EBUSY) {
+        fail("ibv_dealloc_td/pd under a parent domain", "not refused with EBUSY");
+    }
+
+    /* Objects under the parent domains: a CQ (cq_ex naming one), QPs, an SRQ, MRs and an AH. */
+    struct ibv_cq_init_attr_ex cx = {.cqe = 16, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD, .parent_domain = pd};
+    errno = 0;
+    if (ibv_create_cq_ex(ctx, &cx) != NULL || errno != EINVAL) {
+        fail("ibv_create_cq_ex naming a PD as parent domain", "not refused with EINVAL");
+    }
+    cx.parent_domain = with_td;
+    struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
+    if (cqx == NULL) {
+        fail("ibv_create_cq_ex with a parent domain", strerror(errno));
+    }
+    struct ibv_cq *cq = ibv_cq_ex_to_cq(cqx);
+    struct ibv_qp *a = rc_qp(with_td, cq), *b = rc_qp(pd, cq);
+    struct ibv_srq_init_attr sa = {.attr = {.max_wr = 4, .max_sge = 1}};
+    struct ibv_srq *srq = ibv_create_srq(plain, &sa);
+    char *src = calloc(1, 4096), *dst = calloc(1, 4096);
+    struct ibv_mr *ms = ibv_reg_mr(with_td, src, 4096, kAccess), *md = ibv_reg_mr(plain, dst, 4096, kAccess);
+    struct ibv_ah_attr aa = {.dlid = lid, .port_num = 1};
+    struct ibv_ah *ah = ibv_create_ah(plain, &aa);
+    if (a->pd != with_td || b->pd != pd || srq == NULL || srq->pd != plain || ms == NULL ||
+        ms->pd != with_td || md == NULL || md->pd != plain || ah == NULL || ah->pd != plain) {
+        fail("objects under a parent domain", "not made, or not naming it as their pd");
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, lid);
+    to_rts(b, a->qp_num, lid);
+    strcpy(src, "parent domain");
+    rdma(a, cq, IBV_WR_RDMA_WRITE, ms, src, 14, dst, md->rkey, "WRITE under parent domains");
+    if (strcmp(dst, "parent domain") != 0) {
+        fail("WRITE under parent domains", "the data did not land");
+    }
+    if (ibv_rereg_mr(md, IBV_REREG_MR_CHANGE_PD, with_td, NULL, 0, 0) != 0 || md->pd != with_td) {
+        fail("ibv_rereg_mr to a parent domain", strerror(errno));
+    }
+
+    ibv_destroy_ah(ah);
+    ibv_dereg_mr(ms);
+    ibv_dereg_mr(md);
+    ibv_destroy_srq(srq);
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_destroy_cq(cq);
+    if (ibv_dealloc_pd(with_td) != 0 || ibv_dealloc_pd(plain) != 0 || ibv_dealloc_td(td) != 0 ||
+        ibv_dealloc_pd(pd) != 0) {
+        fail("ibv_dealloc_pd of the parent domains, then the TD and the PD", "refused");
+    }
+    errno = 0;
+    if (ibv_dealloc_td(foreign) != 0 || ibv_close_device(other) != 0) {
+        fail("ibv_dealloc_td/ibv_close_device", strerror(errno));
+    }
+    free(src);
+    free(dst);
 }
 
 int main(int argc, char **argv) {
@@ -488,6 +730,8 @@ int main(int argc, char **argv) {
     if (!found) {
         fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
     }
+    rereg(ctx, pd, cq, port.lid, ms, src, md, dst); /* last: it changes md's keys */
+    domains(ctx, port.lid);
     ibv_destroy_qp(sender);
     ibv_destroy_qp(receiver);
     ibv_destroy_cq(tiny);

@@ -278,6 +278,100 @@ TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
     EXPECT_TRUE(broker_->deregMr(*session_, mr->mr).isOk());
 }
 
+// ReregMr (softnda SPEC.md §13): every success gives new keys; CHANGE_PD moves the MR's parent
+// (the old PD can go, the new one cannot); CHANGE_TRANSLATION takes new memory as RegMr does and
+// charges a larger range; a refusal changes nothing (the extra charge goes back).
+TEST_F(BrokerTest, ReregMrChangesKeysPdAndMemoryOrNothing) {
+    Objs o = makeQp(*session_);
+    auto memfd = [](size_t size) {
+        UniqueFd fd(memfd_create("mr", MFD_CLOEXEC));
+        EXPECT_EQ(ftruncate(fd.get(), static_cast<off_t>(size)), 0);
+        return fd;
+    };
+    auto mrBytes = [this] {
+        return broker_->quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(Quota::kMrBytes)];
+    };
+    const uint64_t bytes_before = mrBytes();
+    ASSERT_TRUE(session_->putXfer(10, memfd(65536)));
+    RegMrArgs args;
+    args.pd = o.pd;
+    args.xfer_id = 10;
+    args.length = 8192;
+    args.access = IBV_ACCESS_LOCAL_WRITE;
+    args.iova = 0x7f0000001000;
+    auto mr = broker_->regMr(*session_, args);
+    ASSERT_TRUE(mr.isOk()) << mr.status().toString();
+    EXPECT_EQ(mrBytes(), bytes_before + 8192);
+
+    ReregMrArgs ra;
+    ra.mr = mr->mr;
+    ra.flags = IBV_REREG_MR_CHANGE_ACCESS;
+    ra.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+    auto access = broker_->reregMr(*session_, ra);
+    ASSERT_TRUE(access.isOk()) << access.status().toString();
+    EXPECT_NE(access->lkey, mr->lkey);
+    EXPECT_NE(access->rkey, mr->rkey);
+    EXPECT_EQ(access->iova, 0u);  // the memory did not change
+
+    // Refused, nothing changed: no flag, an unknown flag, a PD without its flag, bad access.
+    ra.flags = 0;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    ra.flags = 8;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    ra.flags = IBV_REREG_MR_CHANGE_ACCESS;
+    ra.access = IBV_ACCESS_REMOTE_WRITE;  // remote write needs local write (SPEC.md §13)
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    ra.pd = o.pd;
+    ra.access = IBV_ACCESS_LOCAL_WRITE;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    // Another session's MR is not found.
+    ra.pd = 0;
+    auto other = newSession();
+    EXPECT_EQ(broker_->reregMr(*other, ra).status().code(), Code::kNotFound);
+
+    // CHANGE_PD: a PD of another context is refused; one of the MR's context becomes its parent.
+    auto pd2 = broker_->allocPd(*session_, o.ctx);
+    auto ctx2 = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(pd2.isOk() && ctx2.isOk());
+    auto pd3 = broker_->allocPd(*session_, ctx2->context);
+    ASSERT_TRUE(pd3.isOk());
+    ra.flags = IBV_REREG_MR_CHANGE_PD;
+    ra.pd = *pd3;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    ra.pd = *pd2;
+    auto moved = broker_->reregMr(*session_, ra);
+    ASSERT_TRUE(moved.isOk()) << moved.status().toString();
+    EXPECT_NE(moved->rkey, access->rkey);
+    EXPECT_EQ(broker_->deallocPd(*session_, *pd2).errnoValue(), EBUSY);  // the MR uses it now
+
+    // CHANGE_TRANSLATION: new memory, larger, charged; a refusal gives the extra charge back.
+    ra.flags = IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_ACCESS;
+    ra.pd = 0;
+    ra.access = IBV_ACCESS_REMOTE_WRITE;
+    ra.memory.xfer_id = 11;
+    ra.memory.length = 16384;
+    ra.memory.iova = 0x7f0000100000;
+    ASSERT_TRUE(session_->putXfer(11, memfd(16384)));
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+    EXPECT_EQ(mrBytes(), bytes_before + 8192);
+    ra.access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EBADF);  // fd 11 was taken
+    ASSERT_TRUE(session_->putXfer(12, memfd(16384)));
+    ra.memory.xfer_id = 12;
+    auto translated = broker_->reregMr(*session_, ra);
+    ASSERT_TRUE(translated.isOk()) << translated.status().toString();
+    EXPECT_EQ(translated->iova, ra.memory.iova);
+    EXPECT_NE(translated->rkey, moved->rkey);
+    EXPECT_EQ(mrBytes(), bytes_before + 16384);
+    // New memory without the flag is refused.
+    ra.flags = IBV_REREG_MR_CHANGE_ACCESS;
+    EXPECT_EQ(broker_->reregMr(*session_, ra).status().errnoValue(), EINVAL);
+
+    EXPECT_TRUE(broker_->deregMr(*session_, mr->mr).isOk());
+    EXPECT_EQ(mrBytes(), bytes_before);
+    EXPECT_TRUE(broker_->deallocPd(*session_, *pd2).isOk());
+}
+
 // ---- event fds (CreateCq's event_xfer_id, SetAsyncEventFd) ----
 
 UniqueFd newEventFd() {

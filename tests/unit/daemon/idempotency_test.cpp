@@ -131,11 +131,14 @@ TEST(IdempotencyKey, ParsesSixteenLowerCaseHexDigitsOfANonZeroValue) {
 }
 
 TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
-    for (Method m :
-         {Method::kOpenContext, Method::kCloseContext, Method::kAllocPd, Method::kDeallocPd, Method::kRegMr,
-          Method::kDeregMr, Method::kCreateCq, Method::kDestroyCq, Method::kCreateQp, Method::kDestroyQp,
-          Method::kCreateSrq, Method::kDestroySrq, Method::kModifyQp, Method::kModifyQpExtend,
-          Method::kNegoQpHyroceFeature, Method::kSetAsyncEventFd, Method::kCreateAh, Method::kDestroyAh}) {
+    for (Method m : {Method::kOpenContext,     Method::kCloseContext,   Method::kAllocPd,
+                     Method::kDeallocPd,       Method::kRegMr,          Method::kDeregMr,
+                     Method::kCreateCq,        Method::kDestroyCq,      Method::kCreateQp,
+                     Method::kDestroyQp,       Method::kCreateSrq,      Method::kDestroySrq,
+                     Method::kModifyQp,        Method::kModifyQpExtend, Method::kNegoQpHyroceFeature,
+                     Method::kSetAsyncEventFd, Method::kCreateAh,       Method::kDestroyAh,
+                     Method::kResizeCq,        Method::kOpenXrcd,       Method::kCloseXrcd,
+                     Method::kReregMr,         Method::kAttachMcast,    Method::kDetachMcast}) {
         EXPECT_TRUE(isMutating(m)) << methodName(m);
     }
     for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,

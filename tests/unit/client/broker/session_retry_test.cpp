@@ -84,6 +84,10 @@ static_assert(!kReadOnlyCall<pb::SetAsyncEventFdRequest>);
 static_assert(!kReadOnlyCall<pb::CreateAhRequest>);
 static_assert(!kReadOnlyCall<pb::DestroyAhRequest>);
 static_assert(!kReadOnlyCall<pb::ResizeCqRequest>);
+static_assert(!kReadOnlyCall<pb::OpenXrcdRequest>);
+static_assert(!kReadOnlyCall<pb::CloseXrcdRequest>);
+static_assert(!kReadOnlyCall<pb::ReregMrRequest>);
+static_assert(!kReadOnlyCall<pb::McastRequest>);  // AttachMcast and DetachMcast
 
 }  // namespace
 }  // namespace ibvx::client::broker
