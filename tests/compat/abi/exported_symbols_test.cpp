@@ -63,7 +63,8 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
                           "qp_to_qp_ex",     "create_srq",          "destroy_srq",
                           "modify_srq",      "query_srq",           "create_ah",
                           "destroy_ah",      "get_async_event",     "ack_async_event",
-                          "fork_init",       "is_fork_initialized", "mcast", "rereg_mr"}) {
+                          "fork_init",       "is_fork_initialized", "mcast",
+                          "rereg_mr"}) {
         expected.insert(std::string("T ibvx_verbs_") + f + "@@IBVX_VERBS_PRIVATE_1");
     }
     EXPECT_EQ(definedDynamicSymbols(IBVX_LIBIBV_EXTEND), expected);

@@ -557,7 +557,8 @@ TEST_P(FacePyverbs, ProgramSucceeds) {
     EXPECT_EQ(out, "OK\n") << slurp(err);
 }
 
-INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs, ::testing::Values("rc", "resize", "rereg", "domains", "timestamps"),
+INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs,
+                         ::testing::Values("rc", "resize", "rereg", "domains", "timestamps"),
                          [](const auto &info) { return std::string(info.param); });
 
 }  // namespace
