@@ -100,9 +100,11 @@ class SoftndaTest : public ::testing::Test {
         return a;
     }
 
-    CqH makeCq(uint32_t cqe = 256) {
+    // wc_flags: what ibv_create_cq_ex asks of its completions (timestamps: SPEC.md §15).
+    CqH makeCq(uint32_t cqe = 256, uint64_t wc_flags = 0) {
         CqH h;
         auto a = cqAttr(cqe);
+        a.attr.wc_flags = wc_flags;
         h.ext = ext_->ops->create_cq(ctx_, &a);
         EXPECT_NE(h.ext, nullptr);
         if (h.ext != nullptr) {

@@ -10,19 +10,6 @@ namespace {
 
 class Timestamps : public SoftndaTest {
   protected:
-    CqH makeTimedCq(uint32_t cqe, uint64_t wc_flags) {
-        CqH h;
-        auto a = cqAttr(cqe);
-        a.attr.wc_flags = wc_flags;
-        h.ext = ext_->ops->create_cq(ctx_, &a);
-        EXPECT_NE(h.ext, nullptr);
-        if (h.ext != nullptr) {
-            cqs_.push_back(h.ext);
-            EXPECT_EQ(softnda_cq_init(&h.cq, &h.ext->cq_info), 0);
-        }
-        return h;
-    }
-
     // n signalled NOPs on a loopback QP whose send CQ is scq; their CQEs with their times.
     void runNops(CqH &scq, uint32_t n, std::vector<softnda_cqe> *cqes,
                  std::vector<softnda_cqe_times> *times) {
@@ -48,18 +35,17 @@ class Timestamps : public SoftndaTest {
 };
 
 TEST_F(Timestamps, EitherFlagMakesSixtyFourByteEntriesAndOthersStayThirtyTwo) {
-    EXPECT_EQ(makeTimedCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP).ext->cq_info.qbuf.entry_size,
+    EXPECT_EQ(makeCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP).ext->cq_info.qbuf.entry_size,
               SOFTNDA_CQE_TS_SIZE);
-    EXPECT_EQ(makeTimedCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK).ext->cq_info.qbuf.entry_size,
+    EXPECT_EQ(makeCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK).ext->cq_info.qbuf.entry_size,
               SOFTNDA_CQE_TS_SIZE);
-    EXPECT_EQ(makeTimedCq(8, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM).ext->cq_info.qbuf.entry_size,
+    EXPECT_EQ(makeCq(8, IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM).ext->cq_info.qbuf.entry_size,
               SOFTNDA_CQE_SIZE);
     EXPECT_EQ(makeCq(8).ext->cq_info.qbuf.entry_size, SOFTNDA_CQE_SIZE);
 }
 
 TEST_F(Timestamps, TimesLieBetweenTheClockBeforeAndAfterAndNeverDecrease) {
-    CqH scq =
-        makeTimedCq(64, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
+    CqH scq = makeCq(64, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK);
     const uint64_t mono0 = softnda_clock_ns(SOFTNDA_CLOCK_DEVICE);
     const uint64_t real0 = softnda_clock_ns(SOFTNDA_CLOCK_WALL);
     std::vector<softnda_cqe> cqes;
@@ -82,7 +68,7 @@ TEST_F(Timestamps, TimesLieBetweenTheClockBeforeAndAfterAndNeverDecrease) {
 }
 
 TEST_F(Timestamps, AResizeKeepsTheEntrySizeAndTheWaitingCompletionsTimes) {
-    CqH scq = makeTimedCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
+    CqH scq = makeCq(8, IBV_WC_EX_WITH_COMPLETION_TIMESTAMP);
     CqH rcq = makeCq(4);
     QpH qp = makeQp(scq, rcq);
     connect(qp, qp);
