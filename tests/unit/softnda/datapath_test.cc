@@ -789,7 +789,8 @@ TEST_F(Datapath, OpenRefusesWhatSoftndaDoesNotServe) {
     EXPECT_EQ(dp_->qp_open(nullptr), nullptr);
     EXPECT_EQ(errno, EINVAL);
 
-    // Queues that are not softnda's (here: no queue at all, or a CQ ring of 64-byte entries).
+    // Queues that are not softnda's (here: no queue at all, or a CQ ring of 48-byte entries:
+    // softnda's have 32, or 64 with timestamps).
     ibv_qp_extend none{};
     attr.qp = &none;
     attr.qp_type = IBV_QPT_RC;
@@ -797,7 +798,7 @@ TEST_F(Datapath, OpenRefusesWhatSoftndaDoesNotServe) {
     EXPECT_EQ(dp_->qp_open(&attr), nullptr);
     EXPECT_EQ(errno, EINVAL);
     ibv_cq_extend cq = *scq_.ext;
-    cq.cq_info.qbuf.entry_size = 64;
+    cq.cq_info.qbuf.entry_size = 48;
     errno = 0;
     EXPECT_EQ(dp_->cq_open(&cq, 16), nullptr);
     EXPECT_EQ(errno, EINVAL);
