@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "common/fd_channel.h"
+#include "daemon/core/fault_hooks.h"
 
 namespace ibvx::daemon {
 namespace {
@@ -391,10 +392,19 @@ void BrokerServer::handshake(uint64_t id) {
         std::memcpy(token.data(), req.token, token.size());
         status = broker_.attach(token, e.peer.creds, e.owned, &session);
     }
+    if (status == 0) {
+        // The commit point of the attach, before the reply: once the tenant hears it is attached
+        // and makes its next call, the session survives a crash (its fd channel is in the
+        // snapshot and the fd store). Committed after the reply, a crash in between lost it.
+        if (Status st = broker_.commit(*session, StoredReply{}); !st.isOk()) {
+            spdlog::warn("session {}: cannot keep its state for a restart: {}", session->id(), st.message());
+        }
+    }
     AttachReply rep{};
     std::memcpy(rep.magic, kPrefaceMagic, sizeof(rep.magic));
     rep.status = status;
     (void)::send(e.fd, &rep, sizeof(rep), MSG_NOSIGNAL | MSG_DONTWAIT);
+    crashOnceAt("AttachReplied");  // the tenant told it is attached (tests only)
     if (status != 0) {
         spdlog::info("fd-channel attach from pid {} refused: {}", e.peer.creds.pid, std::strerror(status));
         remove(id);
@@ -410,11 +420,6 @@ void BrokerServer::handshake(uint64_t id) {
     e.session = session;
     --handshakes_;
     spdlog::debug("session {} attached its fd channel", session->id());
-    // The commit point of the attach: from now on the session survives a crash (its fd channel
-    // is in the snapshot and the fd store).
-    if (Status st = broker_.commit(*session, StoredReply{}); !st.isOk()) {
-        spdlog::warn("session {}: cannot keep its state for a restart: {}", session->id(), st.message());
-    }
 }
 
 void BrokerServer::readChannel(uint64_t id) {

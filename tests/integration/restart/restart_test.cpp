@@ -565,11 +565,13 @@ TEST(RestartFdStore, Kill9ReportsAnUpperBoundOfTheGapNotZero) {
 // channel, RegMr, ReregMr onto new memory) whose fd the old broker took but whose commit it never reached:
 // the broker dies in exactly that window (a crash point, daemon/core/fault_hooks.h). The successor answers
 // the retry "no fd arrived" (EBADF); the client sends the fd again and makes the call anew, so the tenant
-// sees nothing: every call succeeds and its RC loop runs clean.
+// sees nothing: every call succeeds and its RC loop runs clean. And a broker that dies just after
+// telling the tenant its fd channel is attached (AttachReplied): the session was committed before
+// that reply, so the successor knows it and the tenant's next call finds it.
 TEST(RestartFdStore, ACallWhoseFdTheOldBrokerTookSucceedsAfterTheCrash) {
     char tmpl[] = "/tmp/ibvx-crash.XXXXXX";
     const std::string markers = mkdtemp(tmpl);
-    for (const std::string point : {"SetAsyncEventFd", "CreateCq", "RegMr", "ReregMr"}) {
+    for (const std::string point : {"AttachReplied", "SetAsyncEventFd", "CreateCq", "RegMr", "ReregMr"}) {
         SCOPED_TRACE(point);
         const std::string marker = markers + "/" + point;
         ASSERT_EQ(setenv("IBVX_FAULT_CRASH_ONCE", (point + ":" + marker).c_str(), 1), 0);
