@@ -1175,23 +1175,15 @@ StatusOr<uint64_t> Broker::openXrcd(Session &s, uint64_t context) {
     return publish(s, std::move(obj), {});
 }
 
-Status Broker::attachMcast(Session &s, const McastArgs &args) {
+Status Broker::mcast(Session &s, const McastArgs &args, bool attach) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, args.qp));
     Device *dev = o->device();
-    RETURN_IF_ERROR(callDriver(s.memory(), dev, "attach_mcast failed",
-                               [&] { return dev->verbs.attachMcast(o->qp, args.gid, args.lid); }));
+    RETURN_IF_ERROR(callDriver(s.memory(), dev, attach ? "attach_mcast failed" : "detach_mcast failed", [&] {
+        return attach ? dev->verbs.attachMcast(o->qp, args.gid, args.lid)
+                      : dev->verbs.detachMcast(o->qp, args.gid, args.lid);
+    }));
     touch(s, o);  // the QP's blob names its groups
-    return Status::ok();
-}
-
-Status Broker::detachMcast(Session &s, const McastArgs &args) {
-    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
-    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, args.qp));
-    Device *dev = o->device();
-    RETURN_IF_ERROR(callDriver(s.memory(), dev, "detach_mcast failed",
-                               [&] { return dev->verbs.detachMcast(o->qp, args.gid, args.lid); }));
-    touch(s, o);
     return Status::ok();
 }
 

@@ -332,10 +332,9 @@ class Broker {
     // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.
     StatusOr<uint64_t> createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr);
     Status destroyAh(Session &s, uint64_t ah);
-    // ibv_attach_mcast / ibv_detach_mcast of a UD QP of the session (driver: attach_mcast /
+    // ibv_attach_mcast (attach) / ibv_detach_mcast of a UD QP of the session (driver: attach_mcast /
     // detach_mcast, vdev ABI V8; softnda SPEC.md §11.3). The QP's restart record follows.
-    Status attachMcast(Session &s, const McastArgs &args);
-    Status detachMcast(Session &s, const McastArgs &args);
+    Status mcast(Session &s, const McastArgs &args, bool attach);
     StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
     StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
     StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);

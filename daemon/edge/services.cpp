@@ -381,7 +381,7 @@ grpc::ServerUnaryReactor *BrokerService::AttachMcast(grpc::CallbackServerContext
                                                      const pb::McastRequest *req, pb::McastResponse *resp) {
     return serve(ctx, Method::kAttachMcast, resp, [&](Session &s) -> Status {
         ASSIGN_OR_RETURN(McastArgs a, fromProto(*req));
-        return broker_.attachMcast(s, a);
+        return broker_.mcast(s, a, true);
     });
 }
 
@@ -389,7 +389,7 @@ grpc::ServerUnaryReactor *BrokerService::DetachMcast(grpc::CallbackServerContext
                                                      const pb::McastRequest *req, pb::McastResponse *resp) {
     return serve(ctx, Method::kDetachMcast, resp, [&](Session &s) -> Status {
         ASSIGN_OR_RETURN(McastArgs a, fromProto(*req));
-        return broker_.detachMcast(s, a);
+        return broker_.mcast(s, a, false);
     });
 }
 
