@@ -1,8 +1,11 @@
 #include "client/broker/session.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -12,15 +15,26 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
 
+#include <grpc/fork.h>
+
 #include "common/unix_socket.h"
 #include "providers/loader/loader.h"
+
+// gRPC's EventEngine fork handlers (libgrpc exports them; no installed header declares them).
+namespace grpc_event_engine::experimental {
+void PrepareFork();
+void PostforkParent();
+void PostforkChild();
+}  // namespace grpc_event_engine::experimental
 
 namespace ibvx::client::broker {
 namespace {
@@ -219,10 +233,85 @@ int Session::openOnce(const Settings &settings, std::chrono::steady_clock::time_
     return 0;
 }
 
-void Session::connectGrpc(const std::string &socket_path) {
-    // gRPC's polling engine survives fork() only with its fork support on, which it reads once,
-    // at its first initialisation in the process. Turn it on unless the program chose already.
-    setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
+namespace {
+
+// A forked child must not share a polling engine with its parent. gRPC's epoll1 engine keeps
+// one epoll set per process; a child that inherits it adds its own connection's fds to the
+// parent's set, and the parent's next poll runs the child's fd objects (addresses in the
+// child) as its own: the chaos soak's forking tenants crashed in LockfreeEvent::SetReady
+// on their timer thread. gRPC 1.51 resets only one polling engine in a child (its fork support
+// keeps a single reset function, and the EventEngine's poller replaces the iomgr's), and its
+// Debian build registers no fork handlers at all. So: the "poll" strategy, whose pollers keep
+// nothing in the kernel (a poll() over fds listed in the process's own memory), unless the
+// program chose a strategy; and gRPC's fork handlers registered here (below), which stop and
+// restart its threads around fork().
+void chooseGrpcPolling() {
+    setenv("GRPC_POLL_STRATEGY", "poll", 0);
+}
+
+// In a forked child, every connection to the broker's socket is the parent's (the child's own
+// come later): its gRPC connections, and its fd channel. The child's copy of the parent's
+// channels still runs in the child (gRPC restarts its threads there), and a read there takes
+// bytes off the parent's connection: seen in the chaos soak, a child's thread consumed the
+// GOAWAY the broker sent the parent. Each such fd becomes /dev/null (the number stays taken, so
+// gRPC's objects for it close nothing of anyone else's): the child reads end-of-file, its writes
+// go nowhere, and the parent's connections are the parent's alone.
+void silenceParentConnections() {
+    const std::string &path = settings().socket_path;
+    int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+    DIR *dir = opendir("/proc/self/fd");
+    if (null_fd < 0 || dir == nullptr) {
+        if (dir != nullptr) {
+            closedir(dir);
+        }
+        if (null_fd >= 0) {
+            close(null_fd);
+        }
+        return;
+    }
+    while (dirent *e = readdir(dir)) {
+        char *end = nullptr;
+        long fd = strtol(e->d_name, &end, 10);
+        if (end == e->d_name || *end != '\0' || fd == dirfd(dir) || fd == null_fd) {
+            continue;
+        }
+        sockaddr_un peer{};
+        socklen_t len = sizeof(peer);
+        if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr *>(&peer), &len) == 0 &&
+            peer.sun_family == AF_UNIX && len > offsetof(sockaddr_un, sun_path) &&
+            strncmp(peer.sun_path, path.c_str(), sizeof(peer.sun_path)) == 0) {
+            int flags = fcntl(static_cast<int>(fd), F_GETFD);
+            dup3(null_fd, static_cast<int>(fd), (flags & FD_CLOEXEC) != 0 ? O_CLOEXEC : 0);
+        }
+    }
+    closedir(dir);
+    close(null_fd);
+}
+
+// Registered after shared_pages.cpp's (at load), so gRPC quiesces before the page copy and
+// restarts its threads in the child after the pages are the child's own; the child handler that
+// silences the parent's connections runs before gRPC's restarts any thread.
+void registerGrpcForkHandlers() {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // Only with fork support on (grpc_prefork complains on every fork otherwise): a program
+        // that turned it off takes gRPC's own rules for its children.
+        const char *v = getenv("GRPC_ENABLE_FORK_SUPPORT");
+        pthread_atfork(nullptr, nullptr, silenceParentConnections);
+        if (v != nullptr && (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0)) {
+            pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
+            pthread_atfork(grpc_event_engine::experimental::PrepareFork,
+                           grpc_event_engine::experimental::PostforkParent,
+                           grpc_event_engine::experimental::PostforkChild);
+        }
+    });
+}
+
+}  // namespace
+
+namespace {
+
+std::shared_ptr<pb::Broker::Stub> newStub(const std::string &socket_path) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(kMaxMessageBytes);
     args.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -233,14 +322,44 @@ void Session::connectGrpc(const std::string &socket_path) {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     // A broker restart closes the connection; the socket queues the reconnect until the new
     // broker serves. gRPC's defaults (1 s initial back-off growing to 120 s, 20 s per attempt)
-    // are for networks: a refused local connect would make a retried call sleep past its
-    // deadline. Back off 50..250 ms between attempts; give one attempt 1 s, enough for a
-    // restoring broker to take the queued connection, or the next attempt picks up.
+    // are for networks. Give one attempt 1 s, enough for a restoring broker to take the queued
+    // connection; a call that fails is retried on a new channel (Session::again), and the
+    // back-off (50..250 ms) matters only to a channel nobody calls on.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 250);
     args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
-    channel_ = grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(), args);
-    stub_ = pb::Broker::NewStub(channel_);
+    return pb::Broker::NewStub(
+        grpc::CreateCustomChannel("unix:" + socket_path, grpc::InsecureChannelCredentials(), args));
+}
+
+}  // namespace
+
+void Session::connectGrpc(const std::string &socket_path) {
+    // gRPC's polling engine survives fork() only with its fork support on, which it reads once,
+    // at its first initialisation in the process. Turn it on unless the program chose already.
+    setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
+    chooseGrpcPolling();
+    registerGrpcForkHandlers();
+    socket_path_ = socket_path;
+    std::shared_ptr<pb::Broker::Stub> stub = newStub(socket_path);
+    std::lock_guard lock(stub_mu_);
+    stub_ = std::move(stub);
+}
+
+void Session::renewStub(const std::shared_ptr<pb::Broker::Stub> &failed) {
+    if (currentStub() != failed) {
+        return;  // another thread's retry renewed it already
+    }
+    std::shared_ptr<pb::Broker::Stub> fresh = newStub(socket_path_);
+    std::lock_guard lock(stub_mu_);
+    if (stub_ == failed) {  // else another thread's retry renewed it already
+        stub_ = std::move(fresh);
+    }
+}
+
+std::shared_ptr<pb::Broker::Stub> Session::currentStub() const {
+    std::lock_guard lock(stub_mu_);
+    return stub_;
 }
 
 int Session::hello(SessionToken *token, std::chrono::steady_clock::time_point deadline) {
@@ -252,9 +371,9 @@ int Session::hello(SessionToken *token, std::chrono::steady_clock::time_point de
     pb::HelloResponse resp;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + (deadline - std::chrono::steady_clock::now()));
-    // The socket just accepted our fd channel, so waiting for the connection is bounded.
-    ctx.set_wait_for_ready(true);
-    if (int rc = finish("Hello", stub_->Hello(&ctx, req, &resp)); rc != 0) {
+    // Not wait_for_ready: a connection that fails (the broker restarting) fails the Hello at
+    // once, and open() tries again on a new channel (see renewStub()).
+    if (int rc = finish("Hello", currentStub()->Hello(&ctx, req, &resp)); rc != 0) {
         return rc;
     }
     if (resp.broker_version().major() != IBV_EXTEND_VERSION_MAJOR) {
@@ -366,9 +485,9 @@ void Session::prepare(grpc::ClientContext *ctx, const Attempts &attempts) const 
         ctx->AddMetadata(kIdempotencyMetadataKey, attempts.key);
     }
     ctx->set_deadline(attempts.deadline);
-    // A retry waits for gRPC to reconnect (bounded by the deadline) instead of failing at once
-    // while the channel is still in transient failure.
-    ctx->set_wait_for_ready(attempts.retries > 0);
+    // Never wait_for_ready: a try on a channel in transient failure fails at once (it never
+    // reached the broker, so it changed nothing), and again() retries on a new channel. A try on a
+    // channel that is connecting waits for that connection (at most 1 s, the connect timeout).
 }
 
 bool Session::fdChannelOpen() {
@@ -376,7 +495,8 @@ bool Session::fdChannelOpen() {
     return pumpLocked(0) != -ECONNRESET && alive();
 }
 
-bool Session::again(const char *what, const grpc::Status &status, Attempts *attempts) {
+bool Session::again(const char *what, const grpc::Status &status, Attempts *attempts,
+                    const std::shared_ptr<pb::Broker::Stub> &stub) {
     if (status.ok() || !retryAfter(status.error_code(), fdChannelOpen())) {
         return false;
     }
@@ -388,10 +508,10 @@ bool Session::again(const char *what, const grpc::Status &status, Attempts *atte
         warn("%s: the broker restarted (%s); the session is kept, retrying the call until its deadline", what,
              status.error_message().c_str());
     }
-    // A retry after the first already waited for the connection, so the broker itself answered
-    // UNAVAILABLE (busy, or not serving yet): pause before asking again.
+    // The channel that failed is replaced: its own reconnection waits for gRPC's back-off timer.
     std::this_thread::sleep_for(std::min<std::chrono::system_clock::duration>(
         retryPause(attempts->retries + 1), attempts->deadline - now));
+    renewStub(stub);
     ++attempts->retries;
     return true;
 }

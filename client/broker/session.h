@@ -123,8 +123,9 @@ class Session {
         for (;;) {
             grpc::ClientContext ctx;
             prepare(&ctx, attempts);
-            grpc::Status status = (stub_.get()->*method)(&ctx, req, resp);
-            if (!again(what, status, &attempts)) {
+            std::shared_ptr<pb::Broker::Stub> stub = currentStub();
+            grpc::Status status = (stub.get()->*method)(&ctx, req, resp);
+            if (!again(what, status, &attempts, stub)) {
                 return finish(what, status);
             }
             resp->Clear();
@@ -180,6 +181,12 @@ class Session {
     // Steps of open(): the gRPC channel to the broker's socket (it connects lazily); Hello, whose
     // answer is the session token (0 or a negative errno).
     void connectGrpc(const std::string &socket_path);
+    // A new channel, for the calls after a try that found the broker gone (`failed`: the stub
+    // that try used; the first of several threads to fail on it replaces it). A retry never
+    // waits on a channel's own reconnection: it needs gRPC's timers, which a forked child may
+    // not have (gRPC 1.51's fork support restarts some of its threads, not all).
+    void renewStub(const std::shared_ptr<pb::Broker::Stub> &failed);
+    std::shared_ptr<pb::Broker::Stub> currentStub() const;
     // One try of open(); *refused: nothing listens on the socket (not tried again).
     static int openOnce(const Settings &settings, std::chrono::steady_clock::time_point deadline,
                         std::unique_ptr<Session> *out, bool *refused);
@@ -187,9 +194,10 @@ class Session {
     int checkUsable();
     Attempts startCall(bool mutating) const;
     void prepare(grpc::ClientContext *ctx, const Attempts &attempts) const;
-    // After a try: true (with a pause when the broker answered UNAVAILABLE itself) when the
-    // call is to be tried again; warns on its first retry.
-    bool again(const char *what, const grpc::Status &status, Attempts *attempts);
+    // After a try on `stub`: true (after a pause, on a new channel) when the call is to be tried
+    // again; warns on its first retry.
+    bool again(const char *what, const grpc::Status &status, Attempts *attempts,
+               const std::shared_ptr<pb::Broker::Stub> &stub);
     bool fdChannelOpen();
     int finish(const char *what, const grpc::Status &status);
     // Reads frames until `region` is mapped (region == 0: only what is already pending).
@@ -203,8 +211,9 @@ class Session {
 
     pid_t pid_ = 0;
     int timeout_ms_ = 10000;
-    std::shared_ptr<grpc::Channel> channel_;
-    std::unique_ptr<pb::Broker::Stub> stub_;
+    std::string socket_path_;
+    mutable std::mutex stub_mu_;
+    std::shared_ptr<pb::Broker::Stub> stub_;  // guarded by stub_mu_ (renewStub() replaces it)
     std::string token_hex_;
     std::atomic<bool> dead_{false};
 
