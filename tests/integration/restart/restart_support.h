@@ -61,6 +61,17 @@ class Tenant {
             if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
                 env.push_back(preload.data());
             }
+            // gRPC's own logging, when the run asks for it (GRPC_VERBOSITY=DEBUG and GRPC_TRACE:
+            // what a tenant's channel did), goes to the tenant's stderr file.
+            std::vector<std::string> grpc_log;
+            for (const char *name : {"GRPC_VERBOSITY", "GRPC_TRACE"}) {
+                if (const char *v = getenv(name); v != nullptr) {
+                    grpc_log.push_back(std::string(name) + "=" + v);
+                }
+            }
+            for (auto &e : grpc_log) {
+                env.push_back(e.data());
+            }
             env.push_back(nullptr);
             execve(args[0], args.data(), env.data());
             _exit(127);
