@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <grpc/fork.h>
+#include <grpc/grpc.h>
 
 #include "common/unix_socket.h"
 #include "providers/loader/loader.h"
@@ -235,20 +236,6 @@ int Session::openOnce(const Settings &settings, std::chrono::steady_clock::time_
 
 namespace {
 
-// A forked child must not share a polling engine with its parent. gRPC's epoll1 engine keeps
-// one epoll set per process; a child that inherits it adds its own connection's fds to the
-// parent's set, and the parent's next poll runs the child's fd objects (addresses in the
-// child) as its own: the chaos soak's forking tenants crashed in LockfreeEvent::SetReady
-// on their timer thread. gRPC 1.51 resets only one polling engine in a child (its fork support
-// keeps a single reset function, and the EventEngine's poller replaces the iomgr's), and its
-// Debian build registers no fork handlers at all. So: the "poll" strategy, whose pollers keep
-// nothing in the kernel (a poll() over fds listed in the process's own memory), unless the
-// program chose a strategy; and gRPC's fork handlers registered here (below), which stop and
-// restart its threads around fork().
-void chooseGrpcPolling() {
-    setenv("GRPC_POLL_STRATEGY", "poll", 0);
-}
-
 // In a forked child, every connection to the broker's socket is the parent's (the child's own
 // come later): its gRPC connections, and its fd channel. The child's copy of the parent's
 // channels still runs in the child (gRPC restarts its threads there), and a read there takes
@@ -288,17 +275,34 @@ void silenceParentConnections() {
     close(null_fd);
 }
 
+// A forked child must not share a polling engine with its parent. gRPC's epoll1 engine keeps
+// one epoll set per process; a child that inherits it adds its own connection's fds to the
+// parent's set, and the parent's next poll runs the child's fd objects (addresses in the
+// child) as its own: the chaos soak's forking tenants crashed in LockfreeEvent::SetReady
+// on their timer thread. gRPC 1.51 resets only one polling engine in a child (its fork support
+// keeps a single reset function, and the EventEngine's poller replaces the iomgr's), and its
+// Debian build registers no fork handlers at all. So: the "poll" strategy, whose pollers keep
+// nothing in the kernel (a poll() over fds listed in the process's own memory), unless the
+// program chose a strategy; and gRPC's fork handlers registered here (prepareGrpcForFork),
+// which stop and restart its threads around fork().
 // Registered after shared_pages.cpp's (at load), so gRPC quiesces before the page copy and
 // restarts its threads in the child after the pages are the child's own; the child handler that
 // silences the parent's connections runs before gRPC's restarts any thread.
-void registerGrpcForkHandlers() {
+void prepareGrpcForFork() {
     static std::once_flag once;
     std::call_once(once, [] {
-        // Only with fork support on (grpc_prefork complains on every fork otherwise): a program
-        // that turned it off takes gRPC's own rules for its children.
-        const char *v = getenv("GRPC_ENABLE_FORK_SUPPORT");
+        // gRPC reads both variables once, at its initialisation: they are ours to choose only
+        // before it (a program that initialised gRPC itself keeps its own choice).
+        const bool ours = !grpc_is_initialized();
+        if (ours) {
+            setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
+            setenv("GRPC_POLL_STRATEGY", "poll", 0);
+        }
         pthread_atfork(nullptr, nullptr, silenceParentConnections);
-        if (v != nullptr && (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0)) {
+        // gRPC's handlers only with its fork support on: grpc_prefork complains on every fork
+        // otherwise. With it off (the program's choice), gRPC's own rules hold for children.
+        const char *v = getenv("GRPC_ENABLE_FORK_SUPPORT");
+        if (ours && v != nullptr && (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0)) {
             pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
             pthread_atfork(grpc_event_engine::experimental::PrepareFork,
                            grpc_event_engine::experimental::PostforkParent,
@@ -306,10 +310,6 @@ void registerGrpcForkHandlers() {
         }
     });
 }
-
-}  // namespace
-
-namespace {
 
 std::shared_ptr<pb::Broker::Stub> newStub(const std::string &socket_path) {
     grpc::ChannelArguments args;
@@ -336,10 +336,8 @@ std::shared_ptr<pb::Broker::Stub> newStub(const std::string &socket_path) {
 
 void Session::connectGrpc(const std::string &socket_path) {
     // gRPC's polling engine survives fork() only with its fork support on, which it reads once,
-    // at its first initialisation in the process. Turn it on unless the program chose already.
-    setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
-    chooseGrpcPolling();
-    registerGrpcForkHandlers();
+    // at its first initialisation in the process: on unless the program chose already.
+    prepareGrpcForFork();
     socket_path_ = socket_path;
     std::shared_ptr<pb::Broker::Stub> stub = newStub(socket_path);
     std::lock_guard lock(stub_mu_);
