@@ -1161,16 +1161,65 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
     return destroyByHandle(s, qp, ObjectKind::kQp);
 }
 
-StatusOr<uint64_t> Broker::openXrcd(Session &s, uint64_t context) {
+namespace {
+
+// The file a tenant named for a shared domain, reopened O_PATH: the inode without the file (a
+// socket or pipe it sent is not kept open), and its key.
+StatusOr<UniqueFd> xrcdFile(const UniqueFd &sent, XrcdFile *key) {
+    const std::string path = "/proc/self/fd/" + std::to_string(sent.get());
+    UniqueFd file(::open(path.c_str(), O_PATH | O_CLOEXEC));
+    struct stat st {};
+    if (!file || ::fstat(file.get(), &st) != 0) {
+        return Status::fromErrno(errno, "cannot hold the XRC domain's file");
+    }
+    *key = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    return file;
+}
+
+}  // namespace
+
+StatusOr<uint64_t> Broker::openXrcd(Session &s, const OpenXrcdArgs &args) {
+    if ((args.oflags & ~static_cast<uint32_t>(O_CREAT | O_EXCL)) != 0) {
+        return invalidArgument("OpenXrcd oflags may hold O_CREAT and O_EXCL only");
+    }
+    XrcdOpen how;
+    how.create = (args.oflags & O_CREAT) != 0;
+    how.exclusive = (args.oflags & O_EXCL) != 0;
+    UniqueFd file;
+    if (args.file_xfer_id != 0) {
+        // Waited for before the session lock, as RegMr's fd: the fd-channel reader must not wait on us.
+        UniqueFd sent = s.takeXfer(args.file_xfer_id, options_.xfer_wait);
+        if (!sent) {
+            return Status(Code::kInvalidArgument, EBADF,
+                          "no fd arrived on the fd channel with xfer_id " +
+                              std::to_string(args.file_xfer_id) + " for OpenXrcd");
+        }
+        crashOnceAt("OpenXrcd");  // the fd taken, the call not committed (tests only)
+        XrcdFile key;
+        ASSIGN_OR_RETURN(file, xrcdFile(sent, &key));
+        how.file = key;
+    }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
-    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
     ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kXrcds, 1}}));
     auto obj = std::make_unique<XrcdObject>();
     obj->quota = std::move(quota);
     obj->context = ctx;
-    ASSIGN_OR_RETURN(obj->xrcd, createOnDriver(s.memory(), ctx->dev, EOPNOTSUPP, "open_xrcd failed",
-                                               [&] { return ctx->dev->verbs.openXrcd(ctx->verbs); }));
+    Device *dev = ctx->dev;
+    ASSIGN_OR_RETURN(obj->domain, dev->xrcds.open(
+                                      how,
+                                      [&] {
+                                          return createOnDriver(
+                                              s.memory(), dev, EOPNOTSUPP, "open_xrcd failed",
+                                              [&] { return dev->verbs.openXrcd(ctx->verbs); });
+                                      },
+                                      [&](ibv_xrcd *x) {
+                                          DriverCall call(s.memory(), dev);
+                                          return dev->verbs.closeXrcd(x);
+                                      }));
+    obj->xrcd = obj->domain->xrcd;
+    obj->file = std::move(file);
     obj->uses = {ctx};
     return publish(s, std::move(obj), {});
 }
