@@ -1163,17 +1163,13 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
 
 namespace {
 
-// The file a tenant named for a shared domain, reopened O_PATH: the inode without the file (a
-// socket or pipe it sent is not kept open), and its key.
-StatusOr<UniqueFd> xrcdFile(const UniqueFd &sent, XrcdFile *key) {
-    const std::string path = "/proc/self/fd/" + std::to_string(sent.get());
-    UniqueFd file(::open(path.c_str(), O_PATH | O_CLOEXEC));
+// The key of the file a tenant named for a shared domain: its inode.
+StatusOr<XrcdFile> xrcdFileKey(const UniqueFd &file) {
     struct stat st {};
-    if (!file || ::fstat(file.get(), &st) != 0) {
-        return Status::fromErrno(errno, "cannot hold the XRC domain's file");
+    if (::fstat(file.get(), &st) != 0) {
+        return Status(Code::kInvalidArgument, EBADF, "the XRC domain's file cannot be stat()ed");
     }
-    *key = {static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
-    return file;
+    return XrcdFile{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
 }
 
 }  // namespace
@@ -1188,16 +1184,14 @@ StatusOr<uint64_t> Broker::openXrcd(Session &s, const OpenXrcdArgs &args) {
     UniqueFd file;
     if (args.file_xfer_id != 0) {
         // Waited for before the session lock, as RegMr's fd: the fd-channel reader must not wait on us.
-        UniqueFd sent = s.takeXfer(args.file_xfer_id, options_.xfer_wait);
-        if (!sent) {
+        file = s.takeXfer(args.file_xfer_id, options_.xfer_wait);
+        if (!file) {
             return Status(Code::kInvalidArgument, EBADF,
                           "no fd arrived on the fd channel with xfer_id " +
                               std::to_string(args.file_xfer_id) + " for OpenXrcd");
         }
         crashOnceAt("OpenXrcd");  // the fd taken, the call not committed (tests only)
-        XrcdFile key;
-        ASSIGN_OR_RETURN(file, xrcdFile(sent, &key));
-        how.file = key;
+        ASSIGN_OR_RETURN(how.file, xrcdFileKey(file));
     }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));

@@ -171,9 +171,10 @@ struct XrcdObject : Object {
     ContextObject *context = nullptr;
     ibv_xrcd *xrcd = nullptr;  // domain->xrcd
     std::shared_ptr<XrcdDomain> domain;
-    // The file that names a shared domain, reopened O_PATH (invalid for a private domain): it
-    // holds the inode, so its number names no other file while the domain lives (the kernel
-    // holds the inode the same way), and a restart finds the domain's key again from it.
+    // The file that names a shared domain, as the tenant sent it (invalid for a private domain):
+    // it holds the inode, so its number names no other file while the domain lives (the kernel
+    // holds the inode the same way), and a restart finds the domain's key again from it. Not an
+    // O_PATH reopen: systemd's fd store refuses fds it cannot poll, and O_PATH ones are such.
     UniqueFd file;
 };
 
