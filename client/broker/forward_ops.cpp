@@ -271,11 +271,17 @@ ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXr
     return handOut(s, rc);
 }
 
-ShadowXrcd *openXrcd(ShadowContext *c) {
+ShadowXrcd *openXrcd(ShadowContext *c, int fd, int oflags) {
     pb::OpenXrcdRequest req;
     req.set_context(c->handle);
+    req.set_oflags(static_cast<uint32_t>(oflags));
     pb::OpenXrcdResponse resp;
-    if (int rc = c->session->call("OpenXrcd", &pb::Broker::Stub::OpenXrcd, req, &resp); rc != 0) {
+    // The file travels as RegMr's memory does: the broker keys the shared domain by its inode.
+    int rc = fd < 0 ? c->session->call("OpenXrcd", &pb::Broker::Stub::OpenXrcd, req, &resp)
+                    : c->session->callWithFd(
+                          "OpenXrcd", &pb::Broker::Stub::OpenXrcd, fd, req,
+                          [](pb::OpenXrcdRequest *r, uint64_t x) { r->set_file_xfer_id(x); }, &resp);
+    if (rc != 0) {
         return failNull<ShadowXrcd>(-rc);
     }
     auto *x = new ShadowXrcd{};

@@ -285,8 +285,11 @@ int resizeCq(ShadowCq *s, uint32_t cqe);
 int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach);
 
 // ---- XRC (the libibverbs face's; the extend API cannot name a domain) ----
-// An XRC domain at the broker (OpenXrcd), tracked under c; NULL + errno.
-ShadowXrcd *openXrcd(ShadowContext *c);
+// A handle on an XRC domain at the broker (OpenXrcd), tracked under c: the domain of the file fd
+// (shared with every process opening it with the same file), or a private one for fd -1;
+// oflags O_CREAT/O_EXCL. NULL + errno (EAGAIN: the file has no domain and no O_CREAT; EINVAL:
+// it has one and O_EXCL).
+ShadowXrcd *openXrcd(ShadowContext *c, int fd, int oflags);
 // CloseXrcd: 0 or a negative errno (-EBUSY while an XRC SRQ or target QP uses it).
 int closeXrcd(ShadowXrcd *x);
 // The forwarding create_srq with, for an XRC SRQ, its domain and the CQ its receives complete on

@@ -3,9 +3,8 @@
 // session object (OpenXrcd, CreateSrq with a domain, CreateQp of an XRC type); the data path posts
 // to an XRC SRQ as to any SRQ and an initiator's sends carry wr.qp_type.xrc.remote_srqn.
 //
-// The file sharing of ibv_open_xrcd (every process opening the same file gets the same domain) is
-// not served: each call opens a domain of its own in the broker session (docs/verbs.md). A program
-// that keeps its SRQs and target QPs in one process, as ibv_xsrq_pingpong does, does not notice.
+// ibv_open_xrcd's file sharing is the broker's: the file goes to it on the fd channel and every
+// process opening a domain with the same file gets the same domain (docs/verbs.md).
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -43,7 +42,7 @@ ibv_xrcd *faceOpenXrcd(ibv_context *context, ibv_xrcd_init_attr *attr) {
     if (int err = checkXrcdInit(*attr); err != 0) {
         return failNull<ibv_xrcd>(err);
     }
-    ShadowXrcd *x = broker::openXrcd(c);
+    ShadowXrcd *x = broker::openXrcd(c, attr->fd, attr->oflags);
     return x != nullptr ? &x->xrcd : nullptr;
 }
 

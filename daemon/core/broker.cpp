@@ -1161,16 +1161,59 @@ StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
     return destroyByHandle(s, qp, ObjectKind::kQp);
 }
 
-StatusOr<uint64_t> Broker::openXrcd(Session &s, uint64_t context) {
+namespace {
+
+// The key of the file a tenant named for a shared domain: its inode.
+StatusOr<XrcdFile> xrcdFileKey(const UniqueFd &file) {
+    struct stat st {};
+    if (::fstat(file.get(), &st) != 0) {
+        return Status(Code::kInvalidArgument, EBADF, "the XRC domain's file cannot be stat()ed");
+    }
+    return XrcdFile{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+}  // namespace
+
+StatusOr<uint64_t> Broker::openXrcd(Session &s, const OpenXrcdArgs &args) {
+    if ((args.oflags & ~static_cast<uint32_t>(O_CREAT | O_EXCL)) != 0) {
+        return invalidArgument("OpenXrcd oflags may hold O_CREAT and O_EXCL only");
+    }
+    XrcdOpen how;
+    how.create = (args.oflags & O_CREAT) != 0;
+    how.exclusive = (args.oflags & O_EXCL) != 0;
+    UniqueFd file;
+    if (args.file_xfer_id != 0) {
+        // Waited for before the session lock, as RegMr's fd: the fd-channel reader must not wait on us.
+        file = s.takeXfer(args.file_xfer_id, options_.xfer_wait);
+        if (!file) {
+            return Status(Code::kInvalidArgument, EBADF,
+                          "no fd arrived on the fd channel with xfer_id " +
+                              std::to_string(args.file_xfer_id) + " for OpenXrcd");
+        }
+        crashOnceAt("OpenXrcd");  // the fd taken, the call not committed (tests only)
+        ASSIGN_OR_RETURN(how.file, xrcdFileKey(file));
+    }
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     RETURN_IF_ERROR(checkRoom(s));
-    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+    ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, args.context));
     ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kXrcds, 1}}));
     auto obj = std::make_unique<XrcdObject>();
     obj->quota = std::move(quota);
     obj->context = ctx;
-    ASSIGN_OR_RETURN(obj->xrcd, createOnDriver(s.memory(), ctx->dev, EOPNOTSUPP, "open_xrcd failed",
-                                               [&] { return ctx->dev->verbs.openXrcd(ctx->verbs); }));
+    Device *dev = ctx->dev;
+    ASSIGN_OR_RETURN(obj->domain, dev->xrcds.open(
+                                      how,
+                                      [&] {
+                                          return createOnDriver(
+                                              s.memory(), dev, EOPNOTSUPP, "open_xrcd failed",
+                                              [&] { return dev->verbs.openXrcd(ctx->verbs); });
+                                      },
+                                      [&](ibv_xrcd *x) {
+                                          DriverCall call(s.memory(), dev);
+                                          return dev->verbs.closeXrcd(x);
+                                      }));
+    obj->xrcd = obj->domain->xrcd;
+    obj->file = std::move(file);
     obj->uses = {ctx};
     return publish(s, std::move(obj), {});
 }

@@ -126,6 +126,15 @@ struct CreateSrqArgs {
     queue_buf_dma_mode dma_mode = QU_BUF_DMA_MODE_DEFAULT;
 };
 
+// ibv_open_xrcd: with file_xfer_id, the domain of the file the tenant sent on the fd channel
+// under that id, shared with every session that opens it with the same file; without, a new
+// private domain (fd -1). oflags: O_CREAT and O_EXCL only.
+struct OpenXrcdArgs {
+    uint64_t context = 0;
+    uint64_t file_xfer_id = 0;
+    uint32_t oflags = 0;
+};
+
 struct SrqResult {
     uint64_t srq = 0;
     uint32_t max_wr = 0, max_sge = 0;
@@ -189,8 +198,9 @@ struct ObjectImport {
         ibv_qp_type type = IBV_QPT_RC;
         bool sq_sig_all = false, has_srq = false;
         ibv_qp_cap cap{};
-    } qp;              // kQp
-    ibv_ah_attr ah{};  // kAh: all there is of it (no driver state)
+    } qp;                // kQp
+    ibv_ah_attr ah{};    // kAh: all there is of it (no driver state)
+    UniqueFd xrcd_file;  // kXrcd: the file of a shared domain (XrcdObject::file); invalid: private
 };
 
 // Called by Broker::commit with the session's mutex held, after the reply was stored: the
@@ -324,9 +334,12 @@ class Broker {
     StatusOr<Released> destroyQp(Session &s, uint64_t qp);
     StatusOr<SrqResult> createSrq(Session &s, const CreateSrqArgs &args);
     StatusOr<Released> destroySrq(Session &s, uint64_t srq);
-    // An XRC domain on the context's device (driver: open_xrcd, vdev ABI V6), charged to the
-    // tenant's "xrcds" quota; closing one its XRC SRQs or target QPs still use answers EBUSY.
-    StatusOr<uint64_t> openXrcd(Session &s, uint64_t context);
+    // A handle on an XRC domain of the context's device (driver: open_xrcd, vdev ABI V6), charged
+    // to the tenant's "xrcds" quota. A domain opened with a file is shared by every session that
+    // opens it with the same file (kernel semantics: EAGAIN without O_CREAT when the file has
+    // none, EINVAL with O_EXCL when it has one); its driver domain is closed with its last
+    // handle. Closing a handle its session's XRC SRQs or target QPs still use answers EBUSY.
+    StatusOr<uint64_t> openXrcd(Session &s, const OpenXrcdArgs &args);
     Status closeXrcd(Session &s, uint64_t xrcd);
     // An address handle of pd, its attributes checked against the PD's device (port, LID or
     // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.

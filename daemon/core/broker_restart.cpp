@@ -216,6 +216,34 @@ Status importDriverObject(SessionMemory &mem, Object &obj, const Parents &p, Obj
     return Status::ok();
 }
 
+// A domain handle again: the first of a shared domain's handles to come back (in whichever
+// session) imports the driver's domain, the others join it, keyed by the file the handle holds.
+Status adoptXrcd(SessionMemory &mem, XrcdObject &x, const Parents &p, ObjectImport &in,
+                 Relocations &relocations) {
+    XrcdOpen how;
+    how.create = true;
+    if (in.xrcd_file) {
+        struct stat st {};
+        if (::fstat(in.xrcd_file.get(), &st) != 0) {
+            return importError("XRC domain " + hex(in.handle) + "'s file came back unusable");
+        }
+        how.file = XrcdFile{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+    }
+    ASSIGN_OR_RETURN(x.domain, p.dev->xrcds.open(
+                                   how,
+                                   [&]() -> StatusOr<ibv_xrcd *> {
+                                       RETURN_IF_ERROR(importDriverObject(mem, x, p, in, relocations));
+                                       return x.xrcd;
+                                   },
+                                   [&](ibv_xrcd *made) {
+                                       DriverCall call(mem, p.dev);
+                                       return p.dev->verbs.closeXrcd(made);
+                                   }));
+    x.xrcd = x.domain->xrcd;
+    x.file = std::move(in.xrcd_file);
+    return Status::ok();
+}
+
 }  // namespace
 
 Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *changed) {
@@ -306,7 +334,9 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
         return importError("object " + hex(in.handle) + " has no usable driver state");
     }
     RETURN_IF_ERROR(adoptKindFields(*obj, p, in, relocations));
-    if (driver) {
+    if (obj->kind == ObjectKind::kXrcd) {
+        RETURN_IF_ERROR(adoptXrcd(s.memory(), static_cast<XrcdObject &>(*obj), p, in, relocations));
+    } else if (driver) {
         RETURN_IF_ERROR(importDriverObject(s.memory(), *obj, p, in, relocations));
     }
     if (obj->kind == ObjectKind::kSrq && usedBy<XrcdObject>(*obj) != nullptr) {

@@ -89,7 +89,11 @@ void MrObject::snapshot(ObjectSnapshot &out) const {
 }
 
 int XrcdObject::destroyDriverObject() {
-    return device()->verbs.closeXrcd(xrcd);
+    Device *dev = device();
+    if (domain == nullptr) {
+        return dev->verbs.closeXrcd(xrcd);  // not adopted into a domain yet (a failed restore)
+    }
+    return dev->xrcds.leave(domain, [dev](ibv_xrcd *x) { return dev->verbs.closeXrcd(x); });
 }
 
 void XrcdObject::snapshot(ObjectSnapshot &out) const {

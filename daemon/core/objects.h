@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@
 #include "daemon/core/mapping.h"
 #include "daemon/core/object_snapshot.h"
 #include "daemon/core/quota.h"
+#include "daemon/core/xrcd_domains.h"
 #include "providers/loader/extend_open.h"
 
 namespace ibvx::daemon {
@@ -152,10 +154,10 @@ struct MrObject : Object {
     uint64_t fd_offset = 0;
 };
 
-// An XRC domain (softnda SPEC.md §14), opened on a context of the session. Its XRC SRQs and
-// target QPs use it, so it is closed after them. The domain belongs to this session alone: the
-// file sharing of ibv_open_xrcd (one domain for every process opening the same file) is not
-// served, each opener gets a domain of its own (docs/verbs.md).
+// A session's handle on an XRC domain (softnda SPEC.md §14), opened on a context of the session.
+// Its XRC SRQs and target QPs use it, so it is closed after them. The domain itself may be
+// shared: every session that opened it with the same file holds a handle on the same driver
+// domain (xrcd_domains.h), which is closed when the last handle goes.
 struct XrcdObject : Object {
     static constexpr ObjectKind kKind = ObjectKind::kXrcd;
     XrcdObject() : Object(kKind) {}
@@ -163,10 +165,17 @@ struct XrcdObject : Object {
     const void *driverObject() const override { return xrcd; }
     void adoptDriverObject(void *made) override { xrcd = static_cast<ibv_xrcd *>(made); }
     Device *device() const override { return context->dev; }
+    // Lets go of the domain: the driver's domain is closed only by its last holder.
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
     ContextObject *context = nullptr;
-    ibv_xrcd *xrcd = nullptr;
+    ibv_xrcd *xrcd = nullptr;  // domain->xrcd
+    std::shared_ptr<XrcdDomain> domain;
+    // The file that names a shared domain, as the tenant sent it (invalid for a private domain):
+    // it holds the inode, so its number names no other file while the domain lives (the kernel
+    // holds the inode the same way), and a restart finds the domain's key again from it. Not an
+    // O_PATH reopen: systemd's fd store refuses fds it cannot poll, and O_PATH ones are such.
+    UniqueFd file;
 };
 
 struct CqObject : Object {

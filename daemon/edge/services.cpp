@@ -364,7 +364,8 @@ grpc::ServerUnaryReactor *BrokerService::OpenXrcd(grpc::CallbackServerContext *c
                                                   const pb::OpenXrcdRequest *req,
                                                   pb::OpenXrcdResponse *resp) {
     return serve(ctx, Method::kOpenXrcd, resp, [&](Session &s) -> Status {
-        ASSIGN_OR_RETURN(uint64_t xrcd, broker_.openXrcd(s, req->context()));
+        ASSIGN_OR_RETURN(uint64_t xrcd,
+                         broker_.openXrcd(s, {req->context(), req->file_xfer_id(), req->oflags()}));
         resp->set_xrcd(xrcd);
         return Status::ok();
     });

@@ -99,6 +99,11 @@ std::string objectRecord(uint64_t id, const Object *obj) {
             out.set_cap_max_inline_data(qp->cap.max_inline_data);
             break;
         }
+        case ObjectKind::kXrcd: {
+            auto *x = static_cast<const XrcdObject *>(obj);
+            out.set_xrcd_file(x->file ? xrcdFileName(id, obj->handle) : std::string());
+            break;
+        }
         case ObjectKind::kAh: {
             const ibv_ah_attr &a = static_cast<const AhObject *>(obj)->attr;
             rpb::AhRecord *ah = out.mutable_ah();
@@ -159,13 +164,20 @@ std::string replyRecord(const StoredReplyView &r) {
     return serialized(out);
 }
 
-// The fds an object's record names: an MR's memory, and the driver state's own.
+// The fds an object's record names: an MR's memory, a shared XRC domain's file, and the driver
+// state's own.
 std::vector<std::pair<std::string, int>> objectFds(uint64_t id, const Object &obj) {
     std::vector<std::pair<std::string, int>> out;
     if (obj.kind == ObjectKind::kMr) {
         const auto &mr = static_cast<const MrObject &>(obj);
         if (mr.fd) {
             out.emplace_back(mrName(id, obj.handle), mr.fd.get());
+        }
+    }
+    if (obj.kind == ObjectKind::kXrcd) {
+        const auto &x = static_cast<const XrcdObject &>(obj);
+        if (x.file) {
+            out.emplace_back(xrcdFileName(id, obj.handle), x.file.get());
         }
     }
     for (size_t i = 0; i < obj.driver_fds.size(); ++i) {
@@ -640,6 +652,7 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
     for (uint64_t h : changes.erased) {
         records.emplace_back(kObjectDel, u64Payload(h));
         storeRemovePrefix(e, mrName(id, h));
+        storeRemovePrefix(e, xrcdFileName(id, h));
         storeRemovePrefix(e, driverFdsPrefix(id, h));
     }
     std::set<uint64_t> seen;

@@ -268,6 +268,9 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
         in.mr.map_length = po.mr_map_length();
         in.mr.old_address = po.mr_old_address();
     }
+    if (in.kind == ObjectKind::kXrcd && !po.xrcd_file().empty()) {
+        RETURN_IF_ERROR(fds.take(po.xrcd_file(), &in.xrcd_file));
+    }
     for (const std::string &name : po.driver().fds()) {
         RETURN_IF_ERROR(fds.take(name, &in.driver_fds.emplace_back()));
     }

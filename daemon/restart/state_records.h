@@ -76,6 +76,10 @@ inline std::string doorbellName(uint64_t session, RegionId r) {
 inline std::string mrName(uint64_t session, uint64_t handle) {
     return prefix(session) + "m" + hex(handle);
 }
+// The file of a shared XRC domain handle (XrcdObject::file).
+inline std::string xrcdFileName(uint64_t session, uint64_t handle) {
+    return prefix(session) + "x" + hex(handle);
+}
 // An object's own fds (its driver state's) are "<this>0", "<this>1", ...
 inline std::string driverFdsPrefix(uint64_t session, uint64_t handle) {
     return prefix(session) + "o" + hex(handle) + ".";

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <system_error>
 
 #include "common/fd_kind.h"
@@ -321,8 +322,32 @@ Srq *asSrq(ibv_srq *ib) {
 Mr *asMr(ibv_mr *ib) {
     return checked<Mr>(ib, kMagicMr);
 }
+// The live domains. Its lock is a leaf, taken under Device::ctl (open and close hold it), so it
+// is not the registry's (taken before ctl). Never destroyed, as the registry.
+struct LiveXrcds {
+    std::mutex mu;
+    std::set<const Xrcd *> set;
+};
+static LiveXrcds &liveXrcds() {
+    static auto *live = new LiveXrcds;
+    return *live;
+}
+
 Xrcd *asXrcd(ibv_xrcd *ib) {
-    return checked<Xrcd>(ib, kMagicXrcd);
+    LiveXrcds &live = liveXrcds();
+    std::lock_guard<std::mutex> lk(live.mu);
+    auto *x = reinterpret_cast<Xrcd *>(ib);
+    return live.set.count(x) != 0 && x->magic == kMagicXrcd ? x : nullptr;
+}
+void registerXrcd(Xrcd *x) {
+    LiveXrcds &live = liveXrcds();
+    std::lock_guard<std::mutex> lk(live.mu);
+    live.set.insert(x);
+}
+void unregisterXrcd(Xrcd *x) {
+    LiveXrcds &live = liveXrcds();
+    std::lock_guard<std::mutex> lk(live.mu);
+    live.set.erase(x);
 }
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {

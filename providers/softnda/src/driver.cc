@@ -531,11 +531,11 @@ int closeXrcd(ibv_xrcd *ib) {
     if (x == nullptr) {
         return -EINVAL;
     }
-    std::lock_guard<std::mutex> ctl(x->ctx->dev->ctl);
+    std::lock_guard<std::mutex> ctl(x->dev->ctl);
     if (x->refs != 0) {
         return -EBUSY;
     }
-    x->ctx->objects--;
+    unregisterXrcd(x);
     x->magic = 0;
     delete x;
     return 0;
@@ -547,7 +547,7 @@ ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *a, 
     Context *ctx = asContext(context);
     Xrcd *x = asXrcd(xrcd);
     Cq *c = asCq(cq);
-    if (ctx == nullptr || x == nullptr || x->ctx->dev != ctx->dev || c == nullptr || c->ctx != ctx) {
+    if (ctx == nullptr || x == nullptr || x->dev != ctx->dev || c == nullptr || c->ctx != ctx) {
         return failNull<ibv_srq_extend>(EINVAL);
     }
     return makeSrq(context, a, x, c);
@@ -558,7 +558,7 @@ ibv_srq_extend *createXrcSrq(ibv_context *context, ibv_srq_init_attr_extend *a, 
 ibv_qp_extend *createXrcTgtQp(ibv_context *context, ibv_qp_init_attr_extend *a, ibv_xrcd *xrcd) {
     Context *ctx = asContext(context);
     Xrcd *x = asXrcd(xrcd);
-    if (ctx == nullptr || a == nullptr || !opsComplete(a->ops) || x == nullptr || x->ctx->dev != ctx->dev) {
+    if (ctx == nullptr || a == nullptr || !opsComplete(a->ops) || x == nullptr || x->dev != ctx->dev) {
         return failNull<ibv_qp_extend>(EINVAL);
     }
     Device *dev = ctx->dev;

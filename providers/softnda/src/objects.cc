@@ -112,9 +112,9 @@ bool qpParents(Context *ctx, ibv_qp_type type, ibv_pd *pd, ibv_cq *scq, ibv_cq *
 ibv_xrcd *buildXrcd(Context *ctx) {
     auto *x = new Xrcd;
     x->magic = kMagicXrcd;
-    x->ctx = ctx;
+    x->dev = ctx->dev;
     x->ib.context = &ctx->ib;
-    ctx->objects++;
+    registerXrcd(x);
     return &x->ib;
 }
 

@@ -259,7 +259,7 @@ int exportXrcd(ibv_xrcd *ib, ibv_extend_vdev_state *out) {
     if (x == nullptr) {
         return -EINVAL;
     }
-    std::lock_guard<std::mutex> ctl(x->ctx->dev->ctl);
+    std::lock_guard<std::mutex> ctl(x->dev->ctl);
     put(out, IBV_EXTEND_VDEV_OBJ_XRCD, XrcdBlob{});
     return 0;
 }
@@ -567,7 +567,7 @@ void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *e
     Cq *cq = xrc ? asCq(env->srq_cq) : nullptr;
     if ((!xrc && !readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &b)) || ctx == nullptr || pd == nullptr ||
         pd->ctx != ctx || !opsComplete(env->ops) || in->fd_cnt != 0 ||
-        (xrc && (xrcd == nullptr || xrcd->ctx->dev != ctx->dev || cq == nullptr || cq->ctx != ctx ||
+        (xrc && (xrcd == nullptr || xrcd->dev != ctx->dev || cq == nullptr || cq->ctx != ctx ||
                  xb.srqn == 0 || xb.srqn > 0xffffff))) {
         return failNull<void>(EINVAL);
     }
@@ -657,7 +657,7 @@ bool importParents(Context *ctx, const QpBlob &b, const ibv_extend_vdev_import *
     const auto type = b.qp_type == 0 ? IBV_QPT_RC : static_cast<ibv_qp_type>(b.qp_type);
     if (type == IBV_QPT_XRC_RECV) {
         out->xrcd = asXrcd(env->xrcd);
-        return out->xrcd != nullptr && out->xrcd->ctx->dev == ctx->dev;
+        return out->xrcd != nullptr && out->xrcd->dev == ctx->dev;
     }
     return qpParents(ctx, type, env->pd, env->send_cq, env->recv_cq, env->srq, out) &&
            b.has_rq == (out->srq == nullptr && type != IBV_QPT_XRC_SEND ? 1u : 0u);

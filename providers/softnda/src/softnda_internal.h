@@ -187,11 +187,13 @@ struct Cq {
 };
 
 // An XRC domain (SPEC.md §14): the device's, whichever context opened it; SRQs and target QPs
-// of any context may belong to it. refs: those SRQs and QPs (Device::ctl).
+// of any context may belong to it, and it outlives the context that opened it (a broker shares
+// one domain among processes, any of which may go first), so it is not counted in that
+// context's objects. refs: those SRQs and QPs (Device::ctl).
 struct Xrcd {
-    ibv_xrcd ib{};  // first: the ibv_xrcd * handed out points here
+    ibv_xrcd ib{};  // first: the ibv_xrcd * handed out points here (ib.context: the opener's, may be closed)
     uint64_t magic = 0;
-    Context *ctx = nullptr;  // the opener (counted in its objects)
+    Device *dev = nullptr;
     uint32_t refs = 0;
 };
 
@@ -455,7 +457,11 @@ Qp *asQp(ibv_qp *ib);
 Cq *asCq(ibv_cq *ib);
 Srq *asSrq(ibv_srq *ib);
 Mr *asMr(ibv_mr *ib);
+// A domain may outlive the context its ib.context names (struct Xrcd), so it is found in the
+// registry's set of live domains rather than through its context.
 Xrcd *asXrcd(ibv_xrcd *ib);
+void registerXrcd(Xrcd *x);    // buildXrcd
+void unregisterXrcd(Xrcd *x);  // closeXrcd, before it is freed
 
 // A queue's allocation: the ring, then its 128 B doorbell record (SPEC.md §1).
 inline constexpr size_t kRecordSize = 128;
@@ -553,7 +559,7 @@ ibv_mr *buildMr(std::unique_ptr<Mr> mr, Pd *pd, uint32_t handle);
 ibv_cq_extend *buildCq(std::unique_ptr<Cq> cq, Context *ctx, ibv_extend_ops *ops, void *cq_context,
                        uint32_t handle, Origin origin);
 // srq: ring, db and max_sge set (and, for an XRC SRQ, xrcd, cq and srqn).
-// xrcd: made (or imported) by open_xrcd; counted in the opener's context.
+// xrcd: made (or imported) by open_xrcd on ctx's device; not counted in ctx (it may outlive it).
 ibv_xrcd *buildXrcd(Context *ctx);
 ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_extend_ops *ops,
                          void *srq_context, uint32_t handle, Origin origin);

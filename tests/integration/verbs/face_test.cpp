@@ -538,6 +538,13 @@ TEST_F(FaceTest, XrcBehaviour) {
     expectBehaviour(*this, IBVX_XRC_BEHAVIOUR, "xrc-behaviour");
 }
 
+// One XRC domain shared by two tenant processes through a file (ibv_open_xrcd's O_CREAT/O_EXCL
+// errors, the peer's target delivering into the owner's SRQ, every byte checked), and what is
+// left when one of them ends.
+TEST_F(FaceTest, XrcDomainSharedByFile) {
+    expectBehaviour(*this, IBVX_XRC_SHARED, "xrc-shared");
+}
+
 // Multicast groups (softnda SPEC.md §11.3): the bad requests, delivery to the members only,
 // leaving by detach and by destroy.
 TEST_F(FaceTest, McastBehaviour) {

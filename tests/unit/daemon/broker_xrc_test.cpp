@@ -1,6 +1,8 @@
 // The broker's XRC objects over the real softnda driver (SPEC.md §14): a domain, XRC SRQs with
 // their numbers, target and initiator QPs, owned by a session, counted in quotas, destroyed in
-// order and reclaimed at its end; bad requests refused with nothing left behind.
+// order and reclaimed at its end; bad requests refused with nothing left behind. A domain opened
+// with a file is shared by the sessions that open it with that file, lives while any holds it,
+// and comes back once from a restore.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -61,7 +63,7 @@ class BrokerXrcTest : public SoftndaDevicesTest {
         auto cq = broker_->createCq(s, ca);
         EXPECT_TRUE(cq.isOk()) << cq.status().toString();
         b.cq = cq->cq;
-        auto xrcd = broker_->openXrcd(s, b.ctx);
+        auto xrcd = broker_->openXrcd(s, {b.ctx, 0, O_CREAT});
         EXPECT_TRUE(xrcd.isOk()) << xrcd.status().toString();
         b.xrcd = *xrcd;
         return b;
@@ -94,9 +96,38 @@ class BrokerXrcTest : public SoftndaDevicesTest {
         return a;
     }
 
+    // ibv_open_xrcd with a file: the file goes on the session's fd channel (here, straight into
+    // its table) under a new xfer id, as the face sends it.
+    StatusOr<uint64_t> openShared(Session &s, uint64_t ctx, int fd, int oflags) {
+        static uint64_t next_xfer = 1000;
+        const uint64_t xfer = next_xfer++;
+        EXPECT_TRUE(s.putXfer(xfer, UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
+        return broker_->openXrcd(s, {ctx, xfer, static_cast<uint32_t>(oflags)});
+    }
+    ibv_xrcd *driverDomain(Session &s, uint64_t handle) {
+        auto hold = s.hold();
+        auto *x = static_cast<const XrcdObject *>(s.object(handle));
+        return x != nullptr ? x->xrcd : nullptr;
+    }
+    Device *softnda0() { return devices_->find("softnda0"); }
+
     std::unique_ptr<Broker> broker_;
     std::shared_ptr<Session> session_;
     DestroyLog events_;
+};
+
+// A temporary file, unlinked at once (the open fd keeps its inode, which keys the domain).
+class TempFile {
+  public:
+    TempFile() {
+        char name[] = "/tmp/ibvx-xrcd-XXXXXX";
+        fd_ = UniqueFd(::mkstemp(name));
+        ::unlink(name);
+    }
+    int fd() const { return fd_.get(); }
+
+  private:
+    UniqueFd fd_;
 };
 
 TEST_F(BrokerXrcTest, XrcObjectsBelongToTheSessionAndItsQuotas) {
@@ -222,7 +253,7 @@ TEST_F(BrokerXrcTest, BadXrcRequestsAreRefusedAndLeaveNothing) {
 TEST_F(BrokerXrcTest, AdoptMakesADomainAgain) {
     auto ctx = broker_->openContext(*session_, "softnda0");
     ASSERT_TRUE(ctx.isOk());
-    auto xrcd = broker_->openXrcd(*session_, ctx->context);
+    auto xrcd = broker_->openXrcd(*session_, {ctx->context, 0, O_CREAT});
     ASSERT_TRUE(xrcd.isOk()) << xrcd.status().toString();
     auto exported = [&](uint64_t handle) {
         auto hold = session_->hold();
@@ -273,6 +304,159 @@ TEST_F(BrokerXrcTest, AdoptMakesADomainAgain) {
     EXPECT_EQ(broker_->closeXrcd(*restored, b.xrcd).errnoValue(), EBUSY);
     broker_->endSession(restored);
     EXPECT_EQ(held(Quota::kXrcds), 1u);
+}
+
+// ---- sharing by file (ibv_open_xrcd's fd and oflags, the kernel's semantics) ----
+
+TEST_F(BrokerXrcTest, SessionsOpeningTheSameFileShareOneDomain) {
+    TempFile file, other_file;
+    auto other = newSession();
+    auto ctx_a = broker_->openContext(*session_, "softnda0");
+    auto ctx_b = broker_->openContext(*other, "softnda0");
+    ASSERT_TRUE(ctx_a.isOk() && ctx_b.isOk());
+    const size_t shared_before = softnda0()->xrcds.sharedCount();
+
+    // No domain for the file yet: without O_CREAT, EAGAIN (as ib_uverbs_open_xrcd).
+    auto none = openShared(*other, ctx_b->context, file.fd(), 0);
+    EXPECT_EQ(none.status().errnoValue(), EAGAIN) << none.status().toString();
+    auto a = openShared(*session_, ctx_a->context, file.fd(), O_CREAT);
+    ASSERT_TRUE(a.isOk()) << a.status().toString();
+    auto b = openShared(*other, ctx_b->context, file.fd(), 0);
+    ASSERT_TRUE(b.isOk()) << b.status().toString();
+    EXPECT_EQ(driverDomain(*session_, *a), driverDomain(*other, *b)) << "one driver domain";
+    EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before + 1);
+    // O_EXCL with a domain for the file: EINVAL.
+    auto excl = openShared(*other, ctx_b->context, file.fd(), O_CREAT | O_EXCL);
+    EXPECT_EQ(excl.status().errnoValue(), EINVAL) << excl.status().toString();
+    // Another file, and fd -1, are other domains.
+    auto c = openShared(*other, ctx_b->context, other_file.fd(), O_CREAT | O_EXCL);
+    ASSERT_TRUE(c.isOk()) << c.status().toString();
+    auto priv = broker_->openXrcd(*other, {ctx_b->context, 0, O_CREAT});
+    ASSERT_TRUE(priv.isOk());
+    EXPECT_NE(driverDomain(*other, *c), driverDomain(*other, *b));
+    EXPECT_NE(driverDomain(*other, *priv), driverDomain(*other, *b));
+    // A bad oflags value, and a file that never arrived.
+    EXPECT_EQ(broker_->openXrcd(*other, {ctx_b->context, 0, O_RDWR | O_CREAT}).status().errnoValue(), EINVAL);
+    EXPECT_EQ(broker_->openXrcd(*other, {ctx_b->context, 424242, O_CREAT}).status().errnoValue(), EBADF);
+
+    // Each handle is its session's: counted in its quota, one per open.
+    EXPECT_EQ(held(Quota::kXrcds), 4u);
+    // A second handle of the same session on the domain is a handle of its own.
+    auto b2 = openShared(*other, ctx_b->context, file.fd(), 0);
+    ASSERT_TRUE(b2.isOk());
+    EXPECT_NE(*b2, *b);
+    EXPECT_EQ(driverDomain(*other, *b2), driverDomain(*session_, *a));
+    ASSERT_TRUE(broker_->closeXrcd(*other, *b2).isOk());
+}
+
+TEST_F(BrokerXrcTest, ASharedDomainLivesWhileAnySessionHoldsIt) {
+    TempFile file;
+    auto other = newSession();
+    Base a = makeBase(*session_);
+    Base b = makeBase(*other);
+    auto ha = openShared(*session_, a.ctx, file.fd(), O_CREAT);
+    auto hb = openShared(*other, b.ctx, file.fd(), O_CREAT);
+    ASSERT_TRUE(ha.isOk() && hb.isOk());
+    a.xrcd = *ha;
+    b.xrcd = *hb;
+    ibv_xrcd *domain = driverDomain(*session_, a.xrcd);
+    const size_t shared_before = softnda0()->xrcds.sharedCount();
+
+    // A's XRC SRQ and B's target in the one domain: the SRQ is reachable from B's target (the
+    // engine checks the SRQ's domain is the target's: the same driver domain).
+    auto srq = broker_->createSrq(*session_, xrcSrq(a));
+    ASSERT_TRUE(srq.isOk()) << srq.status().toString();
+    auto tgt = broker_->createQp(*other, target(b));
+    ASSERT_TRUE(tgt.isOk()) << tgt.status().toString();
+    // Each session's handle is busy with its own session's objects only.
+    EXPECT_EQ(broker_->closeXrcd(*other, b.xrcd).errnoValue(), EBUSY) << "B's target uses B's handle";
+
+    // A ends (its SRQ, its handle): the domain stays B's.
+    broker_->endSession(session_);
+    EXPECT_EQ(driverDomain(*other, b.xrcd), domain);
+    EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before) << "still keyed by the file";
+    auto srq_b = broker_->createSrq(*other, xrcSrq(b));
+    ASSERT_TRUE(srq_b.isOk()) << "the domain still works: " << srq_b.status().toString();
+    // A new session joins it again by the file.
+    auto third = newSession();
+    auto ctx_c = broker_->openContext(*third, "softnda0");
+    auto hc = openShared(*third, ctx_c->context, file.fd(), 0);
+    ASSERT_TRUE(hc.isOk()) << hc.status().toString();
+    EXPECT_EQ(driverDomain(*third, *hc), domain);
+    broker_->endSession(third);
+
+    // The last handle closes the driver's domain: the file has none any more.
+    ASSERT_TRUE(broker_->destroySrq(*other, srq_b->srq).isOk());
+    ASSERT_TRUE(broker_->destroyQp(*other, tgt->qp).isOk());
+    ASSERT_TRUE(broker_->closeXrcd(*other, b.xrcd).isOk());
+    EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before - 1);
+    EXPECT_EQ(openShared(*other, b.ctx, file.fd(), 0).status().errnoValue(), EAGAIN);
+    broker_->endSession(other);
+    EXPECT_EQ(held(Quota::kXrcds), 0u);
+}
+
+// A restore brings a shared domain back once: the first handle to come back (in whichever
+// session) imports the driver's domain, the others join it by the file their record kept.
+TEST_F(BrokerXrcTest, AdoptBringsASharedDomainBackOnce) {
+    TempFile file;
+    auto other = newSession();
+    auto ctx_a = broker_->openContext(*session_, "softnda0");
+    auto ctx_b = broker_->openContext(*other, "softnda0");
+    auto ha = openShared(*session_, ctx_a->context, file.fd(), O_CREAT);
+    auto hb = openShared(*other, ctx_b->context, file.fd(), 0);
+    ASSERT_TRUE(ha.isOk() && hb.isOk());
+    auto exported = [&](Session &s, uint64_t handle) {
+        auto hold = s.hold();
+        ObjectImport in;
+        EXPECT_TRUE(broker_->exportObject(s, handle).isOk());
+        const Object *o = s.object(handle);
+        in.handle = handle;
+        in.kind = o->kind;
+        for (const Object *u : o->uses) {
+            in.uses.push_back(u->handle);
+        }
+        in.device = o->device()->info.name;
+        in.driver_state = o->driver_state;
+        if (o->kind == ObjectKind::kXrcd) {
+            in.xrcd_file.reset(::fcntl(static_cast<const XrcdObject *>(o)->file.get(), F_DUPFD_CLOEXEC, 0));
+        }
+        return in;
+    };
+    std::vector<ObjectImport> a_in, b_in;
+    a_in.push_back(exported(*session_, ctx_a->context));
+    a_in.push_back(exported(*session_, *ha));
+    b_in.push_back(exported(*other, ctx_b->context));
+    b_in.push_back(exported(*other, *hb));
+    ASSERT_TRUE(a_in[1].xrcd_file) << "a shared handle keeps its file";
+    broker_->endSession(session_);
+    broker_->endSession(other);  // the domain is closed: the restore must make it again
+    const size_t shared_before = softnda0()->xrcds.sharedCount();
+
+    auto ra = newSession();
+    auto rb = newSession();
+    Relocations relocations;
+    ASSERT_EQ(softnda0()->verbs.setPaused(true), 0);
+    for (auto &[s, ins] : {std::pair{ra, &a_in}, std::pair{rb, &b_in}}) {
+        for (ObjectImport &in : *ins) {
+            Status st = broker_->adopt(*s, std::move(in), relocations);
+            EXPECT_TRUE(st.isOk()) << st.toString();
+        }
+    }
+    ASSERT_EQ(softnda0()->verbs.setPaused(false), 0);
+    EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before + 1);
+    ibv_xrcd *domain = driverDomain(*ra, *ha);
+    ASSERT_NE(domain, nullptr);
+    EXPECT_EQ(driverDomain(*rb, *hb), domain) << "one domain again, in both sessions";
+    // And the file still names it for a new opener.
+    auto third = newSession();
+    auto ctx_c = broker_->openContext(*third, "softnda0");
+    auto hc = openShared(*third, ctx_c->context, file.fd(), 0);
+    ASSERT_TRUE(hc.isOk()) << hc.status().toString();
+    EXPECT_EQ(driverDomain(*third, *hc), domain);
+    for (auto &s : {ra, rb, third}) {
+        broker_->endSession(s);
+    }
+    EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before);
 }
 
 }  // namespace

@@ -350,6 +350,41 @@ TEST_F(Xrc, ADomainIsSharedAcrossContexts) {
     t.close();
 }
 
+// A domain outlives the context that opened it (a broker shares one among processes, and the
+// opener may go first): the opener's context closes while the domain is open, and another
+// context's SRQ and target in the domain still work.
+TEST_F(Xrc, ADomainOutlivesItsOpenersContext) {
+    Tenant opener;
+    ASSERT_NO_FATAL_FAILURE(opener.open(cqAttr(16)));
+    ibv_xrcd *shared = softnda_vdev_ops.open_xrcd(opener.ctx);
+    ASSERT_NE(shared, nullptr);
+    opener.close();  // close_device answers 0 with the domain still open
+
+    SrqH s = makeXrcSrq(shared, xcq_);
+    Tenant t;
+    ASSERT_NO_FATAL_FAILURE(t.open(cqAttr(64)));
+    QpH ini, tgt;
+    ASSERT_NO_FATAL_FAILURE(t.makeXrcPair(arena().ops(), shared, 4, &ini, &tgt));
+    connectXrc(ini, tgt);
+    char in[16] = {};
+    softnda_sge r = sge(in, sizeof(in), reg(in, sizeof(in)));
+    ASSERT_EQ(softnda_rq_post(&s.rq, 3, &r, 1), 0);
+    softnda_rq_doorbell(&s.rq);
+    char out[16] = "opener gone";
+    softnda_sge o = sge(out, sizeof(out), t.reg(out, sizeof(out)));
+    softnda_send_wr w = wr(SOFTNDA_OP_SEND, 9, &o, 1);
+    w.remote_srqn = srqn(s);
+    ASSERT_EQ(postAndRing(&ini.sq, w), 0);
+    EXPECT_EQ(waitOne(t.cqh).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(waitOne(xcq_.cq).status, IBV_WC_SUCCESS);
+    EXPECT_STREQ(in, out);
+    EXPECT_EQ(softnda_vdev_ops.close_xrcd(shared), -EBUSY) << "its SRQ and target still use it";
+    t.close();
+    EXPECT_EQ(ext_->ops->destroy_srq(s.ext), 0);
+    srqs_.clear();
+    EXPECT_EQ(softnda_vdev_ops.close_xrcd(shared), 0);
+}
+
 // Two engine threads: two tenants' initiators (their doorbell pages, so their SQs, belong to
 // different threads), each through its own target, fill one XRC SRQ at once. Every message lands
 // in exactly one receive and every receive completes once on the SRQ's CQ.
