@@ -324,6 +324,9 @@ Mr *asMr(ibv_mr *ib) {
 Xrcd *asXrcd(ibv_xrcd *ib) {
     return checked<Xrcd>(ib, kMagicXrcd);
 }
+Mw *asMw(ibv_mw *ib) {
+    return checked<Mw>(ib, kMagicMw);
+}
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
     DbPage *page = nullptr;
