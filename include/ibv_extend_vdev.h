@@ -80,6 +80,7 @@ enum ibv_extend_vdev_obj {
     IBV_EXTEND_VDEV_OBJ_SRQ = 5,     /* struct ibv_srq_extend * */
     IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
     IBV_EXTEND_VDEV_OBJ_XRCD = 7,    /* struct ibv_xrcd * (ABI V6) */
+    IBV_EXTEND_VDEV_OBJ_MW = 8,      /* struct ibv_mw * (ABI V9) */
 };
 
 #define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */

@@ -142,9 +142,10 @@ uint8_t executeBindMw(Device *dev, Qp *qp, const softnda_wqe &h) {
         return IBV_WC_MW_BIND_ERR;
     }
     std::lock_guard<SpinLock> lk(mw->lock);
-    // The WQE names the window by its current rkey; a type 2 window binds only when free
-    // (o10-37.2.30): it is invalidated first.
-    if (mw->key != mw_rkey || (mw->type == IBV_MW_TYPE_2 && mw->mr != nullptr)) {
+    // The WQE names the window by its index alone (a consumer's ibv_mw keeps the rkey it was
+    // allocated with across type 2 binds); a type 2 window binds only when free (o10-37.2.30):
+    // it is invalidated first.
+    if (mw->type == IBV_MW_TYPE_2 && mw->mr != nullptr) {
         return IBV_WC_MW_BIND_ERR;
     }
     unbindLocked(mw);
