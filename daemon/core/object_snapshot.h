@@ -10,7 +10,7 @@
 namespace ibvx::daemon {
 
 // Append only: a restart's state carries the kind by this value.
-enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh, kXrcd };
+enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh, kXrcd, kMw };
 
 struct ObjectSnapshot {
     uint64_t handle = 0;
@@ -33,7 +33,9 @@ struct ObjectSnapshot {
     uint32_t srq_num = 0;  // an XRC SRQ's number (0: a basic SRQ)
     // kMr
     uint64_t mr_length = 0;
-    uint32_t lkey = 0, rkey = 0;
+    uint32_t lkey = 0, rkey = 0;  // kMw: rkey as allocated (binds change it in the data path)
+    // kMw
+    ibv_mw_type mw_type = IBV_MW_TYPE_1;
     // kAh
     ibv_ah_attr ah{};
 };

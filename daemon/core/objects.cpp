@@ -31,6 +31,8 @@ const char *kindName(ObjectKind kind) {
             return "ah";
         case ObjectKind::kXrcd:
             return "xrcd";
+        case ObjectKind::kMw:
+            return "mw";
     }
     return "object";
 }
@@ -86,6 +88,16 @@ void MrObject::snapshot(ObjectSnapshot &out) const {
         out.lkey = mr->lkey;
         out.rkey = mr->rkey;
     }
+}
+
+int MwObject::destroyDriverObject() {
+    return device()->verbs.deallocMw(mw);
+}
+
+void MwObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
+    out.rkey = mw != nullptr ? mw->rkey : 0;
+    out.mw_type = mw != nullptr ? mw->type : IBV_MW_TYPE_1;
 }
 
 int XrcdObject::destroyDriverObject() {
