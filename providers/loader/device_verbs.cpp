@@ -126,12 +126,11 @@ int noDeallocMw(ibv_mw *) {
 }
 
 constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,         noClose,        noAllocPd,        noDeallocPd,       noRegMr,
-    noDeregMr,      noModifyQp,     noQueryQp,        noQueryCounters,   noQueryDevice,
-    noQueryPort,    noQueryGid,     noSetCqEventFd,   noSetAsyncEventFd, noExportObject,
-    noImportObject, noSetPaused,    noResizeCq,       noReregMr,         noOpenXrcd,
-    noCloseXrcd,    noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,       noMcast,
-    noMcast,        noAllocMw,      noDeallocMw};
+    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
+    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
+    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
+    noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,
+    noMcast,        noMcast,           noAllocMw,       noDeallocMw};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -306,12 +305,12 @@ int verbsDeallocMw(ibv_mw *mw) {
 }  // namespace
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,       ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,    ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
-               verbsQueryPort,  verbsQueryGid,    nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        verbsAttachMcast,
-               verbsDetachMcast, verbsAllocMw,    verbsDeallocMw};
+    Ops ops = {verbsOpen,        ibv_close_device, ibv_alloc_pd,  ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,     ibv_modify_qp,    ibv_query_qp,  nullptr,        ibv_query_device,
+               verbsQueryPort,   verbsQueryGid,    nullptr,       nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,       nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,       nullptr,        verbsAttachMcast,
+               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }

@@ -85,7 +85,7 @@ enum softnda_wqe_flags {
 enum softnda_cqe_flags {
     SOFTNDA_CQE_WITH_IMM = 1 << 0,
     SOFTNDA_CQE_SOLICITED = 1 << 1,
-    SOFTNDA_CQE_GRH = 1 << 2, /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
+    SOFTNDA_CQE_GRH = 1 << 2,      /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
     SOFTNDA_CQE_WITH_INV = 1 << 3, /* a SEND_WITH_INV's receive: imm_data is the rkey it invalidated (§16) */
 };
 

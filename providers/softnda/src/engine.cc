@@ -1019,9 +1019,9 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         if (qp->init.qp_type == IBV_QPT_UD) {
             return bad;
         }
-        return ExecResult{h.opcode == SOFTNDA_OP_BIND_MW ? executeBindMw(dev_, qp, h)
-                                                         : executeLocalInv(dev_, qp, h.rkey),
-                          0, Outcome::Done};
+        return ExecResult{
+            h.opcode == SOFTNDA_OP_BIND_MW ? executeBindMw(dev_, qp, h) : executeLocalInv(dev_, qp, h.rkey),
+            0, Outcome::Done};
     }
     const bool send_inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV &&
                           (qp->init.qp_type == IBV_QPT_RC || qp->init.qp_type == IBV_QPT_XRC_SEND);

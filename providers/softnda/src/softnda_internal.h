@@ -201,12 +201,12 @@ struct Mw {
     ibv_mw_type type = IBV_MW_TYPE_1;
     uint32_t slot = 0;
     SpinLock lock;
-    uint32_t key = 0;    // the current rkey
-    Mr *mr = nullptr;    // bound to (nullptr: not bound, every access through it fails)
-    uint64_t addr = 0;   // the window: [addr, addr+len) of the MR's iova range
+    uint32_t key = 0;   // the current rkey
+    Mr *mr = nullptr;   // bound to (nullptr: not bound, every access through it fails)
+    uint64_t addr = 0;  // the window: [addr, addr+len) of the MR's iova range
     uint64_t len = 0;
-    int access = 0;      // IBV_ACCESS_REMOTE_*
-    uint32_t qpn = 0;    // a type 2 window's QP (the one that bound it)
+    int access = 0;    // IBV_ACCESS_REMOTE_*
+    uint32_t qpn = 0;  // a type 2 window's QP (the one that bound it)
 };
 constexpr uint32_t kMwKeyBit = 0x80000000u;  // an rkey with it names a window, without an MR
 inline bool isMwKey(uint32_t key) {
@@ -382,8 +382,8 @@ struct Device {
 
     std::vector<Mr *> mrs;  // by key >> 8; ctl + gate
     std::vector<uint32_t> free_mr_slots;
-    uint32_t mr_generation = 0;              // ctl
-    std::vector<Mw *> mws;  // by slot (rkey bits 8-30); ctl + gate
+    uint32_t mr_generation = 0;  // ctl
+    std::vector<Mw *> mws;       // by slot (rkey bits 8-30); ctl + gate
     std::vector<uint32_t> free_mw_slots;
     uint32_t n_mw = 0;                       // ctl
     std::unordered_map<uint32_t, Qp *> qps;  // by QPN; ctl + gate

@@ -494,8 +494,8 @@ int queryDevice(ibv_context *context, ibv_device_attr *attr) {
     attr->max_qp_wr = static_cast<int>(c.max_qp_wr);
     // Memory windows of both types (SPEC.md §16); MEM_MGT_EXTENSIONS: local invalidation and
     // SEND_WITH_INV (softnda has no fast-registration MRs).
-    attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW | IBV_DEVICE_MEM_WINDOW_TYPE_2B |
-                             IBV_DEVICE_MEM_MGT_EXTENSIONS;
+    attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW |
+                             IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_MEM_MGT_EXTENSIONS;
     attr->max_mw = static_cast<int>(c.max_mr);
     attr->max_sge = static_cast<int>(c.max_sge);
     attr->max_sge_rd = static_cast<int>(c.max_sge);

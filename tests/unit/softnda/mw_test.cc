@@ -248,7 +248,8 @@ TEST_F(Mw, BadBindsAreBindErrors) {
         int access;
     } cases[] = {
         {"MR without MW_BIND", t2, no_bind, plain.data(), 64, IBV_ACCESS_REMOTE_READ},
-        {"writable window on an MR without local write", t2, read_only, ro.data(), 64, IBV_ACCESS_REMOTE_WRITE},
+        {"writable window on an MR without local write", t2, read_only, ro.data(), 64,
+         IBV_ACCESS_REMOTE_WRITE},
         {"range past the MR", t2, win_, dst_.data() + 4000, 200, IBV_ACCESS_REMOTE_READ},
         {"zero-length type 2", t2, win_, dst_.data(), 0, IBV_ACCESS_REMOTE_READ},
         {"unknown access bit", t2, win_, dst_.data(), 8, IBV_ACCESS_ZERO_BASED},
@@ -282,7 +283,8 @@ TEST_F(Mw, BoundMrAndWindowedPdAreBusy) {
     EXPECT_EQ(softnda_vdev_ops.dealloc_pd(pd), 0);
     // Deallocating a bound window releases its MR.
     dealloc(mw);
-    EXPECT_EQ(softnda_vdev_ops.rereg_mr(win_, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0, kBindable), 0);
+    EXPECT_EQ(softnda_vdev_ops.rereg_mr(win_, IBV_REREG_MR_CHANGE_ACCESS, nullptr, nullptr, 0, 0, kBindable),
+              0);
 }
 
 TEST_F(Mw, QueryDeviceAnnouncesWindows) {
