@@ -1,6 +1,7 @@
 // The broker's memory windows over the real softnda driver (SPEC.md §16): windows of a PD, owned
 // by a session, counted in the "mws" quota, keeping their PD busy, destroyed before their PD (and
 // any MR) at the session's end; bad requests refused with nothing left behind.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -86,6 +87,51 @@ TEST_F(BrokerMwTest, TheSessionsEndFreesWindowsBeforeTheirPd) {
     const std::vector<std::string> order = {"mw", "pd", "context"};
     EXPECT_EQ(events_.log, order);
     EXPECT_EQ(held(Quota::kMws), 0u);
+}
+
+// A restart does not carry windows (docs/restart.md): the driver exports no state for one, so a
+// restore cannot adopt it (and ends the session that held it), while the PD it hung on is kept.
+TEST_F(BrokerMwTest, AWindowHasNoRestartStateAndIsNotAdopted) {
+    auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    auto exported = [&](uint64_t handle, Status *st) {
+        auto hold = session_->hold();
+        *st = broker_->exportObject(*session_, handle);
+        const Object *o = session_->object(handle);
+        ObjectImport in;
+        in.handle = handle;
+        in.kind = o->kind;
+        for (const Object *u : o->uses) {
+            in.uses.push_back(u->handle);
+        }
+        in.device = o->device()->info.name;
+        in.driver_state = o->driver_state;
+        for (const UniqueFd &fd : o->driver_fds) {
+            in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+        }
+        return in;
+    };
+    Status st;
+    ObjectImport ctx_in = exported(ctx_, &st);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ObjectImport pd_in = exported(pd_, &st);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ObjectImport mw_in = exported(w->handle, &st);
+    EXPECT_EQ(st.errnoValue(), EOPNOTSUPP) << st.toString();
+    EXPECT_TRUE(mw_in.driver_state.empty());
+    PeerIdentity peer;
+    peer.creds = {getpid(), getuid(), getgid()};
+    auto restored = broker_->hello(peer, {4, 2, 0}, "unit");
+    ASSERT_TRUE(restored.isOk());
+    Relocations relocations;
+    Device *dev = devices_->find("softnda0");
+    ASSERT_EQ(dev->verbs.setPaused(true), 0);
+    EXPECT_TRUE(broker_->adopt(**restored, std::move(ctx_in), relocations).isOk());
+    EXPECT_TRUE(broker_->adopt(**restored, std::move(pd_in), relocations).isOk());
+    EXPECT_FALSE(broker_->adopt(**restored, std::move(mw_in), relocations).isOk());
+    ASSERT_EQ(dev->verbs.setPaused(false), 0);
+    EXPECT_EQ(held(Quota::kMws), 1u) << "the original's only";
+    broker_->endSession(*restored);
 }
 
 }  // namespace
