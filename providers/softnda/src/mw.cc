@@ -183,6 +183,17 @@ bool invalidate(Device *dev, const Qp *qp, uint32_t rkey, bool apply) {
 
 }  // namespace
 
+void invalidateWindowsOf(Device *dev, uint32_t qpn) {
+    if (dev->n_mw == 0) {
+        return;  // the common case: no walk
+    }
+    for (Mw *mw : dev->mws) {
+        if (mw != nullptr && mw->type == IBV_MW_TYPE_2 && mw->mr != nullptr && mw->qpn == qpn) {
+            unbindLocked(mw);  // no pass runs: the window's lock is not needed
+        }
+    }
+}
+
 uint8_t executeLocalInv(Device *dev, Qp *qp, uint32_t rkey) {
     return invalidate(dev, qp, rkey, true) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
 }

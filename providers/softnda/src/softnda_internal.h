@@ -603,6 +603,9 @@ Mw *asMw(ibv_mw *ib);
 // status (IBV_WC_MW_BIND_ERR / IBV_WC_LOC_QP_OP_ERR when refused).
 uint8_t executeBindMw(Device *dev, Qp *qp, const softnda_wqe &h);
 uint8_t executeLocalInv(Device *dev, Qp *qp, uint32_t rkey);
+// A destroyed QP's type 2 windows become free, so a later QP of the same number (QPNs wrap)
+// reaches nothing through them. The caller holds Device::ctl and the gate exclusively.
+void invalidateWindowsOf(Device *dev, uint32_t qpn);
 // A SEND_WITH_INV's invalidation at the responder QP responder: true when rkey names a type 2
 // window bound through that QP; with apply, the window is then invalid.
 bool invalidateRemote(Device *dev, const Qp *responder, uint32_t rkey, bool apply);

@@ -140,6 +140,18 @@ TEST_F(Mw, Type2WindowServesOnlyTheQpThatBoundIt) {
     EXPECT_EQ(dst_[1024], 0);
 }
 
+TEST_F(Mw, DestroyingTheQpFreesItsType2Windows) {
+    QpH c = makeQp(scq_, rcq_);
+    connect(c, c);
+    ibv_mw *mw = alloc(IBV_MW_TYPE_2);
+    ASSERT_EQ(bindDst(c, mw).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(softnda_vdev_ops.dereg_mr(win_), -EBUSY);
+    destroyQp(c);
+    // Free again: the MR is no longer busy, and the window binds through another QP.
+    ASSERT_EQ(bindDst(b_, mw).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(rdma(SOFTNDA_OP_RDMA_WRITE, 1024, mw->rkey).status, IBV_WC_SUCCESS);
+}
+
 TEST_F(Mw, Type1BindsMovesAndLetsAnyQpOfItsPdThrough) {
     ibv_mw *mw = alloc(IBV_MW_TYPE_1);
     QpH c = makeQp(scq_, rcq_);
