@@ -33,9 +33,7 @@ struct ObjectSnapshot {
     uint32_t srq_num = 0;  // an XRC SRQ's number (0: a basic SRQ)
     // kMr
     uint64_t mr_length = 0;
-    uint32_t lkey = 0, rkey = 0;  // kMw: rkey as allocated (binds change it in the data path)
-    // kMw
-    ibv_mw_type mw_type = IBV_MW_TYPE_1;
+    uint32_t lkey = 0, rkey = 0;
     // kAh
     ibv_ah_attr ah{};
 };

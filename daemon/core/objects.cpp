@@ -94,10 +94,9 @@ int MwObject::destroyDriverObject() {
     return device()->verbs.deallocMw(mw);
 }
 
+// Its kind, device and PD only: the rkey and binding are the data path's (see MwObject).
 void MwObject::snapshot(ObjectSnapshot &out) const {
     out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
-    out.rkey = mw != nullptr ? mw->rkey : 0;
-    out.mw_type = mw != nullptr ? mw->type : IBV_MW_TYPE_1;
 }
 
 int XrcdObject::destroyDriverObject() {
