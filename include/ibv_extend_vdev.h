@@ -41,7 +41,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V6 6 /* XRC: the entries of "XRC (ABI V6)" below */
 #define IBV_EXTEND_VDEV_ABI_V7 7 /* resize_cq, rereg_mr */
 #define IBV_EXTEND_VDEV_ABI_V8 8 /* attach_mcast, detach_mcast */
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V8
+#define IBV_EXTEND_VDEV_ABI_V9 9 /* alloc_mw, dealloc_mw */
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V9
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -79,6 +80,7 @@ enum ibv_extend_vdev_obj {
     IBV_EXTEND_VDEV_OBJ_SRQ = 5,     /* struct ibv_srq_extend * */
     IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
     IBV_EXTEND_VDEV_OBJ_XRCD = 7,    /* struct ibv_xrcd * (ABI V6) */
+    IBV_EXTEND_VDEV_OBJ_MW = 8,      /* struct ibv_mw * (ABI V9) */
 };
 
 #define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */
@@ -281,6 +283,16 @@ struct ibv_extend_vdev_ops {
      * be NULL: -EOPNOTSUPP. */
     int (*attach_mcast)(struct ibv_qp_extend *qp, const union ibv_gid *gid, uint16_t lid);
     int (*detach_mcast)(struct ibv_qp_extend *qp, const union ibv_gid *gid, uint16_t lid);
+
+    /* ---- ABI V9 and later ----
+     * ibv_alloc_mw / ibv_dealloc_mw: a memory window of type (IBV_MW_TYPE_1 or _2) in pd, unbound,
+     * its rkey in mw->rkey. Binding and invalidation are work requests the driver's data path
+     * posts (the driver's spec says how). dealloc_mw of a bound window invalidates it; while a
+     * window is bound to an MR, dereg_mr and rereg_mr of that MR answer -EBUSY, and the PD
+     * stays busy while it has windows. alloc: NULL + errno (EINVAL, ENOMEM); dealloc: 0 or a
+     * negative errno. Both or none; NULL: -EOPNOTSUPP. */
+    struct ibv_mw *(*alloc_mw)(struct ibv_pd *pd, enum ibv_mw_type type);
+    int (*dealloc_mw)(struct ibv_mw *mw);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

@@ -303,6 +303,30 @@ int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach) {
                   : session->call("DetachMcast", &pb::Broker::Stub::DetachMcast, req, &resp);
 }
 
+ShadowMw *allocMw(ShadowPd *p, ibv_mw_type type) {
+    pb::AllocMwRequest req;
+    req.set_pd(p->handle);
+    req.set_type(static_cast<uint32_t>(type));
+    pb::AllocMwResponse resp;
+    ShadowContext *c = p->owner;
+    if (int rc = c->session->call("AllocMw", &pb::Broker::Stub::AllocMw, req, &resp); rc != 0) {
+        return failNull<ShadowMw>(-rc);
+    }
+    auto *m = new ShadowMw{};
+    m->owner = c;
+    m->handle = resp.mw();
+    m->mw.context = &c->ctx;
+    m->mw.pd = &p->pd;
+    m->mw.rkey = resp.rkey();
+    m->mw.type = type;
+    track(m, c);
+    return m;
+}
+
+int deallocMw(ShadowMw *m) {
+    return destroyTracked(m, "DeallocMw", &pb::Broker::Stub::DeallocMw, &pb::DeallocMwRequest::set_mw);
+}
+
 int closeXrcd(ShadowXrcd *x) {
     return destroyTracked(x, "CloseXrcd", &pb::Broker::Stub::CloseXrcd, &pb::CloseXrcdRequest::set_xrcd);
 }

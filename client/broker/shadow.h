@@ -37,7 +37,7 @@ struct ShadowContext;
 
 // What a tracked shadow is, in the order a context's objects are destroyed when a program closes
 // it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
-enum class ShadowKind { kAh, kQp, kSrq, kCq, kMr, kXrcd, kPd };
+enum class ShadowKind { kAh, kQp, kSrq, kCq, kMw, kMr, kXrcd, kPd };
 
 // A doorbell the caller's ibv_extend_ops.db_mmap mapped into its device (broker mode calls it on
 // the locally mapped doorbell page, as a driver does in direct mode). Unmapped with db_unmap when
@@ -127,6 +127,14 @@ struct ShadowSrq {
     OpaqueState dp;
     uint32_t limit_events_seen = 0;
     uint32_t srq_num = 0;  // an XRC SRQ's number (ibv_get_srq_num); 0 for a basic SRQ
+};
+
+// A memory window (AllocMw): the program holds &mw. Binds change mw.rkey (the data path's).
+struct ShadowMw {
+    static constexpr ShadowKind kKind = ShadowKind::kMw;
+    ibv_mw mw;
+    ShadowContext *owner;
+    uint64_t handle;
 };
 
 // An XRC domain (OpenXrcd): the program holds &xrcd.
@@ -270,6 +278,9 @@ inline ShadowSrq *liveSrq(ibv_srq *srq, const ShadowContext *in = nullptr) {
 inline ShadowXrcd *liveXrcd(ibv_xrcd *xrcd, const ShadowContext *in = nullptr) {
     return liveShadow<ShadowXrcd>(xrcd, offsetof(ShadowXrcd, xrcd), in);
 }
+inline ShadowMw *liveMw(ibv_mw *mw) {
+    return liveShadow<ShadowMw>(mw, offsetof(ShadowMw, mw));
+}
 
 // The create_cq entry of the forwarding ops, with a completion-event eventfd (-1: none) handed to
 // the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).
@@ -283,6 +294,12 @@ int resizeCq(ShadowCq *s, uint32_t cqe);
 // ibv_attach_mcast (attach) / ibv_detach_mcast at the broker (AttachMcast / DetachMcast): 0 or a
 // negative errno.
 int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach);
+
+// ---- memory windows (the libibverbs face's; softnda SPEC.md §16) ----
+// A window of type in p's PD at the broker (AllocMw), tracked under p's context; NULL + errno.
+ShadowMw *allocMw(ShadowPd *p, ibv_mw_type type);
+// DeallocMw: 0 or a negative errno.
+int deallocMw(ShadowMw *m);
 
 // ---- XRC (the libibverbs face's; the extend API cannot name a domain) ----
 // A handle on an XRC domain at the broker (OpenXrcd), tracked under c: the domain of the file fd

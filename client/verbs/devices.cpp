@@ -93,6 +93,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.alloc_td = faceAllocTd;
     c->vctx.dealloc_td = faceDeallocTd;
     c->vctx.alloc_parent_domain = faceAllocParentDomain;
+    serveMemoryWindows(c);
     serveDatapath(c);
 }
 
@@ -119,7 +120,7 @@ size_t destroyLeftovers(ShadowContext *c) {
     size_t left = 0;
     dropDomains(c);  // no broker object behind them; their PDs can then go
     for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
-                            ShadowKind::kMr, ShadowKind::kXrcd, ShadowKind::kPd}) {
+                            ShadowKind::kMw, ShadowKind::kMr, ShadowKind::kXrcd, ShadowKind::kPd}) {
         for (void *o : broker::shadowsOf(c, kind)) {
             ++left;
             switch (kind) {
@@ -134,6 +135,9 @@ size_t destroyLeftovers(ShadowContext *c) {
                     break;
                 case ShadowKind::kCq:
                     (void)ibvx_verbs_destroy_cq(&static_cast<ShadowCq *>(o)->cq);
+                    break;
+                case ShadowKind::kMw:
+                    (void)broker::deallocMw(static_cast<broker::ShadowMw *>(o));
                     break;
                 case ShadowKind::kMr:
                     (void)ibvx_verbs_dereg_mr(&static_cast<ShadowMr *>(o)->mr);

@@ -154,6 +154,22 @@ void wrSend(ibv_qp_ex *qpx) {
 void wrSendImm(ibv_qp_ex *qpx, __be32 imm) {
     addWr(qpx, IBV_WR_SEND_WITH_IMM).imm_data = imm;
 }
+void wrSendInv(ibv_qp_ex *qpx, uint32_t invalidate_rkey) {
+    addWr(qpx, IBV_WR_SEND_WITH_INV).invalidate_rkey = invalidate_rkey;
+}
+void wrLocalInv(ibv_qp_ex *qpx, uint32_t invalidate_rkey) {
+    addWr(qpx, IBV_WR_LOCAL_INV).invalidate_rkey = invalidate_rkey;
+}
+// The bind info is copied now, as providers write it into the WQE; mw->rkey is not changed (the
+// consumer keeps a type 2 window's rkey, as with ibv_post_send).
+void wrBindMw(ibv_qp_ex *qpx, ibv_mw *mw, uint32_t rkey, const ibv_mw_bind_info *info) {
+    ibv_send_wr &wr = addWr(qpx, IBV_WR_BIND_MW);
+    wr.bind_mw.mw = mw;
+    wr.bind_mw.rkey = rkey;
+    if (info != nullptr) {
+        wr.bind_mw.bind_info = *info;
+    }
+}
 void wrRdmaWrite(ibv_qp_ex *qpx, uint32_t rkey, uint64_t addr) {
     ibv_send_wr &wr = addWr(qpx, IBV_WR_RDMA_WRITE);
     wr.wr.rdma.rkey = rkey;
@@ -224,7 +240,8 @@ void wrSetInlineData(ibv_qp_ex *qpx, void *addr, size_t length) {
 constexpr uint64_t kQpExSendOps = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM |
                                   IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM |
                                   IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP |
-                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD;
+                                  IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_BIND_MW |
+                                  IBV_QP_EX_WITH_LOCAL_INV | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 void fillQpEx(ShadowQp *s) {
     ibv_qp_ex &x = s->qp_ex;
@@ -233,6 +250,9 @@ void fillQpEx(ShadowQp *s) {
     x.wr_abort = wrAbort;
     x.wr_send = wrSend;
     x.wr_send_imm = wrSendImm;
+    x.wr_send_inv = wrSendInv;
+    x.wr_local_inv = wrLocalInv;
+    x.wr_bind_mw = wrBindMw;
     x.wr_rdma_write = wrRdmaWrite;
     x.wr_rdma_write_imm = wrRdmaWriteImm;
     x.wr_rdma_read = wrRdmaRead;

@@ -11,6 +11,7 @@
 //   objects.cpp   PDs, MRs, AHs, fork status
 //   queues.cpp    CQs, QPs and SRQs of the standard verbs
 //   extended.cpp  ibv_cq_ex (create, poll API) and ibv_qp_ex (create, the ibv_wr_* post API)
+//   mw.cpp        memory windows (alloc, dealloc, ibv_bind_mw over the data path)
 //   xrc.cpp       XRC domains, XRC SRQs (ibv_create_srq_ex, ibv_get_srq_num), XRC QPs' attributes
 //   datapath.cpp  a queue's attachment to its driver's data path, and the data verbs behind it
 //   events.cpp    completion channels, async events, and the end of a session
@@ -101,6 +102,12 @@ ibv_srq *faceCreateSrqEx(ibv_context *context, ibv_srq_init_attr_ex *attr);
 int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num);
 // ibv_create_qp_ex() of an XRC QP (attr->qp_type IBV_QPT_XRC_SEND or IBV_QPT_XRC_RECV).
 ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
+
+// ---- memory windows (mw.cpp) ----------------------------------------------------------------------
+
+// The context ops ibv_alloc_mw(), ibv_dealloc_mw() and ibv_bind_mw() reach (inline in
+// <infiniband/verbs.h>), set on a face context.
+void serveMemoryWindows(ShadowContext *c);
 
 // ---- thread and parent domains (domains.cpp) ------------------------------------------------------
 

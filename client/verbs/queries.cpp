@@ -60,6 +60,9 @@ int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, i
         return -rc;
     }
     ex.phys_port_cnt_ex = ex.orig_attr.phys_port_cnt;
+    // The extended flags start with the standard ones (rdma-core copies them the same way), e.g.
+    // MEM_WINDOW_TYPE_2B where the device has type 2 windows.
+    ex.device_cap_flags_ex = ex.orig_attr.device_cap_flags;
     if (auto clock_info = IBVX_DATAPATH_ENTRY(c, clock_info); clock_info != nullptr) {
         if (int rc = clock_info(&ex.hca_core_clock, &ex.completion_timestamp_mask); rc != 0) {
             return rc;

@@ -1230,6 +1230,34 @@ Status Broker::mcast(Session &s, const McastArgs &args, bool attach) {
     return Status::ok();
 }
 
+StatusOr<MwResult> Broker::allocMw(Session &s, uint64_t pd, ibv_mw_type type) {
+    if (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) {
+        return invalidArgument("memory window type " + std::to_string(static_cast<int>(type)) +
+                               " is neither IBV_MW_TYPE_1 (1) nor IBV_MW_TYPE_2 (2)");
+    }
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    RETURN_IF_ERROR(checkRoom(s));
+    ASSIGN_OR_RETURN(PdObject * p, lookup<PdObject>(s, pd));
+    ASSIGN_OR_RETURN(QuotaCharge quota, charge(s, {{Quota::kMws, 1}}));
+    auto obj = std::make_unique<MwObject>();
+    obj->quota = std::move(quota);
+    obj->pd = p;
+    Device *dev = p->context->dev;
+    ASSIGN_OR_RETURN(obj->mw, createOnDriver(s.memory(), dev, EOPNOTSUPP, "alloc_mw failed",
+                                             [&] { return dev->verbs.allocMw(p->pd, type); }));
+    obj->uses = {p};
+    MwResult out;
+    out.rkey = obj->mw->rkey;
+    ASSIGN_OR_RETURN(out.handle, publish(s, std::move(obj), {}));
+    return out;
+}
+
+Status Broker::deallocMw(Session &s, uint64_t mw) {
+    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+    ASSIGN_OR_RETURN(MwObject * m, lookup<MwObject>(s, mw));
+    return destroyLocked(s, m);
+}
+
 Status Broker::closeXrcd(Session &s, uint64_t xrcd) {
     ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
     ASSIGN_OR_RETURN(XrcdObject * x, lookup<XrcdObject>(s, xrcd));

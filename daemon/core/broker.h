@@ -165,6 +165,11 @@ struct NegoResult {
 using Released = std::vector<RegionId>;
 
 // A multicast group of a QP (AttachMcast, DetachMcast).
+struct MwResult {
+    uint64_t handle = 0;
+    uint32_t rkey = 0;
+};
+
 struct McastArgs {
     uint64_t qp = 0;
     ibv_gid gid{};
@@ -341,6 +346,11 @@ class Broker {
     // handle. Closing a handle its session's XRC SRQs or target QPs still use answers EBUSY.
     StatusOr<uint64_t> openXrcd(Session &s, const OpenXrcdArgs &args);
     Status closeXrcd(Session &s, uint64_t xrcd);
+    // A memory window of type 1 or 2 in a PD of the session (driver: alloc_mw, vdev ABI V9;
+    // softnda SPEC.md §16), charged to the tenant's "mws" quota; the PD is busy while it has
+    // windows. Binding is the data path's: the broker hands out the window's rkey as allocated.
+    StatusOr<MwResult> allocMw(Session &s, uint64_t pd, ibv_mw_type type);
+    Status deallocMw(Session &s, uint64_t mw);
     // An address handle of pd, its attributes checked against the PD's device (port, LID or
     // GRH, the port's GID table); the broker keeps them, no driver is asked to make anything.
     StatusOr<uint64_t> createAh(Session &s, uint64_t pd, const ibv_ah_attr &attr);

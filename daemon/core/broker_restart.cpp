@@ -44,6 +44,8 @@ std::unique_ptr<Object> newObjectOf(ObjectKind kind) {
             return std::make_unique<AhObject>();
         case ObjectKind::kXrcd:
             return std::make_unique<XrcdObject>();
+        case ObjectKind::kMw:
+            return std::make_unique<MwObject>();
     }
     return nullptr;
 }
@@ -123,6 +125,9 @@ Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocati
             break;
         case ObjectKind::kXrcd:
             static_cast<XrcdObject &>(obj).context = p.ctx;
+            break;
+        case ObjectKind::kMw:
+            static_cast<MwObject &>(obj).pd = p.pd;
             break;
         case ObjectKind::kQp: {
             auto &qp = static_cast<QpObject &>(obj);

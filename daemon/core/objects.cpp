@@ -31,6 +31,8 @@ const char *kindName(ObjectKind kind) {
             return "ah";
         case ObjectKind::kXrcd:
             return "xrcd";
+        case ObjectKind::kMw:
+            return "mw";
     }
     return "object";
 }
@@ -86,6 +88,15 @@ void MrObject::snapshot(ObjectSnapshot &out) const {
         out.lkey = mr->lkey;
         out.rkey = mr->rkey;
     }
+}
+
+int MwObject::destroyDriverObject() {
+    return device()->verbs.deallocMw(mw);
+}
+
+// Its kind, device and PD only: the rkey and binding are the data path's (see MwObject).
+void MwObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
 }
 
 int XrcdObject::destroyDriverObject() {

@@ -35,9 +35,10 @@ const char *kindName(ObjectKind kind);
 
 // Parents first: an object uses only objects of kinds that come before its own here. A restore
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
-inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kXrcd,
-                                               ObjectKind::kAh,      ObjectKind::kMr, ObjectKind::kCq,
-                                               ObjectKind::kSrq,     ObjectKind::kQp};
+// Windows come after MRs: a window bound to an MR keeps it busy, so windows go first.
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kXrcd,
+                                               ObjectKind::kAh,      ObjectKind::kMr,  ObjectKind::kMw,
+                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 
@@ -152,6 +153,23 @@ struct MrObject : Object {
     // address): kept so a restarted broker can map it again.
     UniqueFd fd;
     uint64_t fd_offset = 0;
+};
+
+// A memory window of a PD (softnda SPEC.md §16). The broker only allocates and frees it: binds
+// and invalidations are work requests of the tenant's data path, so the broker does not know a
+// window's binding (nor its current rkey). While a window is bound to an MR, the MR's dereg is
+// refused by the driver (EBUSY); the session's teardown frees windows before MRs.
+struct MwObject : Object {
+    static constexpr ObjectKind kKind = ObjectKind::kMw;
+    MwObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_MW; }
+    const void *driverObject() const override { return mw; }
+    void adoptDriverObject(void *made) override { mw = static_cast<ibv_mw *>(made); }
+    Device *device() const override { return pd->context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
+    PdObject *pd = nullptr;
+    ibv_mw *mw = nullptr;
 };
 
 // A session's handle on an XRC domain (softnda SPEC.md §14), opened on a context of the session.

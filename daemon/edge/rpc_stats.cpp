@@ -36,7 +36,9 @@ const char *const kMethodNames[] = {"Hello",
                                     "CloseXrcd",
                                     "ReregMr",
                                     "AttachMcast",
-                                    "DetachMcast"};
+                                    "DetachMcast",
+                                    "AllocMw",
+                                    "DeallocMw"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

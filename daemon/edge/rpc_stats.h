@@ -48,6 +48,8 @@ enum class Method {
     kReregMr,
     kAttachMcast,
     kDetachMcast,
+    kAllocMw,
+    kDeallocMw,
     kCount
 };
 

@@ -81,6 +81,8 @@ bool isMutating(Method m) {
         case Method::kReregMr:
         case Method::kAttachMcast:
         case Method::kDetachMcast:
+        case Method::kAllocMw:
+        case Method::kDeallocMw:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -376,6 +378,22 @@ grpc::ServerUnaryReactor *BrokerService::CloseXrcd(grpc::CallbackServerContext *
                                                    pb::CloseXrcdResponse *resp) {
     return serve(ctx, Method::kCloseXrcd, resp,
                  [&](Session &s) { return broker_.closeXrcd(s, req->xrcd()); });
+}
+
+grpc::ServerUnaryReactor *BrokerService::AllocMw(grpc::CallbackServerContext *ctx,
+                                                 const pb::AllocMwRequest *req, pb::AllocMwResponse *resp) {
+    return serve(ctx, Method::kAllocMw, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(MwResult mw, broker_.allocMw(s, req->pd(), static_cast<ibv_mw_type>(req->type())));
+        resp->set_mw(mw.handle);
+        resp->set_rkey(mw.rkey);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::DeallocMw(grpc::CallbackServerContext *ctx,
+                                                   const pb::DeallocMwRequest *req,
+                                                   pb::DeallocMwResponse *resp) {
+    return serve(ctx, Method::kDeallocMw, resp, [&](Session &s) { return broker_.deallocMw(s, req->mw()); });
 }
 
 grpc::ServerUnaryReactor *BrokerService::AttachMcast(grpc::CallbackServerContext *ctx,

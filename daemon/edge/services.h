@@ -120,6 +120,10 @@ class BrokerService final : public pb::Broker::CallbackService {
                                           pb::McastResponse *resp) override;
     grpc::ServerUnaryReactor *CloseXrcd(grpc::CallbackServerContext *ctx, const pb::CloseXrcdRequest *req,
                                         pb::CloseXrcdResponse *resp) override;
+    grpc::ServerUnaryReactor *AllocMw(grpc::CallbackServerContext *ctx, const pb::AllocMwRequest *req,
+                                      pb::AllocMwResponse *resp) override;
+    grpc::ServerUnaryReactor *DeallocMw(grpc::CallbackServerContext *ctx, const pb::DeallocMwRequest *req,
+                                        pb::DeallocMwResponse *resp) override;
     grpc::ServerUnaryReactor *ModifyQp(grpc::CallbackServerContext *ctx, const pb::ModifyQpRequest *req,
                                        pb::ModifyQpResponse *resp) override;
     grpc::ServerUnaryReactor *QueryQp(grpc::CallbackServerContext *ctx, const pb::QueryQpRequest *req,

@@ -116,14 +116,21 @@ int noMcast(ibv_qp_extend *, const ibv_gid *, uint16_t) {
     errno = EOPNOTSUPP;
     return -EOPNOTSUPP;
 }
+ibv_mw *noAllocMw(ibv_pd *, ibv_mw_type) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noDeallocMw(ibv_mw *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
 
 constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,         noClose,        noAllocPd,        noDeallocPd,       noRegMr,
-    noDeregMr,      noModifyQp,     noQueryQp,        noQueryCounters,   noQueryDevice,
-    noQueryPort,    noQueryGid,     noSetCqEventFd,   noSetAsyncEventFd, noExportObject,
-    noImportObject, noSetPaused,    noResizeCq,       noReregMr,         noOpenXrcd,
-    noCloseXrcd,    noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,       noMcast,
-    noMcast};
+    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
+    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
+    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
+    noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,
+    noMcast,        noMcast,           noAllocMw,       noDeallocMw};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -238,6 +245,10 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
         setOp(v.ops_.attach_mcast, ops.attach_mcast);
         setOp(v.ops_.detach_mcast, ops.detach_mcast);
     }
+    if (ops.alloc_mw != nullptr && ops.dealloc_mw != nullptr) {  // both or none
+        setOp(v.ops_.alloc_mw, ops.alloc_mw);
+        setOp(v.ops_.dealloc_mw, ops.dealloc_mw);
+    }
     return v;
 }
 
@@ -267,7 +278,9 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                v6Entry(provider, provider->create_xrc_tgt_qp),
                v6Entry(provider, provider->get_srq_num),
                provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->attach_mcast : nullptr,
-               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr};
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V9 ? provider->alloc_mw : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V9 ? provider->dealloc_mw : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
@@ -281,16 +294,23 @@ int verbsAttachMcast(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid) {
 int verbsDetachMcast(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid) {
     return ibv_detach_mcast(qp->qp, gid, lid);
 }
+// ibv_alloc_mw and ibv_dealloc_mw are inline wrappers over the context's ops.
+ibv_mw *verbsAllocMw(ibv_pd *pd, ibv_mw_type type) {
+    return ibv_alloc_mw(pd, type);
+}
+int verbsDeallocMw(ibv_mw *mw) {
+    return ibv_dealloc_mw(mw);
+}
 
 }  // namespace
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,       ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,    ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
-               verbsQueryPort,  verbsQueryGid,    nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        verbsAttachMcast,
-               verbsDetachMcast};
+    Ops ops = {verbsOpen,        ibv_close_device, ibv_alloc_pd,  ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,     ibv_modify_qp,    ibv_query_qp,  nullptr,        ibv_query_device,
+               verbsQueryPort,   verbsQueryGid,    nullptr,       nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,       nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,       nullptr,        verbsAttachMcast,
+               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -436,6 +456,16 @@ int DeviceVerbs::attachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid
 int DeviceVerbs::detachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const {
     errno = 0;
     return result(ops_.detach_mcast(qp, &gid, lid));
+}
+
+ibv_mw *DeviceVerbs::allocMw(ibv_pd *pd, ibv_mw_type type) const {
+    errno = 0;
+    return ops_.alloc_mw(pd, type);
+}
+
+int DeviceVerbs::deallocMw(ibv_mw *mw) const {
+    errno = 0;
+    return result(ops_.dealloc_mw(mw));
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

@@ -62,6 +62,9 @@ class DeviceVerbs {
         // Multicast (ABI V8): see ibv_extend_vdev.h.
         int (*attach_mcast)(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid);
         int (*detach_mcast)(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid);
+        // Memory windows (ABI V9): see ibv_extend_vdev.h.
+        ibv_mw *(*alloc_mw)(ibv_pd *pd, ibv_mw_type type);
+        int (*dealloc_mw)(ibv_mw *mw);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -138,6 +141,11 @@ class DeviceVerbs {
     // on): 0 or a negative errno, -EOPNOTSUPP when the provider cannot.
     int attachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const;
     int detachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const;
+
+    // ibv_alloc_mw / ibv_dealloc_mw (a provider's from ABI V9 on, libibverbs' for an rdma-core
+    // device): NULL + errno, 0 or a negative errno; EOPNOTSUPP when the provider has none.
+    ibv_mw *allocMw(ibv_pd *pd, ibv_mw_type type) const;
+    int deallocMw(ibv_mw *mw) const;
 
   private:
     int result(int rc) const;

@@ -47,6 +47,10 @@ enum softnda_opcode {
     SOFTNDA_OP_RDMA_READ = 5,
     SOFTNDA_OP_ATOMIC_CMP_AND_SWP = 6,
     SOFTNDA_OP_ATOMIC_FETCH_AND_ADD = 7,
+    /* Memory windows (SPEC.md §16) */
+    SOFTNDA_OP_BIND_MW = 8,
+    SOFTNDA_OP_LOCAL_INV = 9,
+    SOFTNDA_OP_SEND_WITH_INV = 10,
 };
 
 /* The completion opcode (enum ibv_wc_opcode) of a send WQE's opcode: what a CQE for it carries,
@@ -62,6 +66,10 @@ static inline uint8_t softnda_send_wc_opcode(uint8_t op) {
             return IBV_WC_COMP_SWAP;
         case SOFTNDA_OP_ATOMIC_FETCH_AND_ADD:
             return IBV_WC_FETCH_ADD;
+        case SOFTNDA_OP_BIND_MW:
+            return IBV_WC_BIND_MW;
+        case SOFTNDA_OP_LOCAL_INV:
+            return IBV_WC_LOCAL_INV;
         default:
             return IBV_WC_SEND;
     }
@@ -77,7 +85,8 @@ enum softnda_wqe_flags {
 enum softnda_cqe_flags {
     SOFTNDA_CQE_WITH_IMM = 1 << 0,
     SOFTNDA_CQE_SOLICITED = 1 << 1,
-    SOFTNDA_CQE_GRH = 1 << 2, /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
+    SOFTNDA_CQE_GRH = 1 << 2,      /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
+    SOFTNDA_CQE_WITH_INV = 1 << 3, /* a SEND_WITH_INV's receive: imm_data is the rkey it invalidated (§16) */
 };
 
 /* UD (SPEC.md §11.1): the GRH at the head of every receive buffer, the Q_Key bit that asks for
@@ -275,6 +284,21 @@ static inline void softnda_send_wr_set_ud(struct softnda_send_wr *wr, uint32_t r
                                           uint32_t remote_qkey, uint16_t dlid) {
     wr->remote_addr = (uint64_t)(remote_qpn & 0xffffffu) | ((uint64_t)remote_qkey << 32);
     wr->rkey = dlid;
+}
+
+/* A BIND_MW's fields (SPEC.md §16): the window named by its current rkey mw_rkey takes the new
+ * rkey new_rkey (same index, the consumer's key byte) over [addr, addr+length) of the MR with
+ * lkey (lkey 0 and length 0: unbind a type 1 window), with access (IBV_ACCESS_REMOTE_*). */
+static inline void softnda_send_wr_set_bind(struct softnda_send_wr *wr, uint32_t mw_rkey, uint32_t new_rkey,
+                                            uint32_t lkey, uint64_t addr, uint64_t length, uint32_t access) {
+    wr->opcode = SOFTNDA_OP_BIND_MW;
+    wr->imm_data = access;
+    wr->remote_addr = addr;
+    wr->rkey = new_rkey;
+    wr->compare_add = length;
+    wr->swap = (uint64_t)mw_rkey | ((uint64_t)lkey << 32);
+    wr->num_sge = 0;
+    wr->inline_data = NULL;
 }
 
 /* Writes one WQE without publishing it: -ENOSPC when the SQ is full, -EINVAL when it does not

@@ -349,6 +349,9 @@ void unregisterXrcd(Xrcd *x) {
     std::lock_guard<std::mutex> lk(live.mu);
     live.set.erase(x);
 }
+Mw *asMw(ibv_mw *ib) {
+    return checked<Mw>(ib, kMagicMw);
+}
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
     DbPage *page = nullptr;

@@ -319,6 +319,7 @@ int destroyQp(ibv_qp_extend *ext) {
     dev->gate.lock();
     dev->qps.erase(qp->qpn);
     leaveAllGroups(qp);  // a destroyed QP leaves its groups, as the kernel detaches them
+    invalidateWindowsOf(dev, qp->qpn);
     dev->qp_epoch++;
     if (dev->engine) {
         dev->engine->forgetQp(qp);

@@ -229,10 +229,14 @@ uint8_t *checkRkey(const Device *dev, const Responder &rp, const softnda_wqe &h,
         }
         return &no_bytes;  // nothing is read or written there
     }
-    Mr *mr = dev->lookupMr(h.rkey);
-    uint8_t *remote = mr != nullptr ? mr->translate(h.remote_addr, total) : nullptr;
-    if (remote == nullptr || mr->pd != rp.pd || (mr->access & need) == 0 ||
-        (peer->attrs.access & need) == 0) {
+    // An rkey names an MR or a memory window (SPEC.md §16), whose own checks come on top.
+    uint8_t *remote = nullptr;
+    if (isMwKey(h.rkey)) {
+        remote = translateMw(dev, rp.pd, peer, h.rkey, h.remote_addr, total, need);
+    } else if (Mr *mr = dev->lookupMr(h.rkey); mr != nullptr && mr->pd == rp.pd && (mr->access & need) != 0) {
+        remote = mr->translate(h.remote_addr, total);
+    }
+    if (remote == nullptr || (peer->attrs.access & need) == 0) {
         *status = IBV_WC_REM_ACCESS_ERR;
         return nullptr;
     }
@@ -1010,14 +1014,25 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     const uint32_t sge_cap = sendSgeCap(qp->sq.stride, qp->wqe_data);
     const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
     ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
-    if (h.opcode > qp->max_opcode) {  // what the QP's transport executes (SPEC.md §11)
+    if (h.opcode == SOFTNDA_OP_BIND_MW || h.opcode == SOFTNDA_OP_LOCAL_INV) {
+        // Local memory-window operations (SPEC.md §16), on every transport but UD.
+        if (qp->init.qp_type == IBV_QPT_UD) {
+            return bad;
+        }
+        return ExecResult{
+            h.opcode == SOFTNDA_OP_BIND_MW ? executeBindMw(dev_, qp, h) : executeLocalInv(dev_, qp, h.rkey),
+            0, Outcome::Done};
+    }
+    const bool send_inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV &&
+                          (qp->init.qp_type == IBV_QPT_RC || qp->init.qp_type == IBV_QPT_XRC_SEND);
+    if (h.opcode > qp->max_opcode && !send_inv) {  // what the QP's transport executes (SPEC.md §11)
         return bad;
     }
     if (h.opcode == SOFTNDA_OP_NOP) {
         return ExecResult{};
     }
     if (is_inline) {
-        bool inline_ok = h.opcode == SOFTNDA_OP_SEND || h.opcode == SOFTNDA_OP_SEND_WITH_IMM ||
+        bool inline_ok = h.opcode == SOFTNDA_OP_SEND || h.opcode == SOFTNDA_OP_SEND_WITH_IMM || send_inv ||
                          h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
         if (!inline_ok || h.inline_len > qp->sq.stride - qp->wqe_data ||
             h.inline_len > qp->init.cap.max_inline_data) {
@@ -1386,6 +1401,12 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
                                       const Segment *local, uint32_t nlocal, uint64_t total,
                                       PendingRecv *pending) {
     RecvCopy &r = pending->r;
+    const bool send_inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV;
+    // An rkey the responder may not invalidate is an invalid request, refused before a receive
+    // is taken (SPEC.md §16).
+    if (send_inv && !invalidateRemote(dev_, peer.qp, h.imm_data, false)) {
+        return responderError(peer.qp, IBV_WC_REM_INV_REQ_ERR);
+    }
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
@@ -1405,6 +1426,11 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
     pending->imm = h.imm_data;
     pending->flags = static_cast<uint8_t>((h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0) |
                                           ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
+    if (send_inv) {
+        // The window checked above, now invalid: the receive reports its rkey (imm_data).
+        (void)invalidateRemote(dev_, peer.qp, h.imm_data, true);
+        pending->flags |= SOFTNDA_CQE_WITH_INV;
+    }
     return ExecResult{};
 }
 

@@ -40,6 +40,10 @@ int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, ui
     }
     {
         std::lock_guard<Gate> gate(dev->gate);
+        // A window bound to the MR names its old range and key (SPEC.md §16).
+        if (__atomic_load_n(&mr->windows, __ATOMIC_RELAXED) != 0) {
+            return -EBUSY;
+        }
         mr->addr = static_cast<uint8_t *>(addr);
         mr->len = length;
         mr->iova = iova;

@@ -347,6 +347,10 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
             return exportQp(static_cast<const ibv_qp_extend *>(object), out);
         case IBV_EXTEND_VDEV_OBJ_XRCD:
             return exportXrcd(static_cast<ibv_xrcd *>(obj), out);
+        case IBV_EXTEND_VDEV_OBJ_MW:
+            // A window's binding changes in the engine, between the broker's commits: a blob
+            // taken at a commit would restore a stale binding, so there is none (SPEC.md §16).
+            return -EOPNOTSUPP;
     }
     return -EINVAL;
 }
@@ -764,6 +768,8 @@ void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in
             return importQp(in, env);
         case IBV_EXTEND_VDEV_OBJ_XRCD:
             return importXrcd(in, env);
+        case IBV_EXTEND_VDEV_OBJ_MW:
+            return failNull<void>(EOPNOTSUPP);  // never exported (see exportObject)
     }
     return failNull<void>(EINVAL);
 }

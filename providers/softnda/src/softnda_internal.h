@@ -148,6 +148,9 @@ struct Mr {
     uint64_t len = 0;
     int access = 0;
     uint32_t key = 0;
+    // Memory windows bound to it (SPEC.md §16): engine threads bind and invalidate (atomic
+    // updates); dereg and rereg answer EBUSY while it is not 0 (read with the gate exclusive).
+    uint32_t windows = 0;
     // Host address of [iova, iova+n) when that range lies inside the MR, else nullptr.
     uint8_t *translate(uint64_t va, uint64_t n) const {
         if (va < iova || n > len || va - iova > len - n) {
@@ -185,6 +188,30 @@ struct Cq {
     SpinLock lock;       // guards ring.ci_local (engine's PI here) and error
     bool error = false;  // overflowed
 };
+
+// A memory window (SPEC.md §16; mw.cc). Its rkey is kMwKeyBit | slot << 8 | a key byte the
+// binder picks. The binding is written by the engine thread that executes a bind or an
+// invalidation and read by every responder: `lock` guards it. Everything else is fixed at
+// allocation (Device::ctl).
+struct Mw {
+    ibv_mw ib{};  // first: the ibv_mw * handed out points here
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    Pd *pd = nullptr;
+    ibv_mw_type type = IBV_MW_TYPE_1;
+    uint32_t slot = 0;
+    SpinLock lock;
+    uint32_t key = 0;   // the current rkey
+    Mr *mr = nullptr;   // bound to (nullptr: not bound, every access through it fails)
+    uint64_t addr = 0;  // the window: [addr, addr+len) of the MR's iova range
+    uint64_t len = 0;
+    int access = 0;    // IBV_ACCESS_REMOTE_*
+    uint32_t qpn = 0;  // a type 2 window's QP (the one that bound it)
+};
+constexpr uint32_t kMwKeyBit = 0x80000000u;  // an rkey with it names a window, without an MR
+inline bool isMwKey(uint32_t key) {
+    return (key & kMwKeyBit) != 0;
+}
 
 // An XRC domain (SPEC.md §14): the device's, whichever context opened it; SRQs and target QPs
 // of any context may belong to it, and it outlives the context that opened it (a broker shares
@@ -357,7 +384,10 @@ struct Device {
 
     std::vector<Mr *> mrs;  // by key >> 8; ctl + gate
     std::vector<uint32_t> free_mr_slots;
-    uint32_t mr_generation = 0;              // ctl
+    uint32_t mr_generation = 0;  // ctl
+    std::vector<Mw *> mws;       // by slot (rkey bits 8-30); ctl + gate
+    std::vector<uint32_t> free_mw_slots;
+    uint32_t n_mw = 0;                       // ctl
     std::unordered_map<uint32_t, Qp *> qps;  // by QPN; ctl + gate
     uint32_t next_qpn = 1;
     uint64_t qp_epoch = 1;  // bumped when a QP goes away, invalidating cached peers (gate)
@@ -415,7 +445,9 @@ constexpr uint32_t kMaxQpGroups = 16;            // groups one QP joins (its res
 
 // The access flags softnda knows (MRs and QPs).
 constexpr int kKnownAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+                             IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_MW_BIND | IBV_ACCESS_RELAXED_ORDERING;
+// What a window may allow (SPEC.md §16).
+constexpr int kMwAccess = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
 // Every entry of a C ops table is wrapped (common/c_abi.h): nothing thrown inside crosses into a
 // C caller; it becomes the reference's ENOMEM convention instead.
@@ -430,6 +462,7 @@ constexpr uint64_t kMagicCq = 0x736f66746e646134ull;
 constexpr uint64_t kMagicSrq = 0x736f66746e646135ull;
 constexpr uint64_t kMagicQp = 0x736f66746e646136ull;
 constexpr uint64_t kMagicXrcd = 0x736f66746e646137ull;
+constexpr uint64_t kMagicMw = 0x736f66746e646138ull;
 constexpr uint64_t kGuidHigh = 0x0000736f66746e64ull;  // "softnd": the UB GUID's high half
 
 // ---- identity.cc ----
@@ -567,6 +600,25 @@ ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_ext
 // they come with it). init: as granted (its CQ and SRQ pointers are the parents').
 ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &parents, ibv_extend_ops *ops,
                        const ibv_qp_init_attr &init, uint32_t handle, Origin origin);
+
+// ---- memory windows (mw.cc; SPEC.md §16, vdev ABI V9) ----
+ibv_mw *allocMw(ibv_pd *pd, ibv_mw_type type);
+int deallocMw(ibv_mw *mw);
+Mw *asMw(ibv_mw *ib);
+// The engine's side, in a pass (gate shared). A BIND_MW or LOCAL_INV WQE of qp: its completion
+// status (IBV_WC_MW_BIND_ERR / IBV_WC_LOC_QP_OP_ERR when refused).
+uint8_t executeBindMw(Device *dev, Qp *qp, const softnda_wqe &h);
+uint8_t executeLocalInv(Device *dev, Qp *qp, uint32_t rkey);
+// A destroyed QP's type 2 windows become free, so a later QP of the same number (QPNs wrap)
+// reaches nothing through them. The caller holds Device::ctl and the gate exclusively.
+void invalidateWindowsOf(Device *dev, uint32_t qpn);
+// A SEND_WITH_INV's invalidation at the responder QP responder: true when rkey names a type 2
+// window bound through that QP; with apply, the window is then invalid.
+bool invalidateRemote(Device *dev, const Qp *responder, uint32_t rkey, bool apply);
+// The host address of [va, va+n) through the window rkey names, when it is bound, its PD is pd,
+// its QP (type 2) is responder's, and it allows `need`; else nullptr.
+uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint32_t rkey, uint64_t va,
+                     uint64_t n, int need);
 
 // ---- XRC (driver.cc; SPEC.md §14, vdev ABI V6) ----
 ibv_xrcd *openXrcd(ibv_context *context);

@@ -120,6 +120,11 @@ int deregMr(ibv_mr *ib) {
     std::lock_guard<std::mutex> ctl(dev->ctl);
     uint32_t idx = mr->key >> 8;
     dev->gate.lock();
+    // Engine passes bind windows: their count is stable only with the gate held (SPEC.md §16).
+    if (__atomic_load_n(&mr->windows, __ATOMIC_RELAXED) != 0) {
+        dev->gate.unlock();
+        return -EBUSY;
+    }
     dev->mrs[idx] = nullptr;
     dev->gate.unlock();
     dev->free_mr_slots.push_back(idx);
@@ -487,7 +492,11 @@ int queryDevice(ibv_context *context, ibv_device_attr *attr) {
     attr->page_size_cap = ~(static_cast<uint64_t>(sysconf(_SC_PAGESIZE)) - 1);
     attr->max_qp = static_cast<int>(c.max_qp);
     attr->max_qp_wr = static_cast<int>(c.max_qp_wr);
-    attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN;
+    // Memory windows of both types (SPEC.md §16); MEM_MGT_EXTENSIONS: local invalidation and
+    // SEND_WITH_INV (softnda has no fast-registration MRs).
+    attr->device_cap_flags = IBV_DEVICE_RC_RNR_NAK_GEN | IBV_DEVICE_MEM_WINDOW |
+                             IBV_DEVICE_MEM_WINDOW_TYPE_2B | IBV_DEVICE_MEM_MGT_EXTENSIONS;
+    attr->max_mw = static_cast<int>(c.max_mr);
     attr->max_sge = static_cast<int>(c.max_sge);
     attr->max_sge_rd = static_cast<int>(c.max_sge);
     attr->max_cq = static_cast<int>(c.max_cq);
@@ -578,7 +587,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V8,
+    .abi = IBV_EXTEND_VDEV_ABI_V9,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -616,4 +625,7 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     // ABI V8: multicast (SPEC.md §11.3).
     .attach_mcast = softnda::CEntry<softnda::attachMcast>::call,
     .detach_mcast = softnda::CEntry<softnda::detachMcast>::call,
+    // ABI V9: memory windows (SPEC.md §16).
+    .alloc_mw = softnda::CEntry<softnda::allocMw>::call,
+    .dealloc_mw = softnda::CEntry<softnda::deallocMw>::call,
 };

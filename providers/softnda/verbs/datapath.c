@@ -167,6 +167,10 @@ static void cqe_to_wc(const struct softnda_cqe *c, struct ibv_wc *wc) {
          * every field); ibv_wc carries it in network order. */
         wc->imm_data = htobe32(c->imm_data);
         wc->wc_flags = IBV_WC_WITH_IMM;
+    } else if ((c->flags & SOFTNDA_CQE_WITH_INV) != 0) {
+        /* The rkey a SEND_WITH_INV invalidated (§16), in host order as libibverbs reports it. */
+        wc->invalidated_rkey = c->imm_data;
+        wc->wc_flags = IBV_WC_WITH_INV;
     } else {
         wc->imm_data = 0;
         wc->wc_flags = 0;
@@ -470,7 +474,7 @@ static void sd_qp_close(void *qpv) {
 }
 
 /* The SPEC.md §2.1 opcode of a libibverbs one; 0 (NOP, never a verbs opcode) when softnda does not
- * execute it (LOCAL_INV, BIND_MW, SEND_WITH_INV, TSO, driver opcodes). */
+ * execute it (TSO, driver opcodes). */
 static uint8_t wqe_opcode(enum ibv_wr_opcode op) {
     switch (op) {
         case IBV_WR_SEND:
@@ -487,8 +491,30 @@ static uint8_t wqe_opcode(enum ibv_wr_opcode op) {
             return SOFTNDA_OP_ATOMIC_CMP_AND_SWP;
         case IBV_WR_ATOMIC_FETCH_AND_ADD:
             return SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+        case IBV_WR_BIND_MW:
+            return SOFTNDA_OP_BIND_MW;
+        case IBV_WR_LOCAL_INV:
+            return SOFTNDA_OP_LOCAL_INV;
+        case IBV_WR_SEND_WITH_INV:
+            return SOFTNDA_OP_SEND_WITH_INV;
         default:
             return SOFTNDA_OP_NOP;
+    }
+}
+
+/* Whether the QP's transport executes op (SPEC.md §11, §16): memory-window binds and local
+ * invalidations on all but UD, SEND_WITH_INV on RC and XRC initiators. */
+static int op_allowed(const struct sd_qp *qp, uint8_t op) {
+    switch (op) {
+        case SOFTNDA_OP_NOP:
+            return 0;
+        case SOFTNDA_OP_BIND_MW:
+        case SOFTNDA_OP_LOCAL_INV:
+            return qp->qp_type != IBV_QPT_UD;
+        case SOFTNDA_OP_SEND_WITH_INV:
+            return qp->qp_type == IBV_QPT_RC || qp->qp_type == IBV_QPT_XRC_SEND;
+        default:
+            return op <= qp->max_opcode;
     }
 }
 
@@ -500,8 +526,7 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
     uint8_t op = wqe_opcode(wr->opcode);
     /* UD sends SEND and SEND_WITH_IMM only, UC no READ or atomics (SPEC.md §11): refused at the
      * post, as rdma-core providers refuse them, rather than as an error completion. */
-    if (op == SOFTNDA_OP_NOP || op > qp->max_opcode || wr->num_sge < 0 ||
-        (uint32_t)wr->num_sge > qp->max_send_sge) {
+    if (!op_allowed(qp, op) || wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->max_send_sge) {
         return EINVAL;
     }
     struct softnda_send_wr w;
@@ -521,7 +546,27 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
         w.remote_srqn = wr->qp_type.xrc.remote_srqn; /* the SRQ at the target (SPEC.md §14) */
     }
     int may_inline = 0;
+    int has_data = 1;
     switch (op) {
+        case SOFTNDA_OP_BIND_MW: {
+            /* The window by its current rkey, its new one, and what it covers (SPEC.md §16). */
+            const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
+            if (wr->bind_mw.mw == NULL) {
+                return EINVAL;
+            }
+            softnda_send_wr_set_bind(&w, wr->bind_mw.mw->rkey, wr->bind_mw.rkey,
+                                     b->mr != NULL ? b->mr->lkey : 0, b->addr, b->length, b->mw_access_flags);
+            has_data = 0;
+            break;
+        }
+        case SOFTNDA_OP_LOCAL_INV:
+            w.rkey = wr->invalidate_rkey;
+            has_data = 0;
+            break;
+        case SOFTNDA_OP_SEND_WITH_INV:
+            may_inline = 1;
+            w.imm_data = wr->invalidate_rkey; /* an rkey, host order: no byte swap */
+            break;
         case SOFTNDA_OP_SEND:
         case SOFTNDA_OP_SEND_WITH_IMM:
             may_inline = 1;
@@ -561,7 +606,9 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
     /* IBV_SEND_INLINE means something only where data is sent; a READ or an atomic names buffers
      * the device writes, so there the flag is ignored, as mlx5 does. */
     uint8_t inline_buf[SD_MAX_INLINE];
-    if (may_inline && (wr->send_flags & IBV_SEND_INLINE) != 0) {
+    if (!has_data) {
+        w.num_sge = 0; /* a bind or an invalidation carries no data (its sg_list is ignored) */
+    } else if (may_inline && (wr->send_flags & IBV_SEND_INLINE) != 0) {
         uint64_t len = 0;
         for (int i = 0; i < wr->num_sge; ++i) {
             len += wr->sg_list[i].length;

@@ -300,5 +300,30 @@ TEST(DeviceVerbsXrc, ReadOnlyFromProvidersOfAbiV6AndAllOrNone) {
     EXPECT_EQ(DeviceVerbs::forVerbs(nullptr).openXrcd(&fake_context), nullptr);
 }
 
+ibv_pd fake_mw_pd{};
+ibv_mw fake_mw{};
+ibv_mw *fakeAllocMw(ibv_pd *pd, ibv_mw_type type) {
+    return pd == &fake_mw_pd && type == IBV_MW_TYPE_2 ? &fake_mw : nullptr;
+}
+int fakeDeallocMw(ibv_mw *mw) {
+    return mw == &fake_mw ? 0 : -EINVAL;
+}
+
+TEST(DeviceVerbsMw, ReadOnlyFromProvidersOfAbiV9AndBothOrNone) {
+    ibv_extend_vdev_ops v = partialProvider();
+    v.alloc_mw = fakeAllocMw;
+    v.dealloc_mw = fakeDeallocMw;
+    v.abi = IBV_EXTEND_VDEV_ABI_V8;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").allocMw(&fake_mw_pd, IBV_MW_TYPE_2), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").deallocMw(&fake_mw), -EOPNOTSUPP);
+    v.abi = IBV_EXTEND_VDEV_ABI_V9;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").allocMw(&fake_mw_pd, IBV_MW_TYPE_2), &fake_mw);
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").deallocMw(&fake_mw), 0);
+    v.dealloc_mw = nullptr;
+    EXPECT_EQ(DeviceVerbs::forVirtual(&v, "fake0").allocMw(&fake_mw_pd, IBV_MW_TYPE_2), nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+}
+
 }  // namespace
 }  // namespace ibvx::loader

@@ -294,6 +294,8 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .rereg_mr = nullptr,
     .attach_mcast = nullptr,
     .detach_mcast = nullptr,
+    .alloc_mw = nullptr,
+    .dealloc_mw = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};

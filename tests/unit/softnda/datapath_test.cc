@@ -579,9 +579,12 @@ TEST_F(Datapath, ChainFailingMidwayPostsTheRequestsBeforeIt) {
         const char *what;
         void (*spoil)(ibv_send_wr &, const ibv_qp_cap &);
     } cases[] = {
-        {"unknown opcode", [](ibv_send_wr &w, const ibv_qp_cap &) { w.opcode = IBV_WR_LOCAL_INV; }},
-        {"bind mw", [](ibv_send_wr &w, const ibv_qp_cap &) { w.opcode = IBV_WR_BIND_MW; }},
-        {"send with invalidate", [](ibv_send_wr &w, const ibv_qp_cap &) { w.opcode = IBV_WR_SEND_WITH_INV; }},
+        {"unknown opcode", [](ibv_send_wr &w, const ibv_qp_cap &) { w.opcode = IBV_WR_TSO; }},
+        {"bind of no window",
+         [](ibv_send_wr &w, const ibv_qp_cap &) {
+             w.opcode = IBV_WR_BIND_MW;
+             w.bind_mw.mw = nullptr;
+         }},
         {"opcode out of range",
          [](ibv_send_wr &w, const ibv_qp_cap &) { w.opcode = static_cast<ibv_wr_opcode>(99); }},
         {"too many SGEs",

@@ -88,6 +88,8 @@ static_assert(!kReadOnlyCall<pb::OpenXrcdRequest>);
 static_assert(!kReadOnlyCall<pb::CloseXrcdRequest>);
 static_assert(!kReadOnlyCall<pb::ReregMrRequest>);
 static_assert(!kReadOnlyCall<pb::McastRequest>);  // AttachMcast and DetachMcast
+static_assert(!kReadOnlyCall<pb::AllocMwRequest>);
+static_assert(!kReadOnlyCall<pb::DeallocMwRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker

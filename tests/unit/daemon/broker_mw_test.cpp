@@ -1,0 +1,138 @@
+// The broker's memory windows over the real softnda driver (SPEC.md §16): windows of a PD, owned
+// by a session, counted in the "mws" quota, keeping their PD busy, destroyed before their PD (and
+// any MR) at the session's end; bad requests refused with nothing left behind.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "daemon/core/broker.h"
+#include "tests/unit/daemon/softnda_devices.h"
+
+namespace ibvx::daemon {
+namespace {
+
+class DestroyLog : public BrokerEvents {
+  public:
+    void objectCreated(const Session &, ObjectKind, uint64_t) override {}
+    void objectDestroyed(const Session &, ObjectKind kind, uint64_t) override {
+        log.push_back(kindName(kind));
+    }
+    void quotaDenied(const PeerIdentity &, uint64_t, const std::string &) override {}
+    std::vector<std::string> log;
+};
+
+class BrokerMwTest : public SoftndaDevicesTest {
+  protected:
+    void SetUp() override {
+        broker_ = std::make_unique<Broker>(Broker::Options{}, devices_);
+        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
+        broker_->setEvents(&events_);
+        PeerIdentity peer;
+        peer.creds = {getpid(), getuid(), getgid()};
+        auto s = broker_->hello(peer, {4, 2, 0}, "unit");
+        ASSERT_TRUE(s.isOk()) << s.status().toString();
+        session_ = *s;
+        auto ctx = broker_->openContext(*session_, "softnda0");
+        ASSERT_TRUE(ctx.isOk()) << ctx.status().toString();
+        ctx_ = ctx->context;
+        auto pd = broker_->allocPd(*session_, ctx_);
+        ASSERT_TRUE(pd.isOk()) << pd.status().toString();
+        pd_ = *pd;
+    }
+    void TearDown() override { broker_.reset(); }
+
+    uint64_t held(Quota q) {
+        return broker_->quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(q)];
+    }
+
+    std::unique_ptr<Broker> broker_;
+    DestroyLog events_;
+    std::shared_ptr<Session> session_;
+    uint64_t ctx_ = 0, pd_ = 0;
+};
+
+TEST_F(BrokerMwTest, WindowsOfAPdAreChargedAndKeepItBusy) {
+    auto w1 = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_1);
+    ASSERT_TRUE(w1.isOk()) << w1.status().toString();
+    auto w2 = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
+    ASSERT_TRUE(w2.isOk()) << w2.status().toString();
+    EXPECT_NE(w1->handle, w2->handle);
+    EXPECT_NE(w1->rkey, w2->rkey);
+    EXPECT_NE(w1->rkey & 0x80000000u, 0u);  // a window's rkey (SPEC.md §16)
+    EXPECT_EQ(held(Quota::kMws), 2u);
+    Status busy = broker_->deallocPd(*session_, pd_);
+    EXPECT_EQ(busy.code(), Code::kFailedPrecondition) << busy.toString();
+    ASSERT_TRUE(broker_->deallocMw(*session_, w1->handle).isOk());
+    EXPECT_EQ(held(Quota::kMws), 1u);
+    EXPECT_EQ(broker_->deallocMw(*session_, w1->handle).code(), Code::kNotFound) << "deallocated already";
+    ASSERT_TRUE(broker_->deallocMw(*session_, w2->handle).isOk());
+    EXPECT_TRUE(broker_->deallocPd(*session_, pd_).isOk());
+    EXPECT_EQ(held(Quota::kMws), 0u);
+}
+
+TEST_F(BrokerMwTest, BadRequestsLeaveNothing) {
+    auto bad_type = broker_->allocMw(*session_, pd_, static_cast<ibv_mw_type>(3));
+    EXPECT_EQ(bad_type.status().code(), Code::kInvalidArgument) << bad_type.status().toString();
+    auto no_pd = broker_->allocMw(*session_, pd_ + 1000, IBV_MW_TYPE_2);
+    EXPECT_EQ(no_pd.status().code(), Code::kNotFound) << no_pd.status().toString();
+    auto not_a_pd = broker_->allocMw(*session_, ctx_, IBV_MW_TYPE_2);
+    EXPECT_FALSE(not_a_pd.isOk());
+    EXPECT_EQ(held(Quota::kMws), 0u);
+}
+
+TEST_F(BrokerMwTest, TheSessionsEndFreesWindowsBeforeTheirPd) {
+    auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    broker_->endSession(session_);
+    const std::vector<std::string> order = {"mw", "pd", "context"};
+    EXPECT_EQ(events_.log, order);
+    EXPECT_EQ(held(Quota::kMws), 0u);
+}
+
+// A restart does not carry windows (docs/restart.md): the driver exports no state for one, so a
+// restore cannot adopt it (and ends the session that held it), while the PD it hung on is kept.
+TEST_F(BrokerMwTest, AWindowHasNoRestartStateAndIsNotAdopted) {
+    auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    auto exported = [&](uint64_t handle, Status *st) {
+        auto hold = session_->hold();
+        *st = broker_->exportObject(*session_, handle);
+        const Object *o = session_->object(handle);
+        ObjectImport in;
+        in.handle = handle;
+        in.kind = o->kind;
+        for (const Object *u : o->uses) {
+            in.uses.push_back(u->handle);
+        }
+        in.device = o->device()->info.name;
+        in.driver_state = o->driver_state;
+        for (const UniqueFd &fd : o->driver_fds) {
+            in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+        }
+        return in;
+    };
+    Status st;
+    ObjectImport ctx_in = exported(ctx_, &st);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ObjectImport pd_in = exported(pd_, &st);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ObjectImport mw_in = exported(w->handle, &st);
+    EXPECT_EQ(st.errnoValue(), EOPNOTSUPP) << st.toString();
+    EXPECT_TRUE(mw_in.driver_state.empty());
+    PeerIdentity peer;
+    peer.creds = {getpid(), getuid(), getgid()};
+    auto restored = broker_->hello(peer, {4, 2, 0}, "unit");
+    ASSERT_TRUE(restored.isOk());
+    Relocations relocations;
+    Device *dev = devices_->find("softnda0");
+    ASSERT_EQ(dev->verbs.setPaused(true), 0);
+    EXPECT_TRUE(broker_->adopt(**restored, std::move(ctx_in), relocations).isOk());
+    EXPECT_TRUE(broker_->adopt(**restored, std::move(pd_in), relocations).isOk());
+    EXPECT_FALSE(broker_->adopt(**restored, std::move(mw_in), relocations).isOk());
+    ASSERT_EQ(dev->verbs.setPaused(false), 0);
+    EXPECT_EQ(held(Quota::kMws), 1u) << "the original's only";
+    broker_->endSession(*restored);
+}
+
+}  // namespace
+}  // namespace ibvx::daemon
