@@ -168,6 +168,8 @@ class Templates {
                 return ext_->ops->destroy_qp(static_cast<ibv_qp_extend *>(object));
             case IBV_EXTEND_VDEV_OBJ_XRCD:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.close_xrcd(static_cast<ibv_xrcd *>(object));
+            case IBV_EXTEND_VDEV_OBJ_DM:  // no template of this kind yet (kKinds)
+                return softnda_vdev_ops.free_dm(static_cast<ibv_dm *>(object));
         }
         return -EINVAL;
     }

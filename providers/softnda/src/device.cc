@@ -66,6 +66,7 @@ void fillAttr(Device &d) {
     a.max_inline_data = d.cfg.max_inline_data;
     a.max_msg_sz = d.cfg.max_msg_sz;
     a.max_mr_size = d.cfg.max_mr_size;
+    a.max_dm_size = d.cfg.dm_size;
 }
 
 // Caller holds Registry::mu. Applies a changed configuration while no device is open (devices
@@ -323,6 +324,9 @@ Mr *asMr(ibv_mr *ib) {
 }
 Xrcd *asXrcd(ibv_xrcd *ib) {
     return checked<Xrcd>(ib, kMagicXrcd);
+}
+Dm *asDm(ibv_dm *ib) {
+    return checked<Dm>(ib, kMagicDm);
 }
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {
