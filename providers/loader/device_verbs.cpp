@@ -117,13 +117,29 @@ int noMcast(ibv_qp_extend *, const ibv_gid *, uint16_t) {
     return -EOPNOTSUPP;
 }
 
+ibv_dm *noAllocDm(ibv_context *, const ibv_alloc_dm_attr *, ibv_extend_ops *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noFreeDm(ibv_dm *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+ibv_mr *noRegDmMr(ibv_pd *, ibv_dm *, uint64_t, size_t, unsigned int) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noDmMemory(ibv_dm *, void **, uint64_t *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
 constexpr DeviceVerbs::Ops kDummyOps = {
-    noOpen,         noClose,        noAllocPd,        noDeallocPd,       noRegMr,
-    noDeregMr,      noModifyQp,     noQueryQp,        noQueryCounters,   noQueryDevice,
-    noQueryPort,    noQueryGid,     noSetCqEventFd,   noSetAsyncEventFd, noExportObject,
-    noImportObject, noSetPaused,    noResizeCq,       noReregMr,         noOpenXrcd,
-    noCloseXrcd,    noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,       noMcast,
-    noMcast};
+    noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
+    noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
+    noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
+    noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,
+    noMcast,        noMcast,           noAllocDm,       noFreeDm,       noRegDmMr,        noDmMemory};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -238,6 +254,12 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
         setOp(v.ops_.attach_mcast, ops.attach_mcast);
         setOp(v.ops_.detach_mcast, ops.detach_mcast);
     }
+    if (ops.alloc_dm != nullptr && ops.free_dm != nullptr && ops.reg_dm_mr != nullptr) {  // all or none
+        setOp(v.ops_.alloc_dm, ops.alloc_dm);
+        setOp(v.ops_.free_dm, ops.free_dm);
+        setOp(v.ops_.reg_dm_mr, ops.reg_dm_mr);
+        setOp(v.ops_.dm_memory, ops.dm_memory);  // an rdma-core device has none
+    }
     return v;
 }
 
@@ -267,7 +289,11 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                v6Entry(provider, provider->create_xrc_tgt_qp),
                v6Entry(provider, provider->get_srq_num),
                provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->attach_mcast : nullptr,
-               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr};
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->alloc_dm : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->free_dm : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->reg_dm_mr : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->dm_memory : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
@@ -282,15 +308,27 @@ int verbsDetachMcast(ibv_qp_extend *qp, const ibv_gid *gid, uint16_t lid) {
     return ibv_detach_mcast(qp->qp, gid, lid);
 }
 
+// libibverbs' device memory (its inline calls through the context's ops); ops are a vdev's.
+ibv_dm *verbsAllocDm(ibv_context *context, const ibv_alloc_dm_attr *attr, ibv_extend_ops *) {
+    ibv_alloc_dm_attr copy = *attr;
+    return ibv_alloc_dm(context, &copy);
+}
+int verbsFreeDm(ibv_dm *dm) {
+    return ibv_free_dm(dm);
+}
+ibv_mr *verbsRegDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access) {
+    return ibv_reg_dm_mr(pd, dm, offset, length, access);
+}
+
 }  // namespace
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,       ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,    ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
-               verbsQueryPort,  verbsQueryGid,    nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        nullptr,
-               nullptr,         nullptr,          nullptr,      nullptr,        verbsAttachMcast,
-               verbsDetachMcast};
+    Ops ops = {verbsOpen,        ibv_close_device, ibv_alloc_pd, ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,     ibv_modify_qp,    ibv_query_qp, nullptr,        ibv_query_device,
+               verbsQueryPort,   verbsQueryGid,    nullptr,      nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,      nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,      nullptr,        verbsAttachMcast,
+               verbsDetachMcast, verbsAllocDm,     verbsFreeDm,  verbsRegDmMr,   nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -436,6 +474,27 @@ int DeviceVerbs::attachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid
 int DeviceVerbs::detachMcast(ibv_qp_extend *qp, const ibv_gid &gid, uint16_t lid) const {
     errno = 0;
     return result(ops_.detach_mcast(qp, &gid, lid));
+}
+
+ibv_dm *DeviceVerbs::allocDm(ibv_context *context, const ibv_alloc_dm_attr &attr, ibv_extend_ops *ops) const {
+    errno = 0;
+    return ops_.alloc_dm(context, &attr, ops);
+}
+
+int DeviceVerbs::freeDm(ibv_dm *dm) const {
+    errno = 0;
+    return result(ops_.free_dm(dm));
+}
+
+ibv_mr *DeviceVerbs::regDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length,
+                             unsigned int access) const {
+    errno = 0;
+    return ops_.reg_dm_mr(pd, dm, offset, length, access);
+}
+
+int DeviceVerbs::dmMemory(ibv_dm *dm, void **addr, uint64_t *length) const {
+    errno = 0;
+    return ops_.dm_memory(dm, addr, length);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {
