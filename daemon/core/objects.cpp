@@ -31,6 +31,8 @@ const char *kindName(ObjectKind kind) {
             return "ah";
         case ObjectKind::kXrcd:
             return "xrcd";
+        case ObjectKind::kDm:
+            return "dm";
     }
     return "object";
 }
@@ -86,6 +88,15 @@ void MrObject::snapshot(ObjectSnapshot &out) const {
         out.lkey = mr->lkey;
         out.rkey = mr->rkey;
     }
+}
+
+int DmObject::destroyDriverObject() {
+    return device()->verbs.freeDm(dm);
+}
+
+void DmObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+    out.mr_length = length;
 }
 
 int XrcdObject::destroyDriverObject() {

@@ -33,9 +33,9 @@ const char *kindName(ObjectKind kind);
 
 // Parents first: an object uses only objects of kinds that come before its own here. A restore
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
-inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kXrcd,
-                                               ObjectKind::kAh,      ObjectKind::kMr, ObjectKind::kCq,
-                                               ObjectKind::kSrq,     ObjectKind::kQp};
+inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kXrcd,
+                                               ObjectKind::kAh,      ObjectKind::kDm,  ObjectKind::kMr,
+                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 
@@ -150,6 +150,23 @@ struct MrObject : Object {
     // address): kept so a restarted broker can map it again.
     UniqueFd fd;
     uint64_t fd_offset = 0;
+};
+
+// An allocation of device memory (softnda SPEC.md §17) on a context of the session. Its bytes
+// are in the session's own memory (the driver's alloc through the broker's ops), which the
+// tenant maps; MRs registered on it (ibv_reg_dm_mr: MrObjects that use it) come before its free.
+struct DmObject : Object {
+    static constexpr ObjectKind kKind = ObjectKind::kDm;
+    DmObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_DM; }
+    const void *driverObject() const override { return dm; }
+    void adoptDriverObject(void *made) override { dm = static_cast<ibv_dm *>(made); }
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
+    ContextObject *context = nullptr;
+    ibv_dm *dm = nullptr;
+    uint64_t length = 0;  // what the tenant asked for
 };
 
 // An XRC domain (softnda SPEC.md §14), opened on a context of the session. Its XRC SRQs and

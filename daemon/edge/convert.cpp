@@ -28,10 +28,15 @@ Status checkFeatureRange(const pb::HyroceFeature &in) {
 }
 
 constexpr std::pair<ObjectKind, pb::ObjectKind> kObjectKinds[] = {
-    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT}, {ObjectKind::kPd, pb::OBJECT_KIND_PD},
-    {ObjectKind::kMr, pb::OBJECT_KIND_MR},           {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
-    {ObjectKind::kQp, pb::OBJECT_KIND_QP},           {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
-    {ObjectKind::kAh, pb::OBJECT_KIND_AH},           {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD}};
+    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT},
+    {ObjectKind::kPd, pb::OBJECT_KIND_PD},
+    {ObjectKind::kMr, pb::OBJECT_KIND_MR},
+    {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
+    {ObjectKind::kQp, pb::OBJECT_KIND_QP},
+    {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
+    {ObjectKind::kAh, pb::OBJECT_KIND_AH},
+    {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD},
+    {ObjectKind::kDm, pb::OBJECT_KIND_DM}};
 
 void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_qp_num(in.qp_num);
@@ -46,6 +51,11 @@ void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
 }
 
 }  // namespace
+
+void toProto(const DmResult &in, pb::AllocDmResponse *out) {
+    out->set_dm(in.dm);
+    toProto(in.memory, out->mutable_memory());
+}
 
 void toProto(const Version &in, pb::Version *out) {
     out->set_major(in.major);

@@ -36,7 +36,10 @@ const char *const kMethodNames[] = {"Hello",
                                     "CloseXrcd",
                                     "ReregMr",
                                     "AttachMcast",
-                                    "DetachMcast"};
+                                    "DetachMcast",
+                                    "AllocDm",
+                                    "FreeDm",
+                                    "RegDmMr"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

@@ -48,6 +48,10 @@ enum class Method {
     kReregMr,
     kAttachMcast,
     kDetachMcast,
+    // 32-33: memory windows (another branch)
+    kAllocDm,
+    kFreeDm,
+    kRegDmMr,
     kCount
 };
 

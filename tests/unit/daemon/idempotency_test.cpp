@@ -138,7 +138,8 @@ TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
                      Method::kModifyQp,        Method::kModifyQpExtend, Method::kNegoQpHyroceFeature,
                      Method::kSetAsyncEventFd, Method::kCreateAh,       Method::kDestroyAh,
                      Method::kResizeCq,        Method::kOpenXrcd,       Method::kCloseXrcd,
-                     Method::kReregMr,         Method::kAttachMcast,    Method::kDetachMcast}) {
+                     Method::kReregMr,         Method::kAttachMcast,    Method::kDetachMcast,
+                     Method::kAllocDm,         Method::kFreeDm,         Method::kRegDmMr}) {
         EXPECT_TRUE(isMutating(m)) << methodName(m);
     }
     for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,

@@ -88,6 +88,9 @@ static_assert(!kReadOnlyCall<pb::OpenXrcdRequest>);
 static_assert(!kReadOnlyCall<pb::CloseXrcdRequest>);
 static_assert(!kReadOnlyCall<pb::ReregMrRequest>);
 static_assert(!kReadOnlyCall<pb::McastRequest>);  // AttachMcast and DetachMcast
+static_assert(!kReadOnlyCall<pb::AllocDmRequest>);
+static_assert(!kReadOnlyCall<pb::FreeDmRequest>);
+static_assert(!kReadOnlyCall<pb::RegDmMrRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker
