@@ -294,6 +294,10 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .rereg_mr = nullptr,
     .attach_mcast = nullptr,
     .detach_mcast = nullptr,
+    .alloc_dm = nullptr,
+    .free_dm = nullptr,
+    .reg_dm_mr = nullptr,
+    .dm_memory = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};
