@@ -42,7 +42,8 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V7 7 /* resize_cq, rereg_mr */
 #define IBV_EXTEND_VDEV_ABI_V8 8 /* attach_mcast, detach_mcast */
 #define IBV_EXTEND_VDEV_ABI_V9 9 /* alloc_mw, dealloc_mw */
-#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V9
+#define IBV_EXTEND_VDEV_ABI_V10 10 /* device memory: alloc_dm, free_dm, reg_dm_mr, dm_memory */
+#define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V10
 #define IBV_EXTEND_VDEV_NAME_MAX 64
 
 /* ---- What a driver guarantees ----
@@ -81,6 +82,7 @@ enum ibv_extend_vdev_obj {
     IBV_EXTEND_VDEV_OBJ_QP = 6,      /* struct ibv_qp_extend * */
     IBV_EXTEND_VDEV_OBJ_XRCD = 7,    /* struct ibv_xrcd * (ABI V6) */
     IBV_EXTEND_VDEV_OBJ_MW = 8,      /* struct ibv_mw * (ABI V9) */
+    IBV_EXTEND_VDEV_OBJ_DM = 9,      /* struct ibv_dm * (ABI V10) */
 };
 
 #define IBV_EXTEND_VDEV_STATE_MAX 2048 /* bytes of one object's blob */
@@ -114,7 +116,9 @@ struct ibv_extend_vdev_import {
      * otherwise. */
     struct ibv_xrcd *xrcd;
     struct ibv_cq *srq_cq;
-    uint64_t resv[2];
+    /* ABI V10: the device memory an MR registered with reg_dm_mr is on. NULL otherwise. */
+    struct ibv_dm *dm;
+    uint64_t resv[1];
 };
 
 /* What a virtual device announces about itself. */
@@ -133,7 +137,8 @@ struct ibv_extend_vdev_attr {
     uint32_t max_inline_data; /* bytes */
     uint32_t max_msg_sz;      /* bytes */
     uint64_t max_mr_size;     /* bytes */
-    uint64_t resv[8];
+    uint64_t max_dm_size;     /* bytes of device memory (ABI V10; read as 0 from an older provider) */
+    uint64_t resv[7];
 };
 
 struct ibv_extend_vdev_ops {
@@ -293,6 +298,26 @@ struct ibv_extend_vdev_ops {
      * negative errno. Both or none; NULL: -EOPNOTSUPP. */
     struct ibv_mw *(*alloc_mw)(struct ibv_pd *pd, enum ibv_mw_type type);
     int (*dealloc_mw)(struct ibv_mw *mw);
+    /* ---- ABI V10 and later: device memory (never read from an older provider; all four or none) ----
+     * ibv_alloc_dm and friends (softnda's SPEC.md §17). A device has max_dm_size bytes of device
+     * memory (ibv_extend_vdev_attr); an allocation takes part of it, and its bytes live where
+     * ops->alloc puts them, as a queue's do (a broker: the session's own memory, which the
+     * tenant maps; nobody else's). The struct ibv_dm returned has context, memcpy_to_dm and
+     * memcpy_from_dm set, which copy in the calling process. NULL + errno: EINVAL (length 0 or
+     * above max_dm_size, unknown comp_mask bits, an alignment the driver cannot give, incomplete
+     * ops), ENOMEM (the device memory is full). */
+    struct ibv_dm *(*alloc_dm)(struct ibv_context *context, const struct ibv_alloc_dm_attr *attr,
+                               struct ibv_extend_ops *ops);
+    /* 0, -EBUSY while an MR is registered on it (nothing freed), -EINVAL. */
+    int (*free_dm)(struct ibv_dm *dm);
+    /* [offset, offset+length) of dm as an MR of pd, addressed zero-based (iova 0 is dm's byte
+     * offset): access must hold IBV_ACCESS_ZERO_BASED; the driver documents what else it allows.
+     * NULL + errno (EINVAL: bad access, range, or a dm of another device). dereg_mr frees it. */
+    struct ibv_mr *(*reg_dm_mr)(struct ibv_pd *pd, struct ibv_dm *dm, uint64_t offset, size_t length,
+                                unsigned int access);
+    /* Where dm's bytes are in the calling process (what ops->alloc returned) and how many
+     * (*length may exceed the length asked for: the driver's allocation unit). 0 or -EINVAL. */
+    int (*dm_memory)(struct ibv_dm *dm, void **addr, uint64_t *length);
 };
 
 void verbs_register_vdev_extend(const struct ibv_extend_vdev_ops *ops);

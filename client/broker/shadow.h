@@ -37,7 +37,7 @@ struct ShadowContext;
 
 // What a tracked shadow is, in the order a context's objects are destroyed when a program closes
 // it with objects left (libibverbs' ibv_close_device frees them, as the kernel does).
-enum class ShadowKind { kAh, kQp, kSrq, kCq, kMw, kMr, kXrcd, kPd };
+enum class ShadowKind { kAh, kQp, kSrq, kCq, kMw, kMr, kDm, kXrcd, kPd };
 
 // A doorbell the caller's ibv_extend_ops.db_mmap mapped into its device (broker mode calls it on
 // the locally mapped doorbell page, as a driver does in direct mode). Unmapped with db_unmap when
@@ -135,6 +135,18 @@ struct ShadowMw {
     ibv_mw mw;
     ShadowContext *owner;
     uint64_t handle;
+};
+
+// Device memory (AllocDm; softnda SPEC.md §17): the program holds &dm, whose memcpy_to_dm and
+// memcpy_from_dm copy to and from mem, this process's mapping of the allocation's bytes (a region
+// of the session's memory the broker sent), with no broker call.
+struct ShadowDm {
+    static constexpr ShadowKind kKind = ShadowKind::kDm;
+    ibv_dm dm;
+    ShadowContext *owner;
+    uint64_t handle;
+    uint8_t *mem;
+    uint64_t length;  // as asked for: copies stay inside it
 };
 
 // An XRC domain (OpenXrcd): the program holds &xrcd.
@@ -282,6 +294,10 @@ inline ShadowMw *liveMw(ibv_mw *mw) {
     return liveShadow<ShadowMw>(mw, offsetof(ShadowMw, mw));
 }
 
+inline ShadowDm *liveDm(ibv_dm *dm, const ShadowContext *in = nullptr) {
+    return liveShadow<ShadowDm>(dm, offsetof(ShadowDm, dm), in);
+}
+
 // The create_cq entry of the forwarding ops, with a completion-event eventfd (-1: none) handed to
 // the broker for the CQ (the libibverbs face's ibv_create_cq with a channel).
 ibv_cq_extend *createCqWithEvents(ShadowContext *c, ibv_cq_init_attr_extend *a, int event_fd);
@@ -300,6 +316,14 @@ int mcast(ShadowQp *s, const ibv_gid &gid, uint16_t lid, bool attach);
 ShadowMw *allocMw(ShadowPd *p, ibv_mw_type type);
 // DeallocMw: 0 or a negative errno.
 int deallocMw(ShadowMw *m);
+// ---- device memory (the libibverbs face's; client/broker/dm.cpp) ----
+// ibv_alloc_dm at the broker (AllocDm), its region mapped here, tracked under c; NULL + errno.
+ShadowDm *allocDm(ShadowContext *c, const ibv_alloc_dm_attr &attr);
+// FreeDm: 0 or a negative errno (-EBUSY while an MR is registered on it).
+int freeDm(ShadowDm *d);
+// ibv_reg_dm_mr at the broker (RegDmMr): an MR of pd on [offset, offset+length) of d, addressed
+// zero-based; freed by the ordinary DeregMr. NULL + errno.
+ibv_mr *regDmMr(ShadowPd *pd, ShadowDm *d, uint64_t offset, size_t length, unsigned int access);
 
 // ---- XRC (the libibverbs face's; the extend API cannot name a domain) ----
 // A handle on an XRC domain at the broker (OpenXrcd), tracked under c: the domain of the file fd

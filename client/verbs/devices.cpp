@@ -94,6 +94,9 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.dealloc_td = faceDeallocTd;
     c->vctx.alloc_parent_domain = faceAllocParentDomain;
     serveMemoryWindows(c);
+    c->vctx.alloc_dm = faceAllocDm;
+    c->vctx.free_dm = faceFreeDm;
+    c->vctx.reg_dm_mr = faceRegDmMr;
     serveDatapath(c);
 }
 
@@ -120,7 +123,8 @@ size_t destroyLeftovers(ShadowContext *c) {
     size_t left = 0;
     dropDomains(c);  // no broker object behind them; their PDs can then go
     for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
-                            ShadowKind::kMw, ShadowKind::kMr, ShadowKind::kXrcd, ShadowKind::kPd}) {
+                            ShadowKind::kMw, ShadowKind::kMr, ShadowKind::kDm, ShadowKind::kXrcd,
+                            ShadowKind::kPd}) {
         for (void *o : broker::shadowsOf(c, kind)) {
             ++left;
             switch (kind) {
@@ -141,6 +145,9 @@ size_t destroyLeftovers(ShadowContext *c) {
                     break;
                 case ShadowKind::kMr:
                     (void)ibvx_verbs_dereg_mr(&static_cast<ShadowMr *>(o)->mr);
+                    break;
+                case ShadowKind::kDm:
+                    (void)faceFreeDm(&static_cast<broker::ShadowDm *>(o)->dm);
                     break;
                 case ShadowKind::kXrcd:
                     (void)faceCloseXrcd(&static_cast<ShadowXrcd *>(o)->xrcd);

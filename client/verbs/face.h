@@ -12,6 +12,7 @@
 //   queues.cpp    CQs, QPs and SRQs of the standard verbs
 //   extended.cpp  ibv_cq_ex (create, poll API) and ibv_qp_ex (create, the ibv_wr_* post API)
 //   mw.cpp        memory windows (alloc, dealloc, ibv_bind_mw over the data path)
+//   dm.cpp        device memory (ibv_alloc_dm, ibv_reg_dm_mr)
 //   xrc.cpp       XRC domains, XRC SRQs (ibv_create_srq_ex, ibv_get_srq_num), XRC QPs' attributes
 //   datapath.cpp  a queue's attachment to its driver's data path, and the data verbs behind it
 //   events.cpp    completion channels, async events, and the end of a session
@@ -66,7 +67,7 @@ inline ShadowContext *faceContext(const ibv_context *ctx) {
 // ---- queries (queries.cpp) -----------------------------------------------------------------------
 
 // The device's attributes (QueryDeviceAttr). 0 or a negative errno.
-int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr);
+int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr, uint64_t *max_dm_size = nullptr);
 // The verbs_context entries the inline ibv_query_port() and ibv_query_device_ex() reach.
 int faceQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr, size_t attr_len);
 int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *input, ibv_device_attr_ex *attr,
@@ -108,6 +109,12 @@ ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
 // The context ops ibv_alloc_mw(), ibv_dealloc_mw() and ibv_bind_mw() reach (inline in
 // <infiniband/verbs.h>), set on a face context.
 void serveMemoryWindows(ShadowContext *c);
+// ---- device memory (dm.cpp) ------------------------------------------------------------------------
+
+// The verbs_context entries ibv_alloc_dm(), ibv_free_dm() and ibv_reg_dm_mr() reach.
+ibv_dm *faceAllocDm(ibv_context *context, ibv_alloc_dm_attr *attr);
+int faceFreeDm(ibv_dm *dm);
+ibv_mr *faceRegDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access);
 
 // ---- thread and parent domains (domains.cpp) ------------------------------------------------------
 

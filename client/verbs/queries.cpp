@@ -21,13 +21,16 @@ int queryPortInfo(ShadowContext *c, uint8_t port, pb::QueryPortResponse *resp) {
 
 }  // namespace
 
-int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr) {
+int queryDeviceAttr(ShadowContext *c, ibv_device_attr *attr, uint64_t *max_dm_size) {
     pb::QueryDeviceAttrRequest req;
     req.set_context(c->handle);
     pb::QueryDeviceAttrResponse resp;
     int rc = c->session->call("QueryDeviceAttr", &pb::Broker::Stub::QueryDeviceAttr, req, &resp);
     if (rc == 0) {
         wire::fromProto(resp.attr(), attr);
+        if (max_dm_size != nullptr) {
+            *max_dm_size = resp.max_dm_size();
+        }
     }
     return rc;
 }
@@ -47,8 +50,8 @@ int faceQueryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr, size_
     return 0;
 }
 
-// The standard attributes, and the device clock where the driver's data path has one (SPEC.md §15
-// for softnda); no other extended capability is announced.
+// The standard attributes, the device memory (SPEC.md §17 for softnda), and the device clock where
+// the driver's data path has one (SPEC.md §15); no other extended capability is announced.
 int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, ibv_device_attr_ex *attr,
                       size_t attr_size) {
     ShadowContext *c = faceContext(context);
@@ -56,7 +59,7 @@ int faceQueryDeviceEx(ibv_context *context, const ibv_query_device_ex_input *, i
         return EINVAL;
     }
     ibv_device_attr_ex ex{};
-    if (int rc = queryDeviceAttr(c, &ex.orig_attr); rc != 0) {
+    if (int rc = queryDeviceAttr(c, &ex.orig_attr, &ex.max_dm_size); rc != 0) {
         return -rc;
     }
     ex.phys_port_cnt_ex = ex.orig_attr.phys_port_cnt;

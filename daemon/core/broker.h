@@ -161,6 +161,25 @@ struct NegoResult {
     uint32_t need_more_nego = 0;
 };
 
+// ibv_alloc_dm (softnda SPEC.md §17).
+struct AllocDmArgs {
+    uint64_t context = 0;
+    uint64_t length = 0;
+    uint32_t log_align_req = 0;
+    uint32_t comp_mask = 0;
+};
+
+struct DmResult {
+    uint64_t dm = 0;
+    RegionRef memory;  // the allocation's bytes in the tenant's mapping of the region
+};
+
+struct RegDmMrArgs {
+    uint64_t pd = 0, dm = 0;
+    uint64_t offset = 0, length = 0;
+    uint32_t access = 0;
+};
+
 // Regions the tenant may unmap after a destroy.
 using Released = std::vector<RegionId>;
 
@@ -358,6 +377,15 @@ class Broker {
     // ibv_attach_mcast (attach) / ibv_detach_mcast of a UD QP of the session (driver: attach_mcast /
     // detach_mcast, vdev ABI V8; softnda SPEC.md §11.3). The QP's restart record follows.
     Status mcast(Session &s, const McastArgs &args, bool attach);
+    // Device memory (driver: alloc_dm, free_dm, reg_dm_mr, dm_memory, vdev ABI V10; softnda
+    // SPEC.md §17; broker_dm.cpp): an allocation charged to "dm_bytes" whose bytes are in the
+    // session's memory (sent as a region before the reply); free answers EBUSY while an MR is on
+    // it; an MR on it is addressed zero-based and charged to "mrs" only.
+    StatusOr<DmResult> allocDm(Session &s, const AllocDmArgs &args);
+    StatusOr<Released> freeDm(Session &s, uint64_t dm);
+    StatusOr<RegMrResult> regDmMr(Session &s, const RegDmMrArgs &args);
+    // The device memory size of a context's device (ibv_device_attr_ex.max_dm_size).
+    StatusOr<uint64_t> maxDmSize(Session &s, uint64_t context);
     StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
     StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
     StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);

@@ -46,6 +46,8 @@ std::unique_ptr<Object> newObjectOf(ObjectKind kind) {
             return std::make_unique<XrcdObject>();
         case ObjectKind::kMw:
             return std::make_unique<MwObject>();
+        case ObjectKind::kDm:
+            return std::make_unique<DmObject>();
     }
     return nullptr;
 }
@@ -116,6 +118,10 @@ Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocati
             break;
         case ObjectKind::kMr:
             static_cast<MrObject &>(obj).pd = p.pd;
+            if (usedBy<DmObject>(obj) != nullptr) {
+                static_cast<MrObject &>(obj).length = in.mr.length;
+                return Status::ok();  // on device memory: its bytes came back with the DM's
+            }
             return mapMrAgain(static_cast<MrObject &>(obj), in.mr, in.handle, relocations);
         case ObjectKind::kCq:
             static_cast<CqObject &>(obj).context = p.ctx;
@@ -128,6 +134,10 @@ Status adoptKindFields(Object &obj, const Parents &p, ObjectImport &in, Relocati
             break;
         case ObjectKind::kMw:
             static_cast<MwObject &>(obj).pd = p.pd;
+            break;
+        case ObjectKind::kDm:
+            static_cast<DmObject &>(obj).context = p.ctx;
+            static_cast<DmObject &>(obj).length = in.quota[static_cast<size_t>(Quota::kDmBytes)];
             break;
         case ObjectKind::kQp: {
             auto &qp = static_cast<QpObject &>(obj);
@@ -163,6 +173,9 @@ StatusOr<ibv_extend_vdev_import> importEnvironment(const Object &obj, const Pare
     // An XRC SRQ and target name their domain; an XRC SRQ its CQ (SPEC.md §14).
     XrcdObject *xrcd = usedBy<XrcdObject>(obj);
     env.xrcd = xrcd != nullptr ? xrcd->xrcd : nullptr;
+    // An MR on device memory names its DM (SPEC.md §17).
+    DmObject *dm = usedBy<DmObject>(obj);
+    env.dm = dm != nullptr ? dm->dm : nullptr;
     if (obj.kind == ObjectKind::kSrq && xrcd != nullptr) {
         CqObject *cq = usedBy<CqObject>(obj);
         if (cq == nullptr) {

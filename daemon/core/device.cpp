@@ -71,6 +71,9 @@ void DeviceRegistry::addVirtual() {
         i.provider = d.provider->provider;
         i.virtual_device = true;
         copyDeviceLimits(d.attr, i);
+        if (d.provider->abi >= IBV_EXTEND_VDEV_ABI_V10) {
+            i.max_dm_size = d.attr.max_dm_size;
+        }
         if (dev->driver == nullptr || d.provider->open_device == nullptr) {
             continue;  // a device nobody can open is not worth listing
         }

@@ -43,6 +43,7 @@ struct DeviceInfo {
     uint32_t max_inline_data = 0;
     uint32_t max_msg_sz = 0;
     uint64_t max_mr_size = 0;
+    uint64_t max_dm_size = 0;  // device memory (vdev ABI V10); 0: none
     bool virtual_device = false;
 };
 

@@ -10,7 +10,7 @@
 namespace ibvx::daemon {
 
 // Append only: a restart's state carries the kind by this value.
-enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh, kXrcd, kMw };
+enum class ObjectKind { kContext, kPd, kMr, kCq, kQp, kSrq, kAh, kXrcd, kMw, kDm };
 
 struct ObjectSnapshot {
     uint64_t handle = 0;

@@ -33,6 +33,8 @@ const char *kindName(ObjectKind kind) {
             return "xrcd";
         case ObjectKind::kMw:
             return "mw";
+        case ObjectKind::kDm:
+            return "dm";
     }
     return "object";
 }
@@ -97,6 +99,15 @@ int MwObject::destroyDriverObject() {
 // Its kind, device and PD only: the rkey and binding are the data path's (see MwObject).
 void MwObject::snapshot(ObjectSnapshot &out) const {
     out.device = deviceName(pd != nullptr && pd->context != nullptr ? pd->context->dev : nullptr);
+}
+
+int DmObject::destroyDriverObject() {
+    return device()->verbs.freeDm(dm);
+}
+
+void DmObject::snapshot(ObjectSnapshot &out) const {
+    out.device = deviceName(context != nullptr ? context->dev : nullptr);
+    out.mr_length = length;
 }
 
 int XrcdObject::destroyDriverObject() {

@@ -37,8 +37,9 @@ const char *kindName(ObjectKind kind);
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
 // Windows come after MRs: a window bound to an MR keeps it busy, so windows go first.
 inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kXrcd,
-                                               ObjectKind::kAh,      ObjectKind::kMr,  ObjectKind::kMw,
-                                               ObjectKind::kCq,      ObjectKind::kSrq, ObjectKind::kQp};
+                                               ObjectKind::kAh,      ObjectKind::kDm,  ObjectKind::kMr,
+                                               ObjectKind::kMw,      ObjectKind::kCq,  ObjectKind::kSrq,
+                                               ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 
@@ -170,6 +171,23 @@ struct MwObject : Object {
     void snapshot(ObjectSnapshot &out) const override;
     PdObject *pd = nullptr;
     ibv_mw *mw = nullptr;
+};
+
+// An allocation of device memory (softnda SPEC.md §17) on a context of the session. Its bytes
+// are in the session's own memory (the driver's alloc through the broker's ops), which the
+// tenant maps; MRs registered on it (ibv_reg_dm_mr: MrObjects that use it) come before its free.
+struct DmObject : Object {
+    static constexpr ObjectKind kKind = ObjectKind::kDm;
+    DmObject() : Object(kKind) {}
+    ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_DM; }
+    const void *driverObject() const override { return dm; }
+    void adoptDriverObject(void *made) override { dm = static_cast<ibv_dm *>(made); }
+    Device *device() const override { return context->dev; }
+    int destroyDriverObject() override;
+    void snapshot(ObjectSnapshot &out) const override;
+    ContextObject *context = nullptr;
+    ibv_dm *dm = nullptr;
+    uint64_t length = 0;  // what the tenant asked for
 };
 
 // A session's handle on an XRC domain (softnda SPEC.md §14), opened on a context of the session.

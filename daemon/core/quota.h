@@ -58,15 +58,17 @@ enum class Quota : int {
     // bytes of its sessions' restart state (docs/restart.md: each session's state file, image and
     // log, a memfd the broker holds and hands to systemd's fd store)
     kStateBytes,
-    kXrcds,  // XRC domains (ibv_open_xrcd)
-    kMws,    // memory windows (ibv_alloc_mw)
+    kXrcds,    // XRC domains (ibv_open_xrcd)
+    kMws,      // memory windows (ibv_alloc_mw)
+    kDmBytes,  // bytes of device memory (ibv_alloc_dm), as the driver rounded them
     kCount
 };
 inline constexpr size_t kQuotaCount = static_cast<size_t>(Quota::kCount);
 inline constexpr uint64_t kUnlimited = UINT64_MAX;
 
 // The config/API name: "contexts", "pds", "mrs", "mr_bytes", "cqs", "qps", "srqs",
-// "queue_bytes", "sessions", "ahs", "event_fds", "replies", "state_bytes", "xrcds", "mws".
+// "queue_bytes", "sessions", "ahs", "event_fds", "replies", "state_bytes", "xrcds", "mws",
+// "dm_bytes".
 const char *quotaName(Quota q);
 std::optional<Quota> quotaFromName(const std::string &name);
 

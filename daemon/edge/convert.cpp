@@ -36,7 +36,8 @@ constexpr std::pair<ObjectKind, pb::ObjectKind> kObjectKinds[] = {
     {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
     {ObjectKind::kAh, pb::OBJECT_KIND_AH},
     {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD},
-    {ObjectKind::kMw, pb::OBJECT_KIND_MW}};
+    {ObjectKind::kMw, pb::OBJECT_KIND_MW},
+    {ObjectKind::kDm, pb::OBJECT_KIND_DM}};
 
 void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_qp_num(in.qp_num);
@@ -51,6 +52,11 @@ void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
 }
 
 }  // namespace
+
+void toProto(const DmResult &in, pb::AllocDmResponse *out) {
+    out->set_dm(in.dm);
+    toProto(in.memory, out->mutable_memory());
+}
 
 void toProto(const Version &in, pb::Version *out) {
     out->set_major(in.major);

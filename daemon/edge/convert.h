@@ -30,6 +30,7 @@ void toProto(const OpenContextResult &in, pb::OpenContextResponse *out);
 void toProto(const ibv_device_attr_extend &in, pb::QueryDeviceResponse *out);
 void toProto(const PortInfo &in, pb::QueryPortResponse *out);
 void toProto(const RegMrResult &in, pb::RegMrResponse *out);
+void toProto(const DmResult &in, pb::AllocDmResponse *out);
 void toProto(const RegMrResult &in, pb::ReregMrResponse *out);
 void toProto(const CqResult &in, pb::CreateCqResponse *out);
 void toProto(const ResizeCqResult &in, pb::ResizeCqResponse *out);

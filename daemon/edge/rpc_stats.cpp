@@ -38,7 +38,10 @@ const char *const kMethodNames[] = {"Hello",
                                     "AttachMcast",
                                     "DetachMcast",
                                     "AllocMw",
-                                    "DeallocMw"};
+                                    "DeallocMw",
+                                    "AllocDm",
+                                    "FreeDm",
+                                    "RegDmMr"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

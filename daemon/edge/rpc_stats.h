@@ -50,6 +50,9 @@ enum class Method {
     kDetachMcast,
     kAllocMw,
     kDeallocMw,
+    kAllocDm,
+    kFreeDm,
+    kRegDmMr,
     kCount
 };
 

@@ -83,6 +83,9 @@ bool isMutating(Method m) {
         case Method::kDetachMcast:
         case Method::kAllocMw:
         case Method::kDeallocMw:
+        case Method::kAllocDm:
+        case Method::kFreeDm:
+        case Method::kRegDmMr:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -321,8 +324,11 @@ grpc::ServerUnaryReactor *BrokerService::QueryDevice(grpc::CallbackServerContext
 grpc::ServerUnaryReactor *BrokerService::QueryDeviceAttr(grpc::CallbackServerContext *ctx,
                                                          const pb::QueryDeviceAttrRequest *req,
                                                          pb::QueryDeviceAttrResponse *resp) {
-    return serve(ctx, Method::kQueryDeviceAttr, resp, [&](Session &s) {
-        return reply(broker_.queryDeviceAttr(s, req->context()), resp->mutable_attr());
+    return serve(ctx, Method::kQueryDeviceAttr, resp, [&](Session &s) -> Status {
+        RETURN_IF_ERROR(reply(broker_.queryDeviceAttr(s, req->context()), resp->mutable_attr()));
+        ASSIGN_OR_RETURN(uint64_t dm_size, broker_.maxDmSize(s, req->context()));
+        resp->set_max_dm_size(dm_size);
+        return Status::ok();
     });
 }
 
@@ -409,6 +415,31 @@ grpc::ServerUnaryReactor *BrokerService::DetachMcast(grpc::CallbackServerContext
     return serve(ctx, Method::kDetachMcast, resp, [&](Session &s) -> Status {
         ASSIGN_OR_RETURN(McastArgs a, fromProto(*req));
         return broker_.mcast(s, a, false);
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::AllocDm(grpc::CallbackServerContext *ctx,
+                                                 const pb::AllocDmRequest *req, pb::AllocDmResponse *resp) {
+    return serve(ctx, Method::kAllocDm, resp, [&](Session &s) -> Status {
+        AllocDmArgs a{req->context(), req->length(), req->log_align_req(), req->comp_mask()};
+        ASSIGN_OR_RETURN(DmResult r, broker_.allocDm(s, a));
+        toProto(r, resp);
+        return Status::ok();
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::FreeDm(grpc::CallbackServerContext *ctx,
+                                                const pb::FreeDmRequest *req, pb::FreeDmResponse *resp) {
+    return serve(ctx, Method::kFreeDm, resp, [&](Session &s) {
+        return reply(broker_.freeDm(s, req->dm()), resp->mutable_released_regions());
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::RegDmMr(grpc::CallbackServerContext *ctx,
+                                                 const pb::RegDmMrRequest *req, pb::RegMrResponse *resp) {
+    return serve(ctx, Method::kRegDmMr, resp, [&](Session &s) {
+        RegDmMrArgs a{req->pd(), req->dm(), req->offset(), req->length(), req->access()};
+        return reply(broker_.regDmMr(s, a), resp);
     });
 }
 

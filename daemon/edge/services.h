@@ -118,6 +118,12 @@ class BrokerService final : public pb::Broker::CallbackService {
                                           pb::McastResponse *resp) override;
     grpc::ServerUnaryReactor *DetachMcast(grpc::CallbackServerContext *ctx, const pb::McastRequest *req,
                                           pb::McastResponse *resp) override;
+    grpc::ServerUnaryReactor *AllocDm(grpc::CallbackServerContext *ctx, const pb::AllocDmRequest *req,
+                                      pb::AllocDmResponse *resp) override;
+    grpc::ServerUnaryReactor *FreeDm(grpc::CallbackServerContext *ctx, const pb::FreeDmRequest *req,
+                                     pb::FreeDmResponse *resp) override;
+    grpc::ServerUnaryReactor *RegDmMr(grpc::CallbackServerContext *ctx, const pb::RegDmMrRequest *req,
+                                      pb::RegMrResponse *resp) override;
     grpc::ServerUnaryReactor *CloseXrcd(grpc::CallbackServerContext *ctx, const pb::CloseXrcdRequest *req,
                                         pb::CloseXrcdResponse *resp) override;
     grpc::ServerUnaryReactor *AllocMw(grpc::CallbackServerContext *ctx, const pb::AllocMwRequest *req,

@@ -262,7 +262,11 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
     in.queue_bytes = po.queue_bytes();
     in.driver_state = po.driver().data();
     if (in.kind == ObjectKind::kMr) {
-        RETURN_IF_ERROR(fds.take(po.mr_fd(), &in.mr.fd));
+        // An MR on device memory has no memory of its own (its DM's is in the session's arena):
+        // no fd; any other MR without one fails to map (Broker::adopt).
+        if (!po.mr_fd().empty()) {
+            RETURN_IF_ERROR(fds.take(po.mr_fd(), &in.mr.fd));
+        }
         in.mr.fd_offset = po.mr_offset();
         in.mr.length = po.mr_length();
         in.mr.map_length = po.mr_map_length();

@@ -125,12 +125,30 @@ int noDeallocMw(ibv_mw *) {
     return -EOPNOTSUPP;
 }
 
+ibv_dm *noAllocDm(ibv_context *, const ibv_alloc_dm_attr *, ibv_extend_ops *) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noFreeDm(ibv_dm *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+ibv_mr *noRegDmMr(ibv_pd *, ibv_dm *, uint64_t, size_t, unsigned int) {
+    errno = EOPNOTSUPP;
+    return nullptr;
+}
+int noDmMemory(ibv_dm *, void **, uint64_t *) {
+    errno = EOPNOTSUPP;
+    return -EOPNOTSUPP;
+}
+
 constexpr DeviceVerbs::Ops kDummyOps = {
     noOpen,         noClose,           noAllocPd,       noDeallocPd,    noRegMr,          noDeregMr,
     noModifyQp,     noQueryQp,         noQueryCounters, noQueryDevice,  noQueryPort,      noQueryGid,
     noSetCqEventFd, noSetAsyncEventFd, noExportObject,  noImportObject, noSetPaused,      noResizeCq,
     noReregMr,      noOpenXrcd,        noCloseXrcd,     noCreateXrcSrq, noCreateXrcTgtQp, noGetSrqNum,
-    noMcast,        noMcast,           noAllocMw,       noDeallocMw};
+    noMcast,        noMcast,           noAllocMw,       noDeallocMw,    noAllocDm,        noFreeDm,
+    noRegDmMr,      noDmMemory};
 
 ibv_context *vdevOpen(const DeviceVerbs &self) {
     return self.provider()->open_device(self.name().c_str());
@@ -249,6 +267,12 @@ DeviceVerbs DeviceVerbs::fromOps(const Ops &ops, Convention convention, const ib
         setOp(v.ops_.alloc_mw, ops.alloc_mw);
         setOp(v.ops_.dealloc_mw, ops.dealloc_mw);
     }
+    if (ops.alloc_dm != nullptr && ops.free_dm != nullptr && ops.reg_dm_mr != nullptr) {  // all or none
+        setOp(v.ops_.alloc_dm, ops.alloc_dm);
+        setOp(v.ops_.free_dm, ops.free_dm);
+        setOp(v.ops_.reg_dm_mr, ops.reg_dm_mr);
+        setOp(v.ops_.dm_memory, ops.dm_memory);  // an rdma-core device has none
+    }
     return v;
 }
 
@@ -280,7 +304,11 @@ DeviceVerbs DeviceVerbs::forVirtual(const ibv_extend_vdev_ops *provider, std::st
                provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->attach_mcast : nullptr,
                provider->abi >= IBV_EXTEND_VDEV_ABI_V8 ? provider->detach_mcast : nullptr,
                provider->abi >= IBV_EXTEND_VDEV_ABI_V9 ? provider->alloc_mw : nullptr,
-               provider->abi >= IBV_EXTEND_VDEV_ABI_V9 ? provider->dealloc_mw : nullptr};
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V9 ? provider->dealloc_mw : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->alloc_dm : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->free_dm : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->reg_dm_mr : nullptr,
+               provider->abi >= IBV_EXTEND_VDEV_ABI_V10 ? provider->dm_memory : nullptr};
     return fromOps(ops, Convention::kExtend, provider, nullptr, std::move(name));
 }
 
@@ -302,6 +330,18 @@ int verbsDeallocMw(ibv_mw *mw) {
     return ibv_dealloc_mw(mw);
 }
 
+// libibverbs' device memory (its inline calls through the context's ops); ops are a vdev's.
+ibv_dm *verbsAllocDm(ibv_context *context, const ibv_alloc_dm_attr *attr, ibv_extend_ops *) {
+    ibv_alloc_dm_attr copy = *attr;
+    return ibv_alloc_dm(context, &copy);
+}
+int verbsFreeDm(ibv_dm *dm) {
+    return ibv_free_dm(dm);
+}
+ibv_mr *verbsRegDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access) {
+    return ibv_reg_dm_mr(pd, dm, offset, length, access);
+}
+
 }  // namespace
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
@@ -310,7 +350,8 @@ DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
                verbsQueryPort,   verbsQueryGid,    nullptr,       nullptr,        nullptr,
                nullptr,          nullptr,          nullptr,       nullptr,        nullptr,
                nullptr,          nullptr,          nullptr,       nullptr,        verbsAttachMcast,
-               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw};
+               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw, verbsAllocDm,  verbsFreeDm,
+               verbsRegDmMr,     nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
 }
@@ -466,6 +507,27 @@ ibv_mw *DeviceVerbs::allocMw(ibv_pd *pd, ibv_mw_type type) const {
 int DeviceVerbs::deallocMw(ibv_mw *mw) const {
     errno = 0;
     return result(ops_.dealloc_mw(mw));
+}
+
+ibv_dm *DeviceVerbs::allocDm(ibv_context *context, const ibv_alloc_dm_attr &attr, ibv_extend_ops *ops) const {
+    errno = 0;
+    return ops_.alloc_dm(context, &attr, ops);
+}
+
+int DeviceVerbs::freeDm(ibv_dm *dm) const {
+    errno = 0;
+    return result(ops_.free_dm(dm));
+}
+
+ibv_mr *DeviceVerbs::regDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length,
+                             unsigned int access) const {
+    errno = 0;
+    return ops_.reg_dm_mr(pd, dm, offset, length, access);
+}
+
+int DeviceVerbs::dmMemory(ibv_dm *dm, void **addr, uint64_t *length) const {
+    errno = 0;
+    return ops_.dm_memory(dm, addr, length);
 }
 
 const DeviceVerbs &deviceVerbsFor(const ibv_device *dev) {

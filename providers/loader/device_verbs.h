@@ -65,6 +65,11 @@ class DeviceVerbs {
         // Memory windows (ABI V9): see ibv_extend_vdev.h.
         ibv_mw *(*alloc_mw)(ibv_pd *pd, ibv_mw_type type);
         int (*dealloc_mw)(ibv_mw *mw);
+        // Device memory (ABI V10, all four or none): see ibv_extend_vdev.h.
+        ibv_dm *(*alloc_dm)(ibv_context *context, const ibv_alloc_dm_attr *attr, ibv_extend_ops *ops);
+        int (*free_dm)(ibv_dm *dm);
+        ibv_mr *(*reg_dm_mr)(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access);
+        int (*dm_memory)(ibv_dm *dm, void **addr, uint64_t *length);
     };
     enum class Convention {
         kExtend,      // ibv_extend.h: 0 or a negative errno (vdev providers)
@@ -146,6 +151,14 @@ class DeviceVerbs {
     // device): NULL + errno, 0 or a negative errno; EOPNOTSUPP when the provider has none.
     ibv_mw *allocMw(ibv_pd *pd, ibv_mw_type type) const;
     int deallocMw(ibv_mw *mw) const;
+    // Device memory (a provider's from ABI V10 on; ibv_extend_vdev.h, softnda SPEC.md §17).
+    // Pointer calls NULL + errno, int calls 0 or a negative errno; EOPNOTSUPP when the device has
+    // none. An rdma-core device's go to libibverbs (ops unused), and its memory is not reachable
+    // (dmMemory answers -EOPNOTSUPP), so a broker cannot hand it to a tenant.
+    ibv_dm *allocDm(ibv_context *context, const ibv_alloc_dm_attr &attr, ibv_extend_ops *ops) const;
+    int freeDm(ibv_dm *dm) const;
+    ibv_mr *regDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access) const;
+    int dmMemory(ibv_dm *dm, void **addr, uint64_t *length) const;
 
   private:
     int result(int rc) const;

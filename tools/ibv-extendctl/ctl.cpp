@@ -906,7 +906,7 @@ void addCommands(CLI::App &app, Args *a) {
         ->check(CLI::Range(int64_t{0}, int64_t{4294967295}));
     a->objects->add_option("--device", a->f_device, "Only objects on this device");
     a->objects->add_option("--kind", a->f_kind, "Only this kind")
-        ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq", "ah", "xrcd", "mw"}));
+        ->check(CLI::IsMember({"context", "pd", "mr", "cq", "qp", "srq", "ah", "xrcd", "mw", "dm"}));
     a->objects->add_option("--page-size", a->page_size, page_help);
     a->stats = app.add_subcommand("stats", "Per-method calls, errors and latency; engine counters");
     a->metrics = app.add_subcommand("metrics", "Counters for monitoring (Prometheus text by default)");

@@ -37,6 +37,7 @@ const Option kOptions[] = {
     {"spin_us", 0, 10'000'000, &Config::spin_us, nullptr},
     {"sleep_us", 10, 10'000'000, &Config::sleep_us, nullptr},
     {"futex_waitv", 0, 1, &Config::futex_waitv, nullptr},
+    {"dm_size", 4096, 1ull << 30, nullptr, &Config::dm_size},
 };
 
 }  // namespace

@@ -67,6 +67,7 @@ void fillAttr(Device &d) {
     a.max_inline_data = d.cfg.max_inline_data;
     a.max_msg_sz = d.cfg.max_msg_sz;
     a.max_mr_size = d.cfg.max_mr_size;
+    a.max_dm_size = d.cfg.dm_size;
 }
 
 // Caller holds Registry::mu. Applies a changed configuration while no device is open (devices
@@ -351,6 +352,9 @@ void unregisterXrcd(Xrcd *x) {
 }
 Mw *asMw(ibv_mw *ib) {
     return checked<Mw>(ib, kMagicMw);
+}
+Dm *asDm(ibv_dm *ib) {
+    return checked<Dm>(ib, kMagicDm);
 }
 
 int reserveDbSlot(Context *ctx, ibv_extend_ops *ops, int dma_type, DbSlot *out) {

@@ -9,7 +9,8 @@ namespace softnda {
 
 int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, uint64_t iova, int access) {
     Mr *mr = asMr(ib);
-    if (mr == nullptr || flags == 0 || (flags & ~kReregFlags) != 0) {
+    // A region on device memory is not re-registered (the kernel refuses it too; SPEC.md §17).
+    if (mr == nullptr || mr->dm != nullptr || flags == 0 || (flags & ~kReregFlags) != 0) {
         return -EINVAL;
     }
     Device *dev = mr->pd->ctx->dev;

@@ -59,7 +59,15 @@ struct MrBlob {
     uint32_t key;
     int32_t access;
     uint32_t handle;
-    uint32_t resv;
+    uint32_t on_dm;  // 1: a region on device memory, addr inside the importer's env->dm (SPEC.md §17)
+};
+
+// An allocation of device memory (SPEC.md §17): its range of the region and its memory.
+struct DmBlob {
+    uint64_t mem;  // what ops->alloc returned in the old process
+    uint64_t offset;
+    uint64_t len;
+    uint64_t asked;
 };
 
 struct CqBlob {
@@ -219,7 +227,18 @@ int exportMr(ibv_mr *ib, ibv_extend_vdev_state *out) {
     std::lock_guard<std::mutex> ctl(mr->pd->ctx->dev->ctl);
     put(out, IBV_EXTEND_VDEV_OBJ_MR,
         MrBlob{reinterpret_cast<uintptr_t>(mr->addr), mr->iova, mr->len, mr->key, mr->access, mr->ib.handle,
-               0});
+               mr->dm != nullptr ? 1u : 0u});
+    return 0;
+}
+
+int exportDm(ibv_dm *ib, ibv_extend_vdev_state *out) {
+    Dm *dm = asDm(ib);
+    if (dm == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(dm->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_DM,
+        DmBlob{reinterpret_cast<uintptr_t>(dm->mem), dm->offset, dm->len, dm->asked});
     return 0;
 }
 
@@ -351,6 +370,8 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
             // A window's binding changes in the engine, between the broker's commits: a blob
             // taken at a commit would restore a stale binding, so there is none (SPEC.md §16).
             return -EOPNOTSUPP;
+        case IBV_EXTEND_VDEV_OBJ_DM:
+            return exportDm(static_cast<ibv_dm *>(obj), out);
     }
     return -EINVAL;
 }
@@ -493,8 +514,13 @@ bool claimMrSlot(Device *dev, uint32_t idx) {
 void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     MrBlob m;
     Pd *pd = asPd(env->pd);
-    if (!readBody(IBV_EXTEND_VDEV_OBJ_MR, in, &m) || pd == nullptr || in->fd_cnt != 0 || m.len == 0 ||
-        m.iova + m.len < m.iova || (m.access & ~kKnownAccess) != 0 || m.resv != 0) {
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_MR, in, &m)) {
+        return failNull<void>(EINVAL);
+    }
+    Dm *dm = m.on_dm == 1 ? asDm(env->dm) : nullptr;
+    if (pd == nullptr || in->fd_cnt != 0 || m.len == 0 || m.iova + m.len < m.iova ||
+        (m.access & ~kKnownAccess) != 0 || m.on_dm > 1 ||
+        (m.on_dm == 1 && (dm == nullptr || dm->ctx->dev != pd->ctx->dev))) {
         return failNull<void>(EINVAL);
     }
     Device *dev = pd->ctx->dev;
@@ -502,7 +528,9 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         return failNull<void>(EINVAL);
     }
     auto *addr = static_cast<uint8_t *>(reloc(env, m.addr, m.len));
-    if (addr == nullptr) {
+    // A region on device memory lies inside its allocation's (already relocated) memory.
+    if (addr == nullptr || (dm != nullptr && (addr < dm->mem || m.len > dm->asked ||
+                                              static_cast<uint64_t>(addr - dm->mem) > dm->asked - m.len))) {
         return failNull<void>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
@@ -515,10 +543,35 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     mr->len = m.len;
     mr->access = m.access;
     mr->key = m.key;
+    mr->dm = dm;
     if (!claimMrSlot(dev, m.key >> 8)) {
         return failNull<void>(EINVAL);  // the key is taken in this process
     }
+    if (dm != nullptr) {
+        dm->mrs++;
+    }
     return buildMr(std::move(mr), pd, m.handle);
+}
+
+void *importDm(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    DmBlob b;
+    Context *ctx = asContext(env->context);
+    ibv_extend_ops *ops = env->ops;
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_DM, in, &b) || ctx == nullptr || in->fd_cnt != 0 || ops == nullptr ||
+        ops->alloc == nullptr || ops->free == nullptr || ops->memset_s == nullptr) {
+        return failNull<void>(EINVAL);
+    }
+    auto *mem = static_cast<uint8_t *>(reloc(env, b.mem, b.len));
+    if (mem == nullptr) {
+        return failNull<void>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(ctx->dev->ctl);
+    if (!devicePaused(ctx->dev)) {
+        return failNull<void>(EBUSY);
+    }
+    int err = 0;
+    ibv_dm *dm = buildImportedDm(ctx, ops, mem, b.offset, b.len, b.asked, &err);
+    return dm != nullptr ? static_cast<void *>(dm) : failNull<void>(-err);
 }
 
 void *importCq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -770,6 +823,8 @@ void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in
             return importXrcd(in, env);
         case IBV_EXTEND_VDEV_OBJ_MW:
             return failNull<void>(EOPNOTSUPP);  // never exported (see exportObject)
+        case IBV_EXTEND_VDEV_OBJ_DM:
+            return importDm(in, env);
     }
     return failNull<void>(EINVAL);
 }

@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <shared_mutex>
@@ -61,7 +62,8 @@ struct Config {
     uint32_t engine_threads = 1;
     uint32_t spin_us = 50;
     uint32_t sleep_us = 1000;
-    uint32_t futex_waitv = 1;  // 0: sleep as on a kernel without futex_waitv (see engine.cc)
+    uint32_t futex_waitv = 1;       // 0: sleep as on a kernel without futex_waitv (see engine.cc)
+    uint64_t dm_size = 256 * 1024;  // the device-memory region (SPEC.md §17)
 };
 
 // Applies one key=value; -EINVAL for an unknown key or a value out of range.
@@ -139,10 +141,13 @@ struct Pd {
     uint32_t refs = 0;  // MRs, QPs, SRQs using it (Device::ctl)
 };
 
+struct Dm;
+
 struct Mr {
     ibv_mr ib{};
     uint64_t magic = 0;
     Pd *pd = nullptr;
+    Dm *dm = nullptr;         // a region on device memory (SPEC.md §17): addr is inside dm->mem
     uint8_t *addr = nullptr;  // where the bytes are in this process
     uint64_t iova = 0;        // how work requests address them
     uint64_t len = 0;
@@ -395,6 +400,8 @@ struct Device {
     // The UD QPs that joined a multicast group, by MLID, each once (SPEC.md §11.3); ctl + gate.
     std::unordered_map<uint16_t, std::vector<Qp *>> mcast;
     uint32_t mcast_attached = 0;  // group memberships of all QPs (ctl)
+    // The device-memory region (SPEC.md §17): the ranges allocations hold, offset -> length (ctl).
+    std::map<uint64_t, uint64_t> dm_used;
     uint32_t next_srqn = 1;
 
     uint32_t n_pd = 0, n_mr = 0, n_qp = 0, n_cq = 0, n_srq = 0;  // ctl
@@ -619,6 +626,33 @@ bool invalidateRemote(Device *dev, const Qp *responder, uint32_t rkey, bool appl
 // its QP (type 2) is responder's, and it allows `need`; else nullptr.
 uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint32_t rkey, uint64_t va,
                      uint64_t n, int need);
+// ---- device memory (dm.cc; SPEC.md §17, vdev ABI V10) ----
+// An allocation of the device's region. ib first: the ibv_dm * handed out points here.
+struct Dm {
+    ibv_dm ib{};
+    uint64_t magic = 0;
+    Context *ctx = nullptr;
+    ibv_extend_ops *ops = nullptr;  // the creator's: mem is freed with ops->free
+    uint8_t *mem = nullptr;         // the bytes (ops->alloc of len)
+    uint64_t offset = 0;            // the range of the region it holds: [offset, offset + len)
+    uint64_t len = 0;               // the length asked for, rounded up to kDmUnit
+    uint64_t asked = 0;             // the length asked for: copies and regions stay inside it
+    uint32_t mrs = 0;               // regions registered on it (ctl)
+};
+constexpr uint64_t kDmUnit = 64;
+constexpr uint32_t kDmMaxLogAlign = 12;
+constexpr uint64_t kMagicDm = 0x736f66746e646138ull;
+Dm *asDm(ibv_dm *ib);
+ibv_dm *allocDm(ibv_context *context, const ibv_alloc_dm_attr *attr, ibv_extend_ops *ops);
+int freeDm(ibv_dm *dm);
+ibv_mr *regDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, unsigned int access);
+int dmMemory(ibv_dm *dm, void **addr, uint64_t *length);
+// A DM again (restart.cc): the same range of the region over relocated memory; -errno
+// (-EEXIST: the range is taken). Caller holds Device::ctl.
+ibv_dm *buildImportedDm(Context *ctx, ibv_extend_ops *ops, uint8_t *mem, uint64_t offset, uint64_t len,
+                        uint64_t asked, int *err);
+// Takes a free MR slot and gives mr its key (vdev.cc; caller holds Device::ctl).
+void assignMrKey(Device *dev, Mr *mr);
 
 // ---- XRC (driver.cc; SPEC.md §14, vdev ABI V6) ----
 ibv_xrcd *openXrcd(ibv_context *context);

@@ -43,6 +43,21 @@ int checkMrRange(const Device *dev, const void *addr, size_t length, uint64_t io
     return 0;
 }
 
+void assignMrKey(Device *dev, Mr *mr) {
+    uint32_t idx;
+    if (!dev->free_mr_slots.empty()) {
+        idx = dev->free_mr_slots.back();
+        dev->free_mr_slots.pop_back();
+    } else {
+        idx = static_cast<uint32_t>(dev->mrs.size());
+        dev->gate.lock();
+        dev->mrs.push_back(nullptr);
+        dev->gate.unlock();
+    }
+    // The low byte changes on every registration so a stale key into a reused slot misses.
+    mr->key = (idx << 8) | (++dev->mr_generation & 0xff);
+}
+
 namespace {
 
 ibv_pd *allocPd(ibv_context *context) {
@@ -96,19 +111,9 @@ ibv_mr *regMr(ibv_pd *ib, void *addr, size_t length, uint64_t iova, int access) 
     mr->iova = iova;
     mr->len = length;
     mr->access = access;
-    uint32_t idx;
-    if (!dev->free_mr_slots.empty()) {
-        idx = dev->free_mr_slots.back();
-        dev->free_mr_slots.pop_back();
-    } else {
-        idx = static_cast<uint32_t>(dev->mrs.size());
-        dev->gate.lock();
-        dev->mrs.push_back(nullptr);
-        dev->gate.unlock();
-    }
-    // The low byte changes on every registration so a stale key into a reused slot misses.
-    mr->key = (idx << 8) | (++dev->mr_generation & 0xff);
-    return buildMr(std::move(mr), pd, idx);
+    assignMrKey(dev, mr.get());
+    const uint32_t handle = mr->key >> 8;
+    return buildMr(std::move(mr), pd, handle);
 }
 
 int deregMr(ibv_mr *ib) {
@@ -129,6 +134,9 @@ int deregMr(ibv_mr *ib) {
     dev->gate.unlock();
     dev->free_mr_slots.push_back(idx);
     mr->pd->refs--;
+    if (mr->dm != nullptr) {
+        mr->dm->mrs--;
+    }
     dev->n_mr--;
     mr->pd->ctx->objects--;
     mr->magic = 0;
@@ -587,7 +595,7 @@ int setAsyncEventFd(ibv_context *context, int fd) {
 }  // namespace softnda
 
 extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
-    .abi = IBV_EXTEND_VDEV_ABI_V9,
+    .abi = IBV_EXTEND_VDEV_ABI_V10,
     .provider = SOFTNDA_PROVIDER_NAME,
     .configure = softnda::CEntry<softnda::vdevConfigure>::call,
     .query_devices = softnda::CEntry<softnda::vdevQueryDevices>::call,
@@ -628,4 +636,9 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     // ABI V9: memory windows (SPEC.md §16).
     .alloc_mw = softnda::CEntry<softnda::allocMw>::call,
     .dealloc_mw = softnda::CEntry<softnda::deallocMw>::call,
+    // ABI V10: device memory (SPEC.md §17).
+    .alloc_dm = softnda::CEntry<softnda::allocDm>::call,
+    .free_dm = softnda::CEntry<softnda::freeDm>::call,
+    .reg_dm_mr = softnda::CEntry<softnda::regDmMr>::call,
+    .dm_memory = softnda::CEntry<softnda::dmMemory>::call,
 };

@@ -3,8 +3,10 @@
  * continuous verified RDMA WRITE loop (every completion checked, every value checked at the
  * target) into a CQ resized before it starts and an MR re-registered onto other memory and
  * another PD before it starts (ibv_rereg_mr), a UD address handle made before and destroyed
- * after the restarts (the broker keeps it), and a control call (create + destroy a QP) every
- * 20 ms, through the standard verbs (linked against the system libibverbs; run through
+ * after the restarts (the broker keeps it), device memory (ibv_alloc_dm) holding a pattern copied
+ * in before the restarts and checked after them, with a zero-based MR on it that every 16th
+ * iteration WRITEs into (checked with ibv_memcpy_from_dm), and a control call (create + destroy
+ * a QP) every 20 ms, through the standard verbs (linked against the system libibverbs; run through
  * ibv-extend-run so the face serves it).
  *
  *   restart-tenant DEVICE
@@ -87,6 +89,20 @@ int main(int argc, char **argv) {
     if (ah == NULL) {
         fail("ibv_create_ah", strerror(errno));
     }
+    /* Device memory (softnda SPEC.md §17): its bytes and its MR must come back with each restart. */
+    struct ibv_alloc_dm_attr dm_attr = {.length = 4096};
+    struct ibv_dm *dm = ibv_alloc_dm(ctx, &dm_attr);
+    uint8_t pattern[64], seen[64];
+    for (unsigned k = 0; k < sizeof(pattern); ++k) {
+        pattern[k] = (uint8_t)(k * 7 + 1);
+    }
+    if (dm == NULL || ibv_memcpy_to_dm(dm, 0, pattern, sizeof(pattern)) != 0) {
+        fail("ibv_alloc_dm", strerror(errno));
+    }
+    struct ibv_mr *dm_mr = ibv_reg_dm_mr(pd, dm, 0, 4096, kAccess | IBV_ACCESS_ZERO_BASED);
+    if (dm_mr == NULL) {
+        fail("ibv_reg_dm_mr", strerror(errno));
+    }
     printf("ready qpn=%u,%u\n", a->qp_num, b->qp_num);
     fflush(stdout);
 
@@ -127,6 +143,21 @@ int main(int argc, char **argv) {
                     (unsigned long long)i, ibv_wc_status_str(wc.status), (unsigned long long)wc.wr_id,
                     (unsigned long long)*dst);
         }
+        if ((i & 15) == 0) {  // the same WRITE into device memory, zero-based address 64
+            wr.wr.rdma.remote_addr = 64;
+            wr.wr.rdma.rkey = dm_mr->rkey;
+            if (ibv_post_send(a, &wr, &bad) != 0) {
+                fail("ibv_post_send", strerror(errno));
+            }
+            wc = wait_wc(cq, "WRITE to device memory");
+            uint64_t in_dm = 0;
+            if (wc.status != IBV_WC_SUCCESS || ibv_memcpy_from_dm(&in_dm, dm, 64, 8) != 0 || in_dm != i) {
+                ++failed;
+                fprintf(stderr, "restart-tenant: WR %llu into device memory: status %s, DM holds %llu\n",
+                        (unsigned long long)i, ibv_wc_status_str(wc.status), (unsigned long long)in_dm);
+            }
+            last = now_us();
+        }
         if (t - last_control >= 20000) {
             last_control = t;
             ++control;
@@ -142,6 +173,11 @@ int main(int argc, char **argv) {
             }
         }
     }
+    /* The pattern copied into device memory before the restarts is still there. */
+    if (ibv_memcpy_from_dm(seen, dm, 0, sizeof(seen)) != 0 || memcmp(seen, pattern, sizeof(seen)) != 0) {
+        fprintf(stderr, "restart-tenant: device memory lost its contents\n");
+        ++failed;
+    }
     /* The AH made before the restarts is destroyed by the broker that serves now. */
     if (ibv_destroy_ah(ah) != 0) {
         fprintf(stderr, "restart-tenant: ibv_destroy_ah after the restarts: %s\n", strerror(errno));
@@ -155,6 +191,8 @@ int main(int argc, char **argv) {
     ibv_destroy_qp(b);
     ibv_dereg_mr(smr);
     ibv_dereg_mr(dmr);
+    ibv_dereg_mr(dm_mr);
+    ibv_free_dm(dm);
     ibv_dealloc_pd(other_pd);
     ibv_destroy_cq(cq);
     ibv_destroy_cq(event_cq);

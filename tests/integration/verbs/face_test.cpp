@@ -8,7 +8,7 @@
 //    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), ibv_xsrq_pingpong (XRC, §14), perftest's seven
 //    programs over RC and four over UD and UC, each pair as server and client on this host;
 //  - the pyverbs programs of this directory (RC traffic, ibv_resize_cq, ibv_rereg_mr, parent
-//    domains, completion timestamps, memory windows).
+//    domains, completion timestamps, memory windows, device memory).
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
@@ -565,7 +565,7 @@ TEST_P(FacePyverbs, ProgramSucceeds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs,
-                         ::testing::Values("rc", "resize", "rereg", "domains", "timestamps", "mw"),
+                         ::testing::Values("rc", "resize", "rereg", "domains", "timestamps", "mw", "dm"),
                          [](const auto &info) { return std::string(info.param); });
 
 }  // namespace

@@ -139,7 +139,8 @@ TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
                      Method::kSetAsyncEventFd, Method::kCreateAh,       Method::kDestroyAh,
                      Method::kResizeCq,        Method::kOpenXrcd,       Method::kCloseXrcd,
                      Method::kReregMr,         Method::kAttachMcast,    Method::kDetachMcast,
-                     Method::kAllocMw,         Method::kDeallocMw}) {
+                     Method::kAllocMw,         Method::kDeallocMw,      Method::kAllocDm,
+                     Method::kFreeDm,          Method::kRegDmMr}) {
         EXPECT_TRUE(isMutating(m)) << methodName(m);
     }
     for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,

@@ -296,6 +296,10 @@ const ibv_extend_vdev_ops kClaimingProvider = {
     .detach_mcast = nullptr,
     .alloc_mw = nullptr,
     .dealloc_mw = nullptr,
+    .alloc_dm = nullptr,
+    .free_dm = nullptr,
+    .reg_dm_mr = nullptr,
+    .dm_memory = nullptr,
 };
 const verbs_device_extend_ops kClaimerDriver = {"claimer", nullAlloc, nullptr};
 const verbs_device_extend_ops kAlphaLocalDriver = {"alpha", nullAlloc, nullptr};

@@ -92,7 +92,7 @@ TEST(SoftndaConfig, ForeignObjectsAreRefused) {
     EXPECT_EQ(softnda_ub_resolve(1, 2, 1, 0), nullptr);
     EXPECT_EQ(errno, ENODEV);
     EXPECT_STREQ(softnda_vdev_ops.provider, softnda_driver_ops.name);
-    EXPECT_EQ(softnda_vdev_ops.abi, static_cast<uint32_t>(IBV_EXTEND_VDEV_ABI_V9));
+    EXPECT_EQ(softnda_vdev_ops.abi, static_cast<uint32_t>(IBV_EXTEND_VDEV_ABI_V10));
 }
 
 class Driver : public SoftndaTest {};

@@ -28,6 +28,7 @@ inline void resetConfig() {
         {"max_sge", "29"},      {"max_inline_data", "464"}, {"max_msg_sz", "2147483648"},
         {"phys_port_cnt", "1"}, {"engine_threads", "1"},    {"spin_us", "50"},
         {"sleep_us", "1000"},   {"futex_waitv", "1"},       {"max_mr_size", "1099511627776"},
+        {"dm_size", "262144"},
     };
     for (auto &p : kv) {
         ASSERT_EQ(softnda_vdev_ops.configure(p[0], p[1]), 0) << p[0];

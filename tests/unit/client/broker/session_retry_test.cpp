@@ -90,6 +90,9 @@ static_assert(!kReadOnlyCall<pb::ReregMrRequest>);
 static_assert(!kReadOnlyCall<pb::McastRequest>);  // AttachMcast and DetachMcast
 static_assert(!kReadOnlyCall<pb::AllocMwRequest>);
 static_assert(!kReadOnlyCall<pb::DeallocMwRequest>);
+static_assert(!kReadOnlyCall<pb::AllocDmRequest>);
+static_assert(!kReadOnlyCall<pb::FreeDmRequest>);
+static_assert(!kReadOnlyCall<pb::RegDmMrRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker
