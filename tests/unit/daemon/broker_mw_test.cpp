@@ -3,9 +3,11 @@
 // any MR) at the session's end; bad requests refused with nothing left behind.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/restart/restart_state.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
@@ -132,6 +134,30 @@ TEST_F(BrokerMwTest, AWindowHasNoRestartStateAndIsNotAdopted) {
     ASSERT_EQ(dev->verbs.setPaused(false), 0);
     EXPECT_EQ(held(Quota::kMws), 1u) << "the original's only";
     broker_->endSession(*restored);
+}
+
+// A restart plan counts a session that holds a window as dropped (a restore cannot bring the
+// window back), so `ibv-extendctl restart --require-keep` refuses instead of ending it; once the
+// window is gone the session is kept again.
+TEST_F(BrokerMwTest, ARestartPlanDropsASessionThatHoldsAWindow) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    UniqueFd channel(sv[0]), peer_end(sv[1]);
+    std::shared_ptr<Session> attached;
+    ASSERT_EQ(broker_->attach(session_->token(), {getpid(), getuid(), getgid()}, channel, &attached), 0);
+    RestartState restart(*broker_, FdStoreHooks{});
+    RestartState::Plan before = restart.plan();
+    EXPECT_EQ(before.kept, 1u);
+    EXPECT_EQ(before.dropped, 0u);
+    auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_1);
+    ASSERT_TRUE(w.isOk()) << w.status().toString();
+    RestartState::Plan with_window = restart.plan();
+    EXPECT_EQ(with_window.kept, 0u);
+    EXPECT_EQ(with_window.dropped, 1u);
+    ASSERT_EQ(with_window.dropping_drivers.size(), 1u);
+    EXPECT_EQ(with_window.dropping_drivers[0], "softnda (memory windows)");
+    ASSERT_TRUE(broker_->deallocMw(*session_, w->handle).isOk());
+    EXPECT_EQ(restart.plan().kept, 1u);
 }
 
 }  // namespace
