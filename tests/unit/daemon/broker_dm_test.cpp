@@ -6,7 +6,7 @@
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
-#include "tests/unit/daemon/softnda_devices.h"
+#include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
 namespace {
@@ -14,32 +14,8 @@ namespace {
 constexpr unsigned kDmAccess = IBV_ACCESS_ZERO_BASED | IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
                                IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
 
-class BrokerDmTest : public SoftndaDevicesTest {
+class BrokerDmTest : public SoftndaBrokerTest {
   protected:
-    void SetUp() override {
-        broker_ = std::make_unique<Broker>(Broker::Options{}, devices_);
-        broker_->setRegionSender([this](Session &, std::vector<RegionToSend> &regions) {
-            for (const RegionToSend &r : regions) {
-                sent_.push_back(r.id);
-            }
-            return Status::ok();
-        });
-        session_ = newSession();
-    }
-    void TearDown() override { broker_.reset(); }
-
-    std::shared_ptr<Session> newSession() {
-        PeerIdentity peer;
-        peer.creds = {getpid(), getuid(), getgid()};
-        auto s = broker_->hello(peer, {4, 2, 0}, "unit");
-        EXPECT_TRUE(s.isOk()) << s.status().toString();
-        return *s;
-    }
-
-    uint64_t held(Quota q) {
-        return broker_->quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(q)];
-    }
-
     uint64_t context(Session &s) {
         auto ctx = broker_->openContext(s, "softnda0");
         EXPECT_TRUE(ctx.isOk()) << ctx.status().toString();
@@ -49,10 +25,6 @@ class BrokerDmTest : public SoftndaDevicesTest {
     StatusOr<DmResult> alloc(Session &s, uint64_t ctx, uint64_t length) {
         return broker_->allocDm(s, AllocDmArgs{ctx, length, 0, 0});
     }
-
-    std::unique_ptr<Broker> broker_;
-    std::shared_ptr<Session> session_;
-    std::vector<RegionId> sent_;
 };
 
 TEST_F(BrokerDmTest, AnAllocationIsASessionObjectWithItsBytesInASentRegion) {

@@ -8,32 +8,16 @@
 
 #include "daemon/core/broker.h"
 #include "daemon/restart/restart_state.h"
-#include "tests/unit/daemon/softnda_devices.h"
+#include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
 namespace {
 
-class DestroyLog : public BrokerEvents {
-  public:
-    void objectCreated(const Session &, ObjectKind, uint64_t) override {}
-    void objectDestroyed(const Session &, ObjectKind kind, uint64_t) override {
-        log.push_back(kindName(kind));
-    }
-    void quotaDenied(const PeerIdentity &, uint64_t, const std::string &) override {}
-    std::vector<std::string> log;
-};
-
-class BrokerMwTest : public SoftndaDevicesTest {
+class BrokerMwTest : public SoftndaBrokerTest {
   protected:
     void SetUp() override {
-        broker_ = std::make_unique<Broker>(Broker::Options{}, devices_);
-        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
-        broker_->setEvents(&events_);
-        PeerIdentity peer;
-        peer.creds = {getpid(), getuid(), getgid()};
-        auto s = broker_->hello(peer, {4, 2, 0}, "unit");
-        ASSERT_TRUE(s.isOk()) << s.status().toString();
-        session_ = *s;
+        SoftndaBrokerTest::SetUp();
+        ASSERT_NE(session_, nullptr);
         auto ctx = broker_->openContext(*session_, "softnda0");
         ASSERT_TRUE(ctx.isOk()) << ctx.status().toString();
         ctx_ = ctx->context;
@@ -41,15 +25,6 @@ class BrokerMwTest : public SoftndaDevicesTest {
         ASSERT_TRUE(pd.isOk()) << pd.status().toString();
         pd_ = *pd;
     }
-    void TearDown() override { broker_.reset(); }
-
-    uint64_t held(Quota q) {
-        return broker_->quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(q)];
-    }
-
-    std::unique_ptr<Broker> broker_;
-    DestroyLog events_;
-    std::shared_ptr<Session> session_;
     uint64_t ctx_ = 0, pd_ = 0;
 };
 

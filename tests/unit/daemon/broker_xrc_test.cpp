@@ -8,43 +8,13 @@
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
-#include "tests/unit/daemon/softnda_devices.h"
+#include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
 namespace {
 
-class DestroyLog : public BrokerEvents {
-  public:
-    void objectCreated(const Session &, ObjectKind, uint64_t) override {}
-    void objectDestroyed(const Session &, ObjectKind kind, uint64_t) override {
-        log.push_back(kindName(kind));
-    }
-    void quotaDenied(const PeerIdentity &, uint64_t, const std::string &) override {}
-    std::vector<std::string> log;
-};
-
-class BrokerXrcTest : public SoftndaDevicesTest {
+class BrokerXrcTest : public SoftndaBrokerTest {
   protected:
-    void SetUp() override {
-        broker_ = std::make_unique<Broker>(Broker::Options{}, devices_);
-        broker_->setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
-        broker_->setEvents(&events_);
-        session_ = newSession();
-    }
-    void TearDown() override { broker_.reset(); }
-
-    std::shared_ptr<Session> newSession() {
-        PeerIdentity peer;
-        peer.creds = {getpid(), getuid(), getgid()};
-        auto s = broker_->hello(peer, {4, 2, 0}, "unit");
-        EXPECT_TRUE(s.isOk()) << s.status().toString();
-        return *s;
-    }
-
-    uint64_t held(Quota q) {
-        return broker_->quotas().usage(QuotaScope::kUid, getuid())[static_cast<size_t>(q)];
-    }
-
     // A context, PD, CQ and XRC domain on softnda0.
     struct Base {
         uint64_t ctx = 0, pd = 0, cq = 0, xrcd = 0;
@@ -110,10 +80,6 @@ class BrokerXrcTest : public SoftndaDevicesTest {
         return x != nullptr ? x->xrcd : nullptr;
     }
     Device *softnda0() { return devices_->find("softnda0"); }
-
-    std::unique_ptr<Broker> broker_;
-    std::shared_ptr<Session> session_;
-    DestroyLog events_;
 };
 
 // A temporary file, unlinked at once (the open fd keeps its inode, which keys the domain).
