@@ -38,10 +38,10 @@ extern "C" {
 #define IBV_EXTEND_VDEV_ABI_V3 3
 #define IBV_EXTEND_VDEV_ABI_V4 4
 #define IBV_EXTEND_VDEV_ABI_V5 5
-#define IBV_EXTEND_VDEV_ABI_V6 6 /* XRC: the entries of "XRC (ABI V6)" below */
-#define IBV_EXTEND_VDEV_ABI_V7 7 /* resize_cq, rereg_mr */
-#define IBV_EXTEND_VDEV_ABI_V8 8 /* attach_mcast, detach_mcast */
-#define IBV_EXTEND_VDEV_ABI_V9 9 /* alloc_mw, dealloc_mw */
+#define IBV_EXTEND_VDEV_ABI_V6 6   /* XRC: the entries of "XRC (ABI V6)" below */
+#define IBV_EXTEND_VDEV_ABI_V7 7   /* resize_cq, rereg_mr */
+#define IBV_EXTEND_VDEV_ABI_V8 8   /* attach_mcast, detach_mcast */
+#define IBV_EXTEND_VDEV_ABI_V9 9   /* alloc_mw, dealloc_mw */
 #define IBV_EXTEND_VDEV_ABI_V10 10 /* device memory: alloc_dm, free_dm, reg_dm_mr, dm_memory */
 #define IBV_EXTEND_VDEV_ABI_MAX IBV_EXTEND_VDEV_ABI_V10
 #define IBV_EXTEND_VDEV_NAME_MAX 64

@@ -122,9 +122,9 @@ size_t destroyLeftovers(ShadowContext *c) {
     using broker::ShadowKind;
     size_t left = 0;
     dropDomains(c);  // no broker object behind them; their PDs can then go
-    for (ShadowKind kind : {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq,
-                            ShadowKind::kMw, ShadowKind::kMr, ShadowKind::kDm, ShadowKind::kXrcd,
-                            ShadowKind::kPd}) {
+    for (ShadowKind kind :
+         {ShadowKind::kAh, ShadowKind::kQp, ShadowKind::kSrq, ShadowKind::kCq, ShadowKind::kMw,
+          ShadowKind::kMr, ShadowKind::kDm, ShadowKind::kXrcd, ShadowKind::kPd}) {
         for (void *o : broker::shadowsOf(c, kind)) {
             ++left;
             switch (kind) {

@@ -36,10 +36,9 @@ const char *kindName(ObjectKind kind);
 // Parents first: an object uses only objects of kinds that come before its own here. A restore
 // makes a session's objects in this order; a teardown destroys them in the reverse one.
 // Windows come after MRs: a window bound to an MR keeps it busy, so windows go first.
-inline constexpr ObjectKind kParentsFirst[] = {ObjectKind::kContext, ObjectKind::kPd,  ObjectKind::kXrcd,
-                                               ObjectKind::kAh,      ObjectKind::kDm,  ObjectKind::kMr,
-                                               ObjectKind::kMw,      ObjectKind::kCq,  ObjectKind::kSrq,
-                                               ObjectKind::kQp};
+inline constexpr ObjectKind kParentsFirst[] = {
+    ObjectKind::kContext, ObjectKind::kPd, ObjectKind::kXrcd, ObjectKind::kAh,  ObjectKind::kDm,
+    ObjectKind::kMr,      ObjectKind::kMw, ObjectKind::kCq,   ObjectKind::kSrq, ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
 

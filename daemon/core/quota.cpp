@@ -10,10 +10,9 @@ namespace ibvx::daemon {
 
 namespace {
 
-const char *const kNames[] = {"contexts",  "pds",     "mrs",         "mr_bytes", "cqs",
-                              "qps",       "srqs",    "queue_bytes", "sessions", "ahs",
-                              "event_fds", "replies", "state_bytes", "xrcds",    "mws",
-                              "dm_bytes"};
+const char *const kNames[] = {"contexts",    "pds",         "mrs",      "mr_bytes", "cqs",       "qps",
+                              "srqs",        "queue_bytes", "sessions", "ahs",      "event_fds", "replies",
+                              "state_bytes", "xrcds",       "mws",      "dm_bytes"};
 static_assert(std::size(kNames) == kQuotaCount);
 
 std::string limitText(uint64_t v) {

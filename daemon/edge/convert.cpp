@@ -28,16 +28,12 @@ Status checkFeatureRange(const pb::HyroceFeature &in) {
 }
 
 constexpr std::pair<ObjectKind, pb::ObjectKind> kObjectKinds[] = {
-    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT},
-    {ObjectKind::kPd, pb::OBJECT_KIND_PD},
-    {ObjectKind::kMr, pb::OBJECT_KIND_MR},
-    {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
-    {ObjectKind::kQp, pb::OBJECT_KIND_QP},
-    {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
-    {ObjectKind::kAh, pb::OBJECT_KIND_AH},
-    {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD},
-    {ObjectKind::kMw, pb::OBJECT_KIND_MW},
-    {ObjectKind::kDm, pb::OBJECT_KIND_DM}};
+    {ObjectKind::kContext, pb::OBJECT_KIND_CONTEXT}, {ObjectKind::kPd, pb::OBJECT_KIND_PD},
+    {ObjectKind::kMr, pb::OBJECT_KIND_MR},           {ObjectKind::kCq, pb::OBJECT_KIND_CQ},
+    {ObjectKind::kQp, pb::OBJECT_KIND_QP},           {ObjectKind::kSrq, pb::OBJECT_KIND_SRQ},
+    {ObjectKind::kAh, pb::OBJECT_KIND_AH},           {ObjectKind::kXrcd, pb::OBJECT_KIND_XRCD},
+    {ObjectKind::kMw, pb::OBJECT_KIND_MW},           {ObjectKind::kDm, pb::OBJECT_KIND_DM},
+};
 
 void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_qp_num(in.qp_num);

@@ -345,12 +345,12 @@ ibv_mr *verbsRegDmMr(ibv_pd *pd, ibv_dm *dm, uint64_t offset, size_t length, uns
 }  // namespace
 
 DeviceVerbs DeviceVerbs::forVerbs(ibv_device *device) {
-    Ops ops = {verbsOpen,        ibv_close_device, ibv_alloc_pd,  ibv_dealloc_pd, verbsRegMr,
-               ibv_dereg_mr,     ibv_modify_qp,    ibv_query_qp,  nullptr,        ibv_query_device,
-               verbsQueryPort,   verbsQueryGid,    nullptr,       nullptr,        nullptr,
-               nullptr,          nullptr,          nullptr,       nullptr,        nullptr,
-               nullptr,          nullptr,          nullptr,       nullptr,        verbsAttachMcast,
-               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw, verbsAllocDm,  verbsFreeDm,
+    Ops ops = {verbsOpen,        ibv_close_device, ibv_alloc_pd,   ibv_dealloc_pd, verbsRegMr,
+               ibv_dereg_mr,     ibv_modify_qp,    ibv_query_qp,   nullptr,        ibv_query_device,
+               verbsQueryPort,   verbsQueryGid,    nullptr,        nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,        nullptr,        nullptr,
+               nullptr,          nullptr,          nullptr,        nullptr,        verbsAttachMcast,
+               verbsDetachMcast, verbsAllocMw,     verbsDeallocMw, verbsAllocDm,   verbsFreeDm,
                verbsRegDmMr,     nullptr};
     return fromOps(ops, Convention::kLibibverbs, nullptr, device,
                    device != nullptr ? ibv_get_device_name(device) : "");
