@@ -5,7 +5,6 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
-#include <strings.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -36,6 +35,17 @@ void PrepareFork();
 void PostforkParent();
 void PostforkChild();
 }  // namespace grpc_event_engine::experimental
+
+// gRPC's fork support switch (libgpr exports it; no installed header declares it). The
+// GRPC_ENABLE_FORK_SUPPORT variable is read when libgpr loads, before any code of ours runs, so
+// setting it later changes nothing: Fork::Enable is what a library can still turn on.
+namespace grpc_core {
+class Fork {
+  public:
+    static void Enable(bool enable);
+    static bool Enabled();
+};
+}  // namespace grpc_core
 
 namespace ibvx::client::broker {
 namespace {
@@ -295,14 +305,20 @@ void prepareGrpcForFork() {
         // before it (a program that initialised gRPC itself keeps its own choice).
         const bool ours = !grpc_is_initialized();
         if (ours) {
-            setenv("GRPC_ENABLE_FORK_SUPPORT", "true", 0);
-            setenv("GRPC_POLL_STRATEGY", "poll", 0);
+            setenv("GRPC_POLL_STRATEGY", "poll", 0);  // read at gRPC's initialisation
+            // The fork support switch is read earlier, when libgpr loads (see grpc_core::Fork
+            // above): a program that set GRPC_ENABLE_FORK_SUPPORT keeps its choice, otherwise we
+            // turn it on. Without it grpc_prefork stops no thread, and a child inherits locks
+            // held by the parent's gRPC threads at fork(): the chaos soak's forked children hung
+            // in their first call (CI, stop 34).
+            if (getenv("GRPC_ENABLE_FORK_SUPPORT") == nullptr) {
+                grpc_core::Fork::Enable(true);
+            }
         }
         pthread_atfork(nullptr, nullptr, silenceParentConnections);
         // gRPC's handlers only with its fork support on: grpc_prefork complains on every fork
         // otherwise. With it off (the program's choice), gRPC's own rules hold for children.
-        const char *v = getenv("GRPC_ENABLE_FORK_SUPPORT");
-        if (ours && v != nullptr && (strcasecmp(v, "true") == 0 || strcmp(v, "1") == 0)) {
+        if (ours && grpc_core::Fork::Enabled()) {
             pthread_atfork(grpc_prefork, grpc_postfork_parent, grpc_postfork_child);
             pthread_atfork(grpc_event_engine::experimental::PrepareFork,
                            grpc_event_engine::experimental::PostforkParent,
