@@ -375,6 +375,8 @@ class Soak {
 };
 
 TEST(ChaosSoak, NothingLostThroughKillsRestartsCorruptFramesAndGarbage) {
+    // Each "soak:" line as it happens: what ctest shows of a run it had to kill.
+    setvbuf(stdout, nullptr, _IOLBF, 0);
     Soak soak;
     soak.run();
 }

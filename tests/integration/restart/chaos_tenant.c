@@ -24,6 +24,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +36,7 @@
 static const char *rc_prog = "chaos-tenant";
 #include "../verbs/rc_helpers.h"
 
-enum { kBuf = 4096, kRecvSlots = 4, kRecvSize = 256, kCqeWaitS = 20 };
+enum { kBuf = 4096, kRecvSlots = 4, kRecvSize = 256, kCqeWaitS = 20, kChildWaitS = 30 };
 
 static uint64_t rng_state;
 static uint64_t next_rand(void) { /* xorshift64*: the run is the seed's */
@@ -281,6 +282,35 @@ static void churn(struct pair *p) {
     }
 }
 
+/* Waits up to kChildWaitS for the forked child, which takes well under a second (each of its
+ * calls retries across restarts for 10 s at most). One still there hangs: a failure, reported
+ * with where each of its threads sleeps, and it is killed, so the tenant still ends with a
+ * "done" line the soak reads. */
+static int wait_child(pid_t pid, int *status) {
+    for (int waited_ms = 0; waited_ms < kChildWaitS * 1000; waited_ms += 10) {
+        pid_t r = waitpid(pid, status, WNOHANG);
+        if (r == pid) {
+            return 1;
+        }
+        if (r < 0 && errno != EINTR) {
+            FAILURE("forked child: waitpid: %s", strerror(errno));
+            return 0;
+        }
+        struct timespec ten_ms = {0, 10 * 1000 * 1000};
+        nanosleep(&ten_ms, NULL);
+    }
+    FAILURE("forked child %d hangs after %d s; its threads wait in:", (int)pid, (int)kChildWaitS);
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "grep -H . /proc/%d/task/*/wchan /proc/%d/task/*/comm >&2", (int)pid,
+             (int)pid);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "chaos-tenant: (its /proc entries could not be read)\n");
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, status, 0);
+    return 0;
+}
+
 /* A child that opens the device (a session of its own) and registers memory, then exits. */
 static void fork_child(const char *device) {
     pid_t pid = fork();
@@ -301,7 +331,10 @@ static void fork_child(const char *device) {
         _exit(ok ? 0 : 1);
     }
     int status = 0;
-    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) > 2) {
+    if (pid > 0 && !wait_child(pid, &status)) {
+        return;
+    }
+    if (pid < 0 || !WIFEXITED(status) || WEXITSTATUS(status) > 2) {
         FAILURE("forked child registering memory: status %d", status);
     } else if (WEXITSTATUS(status) == 2) {
         ++fork_no_session;

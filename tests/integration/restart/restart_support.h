@@ -8,11 +8,13 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -29,6 +31,72 @@
 namespace ibvx::test {
 
 using namespace std::chrono_literals;
+
+// Lines from a child's pipe, each read within a budget: a child that hangs fails the test with
+// what it printed instead of holding the test until ctest's timeout kills it, silently.
+class LineReader {
+  public:
+    LineReader() = default;
+    explicit LineReader(int fd) : fd_(fd) {}
+    LineReader(const LineReader &) = delete;
+    LineReader &operator=(const LineReader &) = delete;
+    ~LineReader() {
+        if (fd_ >= 0) {
+            close(fd_);
+        }
+    }
+    // The next line starting with prefix; every line read is appended to *kept. "" at EOF or when
+    // the budget ran out (timedOut() says which).
+    std::string next(const std::string &prefix, std::string *kept, std::chrono::milliseconds budget) {
+        const auto deadline = std::chrono::steady_clock::now() + budget;
+        timed_out_ = false;
+        for (;;) {
+            for (size_t nl; (nl = buf_.find('\n')) != std::string::npos;) {
+                std::string line = buf_.substr(0, nl + 1);
+                buf_.erase(0, nl + 1);
+                *kept += line;
+                if (line.rfind(prefix, 0) == 0) {
+                    return line;
+                }
+            }
+            if (fd_ < 0) {
+                return "";
+            }
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
+            pollfd p{fd_, POLLIN, 0};
+            const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
+            if (ready < 0 && errno == EINTR) {
+                continue;
+            }
+            if (ready <= 0) {
+                timed_out_ = ready == 0;
+                return "";
+            }
+            char chunk[4096];
+            const ssize_t n = ::read(fd_, chunk, sizeof(chunk));
+            if (n < 0 && errno == EINTR) {
+                continue;
+            }
+            if (n <= 0) {
+                close(fd_);
+                fd_ = -1;
+                continue;  // lines already read still count; then EOF
+            }
+            buf_.append(chunk, static_cast<size_t>(n));
+        }
+    }
+    bool timedOut() const { return timed_out_; }
+
+  private:
+    int fd_ = -1;
+    std::string buf_;
+    bool timed_out_ = false;
+};
+
+// How long a child may take to print the line a test waits for. A loaded CI machine restarts a
+// broker in seconds; a minute means the child hangs.
+inline constexpr std::chrono::milliseconds kLineBudget = 60s;
 
 // A tenant process (restart-tenant unless program says otherwise, through ibv-extend-run) with a
 // pipe on stdin (closed to stop it) and one on stdout (read by line).
@@ -79,7 +147,7 @@ class Tenant {
         close(in[0]);
         close(out[1]);
         in_ = in[1];
-        out_ = fdopen(out[0], "r");
+        out_ = std::make_unique<LineReader>(out[0]);
     }
     ~Tenant() {
         if (in_ >= 0) {
@@ -89,22 +157,20 @@ class Tenant {
             kill(pid_, SIGKILL);
             waitpid(pid_, nullptr, 0);
         }
-        if (out_ != nullptr) {
-            fclose(out_);
-        }
     }
     pid_t pid() const { return pid_; }
-    // The next stdout line starting with prefix ("" at EOF); other lines are kept in lines().
-    std::string lineStarting(const std::string &prefix) {
-        char buf[512];
-        while (out_ != nullptr && fgets(buf, sizeof(buf), out_) != nullptr) {
-            std::string line(buf);
-            lines_ += line;
-            if (line.rfind(prefix, 0) == 0) {
-                return line;
-            }
+    // The next stdout line starting with prefix ("" at EOF, or after budget with no such line:
+    // lines() then ends with a note); every line is kept in lines().
+    std::string lineStarting(const std::string &prefix, std::chrono::milliseconds budget = kLineBudget) {
+        if (out_ == nullptr) {
+            return "";
         }
-        return "";
+        std::string line = out_->next(prefix, &lines_, budget);
+        if (out_->timedOut()) {
+            lines_ += "[no line starting '" + prefix + "' within " + std::to_string(budget.count()) +
+                      " ms: the tenant hangs]\n";
+        }
+        return line;
     }
     // Closes stdin (the tenant stops) and returns its "done" line.
     std::string finish() {
@@ -112,9 +178,20 @@ class Tenant {
         in_ = -1;
         return lineStarting("done ");
     }
-    int wait() {
+    // Its exit code (128 + signal if killed). One that has not exited within budget is killed
+    // (the code then says SIGKILL) and lines() says it hung.
+    int wait(std::chrono::milliseconds budget = kLineBudget) {
         int status = 0;
-        waitpid(pid_, &status, 0);
+        const auto deadline = std::chrono::steady_clock::now() + budget;
+        while (waitpid(pid_, &status, WNOHANG) == 0) {
+            if (std::chrono::steady_clock::now() >= deadline) {
+                lines_ += "[not exited within " + std::to_string(budget.count()) + " ms: killed]\n";
+                kill(pid_, SIGKILL);
+                waitpid(pid_, &status, 0);
+                break;
+            }
+            std::this_thread::sleep_for(10ms);
+        }
         reaped_ = true;
         return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     }
@@ -137,7 +214,7 @@ class Tenant {
   private:
     pid_t pid_ = -1;
     int in_ = -1;
-    FILE *out_ = nullptr;
+    std::unique_ptr<LineReader> out_;
     bool reaped_ = false;
     std::string lines_;
 };
@@ -384,7 +461,7 @@ class StoreBroker {
         close(in[0]);
         close(out[1]);
         control_ = in[1];
-        events_ = fdopen(out[0], "r");
+        events_ = std::make_unique<LineReader>(out[0]);
     }
     ~StoreBroker() {
         if (control_ >= 0) {
@@ -393,9 +470,7 @@ class StoreBroker {
         if (pid_ > 0) {
             waitpid(pid_, nullptr, 0);
         }
-        if (events_ != nullptr) {
-            fclose(events_);
-        }
+        events_.reset();
         std::string cmd = "rm -rf " + dir_;
         (void)!system(cmd.c_str());
     }
@@ -403,12 +478,25 @@ class StoreBroker {
         std::string l = line + "\n";
         ASSERT_EQ(write(control_, l.data(), l.size()), static_cast<ssize_t>(l.size()));
     }
-    // The next harness event starting with prefix ("" when the harness ended).
-    std::string waitFor(const std::string &prefix) {
-        char buf[1024];
-        while (events_ != nullptr && fgets(buf, sizeof(buf), events_) != nullptr) {
-            std::string line(buf);
-            seen_ += line;
+    // The next harness event starting with prefix ("" when the harness ended, or after budget
+    // with no such event: seen() then ends with a note).
+    std::string waitFor(const std::string &prefix, std::chrono::milliseconds budget = kLineBudget) {
+        if (events_ == nullptr) {
+            return "";
+        }
+        const auto deadline = std::chrono::steady_clock::now() + budget;
+        for (;;) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - std::chrono::steady_clock::now());
+            // One line at a time: a "ready" line on the way names the broker's pid.
+            std::string line = events_->next("", &seen_, std::max(left, std::chrono::milliseconds(0)));
+            if (line.empty()) {
+                if (events_->timedOut()) {
+                    seen_ += "[no harness event '" + prefix + "' within " + std::to_string(budget.count()) +
+                             " ms]\n";
+                }
+                return "";
+            }
             if (line.rfind("ready pid=", 0) == 0) {
                 service_pid_ = std::atoi(line.c_str() + 10);
             }
@@ -416,7 +504,6 @@ class StoreBroker {
                 return line;
             }
         }
-        return "";
     }
     const std::string &socket() const { return socket_; }
     std::string log() const { return slurp(dir_ + "/log"); }
@@ -431,7 +518,7 @@ class StoreBroker {
     std::string dir_, socket_, seen_;
     pid_t pid_ = -1, service_pid_ = -1;
     int control_ = -1;
-    FILE *events_ = nullptr;
+    std::unique_ptr<LineReader> events_;
 };
 
 }  // namespace ibvx::test
