@@ -71,29 +71,12 @@ TEST_F(BrokerMwTest, TheSessionsEndFreesWindowsBeforeTheirPd) {
 TEST_F(BrokerMwTest, AWindowHasNoRestartStateAndIsNotAdopted) {
     auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
     ASSERT_TRUE(w.isOk()) << w.status().toString();
-    auto exported = [&](uint64_t handle, Status *st) {
-        auto hold = session_->hold();
-        *st = broker_->exportObject(*session_, handle);
-        const Object *o = session_->object(handle);
-        ObjectImport in;
-        in.handle = handle;
-        in.kind = o->kind;
-        for (const Object *u : o->uses) {
-            in.uses.push_back(u->handle);
-        }
-        in.device = o->device()->info.name;
-        in.driver_state = o->driver_state;
-        for (const UniqueFd &fd : o->driver_fds) {
-            in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-        }
-        return in;
-    };
     Status st;
-    ObjectImport ctx_in = exported(ctx_, &st);
+    ObjectImport ctx_in = exportedForRestore(*broker_, *session_, ctx_, &st);
     ASSERT_TRUE(st.isOk()) << st.toString();
-    ObjectImport pd_in = exported(pd_, &st);
+    ObjectImport pd_in = exportedForRestore(*broker_, *session_, pd_, &st);
     ASSERT_TRUE(st.isOk()) << st.toString();
-    ObjectImport mw_in = exported(w->handle, &st);
+    ObjectImport mw_in = exportedForRestore(*broker_, *session_, w->handle, &st);
     EXPECT_EQ(st.errnoValue(), EOPNOTSUPP) << st.toString();
     EXPECT_TRUE(mw_in.driver_state.empty());
     PeerIdentity peer;

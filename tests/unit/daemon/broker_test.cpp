@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "providers/loader/loader.h"
+#include "tests/unit/daemon/softnda_broker.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
@@ -581,37 +582,13 @@ TEST_F(BrokerTest, OnlyAV5VdevProviderDeclaresGuarantees) {
     EXPECT_FALSE(threadSafeAcrossContexts(nullptr));
 }
 
-// What a commit exports of an object and a restore gives Broker::adopt(): the object as the
-// driver exported it, with its handle and the handles it uses.
-ObjectImport exported(Broker &broker, Session &s, uint64_t handle) {
-    auto held = s.hold();
-    ObjectImport in;
-    EXPECT_TRUE(broker.exportObject(s, handle).isOk());
-    const Object *o = s.object(handle);
-    if (o == nullptr) {
-        ADD_FAILURE() << "no object " << handle;
-        return in;
-    }
-    in.handle = handle;
-    in.kind = o->kind;
-    for (const Object *u : o->uses) {
-        in.uses.push_back(u->handle);
-    }
-    in.device = o->device()->info.name;
-    in.driver_state = o->driver_state;
-    for (const UniqueFd &fd : o->driver_fds) {
-        in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-    }
-    return in;
-}
-
 // A commit costs what a call changed: a new child touches its parents, and a parent whose
 // export did not change keeps its state and fds (the new duplicates are closed), so the commit
 // does not log it again.
 TEST_F(BrokerTest, AParentIsLoggedAgainOnlyWhenItsExportChanged) {
     auto ctx = broker_->openContext(*session_, "softnda0");
     ASSERT_TRUE(ctx.isOk());
-    ObjectImport first = exported(*broker_, *session_, ctx->context);
+    ObjectImport first = exportedForRestore(*broker_, *session_, ctx->context);
     ASSERT_TRUE(broker_->allocPd(*session_, ctx->context).isOk());
     auto held = session_->hold();
     SessionChanges changes = session_->takeChanges();
@@ -640,8 +617,8 @@ TEST_F(BrokerTest, AdoptMakesExportedObjectsAgainUnderTheirHandles) {
     ASSERT_TRUE(ctx.isOk());
     auto pd = broker_->allocPd(*session_, ctx->context);
     ASSERT_TRUE(pd.isOk());
-    ObjectImport ctx_in = exported(*broker_, *session_, ctx->context);
-    ObjectImport pd_in = exported(*broker_, *session_, *pd);
+    ObjectImport ctx_in = exportedForRestore(*broker_, *session_, ctx->context);
+    ObjectImport pd_in = exportedForRestore(*broker_, *session_, *pd);
     EXPECT_FALSE(ctx_in.driver_state.empty());
     EXPECT_FALSE(pd_in.driver_state.empty());
     {
@@ -828,9 +805,9 @@ TEST_F(BrokerTest, AdoptMakesAnAddressHandleAgainFromItsAttributes) {
     attr.sl = 3;
     auto ah = broker_->createAh(*session_, *pd, attr);
     ASSERT_TRUE(ah.isOk());
-    ObjectImport ctx_in = exported(*broker_, *session_, ctx->context);
-    ObjectImport pd_in = exported(*broker_, *session_, *pd);
-    ObjectImport ah_in = exported(*broker_, *session_, *ah);
+    ObjectImport ctx_in = exportedForRestore(*broker_, *session_, ctx->context);
+    ObjectImport pd_in = exportedForRestore(*broker_, *session_, *pd);
+    ObjectImport ah_in = exportedForRestore(*broker_, *session_, *ah);
     EXPECT_TRUE(ah_in.driver_state.empty());
     ah_in.ah = attr;  // what its record carries (daemon/restart)
     ah_in.quota[static_cast<size_t>(Quota::kAhs)] = 1;

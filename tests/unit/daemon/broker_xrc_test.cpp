@@ -221,25 +221,8 @@ TEST_F(BrokerXrcTest, AdoptMakesADomainAgain) {
     ASSERT_TRUE(ctx.isOk());
     auto xrcd = broker_->openXrcd(*session_, {ctx->context, 0, O_CREAT});
     ASSERT_TRUE(xrcd.isOk()) << xrcd.status().toString();
-    auto exported = [&](uint64_t handle) {
-        auto hold = session_->hold();
-        ObjectImport in;
-        EXPECT_TRUE(broker_->exportObject(*session_, handle).isOk());
-        const Object *o = session_->object(handle);
-        in.handle = handle;
-        in.kind = o->kind;
-        for (const Object *u : o->uses) {
-            in.uses.push_back(u->handle);
-        }
-        in.device = o->device()->info.name;
-        in.driver_state = o->driver_state;
-        for (const UniqueFd &fd : o->driver_fds) {
-            in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
-        }
-        return in;
-    };
-    ObjectImport ctx_in = exported(ctx->context);
-    ObjectImport xrcd_in = exported(*xrcd);
+    ObjectImport ctx_in = exportedForRestore(*broker_, *session_, ctx->context);
+    ObjectImport xrcd_in = exportedForRestore(*broker_, *session_, *xrcd);
     EXPECT_FALSE(xrcd_in.driver_state.empty()) << "softnda exports a domain";
     xrcd_in.quota[static_cast<size_t>(Quota::kXrcds)] = 1;
     auto restored = newSession();
@@ -371,28 +354,11 @@ TEST_F(BrokerXrcTest, AdoptBringsASharedDomainBackOnce) {
     auto ha = openShared(*session_, ctx_a->context, file.fd(), O_CREAT);
     auto hb = openShared(*other, ctx_b->context, file.fd(), 0);
     ASSERT_TRUE(ha.isOk() && hb.isOk());
-    auto exported = [&](Session &s, uint64_t handle) {
-        auto hold = s.hold();
-        ObjectImport in;
-        EXPECT_TRUE(broker_->exportObject(s, handle).isOk());
-        const Object *o = s.object(handle);
-        in.handle = handle;
-        in.kind = o->kind;
-        for (const Object *u : o->uses) {
-            in.uses.push_back(u->handle);
-        }
-        in.device = o->device()->info.name;
-        in.driver_state = o->driver_state;
-        if (o->kind == ObjectKind::kXrcd) {
-            in.xrcd_file.reset(::fcntl(static_cast<const XrcdObject *>(o)->file.get(), F_DUPFD_CLOEXEC, 0));
-        }
-        return in;
-    };
     std::vector<ObjectImport> a_in, b_in;
-    a_in.push_back(exported(*session_, ctx_a->context));
-    a_in.push_back(exported(*session_, *ha));
-    b_in.push_back(exported(*other, ctx_b->context));
-    b_in.push_back(exported(*other, *hb));
+    a_in.push_back(exportedForRestore(*broker_, *session_, ctx_a->context));
+    a_in.push_back(exportedForRestore(*broker_, *session_, *ha));
+    b_in.push_back(exportedForRestore(*broker_, *other, ctx_b->context));
+    b_in.push_back(exportedForRestore(*broker_, *other, *hb));
     ASSERT_TRUE(a_in[1].xrcd_file) << "a shared handle keeps its file";
     broker_->endSession(session_);
     broker_->endSession(other);  // the domain is closed: the restore must make it again

@@ -3,6 +3,8 @@
 // tenant's quota usage.
 #pragma once
 
+#include <fcntl.h>
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <memory>
@@ -24,6 +26,43 @@ class DestroyLog : public BrokerEvents {
     void quotaDenied(const PeerIdentity &, uint64_t, const std::string &) override {}
     std::vector<std::string> log;
 };
+
+// What a commit exports of an object and a restore gives Broker::adopt(): the object as the
+// driver exported it, with its handle, the handles it uses, duplicates of its driver fds and of a
+// shared XRC domain's file. *export_status receives the export's status when given; otherwise an
+// export that fails is a test failure.
+inline ObjectImport exportedForRestore(Broker &broker, Session &s, uint64_t handle,
+                                       Status *export_status = nullptr) {
+    auto held = s.hold();
+    ObjectImport in;
+    Status st = broker.exportObject(s, handle);
+    if (export_status != nullptr) {
+        *export_status = st;
+    } else {
+        EXPECT_TRUE(st.isOk()) << st.toString();
+    }
+    const Object *o = s.object(handle);
+    if (o == nullptr) {
+        ADD_FAILURE() << "no object " << handle;
+        return in;
+    }
+    in.handle = handle;
+    in.kind = o->kind;
+    for (const Object *u : o->uses) {
+        in.uses.push_back(u->handle);
+    }
+    in.device = o->device()->info.name;
+    in.driver_state = o->driver_state;
+    for (const UniqueFd &fd : o->driver_fds) {
+        in.driver_fds.emplace_back(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0));
+    }
+    if (o->kind == ObjectKind::kXrcd) {
+        if (const UniqueFd &file = static_cast<const XrcdObject *>(o)->file; file) {
+            in.xrcd_file.reset(::fcntl(file.get(), F_DUPFD_CLOEXEC, 0));
+        }
+    }
+    return in;
+}
 
 class SoftndaBrokerTest : public SoftndaDevicesTest {
   protected:
