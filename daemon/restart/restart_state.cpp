@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "common/build_config.h"
+#include "daemon/core/fault_hooks.h"
 #include "daemon/core/mapping.h"
 #include "daemon/core/objects.h"
 #include "daemon/restart/state_records.h"
@@ -605,7 +606,11 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
     logObjects(s, e, changes, records);
     s.forEachReplySince(
         &e.reply_seq, [&records](const StoredReplyView &r) { records.emplace_back(kReply, replyRecord(r)); });
+    const bool stores = !e.adds.empty();
     syncStore(e, id);  // the fds are in the store before the log names them; it makes the aliases
+    if (stores) {
+        crashOnceAt("StoredNotLogged");  // new fds in the store, the log not naming them (tests only)
+    }
     for (auto &a : e.new_aliases) {
         records.push_back(std::move(a));
     }

@@ -543,14 +543,45 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
     for (Device *dev : paused) {
         (void)dev->verbs.setPaused(false);
     }
+    // Each restored session's first commit exports its objects again and stores every fd its
+    // state names (entry->stored): what the store must keep of it is known only after this.
+    std::set<uint64_t> committed;
+    for (auto &s : *restored) {
+        if (broker_.commit(*s, StoredReply{}).isOk()) {
+            committed.insert(s->id());
+        }
+    }
     // What the restored sessions use was duplicated; the fds that came back close now. The store
     // keeps the names the restored sessions' files are stored under, and forgets the others:
     // a dropped session's, and leftovers no session claims (a session that ended during the
-    // window, say; a file's name whose sessions all ended).
-    std::set<std::string> kept_prefixes, dropped_prefixes;
+    // window, say; a file's name whose sessions all ended). A kept session's own name that its
+    // state does not use goes too: the old broker stored it for a call it never committed (a
+    // crash between the two), and the session, knowing nothing of it, would never forget it
+    // (the chaos soak found a doorbell page's fd left in the store after every session ended).
+    std::set<std::string> kept_prefixes, dropped_prefixes, claimed;
     for (const auto &s : *restored) {
         kept_prefixes.insert(prefix(s->id()));
     }
+    if (store_.enabled()) {
+        std::lock_guard lock(mu_);
+        for (const auto &s : *restored) {
+            if (auto it = entries_.find(s->id()); it != entries_.end() && committed.count(s->id()) != 0) {
+                for (const auto &[name, file] : it->second->stored) {
+                    claimed.insert(name);
+                }
+            } else {
+                claimed.insert(prefix(s->id()));  // its commit failed: keep every name of its
+            }
+        }
+    }
+    // A name the restored sessions need: one they store, or, without the store, any of theirs.
+    auto needed = [&](const std::string &name) {
+        const std::string pre = name.substr(0, name.find('.', 6) + 1);  // "ibvx.s<id>."
+        if (kept_prefixes.count(pre) == 0) {
+            return false;
+        }
+        return !store_.enabled() || claimed.count(name) != 0 || claimed.count(pre) != 0;
+    };
     for (const std::string &name : state_names) {
         const std::string pre = name.substr(0, name.size() - 5);  // "ibvx.s<id>."
         if (kept_prefixes.count(pre) == 0) {
@@ -570,22 +601,28 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
     };
     std::vector<std::string> forget;
     size_t left = 0;
+    std::string uncommitted;
     for (const std::string &name : all_names) {
-        if (name == kGlobalName || stored.count(name) != 0 || under(kept_prefixes, name)) {
+        if (name == kGlobalName || stored.count(name) != 0 || needed(name)) {
             continue;
         }
         forget.push_back(name);
-        left += under(dropped_prefixes, name) ? 0 : 1;
+        if (under(kept_prefixes, name)) {
+            uncommitted += " " + name;  // a crash's expected leftover, not a problem
+        } else if (!under(dropped_prefixes, name)) {
+            ++left;
+        }
     }
     if (left != 0) {
         report.problems.push_back("restore: " + std::to_string(left) + " unclaimed fd(s) closed");
         spdlog::info("restore: closing {} fd(s) no restored session claims", left);
     }
+    if (!uncommitted.empty()) {
+        spdlog::info("restore: closing fd(s) stored for calls the previous broker did not commit:{}",
+                     uncommitted);
+    }
     mine.clear();
     dropNames(forget);
-    for (auto &s : *restored) {
-        (void)broker_.commit(*s, StoredReply{});
-    }
     report.restarts = restarts();
     report.took_ms = lastRestartTookMs();
     report.crash = lastRestartWasCrash();

@@ -29,6 +29,8 @@
 // is down (a RestartSec= window):
 //   corrupt-fd NAME   overwrites bytes 4096.. of every stored fd named NAME with 'x'
 //   drop-fd NAME      closes and forgets every stored fd named NAME (an fd that did not come back)
+//   plant-fd NAME     stores a new empty memfd as NAME (what a service stored and then died
+//                     before recording: a crash between its FDSTORE=1 and its own state)
 //   quit      (or end of stdin, SIGTERM, SIGINT) stop as above and exit 0
 // Events, one a line on stdout, flushed at once:
 //   started pid=N fds=K                 K fds passed (the socket first, then the store, in order)
@@ -38,8 +40,8 @@
 //   exited pid=N status=exited:C|killed:SIG
 //   fdstore-dropped fds=K               the store emptied because the unit stopped
 //   stopped                             | status pid=N restarts=R store=S ready=0|1 state=running|stopped
-//   error message=...                   a control line not understood, a failed start
-//   ignored pid=N                       a message from another process than the main one
+//   names=A,B,.. error message=...                   a control line not understood, a failed start ignored
+//   pid=N                       a message from another process than the main one
 // Messages are accepted from the main process only (NotifyAccess=main, by SO_PASSCRED
 // credentials). As in systemd, one FDNAME= names every fd of its message (no FDNAME: "stored"),
 // an fd already in the store (same inode and flags) is not stored twice, fds beyond
@@ -47,6 +49,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -496,7 +499,8 @@ class Manager {
         } else if (cmd == "status") {
             event("status pid=" + std::to_string(std::max(pid_, 0)) +
                   " restarts=" + std::to_string(restarts_) + " store=" + std::to_string(store_.size()) +
-                  " ready=" + (ready_ ? "1" : "0") + " state=" + (pid_ > 0 ? "running" : "stopped"));
+                  " ready=" + (ready_ ? "1" : "0") + " state=" + (pid_ > 0 ? "running" : "stopped") +
+                  " names=" + storedNames());
         } else if (cmd.rfind("corrupt-fd ", 0) == 0 || cmd.rfind("drop-fd ", 0) == 0) {
             bool drop = cmd[0] == 'd';
             std::string name = cmd.substr(cmd.find(' ') + 1);
@@ -521,12 +525,33 @@ class Manager {
             }
             event(std::string(drop ? "dropped" : "corrupted") + " name=" + name +
                   " fds=" + std::to_string(n));
+        } else if (cmd.rfind("plant-fd ", 0) == 0) {
+            const std::string name = cmd.substr(9);
+            const int fd = ::memfd_create("planted", MFD_CLOEXEC);
+            if (fd >= 0 && validName(name)) {
+                store_.push_back({name, fd});
+                event("planted name=" + name + " store=" + std::to_string(store_.size()));
+            } else {
+                if (fd >= 0) {
+                    ::close(fd);
+                }
+                event("error message=cannot plant '" + name + "'");
+            }
         } else if (cmd == "quit") {
             return true;
         } else if (!cmd.empty()) {
             event("error message=unknown command '" + cmd + "' (restart, stop, start, kill9, status, quit)");
         }
         return false;
+    }
+
+    // The stored fds' names, comma-separated, for a status line (what a leak left behind).
+    std::string storedNames() const {
+        std::string out;
+        for (const Stored &st : store_) {
+            out += (out.empty() ? "" : ",") + st.name;
+        }
+        return out;
     }
 
     int notify_ = -1, signals_ = -1, listen_ = -1;

@@ -514,6 +514,41 @@ TEST(RestartFdStore, CorruptStateAndMissingArenaEndOnlyThoseSessions) {
     EXPECT_EQ(field(done, "control_failed"), 0u) << slurp(broker.dir() + "/good.err");
 }
 
+// A crash between a commit's FDSTORE=1 and its log append leaves an fd in the store under a kept
+// session's name that its state never names (the harness plants one while the broker is down).
+// The successor forgets it: before, it stayed, and a later store of the same file under a new
+// name was deduplicated into it, so that name's removal missed it and the store kept the file
+// after every session had ended (the chaos soak saw a doorbell page's BAR file so).
+TEST(RestartFdStore, AnFdStoredButNeverLoggedIsForgottenByTheSuccessor) {
+    StoreBroker broker(/*restart_sec_ms=*/1000);
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant tenant(broker.socket(), broker.dir() + "/tenant.err");
+    ASSERT_FALSE(tenant.lineStarting("ready ").empty()) << broker.log();
+    auto sessions = admin.sessions();
+    ASSERT_EQ(sessions.size(), 1u);
+    const std::string planted = "ibvx.s" + std::to_string(sessions.begin()->first) + ".d987654321";
+    broker.send("kill9");
+    ASSERT_FALSE(broker.waitFor("exited ").empty());
+    broker.send("plant-fd " + planted);
+    ASSERT_FALSE(broker.waitFor("planted ").empty()) << broker.seen();
+    ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(admin.sessions().count(sessions.begin()->first), 1u) << "the session is kept" << broker.log();
+    // The restore forgets it before the successor says it is ready (events read so far).
+    EXPECT_NE(broker.seen().find("fdstore-remove name=" + planted + " removed=1"), std::string::npos)
+        << "the successor kept the fd its session's state does not name\n"
+        << broker.seen() << broker.log();
+    const std::string log = broker.log();
+    const size_t line = log.find("did not commit:");
+    EXPECT_NE(line, std::string::npos) << log;
+    EXPECT_NE(log.find(planted, line), std::string::npos) << log;
+    std::string done = tenant.finish();
+    EXPECT_EQ(tenant.wait(), 0) << done << slurp(broker.dir() + "/tenant.err");
+    EXPECT_EQ(field(done, "failed"), 0u) << done;
+}
+
 // After a crash the broker cannot know when the old process stopped: status's took is an upper
 // bound, from the old process's last heartbeat, so it covers RestartSec= and is flagged as a
 // crash; a systemctl restart (a handover) is not.
@@ -571,11 +606,14 @@ TEST(RestartFdStore, Kill9ReportsAnUpperBoundOfTheGapNotZero) {
 // the retry "no fd arrived" (EBADF); the client sends the fd again and makes the call anew, so the tenant
 // sees nothing: every call succeeds and its RC loop runs clean. And a broker that dies just after
 // telling the tenant its fd channel is attached (AttachReplied): the session was committed before
-// that reply, so the successor knows it and the tenant's next call finds it.
+// that reply, so the successor knows it and the tenant's next call finds it. And a commit that
+// put new fds in the store but died before its log named them (StoredNotLogged): the successor
+// forgets those fds. In every case, once the tenant has ended the store holds no fd of its.
 TEST(RestartFdStore, ACallWhoseFdTheOldBrokerTookSucceedsAfterTheCrash) {
     char tmpl[] = "/tmp/ibvx-crash.XXXXXX";
     const std::string markers = mkdtemp(tmpl);
-    for (const std::string point : {"AttachReplied", "SetAsyncEventFd", "CreateCq", "RegMr", "ReregMr"}) {
+    for (const std::string point :
+         {"AttachReplied", "SetAsyncEventFd", "CreateCq", "RegMr", "ReregMr", "StoredNotLogged"}) {
         SCOPED_TRACE(point);
         const std::string marker = markers + "/" + point;
         ASSERT_EQ(setenv("IBVX_FAULT_CRASH_ONCE", (point + ":" + marker).c_str(), 1), 0);
@@ -593,6 +631,14 @@ TEST(RestartFdStore, ACallWhoseFdTheOldBrokerTookSucceedsAfterTheCrash) {
         EXPECT_EQ(tenant.wait(), 0) << done << slurp(err);
         EXPECT_EQ(field(done, "failed"), 0u) << done;
         EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(err);
+        EXPECT_TRUE(eventually([&] { return admin.sessions().empty(); })) << broker.log();
+        std::string status;
+        EXPECT_TRUE(eventually([&] {
+            broker.send("status");
+            status = broker.waitFor("status ");
+            return status.find(" names=") != std::string::npos && status.find("ibvx.s") == std::string::npos;
+        })) << "the tenant ended, yet the fd store still holds a session's fd: "
+            << status << broker.log();
     }
     std::string cmd = "rm -rf " + markers;
     (void)!system(cmd.c_str());
