@@ -65,26 +65,9 @@ static int stdin_closed(void) {
 }
 
 /* A completion within kCqeWaitS seconds (1), or none (0): a broker crash and restart pause
- * completions for a while, so the deadline is by the clock. */
+ * completions for a while. */
 static int poll_wc(struct ibv_cq *cq, struct ibv_wc *wc) {
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (unsigned long i = 1;; ++i) {
-        int n = ibv_poll_cq(cq, 1, wc);
-        if (n < 0) {
-            fail("ibv_poll_cq", "failed");
-        }
-        if (n == 1) {
-            return 1;
-        }
-        if ((i & 0xfff) == 0) {
-            clock_gettime(CLOCK_MONOTONIC, &t);
-            if (t.tv_sec - t0.tv_sec > kCqeWaitS) {
-                return 0;
-            }
-            usleep(50);
-        }
-    }
+    return poll_wc_within(cq, wc, kCqeWaitS, "ibv_poll_cq");
 }
 
 struct pair {

@@ -48,23 +48,6 @@ static int stdin_closed(void) {
     return read(0, &c, 1) <= 0;
 }
 
-/* A completion within 30 s (1), or none (0). */
-static int poll_wc_30s(struct ibv_cq *cq, struct ibv_wc *wc) {
-    uint64_t t0 = now_us();
-    for (unsigned long i = 1;; ++i) {
-        int n = ibv_poll_cq(cq, 1, wc);
-        if (n < 0) {
-            fail("ibv_poll_cq", "failed");
-        }
-        if (n == 1) {
-            return 1;
-        }
-        if ((i & 0xffff) == 0 && now_us() - t0 > 30u * 1000u * 1000u) {
-            return 0;
-        }
-    }
-}
-
 int main(int argc, char **argv) {
     struct ibv_context *ctx = open_named(argc > 1 ? argv[1] : "softnda0");
     const int count_windows = argc > 2 && strcmp(argv[2], "windows") == 0;
@@ -149,7 +132,7 @@ int main(int argc, char **argv) {
             fail("ibv_post_send", strerror(errno));
         }
         struct ibv_wc wc;
-        const int completed = poll_wc_30s(cq, &wc);
+        const int completed = poll_wc_within(cq, &wc, 30, "WRITE");
         if (!completed && !(count_windows && __atomic_load_n(dst, __ATOMIC_ACQUIRE) == i)) {
             fail("WRITE", "no completion in 30 s");
         }
@@ -181,7 +164,7 @@ int main(int argc, char **argv) {
             if (ibv_post_send(a, &wr, &bad) != 0) {
                 fail("ibv_post_send", strerror(errno));
             }
-            const int dm_completed = poll_wc_30s(cq, &wc);
+            const int dm_completed = poll_wc_within(cq, &wc, 30, "WRITE to device memory");
             uint64_t in_dm = 0;
             const int dm_read = ibv_memcpy_from_dm(&in_dm, dm, 64, 8) == 0;
             if (!dm_completed && count_windows && dm_read && in_dm == i) {
