@@ -39,9 +39,11 @@
 //   fdstore-remove name=X removed=K store=S
 //   exited pid=N status=exited:C|killed:SIG
 //   fdstore-dropped fds=K               the store emptied because the unit stopped
-//   stopped                             | status pid=N restarts=R store=S ready=0|1 state=running|stopped
-//   names=A,B,.. error message=...                   a control line not understood, a failed start ignored
-//   pid=N                       a message from another process than the main one
+//   corrupted|dropped name=X fds=K      | planted name=X store=S: the fault commands above
+//   stopped
+//   status pid=N restarts=R store=S ready=0|1 state=running|stopped names=A,B,..
+//   error message=...                   a control line not understood, a failed start
+//   ignored pid=N                       a message from another process than the main one
 // Messages are accepted from the main process only (NotifyAccess=main, by SO_PASSCRED
 // credentials). As in systemd, one FDNAME= names every fd of its message (no FDNAME: "stored"),
 // an fd already in the store (same inode and flags) is not stored twice, fds beyond

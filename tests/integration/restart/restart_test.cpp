@@ -516,9 +516,9 @@ TEST(RestartFdStore, CorruptStateAndMissingArenaEndOnlyThoseSessions) {
 
 // A crash between a commit's FDSTORE=1 and its log append leaves an fd in the store under a kept
 // session's name that its state never names (the harness plants one while the broker is down).
-// The successor forgets it: before, it stayed, and a later store of the same file under a new
-// name was deduplicated into it, so that name's removal missed it and the store kept the file
-// after every session had ended (the chaos soak saw a doorbell page's BAR file so).
+// The successor forgets it. Before, it stayed for good: the chaos soak ended with a doorbell
+// page's name still stored after every session had ended (most likely the same BAR file stored
+// again under a new name, deduplicated into the old one, whose removal then missed it).
 TEST(RestartFdStore, AnFdStoredButNeverLoggedIsForgottenByTheSuccessor) {
     StoreBroker broker(/*restart_sec_ms=*/1000);
     ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
