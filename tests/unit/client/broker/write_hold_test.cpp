@@ -392,8 +392,10 @@ TEST(SharedPagesUnderWrites, AKernelWriteFailsWithEfaultOrLands) {
     uint64_t reads = 0, efaults = 0, lost = 0, other_errors = 0;
 
     signal(SIGPIPE, SIG_IGN);  // the feeder's last write meets a closed pipe
+    // The feeder runs until the read end closes, after the reader has ended: stopping it on `stop`
+    // could leave the reader blocked for good in a read() of an empty pipe (CI hung so once).
     std::thread feeder([&] {
-        for (uint64_t seq = 1; !stop.load(std::memory_order_relaxed); ++seq) {
+        for (uint64_t seq = 1;; ++seq) {
             if (write(p[1], &seq, sizeof seq) != sizeof seq) {
                 return;
             }
