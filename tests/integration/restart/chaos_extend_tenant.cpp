@@ -9,8 +9,9 @@
 //
 //   chaos-extend-tenant DEVICE SEED [churn]
 //
-// Context churn is off by default: with it, the soak finds a fault not fixed yet (docs/restart.md,
-// "The chaos soak": a session's doorbell page left in the fd store, a WRITE loop's QP stalled).
+// Context churn is off by default: with it the soak found a doorbell page left in the fd store
+// (fixed) and a WRITE loop with no completion for 30 s (most likely a counted §10 window now; see
+// docs/restart.md, "The chaos soak").
 //
 // stdout: "ready\n" once the QPs are connected; when stdin reaches EOF, "done ops=N writes=W
 // reads=R sends=S churn=C failed=X win_recv=.. win_cqe=..\n", exit 0 when nothing failed. The
