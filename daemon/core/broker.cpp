@@ -1245,7 +1245,9 @@ StatusOr<MwResult> Broker::allocMw(Session &s, uint64_t pd, ibv_mw_type type) {
     Device *dev = p->context->dev;
     ASSIGN_OR_RETURN(obj->mw, createOnDriver(s.memory(), dev, EOPNOTSUPP, "alloc_mw failed",
                                              [&] { return dev->verbs.allocMw(p->pd, type); }));
-    obj->uses = {p};
+    // The context too: a window may give it its window file (softnda SPEC.md §16), so its
+    // state is exported again.
+    obj->uses = {p, p->context};
     MwResult out;
     out.rkey = obj->mw->rkey;
     ASSIGN_OR_RETURN(out.handle, publish(s, std::move(obj), {}));

@@ -724,11 +724,6 @@ RestartState::Plan RestartState::plan() {
                 if (dev != nullptr) {
                     drivers.insert(dev->info.provider);
                 }
-            } else if (obj->kind == ObjectKind::kMw) {
-                // A window has no restart state (softnda SPEC.md §16): its session is ended, so
-                // a require-keep restart must refuse it here rather than drop it.
-                keeps = false;
-                drivers.insert(dev->info.provider + " (memory windows)");
             }
         }
         if (keeps) {

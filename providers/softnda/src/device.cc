@@ -560,6 +560,7 @@ int vdevSetPaused(const char *device, int paused) {
         dev->gate.lock();
         dev->gate.unlock();
     } else if (dev->paused.exchange(false, std::memory_order_acq_rel) && dev->engine) {
+        restoreWindowBindings(dev);  // every MR an import brings back is back
         dev->engine->resume();
     }
     return 0;

@@ -1245,6 +1245,18 @@ ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segme
     return ExecResult{};
 }
 
+namespace {
+
+// The WQE at the head of qp's SQ (at its CI).
+softnda_wqe headWqe(const Qp &qp) {
+    softnda_wqe h;
+    std::memcpy(&h, qp.sq.buf + static_cast<size_t>(qp.sq.ci_local & (qp.sq.cnt - 1)) * qp.sq.stride,
+                sizeof(h));
+    return h;
+}
+
+}  // namespace
+
 // After an import (SPEC.md §10): the old process died inside the head WQE (recover_head: its
 // execution word is one ahead of CI) or between a WQE's CI and its PSN store (recover_psn). The
 // responder's PSN tells which: one ahead of ours means the WQE took effect there. Then the head
@@ -1254,6 +1266,10 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
     bool head = qp->recover_head;
     qp->recover_head = false;
     qp->recover_psn = false;
+    if (head && qp->sq.ci_local != pi && windowWqeApplied(dev_, qp, headWqe(*qp))) {
+        retireHead(qp);  // a bind or invalidation its window's record shows done (SPEC.md §16)
+        return;
+    }
     if (qp->init.qp_type == IBV_QPT_UD) {
         // No responder to ask: a datagram is delivered at most once (SPEC.md §11.1).
         if (head && qp->sq.ci_local != pi) {
@@ -1289,8 +1305,7 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
 // again (CI, PSN, and its success CQE when it was signalled).
 void Engine::Thread::retireHead(Qp *qp) {
     Ring &sq = qp->sq;
-    softnda_wqe h;
-    std::memcpy(&h, sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride, sizeof(h));
+    const softnda_wqe h = headWqe(*qp);
     uint32_t byte_len = 0;
     if (isAtomic(h.opcode)) {
         byte_len = 8;

@@ -58,6 +58,34 @@ bool bindable(const Mw *mw, const Qp *qp, const Mr *mr, uint64_t addr, uint64_t 
 
 }  // namespace
 
+namespace {
+
+// A window of pd in slot (taken by the caller) with rkey key, its record in mw: counted and
+// made visible to the engine. Caller holds Device::ctl.
+ibv_mw *installMw(std::unique_ptr<Mw> mw, Pd *pd, ibv_mw_type type, uint32_t slot, uint32_t key) {
+    Device *dev = pd->ctx->dev;
+    mw->magic = kMagicMw;
+    mw->ctx = pd->ctx;
+    mw->pd = pd;
+    mw->type = type;
+    mw->slot = slot;
+    mw->key = key;
+    mw->ib.context = &pd->ctx->ib;
+    mw->ib.pd = &pd->ib;
+    mw->ib.rkey = key;
+    mw->ib.handle = slot;
+    mw->ib.type = type;
+    pd->refs++;
+    pd->ctx->objects++;
+    dev->n_mw++;
+    Mw *raw = mw.release();
+    std::lock_guard<Gate> gate(dev->gate);
+    dev->mws[slot] = raw;
+    return &raw->ib;
+}
+
+}  // namespace
+
 ibv_mw *allocMw(ibv_pd *ib, ibv_mw_type type) {
     Pd *pd = asPd(ib);
     if (pd == nullptr || (type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2)) {
@@ -69,6 +97,9 @@ ibv_mw *allocMw(ibv_pd *ib, ibv_mw_type type) {
         return failNull<ibv_mw>(ENOMEM);
     }
     auto mw = std::make_unique<Mw>();
+    if (!takeWindowRecord(pd->ctx, mw.get())) {
+        return failNull<ibv_mw>(errno);
+    }
     uint32_t slot;
     if (!dev->free_mw_slots.empty()) {
         slot = dev->free_mw_slots.back();
@@ -76,30 +107,36 @@ ibv_mw *allocMw(ibv_pd *ib, ibv_mw_type type) {
     } else {
         slot = static_cast<uint32_t>(dev->mws.size());
         if (slot > kMwSlotMask) {
+            releaseWindowRecord(pd->ctx, mw.get());
             return failNull<ibv_mw>(ENOMEM);
         }
         std::lock_guard<Gate> gate(dev->gate);
         dev->mws.push_back(nullptr);
     }
-    mw->magic = kMagicMw;
-    mw->ctx = pd->ctx;
-    mw->pd = pd;
-    mw->type = type;
-    mw->slot = slot;
     // The key byte starts where the slot's last window left it, so an rkey of that one misses.
-    mw->key = kMwKeyBit | (slot << 8) | (++dev->mr_generation & 0xff);
-    mw->ib.context = &pd->ctx->ib;
-    mw->ib.pd = &pd->ib;
-    mw->ib.rkey = mw->key;
-    mw->ib.handle = slot;
-    mw->ib.type = type;
-    pd->refs++;
-    pd->ctx->objects++;
-    dev->n_mw++;
-    Mw *raw = mw.release();
-    std::lock_guard<Gate> gate(dev->gate);
-    dev->mws[slot] = raw;
-    return &raw->ib;
+    const uint32_t key = kMwKeyBit | (slot << 8) | (++dev->mr_generation & 0xff);
+    mw->key = key;
+    persistBinding(mw.get(), 0, 0);
+    return installMw(std::move(mw), pd, type, slot, key);
+}
+
+ibv_mw *restoreMw(Pd *pd, ibv_mw_type type, uint32_t rkey, uint32_t rec_index) {
+    Context *ctx = pd->ctx;
+    Device *dev = ctx->dev;
+    const uint32_t slot = (rkey >> 8) & kMwSlotMask;
+    if ((type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) || !isMwKey(rkey) || dev->n_mw >= dev->cfg.max_mr ||
+        rec_index >= ctx->windows.owners.size() || ctx->windows.owners[rec_index] != nullptr) {
+        return failNull<ibv_mw>(EINVAL);
+    }
+    if (!claimSlot(dev->mws, dev->free_mw_slots, slot, dev->gate)) {
+        return failNull<ibv_mw>(EINVAL);  // a window of this process has the slot
+    }
+    auto mw = std::make_unique<Mw>();
+    ctx->windows.owners[rec_index] = mw.get();
+    mw->rec_index = rec_index;
+    mw->rec = ctx->windows.record(rec_index);
+    mw->restored = true;  // its binding is taken up at set_paused(0), once every MR is back
+    return installMw(std::move(mw), pd, type, slot, rkey);
 }
 
 int deallocMw(ibv_mw *ib) {
@@ -115,6 +152,7 @@ int deallocMw(ibv_mw *ib) {
         unbindLocked(mw);  // no pass runs: the lock is not needed
     }
     dev->free_mw_slots.push_back(mw->slot);
+    releaseWindowRecord(mw->ctx, mw);
     mw->pd->refs--;
     mw->ctx->objects--;
     dev->n_mw--;
@@ -158,6 +196,7 @@ uint8_t executeBindMw(Device *dev, Qp *qp, const softnda_wqe &h) {
         mw->access = access;
         mw->qpn = mw->type == IBV_MW_TYPE_2 ? qp->qpn : 0;
     }
+    persistBinding(mw, qp->qpn, qp->sq.ci_local + 1);
     return IBV_WC_SUCCESS;
 }
 
@@ -166,7 +205,7 @@ namespace {
 // An invalidation through qp (local, or a SEND_WITH_INV at the responder): only a type 2
 // window, named by its current rkey, bound through qp (o10-37.2.26). MRs are not invalidated:
 // softnda has no fast-registration MRs.
-bool invalidate(Device *dev, const Qp *qp, uint32_t rkey, bool apply) {
+bool invalidate(Device *dev, const Qp *qp, uint32_t rkey, bool apply, bool local) {
     Mw *mw = lookupMw(dev, rkey);
     if (mw == nullptr || mw->type != IBV_MW_TYPE_2) {
         return false;
@@ -177,6 +216,8 @@ bool invalidate(Device *dev, const Qp *qp, uint32_t rkey, bool apply) {
     }
     if (apply) {
         unbindLocked(mw);
+        // A local invalidation is a WQE of qp (its exec word, SPEC.md §10); a remote one is not.
+        persistBinding(mw, local ? qp->qpn : 0, local ? qp->sq.ci_local + 1 : 0);
     }
     return true;
 }
@@ -190,16 +231,17 @@ void invalidateWindowsOf(Device *dev, uint32_t qpn) {
     for (Mw *mw : dev->mws) {
         if (mw != nullptr && mw->type == IBV_MW_TYPE_2 && mw->mr != nullptr && mw->qpn == qpn) {
             unbindLocked(mw);  // no pass runs: the window's lock is not needed
+            persistBinding(mw, 0, 0);
         }
     }
 }
 
 uint8_t executeLocalInv(Device *dev, Qp *qp, uint32_t rkey) {
-    return invalidate(dev, qp, rkey, true) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
+    return invalidate(dev, qp, rkey, true, true) ? IBV_WC_SUCCESS : IBV_WC_LOC_QP_OP_ERR;
 }
 
 bool invalidateRemote(Device *dev, const Qp *responder, uint32_t rkey, bool apply) {
-    return invalidate(dev, responder, rkey, apply);
+    return invalidate(dev, responder, rkey, apply, false);
 }
 
 uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint32_t rkey, uint64_t va,
@@ -217,6 +259,29 @@ uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint3
         return nullptr;
     }
     return mw->mr->translate(va, n);
+}
+
+bool windowWqeApplied(const Device *dev, const Qp *qp, const softnda_wqe &h) {
+    const bool bind = h.opcode == SOFTNDA_OP_BIND_MW;
+    if (!bind && h.opcode != SOFTNDA_OP_LOCAL_INV) {
+        return false;
+    }
+    const Mw *mw = lookupMw(dev, bind ? static_cast<uint32_t>(h.swap) : h.rkey);
+    if (mw == nullptr || mw->rec == nullptr) {
+        return false;
+    }
+    const MwBinding b = currentBinding(mw->rec);
+    if (b.by_qpn != qp->qpn || b.by_exec != qp->sq.ci_local + 1) {
+        return false;
+    }
+    // The record is this WQE's own only when it also says what the WQE asked: a QP reset
+    // starts its indexes again, and an older WQE of the same index may have written it.
+    if (!bind) {
+        return b.lkey == 0 && b.key == h.rkey;
+    }
+    const auto lkey = static_cast<uint32_t>(h.swap >> 32);
+    return b.key == h.rkey && b.lkey == lkey &&
+           (lkey == 0 || (b.addr == h.remote_addr && b.len == h.compare_add && b.access == h.imm_data));
 }
 
 }  // namespace softnda

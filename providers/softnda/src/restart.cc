@@ -40,12 +40,12 @@ struct RingBlob {
 };
 
 struct CtxBlob {
-    uint32_t flags;  // kCtxBar, kCtxAsync: which fds follow, in that order
+    uint32_t flags;  // kCtxBar, kCtxAsync, kCtxWindows: which fds follow, in that order
     uint32_t bar_pages;
     uint64_t stride;
     // then bar_pages u32 device page numbers, page i at offset i * stride of the BAR fd
 };
-constexpr uint32_t kCtxBar = 1, kCtxAsync = 2;
+constexpr uint32_t kCtxBar = 1, kCtxAsync = 2, kCtxWindows = 4;
 
 struct PdBlob {
     uint32_t handle;
@@ -95,6 +95,15 @@ struct XrcSrqBlob {
 
 struct XrcdBlob {
     uint32_t resv[2];
+};
+
+// A memory window (SPEC.md §16): what alloc_mw made; its binding is in its context's window
+// file, at record `rec`.
+struct MwBlob {
+    uint32_t rkey;  // as allocated (bits 8-30: its slot)
+    uint32_t type;  // enum ibv_mw_type
+    uint32_t handle;
+    uint32_t rec;
 };
 
 struct QpBlob {
@@ -205,6 +214,14 @@ int exportContext(ibv_context *ib, ibv_extend_vdev_state *out) {
             return -err;
         }
     }
+    if (ctx->windows.fd.valid()) {
+        b.flags |= kCtxWindows;
+        if (!putFd(out, ctx->windows.fd.get())) {
+            int err = errno;
+            closeFds(out);
+            return -err;
+        }
+    }
     put(out, IBV_EXTEND_VDEV_OBJ_CONTEXT, b, nos.data(), nos.size() * sizeof(uint32_t));
     return 0;
 }
@@ -239,6 +256,17 @@ int exportDm(ibv_dm *ib, ibv_extend_vdev_state *out) {
     std::lock_guard<std::mutex> ctl(dm->ctx->dev->ctl);
     put(out, IBV_EXTEND_VDEV_OBJ_DM,
         DmBlob{reinterpret_cast<uintptr_t>(dm->mem), dm->offset, dm->len, dm->asked});
+    return 0;
+}
+
+int exportMw(ibv_mw *ib, ibv_extend_vdev_state *out) {
+    Mw *mw = asMw(ib);
+    if (mw == nullptr) {
+        return -EINVAL;
+    }
+    std::lock_guard<std::mutex> ctl(mw->ctx->dev->ctl);
+    put(out, IBV_EXTEND_VDEV_OBJ_MW,
+        MwBlob{mw->ib.rkey, static_cast<uint32_t>(mw->type), mw->ib.handle, mw->rec_index});
     return 0;
 }
 
@@ -367,9 +395,7 @@ int exportObject(ibv_extend_vdev_obj kind, const void *object, ibv_extend_vdev_s
         case IBV_EXTEND_VDEV_OBJ_XRCD:
             return exportXrcd(static_cast<ibv_xrcd *>(obj), out);
         case IBV_EXTEND_VDEV_OBJ_MW:
-            // A window's binding changes in the engine, between the broker's commits: a blob
-            // taken at a commit would restore a stale binding, so there is none (SPEC.md §16).
-            return -EOPNOTSUPP;
+            return exportMw(static_cast<ibv_mw *>(obj), out);
         case IBV_EXTEND_VDEV_OBJ_DM:
             return exportDm(static_cast<ibv_dm *>(obj), out);
     }
@@ -461,8 +487,9 @@ void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_i
     }
     CtxBlob c;
     std::memcpy(&c, b, sizeof(c));
-    uint32_t want_fds = ((c.flags & kCtxBar) ? 1 : 0) + ((c.flags & kCtxAsync) ? 1 : 0);
-    if ((c.flags & ~(kCtxBar | kCtxAsync)) != 0 || c.bar_pages > kMaxCtxPages ||
+    const uint32_t want_fds =
+        ((c.flags & kCtxBar) ? 1 : 0) + ((c.flags & kCtxAsync) ? 1 : 0) + ((c.flags & kCtxWindows) ? 1 : 0);
+    if ((c.flags & ~(kCtxBar | kCtxAsync | kCtxWindows)) != 0 || c.bar_pages > kMaxCtxPages ||
         in->len != sizeof(BlobHdr) + sizeof(CtxBlob) + c.bar_pages * sizeof(uint32_t) ||
         in->fd_cnt != want_fds || c.stride != dbPageStride() ||
         (c.bar_pages > 0 && (c.flags & kCtxBar) == 0)) {
@@ -472,9 +499,23 @@ void *importContextBlob(const ibv_extend_vdev_state *in, const ibv_extend_vdev_i
     if (!nos.empty()) {  // a context with no doorbell page yet: no data() to copy into
         std::memcpy(nos.data(), b + sizeof(CtxBlob), nos.size() * sizeof(uint32_t));
     }
-    int bar_fd = (c.flags & kCtxBar) ? in->fds[0] : -1;
-    int async_fd = (c.flags & kCtxAsync) ? in->fds[want_fds - 1] : -1;
-    return importContext(env->device, bar_fd, async_fd, nos.data(), c.bar_pages);
+    uint32_t next_fd = 0;
+    const int bar_fd = (c.flags & kCtxBar) ? in->fds[next_fd++] : -1;
+    const int async_fd = (c.flags & kCtxAsync) ? in->fds[next_fd++] : -1;
+    WindowFile windows;
+    if ((c.flags & kCtxWindows) && !openWindowFile(in->fds[next_fd], &windows)) {
+        return failNull<void>(EINVAL);
+    }
+    auto *ib =
+        static_cast<ibv_context *>(importContext(env->device, bar_fd, async_fd, nos.data(), c.bar_pages));
+    if (ib == nullptr) {
+        int err = errno;
+        (void)windows.fd.release();  // still the caller's, as the other fds are
+        errno = err;
+        return nullptr;
+    }
+    asContext(ib)->windows = std::move(windows);  // nothing else knows the context yet
+    return ib;
 }
 
 void *importPd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -488,27 +529,6 @@ void *importPd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
         return failNull<void>(EBUSY);
     }
     return buildPd(ctx, p.handle);
-}
-
-// Takes slot idx of Device::mrs for an imported key (caller holds dev->ctl): false when a key
-// of this process uses it. New keys must not collide: the slot leaves the free list, and slots
-// below it that this process never used join it.
-bool claimMrSlot(Device *dev, uint32_t idx) {
-    auto free_it = std::find(dev->free_mr_slots.begin(), dev->free_mr_slots.end(), idx);
-    if (idx < dev->mrs.size() && (dev->mrs[idx] != nullptr || free_it == dev->free_mr_slots.end())) {
-        return false;
-    }
-    dev->gate.lock();
-    if (idx < dev->mrs.size()) {
-        dev->free_mr_slots.erase(free_it);
-    } else {
-        for (auto i = static_cast<uint32_t>(dev->mrs.size()); i < idx; ++i) {
-            dev->free_mr_slots.push_back(i);
-        }
-        dev->mrs.resize(idx + 1, nullptr);
-    }
-    dev->gate.unlock();
-    return true;
 }
 
 void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -544,13 +564,31 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     mr->access = m.access;
     mr->key = m.key;
     mr->dm = dm;
-    if (!claimMrSlot(dev, m.key >> 8)) {
+    if (!claimSlot(dev->mrs, dev->free_mr_slots, m.key >> 8, dev->gate)) {
         return failNull<void>(EINVAL);  // the key is taken in this process
     }
     if (dm != nullptr) {
         dm->mrs++;
     }
     return buildMr(std::move(mr), pd, m.handle);
+}
+
+void *importMw(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
+    MwBlob b;
+    Pd *pd = asPd(env->pd);
+    if (!readBody(IBV_EXTEND_VDEV_OBJ_MW, in, &b) || in->fd_cnt != 0 || pd == nullptr ||
+        pd->ctx != asContext(env->context)) {
+        return failNull<void>(EINVAL);
+    }
+    std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);
+    if (!devicePaused(pd->ctx->dev)) {
+        return failNull<void>(EBUSY);
+    }
+    ibv_mw *mw = restoreMw(pd, static_cast<ibv_mw_type>(b.type), b.rkey, b.rec);
+    if (mw != nullptr) {
+        mw->handle = b.handle;
+    }
+    return mw;
 }
 
 void *importDm(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
@@ -822,7 +860,7 @@ void *vdevImportObject(ibv_extend_vdev_obj kind, const ibv_extend_vdev_state *in
         case IBV_EXTEND_VDEV_OBJ_XRCD:
             return importXrcd(in, env);
         case IBV_EXTEND_VDEV_OBJ_MW:
-            return failNull<void>(EOPNOTSUPP);  // never exported (see exportObject)
+            return importMw(in, env);
         case IBV_EXTEND_VDEV_OBJ_DM:
             return importDm(in, env);
     }

@@ -22,6 +22,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_vdev.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -123,6 +124,41 @@ struct DbSlot {
 
 struct Device;
 
+// A memory window's binding as the engine last set it (SPEC.md §16), where a broker's successor
+// finds it: the engine changes bindings between control operations, so no blob can carry them.
+struct MwBinding {
+    uint32_t key;     // the current rkey
+    uint32_t lkey;    // the MR's key; 0: not bound
+    uint32_t access;  // IBV_ACCESS_REMOTE_*
+    uint32_t qpn;     // a type 2 window's QP
+    uint64_t addr, len;
+    uint32_t by_qpn;   // the WQE that set it: its QP and 1 + its index (its exec word, §10);
+    uint32_t by_exec;  // 0 and 0 for the control path
+};
+// Two copies and which one holds: a writer fills the other copy, then flips `current`, so a
+// process killed mid-write leaves the last whole binding (SPEC.md §16, "Restart").
+struct MwRecord {
+    uint32_t current;  // 0 or 1
+    uint32_t resv;
+    MwBinding copy[2];
+    uint8_t pad[40];
+};
+static_assert(sizeof(MwRecord) == 128, "records pack a page evenly");
+uint32_t mwRecordsPerPage();  // records in a page of the window file (the host's page size)
+
+struct Mw;
+// A context's window records: a memfd of their own (tenants map the BAR file, never this one),
+// grown a page at a time, each page mapped on its own so a record never moves under the engine
+// threads that write it. Device::ctl.
+struct WindowFile {
+    ibvx::UniqueFd fd;
+    std::vector<ibvx::UniqueMapping> pages;
+    std::vector<Mw *> owners;  // by record index; nullptr: free
+    MwRecord *record(uint32_t i) const {
+        return static_cast<MwRecord *>(pages[i / mwRecordsPerPage()].get()) + i % mwRecordsPerPage();
+    }
+};
+
 struct Context {
     ibv_context ib{};  // first: the ibv_context * handed out points here
     uint64_t magic = 0;
@@ -132,6 +168,7 @@ struct Context {
     std::vector<DbPage *> pages;  // Device::ctl
     uint32_t objects = 0;         // PDs, MRs, CQs, SRQs, QPs alive (Device::ctl)
     int async_fd = -1;            // our dup of set_async_event_fd's eventfd (see the lock list)
+    WindowFile windows;           // its memory windows' bindings (mw_record.cc)
 };
 
 struct Pd {
@@ -210,8 +247,11 @@ struct Mw {
     Mr *mr = nullptr;   // bound to (nullptr: not bound, every access through it fails)
     uint64_t addr = 0;  // the window: [addr, addr+len) of the MR's iova range
     uint64_t len = 0;
-    int access = 0;    // IBV_ACCESS_REMOTE_*
-    uint32_t qpn = 0;  // a type 2 window's QP (the one that bound it)
+    int access = 0;           // IBV_ACCESS_REMOTE_*
+    uint32_t qpn = 0;         // a type 2 window's QP (the one that bound it)
+    MwRecord *rec = nullptr;  // where the binding is written for a successor (ctx->windows)
+    uint32_t rec_index = 0;
+    bool restored = false;  // imported: the record's binding is taken up at set_paused(0)
 };
 constexpr uint32_t kMwKeyBit = 0x80000000u;  // an rkey with it names a window, without an MR
 inline bool isMwKey(uint32_t key) {
@@ -608,6 +648,27 @@ ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_ext
 ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &parents, ibv_extend_ops *ops,
                        const ibv_qp_init_attr &init, uint32_t handle, Origin origin);
 
+// Takes slot idx of a device table (Device::mrs, Device::mws) for an imported object (caller
+// holds Device::ctl): false when an object of this process has it. New objects must not collide:
+// the slot leaves the free list, and slots below it that this process never used join it.
+template <typename T>
+bool claimSlot(std::vector<T *> &table, std::vector<uint32_t> &free_slots, uint32_t idx, Gate &gate) {
+    auto free_it = std::find(free_slots.begin(), free_slots.end(), idx);
+    if (idx < table.size() && (table[idx] != nullptr || free_it == free_slots.end())) {
+        return false;
+    }
+    std::lock_guard<Gate> g(gate);
+    if (idx < table.size()) {
+        free_slots.erase(free_it);
+    } else {
+        for (auto i = static_cast<uint32_t>(table.size()); i < idx; ++i) {
+            free_slots.push_back(i);
+        }
+        table.resize(idx + 1, nullptr);
+    }
+    return true;
+}
+
 // ---- memory windows (mw.cc; SPEC.md §16, vdev ABI V9) ----
 ibv_mw *allocMw(ibv_pd *pd, ibv_mw_type type);
 int deallocMw(ibv_mw *mw);
@@ -626,6 +687,28 @@ bool invalidateRemote(Device *dev, const Qp *responder, uint32_t rkey, bool appl
 // its QP (type 2) is responder's, and it allows `need`; else nullptr.
 uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint32_t rkey, uint64_t va,
                      uint64_t n, int need);
+// After an import (SPEC.md §10): whether the head WQE h of qp, a BIND_MW or LOCAL_INV the old
+// process started, took effect there (its window's record says this WQE wrote it, as it asked).
+bool windowWqeApplied(const Device *dev, const Qp *qp, const softnda_wqe &h);
+// An imported window (restart.cc): the one of rkey (as allocated) and type, in its slot, on record
+// rec_index of pd's context; its binding is read from the record at set_paused(0). Caller holds
+// Device::ctl. NULL + EINVAL for a slot or record this process uses, or a bad type or key.
+ibv_mw *restoreMw(Pd *pd, ibv_mw_type type, uint32_t rkey, uint32_t rec_index);
+// Window records (mw_record.cc). A free record of ctx for mw, the file grown when full; false
+// (errno) when the file cannot grow. Caller holds Device::ctl.
+bool takeWindowRecord(Context *ctx, Mw *mw);
+void releaseWindowRecord(Context *ctx, Mw *mw);
+// Writes mw's binding into its record (caller holds mw->lock, or no pass runs).
+void persistBinding(Mw *mw, uint32_t by_qpn, uint32_t by_exec);
+// The current copy of a record.
+MwBinding currentBinding(const MwRecord *rec);
+// An imported context's window file, mapped into out (which owns fd on success): false (errno)
+// for a file that cannot be one (not a regular file, a size that is not whole pages, or more
+// records than any device has windows) or a mapping that fails.
+bool openWindowFile(int fd, WindowFile *out);
+// The windows an import made take up their records' bindings, once every MR is back: a binding
+// that fails a bind's checks is dropped (the window comes back unbound). Caller holds ctl.
+void restoreWindowBindings(Device *dev);
 // ---- device memory (dm.cc; SPEC.md §17, vdev ABI V10) ----
 // An allocation of the device's region. ib first: the ibv_dm * handed out points here.
 struct Dm {

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
@@ -66,56 +67,49 @@ TEST_F(BrokerMwTest, TheSessionsEndFreesWindowsBeforeTheirPd) {
     EXPECT_EQ(held(Quota::kMws), 0u);
 }
 
-// A restart does not carry windows (docs/restart.md): the driver exports no state for one, so a
-// restore cannot adopt it (and ends the session that held it), while the PD it hung on is kept.
-TEST_F(BrokerMwTest, AWindowHasNoRestartStateAndIsNotAdopted) {
+// A window has restart state (softnda SPEC.md §16): its own blob, and its binding in its
+// context's window file, which the context exports as one more fd once it has a window. The
+// window names its context, so a commit after alloc_mw exports the context again.
+TEST_F(BrokerMwTest, AWindowIsExportedAndItsContextCarriesTheWindowFile) {
+    ObjectImport ctx_before = exportedForRestore(*broker_, *session_, ctx_);
     auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_2);
     ASSERT_TRUE(w.isOk()) << w.status().toString();
-    Status st;
-    ObjectImport ctx_in = exportedForRestore(*broker_, *session_, ctx_, &st);
-    ASSERT_TRUE(st.isOk()) << st.toString();
-    ObjectImport pd_in = exportedForRestore(*broker_, *session_, pd_, &st);
-    ASSERT_TRUE(st.isOk()) << st.toString();
-    ObjectImport mw_in = exportedForRestore(*broker_, *session_, w->handle, &st);
-    EXPECT_EQ(st.errnoValue(), EOPNOTSUPP) << st.toString();
-    EXPECT_TRUE(mw_in.driver_state.empty());
-    PeerIdentity peer;
-    peer.creds = {getpid(), getuid(), getgid()};
-    auto restored = broker_->hello(peer, {4, 2, 0}, "unit");
-    ASSERT_TRUE(restored.isOk());
-    Relocations relocations;
-    Device *dev = devices_->find("softnda0");
-    ASSERT_EQ(dev->verbs.setPaused(true), 0);
-    EXPECT_TRUE(broker_->adopt(**restored, std::move(ctx_in), relocations).isOk());
-    EXPECT_TRUE(broker_->adopt(**restored, std::move(pd_in), relocations).isOk());
-    EXPECT_FALSE(broker_->adopt(**restored, std::move(mw_in), relocations).isOk());
-    ASSERT_EQ(dev->verbs.setPaused(false), 0);
-    EXPECT_EQ(held(Quota::kMws), 1u) << "the original's only";
-    broker_->endSession(*restored);
+    {
+        auto held = session_->hold();
+        const Object *mw = session_->object(w->handle);
+        ASSERT_NE(mw, nullptr);
+        std::vector<uint64_t> uses;
+        for (const Object *u : mw->uses) {
+            uses.push_back(u->handle);
+        }
+        EXPECT_EQ(uses, (std::vector<uint64_t>{pd_, ctx_}));
+    }
+    ObjectImport mw_in = exportedForRestore(*broker_, *session_, w->handle);
+    EXPECT_FALSE(mw_in.driver_state.empty());
+    EXPECT_TRUE(mw_in.driver_fds.empty());
+    ObjectImport ctx_after = exportedForRestore(*broker_, *session_, ctx_);
+    ASSERT_EQ(ctx_after.driver_fds.size(), ctx_before.driver_fds.size() + 1);
+    struct stat st {};
+    ASSERT_EQ(::fstat(ctx_after.driver_fds.back().get(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_GT(st.st_size, 0);
 }
 
-// A restart plan counts a session that holds a window as dropped (a restore cannot bring the
-// window back), so `ibv-extendctl restart --require-keep` refuses instead of ending it; once the
-// window is gone the session is kept again.
-TEST_F(BrokerMwTest, ARestartPlanDropsASessionThatHoldsAWindow) {
+// A restart plan keeps a session that holds windows, so `ibv-extendctl restart --require-keep`
+// goes ahead.
+TEST_F(BrokerMwTest, ARestartPlanKeepsASessionThatHoldsAWindow) {
     int sv[2];
     ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
     UniqueFd channel(sv[0]), peer_end(sv[1]);
     std::shared_ptr<Session> attached;
     ASSERT_EQ(broker_->attach(session_->token(), {getpid(), getuid(), getgid()}, channel, &attached), 0);
     RestartState restart(*broker_, FdStoreHooks{});
-    RestartState::Plan before = restart.plan();
-    EXPECT_EQ(before.kept, 1u);
-    EXPECT_EQ(before.dropped, 0u);
     auto w = broker_->allocMw(*session_, pd_, IBV_MW_TYPE_1);
     ASSERT_TRUE(w.isOk()) << w.status().toString();
     RestartState::Plan with_window = restart.plan();
-    EXPECT_EQ(with_window.kept, 0u);
-    EXPECT_EQ(with_window.dropped, 1u);
-    ASSERT_EQ(with_window.dropping_drivers.size(), 1u);
-    EXPECT_EQ(with_window.dropping_drivers[0], "softnda (memory windows)");
-    ASSERT_TRUE(broker_->deallocMw(*session_, w->handle).isOk());
-    EXPECT_EQ(restart.plan().kept, 1u);
+    EXPECT_EQ(with_window.kept, 1u);
+    EXPECT_EQ(with_window.dropped, 0u);
+    EXPECT_TRUE(with_window.dropping_drivers.empty());
 }
 
 }  // namespace
