@@ -168,7 +168,7 @@ class Templates {
                 return ext_->ops->destroy_qp(static_cast<ibv_qp_extend *>(object));
             case IBV_EXTEND_VDEV_OBJ_XRCD:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.close_xrcd(static_cast<ibv_xrcd *>(object));
-            case IBV_EXTEND_VDEV_OBJ_MW:  // never imported (SPEC.md §16): no template
+            case IBV_EXTEND_VDEV_OBJ_MW:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.dealloc_mw(static_cast<ibv_mw *>(object));
             case IBV_EXTEND_VDEV_OBJ_DM:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.free_dm(static_cast<ibv_dm *>(object));

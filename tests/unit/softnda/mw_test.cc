@@ -8,11 +8,6 @@ namespace {
 
 constexpr int kBindable = kAllAccess | IBV_ACCESS_MW_BIND;
 
-// The next key byte of an rkey, as rdma-core's ibv_inc_rkey makes it.
-uint32_t incKey(uint32_t rkey) {
-    return (rkey & ~0xffu) | ((rkey + 1) & 0xffu);
-}
-
 class Mw : public QpPairTest {
   protected:
     void SetUp() override {

@@ -100,6 +100,8 @@ enum Obj {
     kXsrq,
     kQpI,
     kQpT,
+    kMw1,  // a type 1 and a type 2 memory window of the PD (SPEC.md §16)
+    kMw2,
     kObjs
 };
 constexpr int kWrites = 16, kSends = 4;
@@ -115,6 +117,7 @@ struct Shared {
     uint32_t qpn_e;
     uint32_t qpn_i, qpn_t, srqn;  // the XRC initiator and target, and the XRC SRQ's number
     uint32_t key[3];
+    uint32_t mw_key[2];       // the windows' rkeys after the binds before the kill
     uint64_t src, dst, recv;  // old addresses (= iovas) of the MR buffers
     int ready;
     ibv_qp_extend *qp_ext[3];  // the child's own pointers (used in the child only)
@@ -183,7 +186,10 @@ void handOver(Shared *sh, int sock, int efd, int afd) {
     }
 }
 
-constexpr int kNormal = 0, kDoctored = 1, kDiedBeforeCommit = 2;
+constexpr int kNormal = 0, kDoctored = 1, kDiedBeforeCommit = 2, kInvalidatedBeforeCi = 3;
+
+// The windows' ranges of the destination buffer (offsets), bound before the kill.
+constexpr uint64_t kMw1At = 2048, kMw2At = 2560, kMwLen = 512;
 
 // Record words as u32 indexes from dbr_pi (SPEC.md §1.1, §10).
 constexpr unsigned kWCi = 16, kWSqPsn = 18, kWExec = 21;
@@ -239,8 +245,9 @@ struct OldBroker {
         sh->recv = reinterpret_cast<uintptr_t>(recv);
         uint64_t *bufs[3] = {src, dst, recv};
         for (int i = 0; i < 3; ++i) {
-            mr[i] =
-                softnda_vdev_ops.reg_mr(pd, bufs[i], 4096, reinterpret_cast<uintptr_t>(bufs[i]), kAllAccess);
+            // The destination takes windows (SPEC.md §16).
+            const int access = i == 1 ? kAllAccess | IBV_ACCESS_MW_BIND : kAllAccess;
+            mr[i] = softnda_vdev_ops.reg_mr(pd, bufs[i], 4096, reinterpret_cast<uintptr_t>(bufs[i]), access);
             need(mr[i] != nullptr, 11);
             sh->key[i] = mr[i]->lkey;
         }
@@ -273,6 +280,9 @@ struct OldBroker {
         need(softnda_vdev_ops.attach_mcast(qp_e, &mgid, kUdMlid) == 0, 57);
         sh->qpn_e = qp_e->qp->qp_num;
         makeXrc();
+        mw[0] = softnda_vdev_ops.alloc_mw(pd, IBV_MW_TYPE_1);
+        mw[1] = softnda_vdev_ops.alloc_mw(pd, IBV_MW_TYPE_2);
+        need(mw[0] != nullptr && mw[1] != nullptr, 66);
     }
 
     // An XRC domain, an XRC SRQ completing on D's CQ, initiator I (sending on D's CQ) connected
@@ -356,15 +366,16 @@ struct OldBroker {
 
     // Blobs after each object's last control operation, as the broker takes them.
     void exportAll() {
-        const void *objs[kObjs] = {ctx,   pd,   mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1],
-                                   qp[2], cq_d, srq,   qp_d,  qp_e,  xrcd,  xsrq,  qp_i,  qp_t};
+        const void *objs[kObjs] = {ctx,  pd,  mr[0], mr[1], mr[2], cq[0], cq[1], qp[0], qp[1], qp[2],
+                                   cq_d, srq, qp_d,  qp_e,  xrcd,  xsrq,  qp_i,  qp_t,  mw[0], mw[1]};
         ibv_extend_vdev_obj kinds[kObjs] = {
             IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR,
             IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
             IBV_EXTEND_VDEV_OBJ_CQ,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
             IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_CQ, IBV_EXTEND_VDEV_OBJ_SRQ,
             IBV_EXTEND_VDEV_OBJ_QP,      IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_XRCD,
-            IBV_EXTEND_VDEV_OBJ_SRQ,     IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP};
+            IBV_EXTEND_VDEV_OBJ_SRQ,     IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_QP,
+            IBV_EXTEND_VDEV_OBJ_MW,      IBV_EXTEND_VDEV_OBJ_MW};
         for (int i = 0; i < kObjs; ++i) {
             need(softnda_vdev_ops.export_object(kinds[i], objs[i], &sh->st[i]) == 0, 16);
         }
@@ -407,6 +418,49 @@ struct OldBroker {
         xw.remote_srqn = sh->srqn;
         post(&sq_i, xw);
         need(waitCqes(cqs_d, 2).size() == 2, 65);
+        bindWindows();
+    }
+
+    // After the blobs were taken, as a data path binds: the type 1 window through A, the type 2
+    // through B (the responder of A's requests, the only QP that may use it). Only the windows'
+    // records can tell the successor.
+    void bindWindows() {
+        const ibv_qp_extend *through[2] = {qp[0], qp[1]};
+        const uint64_t at[2] = {kMw1At, kMw2At};
+        for (int i = 0; i < 2; ++i) {
+            sh->mw_key[i] = incKey(mw[i]->rkey);
+            auto b = wr(0, 9500 + i, nullptr, 0);
+            softnda_send_wr_set_bind(&b, mw[i]->rkey, sh->mw_key[i], sh->key[1], sh->dst + at[i], kMwLen,
+                                     IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+            post(&sq[through[i] == qp[0] ? 0 : 1], b);
+            auto done = waitCqes(cqs[i], 1);
+            need(done.size() == 1 && done[0].status == IBV_WC_SUCCESS && done[0].opcode == IBV_WC_BIND_MW,
+                 67);
+        }
+    }
+
+    // B invalidated the type 2 window (wr 9600) and the process died after the window's record
+    // said so but before B's CI, PSN and CQE: B's CI goes back one and the CQE is unwritten. Run
+    // again, the invalidation would fail (the window is no longer bound).
+    void invalidateThenDieBeforeCi() {
+        auto *cq_rec = static_cast<uint32_t *>(cq[1]->cq_info.dbr_pi_va.iov_base);
+        uint32_t cq_pi = __atomic_load_n(cq_rec, __ATOMIC_ACQUIRE);
+        auto inv = wr(SOFTNDA_OP_LOCAL_INV, 9600, nullptr, 0);
+        inv.rkey = sh->mw_key[1];
+        post(&sq[1], inv);
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        while (__atomic_load_n(cq_rec, __ATOMIC_ACQUIRE) == cq_pi) {
+            need(std::chrono::steady_clock::now() < deadline, 68);
+            std::this_thread::yield();
+        }
+        uint32_t *b = rec(sh->qp_ext[1]);
+        __atomic_store_n(b + kWCi, b[kWCi] - 1, __ATOMIC_RELEASE);
+        need(b[kWExec] == b[kWCi] + 1, 69);
+        auto *e =
+            reinterpret_cast<softnda_cqe *>(cqs[1].buf + (cq_pi & (cqs[1].entry_cnt - 1)) * SOFTNDA_CQE_SIZE);
+        need(e->wr_id == 9600 && e->status == IBV_WC_SUCCESS, 70);
+        e->owner ^= 1;
+        __atomic_store_n(cq_rec, cq_pi, __ATOMIC_RELEASE);
     }
 
     // A SEND the engine had started (exec one ahead of CI) but that never reached its commit
@@ -506,6 +560,7 @@ struct OldBroker {
     softnda_rq xsrq_rq{};
     ibv_qp_extend *qp_i = nullptr, *qp_t = nullptr;
     softnda_sq sq_i{};
+    ibv_mw *mw[2] = {};
     uint64_t *src = nullptr;
     int efd = -1, afd = -1;
 };
@@ -522,6 +577,9 @@ struct OldBroker {
         handOver(sh, sock, old.efd, old.afd);
     } else if (mode == kDoctored) {
         old.doctor();
+        handOver(sh, sock, old.efd, old.afd);
+    } else if (mode == kInvalidatedBeforeCi) {
+        old.invalidateThenDieBeforeCi();
         handOver(sh, sock, old.efd, old.afd);
     } else {
         old.postWorkForTheSuccessor();
@@ -711,6 +769,14 @@ class SoftndaRestart : public ::testing::Test {
         ASSERT_NE(qp_e, nullptr) << errno;
         EXPECT_EQ(qp_e->qp->qp_num, sh->qpn_e);
         ASSERT_NO_FATAL_FAILURE(importXrc());
+        // The windows last, after the QP that bound one: their bindings are taken up at the
+        // resume, whatever the order.
+        for (int i = 0; i < 2; ++i) {
+            mw[i] = static_cast<ibv_mw *>(
+                softnda_vdev_ops.import_object(IBV_EXTEND_VDEV_OBJ_MW, &sh->st[kMw1 + i], &env));
+            ASSERT_NE(mw[i], nullptr) << errno;
+            EXPECT_EQ(mw[i]->type, i == 0 ? IBV_MW_TYPE_1 : IBV_MW_TYPE_2);
+        }
         ASSERT_EQ(softnda_vdev_ops.set_paused("softnda0", 0), 0);
     }
 
@@ -761,6 +827,9 @@ class SoftndaRestart : public ::testing::Test {
         rings.insert(qp_t->sq_info.qbuf.base);
         g.freed.clear();
         g.unmapped.clear();
+        for (auto *w : mw) {
+            EXPECT_EQ(softnda_vdev_ops.dealloc_mw(w), 0);
+        }
         for (auto *q : qp) {
             EXPECT_EQ(ext->ops->destroy_qp(q), 0);
         }
@@ -818,6 +887,7 @@ class SoftndaRestart : public ::testing::Test {
     softnda_rq xsrq_rq{};
     ibv_qp_extend *qp_i = nullptr, *qp_t = nullptr;
     softnda_sq sq_i{};
+    ibv_mw *mw[2] = {};
     uint64_t *src = nullptr, *dst = nullptr, *recv = nullptr;
 };
 
@@ -1049,6 +1119,66 @@ TEST_F(SoftndaRestart, AUdQpKeepsItsTransportQkeyAndGroup) {
     ASSERT_EQ(by_id.count(8101), 1u);
     const ibv_gid mgid = udGroup();
     EXPECT_EQ(std::memcmp(reinterpret_cast<const uint8_t *>(recv) + 2048 + 64 + 24, mgid.raw, 16), 0);
+    teardown();
+}
+
+// A WRITE of value through rkey at offset `at` of the destination, from A (B responds); its
+// completion status.
+uint8_t writeThrough(softnda_cq &cq, ibv_qp_extend *a, const Shared *sh, uint64_t *src, uint32_t rkey,
+                     uint64_t at, uint64_t value, uint64_t id) {
+    softnda_sq sqA;
+    EXPECT_EQ(softnda_sq_init(&sqA, &a->sq_info), 0);
+    src[500] = value;
+    softnda_sge s{sh->src + 4000, 8, sh->key[0]};
+    auto w = wr(SOFTNDA_OP_RDMA_WRITE, id, &s, 1);
+    w.remote_addr = sh->dst + at;
+    w.rkey = rkey;
+    EXPECT_EQ(postAndRing(&sqA, w), 0);
+    auto done = waitCqes(cq, 1);
+    EXPECT_EQ(done.size(), 1u);
+    return done.empty() ? 0xff : done[0].status;
+}
+
+// Windows bound by the data path after the blobs were taken come back bound (SPEC.md §16): a
+// WRITE through each lands, and the MR under them is busy. Blobs alone would bring them back
+// unbound, and both WRITEs would fail.
+TEST_F(SoftndaRestart, WindowsBoundAfterTheLastBlobKeepTheirBindings) {
+    restore(kNormal);
+    ASSERT_FALSE(HasFatalFailure());
+    (void)waitCqes(cqs[0], kWrites / 2 + kSends);  // the work the test above checks
+    (void)waitCqes(cqs[1], kSends);
+    EXPECT_EQ(writeThrough(cqs[0], qp[0], sh, src, sh->mw_key[1], kMw2At + 8, 0x2222, 9700), IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[(kMw2At + 8) / 8], 0x2222u);
+    EXPECT_EQ(writeThrough(cqs[0], qp[0], sh, src, sh->mw_key[0], kMw1At + 16, 0x1111, 9701), IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[(kMw1At + 16) / 8], 0x1111u);
+    EXPECT_EQ(softnda_vdev_ops.dereg_mr(mr[1]), -EBUSY);
+    teardown();
+}
+
+// An invalidation that took effect before the kill but not its CI is retired, not run again
+// (which would fail: the window is no longer bound): B completes it once, SUCCESS, and the
+// window is free, so B can bind it again.
+TEST_F(SoftndaRestart, AnInvalidationRecordedBeforeTheKillIsRetiredNotRunAgain) {
+    restore(kInvalidatedBeforeCi);
+    ASSERT_FALSE(HasFatalFailure());
+    auto done = waitCqes(cqs[1], 1);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].wr_id, 9600u);
+    EXPECT_EQ(done[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(done[0].opcode, IBV_WC_LOCAL_INV);
+    EXPECT_TRUE(staysEmpty(cqs[1]));
+    softnda_sq sqB;
+    ASSERT_EQ(softnda_sq_init(&sqB, &qp[1]->sq_info), 0);
+    auto b = wr(0, 9601, nullptr, 0);
+    const uint32_t key = incKey(sh->mw_key[1]);
+    softnda_send_wr_set_bind(&b, sh->mw_key[1], key, sh->key[1], sh->dst + kMw2At, kMwLen,
+                             IBV_ACCESS_REMOTE_WRITE);
+    ASSERT_EQ(postAndRing(&sqB, b), 0);
+    auto bound = waitCqes(cqs[1], 1);
+    ASSERT_EQ(bound.size(), 1u);
+    EXPECT_EQ(bound[0].status, IBV_WC_SUCCESS) << "a type 2 window binds only when free";
+    EXPECT_EQ(writeThrough(cqs[0], qp[0], sh, src, key, kMw2At, 0x3333, 9702), IBV_WC_SUCCESS);
+    EXPECT_EQ(dst[kMw2At / 8], 0x3333u);
     teardown();
 }
 

@@ -135,6 +135,11 @@ inline bool staysEmpty(softnda_cq &cq) {
 }
 
 // The open fds of this process (with the one counting them).
+// The next key byte of an rkey, as rdma-core's ibv_inc_rkey makes it.
+inline uint32_t incKey(uint32_t rkey) {
+    return (rkey & ~0xffu) | ((rkey + 1) & 0xffu);
+}
+
 inline int countFds() {
     int n = 0;
     DIR *d = opendir("/proc/self/fd");
