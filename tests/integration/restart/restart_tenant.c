@@ -5,9 +5,11 @@
  * another PD before it starts (ibv_rereg_mr), a UD address handle made before and destroyed
  * after the restarts (the broker keeps it), device memory (ibv_alloc_dm) holding a pattern copied
  * in before the restarts and checked after them, with a zero-based MR on it that every 16th
- * iteration WRITEs into (checked with ibv_memcpy_from_dm), and a control call (create + destroy
- * a QP) every 20 ms, through the standard verbs (linked against the system libibverbs; run through
- * ibv-extend-run so the face serves it).
+ * iteration WRITEs into (checked with ibv_memcpy_from_dm), two memory windows (type 1 bound with
+ * ibv_bind_mw, type 2 with a BIND_MW work request) bound once before the restarts, which every
+ * 16th iteration WRITEs through (their bindings live only in the driver's window records), and a
+ * control call (create + destroy a QP) every 20 ms, through the standard verbs (linked against the system
+ * libibverbs; run through ibv-extend-run so the face serves it).
  *
  *   restart-tenant DEVICE [windows]
  *
@@ -37,6 +39,42 @@ static uint64_t now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+/* Binds mw to [addr, addr+len) of mr through qp (type 1: ibv_bind_mw; type 2: a BIND_MW work
+ * request with the next key), waits for its completion, and returns the window's new rkey. */
+static uint32_t bind_window(struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mw *mw, struct ibv_mr *mr,
+                            void *addr, size_t len) {
+    struct ibv_mw_bind_info info = {.mr = mr,
+                                    .addr = (uintptr_t)addr,
+                                    .length = len,
+                                    .mw_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+    uint32_t rkey = ibv_inc_rkey(mw->rkey);
+    if (mw->type == IBV_MW_TYPE_1) {
+        struct ibv_mw_bind bind = {.wr_id = 1, .send_flags = IBV_SEND_SIGNALED, .bind_info = info};
+        if (ibv_bind_mw(qp, mw, &bind) != 0) {
+            fail("ibv_bind_mw", strerror(errno));
+        }
+        rkey = mw->rkey;
+    } else {
+        struct ibv_send_wr wr, *bad = NULL;
+        memset(&wr, 0, sizeof(wr));
+        wr.wr_id = 2;
+        wr.opcode = IBV_WR_BIND_MW;
+        wr.send_flags = IBV_SEND_SIGNALED;
+        wr.bind_mw.mw = mw;
+        wr.bind_mw.rkey = rkey;
+        wr.bind_mw.bind_info = info;
+        if (ibv_post_send(qp, &wr, &bad) != 0) {
+            fail("BIND_MW", strerror(errno));
+        }
+    }
+    struct ibv_wc wc;
+    if (!poll_wc_within(cq, &wc, 30, "BIND_MW") || wc.status != IBV_WC_SUCCESS ||
+        wc.opcode != IBV_WC_BIND_MW) {
+        fail("binding a memory window", "no successful completion");
+    }
+    return rkey;
 }
 
 static int stdin_closed(void) {
@@ -86,7 +124,7 @@ int main(int argc, char **argv) {
      * access and PD (the QPs'; under other_pd, still allocated, every WRITE would fail). */
     if (ibv_rereg_mr(dmr,
                      IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS,
-                     pd, dst, 4096, kAccess) != 0) {
+                     pd, dst, 4096, kAccess | IBV_ACCESS_MW_BIND) != 0) {
         fail("ibv_rereg_mr", strerror(errno));
     }
     struct ibv_ah_attr ah_attr = {.dlid = port.lid, .port_num = 1};
@@ -108,6 +146,15 @@ int main(int argc, char **argv) {
     if (dm_mr == NULL) {
         fail("ibv_reg_dm_mr", strerror(errno));
     }
+    /* Memory windows onto dst (softnda SPEC.md §16), bound by the data path: the type 2 window
+     * through b, the responder of a's WRITEs, the only QP that may use it. */
+    struct ibv_mw *mw1 = ibv_alloc_mw(pd, IBV_MW_TYPE_1), *mw2 = ibv_alloc_mw(pd, IBV_MW_TYPE_2);
+    if (mw1 == NULL || mw2 == NULL) {
+        fail("ibv_alloc_mw", strerror(errno));
+    }
+    uint64_t *const at_mw[2] = {dst + 256, dst + 320}; /* bytes 2048 and 2560 of dst */
+    const uint32_t mw_rkey[2] = {bind_window(a, cq, mw1, dmr, at_mw[0], 512),
+                                 bind_window(b, cq, mw2, dmr, at_mw[1], 512)};
     printf("ready qpn=%u,%u\n", a->qp_num, b->qp_num);
     fflush(stdout);
 
@@ -182,6 +229,32 @@ int main(int argc, char **argv) {
             }
             last = now_us();
         }
+        if ((i & 15) == 8) {  // the same WRITE through each window, 8 bytes into it
+            for (int k = 0; k < 2; ++k) {
+                wr.wr.rdma.remote_addr = (uintptr_t)(at_mw[k] + 1);
+                wr.wr.rdma.rkey = mw_rkey[k];
+                if (ibv_post_send(a, &wr, &bad) != 0) {
+                    fail("ibv_post_send", strerror(errno));
+                }
+                const int mw_completed = poll_wc_within(cq, &wc, 30, "WRITE through a window");
+                const uint64_t there = __atomic_load_n(at_mw[k] + 1, __ATOMIC_ACQUIRE);
+                if (!mw_completed && count_windows && there == i) {
+                    ++win_cqe;
+                    fprintf(stderr,
+                            "restart-tenant: WR %llu through window %d: CQE lost, the value there (SPEC.md "
+                            "§10)\n",
+                            (unsigned long long)i, k + 1);
+                } else if (!mw_completed) {
+                    fail("WRITE through a window", "no completion in 30 s");
+                } else if (wc.status != IBV_WC_SUCCESS || there != i) {
+                    ++failed;
+                    fprintf(stderr, "restart-tenant: WR %llu through window %d: status %s, target %llu\n",
+                            (unsigned long long)i, k + 1, ibv_wc_status_str(wc.status),
+                            (unsigned long long)there);
+                }
+            }
+            last = now_us();
+        }
         if (t - last_control >= 20000) {
             last_control = t;
             ++control;
@@ -214,6 +287,8 @@ int main(int argc, char **argv) {
         (unsigned long long)control, (unsigned long long)control_failed, (unsigned long long)max_control,
         (unsigned long long)win_cqe);
     fflush(stdout);
+    ibv_dealloc_mw(mw1);
+    ibv_dealloc_mw(mw2);
     ibv_destroy_qp(a);
     ibv_destroy_qp(b);
     ibv_dereg_mr(smr);
