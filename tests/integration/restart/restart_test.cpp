@@ -422,6 +422,15 @@ TEST(RestartForeground, XsrqPingpongPairRunsOnAcrossARequireKeepRestart) {
     pairRunsOnAcrossARestart("/usr/bin/ibv_xsrq_pingpong", 5000, "  remote:", pb::OBJECT_KIND_XRCD);
 }
 
+// UD (softnda SPEC.md §11): the QPs with their Q_Keys and both tenants' address handles are
+// carried by the restart while the datagrams flow (an admin restart pauses the engine between
+// WQEs, so none is in flight: §10's at-most-once for a datagram does not enter).
+TEST(RestartForeground, UdPingpongPairRunsOnAcrossARequireKeepRestart) {
+    constexpr int kIters = 2000;
+    pairRunsOnAcrossARestart("/usr/bin/ibv_ud_pingpong", kIters, std::to_string(kIters) + " iters in",
+                             pb::OBJECT_KIND_AH);
+}
+
 TEST(RestartFdStore, SystemdRestartAndKill9KeepEveryQueue) {
     StoreBroker broker;
     ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
