@@ -5,7 +5,9 @@
 // mapped queues as a device kernel would, objects churned through ibvx_*), against the real broker under
 // fdstore_harness (systemd's fd store), while the soak, at seeded random moments, kill -9s the broker, runs
 // `ibv-extendctl restart`, kills a tenant in the middle of its calls, corrupts the fd-channel frames of a
-// session and sends garbage from a client that is no session.
+// session and sends garbage from a client that is no session (run as root, half of those from uid
+// 65534, a foreign user: the socket is opened to everyone for it, as a .socket unit with
+// SocketMode=0666 would).
 //
 // It checks that no surviving tenant loses or repeats an operation except in the windows softnda
 // SPEC.md §10 documents (each counted and reported), that every killed tenant's session and
@@ -21,8 +23,13 @@
 //   IBVX_SOAK_FORK=0    the chaos-tenants fork no children (by default they fork, now and then,
 //                       a child that opens the device and registers memory)
 // The long form: IBVX_SOAK_SECONDS=600 ctest --test-dir build -R chaos_soak --output-on-failure
+#include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <random>
@@ -40,7 +47,7 @@ uint64_t envOr(const char *name, uint64_t fallback) {
 
 // What the chaos did and what the tenants verified, printed at the end.
 struct Figures {
-    uint64_t kill9 = 0, ctl_restarts = 0, tenant_kills = 0, corrupted = 0, garbage = 0;
+    uint64_t kill9 = 0, ctl_restarts = 0, tenant_kills = 0, corrupted = 0, garbage = 0, foreign_garbage = 0;
     uint64_t ops = 0, extend_ops = 0, churn = 0, forks = 0, control = 0, write_loop = 0;
     uint64_t win_atomic = 0, win_recv = 0, win_cqe = 0;
     uint64_t fork_no_session = 0;  // a child's session not opened: the broker was restarting
@@ -92,6 +99,8 @@ class Soak {
 
     void run() {
         ASSERT_FALSE(broker_.waitFor("ready ").empty()) << broker_.log();
+        foreign_ = ::geteuid() == 0 && ::chmod(broker_.dir().c_str(), 0711) == 0 &&
+                   ::chmod(broker_.socket().c_str(), 0666) == 0;
         // The baseline is a restarted broker's (the first process also holds what its start-up
         // left, close-on-exec fds no restart carries over), with no session.
         ctlRestart();
@@ -132,10 +141,10 @@ class Soak {
         const Figures &f = figures_;
         printf(
             "soak: %llu kill -9, %llu ibv-extendctl restart, %llu tenants killed, %llu sessions' frames "
-            "corrupted, %llu garbage connections\n",
+            "corrupted, %llu garbage connections (%llu from a foreign uid)\n",
             (unsigned long long)f.kill9, (unsigned long long)f.ctl_restarts,
             (unsigned long long)f.tenant_kills, (unsigned long long)f.corrupted,
-            (unsigned long long)f.garbage);
+            (unsigned long long)f.garbage, (unsigned long long)f.foreign_garbage);
         printf(
             "soak: verified %llu operations (WRITE/READ/SEND/atomic) + %llu through ibvx_* (WRITE/READ/SEND) "
             "+ "
@@ -320,21 +329,77 @@ class Soak {
     }
 
     // Random bytes from a connection that is no session (after the IBVX magic or the HTTP/2
-    // preface): the broker closes it.
+    // preface): the broker closes it. Half of them come from a foreign uid when the soak can
+    // make one (as root).
     void garbage() {
-        UniqueFd fd = connectUnix(broker_.socket());
-        ASSERT_TRUE(fd) << broker_.log();
         std::string bytes = rng_() % 2 != 0 ? "IBVX" : "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
         for (int i = 0; i < 1024; ++i) {
             bytes += static_cast<char>(rng_());
         }
-        (void)!::send(fd.get(), bytes.data(), bytes.size(), MSG_NOSIGNAL);
-        EXPECT_TRUE(eventually([&] {
-            char buf[4096];
-            pollfd p{fd.get(), POLLIN, 0};
-            return ::poll(&p, 1, 0) == 1 && ::recv(fd.get(), buf, sizeof(buf), MSG_DONTWAIT) <= 0;
-        })) << "a garbage connection was left open";
+        if (foreign_ && rng_() % 2 != 0) {
+            ASSERT_NO_FATAL_FAILURE(garbageAsForeignUid(bytes));
+            ++figures_.foreign_garbage;
+        } else {
+            UniqueFd fd = connectUnix(broker_.socket());
+            ASSERT_TRUE(fd) << broker_.log();
+            EXPECT_TRUE(sendAndSeeClosed(fd.get(), bytes)) << "a garbage connection was left open";
+        }
         ++figures_.garbage;
+    }
+
+    // Sends bytes on fd and waits (10 s at most) for the broker to close the connection.
+    static bool sendAndSeeClosed(int fd, const std::string &bytes) {
+        (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+        return eventually(
+            [&] {
+                char buf[4096];
+                pollfd p{fd, POLLIN, 0};
+                return ::poll(&p, 1, 0) == 1 && ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) <= 0;
+            },
+            10s);
+    }
+
+    // The same from a child that became uid/gid 65534 before connecting (the broker reads the
+    // peer's credentials at connect): exit 0 once closed, 2 when it cannot connect, 1 when the
+    // connection stays open. The child of this multithreaded process makes system calls only.
+    void garbageAsForeignUid(const std::string &bytes) {
+        sockaddr_un addr{};
+        addr.sun_family = AF_UNIX;
+        ASSERT_LT(broker_.socket().size(), sizeof(addr.sun_path));
+        std::memcpy(addr.sun_path, broker_.socket().c_str(), broker_.socket().size() + 1);
+        pid_t pid = ::fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) {
+            constexpr uid_t kNobody = 65534;
+            if (::setgroups(0, nullptr) != 0 || ::setresgid(kNobody, kNobody, kNobody) != 0 ||
+                ::setresuid(kNobody, kNobody, kNobody) != 0) {
+                _exit(3);
+            }
+            int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr *>(&addr), sizeof(addr)) != 0) {
+                _exit(2);
+            }
+            (void)!::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+            char buf[4096];
+            for (int waited_ms = 0; waited_ms < 10000; waited_ms += 100) {
+                pollfd p{fd, POLLIN, 0};
+                if (::poll(&p, 1, 100) == 1 && ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT) <= 0) {
+                    _exit(0);
+                }
+            }
+            _exit(1);
+        }
+        int status = 0;
+        const bool ended = eventually([&] { return ::waitpid(pid, &status, WNOHANG) == pid; }, 30s);
+        if (!ended) {
+            ::kill(pid, SIGKILL);
+            ::waitpid(pid, &status, 0);
+        }
+        ASSERT_TRUE(ended) << "the foreign client did not finish";
+        ASSERT_TRUE(WIFEXITED(status)) << "foreign client status " << status;
+        EXPECT_EQ(WEXITSTATUS(status), 0) << "foreign client: 1 = connection left open, 2 = cannot connect, "
+                                             "3 = cannot become uid 65534\n"
+                                          << broker_.log();
     }
 
     void finishSurvivors() {
@@ -402,6 +467,7 @@ class Soak {
 
     const uint64_t seed_, seconds_, tenants_, extend_tenants_;
     const bool fork_, extend_churn_;
+    bool foreign_ = false;  // garbage may come from uid 65534 (run as root)
     std::mt19937_64 rng_;
     StoreBroker broker_;
     AdminClient admin_;
