@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/unique_fd.h"
 #include "tests/integration/daemon/test_client.h"
 
 namespace ibvx::test {
@@ -38,13 +39,6 @@ class LineReader {
   public:
     LineReader() = default;
     explicit LineReader(int fd) : fd_(fd) {}
-    LineReader(const LineReader &) = delete;
-    LineReader &operator=(const LineReader &) = delete;
-    ~LineReader() {
-        if (fd_ >= 0) {
-            close(fd_);
-        }
-    }
     // The next line starting with prefix; every line read is appended to *kept. "" at EOF or when
     // the budget ran out (timedOut() says which).
     std::string next(const std::string &prefix, std::string *kept, std::chrono::milliseconds budget) {
@@ -59,12 +53,12 @@ class LineReader {
                     return line;
                 }
             }
-            if (fd_ < 0) {
+            if (!fd_) {
                 return "";
             }
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                 deadline - std::chrono::steady_clock::now());
-            pollfd p{fd_, POLLIN, 0};
+            pollfd p{fd_.get(), POLLIN, 0};
             const int ready = left.count() > 0 ? ::poll(&p, 1, static_cast<int>(left.count())) : 0;
             if (ready < 0 && errno == EINTR) {
                 continue;
@@ -74,13 +68,12 @@ class LineReader {
                 return "";
             }
             char chunk[4096];
-            const ssize_t n = ::read(fd_, chunk, sizeof(chunk));
+            const ssize_t n = ::read(fd_.get(), chunk, sizeof(chunk));
             if (n < 0 && errno == EINTR) {
                 continue;
             }
             if (n <= 0) {
-                close(fd_);
-                fd_ = -1;
+                fd_.reset();
                 continue;  // lines already read still count; then EOF
             }
             buf_.append(chunk, static_cast<size_t>(n));
@@ -89,7 +82,7 @@ class LineReader {
     bool timedOut() const { return timed_out_; }
 
   private:
-    int fd_ = -1;
+    UniqueFd fd_;
     std::string buf_;
     bool timed_out_ = false;
 };
