@@ -7,15 +7,17 @@
 # steps literally (extracted from README.md, less its `cmake --install` line), then tenants as
 # non-root users in and out of the socket's group, a verified traffic loop through every kind of
 # restart (systemctl restart with a watch open and earlier sessions ended, kill -9,
-# `ibv-extendctl restart --require-keep`), a config typo, a bad reload, and `man -w`.
+# `ibv-extendctl restart --require-keep`), a forking chaos-tenant through seeded kill -9s and
+# restarts of both kinds, a config typo, a bad reload, and `man -w`.
 #
-#   nspawn_story.sh BUILD_DIR SOURCE_DIR RESTART_TENANT
+#   nspawn_story.sh BUILD_DIR SOURCE_DIR RESTART_TENANT CHAOS_TENANT
 #
 # Exit 0 when every check passed, 1 when one failed, 77 (skip) where nspawn cannot run.
 set -uo pipefail
 B=$(realpath "$1")
 SRC=$(realpath "$2")
 TENANT=$(realpath "$3")
+CHAOS=$(realpath "$4")
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 skip() {
@@ -90,6 +92,7 @@ if ! grep -q "systemctl enable" "$OUT/readme-steps.sh"; then
   exit 1
 fi
 echo "$TENANT" >"$OUT/tenant"
+echo "$CHAOS" >"$OUT/chaos_tenant"
 # IBVX_STORY_UNTIL=N ends the story after its N-th systemctl restart (for a quick look).
 echo "${IBVX_STORY_UNTIL:-}" >"$OUT/until"
 
@@ -110,10 +113,12 @@ case "$B/" in
   "$SRC"/*) ;;
   *) binds+=(--bind-ro="$B") ;;
 esac
-case "$TENANT" in
-  "$SRC"/* | "$B"/*) ;;
-  *) binds+=(--bind-ro="$(dirname "$TENANT")") ;;
-esac
+for prog in "$TENANT" "$CHAOS"; do
+  case "$prog" in
+    "$SRC"/* | "$B"/*) ;;
+    *) binds+=(--bind-ro="$(dirname "$prog")") ;;
+  esac
+done
 
 echo "== boot: systemd-nspawn -D $R -b (the host's /usr, the install over /usr/local)"
 start=$(date +%s)

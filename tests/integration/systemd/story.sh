@@ -7,6 +7,7 @@
 set -u
 exec >/story/story.log 2>&1
 TENANT=$(cat /story/tenant)
+CHAOS=$(cat /story/chaos_tenant)
 CONFIG=/etc/ibv-extend/ibv-extendd.toml
 pass=0
 fail=0
@@ -56,6 +57,23 @@ wait_serving() {
   return 1
 }
 tenant_alive() { kill -0 "$tenant_pid" 2>/dev/null; }
+# Runs a tenant program as alice, its stdin a FIFO the story holds open (closing it tells the
+# tenant to finish), its stdout and stderr in /story/NAME.out and .err, and waits up to 10 s for
+# its "ready" line. Leaves its pid in started_pid and the FIFO's fd in started_in.
+start_tenant() {
+  local name=$1
+  shift
+  rm -f "/run/$name.in"
+  mkfifo "/run/$name.in"
+  chmod 0666 "/run/$name.in"
+  run_as alice "$@" <"/run/$name.in" >"/story/$name.out" 2>"/story/$name.err" &
+  started_pid=$!
+  exec {started_in}>"/run/$name.in"
+  for _ in $(seq 100); do
+    grep -q ready "/story/$name.out" && break
+    sleep 0.1
+  done
+}
 # One short-lived tenant: a session that opens and ends, as the scenario of issue 20 had.
 short_tenant() { run_as alice ibv_devinfo -d softnda0 >/dev/null 2>&1; }
 
@@ -99,18 +117,11 @@ check "ibv_rc_pingpong: 500 round trips, both ends exit 0" test "$client_ok$serv
 tail -1 /story/pp.client
 
 echo "== a verified WRITE loop (restart-tenant) as alice, and an Admin watch"
-rm -f /run/tenant.in
-mkfifo /run/tenant.in
-chmod 0666 /run/tenant.in
-run_as alice "$TENANT" softnda0 </run/tenant.in >/story/tenant.out 2>/story/tenant.err &
-tenant_pid=$!
-exec 3>/run/tenant.in
-for _ in $(seq 100); do
-  grep -q ready /story/tenant.out && break
-  sleep 0.1
-done
+start_tenant tenant "$TENANT" softnda0
+tenant_pid=$started_pid
+tenant_in=$started_in
 check "the tenant's RC pair is up" grep -q ready /story/tenant.out
-ctl watch >/story/watch.log 2>&1 3>&- &  # not holding the tenant's stdin open
+ctl watch >/story/watch.log 2>&1 {tenant_in}>&- &  # not holding the tenant's stdin open
 watch_pid=$!
 base=$(sessions)
 echo "   sessions: $base"
@@ -173,7 +184,7 @@ check "after the fix: the status line is clean" \
 check "the tenant ran through it all" tenant_alive
 
 echo "== the tenant's verdict"
-exec 3>&-
+exec {tenant_in}>&-
 wait "$tenant_pid"
 trc=$?
 cat /story/tenant.out
@@ -183,6 +194,48 @@ check "no failed WR, no failed control call" grep -qE "failed=0 .*control_failed
 kill "$watch_pid" 2>/dev/null
 wait "$watch_pid" 2>/dev/null
 check "the watch saw the restarts" grep -q broker-restart /story/watch.log
+
+echo "== chaos under systemd: a forking chaos-tenant as alice, kill -9s and restarts at seeded moments"
+# The chaos soak's tenant (tests/integration/restart/chaos_tenant.c): verified WRITE, READ,
+# SEND/RECV and atomics, churn, and forked children that open the device and register memory,
+# as a non-root member of the socket's group under the shipped unit. Six events, each a kill -9
+# (Restart=on-failure brings the broker back), a systemctl restart or an ibv-extendctl restart,
+# 0.5 to 2 s apart, chosen by a fixed seed.
+start_tenant chaos "$CHAOS" softnda0 26 fork
+chaos_pid=$started_pid
+chaos_in=$started_in
+check "the chaos-tenant's pair is up" grep -q ready /story/chaos.out
+base=$(sessions)
+RANDOM=26
+for i in 1 2 3 4 5 6; do
+  sleep "$((RANDOM % 4 / 2)).$((5 + RANDOM % 5))"
+  case $((RANDOM % 3)) in
+    0)
+      what="kill -9"
+      kill -9 "$(main_pid)"
+      sleep 0.2
+      ;;
+    1)
+      what="systemctl restart"
+      systemctl restart ibv-extendd.service
+      ;;
+    *)
+      what="ibv-extendctl restart"
+      ctl restart --require-keep >/dev/null 2>&1
+      ;;
+  esac
+  # A forked child's session comes and goes: the count settles back to the tenant's own.
+  check "chaos $i ($what): serving every session again" wait_serving "$base" 30
+done
+check "chaos: the chaos-tenant runs on" kill -0 "$chaos_pid"
+exec {chaos_in}>&-
+wait "$chaos_pid"
+crc=$?
+cat /story/chaos.out
+tail -5 /story/chaos.err
+check "the chaos-tenant exits 0" test "$crc" = 0
+check "the chaos-tenant: nothing lost or repeated outside SPEC.md §10's counted windows" \
+  grep -qE " failed=0( |$)" /story/chaos.out
 
 echo "== a fresh start with a broken configuration"
 restarts=$(systemctl show -p NRestarts --value ibv-extendd.service)
