@@ -5,12 +5,13 @@
 // everything it accepts must be an object the ordinary destroy call takes apart again.
 //
 // Setup (once per process): softnda0 opened, with one object of every kind made the ordinary
-// way (a PD, an MR, a CQ with an event fd, an SRQ and an RC QP) over memfd-backed queue memory
+// way (a PD, an MR, a CQ with an event fd, an SRQ, an RC QP and a memory window, which gives the
+// context its window file) over memfd-backed queue memory
 // (tests/unit/softnda/memfd_ops.h), each exported once: those blobs are the templates. The
 // device stays paused, as a restoring broker keeps it while it imports.
 //
 // Input: `u8 kind, u8 flags, u16 offset (LE), bytes...`
-//   kind % 6             the object kind imported (CONTEXT, PD, MR, CQ, SRQ, QP)
+//   kind % 7             the object kind imported (CONTEXT, PD, MR, CQ, SRQ, QP, MW)
 //   flags & 1            the bytes are the whole blob; otherwise they are XORed onto the kind's
 //                        template starting at offset (so most inputs stay close to a real blob)
 //   flags & 2            the blob keeps its length but claims fd_cnt = (flags >> 4) & 7
@@ -47,9 +48,9 @@ namespace {
 
 using softnda_test::MemfdArena;
 
-constexpr ibv_extend_vdev_obj kKinds[] = {IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD,
-                                          IBV_EXTEND_VDEV_OBJ_MR,      IBV_EXTEND_VDEV_OBJ_CQ,
-                                          IBV_EXTEND_VDEV_OBJ_SRQ,     IBV_EXTEND_VDEV_OBJ_QP};
+constexpr ibv_extend_vdev_obj kKinds[] = {
+    IBV_EXTEND_VDEV_OBJ_CONTEXT, IBV_EXTEND_VDEV_OBJ_PD, IBV_EXTEND_VDEV_OBJ_MR, IBV_EXTEND_VDEV_OBJ_CQ,
+    IBV_EXTEND_VDEV_OBJ_SRQ,     IBV_EXTEND_VDEV_OBJ_QP, IBV_EXTEND_VDEV_OBJ_MW};
 constexpr size_t kPage = 4096;
 
 // Doorbell pages relocation mapped for the current input: the driver unmaps those it took
@@ -111,8 +112,10 @@ class Templates {
                                     .ops = &g_ops});
         qp_ = ext_->ops->create_qp(ctx_, &qa);
         FUZZ_CHECK(qp_ != nullptr, "create_qp: %s", std::strerror(errno));
+        mw_ = softnda_vdev_ops.alloc_mw(pd_, IBV_MW_TYPE_2);
+        FUZZ_CHECK(mw_ != nullptr, "alloc_mw: %s", std::strerror(errno));
 
-        const void *objects[] = {ctx_, pd_, mr_, cq_, srq_, qp_};
+        const void *objects[] = {ctx_, pd_, mr_, cq_, srq_, qp_, mw_};
         for (size_t i = 0; i < std::size(kKinds); ++i) {
             FUZZ_CHECK(softnda_vdev_ops.export_object(kKinds[i], objects[i], &blobs_[i]) == 0,
                        "export_object kind %d", kKinds[i]);
@@ -127,6 +130,7 @@ class Templates {
                 close(b.fds[i]);
             }
         }
+        softnda_vdev_ops.dealloc_mw(mw_);
         ext_->ops->destroy_qp(qp_);
         ext_->ops->destroy_srq(srq_);
         ext_->ops->destroy_cq(cq_);
@@ -168,7 +172,7 @@ class Templates {
                 return ext_->ops->destroy_qp(static_cast<ibv_qp_extend *>(object));
             case IBV_EXTEND_VDEV_OBJ_XRCD:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.close_xrcd(static_cast<ibv_xrcd *>(object));
-            case IBV_EXTEND_VDEV_OBJ_MW:  // no template of this kind yet (kKinds)
+            case IBV_EXTEND_VDEV_OBJ_MW:
                 return softnda_vdev_ops.dealloc_mw(static_cast<ibv_mw *>(object));
             case IBV_EXTEND_VDEV_OBJ_DM:  // no template of this kind yet (kKinds)
                 return softnda_vdev_ops.free_dm(static_cast<ibv_dm *>(object));
@@ -186,6 +190,7 @@ class Templates {
     int event_fd_ = -1;
     ibv_srq_extend *srq_ = nullptr;
     ibv_qp_extend *qp_ = nullptr;
+    ibv_mw *mw_ = nullptr;
     ibv_extend_vdev_state blobs_[std::size(kKinds)] = {};
 };
 
