@@ -56,10 +56,6 @@ bool bindable(const Mw *mw, const Qp *qp, const Mr *mr, uint64_t addr, uint64_t 
     return addr >= mr->iova && len <= mr->len && addr - mr->iova <= mr->len - len;
 }
 
-}  // namespace
-
-namespace {
-
 // A window of pd in slot (taken by the caller) with rkey key, its record in mw: counted and
 // made visible to the engine. Caller holds Device::ctl.
 ibv_mw *installMw(std::unique_ptr<Mw> mw, Pd *pd, ibv_mw_type type, uint32_t slot, uint32_t key) {
