@@ -33,6 +33,9 @@ PACKAGES=(
   # for the verification program (tests/integration/verbs/ucp_verify.c); Open MPI over UCX
   # (tests/integration/verbs/mpi_verify.c)
   bubblewrap ucx-utils libucx-dev openmpi-bin libopenmpi-dev
+  # RoCEv2 on the wire (softnda SPEC.md §18): decoders we did not write check what softnda sends
+  # (Wireshark's dissector through tshark, scapy's RoCE layer for the ICRC), tcpdump captures
+  tshark tcpdump python3-scapy
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all

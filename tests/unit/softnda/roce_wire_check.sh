@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# RoCEv2's wire format judged by decoders we did not write (softnda SPEC.md §18): roce_pcap writes
+# one frame per opcode of RC, UC and UD; Wireshark's dissector (tshark) must decode every frame as
+# InfiniBand over UDP 4791 with the BTH fields roce_pcap sent and no malformed or error-level
+# expert item; scapy's RoCE layer must compute the ICRC each frame carries.
+#
+#   roce_wire_check.sh ROCE_PCAP
+# Exit 0 when both agree, 1 when one does not, 77 (skip) without tshark or scapy.
+set -uo pipefail
+gen=$1
+command -v tshark >/dev/null || { echo "roce_wire_check: SKIP: no tshark (Debian package tshark)"; exit 77; }
+/usr/bin/python3 -c "import scapy.contrib.roce" 2>/dev/null ||
+  { echo "roce_wire_check: SKIP: no scapy for /usr/bin/python3 (Debian package python3-scapy)"; exit 77; }
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+"$gen" "$dir/roce.pcap" "$dir/expect.txt" || exit 1
+frames=$(wc -l <"$dir/expect.txt")
+fail=0
+
+# Wireshark: the protocol stack, the BTH fields, and nothing malformed or in error. The payloads
+# are arbitrary bytes, not an upper-layer protocol: Wireshark's heuristic dissectors of InfiniBand
+# payloads (RPC-over-RDMA, SMB Direct, NVMe-oF, ...) are turned off, or they guess at a SEND's few
+# bytes and report their own protocol malformed.
+mapfile -t no_guess < <(tshark -G heuristic-decodes 2>/dev/null |
+  awk '$1 == "infiniband.payload" { print "--disable-protocol"; print $2 }')
+tshark() { command tshark "${no_guess[@]}" "$@"; }
+tshark -r "$dir/roce.pcap" -T fields -E separator=' ' -e frame.protocols -e infiniband.bth.opcode \
+  -e infiniband.bth.psn -e infiniband.bth.destqp >"$dir/tshark.txt" 2>"$dir/tshark.err"
+decoded=$(grep -c ":udp:infiniband" "$dir/tshark.txt")
+if [ "$decoded" != "$frames" ]; then
+  echo "tshark: $decoded of $frames frames decode as InfiniBand over UDP"
+  head -5 "$dir/tshark.txt" "$dir/tshark.err"
+  fail=1
+fi
+# tshark prints some fields in hex (0x...): bash's arithmetic reads both.
+n=0
+while read -r _ op psn qp && read -r e_op e_psn e_qp _ <&3; do
+  n=$((n + 1))
+  if [ $((op)) != "$e_op" ] || [ $((psn)) != "$e_psn" ] || [ $((qp)) != "$e_qp" ]; then
+    echo "tshark: frame $n: opcode/psn/destqp $op/$psn/$qp, sent $e_op/$e_psn/$e_qp"
+    fail=1
+  fi
+done <"$dir/tshark.txt" 3<"$dir/expect.txt"
+flagged=$(tshark -r "$dir/roce.pcap" -Y '_ws.malformed || _ws.expert.severity >= 8388608' -T fields \
+  -e frame.number 2>/dev/null | wc -l)
+if [ "$flagged" != 0 ]; then
+  echo "tshark: $flagged frames malformed or with an error-level expert item:"
+  tshark -r "$dir/roce.pcap" -Y '_ws.malformed || _ws.expert.severity >= 8388608' -V 2>/dev/null | head -60
+  fail=1
+fi
+echo "tshark: $frames frames, $decoded decoded as InfiniBand over UDP 4791, $flagged flagged"
+
+/usr/bin/python3 "$(dirname "$0")/roce_wire_check.py" "$dir/roce.pcap" "$dir/expect.txt" || fail=1
+exit $fail

@@ -1,0 +1,223 @@
+// RoCEv2's wire format (roce_wire.h, SPEC.md §18): every opcode of RC, UC and UD encodes and
+// parses back field for field with payloads of every pad; what cannot be a packet is refused; the
+// ICRC covers what the annex says and masks what it says. The check against decoders we did not
+// write (scapy's ICRC, Wireshark's dissector) is roce_wire_check.sh over roce_pcap's capture.
+#include "providers/softnda/src/roce_wire.h"
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <vector>
+
+namespace softnda::roce {
+namespace {
+
+// Every opcode a transport has.
+std::vector<uint8_t> validOpcodes() {
+    std::vector<uint8_t> out;
+    for (int t : {kRc, kUc, kUd}) {
+        for (int op = 0; op < 32; ++op) {
+            if (layoutOf(static_cast<uint8_t>(t | op)).valid) {
+                out.push_back(static_cast<uint8_t>(t | op));
+            }
+        }
+    }
+    return out;
+}
+
+Packet sample(uint8_t opcode, std::span<const uint8_t> payload) {
+    Packet p;
+    p.bth = Bth{opcode, true, true, 0, 0x8001, 0xabcdef, true, 0x123456};
+    p.deth_qkey = 0x11111111;
+    p.deth_src_qp = 0x222222;
+    p.reth_va = 0x0102030405060708;
+    p.reth_rkey = 0x33333333;
+    p.reth_len = 0x44444444;
+    p.atomic_va = 0x1112131415161718;
+    p.atomic_rkey = 0x55555555;
+    p.atomic_swap_add = 0x2122232425262728;
+    p.atomic_compare = 0x3132333435363738;
+    p.aeth_syndrome = 0x1f;
+    p.aeth_msn = 0x654321;
+    p.atomic_orig = 0x4142434445464748;
+    p.imm = 0x66666666;
+    p.ieth_rkey = 0x77777777;
+    p.payload = layoutOf(opcode).payload ? payload : std::span<const uint8_t>();
+    return p;
+}
+
+TEST(RoceWire, TheTransportsHaveTheirOpcodes) {
+    // RC: Table 38 less the reserved 0x15; UC: SENDs and WRITEs; UD: SEND_ONLY (with immediate).
+    EXPECT_EQ(validOpcodes().size(), 23u + 12u + 2u);
+    EXPECT_FALSE(layoutOf(kRc | 0x15).valid);
+    EXPECT_FALSE(layoutOf(kUc | kReadRequest).valid);
+    EXPECT_FALSE(layoutOf(kUc | kFetchAdd).valid);
+    EXPECT_FALSE(layoutOf(kUd | kSendFirst).valid);
+    EXPECT_FALSE(layoutOf(0x40 | kSendOnly).valid);  // RD
+    EXPECT_EQ(layoutOf(kRc | kWriteOnlyImm).headers(), kRethLen + kImmLen);
+    EXPECT_EQ(layoutOf(kRc | kAtomicAcknowledge).headers(), kAethLen + kAtomicAckLen);
+    EXPECT_EQ(layoutOf(kUd | kSendOnlyImm).headers(), kDethLen + kImmLen);
+    EXPECT_EQ(layoutOf(kRc | kCompareSwap).headers(), kAtomicEthLen);
+    EXPECT_EQ(layoutOf(kRc | kSendOnlyInv).headers(), kIethLen);
+}
+
+TEST(RoceWire, EveryOpcodeRoundTripsWithEveryPad) {
+    const std::array<uint8_t, 7> bytes = {1, 2, 3, 4, 5, 6, 7};
+    for (uint8_t opcode : validOpcodes()) {
+        for (size_t n = 0; n < bytes.size(); ++n) {
+            SCOPED_TRACE(testing::Message() << "opcode 0x" << std::hex << int{opcode} << std::dec << ", " << n
+                                            << " payload bytes");
+            const Packet p = sample(opcode, std::span(bytes).first(n));
+            std::vector<uint8_t> wire(encodedLength(p));
+            ASSERT_FALSE(wire.empty());
+            ASSERT_EQ(encode(p, wire), wire.size());
+            EXPECT_EQ(wire.size() % 4, 0u) << "padded to four bytes";
+            Packet q;
+            ASSERT_TRUE(decode(wire, &q));
+            const Layout l = layoutOf(opcode);
+            EXPECT_EQ(q.bth.opcode, opcode);
+            EXPECT_EQ(q.bth.solicited, p.bth.solicited);
+            EXPECT_EQ(q.bth.migreq, p.bth.migreq);
+            EXPECT_EQ(q.bth.pad, (4 - p.payload.size() % 4) % 4);
+            EXPECT_EQ(q.bth.pkey, p.bth.pkey);
+            EXPECT_EQ(q.bth.dest_qp, p.bth.dest_qp);
+            EXPECT_EQ(q.bth.ack_req, p.bth.ack_req);
+            EXPECT_EQ(q.bth.psn, p.bth.psn);
+            EXPECT_EQ(std::vector<uint8_t>(q.payload.begin(), q.payload.end()),
+                      std::vector<uint8_t>(p.payload.begin(), p.payload.end()));
+            if (l.deth) {
+                EXPECT_EQ(q.deth_qkey, p.deth_qkey);
+                EXPECT_EQ(q.deth_src_qp, p.deth_src_qp);
+            }
+            if (l.reth) {
+                EXPECT_EQ(q.reth_va, p.reth_va);
+                EXPECT_EQ(q.reth_rkey, p.reth_rkey);
+                EXPECT_EQ(q.reth_len, p.reth_len);
+            }
+            if (l.atomic_eth) {
+                EXPECT_EQ(q.atomic_va, p.atomic_va);
+                EXPECT_EQ(q.atomic_rkey, p.atomic_rkey);
+                EXPECT_EQ(q.atomic_swap_add, p.atomic_swap_add);
+                EXPECT_EQ(q.atomic_compare, p.atomic_compare);
+            }
+            if (l.aeth) {
+                EXPECT_EQ(q.aeth_syndrome, p.aeth_syndrome);
+                EXPECT_EQ(q.aeth_msn, p.aeth_msn);
+            }
+            if (l.atomic_ack) {
+                EXPECT_EQ(q.atomic_orig, p.atomic_orig);
+            }
+            if (l.imm) {
+                EXPECT_EQ(q.imm, p.imm);
+            }
+            if (l.ieth) {
+                EXPECT_EQ(q.ieth_rkey, p.ieth_rkey);
+            }
+        }
+    }
+}
+
+// The BTH as the annex lays it out, byte for byte: an RC RDMA WRITE ONLY of 5 bytes.
+TEST(RoceWire, TheBthIsLaidOutAsTheAnnexSays) {
+    const std::array<uint8_t, 5> bytes = {0xa, 0xb, 0xc, 0xd, 0xe};
+    Packet p = sample(kRc | kWriteOnly, bytes);
+    std::vector<uint8_t> wire(encodedLength(p));
+    ASSERT_EQ(encode(p, wire), 12u + 16u + 5u + 3u + 4u);
+    const std::vector<uint8_t> bth(wire.begin(), wire.begin() + 12);
+    // opcode; SE, M, pad 3, TVer 0; P_Key; reserved byte; dest QP; A; PSN.
+    EXPECT_EQ(bth,
+              (std::vector<uint8_t>{0x0a, 0xf0, 0x80, 0x01, 0x00, 0xab, 0xcd, 0xef, 0x80, 0x12, 0x34, 0x56}));
+    EXPECT_EQ(wire[12], 0x01);  // RETH's VA, big-endian
+    EXPECT_EQ(wire[19], 0x08);
+    EXPECT_EQ(wire[28], 0x0a);  // the payload
+    EXPECT_EQ(wire[33], 0x00);  // the pad
+}
+
+TEST(RoceWire, WhatCannotBeAPacketIsRefused) {
+    const std::array<uint8_t, 4> bytes = {1, 2, 3, 4};
+    Packet p = sample(kRc | kSendOnly, bytes);
+    std::vector<uint8_t> wire(encodedLength(p));
+    ASSERT_EQ(encode(p, wire), wire.size());
+    Packet q;
+    for (size_t n = 0; n < kBthLen + kIcrcLen; ++n) {
+        EXPECT_FALSE(decode(std::span(wire).first(n), &q)) << n << " bytes";
+    }
+    auto bad = wire;
+    bad[0] = kRc | 0x15;  // reserved
+    EXPECT_FALSE(decode(bad, &q));
+    bad = wire;
+    bad[1] |= 0x01;  // transport header version 1
+    EXPECT_FALSE(decode(bad, &q));
+    bad = wire;
+    bad[1] = static_cast<uint8_t>((bad[1] & 0xcf) | 3 << 4);  // a pad of 3 is fine on 4 bytes
+    EXPECT_TRUE(decode(bad, &q));
+    EXPECT_EQ(q.payload.size(), 1u);
+    // An acknowledgement carries no payload: two bytes more than its AETH cannot be one.
+    Packet ack = sample(kRc | kAcknowledge, {});
+    std::vector<uint8_t> a(encodedLength(ack) + 4);
+    ASSERT_EQ(encode(ack, a), a.size() - 4);
+    EXPECT_TRUE(decode(std::span(a).first(a.size() - 4), &q));
+    EXPECT_FALSE(decode(a, &q));
+    // A pad longer than the payload.
+    Packet empty = sample(kRc | kSendOnly, {});
+    std::vector<uint8_t> e(encodedLength(empty));
+    ASSERT_EQ(encode(empty, e), e.size());
+    e[1] |= 2 << 4;
+    EXPECT_FALSE(decode(e, &q));
+    // encode: no payload where the opcode carries none, no room.
+    ack.payload = bytes;
+    EXPECT_EQ(encodedLength(ack), 0u);
+    std::vector<uint8_t> small(wire.size() - 1);
+    EXPECT_EQ(encode(p, small), 0u);
+}
+
+// The ICRC covers the packet and the invariant header fields; it masks what routers change.
+TEST(RoceWire, TheIcrcCoversTheInvariantFieldsOnly) {
+    const std::array<uint8_t, 8> bytes = {1, 2, 3, 4, 5, 6, 7, 8};
+    Packet p = sample(kRc | kSendOnly, bytes);
+    std::vector<uint8_t> wire(encodedLength(p));
+    ASSERT_EQ(encode(p, wire), wire.size());
+    std::array<uint8_t, kIpv4Len> ip = {
+        0x45, 0x00, 0,    static_cast<uint8_t>(kIpv4Len + kUdpLen + wire.size()),
+        0x00, 0x00, 0x40, 0x00,
+        64,   17,   0,    0,
+        10,   0,    0,    1,
+        10,   0,    0,    2};
+    std::array<uint8_t, kUdpLen> udp = {
+        0xc0, 0x00, 0x12, 0xb7, 0, static_cast<uint8_t>(kUdpLen + wire.size()), 0, 0};
+    fillIcrcIpv4(ip, udp, wire);
+    const uint32_t sent = carriedIcrc(wire);
+    const auto body = std::span<const uint8_t>(wire).first(wire.size() - kIcrcLen);
+    EXPECT_EQ(icrcIpv4(ip, udp, body), sent);
+    // Masked: TOS, TTL, the IP checksum, the UDP checksum, FECN/BECN and the BTH's reserved byte.
+    auto ip2 = ip;
+    ip2[1] = 0x68;
+    ip2[8] = 3;
+    ip2[10] = 0x12;
+    auto udp2 = udp;
+    udp2[7] = 0x34;
+    auto w2 = wire;
+    w2[4] = 0xc0;
+    EXPECT_EQ(icrcIpv4(ip2, udp2, std::span<const uint8_t>(w2).first(w2.size() - kIcrcLen)), sent);
+    // Covered: the IP identification and addresses, the UDP ports, every BTH field, the payload.
+    for (size_t at : {4u, 15u, 19u}) {
+        auto ip3 = ip;
+        ip3[at] ^= 1;
+        EXPECT_NE(icrcIpv4(ip3, udp, body), sent) << "IP byte " << at;
+    }
+    auto udp3 = udp;
+    udp3[1] ^= 1;
+    EXPECT_NE(icrcIpv4(ip, udp3, body), sent);
+    for (size_t at = 0; at < body.size(); ++at) {
+        if (at == 4) {
+            continue;
+        }
+        auto w3 = wire;
+        w3[at] ^= 0x10;
+        EXPECT_NE(icrcIpv4(ip, udp, std::span<const uint8_t>(w3).first(w3.size() - kIcrcLen)), sent)
+            << "packet byte " << at;
+    }
+}
+
+}  // namespace
+}  // namespace softnda::roce
