@@ -729,6 +729,9 @@ RestartState::Plan RestartState::plan() {
                 // a require-keep restart must refuse it here rather than drop it.
                 keeps = false;
                 drivers.insert(dev->info.provider + " (memory windows)");
+            } else if (const char *why = obj->restartDropReason(); why != nullptr) {
+                keeps = false;  // its record carries no driver state (Object::restartDropReason)
+                drivers.insert(dev->info.provider + " (" + why + ")");
             }
         }
         if (keeps) {
