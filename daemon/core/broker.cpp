@@ -614,6 +614,13 @@ StatusOr<Released> Broker::destroyByHandle(Session &s, uint64_t handle, ObjectKi
 }
 
 StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
+    {
+        ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+        ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+        if (keepsContextForTargets(s, *ctx)) {
+            return Released{};
+        }
+    }
     return destroyByHandle(s, context, ObjectKind::kContext);
 }
 

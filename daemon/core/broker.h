@@ -465,6 +465,9 @@ class Broker {
     // Called by destroyLocked: lets go of obj's handle on a shared target. True when obj stays
     // (hidden) because other handles hold the driver's target it owns.
     bool keepsTarget(Session &s, Object *obj);
+    // Called by closeContext: true when only hidden targets (see keepsTarget) still use ctx; it
+    // is then hidden too, and destroyed after the last of them (finishTargets).
+    bool keepsContextForTargets(Session &s, ContextObject &ctx);
     // Destroys the driver targets whose last handle went (their creators' hidden QpObjects) and
     // ends the parked sessions nothing keeps any more. Called with no session's mutex held.
     void finishTargets();

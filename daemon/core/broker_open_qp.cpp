@@ -101,6 +101,25 @@ bool Broker::keepsTarget(Session &s, Object *obj) {
     return true;
 }
 
+bool Broker::keepsContextForTargets(Session &s, ContextObject &ctx) {
+    if (ctx.users == 0) {
+        return false;
+    }
+    uint32_t hidden_users = 0;
+    for (const auto &[handle, obj] : s.objects_) {
+        if (obj->hidden() && obj->kind == ObjectKind::kQp &&
+            static_cast<const QpObject &>(*obj).context == &ctx) {
+            ++hidden_users;
+        }
+    }
+    if (hidden_users != ctx.users) {
+        return false;  // the tenant's own objects use it: EBUSY, as ever
+    }
+    ctx.released = true;
+    touch(s, &ctx);
+    return true;
+}
+
 std::shared_ptr<Session> Broker::sessionById(uint64_t id, bool *parked) {
     std::lock_guard lock(sessions_mu_);
     auto p = parked_.find(id);
@@ -132,10 +151,14 @@ void Broker::finishTargets() {
         std::lock_guard lock(s->mu_);
         auto it = s->objects_.find(owner.handle);
         if (it != s->objects_.end() && it->second->hidden()) {
-            Object *obj = it->second.get();
+            auto *qp = static_cast<QpObject *>(it->second.get());
+            ContextObject *ctx = qp->context;
             // A driver that refuses leaves it hidden in a live session (its end tries again).
-            if (!destroyLocked(*s, obj).isOk() && s->ended_ && s->objects_.count(owner.handle) != 0) {
-                eraseLocked(*s, obj);
+            if (!destroyLocked(*s, qp).isOk() && s->ended_ && s->objects_.count(owner.handle) != 0) {
+                eraseLocked(*s, qp);
+            }
+            if (ctx->hidden() && ctx->users == 0) {
+                (void)destroyLocked(*s, ctx);  // the tenant closed it already
             }
         }
         if (parked && s->ended_ && !teardownLocked(*s)) {

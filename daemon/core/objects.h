@@ -122,12 +122,15 @@ struct ContextObject : Object {
     Device *device() const override { return dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
+    bool hidden() const override { return released; }
     // Opens the driver's extension context on `verbs` (just opened, or imported by a restore);
     // a refusal closes `verbs` again. Called with the device's driver lock held (a driver call).
     loader::ExtendOpen openExtension();
     Device *dev = nullptr;
     ibv_context *verbs = nullptr;  // the device context (vdev or libibverbs)
     ibv_context_extend *ext = nullptr;
+    // The tenant closed it while XRC targets others hold still use it (Broker::closeContext).
+    bool released = false;
 };
 
 struct PdObject : Object {

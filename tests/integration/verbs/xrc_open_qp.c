@@ -8,7 +8,8 @@
  *    number no target of the domain has, fails with EINVAL; of the target's number it gives a
  *    handle, which moves the target to RTS, connected to an initiator of this process;
  *  - SENDs from the initiator land in this process's XRC SRQ through the target;
- *  - the creator sees the state the handle set (ibv_query_qp), destroys its own handle and ends;
+ *  - the creator sees the state the handle set (ibv_query_qp), destroys its own handle, closes its
+ *    domain handle and its device, and ends;
  *  - the target still works: more SENDs land, the handle still queries;
  *  - the handle is destroyed, the last one: the target is gone, its number opens nothing (EINVAL).
  *
@@ -102,7 +103,11 @@ static int creator(const char *device, const char *path, int to_opener, int from
     if (ibv_destroy_qp(tgt) != 0) {
         fail("creator: ibv_destroy_qp of its target", "refused");
     }
-    return 0; /* and ends with the domain and context open: the session's end reclaims them */
+    /* Its domain handle and context close although the broker keeps the target for the opener. */
+    if (ibv_close_xrcd(xrcd) != 0 || ibv_close_device(ctx) != 0) {
+        fail("creator: ibv_close_xrcd / ibv_close_device after letting go of the target", "refused");
+    }
+    return 0; /* and ends: its session goes, the target stays the opener's */
 }
 
 static pid_t start_creator(const char *self, const char *device, const char *path, int *to_creator,

@@ -527,6 +527,33 @@ TEST_F(BrokerOpenQpTest, TheLastHandleEndingWithItsSessionEndsTheCreatorsParkedS
     EXPECT_EQ(broker_->sessionCount(), 0u);
 }
 
+// The creator goes on living without its target: it closes its domain handle and its context
+// (kept for the target, hidden), and once the last handle goes nothing of the target is left.
+TEST_F(BrokerOpenQpTest, ACreatorClosesItsContextWhileOthersHoldItsTarget) {
+    auto creator = newSession();
+    auto ctx = broker_->openContext(*creator, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto xrcd = openShared(*creator, ctx->context, file_.fd(), 0);
+    ASSERT_TRUE(xrcd.isOk());
+    Base c;
+    c.ctx = ctx->context;
+    c.xrcd = *xrcd;
+    auto tgt = broker_->createQp(*creator, target(c));
+    ASSERT_TRUE(tgt.isOk()) << tgt.status().toString();
+    auto opened = open(*other_, b_, tgt->qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    ASSERT_TRUE(broker_->destroyQp(*creator, tgt->qp).isOk());
+    ASSERT_TRUE(broker_->closeXrcd(*creator, c.xrcd).isOk());
+    ASSERT_TRUE(broker_->closeContext(*creator, c.ctx).isOk()) << "only the hidden target uses it";
+    EXPECT_EQ(broker_->queryDeviceAttr(*creator, c.ctx).status().code(), Code::kNotFound) << "closed for it";
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "the target still works";
+    EXPECT_EQ(creator->objectCount(), 2u) << "the hidden target and its context";
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(creator->objectCount(), 0u) << "both went with the last handle";
+    EXPECT_EQ(open(*other_, b_, tgt->qp_num).status().errnoValue(), EINVAL);
+    broker_->endSession(creator);
+}
+
 TEST_F(BrokerOpenQpTest, BadOpensAreRefusedAndLeaveNothing) {
     const size_t objects = other_->objectCount();
     const uint64_t qps = held(Quota::kQps);
