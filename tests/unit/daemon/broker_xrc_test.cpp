@@ -6,9 +6,11 @@
 // until its last handle goes, its creator's included.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/restart/restart_state.h"
 #include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
@@ -552,6 +554,31 @@ TEST_F(BrokerOpenQpTest, ACreatorClosesItsContextWhileOthersHoldItsTarget) {
     EXPECT_EQ(creator->objectCount(), 0u) << "both went with the last handle";
     EXPECT_EQ(open(*other_, b_, tgt->qp_num).status().errnoValue(), EINVAL);
     broker_->endSession(creator);
+}
+
+// A restart plan counts both sessions as dropped while the target has a second handle (a restore
+// could make neither end again), and keeps them once it has one again.
+TEST_F(BrokerOpenQpTest, ARestartPlanDropsTheSessionsOfAnOpenedTarget) {
+    std::vector<UniqueFd> peer_ends;
+    for (const auto &s : {session_, other_}) {
+        int sv[2];
+        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        UniqueFd channel(sv[0]);
+        peer_ends.emplace_back(sv[1]);
+        std::shared_ptr<Session> attached;
+        ASSERT_EQ(broker_->attach(s->token(), {getpid(), getuid(), getgid()}, channel, &attached), 0);
+    }
+    RestartState restart(*broker_, FdStoreHooks{});
+    EXPECT_EQ(restart.plan().kept, 2u);
+    auto opened = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    RestartState::Plan p = restart.plan();
+    EXPECT_EQ(p.kept, 0u);
+    EXPECT_EQ(p.dropped, 2u) << "the opener's and the creator's";
+    ASSERT_EQ(p.dropping_drivers.size(), 1u);
+    EXPECT_EQ(p.dropping_drivers[0], "softnda (opened XRC target QPs)");
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(restart.plan().kept, 2u);
 }
 
 TEST_F(BrokerOpenQpTest, BadOpensAreRefusedAndLeaveNothing) {
