@@ -201,6 +201,47 @@ ibv_srq_extend *createSrqIn(ShadowContext *c, ibv_srq_init_attr_extend *a, Shado
     return handOut(s, rc);
 }
 
+namespace {
+
+// The shadow of a QP the broker made (CreateQp) or gave a handle on (OpenQp, no queue memory).
+ibv_qp_extend *shadowQpOf(ShadowContext *c, const pb::CreateQpResponse &resp, ibv_qp_init_attr_extend *a,
+                          ShadowPd *pd, ShadowCq *scq, ShadowCq *rcq, ShadowSrq *srq) {
+    const ibv_qp_type type = a->attr.qp_type;
+    auto *s = new ShadowQp{};
+    s->owner = c;
+    s->handle = resp.qp();
+    fromProto(resp.cap(), &s->cap);
+    a->attr.cap = s->cap;  // like ibv_create_qp(): the caller learns what it got
+    s->sq_sig_all = a->attr.sq_sig_all;
+    ibv_qp &qp = s->qp;
+    qp.context = &c->ctx;
+    qp.qp_context = a->attr.qp_context;
+    qp.pd = pd != nullptr ? &pd->pd : nullptr;
+    qp.send_cq = scq != nullptr ? &scq->cq : nullptr;
+    qp.recv_cq = rcq != nullptr ? &rcq->cq : nullptr;
+    qp.srq = srq != nullptr ? &srq->srq : nullptr;
+    qp.handle = resp.qp_num();
+    qp.qp_num = resp.qp_num();
+    qp.state = fromProtoState(resp.state());
+    qp.qp_type = type;
+    s->ext.qp = &s->qp;
+    copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
+    s->ext.vendor_priv_info.value = resp.vendor_priv_info();
+    int rc = fillQueue(c->session, resp.sq_info(), &s->ext.sq_info);
+    if (rc == 0) {
+        rc = fillQueue(c->session, resp.rq_info(), &s->ext.rq_info);
+    }
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.sq_info, &s->sq_db);
+    }
+    if (rc == 0) {
+        rc = mapDoorbell(a->ops, &s->ext.rq_info, &s->rq_db);
+    }
+    return handOut(s, rc);
+}
+
+}  // namespace
+
 ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXrcd *xrcd) {
     const ibv_qp_type type = a->attr.qp_type;
     // An XRC target has its domain only; an initiator a PD and a send CQ (SPEC.md §14).
@@ -238,37 +279,25 @@ ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXr
     if (rc != 0) {
         return failNull<ibv_qp_extend>(-rc);
     }
-    auto *s = new ShadowQp{};
-    s->owner = c;
-    s->handle = resp.qp();
-    fromProto(resp.cap(), &s->cap);
-    a->attr.cap = s->cap;  // like ibv_create_qp(): the caller learns what it got
-    s->sq_sig_all = a->attr.sq_sig_all;
-    ibv_qp &qp = s->qp;
-    qp.context = &c->ctx;
-    qp.qp_context = a->attr.qp_context;
-    qp.pd = pd != nullptr ? &pd->pd : nullptr;
-    qp.send_cq = scq != nullptr ? &scq->cq : nullptr;
-    qp.recv_cq = rcq != nullptr ? &rcq->cq : nullptr;
-    qp.srq = srq != nullptr ? &srq->srq : nullptr;
-    qp.handle = resp.qp_num();
-    qp.qp_num = resp.qp_num();
-    qp.state = fromProtoState(resp.state());
-    qp.qp_type = type;
-    s->ext.qp = &s->qp;
-    copyBytes(resp.resv(), s->ext.resv, sizeof(s->ext.resv));
-    s->ext.vendor_priv_info.value = resp.vendor_priv_info();
-    rc = fillQueue(c->session, resp.sq_info(), &s->ext.sq_info);
-    if (rc == 0) {
-        rc = fillQueue(c->session, resp.rq_info(), &s->ext.rq_info);
+    return shadowQpOf(c, resp, a, pd, scq, rcq, srq);
+}
+
+ibv_qp_extend *openQpIn(ShadowContext *c, ShadowXrcd *xrcd, uint32_t qp_num, ibv_qp_type type,
+                        void *qp_context) {
+    pb::OpenQpRequest req;
+    req.set_context(c->handle);
+    req.set_xrcd(xrcd->handle);
+    req.set_qp_num(qp_num);
+    req.set_qp_type(toProtoQpType(type));  // the broker refuses any but an XRC target (EINVAL)
+    pb::CreateQpResponse resp;
+    int rc = c->session->call("OpenQp", &pb::Broker::Stub::OpenQp, req, &resp);
+    if (rc != 0) {
+        return failNull<ibv_qp_extend>(-rc);
     }
-    if (rc == 0) {
-        rc = mapDoorbell(a->ops, &s->ext.sq_info, &s->sq_db);
-    }
-    if (rc == 0) {
-        rc = mapDoorbell(a->ops, &s->ext.rq_info, &s->rq_db);
-    }
-    return handOut(s, rc);
+    ibv_qp_init_attr_extend a{};
+    a.attr.qp_type = type;
+    a.attr.qp_context = qp_context;
+    return shadowQpOf(c, resp, &a, nullptr, nullptr, nullptr, nullptr);  // no queue memory
 }
 
 ShadowXrcd *openXrcd(ShadowContext *c, int fd, int oflags) {

@@ -339,5 +339,9 @@ ibv_srq_extend *createSrqIn(ShadowContext *c, ibv_srq_init_attr_extend *a, Shado
 // The forwarding create_qp, serving IBV_QPT_XRC_SEND (a PD and a send CQ; recv_cq and srq are
 // ignored, as the kernel ignores them) and IBV_QPT_XRC_RECV (xrcd only) besides the others.
 ibv_qp_extend *createQpIn(ShadowContext *c, ibv_qp_init_attr_extend *a, ShadowXrcd *xrcd);
+// ibv_open_qp at the broker (OpenQp): a handle on the target qp_num of the domain x names,
+// whichever process made it; it has no queue memory. NULL + errno (EINVAL: no such target).
+ibv_qp_extend *openQpIn(ShadowContext *c, ShadowXrcd *xrcd, uint32_t qp_num, ibv_qp_type type,
+                        void *qp_context);
 
 }  // namespace ibvx::client::broker

@@ -90,6 +90,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.close_xrcd = faceCloseXrcd;
     c->vctx.create_srq_ex = faceCreateSrqEx;
     c->vctx.get_srq_num = faceGetSrqNum;
+    c->vctx.open_qp = faceOpenQp;
     c->vctx.alloc_td = faceAllocTd;
     c->vctx.dealloc_td = faceDeallocTd;
     c->vctx.alloc_parent_domain = faceAllocParentDomain;

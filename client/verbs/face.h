@@ -103,6 +103,9 @@ ibv_srq *faceCreateSrqEx(ibv_context *context, ibv_srq_init_attr_ex *attr);
 int faceGetSrqNum(ibv_srq *srq, uint32_t *srq_num);
 // ibv_create_qp_ex() of an XRC QP (attr->qp_type IBV_QPT_XRC_SEND or IBV_QPT_XRC_RECV).
 ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr);
+// The verbs_context entry ibv_open_qp() reaches: a handle on an XRC target any process made in a
+// domain this context has open (the broker's OpenQp).
+ibv_qp *faceOpenQp(ibv_context *context, ibv_qp_open_attr *attr);
 
 // ---- memory windows (mw.cpp) ----------------------------------------------------------------------
 

@@ -4,7 +4,9 @@
 // to an XRC SRQ as to any SRQ and an initiator's sends carry wr.qp_type.xrc.remote_srqn.
 //
 // ibv_open_xrcd's file sharing is the broker's: the file goes to it on the fd channel and every
-// process opening a domain with the same file gets the same domain (docs/verbs.md).
+// process opening a domain with the same file gets the same domain (docs/verbs.md). So is
+// ibv_open_qp's: the broker finds the target by number in the domain and keeps it until its last
+// handle, in any process, goes.
 #include <fcntl.h>
 #include <sys/stat.h>
 
@@ -140,6 +142,26 @@ ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
         qp->pd = target ? nullptr : attr->pd;  // a parent domain stays what the QP names
     }
     return qp;
+}
+
+// As rdma-core's ibv_cmd_open_qp checks: the number, domain and type are needed; the context is
+// optional; nothing else is known. The handle has no queue of its own (posting to a target is
+// refused as for the one its creator holds); modify, query and destroy go to the broker.
+ibv_qp *faceOpenQp(ibv_context *context, ibv_qp_open_attr *attr) {
+    constexpr uint32_t kNeeded = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+    constexpr uint32_t kKnown = kNeeded | IBV_QP_OPEN_ATTR_CONTEXT;
+    ShadowContext *c = faceContext(context);
+    if (c == nullptr || attr == nullptr || (attr->comp_mask & kNeeded) != kNeeded ||
+        (attr->comp_mask & ~kKnown) != 0 || attr->qp_type != IBV_QPT_XRC_RECV) {
+        return failNull<ibv_qp>(EINVAL);
+    }
+    ShadowXrcd *x = broker::liveXrcd(attr->xrcd, c);
+    if (x == nullptr) {
+        return failNull<ibv_qp>(EINVAL);
+    }
+    void *qp_context = (attr->comp_mask & IBV_QP_OPEN_ATTR_CONTEXT) != 0 ? attr->qp_context : nullptr;
+    ibv_qp_extend *ext = broker::openQpIn(c, x, attr->qp_num, attr->qp_type, qp_context);
+    return ext != nullptr ? ext->qp : nullptr;
 }
 
 }  // namespace ibvx::client::verbs

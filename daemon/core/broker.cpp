@@ -239,6 +239,9 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
         if (it != by_token_.end() && it->second == s) {
             by_token_.erase(it);
         }
+        // Until its teardown is over, and longer when another session holds an XRC target it
+        // made (finishTargets() finds it here).
+        parked_[s->id()] = s;
     }
     s->ended_ = true;
     {
@@ -247,38 +250,57 @@ void Broker::endSession(const std::shared_ptr<Session> &s) {
         s->xfers_.clear();
         s->xfer_cv_.notify_all();
     }
-    std::lock_guard lock(s->mu_);
+    {
+        std::lock_guard lock(s->mu_);
+        if (!teardownLocked(*s)) {
+            MappingManager::instance().dropSession(s->memory_.get());
+            std::lock_guard parked(sessions_mu_);
+            parked_.erase(s->id());
+        }
+        s->quota_.release();
+        s->state_quota_.release();
+        s->dropReplies();
+        s->channel_fd_ = -1;
+        s->channel_.reset();
+        if (end_sink_) {
+            end_sink_(*s);
+        }
+    }
+    finishTargets();
+}
+
+bool Broker::teardownLocked(Session &s) {
+    bool kept = false;
     // Children first: nothing is destroyed while something else still uses it.
     for (auto kind = std::rbegin(kParentsFirst); kind != std::rend(kParentsFirst); ++kind) {
         std::vector<Object *> victims;
-        for (auto &[handle, obj] : s->objects_) {
+        for (auto &[handle, obj] : s.objects_) {
             if (obj->kind == *kind) {
                 victims.push_back(obj.get());
             }
         }
         for (Object *obj : victims) {
             uint64_t handle = obj->handle;  // obj is freed once destroyed
-            // A driver that refuses the destroy still loses the object: the tenant is gone.
-            if (!destroyLocked(*s, obj).isOk() && s->objects_.count(handle) != 0) {
-                eraseLocked(*s, obj);
+            if (kept && obj->users != 0) {
+                continue;  // used by a target another session holds
             }
+            // A driver that refuses the destroy still loses the object: the tenant is gone.
+            if (!destroyLocked(s, obj).isOk() && s.objects_.count(handle) != 0) {
+                eraseLocked(s, obj);
+            }
+            kept = kept || s.objects_.count(handle) != 0;
         }
     }
-    MappingManager::instance().dropSession(s->memory_.get());
-    s->quota_.release();
-    s->state_quota_.release();
-    s->dropReplies();
-    s->channel_fd_ = -1;
-    s->channel_.reset();
-    if (end_sink_) {
-        end_sink_(*s);
-    }
+    return kept;
 }
 
 void Broker::endAllSessions() {
     for (auto &s : sessions()) {
         endSession(s);
     }
+    // Every handle on a parked session's targets was another live session's: gone by now.
+    std::lock_guard lock(sessions_mu_);
+    parked_.clear();
 }
 
 std::vector<std::shared_ptr<Session>> Broker::sessions() {
@@ -384,7 +406,7 @@ void Broker::chargeStateBytes(Session &s, uint64_t bytes) {
 StatusOr<Object *> Broker::find(Session &s, uint64_t handle, ObjectKind kind) {
     auto it = s.objects_.find(handle);
     // Another session's handle is simply not in this table: NOT_FOUND, never "not yours".
-    if (handle == 0 || it == s.objects_.end() || it->second->kind != kind) {
+    if (handle == 0 || it == s.objects_.end() || it->second->kind != kind || it->second->hidden()) {
         return Status(Code::kNotFound, kind == ObjectKind::kContext ? ENODEV : ENOENT,
                       std::string("no ") + kindName(kind) + " with this handle in the session");
     }
@@ -459,6 +481,9 @@ Status Broker::destroyLocked(Session &s, Object *obj) {
         return Status(Code::kFailedPrecondition, EBUSY,
                       std::string(kindName(obj->kind)) + " is still used by " + std::to_string(obj->users) +
                           " object(s); destroy those first");
+    }
+    if (keepsTarget(s, obj)) {
+        return Status::ok();  // the tenant's handle is gone; the driver's target stays for the others
     }
     RETURN_IF_ERROR(callDriver(s.memory(), obj->device(),
                                std::string("driver refused to destroy the ") + kindName(obj->kind),
@@ -589,6 +614,13 @@ StatusOr<Released> Broker::destroyByHandle(Session &s, uint64_t handle, ObjectKi
 }
 
 StatusOr<Released> Broker::closeContext(Session &s, uint64_t context) {
+    {
+        ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+        ASSIGN_OR_RETURN(ContextObject * ctx, lookup<ContextObject>(s, context));
+        if (keepsContextForTargets(s, *ctx)) {
+            return Released{};
+        }
+    }
     return destroyByHandle(s, context, ObjectKind::kContext);
 }
 
@@ -1152,13 +1184,17 @@ StatusOr<QpResult> Broker::createXrcTargetQp(Session &s, const CreateQpArgs &arg
     obj->qp_type = IBV_QPT_XRC_RECV;
     QpResult r = qpResultOf(*obj->qp, attr.attr.cap);
     obj->uses = {ctx, xrcd};
+    QpObject *made = obj.get();
     const queue_info *sq = &obj->qp->sq_info, *rq = &obj->qp->rq_info;
     ASSIGN_OR_RETURN(r.qp, publish(s, std::move(obj), {{sq, &r.sq}, {rq, &r.rq}}));
+    enterTarget(s, *made, *xrcd);  // openable by number from here on (ibv_open_qp)
     return r;
 }
 
 StatusOr<Released> Broker::destroyQp(Session &s, uint64_t qp) {
-    return destroyByHandle(s, qp, ObjectKind::kQp);
+    auto released = destroyByHandle(s, qp, ObjectKind::kQp);
+    finishTargets();  // the last handle of a target may have gone: its creator's QpObject goes too
+    return released;
 }
 
 namespace {

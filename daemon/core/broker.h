@@ -135,6 +135,14 @@ struct OpenXrcdArgs {
     uint32_t oflags = 0;
 };
 
+// ibv_open_qp: a handle on the XRC target qp_num of the domain xrcd (a handle of the session)
+// names, on a context of the session (softnda SPEC.md §14, docs/verbs.md).
+struct OpenQpArgs {
+    uint64_t context = 0, xrcd = 0;
+    uint32_t qp_num = 0;
+    ibv_qp_type qp_type = IBV_QPT_XRC_RECV;
+};
+
 struct SrqResult {
     uint64_t srq = 0;
     uint32_t max_wr = 0, max_sge = 0;
@@ -365,6 +373,12 @@ class Broker {
     // handle. Closing a handle its session's XRC SRQs or target QPs still use answers EBUSY.
     StatusOr<uint64_t> openXrcd(Session &s, const OpenXrcdArgs &args);
     Status closeXrcd(Session &s, uint64_t xrcd);
+    // ibv_open_qp (broker_open_qp.cpp): a handle on a target QP any session made in the domain,
+    // charged to the "qps" quota like any QP handle. The handle modifies, queries and destroys
+    // as the target's own; the driver's target lives until its last handle, the creator's
+    // included, goes (the kernel's usecnt). EINVAL for a type other than IBV_QPT_XRC_RECV or a
+    // number that names no target of the domain.
+    StatusOr<QpResult> openQp(Session &s, const OpenQpArgs &args);
     // A memory window of type 1 or 2 in a PD of the session (driver: alloc_mw, vdev ABI V9;
     // softnda SPEC.md §16), charged to the tenant's "mws" quota; the PD is busy while it has
     // windows. Binding is the data path's: the broker hands out the window's rkey as allocated.
@@ -442,6 +456,23 @@ class Broker {
     StatusOr<uint64_t> publish(Session &s, std::unique_ptr<Object> obj,
                                std::initializer_list<QueueOut> queues);
     Status destroyLocked(Session &s, Object *obj);
+    // Destroys the session's objects children first, as far as it can: what an XRC target other
+    // sessions still hold needs (the target and its context) stays. True when something stayed.
+    bool teardownLocked(Session &s);
+    // ---- XRC targets with several handles (broker_open_qp.cpp) ----
+    // Enters a new (or adopted) target in its device's table under its domain and number.
+    void enterTarget(Session &s, QpObject &qp, const XrcdObject &xrcd);
+    // Called by destroyLocked: lets go of obj's handle on a shared target. True when obj stays
+    // (hidden) because other handles hold the driver's target it owns.
+    bool keepsTarget(Session &s, Object *obj);
+    // Called by closeContext: true when only hidden targets (see keepsTarget) still use ctx; it
+    // is then hidden too, and destroyed after the last of them (finishTargets).
+    bool keepsContextForTargets(Session &s, ContextObject &ctx);
+    // Destroys the driver targets whose last handle went (their creators' hidden QpObjects) and
+    // ends the parked sessions nothing keeps any more. Called with no session's mutex held.
+    void finishTargets();
+    // A session by id: a live one, or one parked at its end for a target others held.
+    std::shared_ptr<Session> sessionById(uint64_t id, bool *parked);
     // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
     StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
     void eraseLocked(Session &s, Object *obj);
@@ -466,6 +497,12 @@ class Broker {
 
     std::mutex sessions_mu_;
     std::unordered_map<std::string, std::shared_ptr<Session>> by_token_;
+    // Ended sessions whose XRC target another session still holds: their target, its context and
+    // their memory stay until finishTargets() ends them. Guarded by sessions_mu_.
+    std::unordered_map<uint64_t, std::shared_ptr<Session>> parked_;
+    // Targets whose last handle went, for finishTargets(). Guarded by targets_mu_ (a leaf).
+    std::mutex targets_mu_;
+    std::vector<TargetOwner> finished_targets_;
     uint64_t next_session_id_ = 1;
 };
 

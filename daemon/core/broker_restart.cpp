@@ -278,7 +278,7 @@ Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *c
     if (!obj->hasDriverObject()) {
         return Status::ok();  // its record carries all there is of it
     }
-    if (dev == nullptr || !dev->verbs.keepsAcrossRestart()) {
+    if (dev == nullptr || !dev->verbs.keepsAcrossRestart() || obj->restartDropReason() != nullptr) {
         obj->driver_state.clear();
         obj->driver_fds.clear();
         return Status::ok();  // restart: drops (the restart plan ends such sessions)
@@ -368,7 +368,11 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
     }
     obj->quota = quotas_.restore(tenantOf(s.identity()), in.quota);
     obj->queue_bytes = in.queue_bytes;
+    Object *adopted = obj.get();
     link(s, std::move(obj));  // the next commit exports it from this process
+    if (adopted->kind == ObjectKind::kQp && in.qp.type == IBV_QPT_XRC_RECV) {
+        enterTarget(s, static_cast<QpObject &>(*adopted), *usedBy<XrcdObject>(*adopted));  // openable again
+    }
     return Status::ok();
 }
 

@@ -20,6 +20,7 @@
 #include <ibv_extend.h>
 #include <ibv_extend_vdev.h>
 
+#include "daemon/core/xrc_targets.h"
 #include "daemon/core/xrcd_domains.h"
 #include "providers/loader/device_verbs.h"
 
@@ -55,7 +56,8 @@ struct Device {
     const verbs_device_extend_ops *driver = nullptr;  // the extension driver serving it
     bool serialize_calls = true;                      // see the file comment
     std::mutex driver_mu;                             // taken only when serialize_calls
-    XrcdDomains xrcds;  // its XRC domains shared by file (ibv_open_xrcd), across sessions
+    XrcdDomains xrcds;       // its XRC domains shared by file (ibv_open_xrcd), across sessions
+    XrcTargets xrc_targets;  // its XRC target QPs by (domain, number), for ibv_open_qp
 };
 
 // Whether the extension driver declared its calls on different contexts safe to run

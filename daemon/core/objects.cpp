@@ -151,6 +151,9 @@ void SrqObject::snapshot(ObjectSnapshot &out) const {
 }
 
 int QpObject::destroyDriverObject() {
+    if (opened) {
+        return 0;
+    }
     auto *ops = context->ext->ops;
     return ops->destroy_qp != nullptr ? ops->destroy_qp(qp) : -EOPNOTSUPP;
 }
@@ -164,6 +167,18 @@ void QpObject::snapshot(ObjectSnapshot &out) const {
         out.qp_num = qp->qp->qp_num;
         out.qp_state = qp->qp->state;
     }
+}
+
+const char *QpObject::restartDropReason() const {
+    if (target == nullptr) {
+        return nullptr;
+    }
+    // The driver's target is one object with one blob, the creator's; an opener's handle, or a
+    // target others hold, has no record a successor could make again on its own (docs/restart.md).
+    if (opened || released || context->dev->xrc_targets.handles(*target) > 1) {
+        return "opened XRC target QPs";
+    }
+    return nullptr;
 }
 
 void AhObject::snapshot(ObjectSnapshot &out) const {

@@ -24,6 +24,7 @@
 #include "daemon/core/mapping.h"
 #include "daemon/core/object_snapshot.h"
 #include "daemon/core/quota.h"
+#include "daemon/core/xrc_targets.h"
 #include "daemon/core/xrcd_domains.h"
 #include "providers/loader/extend_open.h"
 
@@ -89,11 +90,17 @@ struct Object {
     virtual int destroyDriverObject() = 0;
     // Fills what is particular to the kind (the common fields are the inspector's).
     virtual void snapshot(ObjectSnapshot &out) const = 0;
+    // An object the tenant destroyed that the broker still keeps for others (an XRC target its
+    // creator let go while other sessions hold it): no call of the tenant finds it.
+    virtual bool hidden() const { return false; }
 
     // ---- restart (docs/restart.md) ----
     // False for a kind the broker keeps by itself (an AH): no driver object to export or import;
     // its record carries what the broker knows of it.
     virtual bool hasDriverObject() const { return true; }
+    // Why a restart cannot carry the object (its session is then ended: the restart plan counts
+    // it as dropped, and its record carries no driver state); nullptr when it can.
+    virtual const char *restartDropReason() const { return nullptr; }
     // The kind as the vdev ABI names it, and the driver object export_object takes.
     virtual ibv_extend_vdev_obj vdevKind() const = 0;
     virtual const void *driverObject() const = 0;
@@ -115,12 +122,15 @@ struct ContextObject : Object {
     Device *device() const override { return dev; }
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
+    bool hidden() const override { return released; }
     // Opens the driver's extension context on `verbs` (just opened, or imported by a restore);
     // a refusal closes `verbs` again. Called with the device's driver lock held (a driver call).
     loader::ExtendOpen openExtension();
     Device *dev = nullptr;
     ibv_context *verbs = nullptr;  // the device context (vdev or libibverbs)
     ibv_context_extend *ext = nullptr;
+    // The tenant closed it while XRC targets others hold still use it (Broker::closeContext).
+    bool released = false;
 };
 
 struct PdObject : Object {
@@ -249,10 +259,19 @@ struct QpObject : Object {
     const void *driverObject() const override { return qp; }
     void adoptDriverObject(void *made) override { qp = static_cast<ibv_qp_extend *>(made); }
     Device *device() const override { return context->dev; }
+    // An opened handle destroys nothing in the driver (the target is its creator's QpObject's).
     int destroyDriverObject() override;
     void snapshot(ObjectSnapshot &out) const override;
+    bool hidden() const override { return released; }
+    const char *restartDropReason() const override;
     ContextObject *context = nullptr;
     ibv_qp_extend *qp = nullptr;
+    // An XRC target's entry in its device's table (xrc_targets.h), for the creator's QP and for
+    // each handle OpenQp gave (opened: qp is then the creator's driver target). released: the
+    // creator let go while other handles remained; kept, hidden, until the last one goes.
+    std::shared_ptr<SharedTarget> target;
+    bool opened = false;
+    bool released = false;
     // What the QP was created with (the rest of ibv_qp_init_attr is in `uses` or the driver).
     ibv_qp_cap cap{};  // as the driver granted it
     ibv_qp_type qp_type = IBV_QPT_RC;

@@ -41,7 +41,8 @@ const char *const kMethodNames[] = {"Hello",
                                     "DeallocMw",
                                     "AllocDm",
                                     "FreeDm",
-                                    "RegDmMr"};
+                                    "RegDmMr",
+                                    "OpenQp"};
 static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
 
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",

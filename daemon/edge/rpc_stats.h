@@ -53,6 +53,7 @@ enum class Method {
     kAllocDm,
     kFreeDm,
     kRegDmMr,
+    kOpenQp,
     kCount
 };
 

@@ -86,6 +86,7 @@ bool isMutating(Method m) {
         case Method::kAllocDm:
         case Method::kFreeDm:
         case Method::kRegDmMr:
+        case Method::kOpenQp:
             return true;
         case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
         case Method::kListDevices:
@@ -501,6 +502,14 @@ grpc::ServerUnaryReactor *BrokerService::CreateQp(grpc::CallbackServerContext *c
     return serve(ctx, Method::kCreateQp, resp, [&](Session &s) -> Status {
         ASSIGN_OR_RETURN(CreateQpArgs args, fromProto(*req));
         return reply(broker_.createQp(s, args), resp);
+    });
+}
+
+grpc::ServerUnaryReactor *BrokerService::OpenQp(grpc::CallbackServerContext *ctx,
+                                                const pb::OpenQpRequest *req, pb::CreateQpResponse *resp) {
+    return serve(ctx, Method::kOpenQp, resp, [&](Session &s) -> Status {
+        ASSIGN_OR_RETURN(ibv_qp_type type, fromProto(req->qp_type()));
+        return reply(broker_.openQp(s, {req->context(), req->xrcd(), req->qp_num(), type}), resp);
     });
 }
 

@@ -124,6 +124,8 @@ class BrokerService final : public pb::Broker::CallbackService {
                                      pb::FreeDmResponse *resp) override;
     grpc::ServerUnaryReactor *RegDmMr(grpc::CallbackServerContext *ctx, const pb::RegDmMrRequest *req,
                                       pb::RegMrResponse *resp) override;
+    grpc::ServerUnaryReactor *OpenQp(grpc::CallbackServerContext *ctx, const pb::OpenQpRequest *req,
+                                     pb::CreateQpResponse *resp) override;
     grpc::ServerUnaryReactor *CloseXrcd(grpc::CallbackServerContext *ctx, const pb::CloseXrcdRequest *req,
                                         pb::CloseXrcdResponse *resp) override;
     grpc::ServerUnaryReactor *AllocMw(grpc::CallbackServerContext *ctx, const pb::AllocMwRequest *req,

@@ -724,6 +724,9 @@ RestartState::Plan RestartState::plan() {
                 if (dev != nullptr) {
                     drivers.insert(dev->info.provider);
                 }
+            } else if (const char *why = obj->restartDropReason(); why != nullptr) {
+                keeps = false;  // its record carries no driver state (Object::restartDropReason)
+                drivers.insert(dev->info.provider + " (" + why + ")");
             }
         }
         if (keeps) {

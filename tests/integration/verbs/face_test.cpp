@@ -545,6 +545,13 @@ TEST_F(FaceTest, XrcDomainSharedByFile) {
     expectBehaviour(*this, IBVX_XRC_SHARED, "xrc-shared");
 }
 
+// ibv_open_qp of another tenant's target (the bad numbers and types first), driven to RTS through
+// the handle and delivering into the opener's SRQ, before and after its creator let go and ended;
+// the last handle's destroy ends it.
+TEST_F(FaceTest, XrcOpenQpOutlivesItsCreator) {
+    expectBehaviour(*this, IBVX_XRC_OPEN_QP, "xrc-open-qp");
+}
+
 // Multicast groups (softnda SPEC.md §11.3): the bad requests, delivery to the members only,
 // leaving by detach and by destroy.
 TEST_F(FaceTest, McastBehaviour) {

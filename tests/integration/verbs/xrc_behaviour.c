@@ -2,7 +2,8 @@
  * XRC through the standard verbs alone (softnda SPEC.md §14; linked against the system
  * libibverbs, run through ibv-extend-run so the face serves it), the bad requests first:
  *  - ibv_open_xrcd with fd -1 and no O_CREAT, or an unknown oflag, fails with EINVAL;
- *  - an XRC target QP without a domain fails with EINVAL; ibv_open_qp answers EOPNOTSUPP;
+ *  - an XRC target QP without a domain fails with EINVAL; ibv_open_qp of a number no target of
+ *    the domain has, or of another type, fails with EINVAL;
  *  - ibv_get_srq_num of a basic SRQ fails with EINVAL; an XRC SRQ has a non-zero number;
  *  - ibv_close_xrcd of a domain an XRC SRQ or target uses answers EBUSY;
  *  - an initiator connected to a target of its own in this process (a target answers only the
@@ -117,8 +118,13 @@ int main(int argc, char **argv) {
     oa.xrcd = xrcd;
     oa.qp_type = IBV_QPT_XRC_RECV;
     errno = 0;
-    if (ibv_open_qp(ctx, &oa) != NULL || errno != EOPNOTSUPP) {
-        fail("ibv_open_qp", "not refused with EOPNOTSUPP");
+    if (ibv_open_qp(ctx, &oa) != NULL || errno != EINVAL) {
+        fail("ibv_open_qp of QP number 0", "not refused with EINVAL");
+    }
+    oa.qp_type = IBV_QPT_RC;
+    errno = 0;
+    if (ibv_open_qp(ctx, &oa) != NULL || errno != EINVAL) {
+        fail("ibv_open_qp of an RC QP", "not refused with EINVAL");
     }
 
     struct ibv_srq_init_attr_ex sa;

@@ -2,12 +2,15 @@
 // their numbers, target and initiator QPs, owned by a session, counted in quotas, destroyed in
 // order and reclaimed at its end; bad requests refused with nothing left behind. A domain opened
 // with a file is shared by the sessions that open it with that file, lives while any holds it,
-// and comes back once from a restore.
+// and comes back once from a restore. A target opened by another session (ibv_open_qp) lives
+// until its last handle goes, its creator's included.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/restart/restart_state.h"
 #include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
@@ -389,6 +392,218 @@ TEST_F(BrokerXrcTest, AdoptBringsASharedDomainBackOnce) {
         broker_->endSession(s);
     }
     EXPECT_EQ(softnda0()->xrcds.sharedCount(), shared_before);
+}
+
+// ---- ibv_open_qp: handles on another session's target (the kernel's ib_open_qp) ----
+
+class BrokerOpenQpTest : public BrokerXrcTest {
+  protected:
+    // A (session_) and B (other_) hold the domain of one file; A made a target in it.
+    void SetUp() override {
+        BrokerXrcTest::SetUp();
+        other_ = newSession();
+        a_ = makeBase(*session_);
+        b_ = makeBase(*other_);
+        auto ha = openShared(*session_, a_.ctx, file_.fd(), O_CREAT);
+        auto hb = openShared(*other_, b_.ctx, file_.fd(), 0);
+        ASSERT_TRUE(ha.isOk() && hb.isOk());
+        a_.xrcd = *ha;
+        b_.xrcd = *hb;
+        auto tgt = broker_->createQp(*session_, target(a_));
+        ASSERT_TRUE(tgt.isOk()) << tgt.status().toString();
+        tgt_ = *tgt;
+    }
+    StatusOr<QpResult> open(Session &s, const Base &b, uint32_t qp_num, ibv_qp_type type = IBV_QPT_XRC_RECV) {
+        return broker_->openQp(s, {b.ctx, b.xrcd, qp_num, type});
+    }
+    // RESET -> INIT through a handle: the driver's target moves (0 or the status).
+    Status toInit(Session &s, uint64_t qp) {
+        ibv_qp_attr attr{};
+        attr.qp_state = IBV_QPS_INIT;
+        attr.port_num = 1;
+        return broker_
+            ->modifyQp(s, qp, attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS)
+            .status();
+    }
+    // The target's state through a handle (IBV_QPS_UNKNOWN when the query fails).
+    ibv_qp_state stateOf(Session &s, uint64_t qp) {
+        auto r = broker_->queryQp(s, qp, IBV_QP_STATE);
+        EXPECT_TRUE(r.isOk()) << r.status().toString();
+        return r.isOk() ? r->attr.qp_state : IBV_QPS_UNKNOWN;
+    }
+
+    TempFile file_;
+    std::shared_ptr<Session> other_;
+    Base a_, b_;
+    QpResult tgt_;
+};
+
+TEST_F(BrokerOpenQpTest, AHandleActsOnTheTarget) {
+    auto opened = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    EXPECT_EQ(opened->qp_num, tgt_.qp_num);
+    EXPECT_EQ(opened->state, IBV_QPS_RESET);
+    EXPECT_NE(opened->qp, tgt_.qp) << "a handle of B's own";
+    EXPECT_EQ(held(Quota::kQps), 2u) << "the target and the handle";
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk());
+    EXPECT_EQ(stateOf(*session_, tgt_.qp), IBV_QPS_INIT) << "the creator sees what the handle did";
+    auto q = broker_->queryQp(*other_, opened->qp, IBV_QP_STATE);
+    ASSERT_TRUE(q.isOk());
+    EXPECT_EQ(q->init.qp_type, IBV_QPT_XRC_RECV);
+    // B's domain handle is busy with B's handle, as with a target of its own.
+    EXPECT_EQ(broker_->closeXrcd(*other_, b_.xrcd).errnoValue(), EBUSY);
+    // Neither end can be carried by a restart: both are counted as dropped (docs/restart.md).
+    {
+        auto hold = other_->hold();
+        EXPECT_NE(other_->object(opened->qp)->restartDropReason(), nullptr);
+    }
+    {
+        auto hold = session_->hold();
+        EXPECT_NE(session_->object(tgt_.qp)->restartDropReason(), nullptr);
+    }
+    Status exported = Status::ok();
+    ObjectImport in = exportedForRestore(*broker_, *other_, opened->qp, &exported);
+    EXPECT_TRUE(exported.isOk()) << exported.toString();
+    EXPECT_TRUE(in.driver_state.empty()) << "an opened handle exports no driver object";
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(stateOf(*session_, tgt_.qp), IBV_QPS_INIT) << "the creator's target stays";
+    {
+        auto hold = session_->hold();
+        EXPECT_EQ(session_->object(tgt_.qp)->restartDropReason(), nullptr) << "no longer opened";
+    }
+    EXPECT_EQ(held(Quota::kQps), 1u);
+}
+
+TEST_F(BrokerOpenQpTest, TheTargetOutlivesItsCreatorsHandleAndSession) {
+    auto opened = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    // The creator lets go: its handle is gone for it, the target is not.
+    ASSERT_TRUE(broker_->destroyQp(*session_, tgt_.qp).isOk());
+    EXPECT_EQ(broker_->queryQp(*session_, tgt_.qp, IBV_QP_STATE).status().code(), Code::kNotFound);
+    EXPECT_TRUE(broker_->closeXrcd(*session_, a_.xrcd).isOk())
+        << "the hidden target does not hold A's handle";
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "the target still works";
+    // Then the creator's session ends: its memory (the target's record) and context stay.
+    broker_->endSession(session_);
+    EXPECT_EQ(stateOf(*other_, opened->qp), IBV_QPS_INIT);
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "INIT to INIT: the record is still written";
+    EXPECT_EQ(held(Quota::kQps), 2u) << "the target against its creator until it goes, and B's handle";
+    // A second handle of B's counts too; the target goes with the last one.
+    auto second = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(second.isOk()) << second.status().toString();
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(stateOf(*other_, second->qp), IBV_QPS_INIT);
+    ASSERT_TRUE(broker_->destroyQp(*other_, second->qp).isOk());
+    EXPECT_EQ(held(Quota::kQps), 0u) << "the target went with its last handle";
+    auto again = open(*other_, b_, tgt_.qp_num);
+    EXPECT_EQ(again.status().errnoValue(), EINVAL) << "its number is no target any more";
+    EXPECT_EQ(held(Quota::kXrcds), 2u) << "B's two (its private one and the shared one): A's went";
+    broker_->endSession(other_);
+    EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u) << "A's kept memory went too";
+    for (Quota q : {Quota::kXrcds, Quota::kQps, Quota::kCqs, Quota::kPds}) {
+        EXPECT_EQ(held(q), 0u) << quotaName(q);
+    }
+}
+
+TEST_F(BrokerOpenQpTest, TheLastHandleEndingWithItsSessionEndsTheCreatorsParkedSession) {
+    auto opened = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    broker_->endSession(session_);  // without destroying anything first
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "the target still works";
+    EXPECT_GT(MappingManager::instance().totals().arena_chunks, 0u);
+    // A third session joins the domain and opens the target too.
+    auto third = newSession();
+    Base c = makeBase(*third);
+    auto hc = openShared(*third, c.ctx, file_.fd(), 0);
+    ASSERT_TRUE(hc.isOk());
+    c.xrcd = *hc;
+    auto theirs = open(*third, c, tgt_.qp_num);
+    ASSERT_TRUE(theirs.isOk()) << theirs.status().toString();
+    broker_->endSession(other_);
+    EXPECT_EQ(stateOf(*third, theirs->qp), IBV_QPS_INIT) << "held by the third session";
+    broker_->endSession(third);
+    EXPECT_EQ(MappingManager::instance().totals().arena_chunks, 0u);
+    for (Quota q : {Quota::kXrcds, Quota::kQps, Quota::kCqs, Quota::kPds}) {
+        EXPECT_EQ(held(q), 0u) << quotaName(q);
+    }
+    EXPECT_EQ(broker_->sessionCount(), 0u);
+}
+
+// The creator goes on living without its target: it closes its domain handle and its context
+// (kept for the target, hidden), and once the last handle goes nothing of the target is left.
+TEST_F(BrokerOpenQpTest, ACreatorClosesItsContextWhileOthersHoldItsTarget) {
+    auto creator = newSession();
+    auto ctx = broker_->openContext(*creator, "softnda0");
+    ASSERT_TRUE(ctx.isOk());
+    auto xrcd = openShared(*creator, ctx->context, file_.fd(), 0);
+    ASSERT_TRUE(xrcd.isOk());
+    Base c;
+    c.ctx = ctx->context;
+    c.xrcd = *xrcd;
+    auto tgt = broker_->createQp(*creator, target(c));
+    ASSERT_TRUE(tgt.isOk()) << tgt.status().toString();
+    auto opened = open(*other_, b_, tgt->qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    ASSERT_TRUE(broker_->destroyQp(*creator, tgt->qp).isOk());
+    ASSERT_TRUE(broker_->closeXrcd(*creator, c.xrcd).isOk());
+    ASSERT_TRUE(broker_->closeContext(*creator, c.ctx).isOk()) << "only the hidden target uses it";
+    EXPECT_EQ(broker_->queryDeviceAttr(*creator, c.ctx).status().code(), Code::kNotFound) << "closed for it";
+    ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "the target still works";
+    EXPECT_EQ(creator->objectCount(), 2u) << "the hidden target and its context";
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(creator->objectCount(), 0u) << "both went with the last handle";
+    EXPECT_EQ(open(*other_, b_, tgt->qp_num).status().errnoValue(), EINVAL);
+    broker_->endSession(creator);
+}
+
+// A restart plan counts both sessions as dropped while the target has a second handle (a restore
+// could make neither end again), and keeps them once it has one again.
+TEST_F(BrokerOpenQpTest, ARestartPlanDropsTheSessionsOfAnOpenedTarget) {
+    std::vector<UniqueFd> peer_ends;
+    for (const auto &s : {session_, other_}) {
+        int sv[2];
+        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        UniqueFd channel(sv[0]);
+        peer_ends.emplace_back(sv[1]);
+        std::shared_ptr<Session> attached;
+        ASSERT_EQ(broker_->attach(s->token(), {getpid(), getuid(), getgid()}, channel, &attached), 0);
+    }
+    RestartState restart(*broker_, FdStoreHooks{});
+    EXPECT_EQ(restart.plan().kept, 2u);
+    auto opened = open(*other_, b_, tgt_.qp_num);
+    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
+    RestartState::Plan p = restart.plan();
+    EXPECT_EQ(p.kept, 0u);
+    EXPECT_EQ(p.dropped, 2u) << "the opener's and the creator's";
+    ASSERT_EQ(p.dropping_drivers.size(), 1u);
+    EXPECT_EQ(p.dropping_drivers[0], "softnda (opened XRC target QPs)");
+    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
+    EXPECT_EQ(restart.plan().kept, 2u);
+}
+
+TEST_F(BrokerOpenQpTest, BadOpensAreRefusedAndLeaveNothing) {
+    const size_t objects = other_->objectCount();
+    const uint64_t qps = held(Quota::kQps);
+    auto errnoOf = [](const StatusOr<QpResult> &r) { return r.status().errnoValue(); };
+    EXPECT_EQ(errnoOf(open(*other_, b_, tgt_.qp_num, IBV_QPT_RC)), EINVAL) << "only a target is opened";
+    EXPECT_EQ(errnoOf(open(*other_, b_, tgt_.qp_num, IBV_QPT_XRC_SEND)), EINVAL);
+    EXPECT_EQ(errnoOf(open(*other_, b_, tgt_.qp_num + 4242)), EINVAL) << "no target by that number";
+    // An initiator's number is no target's.
+    auto ini = broker_->createQp(*session_, initiator(a_));
+    ASSERT_TRUE(ini.isOk());
+    EXPECT_EQ(errnoOf(open(*other_, b_, ini->qp_num)), EINVAL);
+    // The target is in another domain than B's private one.
+    auto priv = broker_->openXrcd(*other_, {b_.ctx, 0, O_CREAT});
+    ASSERT_TRUE(priv.isOk());
+    Base in_private = b_;
+    in_private.xrcd = *priv;
+    EXPECT_EQ(errnoOf(open(*other_, in_private, tgt_.qp_num)), EINVAL) << "not a target of this domain";
+    // Another session's domain handle is unknown here.
+    Base foreign = b_;
+    foreign.xrcd = a_.xrcd;
+    EXPECT_EQ(open(*other_, foreign, tgt_.qp_num).status().code(), Code::kNotFound);
+    EXPECT_EQ(other_->objectCount(), objects + 1) << "nothing made but the private domain";
+    EXPECT_EQ(held(Quota::kQps), qps + 1) << "the initiator only";
 }
 
 }  // namespace

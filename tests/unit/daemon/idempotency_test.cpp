@@ -140,7 +140,7 @@ TEST(IdempotencyKey, MutatingAreTheCallsThatChangeTheSession) {
                      Method::kResizeCq,        Method::kOpenXrcd,       Method::kCloseXrcd,
                      Method::kReregMr,         Method::kAttachMcast,    Method::kDetachMcast,
                      Method::kAllocMw,         Method::kDeallocMw,      Method::kAllocDm,
-                     Method::kFreeDm,          Method::kRegDmMr}) {
+                     Method::kFreeDm,          Method::kRegDmMr,        Method::kOpenQp}) {
         EXPECT_TRUE(isMutating(m)) << methodName(m);
     }
     for (Method m : {Method::kHello, Method::kListDevices, Method::kQueryDevice, Method::kQueryQp,

@@ -93,6 +93,7 @@ static_assert(!kReadOnlyCall<pb::DeallocMwRequest>);
 static_assert(!kReadOnlyCall<pb::AllocDmRequest>);
 static_assert(!kReadOnlyCall<pb::FreeDmRequest>);
 static_assert(!kReadOnlyCall<pb::RegDmMrRequest>);
+static_assert(!kReadOnlyCall<pb::OpenQpRequest>);
 
 }  // namespace
 }  // namespace ibvx::client::broker
