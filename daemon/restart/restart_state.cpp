@@ -142,6 +142,21 @@ std::string chunkRecord(uint64_t id, const ChunkState &c) {
     return serialized(out);
 }
 
+// What changed in a chunk the log holds (ChunkState::delta): O(the call's changes), where the
+// chunk's whole record is O(the queues in it).
+std::string chunkDeltaRecord(const ChunkState &c) {
+    rpb::ChunkDelta out;
+    out.set_region(c.id);
+    out.set_sent(c.sent);
+    for (const BlockChange &b : c.changes) {
+        rpb::BlockChange *m = out.add_changes();
+        m->set_offset(b.offset);
+        m->set_size(b.size);
+        m->set_freed(b.freed);
+    }
+    return serialized(out);
+}
+
 std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
     rpb::Doorbell out;
     out.set_region(d.id);
@@ -193,16 +208,20 @@ template <typename State>
 struct RegionLog;
 template <>
 struct RegionLog<ChunkState> {
-    static constexpr RecordType kPut = kChunkPut, kDel = kChunkDel;
+    static constexpr RecordType kDel = kChunkDel;
     static uint64_t logged(const ChunkState &c) { return c.version; }  // moves with every (de)allocation
     static std::string name(uint64_t id, RegionId r) { return chunkName(id, r); }
-    static std::string record(uint64_t id, const ChunkState &c) { return chunkRecord(id, c); }
+    static RecordType type(const ChunkState &c) { return c.delta ? kChunkBlocks : kChunkPut; }
+    static std::string record(uint64_t id, const ChunkState &c) {
+        return c.delta ? chunkDeltaRecord(c) : chunkRecord(id, c);
+    }
 };
 template <>
 struct RegionLog<DoorbellState> {
-    static constexpr RecordType kPut = kDoorbellPut, kDel = kDoorbellDel;
+    static constexpr RecordType kDel = kDoorbellDel;
     static std::pair<int, bool> logged(const DoorbellState &d) { return {d.refs, d.sent}; }
     static std::string name(uint64_t id, RegionId r) { return doorbellName(id, r); }
+    static RecordType type(const DoorbellState &) { return kDoorbellPut; }
     static std::string record(uint64_t id, const DoorbellState &d) { return doorbellRecord(id, d); }
 };
 
@@ -422,6 +441,7 @@ RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e)
     }
     e.header_logged = true;
     e.compact_next = false;
+    e.deltas_logged = false;
     return out;
 }
 
@@ -600,7 +620,7 @@ Status RestartState::writeImage(Session &s, SessionEntry &e) {
 Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes) {
     const uint64_t id = s.id();
     Records records;
-    MemoryState mem = MappingManager::instance().exportState(s.memory(), &e.chunks);
+    MemoryState mem = MappingManager::instance().exportChanges(s.memory(), e.chunks);
     logRegions(id, e, mem.chunks, e.chunks, records);
     logRegions(id, e, mem.doorbells, e.doorbells, records);
     logObjects(s, e, changes, records);
@@ -637,7 +657,8 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
         if (it != logged.end() && it->second == Log::logged(r)) {
             continue;
         }
-        records.emplace_back(Log::kPut, Log::record(id, r));
+        records.emplace_back(Log::type(r), Log::record(id, r));
+        e.deltas_logged = e.deltas_logged || Log::type(r) == kChunkBlocks;
         storeAdd(e, Log::name(id, r.id), r.fd);
         logged[r.id] = Log::logged(r);
     }
@@ -759,8 +780,10 @@ StatusOr<std::vector<std::pair<std::string, int>>> RestartState::handover() {
             auto it = entries_.find(s->id());
             if (it != entries_.end()) {
                 SessionEntry &e = *it->second;
-                e.compact_next =
-                    e.compact_next || now.calls != e.image_calls.calls || now.errors != e.image_calls.errors;
+                // A log with delta records (kChunkBlocks) is compacted too, so a successor that
+                // predates them (a downgrade) reads every session.
+                e.compact_next = e.compact_next || e.deltas_logged || now.calls != e.image_calls.calls ||
+                                 now.errors != e.image_calls.errors;
             }
         }
         RETURN_IF_ERROR(broker_.commit(*s, StoredReply{}));

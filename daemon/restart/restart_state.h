@@ -127,6 +127,7 @@ class RestartState {
         uint64_t start_time = 0;  // /proc/<pid>/stat field 22
         bool header_logged = false;
         bool compact_next = false;
+        bool deltas_logged = false;                                   // kChunkBlocks since the image
         std::map<RegionId, uint64_t> chunks;                          // logged chunk versions
         std::map<RegionId, std::pair<int, bool>> doorbells;           // logged (refs, sent)
         uint64_t reply_seq = 0;                                       // replies logged
