@@ -405,7 +405,7 @@ CallCounts RestartState::callsOf(const Session &s) const {
     return c;
 }
 
-RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e) {
+RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
     Records out;
     const uint64_t id = s.id();
     rpb::Session h;
@@ -431,7 +431,12 @@ RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e)
         e.doorbells[d.id] = {d.refs, d.sent};
     }
     for (const Object *obj : s.objectsParentsFirst()) {
+        Status kept = broker_.keptState(s, obj->handle);
+        if (!kept.isOk()) {
+            spdlog::warn("session {}: {}", id, kept.message());  // as exportTouched: the restore ends it
+        }
         out.emplace_back(kObjectPut, objectRecord(id, obj));
+        broker_.releaseLoggedState(s, obj->handle);
     }
     e.reply_seq = 0;
     s.forEachReplySince(&e.reply_seq,
@@ -691,6 +696,8 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
         for (const auto &[name, fd] : objectFds(id, *obj)) {
             storeAdd(e, name, fd);
         }
+        // Logged: should the append fail, the next commit writes an image, which exports it again.
+        broker_.releaseLoggedState(s, h);
     }
 }
 

@@ -176,8 +176,9 @@ class RestartState {
     Status keepRegionFloor();
     // Names and fds a session's state needs now (for the store and for exec).
     NamedFds sessionFds(const Session &s, const SessionEntry &e) const;
-    // The session's whole state as log records (a compaction, or the first commit).
-    Records fullImage(const Session &s, SessionEntry &e);
+    // The session's whole state as log records (a compaction, or the first commit); a leaf
+    // whose kept driver state was given back is exported again for it (Broker::keptState).
+    Records fullImage(Session &s, SessionEntry &e);
     // Its calls so far, in this process and before (takes mu_).
     CallCounts callsOf(const Session &s) const;
     void storeAdd(SessionEntry &e, const std::string &name, int fd);
