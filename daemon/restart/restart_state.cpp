@@ -271,7 +271,7 @@ RestartState::~RestartState() = default;
 
 Status RestartState::start() {
     if (!global_.fd() || global_.fd() < 0) {
-        ASSIGN_OR_RETURN(global_, StateFile::create("ibvx-global"));
+        ASSIGN_OR_RETURN(global_, StateFile::create("ibvx-global", StateFile::Encoding::kPlain));
     }
     RETURN_IF_ERROR(writeGlobal());
     if (store_.enabled()) {
@@ -446,7 +446,6 @@ RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
     }
     e.header_logged = true;
     e.compact_next = false;
-    e.deltas_logged = false;
     return out;
 }
 
@@ -663,7 +662,6 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
             continue;
         }
         records.emplace_back(Log::type(r), Log::record(id, r));
-        e.deltas_logged = e.deltas_logged || Log::type(r) == kChunkBlocks;
         storeAdd(e, Log::name(id, r.id), r.fd);
         logged[r.id] = Log::logged(r);
     }
@@ -787,10 +785,8 @@ StatusOr<std::vector<std::pair<std::string, int>>> RestartState::handover() {
             auto it = entries_.find(s->id());
             if (it != entries_.end()) {
                 SessionEntry &e = *it->second;
-                // A log with delta records (kChunkBlocks) is compacted too, so a successor that
-                // predates them (a downgrade) reads every session.
-                e.compact_next = e.compact_next || e.deltas_logged || now.calls != e.image_calls.calls ||
-                                 now.errors != e.image_calls.errors;
+                e.compact_next =
+                    e.compact_next || now.calls != e.image_calls.calls || now.errors != e.image_calls.errors;
             }
         }
         RETURN_IF_ERROR(broker_.commit(*s, StoredReply{}));

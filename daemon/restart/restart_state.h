@@ -41,7 +41,9 @@ class Global;
 namespace ibvx::daemon {
 
 // The snapshot's format: a reader refuses a newer one (a downgrade across a format change).
-inline constexpr uint32_t kSnapshotFormat = 1;
+// 2: session records may be zero-run encoded (state_file.h), and an arena chunk's change is a
+// ChunkDelta record; ibvx.global itself stays plain, so a broker of format 1 reads it and refuses.
+inline constexpr uint32_t kSnapshotFormat = 2;
 
 // systemd's fd store, as the restart layer sees it (the daemon wires common/fd_store.h). Empty
 // functions: no store (re-exec only).
@@ -127,7 +129,6 @@ class RestartState {
         uint64_t start_time = 0;  // /proc/<pid>/stat field 22
         bool header_logged = false;
         bool compact_next = false;
-        bool deltas_logged = false;                                   // kChunkBlocks since the image
         std::map<RegionId, uint64_t> chunks;                          // logged chunk versions
         std::map<RegionId, std::pair<int, bool>> doorbells;           // logged (refs, sent)
         uint64_t reply_seq = 0;                                       // replies logged

@@ -470,7 +470,7 @@ void RestartState::keepEntry(const Session &s, StateFile file, uint64_t start_ti
 std::string RestartState::adoptGlobal(std::map<std::string, UniqueFd> &fds, rpb::Global *g) {
     bool have_global = false;
     if (auto it = fds.find(kGlobalName); it != fds.end()) {
-        auto file = StateFile::adopt(std::move(it->second));
+        auto file = StateFile::adopt(std::move(it->second), StateFile::Encoding::kPlain);
         fds.erase(it);
         if (file.isOk()) {
             auto recs = file->records();

@@ -15,10 +15,10 @@
 // applied to a copy of the template's records and fds, then a new Broker and RestartState
 // restore from them, exactly as a new process does at start-up:
 //   op % 8 == 0  XOR bytes into record index's payload at offset arg
-//   op % 8 == 1  record index's type becomes arg
+//   op % 8 == 1  record index's type becomes arg (its low 7 bits: a type StateFile writes)
 //   op % 8 == 2  record index is dropped
 //   op % 8 == 3  record index is repeated
-//   op % 8 == 4  a record of type arg with payload bytes is inserted before record index
+//   op % 8 == 4  a record of type arg (low 7 bits) with payload bytes is inserted before record index
 //   op % 8 == 5  byte arg of the written state file is XORed with bytes[0] (CRC and framing)
 //   op % 8 == 6  the fd named index-th (of the handed-over names) is left out
 //   op % 8 == 7  the fd named index-th is replaced by an empty memfd
@@ -214,6 +214,12 @@ std::vector<Edit> parseEdits(const uint8_t *data, size_t size) {
     return edits;
 }
 
+// A record type StateFile writes: below 0x80, whose bit marks an encoded payload (state_file.h;
+// edit 5 reaches that bit in the written file).
+uint8_t recordType(uint16_t arg) {
+    return static_cast<uint8_t>(arg & 0x7f);
+}
+
 // The template's records with the record edits applied.
 std::vector<StateFile::Record> editedRecords(const Template &t, const std::vector<Edit> &edits) {
     std::vector<StateFile::Record> records = t.records();
@@ -232,7 +238,7 @@ std::vector<StateFile::Record> editedRecords(const Template &t, const std::vecto
                 }
                 break;
             case 1:
-                records[i].first = static_cast<uint8_t>(e.arg);
+                records[i].first = recordType(e.arg);
                 break;
             case 2:
                 records.erase(records.begin() + static_cast<ptrdiff_t>(i));
@@ -245,7 +251,7 @@ std::vector<StateFile::Record> editedRecords(const Template &t, const std::vecto
             case 4:
                 if (records.size() < kMaxRecords) {
                     records.insert(records.begin() + static_cast<ptrdiff_t>(i),
-                                   StateFile::Record{static_cast<uint8_t>(e.arg), e.bytes});
+                                   StateFile::Record{recordType(e.arg), e.bytes});
                 }
                 break;
             default:
