@@ -6,7 +6,8 @@
 //
 // Setup (once per process): a real Broker over softnda, with its real RestartState as the commit
 // sink, serves one session of this process (an attached fd channel; a context, a PD, two CQs,
-// an SRQ and two RC QPs, one on the SRQ, brought to RTS). After a commit, the
+// an SRQ and two RC QPs, one on the SRQ, brought to RTS), committing along the way so the log
+// holds an image, appended records and arena chunk deltas. After a last commit, the
 // handover gives every fd a successor needs, named: the harness keeps dups of them, and the
 // session's state file's records are the template. The old broker then ends, as a restarted
 // process's predecessor does.
@@ -121,6 +122,9 @@ class Template {
             }
         }
         FUZZ_CHECK(!state_name_.empty(), "the handover named no session state");
+        FUZZ_CHECK(std::any_of(records_.begin(), records_.end(),
+                               [](const StateFile::Record &r) { return r.first == state::kChunkBlocks; }),
+                   "the template's log holds no chunk delta");
         old.setCommitSink({});
         old.endAllSessions();
     }
@@ -133,12 +137,15 @@ class Template {
   private:
     static void makeObjects(Broker &b, Session &s) {
         const uint64_t ctx = must(b.openContext(s, "softnda0"), "open context").context;
+        must(b.commit(s, StoredReply{}), "commit");  // the image; what follows is appended
         const uint64_t pd = must(b.allocPd(s, ctx), "alloc pd");
         CreateCqArgs ca;
         ca.context = ctx;
         ca.cqe = 16;
         const uint64_t cq0 = must(b.createCq(s, ca), "create cq").cq;
+        must(b.commit(s, StoredReply{}), "commit");  // a chunk record, the second CQ's a delta
         const uint64_t cq1 = must(b.createCq(s, ca), "create cq").cq;
+        must(b.commit(s, StoredReply{}), "commit");
         CreateSrqArgs sa;
         sa.context = ctx;
         sa.pd = pd;
@@ -151,6 +158,7 @@ class Template {
         qa.send_cq = qa.recv_cq = cq0;
         qa.cap = ibv_qp_cap{8, 8, 1, 1, 0};
         const QpResult a = must(b.createQp(s, qa), "create qp");
+        must(b.commit(s, StoredReply{}), "commit");
         qa.send_cq = qa.recv_cq = cq1;
         qa.srq = srq;
         qa.cap.max_recv_wr = 0;
