@@ -314,7 +314,7 @@ class Broker {
     // as a parent (no call of its own replaced its fds).
     Status exportObject(Session &s, uint64_t handle, bool keep_same = false, bool *changed = nullptr);
     // Once the commit logged the object's record: a leaf (isLeafKind: nothing compares a later
-    // export with it) gives its kept driver state back, about 300 B of heap per QP; its fds stay.
+    // export with it) gives its kept driver state back (a softnda QP's is about 600 B); its fds stay.
     // keptState() exports it again, for a compaction that writes the record anew (the state of a
     // control call's object changes only with control calls, so that export is the logged one).
     // Both with the session's mutex held; keptState()'s error is exportObject()'s.

@@ -55,15 +55,15 @@ struct MemoryStats {
 
 class SessionMemory;
 
-// Restart (docs/restart.md): what a session's memory is made of, as the snapshot records it. In
-// an export the fds are borrowed from the live SessionMemory; in a restore they are owned.
 // One allocation or free in an arena chunk: a commit logs these instead of the chunk's whole
-// block list when only a few changed.
+// block list when only a few changed (docs/restart.md).
 struct BlockChange {
     uint32_t offset = 0;
     uint32_t size = 0;
     bool freed = false;  // false: allocated
 };
+// Restart (docs/restart.md): what a session's memory is made of, as the snapshot records it. In
+// an export the fds are borrowed from the live SessionMemory; in a restore they are owned.
 struct ChunkState {
     RegionId id = 0;
     int fd = -1;
