@@ -4,21 +4,25 @@
 # machine, unlike the CPU times ibv-extend-perf reports, so this is how the broker's cost per
 # call is broken down and each cut is measured.
 #
-#   bench/control_instructions.sh [BUILD_DIR] [MS] [LOG_LEVEL]
+#   bench/control_instructions.sh [BUILD_DIR] [MS] [LOG_LEVEL] [HELD]
 #
 # Starts ibv-extendd under `valgrind --tool=callgrind` (softnda, the benchmark's config), runs one
 # ibv-extend-perf churn worker for MS ms (default 4000) doing null RPCs (grpc Health/Check), then
 # one doing CreateQp/DestroyQp, zeroes the counters before and dumps them after each loop, and
 # prints instructions per call of both, their ratio, and the inclusive top of the mutating run
 # (per call). LOG_LEVEL is the broker's (default warn, as the benchmark runs it; info adds the
-# audit lines). Files stay in the printed directory.
+# audit lines). HELD (default 0): the mutating loop's session holds that many other QPs, made
+# before the loop, so the figure is what a call costs in a session of that size. IBVX_DAEMON
+# names another ibv-extendd to measure (another build's, for a before/after) with this build's
+# tool and providers. Files stay in the printed directory.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${1:-build}
 [[ $build = /* ]] || build="$root/$build"
 ms=${2:-4000}
 level=${3:-warn}
-daemon="$build/daemon/ibv-extendd"
+held=${4:-0}
+daemon=${IBVX_DAEMON:-$build/daemon/ibv-extendd}
 perf="$build/tools/ibv-extend-perf/ibv-extend-perf"
 for b in "$daemon" "$perf"; do [[ -x $b ]] || { echo "$b not built" >&2; exit 1; }; done
 command -v valgrind >/dev/null || { echo "valgrind not installed" >&2; exit 1; }
@@ -61,9 +65,11 @@ measure() {
 }
 
 read -r null_ir null_calls < <(measure null null)
-read -r op_ir op_calls < <(measure ops)
-awk -v a="$null_ir" -v b="$null_calls" -v c="$op_ir" -v d="$op_calls" -v lvl="$level" 'BEGIN {
-  printf "broker log level %s\n", lvl
+ops_extra=
+[[ $held = 0 ]] || ops_extra="held $held"
+read -r op_ir op_calls < <(measure ops "$ops_extra")
+awk -v a="$null_ir" -v b="$null_calls" -v c="$op_ir" -v d="$op_calls" -v lvl="$level" -v held="$held" 'BEGIN {
+  printf "broker log level %s, %s other QPs held by the mutating session\n", lvl, held
   printf "null RPC:            %10.0f instructions/call (%d calls)\n", a / b, b
   printf "CreateQp/DestroyQp:  %10.0f instructions/call (%d calls)\n", c / d, d
   printf "ratio:               %10.2f\n", (c / d) / (a / b)

@@ -321,6 +321,13 @@ class Broker {
     // last one's fds (the new duplicates are closed), which is right only for an object touched
     // as a parent (no call of its own replaced its fds).
     Status exportObject(Session &s, uint64_t handle, bool keep_same = false, bool *changed = nullptr);
+    // Once the commit logged the object's record: a leaf (isLeafKind: nothing compares a later
+    // export with it) gives its kept driver state back (a softnda QP's is about 600 B); its fds stay.
+    // keptState() exports it again, for a compaction that writes the record anew (the state of a
+    // control call's object changes only with control calls, so that export is the logged one).
+    // Both with the session's mutex held; keptState()'s error is exportObject()'s.
+    void releaseLoggedState(Session &s, uint64_t handle);
+    Status keptState(Session &s, uint64_t handle);
     // The restore's import, the counterpart of publish(): makes the object again from the state
     // exported in the old process (import_object), parents already adopted, and inserts it under
     // its old handle and quota charge; relocations maps the old process's addresses (arena,

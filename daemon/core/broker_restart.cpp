@@ -274,6 +274,7 @@ Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *c
     }
     Object *obj = it->second.get();
     obj->state_dirty = false;
+    obj->state_released = false;  // what follows keeps a new state, or none
     Device *dev = obj->device();
     if (!obj->hasDriverObject()) {
         return Status::ok();  // its record carries all there is of it
@@ -317,6 +318,24 @@ Status Broker::exportObject(Session &s, uint64_t handle, bool keep_same, bool *c
         *changed = true;
     }
     return Status::ok();
+}
+
+void Broker::releaseLoggedState(Session &s, uint64_t handle) {
+    auto it = s.objects_.find(handle);
+    if (it == s.objects_.end() || !isLeafKind(it->second->kind) || it->second->driver_state.empty()) {
+        return;
+    }
+    std::string().swap(it->second->driver_state);  // clear() would keep the capacity
+    it->second->state_released = true;
+}
+
+Status Broker::keptState(Session &s, uint64_t handle) {
+    auto it = s.objects_.find(handle);
+    if (it == s.objects_.end() || !it->second->state_released) {
+        return Status::ok();
+    }
+    it->second->state_dirty = true;
+    return exportObject(s, handle);
 }
 
 Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {

@@ -147,7 +147,7 @@ void *MappingManager::alloc(size_t size) {
                 c->free_blocks.erase(it);
             }
             c->used_bytes += want;
-            ++c->version;
+            c->note({off, want32, false});
             return static_cast<uint8_t *>(c->mem.data()) + off;
         }
     }
@@ -223,7 +223,7 @@ void MappingManager::free(void *ptr) {
         }
         c->used_blocks.erase(used);
         c->used_bytes -= size;
-        ++c->version;
+        c->note({off, size, true});
         if (c->used_bytes == 0) {
             releaseChunkLocked(mem, i);
         }
@@ -423,9 +423,34 @@ uint64_t Relocations::find(uint64_t old_addr, uint64_t length) const {
     return it->second.new_base + off;
 }
 
-MemoryState MappingManager::exportState(const SessionMemory &mem, const std::map<RegionId, uint64_t> *known) {
-    MemoryState out;
+void SessionMemory::Chunk::note(BlockChange change) {
+    ++version;
+    if (journal.size() >= kMaxJournal) {
+        journal.clear();  // too many to be worth a delta: the next export gives the whole list
+        journal_base = version;
+        return;
+    }
+    journal.push_back({change, version});
+}
+
+MemoryState MappingManager::exportState(const SessionMemory &mem) {
     std::lock_guard lock(mu_);
+    return exportLocked(mem, nullptr);
+}
+
+MemoryState MappingManager::exportChanges(SessionMemory &mem, const std::map<RegionId, uint64_t> &known) {
+    std::lock_guard lock(mu_);
+    MemoryState out = exportLocked(mem, &known);
+    for (auto &c : mem.chunks_) {
+        c->journal.clear();
+        c->journal_base = c->version;
+    }
+    return out;
+}
+
+MemoryState MappingManager::exportLocked(const SessionMemory &mem,
+                                         const std::map<RegionId, uint64_t> *known) {
+    MemoryState out;
     for (const auto &c : mem.chunks_) {
         ChunkState cs;
         cs.id = c->id;
@@ -434,17 +459,21 @@ MemoryState MappingManager::exportState(const SessionMemory &mem, const std::map
         cs.base = reinterpret_cast<uint64_t>(c->mem.data());
         cs.sent = c->sent;
         cs.version = c->version;
-        if (known != nullptr) {
-            auto it = known->find(c->id);
-            if (it != known->end() && it->second == c->version) {
-                cs.unchanged = true;
-                out.chunks.push_back(std::move(cs));
-                continue;
+        auto it = known != nullptr ? known->find(c->id) : std::map<RegionId, uint64_t>::const_iterator{};
+        if (known != nullptr && it != known->end() && it->second == c->version) {
+            cs.unchanged = true;
+        } else if (known != nullptr && it != known->end() && it->second >= c->journal_base) {
+            cs.delta = true;
+            for (const auto &j : c->journal) {
+                if (j.version > it->second) {
+                    cs.changes.push_back(j.change);
+                }
             }
-        }
-        cs.used.reserve(c->used_blocks.size());
-        for (const auto &b : c->used_blocks) {
-            cs.used.emplace_back(b.offset, b.size);
+        } else {
+            cs.used.reserve(c->used_blocks.size());
+            for (const auto &b : c->used_blocks) {
+                cs.used.emplace_back(b.offset, b.size);
+            }
         }
         out.chunks.push_back(std::move(cs));
     }

@@ -55,6 +55,13 @@ struct MemoryStats {
 
 class SessionMemory;
 
+// One allocation or free in an arena chunk: a commit logs these instead of the chunk's whole
+// block list when only a few changed (docs/restart.md).
+struct BlockChange {
+    uint32_t offset = 0;
+    uint32_t size = 0;
+    bool freed = false;  // false: allocated
+};
 // Restart (docs/restart.md): what a session's memory is made of, as the snapshot records it. In
 // an export the fds are borrowed from the live SessionMemory; in a restore they are owned.
 struct ChunkState {
@@ -67,6 +74,10 @@ struct ChunkState {
     uint64_t version = 0;                             // changes with every allocation or free in the chunk
     bool unchanged = false;                           // export: version as known, `used` left empty
     std::vector<std::pair<uint32_t, uint32_t>> used;  // (offset, size), by offset
+    // exportChanges: the chunk changed since the known version and `changes` says how, in order
+    // (`used` left empty); false: `used` is the whole list.
+    bool delta = false;
+    std::vector<BlockChange> changes;
 };
 struct DoorbellState {
     RegionId id = 0;
@@ -126,9 +137,14 @@ class MappingManager {
     MemoryStats totals();
 
     // ---- restart (docs/restart.md) ----
-    // known: chunk versions the caller has already recorded; those chunks come back marked
-    // unchanged and without their blocks (a commit then costs what changed).
-    MemoryState exportState(const SessionMemory &mem, const std::map<RegionId, uint64_t> *known = nullptr);
+    // Everything: every chunk with its whole block list, every doorbell page.
+    MemoryState exportState(const SessionMemory &mem);
+    // What changed since the chunk versions a commit has recorded (known), so a commit costs what
+    // the call changed: a known chunk at its known version comes back marked unchanged, one that
+    // moved since as a delta (its allocations and frees since, in order) when its journal reaches
+    // back to that version, else with its whole list; a chunk not known, with its whole list.
+    // Each chunk's journal then starts again from now.
+    MemoryState exportChanges(SessionMemory &mem, const std::map<RegionId, uint64_t> &known);
     // A session's memory rebuilt from a snapshot: every chunk and doorbell page mapped anew
     // (adding old -> new to reloc), the same region ids, blocks and sent flags. Takes the fds.
     StatusOr<std::unique_ptr<SessionMemory>> restoreSession(uint64_t session_id, MemoryState state,
@@ -150,6 +166,8 @@ class MappingManager {
     MappingManager() = default;
     RegionId newRegionId();
     void releaseChunkLocked(SessionMemory &mem, size_t index);
+    // exportState, and exportChanges without the journals' restart; mu_ held.
+    MemoryState exportLocked(const SessionMemory &mem, const std::map<RegionId, uint64_t> *known);
     void forget(SessionMemory *mem);
 
     std::mutex mu_;
@@ -201,6 +219,18 @@ class SessionMemory {
         size_t used_bytes = 0;
         bool sent = false;
         uint64_t version = 1;  // bumped by every alloc and free in it (restart's commits)
+        // The allocations and frees since the last exportChanges(), each with the version it
+        // made: complete for every version after journal_base. Bounded: past kMaxJournal
+        // changes it starts again (journal_base moves up), and an export then gives the whole
+        // list, as it does for a chunk a commit never saw.
+        struct Journaled {
+            BlockChange change;
+            uint64_t version = 0;
+        };
+        static constexpr size_t kMaxJournal = 64;
+        std::vector<Journaled> journal;
+        uint64_t journal_base = 1;
+        void note(BlockChange change);
     };
     struct Doorbell {
         RegionId id = 0;

@@ -42,6 +42,13 @@ inline constexpr ObjectKind kParentsFirst[] = {
     ObjectKind::kMr,      ObjectKind::kMw, ObjectKind::kCq,   ObjectKind::kSrq, ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
+// Kinds no object has among its uses: a create or destroy never touches one as a parent, so no
+// later export is compared with its kept driver state, and a commit gives that back once it is
+// logged (Broker::releaseLoggedState). Were one ever a parent, its next export would only be
+// logged once more, never lost.
+constexpr bool isLeafKind(ObjectKind kind) {
+    return kind == ObjectKind::kQp || kind == ObjectKind::kMr;
+}
 
 struct Object;
 
@@ -107,10 +114,13 @@ struct Object {
     // Takes the object import_object returned (of vdevKind()).
     virtual void adoptDriverObject(void *made) = 0;
     // The driver's state as of the object's last control operation (export_object), refreshed
-    // by the next commit while state_dirty. Creates and control calls set state_dirty.
+    // by the next commit while state_dirty. Creates and control calls set state_dirty. A leaf's
+    // (isLeafKind) is given back once logged (state_released), and exported again only when a
+    // compaction writes its record anew.
     std::string driver_state;
     std::vector<UniqueFd> driver_fds;
     bool state_dirty = true;
+    bool state_released = false;
 };
 
 struct ContextObject : Object {

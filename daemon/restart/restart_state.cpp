@@ -142,6 +142,21 @@ std::string chunkRecord(uint64_t id, const ChunkState &c) {
     return serialized(out);
 }
 
+// What changed in a chunk the log holds (ChunkState::delta): O(the call's changes), where the
+// chunk's whole record is O(the queues in it).
+std::string chunkDeltaRecord(const ChunkState &c) {
+    rpb::ChunkDelta out;
+    out.set_region(c.id);
+    out.set_sent(c.sent);
+    for (const BlockChange &b : c.changes) {
+        rpb::BlockChange *m = out.add_changes();
+        m->set_offset(b.offset);
+        m->set_size(b.size);
+        m->set_freed(b.freed);
+    }
+    return serialized(out);
+}
+
 std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
     rpb::Doorbell out;
     out.set_region(d.id);
@@ -193,16 +208,20 @@ template <typename State>
 struct RegionLog;
 template <>
 struct RegionLog<ChunkState> {
-    static constexpr RecordType kPut = kChunkPut, kDel = kChunkDel;
+    static constexpr RecordType kDel = kChunkDel;
     static uint64_t logged(const ChunkState &c) { return c.version; }  // moves with every (de)allocation
     static std::string name(uint64_t id, RegionId r) { return chunkName(id, r); }
-    static std::string record(uint64_t id, const ChunkState &c) { return chunkRecord(id, c); }
+    static RecordType type(const ChunkState &c) { return c.delta ? kChunkBlocks : kChunkPut; }
+    static std::string record(uint64_t id, const ChunkState &c) {
+        return c.delta ? chunkDeltaRecord(c) : chunkRecord(id, c);
+    }
 };
 template <>
 struct RegionLog<DoorbellState> {
-    static constexpr RecordType kPut = kDoorbellPut, kDel = kDoorbellDel;
+    static constexpr RecordType kDel = kDoorbellDel;
     static std::pair<int, bool> logged(const DoorbellState &d) { return {d.refs, d.sent}; }
     static std::string name(uint64_t id, RegionId r) { return doorbellName(id, r); }
+    static RecordType type(const DoorbellState &) { return kDoorbellPut; }
     static std::string record(uint64_t id, const DoorbellState &d) { return doorbellRecord(id, d); }
 };
 
@@ -252,7 +271,7 @@ RestartState::~RestartState() = default;
 
 Status RestartState::start() {
     if (!global_.fd() || global_.fd() < 0) {
-        ASSIGN_OR_RETURN(global_, StateFile::create("ibvx-global"));
+        ASSIGN_OR_RETURN(global_, StateFile::create("ibvx-global", StateFile::Encoding::kPlain));
     }
     RETURN_IF_ERROR(writeGlobal());
     if (store_.enabled()) {
@@ -386,7 +405,7 @@ CallCounts RestartState::callsOf(const Session &s) const {
     return c;
 }
 
-RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e) {
+RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
     Records out;
     const uint64_t id = s.id();
     rpb::Session h;
@@ -412,7 +431,12 @@ RestartState::Records RestartState::fullImage(const Session &s, SessionEntry &e)
         e.doorbells[d.id] = {d.refs, d.sent};
     }
     for (const Object *obj : s.objectsParentsFirst()) {
+        Status kept = broker_.keptState(s, obj->handle);
+        if (!kept.isOk()) {
+            spdlog::warn("session {}: {}", id, kept.message());  // as exportTouched: the restore ends it
+        }
         out.emplace_back(kObjectPut, objectRecord(id, obj));
+        broker_.releaseLoggedState(s, obj->handle);
     }
     e.reply_seq = 0;
     s.forEachReplySince(&e.reply_seq,
@@ -600,7 +624,7 @@ Status RestartState::writeImage(Session &s, SessionEntry &e) {
 Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes) {
     const uint64_t id = s.id();
     Records records;
-    MemoryState mem = MappingManager::instance().exportState(s.memory(), &e.chunks);
+    MemoryState mem = MappingManager::instance().exportChanges(s.memory(), e.chunks);
     logRegions(id, e, mem.chunks, e.chunks, records);
     logRegions(id, e, mem.doorbells, e.doorbells, records);
     logObjects(s, e, changes, records);
@@ -637,7 +661,7 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
         if (it != logged.end() && it->second == Log::logged(r)) {
             continue;
         }
-        records.emplace_back(Log::kPut, Log::record(id, r));
+        records.emplace_back(Log::type(r), Log::record(id, r));
         storeAdd(e, Log::name(id, r.id), r.fd);
         logged[r.id] = Log::logged(r);
     }
@@ -670,6 +694,8 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
         for (const auto &[name, fd] : objectFds(id, *obj)) {
             storeAdd(e, name, fd);
         }
+        // Logged: should the append fail, the next commit writes an image, which exports it again.
+        broker_.releaseLoggedState(s, h);
     }
 }
 

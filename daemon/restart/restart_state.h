@@ -41,7 +41,9 @@ class Global;
 namespace ibvx::daemon {
 
 // The snapshot's format: a reader refuses a newer one (a downgrade across a format change).
-inline constexpr uint32_t kSnapshotFormat = 1;
+// 2: session records may be zero-run encoded (state_file.h), and an arena chunk's change is a
+// ChunkDelta record; ibvx.global itself stays plain, so a broker of format 1 reads it and refuses.
+inline constexpr uint32_t kSnapshotFormat = 2;
 
 // systemd's fd store, as the restart layer sees it (the daemon wires common/fd_store.h). Empty
 // functions: no store (re-exec only).
@@ -175,8 +177,9 @@ class RestartState {
     Status keepRegionFloor();
     // Names and fds a session's state needs now (for the store and for exec).
     NamedFds sessionFds(const Session &s, const SessionEntry &e) const;
-    // The session's whole state as log records (a compaction, or the first commit).
-    Records fullImage(const Session &s, SessionEntry &e);
+    // The session's whole state as log records (a compaction, or the first commit); a leaf
+    // whose kept driver state was given back is exported again for it (Broker::keptState).
+    Records fullImage(Session &s, SessionEntry &e);
     // Its calls so far, in this process and before (takes mu_).
     CallCounts callsOf(const Session &s) const;
     void storeAdd(SessionEntry &e, const std::string &name, int fd);

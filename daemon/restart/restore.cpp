@@ -74,10 +74,15 @@ class LogReplay {
         return ok;
     }
 
+    bool putChunk(const std::string &payload);
+    bool changeChunk(const std::string &payload);
+
     rpb::Session header_;
     bool have_header_ = false;
     std::map<uint64_t, rpb::Object> objects_;
+    // A chunk's record, and its used blocks (offset -> size) apart, as the deltas change them.
     std::map<uint64_t, rpb::Chunk> chunks_;
+    std::map<uint64_t, std::map<uint32_t, uint32_t>> blocks_;
     std::map<uint64_t, rpb::Doorbell> doorbells_;
     std::deque<rpb::Reply> replies_;
     std::map<std::string, std::string> aliases_;
@@ -95,9 +100,14 @@ bool LogReplay::apply(uint8_t type, const std::string &payload) {
         case kObjectDel:
             return erase(objects_, payload);
         case kChunkPut:
-            return put(chunks_, payload, [](const rpb::Chunk &c) { return c.region(); });
+            return putChunk(payload);
         case kChunkDel:
+            if (uint64_t region = 0; u64From(payload, &region)) {
+                blocks_.erase(region);
+            }
             return erase(chunks_, payload);
+        case kChunkBlocks:
+            return changeChunk(payload);
         case kDoorbellPut:
             return put(doorbells_, payload, [](const rpb::Doorbell &d) { return d.region(); });
         case kDoorbellDel:
@@ -124,6 +134,50 @@ bool LogReplay::apply(uint8_t type, const std::string &payload) {
     }
 }
 
+bool LogReplay::putChunk(const std::string &payload) {
+    rpb::Chunk c;
+    if (!c.ParseFromString(payload)) {
+        return false;
+    }
+    auto &blocks = blocks_[c.region()];
+    blocks.clear();
+    for (const rpb::Block &b : c.used()) {
+        blocks[b.offset()] = b.size();  // a repeated offset is caught by restoreSession's checks
+    }
+    c.clear_used();
+    chunks_[c.region()] = std::move(c);
+    return true;
+}
+
+// A delta applies to the chunk's latest record, in order: a free names a block that is there
+// (offset and size), an allocation an offset that is free. Anything else is a corrupt log.
+bool LogReplay::changeChunk(const std::string &payload) {
+    rpb::ChunkDelta d;
+    if (!d.ParseFromString(payload)) {
+        return false;
+    }
+    auto chunk = chunks_.find(d.region());
+    if (chunk == chunks_.end()) {
+        return false;
+    }
+    chunk->second.set_sent(d.sent());
+    auto &blocks = blocks_[d.region()];
+    for (const rpb::BlockChange &b : d.changes()) {
+        auto it = blocks.find(b.offset());
+        if (b.freed()) {
+            if (it == blocks.end() || it->second != b.size()) {
+                return false;
+            }
+            blocks.erase(it);
+        } else if (it == blocks.end()) {
+            blocks.emplace(b.offset(), b.size());
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
 StatusOr<rpb::Session> LogReplay::image() && {
     if (!have_header_) {
         return restoreError("its state has no header");
@@ -139,6 +193,11 @@ StatusOr<rpb::Session> LogReplay::image() && {
         *header_.add_objects() = std::move(*o);
     }
     for (auto &[r, c] : chunks_) {
+        for (auto [offset, size] : blocks_[r]) {
+            rpb::Block *b = c.add_used();
+            b->set_offset(offset);
+            b->set_size(size);
+        }
         *header_.add_chunks() = std::move(c);
     }
     for (auto &[r, d] : doorbells_) {
@@ -411,7 +470,7 @@ void RestartState::keepEntry(const Session &s, StateFile file, uint64_t start_ti
 std::string RestartState::adoptGlobal(std::map<std::string, UniqueFd> &fds, rpb::Global *g) {
     bool have_global = false;
     if (auto it = fds.find(kGlobalName); it != fds.end()) {
-        auto file = StateFile::adopt(std::move(it->second));
+        auto file = StateFile::adopt(std::move(it->second), StateFile::Encoding::kPlain);
         fds.erase(it);
         if (file.isOk()) {
             auto recs = file->records();

@@ -11,6 +11,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "daemon/restart/zero_runs.h"
+
 namespace ibvx::daemon {
 namespace {
 
@@ -19,6 +21,7 @@ constexpr uint64_t kHeaderBytes = 4096;
 constexpr uint64_t kBoundsOffset = 8;  // {start, end}: one 16-byte write
 constexpr size_t kRecordHead = 9;      // u32 length, u32 crc, u8 type
 constexpr uint32_t kMaxRecord = 64u << 20;
+constexpr uint8_t kZeroRunsBit = 0x80;  // the stored payload is zero-run encoded
 
 uint32_t crcOf(uint8_t type, const std::string &payload) {
     uLong c = crc32(0L, Z_NULL, 0);
@@ -63,8 +66,9 @@ bool preadAll(int fd, void *buf, uint64_t n, uint64_t off) {
 
 }  // namespace
 
-StatusOr<StateFile> StateFile::create(const std::string &name) {
+StatusOr<StateFile> StateFile::create(const std::string &name, Encoding encoding) {
     StateFile f;
+    f.encoding_ = encoding;
     f.fd_.reset(::memfd_create(name.c_str(), MFD_CLOEXEC));
     if (!f.fd_) {
         return Status::fromErrno(errno, "memfd_create for the state file failed");
@@ -78,8 +82,9 @@ StatusOr<StateFile> StateFile::create(const std::string &name) {
     return f;
 }
 
-StatusOr<StateFile> StateFile::adopt(UniqueFd fd) {
+StatusOr<StateFile> StateFile::adopt(UniqueFd fd, Encoding encoding) {
     StateFile f;
+    f.encoding_ = encoding;
     f.fd_ = std::move(fd);
     struct stat st {};
     char head[kBoundsOffset + 16];
@@ -99,15 +104,18 @@ StatusOr<StateFile> StateFile::adopt(UniqueFd fd) {
 }
 
 Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end) {
-    std::string buf;
+    std::string buf, encoded;
     for (const auto &[type, payload] : records) {
-        if (payload.size() > kMaxRecord) {
-            return invalidArgument("state record too large");
+        if (payload.size() > kMaxRecord || (type & kZeroRunsBit) != 0) {
+            return invalidArgument("state record too large, or of a type past 0x7f");
         }
-        uint32_t head[2] = {static_cast<uint32_t>(payload.size()), crcOf(type, payload)};
+        const bool encode = encoding_ == Encoding::kZeroRuns && encodeZeroRuns(payload, &encoded);
+        const std::string &stored = encode ? encoded : payload;
+        const auto stored_type = static_cast<uint8_t>(encode ? type | kZeroRunsBit : type);
+        uint32_t head[2] = {static_cast<uint32_t>(stored.size()), crcOf(stored_type, stored)};
         buf.append(reinterpret_cast<const char *>(head), sizeof(head));
-        buf.push_back(static_cast<char>(type));
-        buf += payload;
+        buf.push_back(static_cast<char>(stored_type));
+        buf += stored;
     }
     RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at));
     *end = at + buf.size();
@@ -167,6 +175,14 @@ StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
         if (!preadAll(fd_.get(), payload.data(), head[0], at + kRecordHead) ||
             crcOf(type, payload) != head[1]) {
             return invalidArgument("the state file holds a record that fails its CRC");
+        }
+        if ((type & kZeroRunsBit) != 0) {
+            std::string decoded;
+            if (!decodeZeroRuns(payload, kMaxRecord, &decoded)) {
+                return invalidArgument("the state file holds a record that does not decode");
+            }
+            payload = std::move(decoded);
+            type &= static_cast<uint8_t>(~kZeroRunsBit);
         }
         out.emplace_back(type, std::move(payload));
         at += kRecordHead + head[0];

@@ -2,7 +2,10 @@
 // append-only log, so a commit costs what changed, not the size of the state (docs/restart.md).
 //
 // Layout: a 4 KiB header page {magic, start, end}, then records from `start` to `end`, each
-// {u32 length, u32 CRC-32, u8 type, payload}. An append writes its records past `end`, then
+// {u32 length, u32 CRC-32, u8 type, payload}. A payload is stored zero-run encoded
+// (zero_runs.h) when that is shorter, its type then with the high bit set (record types are
+// below 0x80); the CRC covers what is stored, records() gives back the decoded record. An
+// append writes its records past `end`, then
 // moves `end` with one 16-byte pwrite inside the header page: a kill at any instant leaves the
 // previous `end` (records past it are ignored), and a record that fails its CRC ends the replay.
 // A compaction writes the whole state as new records past `end` and moves `start` and `end` in
@@ -23,13 +26,17 @@ namespace ibvx::daemon {
 
 class StateFile {
   public:
-    using Record = std::pair<uint8_t, std::string>;  // type, payload
+    using Record = std::pair<uint8_t, std::string>;  // type (below 0x80), payload
+
+    // How this process writes records (any file reads both): kPlain for what an older broker
+    // must still read whole (ibvx.global, whose format field refuses a downgrade).
+    enum class Encoding { kZeroRuns, kPlain };
 
     // A new, empty file (memfd named so in /proc/<pid>/fd).
-    static StatusOr<StateFile> create(const std::string &name);
+    static StatusOr<StateFile> create(const std::string &name, Encoding encoding = Encoding::kZeroRuns);
     // A file a previous process wrote (from the fd store or across exec). INVALID_ARGUMENT when
     // the fd is not one (wrong magic, bad header).
-    static StatusOr<StateFile> adopt(UniqueFd fd);
+    static StatusOr<StateFile> adopt(UniqueFd fd, Encoding encoding = Encoding::kZeroRuns);
 
     StateFile() = default;
     StateFile(StateFile &&) noexcept = default;
@@ -54,6 +61,7 @@ class StateFile {
 
     UniqueFd fd_;
     uint64_t start_ = 0, end_ = 0, compacted_end_ = 0;
+    Encoding encoding_ = Encoding::kZeroRuns;
 };
 
 }  // namespace ibvx::daemon

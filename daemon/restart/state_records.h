@@ -24,7 +24,8 @@ enum RecordType : uint8_t {
     kDoorbellPut = 6,
     kDoorbellDel = 7,
     kReply = 8,
-    kAlias = 9,  // "name\ncanonical": name's fd is the file stored as canonical
+    kAlias = 9,         // "name\ncanonical": name's fd is the file stored as canonical
+    kChunkBlocks = 10,  // a ChunkDelta: a logged chunk's allocations and frees since its last record
 };
 
 inline std::string u64Payload(uint64_t v) {

@@ -6,7 +6,8 @@
 //
 // Setup (once per process): a real Broker over softnda, with its real RestartState as the commit
 // sink, serves one session of this process (an attached fd channel; a context, a PD, two CQs,
-// an SRQ and two RC QPs, one on the SRQ, brought to RTS). After a commit, the
+// an SRQ and two RC QPs, one on the SRQ, brought to RTS), committing along the way so the log
+// holds an image, appended records and arena chunk deltas. After a last commit, the
 // handover gives every fd a successor needs, named: the harness keeps dups of them, and the
 // session's state file's records are the template. The old broker then ends, as a restarted
 // process's predecessor does.
@@ -15,10 +16,10 @@
 // applied to a copy of the template's records and fds, then a new Broker and RestartState
 // restore from them, exactly as a new process does at start-up:
 //   op % 8 == 0  XOR bytes into record index's payload at offset arg
-//   op % 8 == 1  record index's type becomes arg
+//   op % 8 == 1  record index's type becomes arg (its low 7 bits: a type StateFile writes)
 //   op % 8 == 2  record index is dropped
 //   op % 8 == 3  record index is repeated
-//   op % 8 == 4  a record of type arg with payload bytes is inserted before record index
+//   op % 8 == 4  a record of type arg (low 7 bits) with payload bytes is inserted before record index
 //   op % 8 == 5  byte arg of the written state file is XORed with bytes[0] (CRC and framing)
 //   op % 8 == 6  the fd named index-th (of the handed-over names) is left out
 //   op % 8 == 7  the fd named index-th is replaced by an empty memfd
@@ -121,6 +122,9 @@ class Template {
             }
         }
         FUZZ_CHECK(!state_name_.empty(), "the handover named no session state");
+        FUZZ_CHECK(std::any_of(records_.begin(), records_.end(),
+                               [](const StateFile::Record &r) { return r.first == state::kChunkBlocks; }),
+                   "the template's log holds no chunk delta");
         old.setCommitSink({});
         old.endAllSessions();
     }
@@ -133,12 +137,15 @@ class Template {
   private:
     static void makeObjects(Broker &b, Session &s) {
         const uint64_t ctx = must(b.openContext(s, "softnda0"), "open context").context;
+        must(b.commit(s, StoredReply{}), "commit");  // the image; what follows is appended
         const uint64_t pd = must(b.allocPd(s, ctx), "alloc pd");
         CreateCqArgs ca;
         ca.context = ctx;
         ca.cqe = 16;
         const uint64_t cq0 = must(b.createCq(s, ca), "create cq").cq;
+        must(b.commit(s, StoredReply{}), "commit");  // a chunk record, the second CQ's a delta
         const uint64_t cq1 = must(b.createCq(s, ca), "create cq").cq;
+        must(b.commit(s, StoredReply{}), "commit");
         CreateSrqArgs sa;
         sa.context = ctx;
         sa.pd = pd;
@@ -151,6 +158,7 @@ class Template {
         qa.send_cq = qa.recv_cq = cq0;
         qa.cap = ibv_qp_cap{8, 8, 1, 1, 0};
         const QpResult a = must(b.createQp(s, qa), "create qp");
+        must(b.commit(s, StoredReply{}), "commit");
         qa.send_cq = qa.recv_cq = cq1;
         qa.srq = srq;
         qa.cap.max_recv_wr = 0;
@@ -214,6 +222,12 @@ std::vector<Edit> parseEdits(const uint8_t *data, size_t size) {
     return edits;
 }
 
+// A record type StateFile writes: below 0x80, whose bit marks an encoded payload (state_file.h;
+// edit 5 reaches that bit in the written file).
+uint8_t recordType(uint16_t arg) {
+    return static_cast<uint8_t>(arg & 0x7f);
+}
+
 // The template's records with the record edits applied.
 std::vector<StateFile::Record> editedRecords(const Template &t, const std::vector<Edit> &edits) {
     std::vector<StateFile::Record> records = t.records();
@@ -232,7 +246,7 @@ std::vector<StateFile::Record> editedRecords(const Template &t, const std::vecto
                 }
                 break;
             case 1:
-                records[i].first = static_cast<uint8_t>(e.arg);
+                records[i].first = recordType(e.arg);
                 break;
             case 2:
                 records.erase(records.begin() + static_cast<ptrdiff_t>(i));
@@ -245,7 +259,7 @@ std::vector<StateFile::Record> editedRecords(const Template &t, const std::vecto
             case 4:
                 if (records.size() < kMaxRecords) {
                     records.insert(records.begin() + static_cast<ptrdiff_t>(i),
-                                   StateFile::Record{static_cast<uint8_t>(e.arg), e.bytes});
+                                   StateFile::Record{recordType(e.arg), e.bytes});
                 }
                 break;
             default:

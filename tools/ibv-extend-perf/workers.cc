@@ -81,7 +81,7 @@ int fail(const char *what) {
 
 // null: health checks instead of CreateQp/DestroyQp, on a channel of the worker's own and with
 // no broker session: the floor of the same many-process load.
-int churn(uint64_t ms, const std::string &file, bool null) {
+int churn(uint64_t ms, const std::string &file, bool null, uint32_t held = 0) {
     Base b;
     std::shared_ptr<grpc::Channel> channel;
     if (null) {
@@ -93,6 +93,11 @@ int churn(uint64_t ms, const std::string &file, bool null) {
         healthCheckNs(channel.get());  // connected before the start
     } else if (!openBase(b)) {
         return fail("open");
+    }
+    for (uint32_t i = 0; i < held; ++i) {
+        if (createQp(b, 1) == nullptr) {
+            return fail("create_qp (held)");
+        }
     }
     std::vector<uint64_t> ns;
     ns.reserve(1 << 16);
@@ -276,6 +281,10 @@ int workerMain(const std::vector<std::string> &args) {
     ::signal(SIGPIPE, SIG_IGN);
     if ((args.size() == 3 || (args.size() == 4 && args[3] == "null")) && args[0] == "churn") {
         return churn(std::strtoull(args[1].c_str(), nullptr, 10), args[2], args.size() == 4);
+    }
+    if (args.size() == 5 && args[0] == "churn" && args[3] == "held") {
+        return churn(std::strtoull(args[1].c_str(), nullptr, 10), args[2], false,
+                     static_cast<uint32_t>(std::strtoul(args[4].c_str(), nullptr, 10)));
     }
     if (args.size() == 2 && args[0] == "hold") {
         return hold(static_cast<uint32_t>(std::strtoul(args[1].c_str(), nullptr, 10)));

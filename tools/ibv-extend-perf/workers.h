@@ -6,6 +6,8 @@
 //                      CPU time over the loop (uint64 ns); 'D'.
 //   churn <ms> <file> null: the same with grpc.health.v1.Health/Check calls (the null RPC),
 //                      without a broker session.
+//   churn <ms> <file> held <n>: the same creates and destroys while the session holds <n>
+//                      other QPs, made before 'R' (what a call costs in a session of that size).
 //   hold <n>:          context, PD, CQ; 'S'; waits 'C'; creates <n> QPs; 'R'; exits on 'Q' or EOF.
 //   bringup:           context, PD, CQ, QP in RTS, registered buffer; 'R'; exits on 'Q' or EOF
 //                      (the reclaim scenario SIGKILLs it instead).

@@ -1,0 +1,100 @@
+#include "daemon/restart/zero_runs.h"
+
+#include <cstdint>
+#include <cstring>
+
+namespace ibvx::daemon {
+namespace {
+
+// Shorter runs cost as much to name as to copy.
+constexpr size_t kMinRun = 4;
+
+void putVarint(uint64_t v, std::string *out) {
+    while (v >= 0x80) {
+        out->push_back(static_cast<char>(v | 0x80));
+        v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+}
+
+bool getVarint(const std::string &in, size_t *at, uint64_t *v) {
+    *v = 0;
+    for (unsigned shift = 0; shift < 64 && *at < in.size(); shift += 7) {
+        const auto byte = static_cast<uint8_t>(in[(*at)++]);
+        *v |= uint64_t{byte & 0x7fu} << shift;
+        if ((byte & 0x80) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
+bool encodeZeroRuns(const std::string &raw, std::string *out) {
+    out->clear();
+    const char *const p = raw.data();
+    const size_t n = raw.size();
+    size_t literal = 0;  // where the pending literal bytes start
+    size_t i = 0;
+    // One pass, at memchr's pace over literal bytes and eight zeros at a time over a run: a
+    // commit encodes every record it writes.
+    while (i < n) {
+        const void *zero = std::memchr(p + i, 0, n - i);
+        if (zero == nullptr) {
+            break;
+        }
+        const size_t start = static_cast<size_t>(static_cast<const char *>(zero) - p);
+        size_t end = start + 1;
+        for (uint64_t word = 0; end + sizeof(word) <= n; end += sizeof(word)) {
+            std::memcpy(&word, p + end, sizeof(word));
+            if (word != 0) {
+                break;
+            }
+        }
+        while (end < n && p[end] == 0) {
+            ++end;
+        }
+        if (end - start >= kMinRun) {
+            if (start > literal) {
+                putVarint(uint64_t{start - literal} << 1, out);
+                out->append(p + literal, start - literal);
+            }
+            putVarint((uint64_t{end - start} << 1) | 1, out);
+            literal = end;
+        }
+        i = end;
+    }
+    if (n > literal) {
+        putVarint(uint64_t{n - literal} << 1, out);
+        out->append(p + literal, n - literal);
+    }
+    return out->size() < n;
+}
+
+bool decodeZeroRuns(const std::string &encoded, size_t max_size, std::string *out) {
+    out->clear();
+    size_t at = 0;
+    while (at < encoded.size()) {
+        uint64_t v = 0;
+        if (!getVarint(encoded, &at, &v)) {
+            return false;
+        }
+        const uint64_t n = v >> 1;
+        if (n == 0 || n > max_size - out->size()) {
+            return false;
+        }
+        if ((v & 1) != 0) {
+            out->append(static_cast<size_t>(n), '\0');
+        } else {
+            if (n > encoded.size() - at) {
+                return false;
+            }
+            out->append(encoded, at, static_cast<size_t>(n));
+            at += static_cast<size_t>(n);
+        }
+    }
+    return true;
+}
+
+}  // namespace ibvx::daemon

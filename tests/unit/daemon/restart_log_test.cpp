@@ -1,0 +1,367 @@
+// A session's restart log (daemon/restart, docs/restart.md) as commits write it and a successor
+// replays it, in one process over the real softnda driver: arena chunks change by delta records
+// (kChunkBlocks) that replay to the same blocks, a QP's driver state is given back once logged
+// and exported again when an image is written, and a delta that does not fit its chunk ends the
+// session cleanly.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "daemon/core/broker.h"
+#include "daemon/core/identity.h"
+#include "daemon/core/mapping.h"
+#include "daemon/restart/restart_state.h"
+#include "daemon/restart/state_file.h"
+#include "daemon/restart/state_records.h"
+#include "daemon/restart/zero_runs.h"
+#include "ibv_extend/restart/v1/snapshot.pb.h"
+#include "tests/unit/daemon/softnda_devices.h"
+
+namespace ibvx::daemon {
+namespace {
+
+using Blocks = std::map<RegionId, std::vector<std::pair<uint32_t, uint32_t>>>;
+using NamedFds = std::vector<std::pair<std::string, UniqueFd>>;
+
+Broker::Options options() {
+    Broker::Options opt;
+    opt.xfer_wait = std::chrono::milliseconds(1);
+    return opt;
+}
+
+Blocks blocksOf(const Session &s) {
+    Blocks out;
+    for (ChunkState &c : MappingManager::instance().exportState(s.memory()).chunks) {
+        out[c.id] = std::move(c.used);
+    }
+    return out;
+}
+
+TEST(ZeroRuns, RoundTripAndOnlyWhenShorter) {
+    std::string raw = std::string("\x01\x02", 2) + std::string(600, '\0') + "abc" + std::string(3, '\0') +
+                      "d" + std::string(200, '\0');
+    std::string enc, dec;
+    ASSERT_TRUE(encodeZeroRuns(raw, &enc));
+    EXPECT_LT(enc.size(), 20u) << "the two long runs cost a few bytes each";
+    ASSERT_TRUE(decodeZeroRuns(enc, raw.size(), &dec));
+    EXPECT_EQ(dec, raw);
+    EXPECT_FALSE(decodeZeroRuns(enc, raw.size() - 1, &dec)) << "past its bound";
+    EXPECT_FALSE(encodeZeroRuns("no zeros here", &enc));
+    EXPECT_FALSE(encodeZeroRuns(std::string(), &enc));
+    EXPECT_FALSE(decodeZeroRuns(std::string("\x10", 1), 1024, &dec))
+        << "8 literal bytes promised, none there";
+    EXPECT_FALSE(decodeZeroRuns(std::string("\x80", 1), 1024, &dec)) << "a varint cut short";
+    EXPECT_FALSE(decodeZeroRuns(std::string("\x00", 1), 1024, &dec)) << "an empty token";
+    // Runs of every length at every alignment, next to literal bytes.
+    uint32_t seed = 7;
+    for (int round = 0; round < 500; ++round) {
+        std::string r;
+        while (r.size() < 300) {
+            seed = seed * 1103515245u + 12345u;
+            const size_t len = (seed >> 16) % 23;
+            r.append(len, (seed >> 8) % 3 == 0 ? static_cast<char>(1 + (seed >> 24) % 255) : '\0');
+        }
+        if (encodeZeroRuns(r, &enc)) {
+            ASSERT_TRUE(decodeZeroRuns(enc, r.size(), &dec));
+            ASSERT_EQ(dec, r) << "round " << round;
+        }
+    }
+}
+
+// A record of zeros is stored short and read back whole; a flipped bit is still the CRC's.
+TEST(StateFileEncoding, ARecordOfZerosIsStoredShortAndReadBackWhole) {
+    auto file = StateFile::create("unit-state");
+    ASSERT_TRUE(file.isOk());
+    const std::vector<StateFile::Record> records = {{state::kObjectPut, std::string(700, '\0') + "x"},
+                                                    {state::kReply, "plain"}};
+    ASSERT_TRUE(file->append(records).isOk());
+    EXPECT_LT(file->appendedBytes(), 60u);
+    auto back = file->records();
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    EXPECT_EQ(*back, records);
+    EXPECT_FALSE(file->append({{0x85, "a type past 0x7f"}}).isOk());
+    auto plain = StateFile::create("unit-plain", StateFile::Encoding::kPlain);
+    ASSERT_TRUE(plain.isOk());
+    ASSERT_TRUE(plain->append(records).isOk());
+    EXPECT_GT(plain->appendedBytes(), 700u);
+    char b = 0;
+    ASSERT_EQ(::pread(file->fd(), &b, 1, 4096 + 9 + 1), 1);
+    b = static_cast<char>(b ^ 1);
+    ASSERT_EQ(::pwrite(file->fd(), &b, 1, 4096 + 9 + 1), 1);
+    EXPECT_FALSE(file->records().isOk());
+}
+
+// A broker with its restart state as the commit sink, as the daemon wires them, and an fd store
+// that keeps what it is given as systemd's does (a crash's successor gets exactly that).
+struct Rig {
+    explicit Rig(DeviceRegistry *devices) : broker(options(), devices), state(broker, hooks()) {
+        broker.setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
+        broker.setCommitSink([this](Session &s) { return state.commit(s); });
+        broker.setEndSink([this](Session &s) { state.sessionEnded(s); });
+    }
+    ~Rig() {
+        broker.setCommitSink({});
+        broker.endAllSessions();
+    }
+    FdStoreHooks hooks() {
+        FdStoreHooks h;
+        h.add = [this](const std::vector<std::pair<std::string, int>> &fds) {
+            for (const auto &[name, fd] : fds) {
+                store[name].reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+            }
+            return Status::ok();
+        };
+        h.remove = [this](const std::string &name) {
+            store.erase(name);
+            return Status::ok();
+        };
+        return h;
+    }
+    std::map<std::string, UniqueFd> store;
+    Broker broker;
+    RestartState state;
+};
+
+std::vector<StateFile::Record> recordsOf(int fd) {
+    auto file = StateFile::adopt(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)));
+    EXPECT_TRUE(file.isOk());
+    auto records = file.isOk() ? file->records() : StatusOr<std::vector<StateFile::Record>>(file.status());
+    EXPECT_TRUE(records.isOk());
+    return records.isOk() ? *records : std::vector<StateFile::Record>{};
+}
+
+class RestartLogTest : public SoftndaDevicesTest {
+  protected:
+    void SetUp() override {
+        old_ = std::make_unique<Rig>(devices_);
+        ASSERT_TRUE(old_->state.start().isOk());
+        int sv[2];
+        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+        UniqueFd ours(sv[0]);
+        channel_.reset(sv[1]);
+        auto peer = peerIdentity(ours.get());
+        ASSERT_TRUE(peer.isOk()) << peer.status().toString();
+        auto s = old_->broker.hello(*peer, options().version, "unit");
+        ASSERT_TRUE(s.isOk()) << s.status().toString();
+        s_ = *s;
+        UniqueFd attached_end = std::move(ours);
+        std::shared_ptr<Session> attached;
+        ASSERT_EQ(old_->broker.attach(s_->token(), peer->creds, attached_end, &attached), 0);
+        Broker &b = old_->broker;
+        auto ctx = b.openContext(*s_, "softnda0");
+        ASSERT_TRUE(ctx.isOk()) << ctx.status().toString();
+        ctx_ = ctx->context;
+        auto pd = b.allocPd(*s_, ctx_);
+        ASSERT_TRUE(pd.isOk());
+        pd_ = *pd;
+        CreateCqArgs ca;
+        ca.context = ctx_;
+        ca.cqe = 16;
+        auto cq = b.createCq(*s_, ca);
+        ASSERT_TRUE(cq.isOk());
+        cq_ = cq->cq;
+        commit();
+    }
+
+    void commit() { ASSERT_TRUE(old_->broker.commit(*s_, StoredReply{}).isOk()); }
+
+    uint64_t createQp() {
+        CreateQpArgs qa;
+        qa.context = ctx_;
+        qa.pd = pd_;
+        qa.send_cq = qa.recv_cq = cq_;
+        qa.cap = ibv_qp_cap{8, 8, 1, 1, 0};
+        auto qp = old_->broker.createQp(*s_, qa);
+        EXPECT_TRUE(qp.isOk()) << qp.status().toString();
+        commit();
+        return qp.isOk() ? qp->qp : 0;
+    }
+
+    // QPs made and destroyed one commit each, so most commits change a chunk already logged.
+    std::vector<uint64_t> churn() {
+        std::vector<uint64_t> qps;
+        for (int i = 0; i < 12; ++i) {
+            qps.push_back(createQp());
+        }
+        for (size_t i = 0; i < qps.size(); i += 3) {
+            EXPECT_TRUE(old_->broker.destroyQp(*s_, qps[i]).isOk());
+            commit();
+            qps[i] = 0;
+        }
+        for (int i = 0; i < 3; ++i) {
+            qps.push_back(createQp());  // into the holes the destroys left
+        }
+        std::erase(qps, 0);
+        return qps;
+    }
+
+    // The session's log as the handover leaves it, and every fd the successor gets (dups).
+    std::vector<StateFile::Record> handOver(NamedFds *fds) {
+        auto named = old_->state.handover();
+        EXPECT_TRUE(named.isOk()) << named.status().toString();
+        std::vector<StateFile::Record> records;
+        for (auto &[name, fd] : *named) {
+            fds->emplace_back(name, UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)));
+            if (state::isStateName(name)) {
+                records = recordsOf(fd);
+            }
+        }
+        return records;
+    }
+
+    // The same after a crash: what the fd store holds, the log as the last commit left it.
+    std::vector<StateFile::Record> crash(NamedFds *fds) {
+        std::vector<StateFile::Record> records;
+        for (auto &[name, fd] : old_->store) {
+            fds->emplace_back(name, UniqueFd(::fcntl(fd.get(), F_DUPFD_CLOEXEC, 0)));
+            if (state::isStateName(name)) {
+                records = recordsOf(fd.get());
+            }
+        }
+        return records;
+    }
+
+    // A new process's restore from fds, after the old broker is gone.
+    RestoreReport restore(NamedFds fds, Blocks *blocks, size_t *objects) {
+        old_.reset();
+        s_.reset();
+        fresh_ = std::make_unique<Rig>(devices_);
+        std::vector<std::shared_ptr<Session>> restored;
+        RestoreReport report = fresh_->state.restore(fds, &restored);
+        if (restored.size() == 1) {
+            auto held = restored[0]->hold();
+            *blocks = blocksOf(*restored[0]);
+            *objects = restored[0]->objectCount();
+        }
+        return report;
+    }
+
+    const Object *object(uint64_t h) { return s_->object(h); }
+
+    std::unique_ptr<Rig> old_, fresh_;
+    std::shared_ptr<Session> s_;
+    UniqueFd channel_;
+    uint64_t ctx_ = 0, pd_ = 0, cq_ = 0;
+};
+
+size_t countOf(const std::vector<StateFile::Record> &records, uint8_t type) {
+    return static_cast<size_t>(
+        std::count_if(records.begin(), records.end(), [type](const auto &r) { return r.first == type; }));
+}
+
+TEST_F(RestartLogTest, ArenaChangesAreLoggedAsDeltasThatReplayToTheSameBlocks) {
+    std::vector<uint64_t> qps = churn();
+    Blocks before;
+    size_t objects_before = 0;
+    {
+        auto held = s_->hold();
+        before = blocksOf(*s_);
+        objects_before = s_->objectCount();
+        for (uint64_t qp : qps) {
+            EXPECT_TRUE(object(qp)->driver_state.empty()) << "a logged QP keeps no driver state";
+        }
+        EXPECT_FALSE(object(ctx_)->driver_state.empty()) << "a parent keeps its state to compare";
+    }
+    ASSERT_FALSE(before.empty());
+    NamedFds fds;
+    std::vector<StateFile::Record> records = crash(&fds);
+    const size_t chunk_puts = countOf(records, state::kChunkPut);
+    EXPECT_GE(countOf(records, state::kChunkBlocks), 15u) << "every QP made or destroyed changed a chunk";
+    EXPECT_LE(chunk_puts, before.size() + 1) << "a chunk's whole list only in the image and when it is new";
+    for (const auto &[type, payload] : records) {
+        if (type == state::kChunkBlocks) {
+            ibv_extend::restart::v1::ChunkDelta d;
+            ASSERT_TRUE(d.ParseFromString(payload));
+            EXPECT_LE(d.changes_size(), 4) << "a delta holds one call's changes, not the chunk's blocks";
+        }
+    }
+    Blocks after;
+    size_t objects_after = 0;
+    RestoreReport report = restore(std::move(fds), &after, &objects_after);
+    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
+    EXPECT_EQ(after, before);
+    EXPECT_EQ(objects_after, objects_before);
+}
+
+// A handover (or any compaction) writes whole records again: each QP's state exported anew (its
+// kept copy was given back), and no delta left in the log.
+TEST_F(RestartLogTest, AnImageExportsGivenBackStateAgainAndHoldsNoDelta) {
+    std::vector<uint64_t> qps = churn();
+    uint64_t calls = 0;
+    old_->state.countCallsWith([&calls](uint64_t) { return CallCounts{++calls, 0}; });  // an image is due
+    Blocks before;
+    {
+        auto held = s_->hold();
+        before = blocksOf(*s_);
+    }
+    NamedFds fds;
+    std::vector<StateFile::Record> records = handOver(&fds);
+    EXPECT_EQ(countOf(records, state::kChunkBlocks), 0u);
+    EXPECT_EQ(countOf(records, state::kObjectPut), qps.size() + 3) << "the QPs, context, PD and CQ";
+    for (const auto &[type, payload] : records) {
+        if (type == state::kObjectPut) {
+            ibv_extend::restart::v1::Object o;
+            ASSERT_TRUE(o.ParseFromString(payload));
+            EXPECT_FALSE(o.driver().data().empty()) << "object " << o.handle() << " has its driver state";
+        }
+    }
+    {
+        auto held = s_->hold();
+        for (uint64_t qp : qps) {
+            EXPECT_TRUE(object(qp)->driver_state.empty()) << "given back again after the image";
+        }
+    }
+    Blocks after;
+    size_t objects = 0;
+    RestoreReport report = restore(std::move(fds), &after, &objects);
+    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
+    EXPECT_EQ(after, before);
+    EXPECT_EQ(objects, qps.size() + 3);
+}
+
+// A delta that frees a block its chunk does not hold is a corrupt log: the session ends.
+TEST_F(RestartLogTest, ADeltaThatDoesNotFitItsChunkEndsTheSession) {
+    churn();
+    NamedFds fds;
+    std::vector<StateFile::Record> records = crash(&fds);
+    RegionId region = 0;
+    for (const auto &[type, payload] : records) {
+        if (type == state::kChunkPut) {
+            ibv_extend::restart::v1::Chunk c;
+            ASSERT_TRUE(c.ParseFromString(payload));
+            region = c.region();
+        }
+    }
+    ASSERT_NE(region, 0u);
+    ibv_extend::restart::v1::ChunkDelta bad;
+    bad.set_region(region);
+    auto *change = bad.add_changes();
+    change->set_offset(3);  // no allocation starts there (they are 64-byte aligned)
+    change->set_size(64);
+    change->set_freed(true);
+    records.emplace_back(state::kChunkBlocks, bad.SerializeAsString());
+    auto file = StateFile::create("unit-state");
+    ASSERT_TRUE(file.isOk());
+    ASSERT_TRUE(file->append(records).isOk());
+    for (auto &[name, fd] : fds) {
+        if (state::isStateName(name)) {
+            fd.reset(::fcntl(file->fd(), F_DUPFD_CLOEXEC, 0));
+        }
+    }
+    Blocks after;
+    size_t objects = 0;
+    RestoreReport report = restore(std::move(fds), &after, &objects);
+    EXPECT_EQ(report.sessions_kept, 0u);
+    EXPECT_EQ(report.sessions_dropped, 1u);
+    EXPECT_EQ(fresh_->broker.objectCount(), 0u);
+}
+
+}  // namespace
+}  // namespace ibvx::daemon
