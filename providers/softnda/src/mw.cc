@@ -120,8 +120,8 @@ ibv_mw *restoreMw(Pd *pd, ibv_mw_type type, uint32_t rkey, uint32_t rec_index) {
     Context *ctx = pd->ctx;
     Device *dev = ctx->dev;
     const uint32_t slot = (rkey >> 8) & kMwSlotMask;
-    if ((type != IBV_MW_TYPE_1 && type != IBV_MW_TYPE_2) || !isMwKey(rkey) || dev->n_mw >= dev->cfg.max_mr ||
-        rec_index >= ctx->windows.owners.size() || ctx->windows.owners[rec_index] != nullptr) {
+    if (!isMwKey(rkey) || dev->n_mw >= dev->cfg.max_mr || rec_index >= ctx->windows.owners.size() ||
+        ctx->windows.owners[rec_index] != nullptr) {
         return failNull<ibv_mw>(EINVAL);
     }
     if (!claimSlot(dev->mws, dev->free_mw_slots, slot, dev->gate)) {

@@ -576,8 +576,10 @@ void *importMr(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
 void *importMw(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     MwBlob b;
     Pd *pd = asPd(env->pd);
+    // The type is checked as the integer it is in the blob: a cast to the enum first would make
+    // an out-of-range value of it.
     if (!readBody(IBV_EXTEND_VDEV_OBJ_MW, in, &b) || in->fd_cnt != 0 || pd == nullptr ||
-        pd->ctx != asContext(env->context)) {
+        pd->ctx != asContext(env->context) || (b.type != IBV_MW_TYPE_1 && b.type != IBV_MW_TYPE_2)) {
         return failNull<void>(EINVAL);
     }
     std::lock_guard<std::mutex> ctl(pd->ctx->dev->ctl);

@@ -690,7 +690,8 @@ uint8_t *translateMw(const Device *dev, const Pd *pd, const Qp *responder, uint3
 // After an import (SPEC.md §10): whether the head WQE h of qp, a BIND_MW or LOCAL_INV the old
 // process started, took effect there (its window's record says this WQE wrote it, as it asked).
 bool windowWqeApplied(const Device *dev, const Qp *qp, const softnda_wqe &h);
-// An imported window (restart.cc): the one of rkey (as allocated) and type, in its slot, on record
+// An imported window (restart.cc): the one of rkey (as allocated) and type (a valid one: the
+// caller checks it), in its slot, on record
 // rec_index of pd's context; its binding is read from the record at set_paused(0). Caller holds
 // Device::ctl. NULL + EINVAL for a slot or record this process uses, or a bad type or key.
 ibv_mw *restoreMw(Pd *pd, ibv_mw_type type, uint32_t rkey, uint32_t rec_index);
