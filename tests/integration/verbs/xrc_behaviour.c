@@ -24,16 +24,7 @@
 
 static const char *rc_prog = "xrc-behaviour";
 #include "rc_helpers.h"
-
-static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags) {
-    struct ibv_xrcd_init_attr xa;
-    memset(&xa, 0, sizeof(xa));
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = fd;
-    xa.oflags = oflags;
-    errno = 0;
-    return ibv_open_xrcd(ctx, &xa);
-}
+#include "xrc_helpers.h"
 
 static struct ibv_qp *xrc_qp(struct ibv_context *ctx, enum ibv_qp_type type, struct ibv_pd *pd,
                              struct ibv_cq *cq, struct ibv_xrcd *xrcd, int wr_api) {

@@ -28,17 +28,9 @@
 
 static const char *rc_prog = "xrc-open-qp";
 #include "rc_helpers.h"
+#include "xrc_helpers.h"
 
 enum { kMessages = 16, kMsgSize = 128 };
-
-static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags) {
-    struct ibv_xrcd_init_attr xa;
-    memset(&xa, 0, sizeof(xa));
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = fd;
-    xa.oflags = oflags;
-    return ibv_open_xrcd(ctx, &xa);
-}
 
 static struct ibv_qp *open_qp(struct ibv_context *ctx, struct ibv_xrcd *xrcd, uint32_t qp_num,
                               enum ibv_qp_type type) {
@@ -52,20 +44,6 @@ static struct ibv_qp *open_qp(struct ibv_context *ctx, struct ibv_xrcd *xrcd, ui
     oa.qp_context = xrcd;
     errno = 0;
     return ibv_open_qp(ctx, &oa);
-}
-
-static void write_u32(int fd, uint32_t v) {
-    if (write(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
-        fail("the pipe to the other process", strerror(errno));
-    }
-}
-
-static uint32_t read_u32(int fd) {
-    uint32_t v = 0;
-    if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
-        fail("the pipe from the other process", "closed early");
-    }
-    return v;
 }
 
 static enum ibv_qp_state state_of(struct ibv_qp *qp) {
@@ -108,32 +86,6 @@ static int creator(const char *device, const char *path, int to_opener, int from
         fail("creator: ibv_close_xrcd / ibv_close_device after letting go of the target", "refused");
     }
     return 0; /* and ends: its session goes, the target stays the opener's */
-}
-
-static pid_t start_creator(const char *self, const char *device, const char *path, int *to_creator,
-                           int *from_creator) {
-    int down[2], up[2];
-    if (pipe(down) != 0 || pipe(up) != 0) {
-        fail("pipe", strerror(errno));
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-        fail("fork", strerror(errno));
-    }
-    if (pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        char to_opener[16], from_opener[16];
-        snprintf(to_opener, sizeof(to_opener), "%d", up[1]);
-        snprintf(from_opener, sizeof(from_opener), "%d", down[0]);
-        execl(self, self, device, "--creator", path, to_opener, from_opener, (char *)NULL);
-        _exit(127);
-    }
-    close(down[0]);
-    close(up[1]);
-    *to_creator = down[1];
-    *from_creator = up[0];
-    return pid;
 }
 
 /* The byte j of message i. */
@@ -205,7 +157,7 @@ int main(int argc, char **argv) {
         fail("ibv_query_port", "refused");
     }
     int to_creator = -1, from_creator = -1;
-    pid_t pid = start_creator(argv[0], device, path, &to_creator, &from_creator);
+    pid_t pid = start_other(argv[0], device, "--creator", path, &to_creator, &from_creator);
     const uint32_t tgt_qpn = read_u32(from_creator);
     struct ibv_xrcd *xrcd = open_xrcd(ctx, fd, 0);
     if (xrcd == NULL) {

@@ -28,18 +28,9 @@
 
 static const char *rc_prog = "xrc-shared";
 #include "rc_helpers.h"
+#include "xrc_helpers.h"
 
 enum { kMessages = 64, kMsgSize = 256 };
-
-static struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags) {
-    struct ibv_xrcd_init_attr xa;
-    memset(&xa, 0, sizeof(xa));
-    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-    xa.fd = fd;
-    xa.oflags = oflags;
-    errno = 0;
-    return ibv_open_xrcd(ctx, &xa);
-}
 
 static struct ibv_qp *target_in(struct ibv_context *ctx, struct ibv_xrcd *xrcd) {
     struct ibv_qp_init_attr_ex ia;
@@ -135,20 +126,6 @@ static void check_receives(struct ibv_cq *cq, struct ibv_mr *mr, uint32_t tgt_qp
     }
 }
 
-static void write_u32(int fd, uint32_t v) {
-    if (write(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
-        fail("the pipe to the other process", strerror(errno));
-    }
-}
-
-static uint32_t read_u32(int fd) {
-    uint32_t v = 0;
-    if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
-        fail("the pipe from the other process", "closed early");
-    }
-    return v;
-}
-
 static struct ibv_mr *buffer(struct ibv_pd *pd) {
     void *buf = calloc(kMessages, kMsgSize);
     struct ibv_mr *mr = buf != NULL ? ibv_reg_mr(pd, buf, (size_t)kMessages * kMsgSize, kAccess) : NULL;
@@ -196,32 +173,6 @@ static int peer(const char *device, const char *path, int to_owner, int from_own
     send_all(ini, cq, mr, srqn, 0);
     (void)read_u32(from_owner); /* the owner checked: leave without cleaning up (the session ends) */
     return 0;
-}
-
-static pid_t start_peer(const char *self, const char *device, const char *path, int *to_peer,
-                        int *from_peer) {
-    int down[2], up[2];
-    if (pipe(down) != 0 || pipe(up) != 0) {
-        fail("pipe", strerror(errno));
-    }
-    pid_t pid = fork();
-    if (pid < 0) {
-        fail("fork", strerror(errno));
-    }
-    if (pid == 0) {
-        close(down[1]);
-        close(up[0]);
-        char to_owner[16], from_owner[16];
-        snprintf(to_owner, sizeof(to_owner), "%d", up[1]);
-        snprintf(from_owner, sizeof(from_owner), "%d", down[0]);
-        execl(self, self, device, "--peer", path, to_owner, from_owner, (char *)NULL);
-        _exit(127);
-    }
-    close(down[0]);
-    close(up[1]);
-    *to_peer = down[1];
-    *from_peer = up[0];
-    return pid;
 }
 
 int main(int argc, char **argv) {
@@ -275,7 +226,7 @@ int main(int argc, char **argv) {
     /* The peer's target, in its handle on this domain, delivers into this process's SRQ. */
     post_receives(srq, mr);
     int to_peer = -1, from_peer = -1;
-    pid_t pid = start_peer(argv[0], device, path, &to_peer, &from_peer);
+    pid_t pid = start_other(argv[0], device, "--peer", path, &to_peer, &from_peer);
     write_u32(to_peer, srqn);
     const uint32_t peer_tgt = read_u32(from_peer);
     check_receives(recv_cq, mr, peer_tgt, 0);

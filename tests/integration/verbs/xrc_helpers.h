@@ -1,0 +1,69 @@
+/*
+ * What the XRC test programs (xrc_behaviour.c, xrc_shared.c, xrc_open_qp.c) share: a domain
+ * opened by file, and two processes of the same program talking over pipes. Include after
+ * rc_helpers.h (fail()).
+ */
+#ifndef IBVX_TESTS_XRC_HELPERS_H
+#define IBVX_TESTS_XRC_HELPERS_H
+
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ibv_open_xrcd on the file fd with oflags (errno cleared first, so a NULL says why). */
+static inline struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int oflags) {
+    struct ibv_xrcd_init_attr xa;
+    memset(&xa, 0, sizeof(xa));
+    xa.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
+    xa.fd = fd;
+    xa.oflags = oflags;
+    errno = 0;
+    return ibv_open_xrcd(ctx, &xa);
+}
+
+static inline void write_u32(int fd, uint32_t v) {
+    if (write(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
+        fail("the pipe to the other process", strerror(errno));
+    }
+}
+
+static inline uint32_t read_u32(int fd) {
+    uint32_t v = 0;
+    if (read(fd, &v, sizeof(v)) != (ssize_t)sizeof(v)) {
+        fail("the pipe from the other process", "closed early");
+    }
+    return v;
+}
+
+/* Starts this program again (self) as the other process: "self device role path W R", W and R its
+ * ends of two pipes; *to_other and *from_other are ours. */
+static inline pid_t start_other(const char *self, const char *device, const char *role, const char *path,
+                                int *to_other, int *from_other) {
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+        fail("pipe", strerror(errno));
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        fail("fork", strerror(errno));
+    }
+    if (pid == 0) {
+        close(down[1]);
+        close(up[0]);
+        char to_us[16], from_us[16];
+        snprintf(to_us, sizeof(to_us), "%d", up[1]);
+        snprintf(from_us, sizeof(from_us), "%d", down[0]);
+        execl(self, self, device, role, path, to_us, from_us, (char *)NULL);
+        _exit(127);
+    }
+    close(down[0]);
+    close(up[1]);
+    *to_other = down[1];
+    *from_other = up[0];
+    return pid;
+}
+
+#endif
