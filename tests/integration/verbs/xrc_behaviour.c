@@ -63,17 +63,7 @@ static enum ibv_wc_status send_to(struct ibv_qp *ini, struct ibv_cq *cq, struct 
             fail("ibv_wr_complete", "refused");
         }
     } else {
-        struct ibv_send_wr wr, *bad = NULL;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = 7;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.qp_type.xrc.remote_srqn = srqn;
-        if (ibv_post_send(ini, &wr, &bad) != 0) {
-            fail("ibv_post_send (XRC)", "refused");
-        }
+        post_xrc_send(ini, mr, mr->addr, 8, srqn, 7);
     }
     return wait_wc(cq, "the initiator's completion").status;
 }

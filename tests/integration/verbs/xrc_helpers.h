@@ -38,6 +38,38 @@ static inline uint32_t read_u32(int fd) {
     return v;
 }
 
+/* Posts a signalled SEND of len bytes at msg (inside mr) through initiator ini to SRQ number
+ * srqn, as wr_id id. */
+static inline void post_xrc_send(struct ibv_qp *ini, struct ibv_mr *mr, void *msg, uint32_t len,
+                                 uint32_t srqn, uint64_t id) {
+    struct ibv_sge sge = {(uintptr_t)msg, len, mr->lkey};
+    struct ibv_send_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_SEND;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.qp_type.xrc.remote_srqn = srqn;
+    if (ibv_post_send(ini, &wr, &bad) != 0) {
+        fail("ibv_post_send (XRC)", "refused");
+    }
+}
+
+/* Posts a receive of len bytes at buf (inside mr) to srq, as wr_id id. */
+static inline void post_srq_recv(struct ibv_srq *srq, struct ibv_mr *mr, void *buf, uint32_t len,
+                                 uint64_t id) {
+    struct ibv_sge sge = {(uintptr_t)buf, len, mr->lkey};
+    struct ibv_recv_wr wr, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    if (ibv_post_srq_recv(srq, &wr, &bad) != 0) {
+        fail("ibv_post_srq_recv", "refused");
+    }
+}
+
 /* Starts this program again (self) as the other process: "self device role path W R", W and R its
  * ends of two pipes; *to_other and *from_other are ours. */
 static inline pid_t start_other(const char *self, const char *device, const char *role, const char *path,

@@ -75,18 +75,7 @@ static void send_all(struct ibv_qp *ini, struct ibv_cq *cq, struct ibv_mr *mr, u
         for (int j = 0; j < kMsgSize; ++j) {
             msg[j] = pattern(base + i, j);
         }
-        struct ibv_sge sge = {(uintptr_t)msg, kMsgSize, mr->lkey};
-        struct ibv_send_wr wr, *bad = NULL;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = (uint64_t)i;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        wr.opcode = IBV_WR_SEND;
-        wr.send_flags = IBV_SEND_SIGNALED;
-        wr.qp_type.xrc.remote_srqn = srqn;
-        if (ibv_post_send(ini, &wr, &bad) != 0) {
-            fail("ibv_post_send", "refused");
-        }
+        post_xrc_send(ini, mr, msg, kMsgSize, srqn, (uint64_t)i);
         if (wait_wc(cq, "a SEND's completion").status != IBV_WC_SUCCESS) {
             fail("a SEND to the shared domain's SRQ", "not IBV_WC_SUCCESS");
         }
@@ -97,15 +86,7 @@ static void post_receives(struct ibv_srq *srq, struct ibv_mr *mr) {
     uint8_t *buf = mr->addr;
     memset(buf, 0, (size_t)kMessages * kMsgSize);
     for (int i = 0; i < kMessages; ++i) {
-        struct ibv_sge sge = {(uintptr_t)(buf + (size_t)i * kMsgSize), kMsgSize, mr->lkey};
-        struct ibv_recv_wr wr, *bad = NULL;
-        memset(&wr, 0, sizeof(wr));
-        wr.wr_id = (uint64_t)i;
-        wr.sg_list = &sge;
-        wr.num_sge = 1;
-        if (ibv_post_srq_recv(srq, &wr, &bad) != 0) {
-            fail("ibv_post_srq_recv", "refused");
-        }
+        post_srq_recv(srq, mr, buf + (size_t)i * kMsgSize, kMsgSize, (uint64_t)i);
     }
 }
 
