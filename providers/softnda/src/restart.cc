@@ -821,9 +821,12 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     init.cap = b.cap;
     init.qp_type = type;
     init.sq_sig_all = b.sq_sig_all;
+    // Not asQp(ext->qp): its ownership check takes Registry::mu, which is taken before ctl
+    // (open_device), never under it. buildQp keeps the QP alive when it succeeds.
+    Qp *made = qp.get();
     ibv_qp_extend *ext = buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
     if (ext != nullptr) {
-        joinImportedGroups(asQp(ext->qp), groups);  // checked above, under the same ctl
+        joinImportedGroups(made, groups);  // checked above, under the same ctl
     }
     return ext;
 }
