@@ -1387,14 +1387,21 @@ StatusOr<QpObject *> Broker::lookupQpWithVerbs(Session &s, uint64_t qp) {
 }
 
 StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask) {
-    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
-    ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
-    ibv_qp *ibqp = o->qp->qp;
-    Device *dev = o->device();
-    touch(s, o);  // a refused modify changes nothing, but re-exporting is harmless
-    RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
-                               [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
-    return ibqp->state;
+    ibv_qp_state state = IBV_QPS_RESET;
+    TargetOwner creator;
+    {
+        ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+        ASSIGN_OR_RETURN(QpObject * o, lookupQpWithVerbs(s, qp));
+        ibv_qp *ibqp = o->qp->qp;
+        Device *dev = o->device();
+        touch(s, o);  // a refused modify changes nothing, but re-exporting is harmless
+        RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
+                                   [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
+        state = ibqp->state;
+        creator = creatorOf(*o);
+    }
+    targetChanged(creator);
+    return state;
 }
 
 StatusOr<QueryQpResult> Broker::queryQp(Session &s, uint64_t qp, int attr_mask) {
@@ -1410,17 +1417,24 @@ StatusOr<QueryQpResult> Broker::queryQp(Session &s, uint64_t qp, int attr_mask) 
 }
 
 StatusOr<uint64_t> Broker::modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask) {
-    ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
-    ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
-    auto *ops = o->context->ext->ops;
-    if (!driverOpAvailable(ops, DriverOp::kModifyQp) || !knownExtendMask(attr_mask)) {
-        return unimplemented("modify_qp_extend is not supported by this driver or mask");
+    uint64_t priv = 0;
+    TargetOwner creator;
+    {
+        ASSIGN_OR_RETURN(SessionLock lock, lockLive(s));
+        ASSIGN_OR_RETURN(QpObject * o, lookup<QpObject>(s, qp));
+        auto *ops = o->context->ext->ops;
+        if (!driverOpAvailable(ops, DriverOp::kModifyQp) || !knownExtendMask(attr_mask)) {
+            return unimplemented("modify_qp_extend is not supported by this driver or mask");
+        }
+        attr.qp = o->qp->qp;
+        touch(s, o);
+        RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "modify_qp_extend failed",
+                                   [&] { return ops->modify_qp(o->context->verbs, &attr, attr_mask); }));
+        priv = o->qp->vendor_priv_info.value;
+        creator = creatorOf(*o);
     }
-    attr.qp = o->qp->qp;
-    touch(s, o);
-    RETURN_IF_ERROR(callDriver(s.memory(), o->device(), "modify_qp_extend failed",
-                               [&] { return ops->modify_qp(o->context->verbs, &attr, attr_mask); }));
-    return o->qp->vendor_priv_info.value;
+    targetChanged(creator);
+    return priv;
 }
 
 StatusOr<ibv_qp_attr_extend> Broker::queryQpExtend(Session &s, uint64_t qp, int attr_mask) {

@@ -230,9 +230,10 @@ struct ObjectImport {
         ibv_qp_type type = IBV_QPT_RC;
         bool sq_sig_all = false, has_srq = false;
         ibv_qp_cap cap{};
-    } qp;                // kQp
-    ibv_ah_attr ah{};    // kAh: all there is of it (no driver state)
-    UniqueFd xrcd_file;  // kXrcd: the file of a shared domain (XrcdObject::file); invalid: private
+        uint32_t opened_num = 0;  // an OpenQp handle: the XRC target it names (no driver state)
+    } qp;                         // kQp
+    ibv_ah_attr ah{};             // kAh: all there is of it (no driver state)
+    UniqueFd xrcd_file;           // kXrcd: the file of a shared domain (XrcdObject::file); invalid: private
 };
 
 // Called by Broker::commit with the session's mutex held, after the reply was stored: the
@@ -480,6 +481,12 @@ class Broker {
     void finishTargets();
     // A session by id: a live one, or one parked at its end for a target others held.
     std::shared_ptr<Session> sessionById(uint64_t id, bool *parked);
+    // Where the driver's target of an OpenQp handle lives (its creator's QpObject); none (0) for
+    // any other QP. Called with the handle's session's mutex held.
+    static TargetOwner creatorOf(const QpObject &qp);
+    // After a handle changed the target (modify): the creator's record is exported and committed
+    // again, as the restart restores the target from it. Called with no session's mutex held.
+    void targetChanged(TargetOwner creator);
     // The destroy RPCs: look the handle up as `kind`, destroy it, hand back released regions.
     StatusOr<Released> destroyByHandle(Session &s, uint64_t handle, ObjectKind kind);
     void eraseLocked(Session &s, Object *obj);

@@ -87,6 +87,7 @@ bool Broker::keepsTarget(Session &s, Object *obj) {
     // this session's domain handle (every other handle holds the domain through its own), so
     // the tenant may close that; its context stays until the target goes.
     qp->released = true;
+    qp->target->creator_released = true;
     ObjectUses kept;
     for (Object *u : qp->uses) {
         if (u->kind == ObjectKind::kXrcd) {
@@ -134,6 +135,39 @@ std::shared_ptr<Session> Broker::sessionById(uint64_t id, bool *parked) {
         }
     }
     return nullptr;
+}
+
+TargetOwner Broker::creatorOf(const QpObject &qp) {
+    if (!qp.opened || qp.target == nullptr) {
+        return {};
+    }
+    return {qp.target->creator_session, qp.target->creator_handle};
+}
+
+void Broker::targetChanged(TargetOwner creator) {
+    if (creator.session == 0) {
+        return;
+    }
+    bool parked = false;
+    std::shared_ptr<Session> s = sessionById(creator.session, &parked);
+    if (s == nullptr || parked) {
+        return;  // a creator that let go: no restart carries the target (restartDropReason)
+    }
+    {
+        auto lock = lockLive(*s);
+        if (!lock.isOk()) {
+            return;
+        }
+        auto it = s->objects_.find(creator.handle);
+        if (it == s->objects_.end() || it->second->hidden()) {
+            return;
+        }
+        touch(*s, it->second.get());
+    }
+    // Before the handle's own reply: a crash after it and before this would restore the target
+    // as it was while its opener was told it had changed. A commit that fails marks the
+    // creator's log to be written whole at its next commit (RestartState::commit).
+    (void)commit(*s, StoredReply{});
 }
 
 void Broker::finishTargets() {

@@ -364,7 +364,12 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
     if (!p.dev->verbs.keepsAcrossRestart()) {
         return importError("device " + p.dev->info.name + "'s driver cannot hand over (restart: drops)");
     }
-    // A kind the broker keeps by itself (an AH) is made from its record alone.
+    auto *qp = obj->kind == ObjectKind::kQp ? static_cast<QpObject *>(obj.get()) : nullptr;
+    if (qp != nullptr && in.qp.opened_num != 0) {
+        qp->opened = true;  // an OpenQp handle: its target is its creator's record, adopted before
+    }
+    // A kind the broker keeps by itself (an AH), or an opened target's handle, is made from its
+    // record alone.
     const bool driver = obj->hasDriverObject();
     if (driver && (in.driver_state.empty() || in.driver_state.size() > IBV_EXTEND_VDEV_STATE_MAX ||
                    in.driver_fds.size() > IBV_EXTEND_VDEV_STATE_FDS)) {
@@ -385,12 +390,24 @@ Status Broker::adopt(Session &s, ObjectImport in, Relocations &relocations) {
             return importError("XRC SRQ " + hex(in.handle) + " came back without its number");
         }
     }
+    if (qp != nullptr && qp->opened) {
+        // The restore adopts these after every session's own objects (restore.cpp), so the
+        // target is back by now unless its creator's session did not come back.
+        const XrcdObject *xrcd = usedBy<XrcdObject>(*qp);
+        qp->target = xrcd != nullptr && xrcd->domain != nullptr
+                         ? p.dev->xrc_targets.open(xrcd->domain.get(), in.qp.opened_num)
+                         : nullptr;
+        if (qp->target == nullptr) {
+            return importError("the XRC target QP " + std::to_string(in.qp.opened_num) + " that handle " +
+                               hex(in.handle) + " opened did not come back with its creator's session");
+        }
+        qp->qp = qp->target->qp;
+    }
     obj->quota = quotas_.restore(tenantOf(s.identity()), in.quota);
     obj->queue_bytes = in.queue_bytes;
-    Object *adopted = obj.get();
     link(s, std::move(obj));  // the next commit exports it from this process
-    if (adopted->kind == ObjectKind::kQp && in.qp.type == IBV_QPT_XRC_RECV) {
-        enterTarget(s, static_cast<QpObject &>(*adopted), *usedBy<XrcdObject>(*adopted));  // openable again
+    if (qp != nullptr && in.qp.type == IBV_QPT_XRC_RECV && !qp->opened) {
+        enterTarget(s, *qp, *usedBy<XrcdObject>(*qp));  // openable again
     }
     return Status::ok();
 }

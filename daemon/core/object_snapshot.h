@@ -24,6 +24,12 @@ struct ObjectSnapshot {
     ibv_qp_type qp_type = IBV_QPT_RC;
     ibv_qp_cap qp_cap{};
     bool qp_has_srq = false;
+    // An XRC target's: the handles on its driver target (the kernel's usecnt; 0: no target),
+    // whether this is an OpenQp handle on another's, and whether its creator let go of it
+    // while others held it (kept, hidden from the creator, until the last handle goes).
+    uint32_t qp_target_handles = 0;
+    bool qp_opened = false;
+    bool qp_released = false;
     // kCq (and every queue: what its rings cost the tenant's queue_bytes quota)
     uint32_t cqe = 0;
     uint64_t queue_bytes = 0;

@@ -163,6 +163,11 @@ void QpObject::snapshot(ObjectSnapshot &out) const {
     out.qp_type = qp_type;
     out.qp_cap = cap;
     out.qp_has_srq = has_srq;
+    if (target != nullptr) {
+        out.qp_target_handles = context->dev->xrc_targets.handles(*target);
+        out.qp_opened = opened;
+        out.qp_released = released;
+    }
     if (qp != nullptr && qp->qp != nullptr) {
         out.qp_num = qp->qp->qp_num;
         out.qp_state = qp->qp->state;
@@ -173,10 +178,12 @@ const char *QpObject::restartDropReason() const {
     if (target == nullptr) {
         return nullptr;
     }
-    // The driver's target is one object with one blob, the creator's; an opener's handle, or a
-    // target others hold, has no record a successor could make again on its own (docs/restart.md).
-    if (opened || released || context->dev->xrc_targets.handles(*target) > 1) {
-        return "opened XRC target QPs";
+    // The driver's target is one object with one blob, its creator's, and each opener's record
+    // names it by number (opened again after every session's restore, docs/restart.md). Once the
+    // creator let go of it while others held it, its QpObject is hidden (in a session maybe
+    // parked, which no restart carries): then neither it nor the handles can come back.
+    if (released || (opened && target->creator_released)) {
+        return "XRC target QPs their creator let go of";
     }
     return nullptr;
 }

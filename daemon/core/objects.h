@@ -268,6 +268,8 @@ struct QpObject : Object {
     ibv_extend_vdev_obj vdevKind() const override { return IBV_EXTEND_VDEV_OBJ_QP; }
     const void *driverObject() const override { return qp; }
     void adoptDriverObject(void *made) override { qp = static_cast<ibv_qp_extend *>(made); }
+    // An opened handle's driver object is its creator's: its record names the target instead.
+    bool hasDriverObject() const override { return !opened; }
     Device *device() const override { return context->dev; }
     // An opened handle destroys nothing in the driver (the target is its creator's QpObject's).
     int destroyDriverObject() override;

@@ -11,6 +11,7 @@
 // driver call or while taking a session's mutex, so it nests inside Session::mu_.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,6 +32,10 @@ struct SharedTarget {
     uint64_t creator_session = 0;
     uint64_t creator_handle = 0;
     uint32_t handles = 0;  // XrcTargets::mu_
+    // The creator let go while others held it (its QpObject hidden, its session maybe parked):
+    // no restart can make the target again, so the openers' sessions are not carried either
+    // (QpObject::restartDropReason). Read by other sessions' restart plans, hence atomic.
+    std::atomic<bool> creator_released{false};
 };
 
 // Where the driver's target lives once its last handle went: the creator's QpObject, which the

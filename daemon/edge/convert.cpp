@@ -45,6 +45,9 @@ void qpDetails(const ObjectSnapshot &in, pb::QpDetails *q) {
     q->set_max_recv_sge(in.qp_cap.max_recv_sge);
     q->set_max_inline_data(in.qp_cap.max_inline_data);
     q->set_has_srq(in.qp_has_srq);
+    q->set_target_handles(in.qp_target_handles);
+    q->set_opened(in.qp_opened);
+    q->set_released(in.qp_released);
 }
 
 }  // namespace

@@ -98,6 +98,9 @@ std::string objectRecord(uint64_t id, const Object *obj) {
             out.set_cap_max_send_sge(qp->cap.max_send_sge);
             out.set_cap_max_recv_sge(qp->cap.max_recv_sge);
             out.set_cap_max_inline_data(qp->cap.max_inline_data);
+            if (qp->opened) {
+                out.set_opened_qp_num(qp->target->qp_num);
+            }
             break;
         }
         case ObjectKind::kXrcd: {
@@ -740,10 +743,20 @@ void RestartState::sessionEnded(Session &s) {
 RestartState::Plan RestartState::plan() {
     Plan p;
     std::set<std::string> drivers;
+    // Sessions kept so far, with the creators of the XRC targets they opened (OpenQp): a handle
+    // comes back only with its target, so a session whose target's creator is dropped is dropped
+    // too, and so on through the sessions that opened its own targets.
+    std::map<uint64_t, std::pair<std::shared_ptr<Session>, std::set<uint64_t>>> kept;
     for (auto &s : broker_.sessions()) {
         auto held = s->hold();
         bool keeps = s->attached();
+        std::set<uint64_t> creators;
         for (const Object *obj : s->objectsParentsFirst()) {
+            if (obj->kind == ObjectKind::kQp) {
+                if (const auto *qp = static_cast<const QpObject *>(obj); qp->opened) {
+                    creators.insert(qp->target->creator_session);
+                }
+            }
             Device *dev = obj->device();
             if (dev == nullptr || !dev->verbs.keepsAcrossRestart()) {
                 keeps = false;
@@ -756,12 +769,28 @@ RestartState::Plan RestartState::plan() {
             }
         }
         if (keeps) {
-            ++p.kept;
+            kept[s->id()] = {s, std::move(creators)};
         } else {
-            ++p.dropped;
             p.to_drop.push_back(s);
         }
     }
+    for (bool again = true; again;) {
+        again = false;
+        for (auto it = kept.begin(); it != kept.end();) {
+            const std::set<uint64_t> &creators = it->second.second;
+            if (std::all_of(creators.begin(), creators.end(),
+                            [&](uint64_t c) { return kept.count(c) != 0; })) {
+                ++it;
+                continue;
+            }
+            drivers.insert("(XRC targets opened from a dropped session)");
+            p.to_drop.push_back(std::move(it->second.first));
+            it = kept.erase(it);
+            again = true;
+        }
+    }
+    p.kept = static_cast<uint32_t>(kept.size());
+    p.dropped = static_cast<uint32_t>(p.to_drop.size());
     p.dropping_drivers.assign(drivers.begin(), drivers.end());
     return p;
 }

@@ -205,10 +205,22 @@ class RestartState {
     void noteRestart(const ibv_extend::restart::v1::Global &g);
     // Restores the session whose state fds[state_name] holds, or ends it cleanly. Its fds stay in
     // fds (another session's aliases may name them); restore() closes them all at the end.
+    // A restored session's OpenQp handles (ibv_open_qp), adopted once every session's own
+    // objects are back: the target each names may be another session's, restored later.
+    struct OpenedHandles {
+        std::shared_ptr<Session> session;
+        std::vector<ObjectImport> handles;
+    };
     void restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
-                    std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report);
+                    std::vector<std::shared_ptr<Session>> *restored, std::vector<OpenedHandles> *opened,
+                    RestoreReport *report);
     Status restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds, StateFile file,
-                          std::shared_ptr<Session> *out, uint64_t *objects);
+                          std::shared_ptr<Session> *out, uint64_t *objects,
+                          std::vector<ObjectImport> *opened);
+    // Adopts the handles; a session whose handle finds no target (its creator's session did not
+    // come back) ends, and so, in turn, may sessions that had opened its targets.
+    void adoptOpenedHandles(std::vector<OpenedHandles> &opened,
+                            std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report);
     // Starts the restored session's entry: its log goes on, and the store already holds its
     // fds (under the canonical names the log's aliases say).
     void keepEntry(const Session &s, StateFile file, uint64_t start_time,

@@ -353,6 +353,12 @@ StatusOr<ObjectImport> importOf(const rpb::Object &po, const ReturnedFds &fds) {
         in.qp.cap.max_send_sge = po.cap_max_send_sge();
         in.qp.cap.max_recv_sge = po.cap_max_recv_sge();
         in.qp.cap.max_inline_data = po.cap_max_inline_data();
+        in.qp.opened_num = po.opened_qp_num();
+        if (in.qp.opened_num != 0 &&
+            (in.qp.type != IBV_QPT_XRC_RECV || !in.driver_state.empty() || !in.driver_fds.empty())) {
+            return invalidArgument("QP " + std::to_string(po.handle()) +
+                                   " names an opened XRC target but is no bare XRC target handle");
+        }
     }
     if (in.kind == ObjectKind::kAh) {
         in.ah = ahOf(po.ah());
@@ -396,7 +402,8 @@ std::vector<Device *> pauseHandingOver(DeviceRegistry &devices) {
 }  // namespace
 
 Status RestartState::restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds,
-                                    StateFile file, std::shared_ptr<Session> *out, uint64_t *objects) {
+                                    StateFile file, std::shared_ptr<Session> *out, uint64_t *objects,
+                                    std::vector<ObjectImport> *opened) {
     LogReplay replay;
     for (const auto &[type, payload] : records) {
         if (!replay.apply(type, payload)) {
@@ -422,8 +429,13 @@ Status RestartState::restoreSession(const Records &records, std::map<std::string
     ASSIGN_OR_RETURN(std::unique_ptr<SessionMemory> memory, restoreMemory(m, returned, &reloc));
     auto s = std::make_shared<Session>(m.id(), token, identity, m.client_name(), std::move(pidfd),
                                        std::move(memory), std::move(channel), historyOf(m));
+    std::vector<ObjectImport> handles;
     for (const rpb::Object &po : m.objects()) {
         auto in = importOf(po, returned);
+        if (in.isOk() && in->kind == ObjectKind::kQp && in->qp.opened_num != 0) {
+            handles.push_back(std::move(in).value());  // nothing in its session uses it: it waits
+            continue;
+        }
         Status st = in.isOk() ? broker_.adopt(*s, std::move(in).value(), reloc) : in.status();
         if (!st.isOk()) {
             broker_.endSession(s);  // what was adopted goes through the ordinary destroy path
@@ -431,6 +443,7 @@ Status RestartState::restoreSession(const Records &records, std::map<std::string
         }
     }
     *objects = s->objectCount();
+    *opened = std::move(handles);
     keepEntry(*s, std::move(file), start, aliases);
     *out = s;
     return Status::ok();
@@ -526,15 +539,18 @@ void RestartState::noteRestart(const rpb::Global &g) {
 }
 
 void RestartState::restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
-                              std::vector<std::shared_ptr<Session>> *restored, RestoreReport *report) {
+                              std::vector<std::shared_ptr<Session>> *restored,
+                              std::vector<OpenedHandles> *opened, RestoreReport *report) {
     auto file = StateFile::adopt(std::move(fds.at(state_name)));
     fds.erase(state_name);
     std::shared_ptr<Session> s;
     uint64_t objects = 0;
+    std::vector<ObjectImport> handles;
     Status st = file.status();
     if (st.isOk()) {
         auto recs = file->records();
-        st = recs.isOk() ? restoreSession(*recs, fds, std::move(file).value(), &s, &objects) : recs.status();
+        st = recs.isOk() ? restoreSession(*recs, fds, std::move(file).value(), &s, &objects, &handles)
+                         : recs.status();
     }
     if (st.isOk()) {
         if (st = broker_.adoptSession(s); !st.isOk()) {
@@ -548,6 +564,9 @@ void RestartState::restoreOne(const std::string &state_name, std::map<std::strin
         ++report->sessions_kept;
         report->objects += objects;
         restored->push_back(s);
+        if (!handles.empty()) {
+            opened->push_back({s, std::move(handles)});
+        }
         spdlog::info("restore: session {} (pid {}) kept with {} object(s)", s->id(), s->identity().creds.pid,
                      objects);
         return;
@@ -557,6 +576,35 @@ void RestartState::restoreOne(const std::string &state_name, std::map<std::strin
         "restore: " + state_name.substr(5, state_name.size() - 11) + ": " + st.message() + "; ending it";
     spdlog::warn("{}", line);
     report->problems.push_back(line);
+}
+
+void RestartState::adoptOpenedHandles(std::vector<OpenedHandles> &opened,
+                                      std::vector<std::shared_ptr<Session>> *restored,
+                                      RestoreReport *report) {
+    for (OpenedHandles &o : opened) {
+        Status st = Status::ok();
+        for (ObjectImport &in : o.handles) {
+            Relocations none;  // a handle has no memory of its own
+            if (st = broker_.adopt(*o.session, std::move(in), none); !st.isOk()) {
+                break;
+            }
+            ++report->objects;
+        }
+        if (st.isOk()) {
+            continue;
+        }
+        // Ended as a session whose own restore failed is: the targets it made go the ordinary
+        // way (kept for handles adopted before, gone for those after, which then fail too).
+        --report->sessions_kept;
+        ++report->sessions_dropped;
+        report->objects -= o.session->objectCount();
+        restored->erase(std::remove(restored->begin(), restored->end(), o.session), restored->end());
+        std::string line =
+            "restore: session " + std::to_string(o.session->id()) + ": " + st.message() + "; ending it";
+        spdlog::warn("{}", line);
+        report->problems.push_back(std::move(line));
+        broker_.endSession(o.session);
+    }
 }
 
 RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>> &fds,
@@ -596,9 +644,11 @@ RestoreReport RestartState::restore(std::vector<std::pair<std::string, UniqueFd>
     }
     // Every session's fds stay until all are restored: a session's file may be stored under
     // another session's name (a file they share), whichever comes back first.
+    std::vector<OpenedHandles> opened;
     for (const std::string &name : state_names) {
-        restoreOne(name, mine, restored, &report);
+        restoreOne(name, mine, restored, &opened, &report);
     }
+    adoptOpenedHandles(opened, restored, &report);
     for (Device *dev : paused) {
         (void)dev->verbs.setPaused(false);
     }

@@ -268,7 +268,9 @@ std::string objectDetails(const pb::ObjectInfo &o) {
         return "qpn=" + std::to_string(q.qp_num()) + " " + label(q.qp_type()) + " " + label(q.state()) +
                " sq=" + std::to_string(q.max_send_wr()) + "x" + std::to_string(q.max_send_sge()) +
                " rq=" + std::to_string(q.max_recv_wr()) + "x" + std::to_string(q.max_recv_sge()) +
-               (q.has_srq() ? " srq" : "");
+               (q.has_srq() ? " srq" : "") +
+               (q.target_handles() != 0 ? " handles=" + std::to_string(q.target_handles()) : "") +
+               (q.opened() ? " opened" : "") + (q.released() ? " released" : "");
     }
     if (o.has_cq()) {
         // queue_bytes is 0 when the broker does not know the ring's size: say nothing then.

@@ -431,6 +431,36 @@ TEST(RestartForeground, UdPingpongPairRunsOnAcrossARequireKeepRestart) {
                              pb::OBJECT_KIND_AH);
 }
 
+// ibv_open_qp (docs/restart.md): one tenant's XRC target with another's handle on it, which drove
+// the target to RTS, is carried by a --require-keep restart with both handles. After it SENDs
+// still arrive through the target, the creator sees the state the handle set (its record was
+// committed when the handle changed it), lets go and ends, and the last handle takes the target.
+TEST(RestartForeground, AnOpenedXrcTargetIsCarriedWithBothHandles) {
+    BrokerProcess broker;
+    ASSERT_TRUE(broker.started()) << broker.log();
+    AdminClient admin(broker.socket());
+    Tenant opener(broker.socket(), broker.dir() + "/opener.err", {IBVX_XRC_OPEN_QP, "softnda0", "--pause"});
+    ASSERT_FALSE(opener.lineStarting("paused").empty())
+        << opener.lines() << slurp(broker.dir() + "/opener.err") << broker.log();
+    ASSERT_EQ(admin.sessions().size(), 2u) << "the opener and the creator it started";
+    const auto qps = admin.objects(pb::OBJECT_KIND_QP);
+    ASSERT_EQ(qps.size(), 2u) << "both hold QPs: a handle on the target each, the opener an initiator";
+
+    pb::RestartResponse resp;
+    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
+    EXPECT_EQ(resp.sessions_kept(), 2u);
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(admin.objects(pb::OBJECT_KIND_QP), qps) << "handles changed across the restart";
+
+    std::string done = opener.finish();
+    EXPECT_EQ(opener.wait(), 0) << opener.lines() << slurp(broker.dir() + "/opener.err") << broker.log();
+    EXPECT_EQ(done.rfind("done OK", 0), 0u) << opener.lines();
+    EXPECT_TRUE(eventually([&] { return admin.sessions().empty(); })) << broker.log();
+    EXPECT_EQ(broker.terminate(), 0) << broker.log();
+}
+
 TEST(RestartFdStore, SystemdRestartAndKill9KeepEveryQueue) {
     StoreBroker broker;
     ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();

@@ -14,6 +14,10 @@
  *  - the handle is destroyed, the last one: the target is gone, its number opens nothing (EINVAL).
  *
  *   xrc-open-qp DEVICE         exit 0 and "OK", or 1 with "xrc-open-qp: <step>: <why>"
+ *   xrc-open-qp DEVICE --pause the same, but once the handle drove the target to RTS and the first
+ *                              SENDs arrived, with both handles held, it prints "paused" and reads
+ *                              stdin to its end (a test restarts the broker meanwhile); its last
+ *                              line is then "done OK"
  *   (xrc-open-qp DEVICE --creator FILE TO_OPENER FROM_OPENER: the creator, started by the opener)
  */
 #include <errno.h>
@@ -127,6 +131,7 @@ int main(int argc, char **argv) {
     if (argc == 6 && strcmp(argv[2], "--creator") == 0) {
         return creator(device, argv[3], atoi(argv[4]), atoi(argv[5]));
     }
+    const int pause_for_test = argc == 3 && strcmp(argv[2], "--pause") == 0;
     char path[] = "/tmp/xrc-open-qp-XXXXXX";
     int fd = mkstemp(path);
     if (fd < 0) {
@@ -203,6 +208,14 @@ int main(int argc, char **argv) {
     to_rts(ini, tgt_qpn, port.lid);
     to_rts(tgt, ini->qp_num, port.lid);
     exchange(ini, send_cq, srq, recv_cq, mr, srqn, tgt_qpn, 0);
+    if (pause_for_test) {
+        printf("paused\n");
+        fflush(stdout);
+        char c;
+        while (read(0, &c, 1) > 0) {
+        }
+        exchange(ini, send_cq, srq, recv_cq, mr, srqn, tgt_qpn, 500);
+    }
 
     /* The creator sees the state the handle set, lets go of its handle and ends. */
     write_u32(to_creator, 1);
@@ -238,6 +251,6 @@ int main(int argc, char **argv) {
     }
     close(fd);
     unlink(path);
-    printf("OK\n");
+    printf(pause_for_test ? "done OK\n" : "OK\n");
     return 0;
 }

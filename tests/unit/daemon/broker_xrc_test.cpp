@@ -3,14 +3,12 @@
 // order and reclaimed at its end; bad requests refused with nothing left behind. A domain opened
 // with a file is shared by the sessions that open it with that file, lives while any holds it,
 // and comes back once from a restore. A target opened by another session (ibv_open_qp) lives
-// until its last handle goes, its creator's included.
+// until its last handle goes, its creator's included (across a restart: restart_xrc_test.cpp).
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
-#include "daemon/restart/restart_state.h"
 #include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
@@ -452,25 +450,25 @@ TEST_F(BrokerOpenQpTest, AHandleActsOnTheTarget) {
     EXPECT_EQ(q->init.qp_type, IBV_QPT_XRC_RECV);
     // B's domain handle is busy with B's handle, as with a target of its own.
     EXPECT_EQ(broker_->closeXrcd(*other_, b_.xrcd).errnoValue(), EBUSY);
-    // Neither end can be carried by a restart: both are counted as dropped (docs/restart.md).
+    // Both ends are carried by a restart (restart_xrc_test.cpp): the creator's target with its
+    // driver state, the handle by the target's number alone.
     {
         auto hold = other_->hold();
-        EXPECT_NE(other_->object(opened->qp)->restartDropReason(), nullptr);
+        EXPECT_EQ(other_->object(opened->qp)->restartDropReason(), nullptr);
     }
     {
         auto hold = session_->hold();
-        EXPECT_NE(session_->object(tgt_.qp)->restartDropReason(), nullptr);
+        EXPECT_EQ(session_->object(tgt_.qp)->restartDropReason(), nullptr);
     }
     Status exported = Status::ok();
     ObjectImport in = exportedForRestore(*broker_, *other_, opened->qp, &exported);
     EXPECT_TRUE(exported.isOk()) << exported.toString();
     EXPECT_TRUE(in.driver_state.empty()) << "an opened handle exports no driver object";
+    in = exportedForRestore(*broker_, *session_, tgt_.qp, &exported);
+    EXPECT_TRUE(exported.isOk()) << exported.toString();
+    EXPECT_FALSE(in.driver_state.empty()) << "the creator's target exports the driver's, opened or not";
     ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
     EXPECT_EQ(stateOf(*session_, tgt_.qp), IBV_QPS_INIT) << "the creator's target stays";
-    {
-        auto hold = session_->hold();
-        EXPECT_EQ(session_->object(tgt_.qp)->restartDropReason(), nullptr) << "no longer opened";
-    }
     EXPECT_EQ(held(Quota::kQps), 1u);
 }
 
@@ -554,31 +552,6 @@ TEST_F(BrokerOpenQpTest, ACreatorClosesItsContextWhileOthersHoldItsTarget) {
     EXPECT_EQ(creator->objectCount(), 0u) << "both went with the last handle";
     EXPECT_EQ(open(*other_, b_, tgt->qp_num).status().errnoValue(), EINVAL);
     broker_->endSession(creator);
-}
-
-// A restart plan counts both sessions as dropped while the target has a second handle (a restore
-// could make neither end again), and keeps them once it has one again.
-TEST_F(BrokerOpenQpTest, ARestartPlanDropsTheSessionsOfAnOpenedTarget) {
-    std::vector<UniqueFd> peer_ends;
-    for (const auto &s : {session_, other_}) {
-        int sv[2];
-        ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
-        UniqueFd channel(sv[0]);
-        peer_ends.emplace_back(sv[1]);
-        std::shared_ptr<Session> attached;
-        ASSERT_EQ(broker_->attach(s->token(), {getpid(), getuid(), getgid()}, channel, &attached), 0);
-    }
-    RestartState restart(*broker_, FdStoreHooks{});
-    EXPECT_EQ(restart.plan().kept, 2u);
-    auto opened = open(*other_, b_, tgt_.qp_num);
-    ASSERT_TRUE(opened.isOk()) << opened.status().toString();
-    RestartState::Plan p = restart.plan();
-    EXPECT_EQ(p.kept, 0u);
-    EXPECT_EQ(p.dropped, 2u) << "the opener's and the creator's";
-    ASSERT_EQ(p.dropping_drivers.size(), 1u);
-    EXPECT_EQ(p.dropping_drivers[0], "softnda (opened XRC target QPs)");
-    ASSERT_TRUE(broker_->destroyQp(*other_, opened->qp).isOk());
-    EXPECT_EQ(restart.plan().kept, 2u);
 }
 
 TEST_F(BrokerOpenQpTest, BadOpensAreRefusedAndLeaveNothing) {

@@ -22,19 +22,13 @@
 #include "daemon/restart/state_records.h"
 #include "daemon/restart/zero_runs.h"
 #include "ibv_extend/restart/v1/snapshot.pb.h"
+#include "tests/unit/daemon/restart_rig.h"
 #include "tests/unit/daemon/softnda_devices.h"
 
 namespace ibvx::daemon {
 namespace {
 
 using Blocks = std::map<RegionId, std::vector<std::pair<uint32_t, uint32_t>>>;
-using NamedFds = std::vector<std::pair<std::string, UniqueFd>>;
-
-Broker::Options options() {
-    Broker::Options opt;
-    opt.xfer_wait = std::chrono::milliseconds(1);
-    return opt;
-}
 
 Blocks blocksOf(const Session &s) {
     Blocks out;
@@ -98,45 +92,6 @@ TEST(StateFileEncoding, ARecordOfZerosIsStoredShortAndReadBackWhole) {
     EXPECT_FALSE(file->records().isOk());
 }
 
-// A broker with its restart state as the commit sink, as the daemon wires them, and an fd store
-// that keeps what it is given as systemd's does (a crash's successor gets exactly that).
-struct Rig {
-    explicit Rig(DeviceRegistry *devices) : broker(options(), devices), state(broker, hooks()) {
-        broker.setRegionSender([](Session &, std::vector<RegionToSend> &) { return Status::ok(); });
-        broker.setCommitSink([this](Session &s) { return state.commit(s); });
-        broker.setEndSink([this](Session &s) { state.sessionEnded(s); });
-    }
-    ~Rig() {
-        broker.setCommitSink({});
-        broker.endAllSessions();
-    }
-    FdStoreHooks hooks() {
-        FdStoreHooks h;
-        h.add = [this](const std::vector<std::pair<std::string, int>> &fds) {
-            for (const auto &[name, fd] : fds) {
-                store[name].reset(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-            }
-            return Status::ok();
-        };
-        h.remove = [this](const std::string &name) {
-            store.erase(name);
-            return Status::ok();
-        };
-        return h;
-    }
-    std::map<std::string, UniqueFd> store;
-    Broker broker;
-    RestartState state;
-};
-
-std::vector<StateFile::Record> recordsOf(int fd) {
-    auto file = StateFile::adopt(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0)));
-    EXPECT_TRUE(file.isOk());
-    auto records = file.isOk() ? file->records() : StatusOr<std::vector<StateFile::Record>>(file.status());
-    EXPECT_TRUE(records.isOk());
-    return records.isOk() ? *records : std::vector<StateFile::Record>{};
-}
-
 class RestartLogTest : public SoftndaDevicesTest {
   protected:
     void SetUp() override {
@@ -148,7 +103,7 @@ class RestartLogTest : public SoftndaDevicesTest {
         channel_.reset(sv[1]);
         auto peer = peerIdentity(ours.get());
         ASSERT_TRUE(peer.isOk()) << peer.status().toString();
-        auto s = old_->broker.hello(*peer, options().version, "unit");
+        auto s = old_->broker.hello(*peer, rigOptions().version, "unit");
         ASSERT_TRUE(s.isOk()) << s.status().toString();
         s_ = *s;
         UniqueFd attached_end = std::move(ours);
