@@ -61,6 +61,19 @@ extern "C" {
  * driver locks what its contexts share (calls on one context are never concurrent). */
 #define IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS (1u << 0)
 
+/* A QP's modify from RESET to INIT only stores its attributes: before the QP leaves INIT nothing
+ * a peer, the engine or another call sees has changed (a peer's requests find it not ready, as
+ * in RESET; receives may be posted in either). And it refuses exactly:
+ *  - with EINVAL, a mask other than IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT and, for a
+ *    UD QP, IBV_QP_QKEY, for any other type IBV_QP_ACCESS_FLAGS (IBV_QP_CUR_STATE may be added,
+ *    naming RESET); a port outside 1..phys_port_cnt; a pkey_index other than 0 (a one-entry
+ *    P_Key table); access flags outside IBV_ACCESS_LOCAL_WRITE, _REMOTE_WRITE, _REMOTE_READ,
+ *    _REMOTE_ATOMIC, _MW_BIND and _RELAXED_ORDERING;
+ *  - with EPERM, a privileged Q_Key (its top bit set).
+ * XRC target QPs are not covered. A broker client may then answer such a modify itself and
+ * carry it with the QP's next call (docs/verbs.md, "Bring-up"). */
+#define IBV_EXTEND_GUARANTEE_PLAIN_INIT (1u << 1)
+
 /* ---- Restart (ABI V4) ----
  * A broker that restarts (or crashes and is restarted) keeps its tenants' queues. What carries
  * them across is fds and serialized state: the queue memory (the broker's arena, memfds), the

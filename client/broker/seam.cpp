@@ -10,8 +10,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 #include "client/broker/convert.h"
+#include "client/broker/held_init.h"
 #include "client/broker/shadow_calls.h"
 #include "client/broker/shared_pages.h"
 #include "client/broker_seam.h"
@@ -415,21 +417,81 @@ int brokerDestroyAh(ibv_ah *ah) {
     return destroyTracked(a, "DestroyAh", &pb::Broker::Stub::DestroyAh, &pb::DestroyAhRequest::set_ah);
 }
 
+namespace broker {
+namespace {
+
+// ModifyQp with the held-back INIT, if any, before attr (s->modify_mu held).
+int modifyHeld(ShadowQp *s, const ibv_qp_attr &attr, int attr_mask) {
+    pb::ModifyQpRequest req;
+    req.set_qp(s->handle);
+    toProto(attr, attr_mask, req.mutable_attr());
+    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
+    const bool held = s->held_init_mask != 0;
+    if (held) {
+        toProto(s->held_init, s->held_init_mask, req.mutable_held_init_attr());
+        req.set_held_init_mask(static_cast<uint32_t>(s->held_init_mask));
+    }
+    pb::ModifyQpResponse resp;
+    int rc = s->owner->session->call("ModifyQp", &pb::Broker::Stub::ModifyQp, req, &resp);
+    if (rc == 0) {
+        s->held_init_mask = 0;
+        s->qp.state = fromProtoState(resp.state());
+        return 0;
+    }
+    if (held) {
+        // Refused: the held INIT went in first unless the call never reached the QP (an ended
+        // session, say). The broker's state of the QP tells which.
+        pb::QueryQpRequest q;
+        q.set_qp(s->handle);
+        q.set_attr_mask(IBV_QP_STATE);
+        pb::QueryQpResponse qr;
+        if (s->owner->session->call("QueryQp", &pb::Broker::Stub::QueryQp, q, &qr) == 0 &&
+            qr.attr().qp_state() != pb::QP_STATE_UNSPECIFIED &&
+            fromProtoState(qr.attr().qp_state()) != IBV_QPS_RESET) {
+            s->held_init_mask = 0;
+            s->qp.state = fromProtoState(qr.attr().qp_state());
+        }
+    }
+    return rc;
+}
+
+}  // namespace
+
+int flushHeldInit(ShadowQp *s) {
+    std::lock_guard lock(s->modify_mu);
+    if (s->held_init_mask == 0) {
+        return 0;
+    }
+    const int mask = std::exchange(s->held_init_mask, 0);
+    int rc = modifyHeld(s, s->held_init, mask);  // the INIT alone
+    if (rc != 0) {
+        s->held_init_mask = mask;  // refused, nothing went in: still held
+    }
+    return rc;
+}
+
+}  // namespace broker
+
 int brokerModifyQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
     ShadowQp *s = liveQp(qp);
     if (s == nullptr) {
         return -EINVAL;
     }
-    pb::ModifyQpRequest req;
-    req.set_qp(s->handle);
-    toProto(*attr, attr_mask, req.mutable_attr());
-    req.set_attr_mask(static_cast<uint32_t>(attr_mask));
-    pb::ModifyQpResponse resp;
-    int rc = s->owner->session->call("ModifyQp", &pb::Broker::Stub::ModifyQp, req, &resp);
-    if (rc == 0) {
-        qp->state = fromProtoState(resp.state());
+    std::lock_guard lock(s->modify_mu);
+    if (s->owner->plain_init && s->held_init_mask == 0 && qp->state == IBV_QPS_RESET &&
+        qp->qp_type != IBV_QPT_XRC_RECV && (attr_mask & IBV_QP_STATE) != 0 &&
+        attr->qp_state == IBV_QPS_INIT && sessionAlive(s->owner->session)) {
+        // Answered here, as the driver would (held_init.h); sent with the QP's next call.
+        if (int refused = plainInitRefusal(qp->qp_type, *attr, attr_mask, s->owner->info.phys_port_cnt);
+            refused != 0) {
+            return -refused;
+        }
+        s->held_init = *attr;
+        s->held_init_mask = attr_mask;
+        qp->state = IBV_QPS_INIT;
+        return 0;
     }
-    return rc;
+    return modifyHeld(s, *attr, attr_mask);
 }
 
 int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) {
@@ -442,6 +504,9 @@ int brokerQueryQp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr
         attr->cap = s->cap;
         *init_attr = grantedInitAttr(*s);
         return 0;
+    }
+    if (int rc = flushHeldInit(s); rc != 0) {
+        return rc;  // the broker answers for the QP as it is: the INIT it holds goes in first
     }
     pb::QueryQpRequest req;
     req.set_qp(s->handle);

@@ -173,6 +173,11 @@ struct ShadowQp {
     uint32_t fatal_events_seen = 0;
     bool has_qp_ex = false;  // made by ibv_create_qp_ex with send ops: qp_ex is filled
     OpaqueState wr_batch;    // the ibv_wr_start() batch being built (the libibverbs face)
+    // A RESET -> INIT answered here and not yet sent (held_init_mask 0: none; held_init.h).
+    // modify_mu orders the QP's modifies and queries with it.
+    std::mutex modify_mu;
+    ibv_qp_attr held_init{};
+    int held_init_mask = 0;  // guarded by modify_mu
 };
 
 // A QP's ibv_qp_init_attr as the tenant can be told it without the broker: its CQs, SRQ, type and
@@ -220,6 +225,7 @@ struct ShadowContext {
     uint64_t handle = 0;
     ibvx_device_info info{};
     bool from_open_device = false;  // ibvx_open_device() rather than ibv_open_extend()
+    bool plain_init = false;        // DeviceInfo.plain_init: RESET -> INIT answered here (held_init.h)
 
     std::mutex mu;
     std::set<ibv_context_extend *> aliases;  // guarded by mu: further ibv_open_extend() results

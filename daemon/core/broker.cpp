@@ -1386,7 +1386,8 @@ StatusOr<QpObject *> Broker::lookupQpWithVerbs(Session &s, uint64_t qp) {
     return o;
 }
 
-StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask) {
+StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask,
+                                        ibv_qp_attr held_init, int held_init_mask) {
     ibv_qp_state state = IBV_QPS_RESET;
     TargetOwner creator;
     {
@@ -1395,6 +1396,17 @@ StatusOr<ibv_qp_state> Broker::modifyQp(Session &s, uint64_t qp, ibv_qp_attr att
         ibv_qp *ibqp = o->qp->qp;
         Device *dev = o->device();
         touch(s, o);  // a refused modify changes nothing, but re-exporting is harmless
+        if (held_init_mask != 0) {
+            if (!dev->info.plain_init || o->qp_type == IBV_QPT_XRC_RECV || ibqp->state != IBV_QPS_RESET ||
+                (held_init_mask & IBV_QP_STATE) == 0 || held_init.qp_state != IBV_QPS_INIT) {
+                return invalidArgument(
+                    "a held-back modify must be a RESET -> INIT of a QP in RESET on a "
+                    "device whose driver guarantees a plain INIT (not an XRC target)");
+            }
+            RETURN_IF_ERROR(
+                callDriver(s.memory(), dev, "modify_qp (the held-back RESET -> INIT) failed",
+                           [&] { return dev->verbs.modifyQp(ibqp, &held_init, held_init_mask); }));
+        }
         RETURN_IF_ERROR(callDriver(s.memory(), dev, "modify_qp failed",
                                    [&] { return dev->verbs.modifyQp(ibqp, &attr, attr_mask); }));
         state = ibqp->state;

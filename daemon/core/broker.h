@@ -408,7 +408,11 @@ class Broker {
     StatusOr<RegMrResult> regDmMr(Session &s, const RegDmMrArgs &args);
     // The device memory size of a context's device (ibv_device_attr_ex.max_dm_size).
     StatusOr<uint64_t> maxDmSize(Session &s, uint64_t context);
-    StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask);
+    // A RESET -> INIT the face held back (held_init_mask != 0; a plain_init device only,
+    // DeviceInfo) is applied first; when the call's own modify is then refused, the QP stays in
+    // INIT (the face asks, docs/verbs.md "Bring-up").
+    StatusOr<ibv_qp_state> modifyQp(Session &s, uint64_t qp, ibv_qp_attr attr, int attr_mask,
+                                    ibv_qp_attr held_init = {}, int held_init_mask = 0);
     StatusOr<QueryQpResult> queryQp(Session &s, uint64_t qp, int attr_mask);
     StatusOr<uint64_t> modifyQpExtend(Session &s, uint64_t qp, ibv_qp_attr_extend attr, int attr_mask);
     StatusOr<ibv_qp_attr_extend> queryQpExtend(Session &s, uint64_t qp, int attr_mask);

@@ -38,6 +38,10 @@ bool threadSafeAcrossContexts(const verbs_device_extend_ops *driver) {
     return (loader::driverGuarantees(driver) & IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS) != 0;
 }
 
+bool plainInit(const verbs_device_extend_ops *driver) {
+    return (loader::driverGuarantees(driver) & IBV_EXTEND_GUARANTEE_PLAIN_INIT) != 0;
+}
+
 DeviceRegistry::~DeviceRegistry() {
     for (ibv_device **list : verbs_lists_) {
         ibv_free_device_list(list);
@@ -70,6 +74,7 @@ void DeviceRegistry::addVirtual() {
         i.name = name;
         i.provider = d.provider->provider;
         i.virtual_device = true;
+        i.plain_init = plainInit(dev->driver);
         copyDeviceLimits(d.attr, i);
         if (d.provider->abi >= IBV_EXTEND_VDEV_ABI_V10) {
             i.max_dm_size = d.attr.max_dm_size;

@@ -46,6 +46,9 @@ struct DeviceInfo {
     uint64_t max_mr_size = 0;
     uint64_t max_dm_size = 0;  // device memory (vdev ABI V10); 0: none
     bool virtual_device = false;
+    // Its driver guarantees a RESET -> INIT only stores attributes, refused as a table says
+    // (IBV_EXTEND_GUARANTEE_PLAIN_INIT): the face may answer one itself.
+    bool plain_init = false;
 };
 
 struct Device {

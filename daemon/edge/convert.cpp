@@ -76,6 +76,7 @@ void toProto(const DeviceInfo &in, pb::DeviceInfo *out) {
     out->set_provider(in.provider);
     wire::limitsToProto(in, out);
     out->set_virtual_device(in.virtual_device);
+    out->set_plain_init(in.plain_init);
 }
 
 void toProto(const QueueResult &in, pb::QueueInfo *out) {

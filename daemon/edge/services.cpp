@@ -573,7 +573,12 @@ grpc::ServerUnaryReactor *BrokerService::ModifyQp(grpc::CallbackServerContext *c
         int mask = static_cast<int>(req->attr_mask());
         ibv_qp_attr attr;
         RETURN_IF_ERROR(fromProto(req->attr(), mask, &attr));
-        ASSIGN_OR_RETURN(ibv_qp_state state, broker_.modifyQp(s, req->qp(), attr, mask));
+        const int held_mask = static_cast<int>(req->held_init_mask());
+        ibv_qp_attr held{};
+        if (held_mask != 0) {
+            RETURN_IF_ERROR(fromProto(req->held_init_attr(), held_mask, &held));
+        }
+        ASSIGN_OR_RETURN(ibv_qp_state state, broker_.modifyQp(s, req->qp(), attr, mask, held, held_mask));
         resp->set_state(toProto(state));
         return Status::ok();
     });

@@ -619,8 +619,9 @@ extern "C" const struct ibv_extend_vdev_ops softnda_vdev_ops = {
     .export_object = softnda::CEntry<softnda::vdevExportObject>::call,
     .import_object = softnda::CEntry<softnda::vdevImportObject>::call,
     .set_paused = softnda::CEntry<softnda::vdevSetPaused>::call,
-    // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h).
-    .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS,
+    // ABI V5: calls on different contexts run in parallel (the locks of softnda_internal.h); a
+    // RESET -> INIT stores attributes only, refused exactly as modifyTarget() does.
+    .guarantees = IBV_EXTEND_GUARANTEE_CONCURRENT_CONTEXTS | IBV_EXTEND_GUARANTEE_PLAIN_INIT,
     // ABI V6: XRC (SPEC.md §14).
     .open_xrcd = softnda::CEntry<softnda::openXrcd>::call,
     .close_xrcd = softnda::CEntry<softnda::closeXrcd>::call,

@@ -2,7 +2,8 @@
  * What strict verbs programs rely on, checked through the standard verbs alone (linked against the
  * system libibverbs, run through ibv-extend-run so the face serves it):
  *  - ibv_modify_qp with an attribute mask the transition does not allow fails with EINVAL and
- *    leaves the QP as it was; ibv_query_qp reports what ibv_modify_qp set;
+ *    leaves the QP as it was (an RTR refused after an INIT leaves it in INIT); ibv_query_qp
+ *    reports what ibv_modify_qp set;
  *  - an RDMA WRITE with a bad rkey completes with IBV_WC_REM_ACCESS_ERR, the QP moves to ERR,
  *    the next work request is flushed with IBV_WC_WR_FLUSH_ERR, and ibv_get_async_event reports
  *    IBV_EVENT_QP_FATAL for that QP;
@@ -437,6 +438,20 @@ int main(int argc, char **argv) {
     }
     to_init(a);
     to_init(b);
+    /* The face answers RESET -> INIT itself and sends it with the next modify (docs/verbs.md,
+     * "Bring-up"): an RTR refused after it leaves the QP in INIT, as the INIT left it, and the
+     * INIT is not sent twice (the RTS below would then fail). */
+    struct ibv_qp_attr no_dest;
+    memset(&no_dest, 0, sizeof(no_dest));
+    no_dest.qp_state = IBV_QPS_RTR;
+    no_dest.path_mtu = IBV_MTU_1024;
+    if (ibv_modify_qp(a, &no_dest, IBV_QP_STATE | IBV_QP_PATH_MTU) != EINVAL) {
+        fail("RTR without its required attributes", "ibv_modify_qp did not answer EINVAL");
+    }
+    if (ibv_query_qp(a, &qa, IBV_QP_STATE | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, &qi) != 0 ||
+        qa.qp_state != IBV_QPS_INIT || qa.port_num != 1 || qa.qp_access_flags != (unsigned)kAccess) {
+        fail("a refused RTR", "the QP is not in INIT as ibv_modify_qp set it");
+    }
     struct ibv_send_wr early_send, *bad_send = NULL;
     memset(&early_send, 0, sizeof(early_send));
     early_send.opcode = IBV_WR_SEND;

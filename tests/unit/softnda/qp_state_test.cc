@@ -1,5 +1,8 @@
 // The standard QP state machine through the vdev modify_qp/query_qp: legal paths, refused
 // transitions, required and forbidden attributes, values.
+#include <iterator>
+
+#include "common/plain_init.h"
 #include "tests/unit/softnda/fixture.h"
 
 namespace softnda_test {
@@ -123,6 +126,64 @@ TEST_F(QpState, ForeignQpIsRefused) {
     EXPECT_EQ(softnda_vdev_ops.modify_qp(&fake, &a, IBV_QP_STATE), -EINVAL);
     EXPECT_EQ(softnda_vdev_ops.query_qp(&fake, &a, IBV_QP_STATE, nullptr), -EINVAL);
     EXPECT_EQ(softnda_vdev_ops.modify_qp(qp_, nullptr, IBV_QP_STATE), -EINVAL);
+}
+
+// IBV_EXTEND_GUARANTEE_PLAIN_INIT (ibv_extend_vdev.h), which softnda declares and the broker's
+// face relies on to answer a RESET -> INIT without a broker call: softnda refuses such a modify
+// exactly as plainInitRefusal() (common/plain_init.h), with which the face answers one, says, over every mask
+// of the attributes involved, with values at and past their edges, for each type that may be held.
+TEST_F(QpState, ResetToInitIsRefusedExactlyAsThePlainInitGuaranteeSays) {
+    ASSERT_NE(softnda_vdev_ops.guarantees & IBV_EXTEND_GUARANTEE_PLAIN_INIT, 0u);
+    ibv_device_attr dev{};
+    ASSERT_EQ(softnda_vdev_ops.query_device(ctx_, &dev), 0);
+    const int bits[] = {IBV_QP_PKEY_INDEX, IBV_QP_PORT,      IBV_QP_ACCESS_FLAGS,
+                        IBV_QP_QKEY,       IBV_QP_CUR_STATE, IBV_QP_PATH_MTU};
+    const uint32_t ports[] = {0u, 1u, dev.phys_port_cnt, dev.phys_port_cnt + 1u};
+    int cases = 0, taken = 0;
+    for (ibv_qp_type type : {IBV_QPT_RC, IBV_QPT_UC, IBV_QPT_UD}) {
+        QpCaps c;
+        c.type = type;
+        ibv_qp *qp = makeQp(cq_, cq_, c).ext->qp;
+        for (int subset = 0; subset < (1 << std::size(bits)); ++subset) {
+            int mask = IBV_QP_STATE;
+            for (size_t b = 0; b < std::size(bits); ++b) {
+                mask |= (subset >> b & 1) != 0 ? bits[b] : 0;
+            }
+            for (uint32_t port : ports) {
+                for (uint16_t pkey : {0, 1}) {
+                    for (unsigned access : {unsigned{kAllAccess}, unsigned{IBV_ACCESS_ZERO_BASED}}) {
+                        for (uint32_t qkey : {0x11u, 0x80000011u}) {
+                            for (ibv_qp_state cur : {IBV_QPS_RESET, IBV_QPS_INIT}) {
+                                ibv_qp_attr a{};
+                                a.qp_state = IBV_QPS_INIT;
+                                a.cur_qp_state = cur;
+                                a.port_num = static_cast<uint8_t>(port);
+                                a.pkey_index = pkey;
+                                a.qp_access_flags = access;
+                                a.qkey = qkey;
+                                a.path_mtu = IBV_MTU_1024;
+                                const int face = -ibvx::plainInitRefusal(type, a, mask, dev.phys_port_cnt);
+                                ibv_qp_attr sent = a;
+                                ASSERT_EQ(softnda_vdev_ops.modify_qp(qp, &sent, mask), face)
+                                    << "type " << type << " mask " << std::hex << mask << std::dec << " port "
+                                    << port << " pkey " << pkey << " access " << access << " qkey " << qkey
+                                    << " cur " << cur;
+                                ++cases;
+                                if (face == 0) {
+                                    ++taken;
+                                    ibv_qp_attr reset{};
+                                    reset.qp_state = IBV_QPS_RESET;
+                                    ASSERT_EQ(softnda_vdev_ops.modify_qp(qp, &reset, IBV_QP_STATE), 0);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    EXPECT_GT(taken, 0) << "of " << cases;
+    EXPECT_GT(cases - taken, taken) << "most are refused";
 }
 
 }  // namespace
