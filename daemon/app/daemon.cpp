@@ -209,6 +209,10 @@ Status configureProviders(const DaemonConfig &cfg) {
         int rc = provider->configure(o.key.c_str(), o.value.c_str());
         if (rc == -EBUSY) {
             spdlog::warn("{}: {}.{} not applied: the provider has open devices", o.where, o.provider, o.key);
+        } else if (rc == -ENODEV) {
+            return invalidArgument(o.where + ": " + o.provider + "." + o.key + " = '" + o.value +
+                                   "' names a network interface this host (the broker's network namespace) "
+                                   "does not have");
         } else if (rc < 0) {
             return invalidArgument(o.where + ": " + o.provider + "." + o.key + " = '" + o.value +
                                    "' rejected by the provider (unknown key or value out of range)");
