@@ -507,6 +507,11 @@ class EthernetFaceTest : public FaceTest {
         return out;
     }
 
+    // A file of port 1 in the broker's discovery tree.
+    std::string port(const std::string &rel) const {
+        return slurp(dir() + "/discovery/sys/class/infiniband/softnda0/ports/1/" + rel);
+    }
+
     std::string ns_;
     bool made_ = false;
     int home_ = -1;
@@ -525,6 +530,12 @@ TEST_F(EthernetFaceTest, DevinfoShowsRoceV2GidsThatFollowTheInterface) {
     EXPECT_THAT(out, ::testing::HasSubstr("GID[  2]:\t\tfd00:201:7::1, RoCE v2\n"));
     EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("GID[  3]")));
 
+    // The discovery tree (docs/verbs.md) says the same.
+    EXPECT_EQ(port("link_layer"), "Ethernet\n");
+    EXPECT_EQ(port("gids/1"), "0000:0000:0000:0000:0000:ffff:0ac9:0701\n");
+    EXPECT_EQ(port("gid_attrs/types/1"), "RoCE v2\n");
+    EXPECT_EQ(port("gid_attrs/ndevs/1"), "ibvx-a\n");
+
     // A new address takes the next slot; one that goes leaves its slot empty, the others stay.
     ASSERT_EQ(inNs("addr add 10.201.8.1/24 dev ibvx-a"), 0);
     out = devinfo();
@@ -534,10 +545,17 @@ TEST_F(EthernetFaceTest, DevinfoShowsRoceV2GidsThatFollowTheInterface) {
     EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("GID[  1]")));
     EXPECT_THAT(out, ::testing::HasSubstr("GID[  2]:\t\tfd00:201:7::1, RoCE v2\n"));
     EXPECT_THAT(out, ::testing::HasSubstr("GID[  3]:\t\t::ffff:10.201.8.1, RoCE v2\n"));
+    // The broker rewrites the tree's ports when an address or a link changes.
+    EXPECT_TRUE(waitFor([&] { return port("gids/3") == "0000:0000:0000:0000:0000:ffff:0ac9:0801\n"; },
+                        std::chrono::seconds(10)))
+        << port("gids/3");
+    EXPECT_TRUE(waitFor([&] { return port("gid_attrs/types/1").empty(); }, std::chrono::seconds(10)));
 
     // The port follows the link: the peer end down takes the carrier away.
     ASSERT_EQ(inNs("link set ibvx-b down"), 0);
     EXPECT_THAT(devinfo(), ::testing::HasSubstr("state:\t\t\tPORT_DOWN (1)"));
+    EXPECT_TRUE(waitFor([&] { return port("state") == "1: DOWN\n"; }, std::chrono::seconds(10)))
+        << port("state");
 }
 
 TEST_F(EthernetFaceTest, RcPingpongByRoceV2Gid) {
