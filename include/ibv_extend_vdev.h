@@ -212,7 +212,8 @@ struct ibv_extend_vdev_ops {
      * table is the default one: pkey_tbl_len entries of full-membership 0xffff. */
     int (*query_device)(struct ibv_context *context, struct ibv_device_attr *attr);
     int (*query_port)(struct ibv_context *context, uint8_t port_num, struct ibv_port_attr *attr);
-    /* entry->gid, gid_index, port_num and gid_type (enum ibv_gid_type); ndev_ifindex 0. */
+    /* entry->gid, gid_index, port_num and gid_type (enum ibv_gid_type); ndev_ifindex the
+     * interface of a RoCE GID, else 0. -ENODATA for an empty slot, as the kernel answers. */
     int (*query_gid)(struct ibv_context *context, uint8_t port_num, uint32_t index,
                      struct ibv_gid_entry *entry);
 

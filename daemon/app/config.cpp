@@ -152,8 +152,21 @@ Status parseProvider(const std::string &path, const std::string &provider, const
             value = *s;
         } else if (auto b = node.value_exact<bool>()) {
             value = *b ? "1" : "0";
+        } else if (const toml::array *list = node.as_array()) {
+            // A list of names (softnda's netdev = ["veth0", "veth1"]) reaches the provider as the
+            // comma-separated string it also takes.
+            for (const toml::node &item : *list) {
+                auto s = item.value_exact<std::string>();
+                if (!s || s->empty() || s->find(',') != std::string::npos) {
+                    return bad(path, item,
+                               provider + "." + key + " must list non-empty names without commas");
+                }
+                value += (value.empty() ? "" : ",") + *s;
+            }
         } else {
-            return bad(path, node, provider + "." + key + " must be an integer, a string or a boolean");
+            return bad(
+                path, node,
+                provider + "." + key + " must be an integer, a string, a boolean or a list of strings");
         }
         out->provider_options.push_back({provider, key, value, where(path, node)});
     }

@@ -2,6 +2,8 @@
 
 #include <fcntl.h>
 #include <grp.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <poll.h>
 #include <signal.h>
 #include <spdlog/sinks/stdout_sinks.h>
@@ -209,12 +211,22 @@ Status configureProviders(const DaemonConfig &cfg) {
         int rc = provider->configure(o.key.c_str(), o.value.c_str());
         if (rc == -EBUSY) {
             spdlog::warn("{}: {}.{} not applied: the provider has open devices", o.where, o.provider, o.key);
+        } else if (rc == -ENODEV) {
+            return invalidArgument(o.where + ": " + o.provider + "." + o.key + " = '" + o.value +
+                                   "' names a network interface this host (the broker's network namespace) "
+                                   "does not have");
         } else if (rc < 0) {
             return invalidArgument(o.where + ": " + o.provider + "." + o.key + " = '" + o.value +
                                    "' rejected by the provider (unknown key or value out of range)");
         }
     }
     return Status::ok();
+}
+
+// Where the discovery tree lives: beside the socket.
+std::string runtimeDir(const DaemonConfig &cfg) {
+    const std::string dir = std::filesystem::path(cfg.socket).parent_path().string();
+    return dir.empty() ? "." : dir;
 }
 
 // What the exit code of a failed Daemon::create() is: 2 when the configuration is at fault.
@@ -468,8 +480,7 @@ Status Daemon::loadDevices() {
 // The tree is a convenience for tenants' middleware: a broker that cannot write it still serves
 // (ibv-extend-run then runs programs without it and says so).
 void Daemon::publishDiscovery() {
-    const std::string runtime_dir = std::filesystem::path(config_.socket).parent_path().string();
-    if (Status st = publishDiscoveryTree(runtime_dir.empty() ? "." : runtime_dir, devices_); !st.isOk()) {
+    if (Status st = publishDiscoveryTree(runtimeDir(config_), devices_); !st.isOk()) {
         spdlog::warn("{}", st.message());
     }
 }
@@ -645,9 +656,54 @@ ReloadReport Daemon::reload() {
     return report;
 }
 
+namespace {
+
+// Link and address changes of the broker's network namespace, for the discovery tree: a RoCE
+// port's state and GIDs follow its interface (providers/softnda/SPEC.md §19). No socket (a
+// sandbox without AF_NETLINK) only means the tree is refreshed by a reload instead.
+UniqueFd watchInterfaces() {
+    UniqueFd fd(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_ROUTE));
+    sockaddr_nl local{};
+    local.nl_family = AF_NETLINK;
+    local.nl_groups = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR;
+    if (!fd || ::bind(fd.get(), reinterpret_cast<const sockaddr *>(&local), sizeof(local)) < 0) {
+        spdlog::debug("no netlink watch of interfaces ({}): the discovery tree follows reloads only",
+                      std::strerror(errno));
+        return UniqueFd();
+    }
+    return fd;
+}
+
+// Reads every notification queued (their content does not matter: the tree is gathered afresh).
+void drain(int fd) {
+    char buf[8192];
+    for (;;) {
+        ssize_t n = ::recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+        if (n <= 0 && !(n < 0 && errno == ENOBUFS)) {  // ENOBUFS: some were lost; read on
+            return;
+        }
+    }
+}
+
+}  // namespace
+
 Status Daemon::run() {
     sd_notify(0, ("READY=1\n" + statusLine()).c_str());
+    UniqueFd interfaces = watchInterfaces();
     for (;;) {
+        pollfd fds[2] = {{sigfd_.get(), POLLIN, 0}, {interfaces.get(), POLLIN, 0}};
+        if (::poll(fds, interfaces ? 2 : 1, -1) < 0 && errno != EINTR) {
+            return Status(Code::kInternal, errno, std::string("poll failed: ") + std::strerror(errno));
+        }
+        if (interfaces && (fds[1].revents & POLLIN) != 0) {
+            drain(interfaces.get());
+            if (Status st = refreshDiscoveryPorts(runtimeDir(config_), devices_); !st.isOk()) {
+                spdlog::warn("{}", st.message());
+            }
+        }
+        if ((fds[0].revents & POLLIN) == 0) {
+            continue;
+        }
         signalfd_siginfo si{};
         ssize_t n = ::read(sigfd_.get(), &si, sizeof(si));
         if (n < 0 && errno == EINTR) {

@@ -154,9 +154,11 @@ const char *physStateName(uint8_t s) {
 }
 
 // Writes files and directories of one generation; the first error is kept and reported.
+// With replace, a file is written beside its place and renamed over it, so a reader of a tree
+// already published (a running sandbox binds its directories) sees the old text or the new.
 class Writer {
   public:
-    explicit Writer(fs::path root) : root_(std::move(root)) {}
+    explicit Writer(fs::path root, bool replace = false) : root_(std::move(root)), replace_(replace) {}
 
     void dir(const fs::path &rel) {
         std::error_code ec;
@@ -166,11 +168,16 @@ class Writer {
     }
     void file(const fs::path &rel, const std::string &text) {
         dir(rel.parent_path());
-        std::ofstream out(root_ / rel, std::ios::trunc);
+        const fs::path target = root_ / rel;
+        const fs::path written = replace_ ? fs::path(target.string() + ".new") : target;
+        std::ofstream out(written, std::ios::trunc);
         out << text;
         out.close();
         fail(out ? 0 : EIO, rel);
-        (void)::chmod((root_ / rel).c_str(), 0444);
+        (void)::chmod(written.c_str(), 0444);
+        if (replace_ && ::rename(written.c_str(), target.c_str()) < 0) {
+            fail(errno, rel);
+        }
     }
     // The placeholder node (see the header): a character device of major 63, which Linux keeps
     // for local and experimental use and no driver registers, so open() fails at once (ENXIO;
@@ -222,6 +229,7 @@ class Writer {
         }
     }
     fs::path root_;
+    bool replace_;
     Status status_;
 };
 
@@ -239,6 +247,8 @@ std::pair<std::string, std::string> allCpus() {
     }
     return {mask + "\n", "0-" + std::to_string(n - 1) + "\n"};
 }
+
+void writePorts(Writer &w, const DeviceFacts &f);
 
 void writeDevice(Writer &w, const DeviceFacts &f, int index) {
     const fs::path ib = fs::path("sys/class/infiniband") / f.name;
@@ -264,6 +274,11 @@ void writeDevice(Writer &w, const DeviceFacts &f, int index) {
     w.file(ib / "hw_rev", hw);
     w.file(ib / "hca_type", f.name + "\n");
     w.file(ib / "node_desc", f.name + "\n");
+    writePorts(w, f);
+}
+
+void writePorts(Writer &w, const DeviceFacts &f) {
+    const fs::path ib = fs::path("sys/class/infiniband") / f.name;
     for (size_t i = 0; i < f.ports.size(); ++i) {
         const DeviceFacts::Port &p = f.ports[i];
         const fs::path port = ib / "ports" / std::to_string(i + 1);
@@ -360,6 +375,23 @@ Status publishDiscoveryTree(const std::string &runtime_dir, DeviceRegistry &devi
     }
     spdlog::info("discovery tree: {} device(s) under {}", facts.size(), link.string());
     return Status::ok();
+}
+
+Status refreshDiscoveryPorts(const std::string &runtime_dir, DeviceRegistry &devices) {
+    const fs::path link = fs::path(runtime_dir) / kTreeName;
+    std::error_code ec;
+    const fs::path generation = fs::read_symlink(link, ec);
+    if (ec) {
+        return publishDiscoveryTree(runtime_dir, devices);
+    }
+    std::lock_guard lock(publishMutex());
+    Writer w(fs::path(runtime_dir) / generation, true);
+    for (const DeviceInfo &info : devices.list()) {
+        if (Device *dev = devices.find(info.name); dev != nullptr) {
+            writePorts(w, gather(*dev));
+        }
+    }
+    return w.status();
 }
 
 }  // namespace ibvx::daemon

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -40,9 +41,23 @@ const Option kOptions[] = {
     {"dm_size", 4096, 1ull << 30, nullptr, &Config::dm_size},
 };
 
+// The one option that is not a number: the interfaces of the Ethernet personality, checked
+// against the host now so a misspelt name is an error at configure time (-ENODEV).
+constexpr const char *kNetdevKey = "netdev";
+
 }  // namespace
 
 int configSet(Config &cfg, const std::string &key, const std::string &value) {
+    if (key == kNetdevKey) {
+        std::vector<std::string> names;
+        if (!value.empty()) {
+            if (int rc = parseNetdevList(value, &names); rc < 0) {
+                return rc;
+            }
+        }
+        cfg.netdevs = std::move(names);
+        return 0;
+    }
     for (const Option &o : kOptions) {
         if (key != o.key) {
             continue;
@@ -66,19 +81,23 @@ int configSet(Config &cfg, const std::string &key, const std::string &value) {
 }
 
 void configFromEnv(Config &cfg) {
-    for (const Option &o : kOptions) {
+    auto apply = [&cfg](const char *key) {
         std::string var = "SOFTNDA_";
-        for (const char *p = o.key; *p != '\0'; ++p) {
+        for (const char *p = key; *p != '\0'; ++p) {
             var += static_cast<char>(*p >= 'a' && *p <= 'z' ? *p - 'a' + 'A' : *p);
         }
         // secure_getenv: a set-uid user of the library must not be steered by the environment.
         if (const char *v = secure_getenv(var.c_str()); v != nullptr) {
             Config trial = cfg;
-            if (configSet(trial, o.key, v) == 0) {
+            if (configSet(trial, key, v) == 0) {
                 cfg = trial;
             }
         }
+    };
+    for (const Option &o : kOptions) {
+        apply(o.key);
     }
+    apply(kNetdevKey);
 }
 
 }  // namespace softnda

@@ -13,6 +13,7 @@
 #include <system_error>
 
 #include "common/fd_kind.h"
+#include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -76,14 +77,12 @@ void ensureDevices(Registry &r) {
     if (!r.devices_stale || r.open_contexts != 0) {
         return;
     }
-    if (r.devices.size() > r.cfg.devices) {
-        r.devices.resize(r.cfg.devices);
+    // Bound to interfaces, there is one device per interface, in the order listed (SPEC.md §19).
+    const auto count = r.cfg.netdevs.empty() ? r.cfg.devices : static_cast<uint32_t>(r.cfg.netdevs.size());
+    if (r.devices.size() > count) {
+        r.devices.resize(count);
     }
-    for (auto &d : r.devices) {
-        d->cfg = r.cfg;
-        fillAttr(*d);
-    }
-    for (auto i = static_cast<uint32_t>(r.devices.size()); i < r.cfg.devices; ++i) {
+    for (auto i = static_cast<uint32_t>(r.devices.size()); i < count; ++i) {
         auto d = std::make_unique<Device>();
         d->magic = kMagicDevice;
         d->name = "softnda" + std::to_string(i);
@@ -94,8 +93,18 @@ void ensureDevices(Registry &r) {
         d->ib.transport_type = IBV_TRANSPORT_IB;
         std::snprintf(d->ib.name, sizeof(d->ib.name), "%s", d->name.c_str());
         std::snprintf(d->ib.dev_name, sizeof(d->ib.dev_name), "%s", d->name.c_str());
-        fillAttr(*d);
         r.devices.push_back(std::move(d));
+    }
+    for (auto &d : r.devices) {
+        d->cfg = r.cfg;
+        d->netdev.reset();
+        if (!r.cfg.netdevs.empty()) {
+            // A RoCE port is one interface: an Ethernet device has one port.
+            d->cfg.phys_port_cnt = 1;
+            d->netdev = std::make_shared<Netdev>();
+            d->netdev->name = r.cfg.netdevs[d->index];
+        }
+        fillAttr(*d);
     }
     r.devices_stale = false;
 }

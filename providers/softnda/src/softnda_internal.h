@@ -65,9 +65,13 @@ struct Config {
     uint32_t sleep_us = 1000;
     uint32_t futex_waitv = 1;       // 0: sleep as on a kernel without futex_waitv (see engine.cc)
     uint64_t dm_size = 256 * 1024;  // the device-memory region (SPEC.md §17)
+    // Host interfaces, one device each (the Ethernet personality, SPEC.md §19); empty: `devices`
+    // loopback devices of the InfiniBand personality.
+    std::vector<std::string> netdevs;
 };
 
-// Applies one key=value; -EINVAL for an unknown key or a value out of range.
+// Applies one key=value; -EINVAL for an unknown key or a value out of range, -ENODEV for a
+// netdev that names no interface of the host.
 int configSet(Config &cfg, const std::string &key, const std::string &value);
 // Applies every SOFTNDA_<KEY> variable (ignored when privileges differ, via secure_getenv).
 void configFromEnv(Config &cfg);
@@ -410,6 +414,7 @@ struct Gate {
 };
 
 class Engine;
+struct Netdev;
 
 struct Device {
     ibv_device ib{};
@@ -419,6 +424,7 @@ struct Device {
     uint64_t guid = 0;
     Config cfg;
     ibv_extend_vdev_attr attr{};
+    std::shared_ptr<Netdev> netdev;  // the interface of an Ethernet device (SPEC.md §19), else null
 
     std::mutex ctl;
     Gate gate;

@@ -11,6 +11,7 @@
 #include <span>
 #include <utility>
 
+#include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -380,6 +381,21 @@ void resetQp(Device *dev, Qp *qp) {
     __atomic_store_n(qp->recWord(kSqQkeyWord), 0u, __ATOMIC_RELEASE);
 }
 
+// A connected QP's path on an Ethernet port (SPEC.md §19): RoCE addresses by GID, so the AV
+// must carry a GRH whose source is a GID of the port; its destination must be a GID of this
+// device, the only place a peer can be until the wire transport exists (-EHOSTUNREACH).
+int checkRocePath(Netdev &nd, const ibv_ah_attr &ah) {
+    if (!ah.is_global) {
+        return -EINVAL;
+    }
+    nd.refresh();
+    std::lock_guard<std::mutex> lk(nd.mu);
+    if (!nd.table.at(ah.grh.sgid_index)) {
+        return -EINVAL;
+    }
+    return nd.table.contains(ah.grh.dgid) ? 0 : -EHOSTUNREACH;
+}
+
 int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
     Qp *qp = asQp(ib);
     if (qp == nullptr || attr == nullptr) {
@@ -391,6 +407,11 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
                               dev->cfg.phys_port_cnt);
     if (target < 0) {
         return target;
+    }
+    if (dev->netdev && (mask & IBV_QP_AV) != 0) {
+        if (int rc = checkRocePath(*dev->netdev, attr->ah_attr); rc < 0) {
+            return rc;
+        }
     }
     auto next = static_cast<ibv_qp_state>(target);
     dev->gate.lock();
@@ -531,6 +552,22 @@ bool validPort(const Context &ctx, uint8_t port) {
     return port >= 1 && port <= ctx.dev->cfg.phys_port_cnt;
 }
 
+// An Ethernet port (SPEC.md §19): the interface's link and MTU as last read, no LID, the RoCEv2
+// GID table. The interface is read again here, so a port query sees its addresses as they are.
+void queryEthernetPort(Netdev &nd, ibv_port_attr *attr) {
+    nd.refresh();
+    std::lock_guard<std::mutex> lk(nd.mu);
+    const bool up = nd.view.present && nd.view.running;
+    attr->state = up ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
+    attr->phys_state = up ? 5 : 3;  // LinkUp, Disabled
+    attr->active_mtu = roceActiveMtu(nd.view.mtu);
+    attr->gid_tbl_len = kRoceGidSlots;
+    attr->lid = 0;
+    attr->sm_lid = 0;
+    attr->port_cap_flags = IBV_PORT_IP_BASED_GIDS;  // as the kernel sets for a RoCE port
+    attr->link_layer = IBV_LINK_LAYER_ETHERNET;
+}
+
 int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
     Context *ctx = asContext(context);
     if (ctx == nullptr || attr == nullptr || !validPort(*ctx, port)) {
@@ -551,12 +588,49 @@ int queryPort(ibv_context *context, uint8_t port, ibv_port_attr *attr) {
     attr->active_speed = 32;  // EDR
     attr->phys_state = 5;     // LinkUp
     attr->link_layer = IBV_LINK_LAYER_INFINIBAND;
+    if (dev.netdev) {
+        queryEthernetPort(*dev.netdev, attr);
+    }
+    return 0;
+}
+
+// A slot of an Ethernet port's GID table as last read (read once first if never read);
+// -ENODATA for an empty slot, as the kernel answers.
+int queryRoceGid(Netdev &nd, uint8_t port, uint32_t index, ibv_gid_entry *entry) {
+    if (index >= kRoceGidSlots) {
+        return -EINVAL;
+    }
+    bool read;
+    {
+        std::lock_guard<std::mutex> lk(nd.mu);
+        read = nd.read_once;
+    }
+    if (!read) {
+        nd.refresh();
+    }
+    std::lock_guard<std::mutex> lk(nd.mu);
+    std::optional<ibv_gid> gid = nd.table.at(index);
+    if (!gid) {
+        return -ENODATA;
+    }
+    std::memset(entry, 0, sizeof(*entry));
+    entry->gid = *gid;
+    entry->gid_index = index;
+    entry->port_num = port;
+    entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+    entry->ndev_ifindex = nd.view.ifindex;
     return 0;
 }
 
 int queryGid(ibv_context *context, uint8_t port, uint32_t index, ibv_gid_entry *entry) {
     Context *ctx = asContext(context);
-    if (ctx == nullptr || entry == nullptr || !validPort(*ctx, port) || index != 0) {
+    if (ctx == nullptr || entry == nullptr || !validPort(*ctx, port)) {
+        return -EINVAL;
+    }
+    if (ctx->dev->netdev) {
+        return queryRoceGid(*ctx->dev->netdev, port, index, entry);
+    }
+    if (index != 0) {
         return -EINVAL;
     }
     std::memset(entry, 0, sizeof(*entry));

@@ -8,12 +8,15 @@
 //    ibv_ud_pingpong and ibv_uc_pingpong (SPEC.md §11), ibv_xsrq_pingpong (XRC, §14), perftest's seven
 //    programs over RC and four over UD and UC, each pair as server and client on this host;
 //  - the pyverbs programs of this directory (RC traffic, ibv_resize_cq, ibv_rereg_mr, parent
-//    domains, completion timestamps, memory windows, device memory).
+//    domains, completion timestamps, memory windows, device memory);
+//  - as root, softnda's Ethernet personality (SPEC.md §19): a broker in a network namespace of
+//    the test's own, bound to a veth there; ibv_devinfo -v and ibv_rc_pingpong -g by RoCEv2 GID.
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
@@ -26,6 +29,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -164,9 +168,11 @@ std::string slurp(const std::string &path) {
 
 class FaceTest : public ::testing::Test {
   protected:
+    // The tenant is uid 65534: the socket and its directory must let it in.
+    virtual std::string brokerConfig() const { return "[broker]\nsocket_mode = \"0666\"\n"; }
+
     void SetUp() override {
-        // The tenant is uid 65534: the socket and its directory must let it in.
-        broker_ = std::make_unique<BrokerProcess>("[broker]\nsocket_mode = \"0666\"\n");
+        broker_ = std::make_unique<BrokerProcess>(brokerConfig());
         ASSERT_TRUE(broker_->started()) << broker_->log();
         ASSERT_EQ(chmod(broker_->dir().c_str(), 0755), 0);
         // The socket accepts from its bind on; the discovery tree comes just before serving.
@@ -445,6 +451,118 @@ TEST_F(FaceTest, RcPingpongWithGidIndex) {
     expectPair(
         runPair(*this, "rc-g0", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "1000", "-g", "0"}),
         "1000 iters in");
+}
+
+// softnda's Ethernet personality (SPEC.md §19) as a tenant meets it: the broker runs in a network
+// namespace the test makes, bound to one end of a veth pair there that carries addresses the test
+// chose (10.201.7.0/24, fd00:201:7::/64); no traffic leaves the namespace. The test process enters
+// the namespace for the test, so the broker and the tenants it forks are in it.
+class EthernetFaceTest : public FaceTest {
+  protected:
+    std::string brokerConfig() const override {
+        return FaceTest::brokerConfig() + "[softnda]\nnetdev = \"ibvx-a\"\n";
+    }
+
+    void SetUp() override {
+        if (geteuid() != 0) {
+            GTEST_SKIP() << "needs root: makes a network namespace and a veth pair (ip netns)";
+        }
+        ns_ = "ibvx-eth-" + std::to_string(getpid());
+        ASSERT_EQ(ip("netns add " + ns_), 0);
+        made_ = true;
+        for (const char *cmd :
+             {"link set lo up", "link add ibvx-a type veth peer name ibvx-b", "link set ibvx-a up",
+              "link set ibvx-b up", "addr add 10.201.7.1/24 dev ibvx-a",
+              "addr add fd00:201:7::1/64 dev ibvx-a nodad"}) {
+            ASSERT_EQ(inNs(cmd), 0) << cmd;
+        }
+        home_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+        int ns = open(("/run/netns/" + ns_).c_str(), O_RDONLY | O_CLOEXEC);
+        ASSERT_GE(ns, 0);
+        ASSERT_EQ(setns(ns, CLONE_NEWNET), 0);
+        close(ns);
+        FaceTest::SetUp();
+    }
+
+    // Runs even when SetUp failed or skipped: nothing of the namespace stays behind.
+    void TearDown() override {
+        broker_.reset();
+        if (home_ >= 0) {
+            EXPECT_EQ(setns(home_, CLONE_NEWNET), 0);
+            close(home_);
+        }
+        if (made_) {
+            EXPECT_EQ(ip("netns del " + ns_), 0);
+        }
+    }
+
+    static int ip(const std::string &args) { return std::system(("ip " + args + " >&2").c_str()); }
+    int inNs(const std::string &args) const { return ip("-n " + ns_ + " " + args); }
+
+    std::string devinfo() {
+        std::string err = dir() + "/devinfo.err";
+        Contained c(run({"/usr/bin/ibv_devinfo", "-v"}), env(), err);
+        c.reply();
+        std::string out = c.readAll();
+        EXPECT_EQ(c.wait(), 0) << slurp(err);
+        return out;
+    }
+
+    // A file of port 1 in the broker's discovery tree.
+    std::string port(const std::string &rel) const {
+        return slurp(dir() + "/discovery/sys/class/infiniband/softnda0/ports/1/" + rel);
+    }
+
+    std::string ns_;
+    bool made_ = false;
+    int home_ = -1;
+};
+
+TEST_F(EthernetFaceTest, DevinfoShowsRoceV2GidsThatFollowTheInterface) {
+    std::string out = devinfo();
+    EXPECT_THAT(out, ::testing::HasSubstr("link_layer:\t\tEthernet"));
+    EXPECT_THAT(out, ::testing::HasSubstr("port_lid:\t\t0\n"));
+    EXPECT_THAT(out, ::testing::HasSubstr("state:\t\t\tPORT_ACTIVE (4)"));
+    EXPECT_THAT(out, ::testing::HasSubstr("active_mtu:\t\t1024 (3)"));  // a 1500-byte veth, rxe's rule
+    // The kernel's layout for a RoCEv2-only port (rxe): the MAC's EUI-64 link-local GID first,
+    // then IPv4 (mapped), then IPv6; the veth's own fe80:: address is that GID, not another.
+    EXPECT_THAT(out, ::testing::ContainsRegex("GID\\[  0\\]:[ \t]+fe80::[0-9a-f:]+, RoCE v2\n"));
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  1]:\t\t::ffff:10.201.7.1, RoCE v2\n"));
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  2]:\t\tfd00:201:7::1, RoCE v2\n"));
+    EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("GID[  3]")));
+
+    // The discovery tree (docs/verbs.md) says the same.
+    EXPECT_EQ(port("link_layer"), "Ethernet\n");
+    EXPECT_EQ(port("gids/1"), "0000:0000:0000:0000:0000:ffff:0ac9:0701\n");
+    EXPECT_EQ(port("gid_attrs/types/1"), "RoCE v2\n");
+    EXPECT_EQ(port("gid_attrs/ndevs/1"), "ibvx-a\n");
+
+    // A new address takes the next slot; one that goes leaves its slot empty, the others stay.
+    ASSERT_EQ(inNs("addr add 10.201.8.1/24 dev ibvx-a"), 0);
+    out = devinfo();
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  3]:\t\t::ffff:10.201.8.1, RoCE v2\n"));
+    ASSERT_EQ(inNs("addr del 10.201.7.1/24 dev ibvx-a"), 0);
+    out = devinfo();
+    EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("GID[  1]")));
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  2]:\t\tfd00:201:7::1, RoCE v2\n"));
+    EXPECT_THAT(out, ::testing::HasSubstr("GID[  3]:\t\t::ffff:10.201.8.1, RoCE v2\n"));
+    // The broker rewrites the tree's ports when an address or a link changes.
+    EXPECT_TRUE(waitFor([&] { return port("gids/3") == "0000:0000:0000:0000:0000:ffff:0ac9:0801\n"; },
+                        std::chrono::seconds(10)))
+        << port("gids/3");
+    EXPECT_TRUE(waitFor([&] { return port("gid_attrs/types/1").empty(); }, std::chrono::seconds(10)));
+
+    // The port follows the link: the peer end down takes the carrier away.
+    ASSERT_EQ(inNs("link set ibvx-b down"), 0);
+    EXPECT_THAT(devinfo(), ::testing::HasSubstr("state:\t\t\tPORT_DOWN (1)"));
+    EXPECT_TRUE(waitFor([&] { return port("state") == "1: DOWN\n"; }, std::chrono::seconds(10)))
+        << port("state");
+}
+
+TEST_F(EthernetFaceTest, RcPingpongByRoceV2Gid) {
+    expectPair(
+        runPair(*this, "rc-roce", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "200", "-g", "1"}),
+        "200 iters in");
 }
 
 TEST_F(FaceTest, RcPingpongWithCompletionEvents) {

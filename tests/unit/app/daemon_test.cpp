@@ -103,6 +103,16 @@ TEST_F(DaemonCreate, ProviderOptionForNoLoadedProviderIsAConfigurationError) {
     EXPECT_FALSE(std::filesystem::exists(cfg_.socket));
 }
 
+TEST_F(DaemonCreate, NetdevOfNoInterfaceIsAConfigurationError) {
+    cfg_.provider_options.push_back({"softnda", "netdev", "ibvx-nosuch0", "t.toml:4"});
+    auto d = Daemon::create(cfg_);
+    ASSERT_FALSE(d.isOk());
+    EXPECT_EQ(d.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(d.status().message(),
+              "t.toml:4: softnda.netdev = 'ibvx-nosuch0' names a network interface this "
+              "host (the broker's network namespace) does not have");
+}
+
 TEST_F(DaemonCreate, UnknownAdminGroupIsAConfigurationError) {
     cfg_.config_path = "t.toml";
     cfg_.admin_group = "ibvx-no-such-group";

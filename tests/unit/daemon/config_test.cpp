@@ -40,6 +40,16 @@ max_qp = 128
     EXPECT_EQ(c.provider_options[1].where, "t.toml:14");
 }
 
+// A list of names (softnda's netdev) reaches the provider as the comma-separated string it takes.
+TEST(DaemonConfig, ProviderListsBecomeCommaSeparated) {
+    DaemonConfig c;
+    Status st = parseConfig("[softnda]\nnetdev = [\"veth0\", \"veth1\"]\n", "t.toml", &c);
+    ASSERT_TRUE(st.isOk()) << st.toString();
+    ASSERT_EQ(c.provider_options.size(), 1u);
+    EXPECT_EQ(c.provider_options[0].key, "netdev");
+    EXPECT_EQ(c.provider_options[0].value, "veth0,veth1");
+}
+
 TEST(DaemonConfig, ErrorsNameKeyAndLine) {
     struct Case {
         const char *text;
@@ -54,6 +64,8 @@ TEST(DaemonConfig, ErrorsNameKeyAndLine) {
         {"[drivers]\nlist = []\n", "unknown key 'drivers.list'"},
         {"top = 1\n", "t.toml:1: unknown top-level key 'top'"},
         {"[softnda]\nmax_qp = 1.5\n", "softnda.max_qp"},
+        {"[softnda]\nnetdev = [\"a\", 1]\n", "t.toml:2: softnda.netdev must list non-empty names"},
+        {"[softnda]\nnetdev = [\"a,b\"]\n", "softnda.netdev must list non-empty names without commas"},
         {"[broker\n", "t.toml:1"},
         {"[broker]\nattach_timeout_ms = 1e300\n", "broker.attach_timeout_ms must be an integer"},
         {"[broker]\nsocket_mode = 1e300\n", "broker.socket_mode"},

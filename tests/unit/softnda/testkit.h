@@ -22,13 +22,16 @@ namespace softnda_test {
 // Restores every option to its documented default (the registry outlives a test).
 inline void resetConfig() {
     const char *kv[][2] = {
-        {"devices", "1"},       {"max_pd", "65536"},        {"max_mr", "1048576"},
-        {"max_qp", "131072"},   {"max_cq", "131072"},       {"max_srq", "65536"},
-        {"max_qp_wr", "32768"}, {"max_cqe", "4194304"},     {"max_srq_wr", "32768"},
-        {"max_sge", "29"},      {"max_inline_data", "464"}, {"max_msg_sz", "2147483648"},
-        {"phys_port_cnt", "1"}, {"engine_threads", "1"},    {"spin_us", "50"},
-        {"sleep_us", "1000"},   {"futex_waitv", "1"},       {"max_mr_size", "1099511627776"},
-        {"dm_size", "262144"},
+        {"devices", "1"},           {"max_pd", "65536"},
+        {"max_mr", "1048576"},      {"max_qp", "131072"},
+        {"max_cq", "131072"},       {"max_srq", "65536"},
+        {"max_qp_wr", "32768"},     {"max_cqe", "4194304"},
+        {"max_srq_wr", "32768"},    {"max_sge", "29"},
+        {"max_inline_data", "464"}, {"max_msg_sz", "2147483648"},
+        {"phys_port_cnt", "1"},     {"engine_threads", "1"},
+        {"spin_us", "50"},          {"sleep_us", "1000"},
+        {"futex_waitv", "1"},       {"max_mr_size", "1099511627776"},
+        {"dm_size", "262144"},      {"netdev", ""},
     };
     for (auto &p : kv) {
         ASSERT_EQ(softnda_vdev_ops.configure(p[0], p[1]), 0) << p[0];

@@ -1,0 +1,231 @@
+// The Ethernet personality (SPEC.md §19): the option, rxe's MTU rule, the kernel's GID rules and
+// stable slots, and a device bound to the loopback interface (present in every network
+// namespace) answering as a RoCE device and connecting RC QPs by GID.
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "providers/softnda/src/netdev.h"
+#include "tests/unit/softnda/fixture.h"
+
+namespace softnda_test {
+namespace {
+
+using softnda::NetdevView;
+using softnda::RoceGidTable;
+
+ibv_gid gidOf(const char *text) {
+    ibv_gid g{};
+    EXPECT_EQ(inet_pton(AF_INET6, text, g.raw), 1) << text;
+    return g;
+}
+
+std::string textOf(const std::optional<ibv_gid> &g) {
+    if (!g) {
+        return "empty";
+    }
+    char buf[INET6_ADDRSTRLEN];
+    return inet_ntop(AF_INET6, g->raw, buf, sizeof(buf));
+}
+
+TEST(SoftndaNetdev, ActiveMtuFollowsRxe) {
+    // rxe: the largest IB MTU <= netdev MTU - 80, at most 4096, 256 when none fits.
+    EXPECT_EQ(softnda::roceActiveMtu(1500), IBV_MTU_1024);
+    EXPECT_EQ(softnda::roceActiveMtu(9000), IBV_MTU_4096);
+    EXPECT_EQ(softnda::roceActiveMtu(65536), IBV_MTU_4096);
+    EXPECT_EQ(softnda::roceActiveMtu(4176), IBV_MTU_4096);
+    EXPECT_EQ(softnda::roceActiveMtu(4175), IBV_MTU_2048);
+    EXPECT_EQ(softnda::roceActiveMtu(2128), IBV_MTU_2048);
+    EXPECT_EQ(softnda::roceActiveMtu(2127), IBV_MTU_1024);
+    EXPECT_EQ(softnda::roceActiveMtu(592), IBV_MTU_512);
+    EXPECT_EQ(softnda::roceActiveMtu(336), IBV_MTU_256);
+    EXPECT_EQ(softnda::roceActiveMtu(68), IBV_MTU_256);
+    EXPECT_EQ(softnda::roceActiveMtu(0), IBV_MTU_256);
+}
+
+TEST(SoftndaNetdev, GidsAsTheKernelMakesThem) {
+    EXPECT_EQ(textOf(softnda::defaultRoceGid({0x52, 0x54, 0x00, 0x12, 0x34, 0x56})),
+              "fe80::5054:ff:fe12:3456");
+    EXPECT_EQ(textOf(softnda::defaultRoceGid({0x02, 0, 0, 0, 0, 1})), "fe80::ff:fe00:1");
+    in_addr a{};
+    ASSERT_EQ(inet_pton(AF_INET, "10.201.3.4", &a), 1);
+    EXPECT_EQ(textOf(softnda::ipv4Gid(a.s_addr)), "::ffff:10.201.3.4");
+}
+
+NetdevView view(std::vector<const char *> addrs) {
+    NetdevView v;
+    v.present = true;
+    v.ifindex = 7;
+    v.mtu = 1500;
+    v.running = true;
+    v.mac = std::array<uint8_t, 6>{0x52, 0x54, 0x00, 0x12, 0x34, 0x56};
+    for (const char *a : addrs) {
+        v.addrs.push_back(gidOf(a));
+    }
+    return v;
+}
+
+TEST(SoftndaNetdev, SlotsStayWhereTheyAre) {
+    RoceGidTable t;
+    // The EUI-64 link-local address is the default GID: it takes no second slot.
+    EXPECT_TRUE(t.update(view({"::ffff:10.201.0.1", "fd00::1", "fe80::5054:ff:fe12:3456"})));
+    EXPECT_EQ(textOf(t.at(0)), "fe80::5054:ff:fe12:3456");
+    EXPECT_EQ(textOf(t.at(1)), "::ffff:10.201.0.1");
+    EXPECT_EQ(textOf(t.at(2)), "fd00::1");
+    EXPECT_EQ(textOf(t.at(3)), "empty");
+    EXPECT_FALSE(t.update(view({"::ffff:10.201.0.1", "fd00::1"})));
+    // The IPv4 address goes: its slot empties and fd00::1 stays at 2.
+    EXPECT_TRUE(t.update(view({"fd00::1"})));
+    EXPECT_EQ(textOf(t.at(1)), "empty");
+    EXPECT_EQ(textOf(t.at(2)), "fd00::1");
+    // A new address takes the first free slot.
+    EXPECT_TRUE(t.update(view({"fd00::1", "fd00::2", "::ffff:10.201.0.9"})));
+    EXPECT_EQ(textOf(t.at(1)), "fd00::2");
+    EXPECT_EQ(textOf(t.at(2)), "fd00::1");
+    EXPECT_EQ(textOf(t.at(3)), "::ffff:10.201.0.9");
+    EXPECT_TRUE(t.contains(gidOf("fd00::2")));
+    EXPECT_FALSE(t.contains(gidOf("fd00::3")));
+    // A link-local address that is not the EUI-64 one is an address like the others.
+    EXPECT_TRUE(t.update(view({"fd00::1", "fd00::2", "::ffff:10.201.0.9", "fe80::1234"})));
+    EXPECT_EQ(textOf(t.at(4)), "fe80::1234");
+    // More addresses than slots: the ones that do not fit are left out.
+    std::vector<std::string> many;
+    for (int i = 0; i < 40; ++i) {
+        many.push_back("fd01::" + std::to_string(i + 1));
+    }
+    std::vector<const char *> ptrs;
+    for (auto &m : many) {
+        ptrs.push_back(m.c_str());
+    }
+    EXPECT_TRUE(t.update(view(ptrs)));
+    EXPECT_EQ(textOf(t.at(softnda::kRoceGidSlots - 1)), "fd01::15");  // the first 15 of the list
+    EXPECT_EQ(t.at(softnda::kRoceGidSlots), std::nullopt);
+    // An interface that is gone leaves every slot empty.
+    NetdevView gone;
+    EXPECT_TRUE(t.update(gone));
+    for (uint32_t i = 0; i < softnda::kRoceGidSlots; ++i) {
+        EXPECT_EQ(t.at(i), std::nullopt) << i;
+    }
+}
+
+TEST(SoftndaNetdev, OptionNamesInterfacesOfTheHost) {
+    resetConfig();
+    EXPECT_EQ(softnda_vdev_ops.configure("netdev", "ibvx-nosuch0"), -ENODEV);
+    EXPECT_EQ(softnda_vdev_ops.configure("netdev", "lo,lo"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("netdev", "lo,"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("netdev", "a-name-longer-than-ifnamsiz"), -EINVAL);
+    ibv_extend_vdev_attr attrs[4];
+    ASSERT_EQ(softnda_vdev_ops.query_devices(attrs, 4), 1);  // nothing refused was kept
+    ASSERT_EQ(softnda_vdev_ops.configure("devices", "3"), 0);
+    ASSERT_EQ(softnda_vdev_ops.configure("phys_port_cnt", "2"), 0);
+    ASSERT_EQ(softnda_vdev_ops.configure("netdev", " lo "), 0);
+    // One device per interface, whatever `devices` says; one port, as RoCE has.
+    ASSERT_EQ(softnda_vdev_ops.query_devices(attrs, 4), 1);
+    EXPECT_EQ(attrs[0].phys_port_cnt, 1u);
+    ASSERT_EQ(softnda_vdev_ops.configure("netdev", ""), 0);
+    ASSERT_EQ(softnda_vdev_ops.query_devices(attrs, 4), 3);
+    EXPECT_EQ(attrs[0].phys_port_cnt, 2u);
+    resetConfig();
+}
+
+// softnda0 bound to lo.
+class SoftndaEthernetTest : public QpPairTest {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override { return {{"netdev", "lo"}}; }
+
+    void SetUp() override {
+        QpPairTest::SetUp();
+        ibv_port_attr pa{};
+        ASSERT_EQ(softnda_vdev_ops.query_port(ctx_, 1, &pa), 0);
+        for (uint32_t i = 0; i < static_cast<uint32_t>(pa.gid_tbl_len); ++i) {
+            ibv_gid_entry e{};
+            if (softnda_vdev_ops.query_gid(ctx_, 1, i, &e) == 0 && e.gid.raw[10] == 0xff &&
+                e.gid.raw[12] == 127) {
+                v4_index_ = static_cast<int>(i);
+            }
+        }
+    }
+
+    int rtr(QpH &q, uint32_t dest, const ibv_ah_attr &ah) {
+        ibv_qp_attr a{};
+        a.qp_state = IBV_QPS_RTR;
+        a.path_mtu = IBV_MTU_1024;
+        a.dest_qp_num = dest;
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 1;
+        a.ah_attr = ah;
+        return softnda_vdev_ops.modify_qp(q.ext->qp, &a,
+                                          IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                                              IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+                                              IBV_QP_MIN_RNR_TIMER);
+    }
+
+    ibv_ah_attr global(int sgid_index, const ibv_gid &dgid) {
+        ibv_ah_attr ah{};
+        ah.port_num = 1;
+        ah.is_global = 1;
+        ah.grh.sgid_index = static_cast<uint8_t>(sgid_index);
+        ah.grh.dgid = dgid;
+        ah.grh.hop_limit = 1;
+        return ah;
+    }
+
+    int v4_index_ = -1;
+};
+
+TEST_F(SoftndaEthernetTest, PortIsRoceOverTheInterface) {
+    ibv_port_attr pa{};
+    ASSERT_EQ(softnda_vdev_ops.query_port(ctx_, 1, &pa), 0);
+    EXPECT_EQ(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
+    EXPECT_EQ(pa.lid, 0);
+    EXPECT_EQ(pa.gid_tbl_len, static_cast<int>(softnda::kRoceGidSlots));
+    EXPECT_EQ(pa.max_mtu, IBV_MTU_4096);
+    ifreq ifr{};
+    std::strcpy(ifr.ifr_name, "lo");
+    int s = socket(AF_UNIX, SOCK_DGRAM, 0);
+    ASSERT_GE(s, 0);
+    ASSERT_EQ(ioctl(s, SIOCGIFMTU, &ifr), 0);
+    close(s);
+    EXPECT_EQ(pa.active_mtu, softnda::roceActiveMtu(static_cast<uint32_t>(ifr.ifr_mtu)));
+    if (v4_index_ < 0) {
+        GTEST_SKIP() << "lo has no 127.x address in this network namespace";
+    }
+    ibv_gid_entry e{};
+    ASSERT_EQ(softnda_vdev_ops.query_gid(ctx_, 1, static_cast<uint32_t>(v4_index_), &e), 0);
+    EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V2);
+    EXPECT_EQ(e.ndev_ifindex, if_nametoindex("lo"));
+    EXPECT_EQ(e.gid_index, static_cast<uint32_t>(v4_index_));
+    EXPECT_EQ(softnda_vdev_ops.query_gid(ctx_, 1, softnda::kRoceGidSlots - 1, &e), -ENODATA);
+    EXPECT_EQ(softnda_vdev_ops.query_gid(ctx_, 1, softnda::kRoceGidSlots, &e), -EINVAL);
+}
+
+TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
+    if (v4_index_ < 0) {
+        GTEST_SKIP() << "lo has no 127.x address in this network namespace";
+    }
+    ibv_gid_entry mine{};
+    ASSERT_EQ(softnda_vdev_ops.query_gid(ctx_, 1, static_cast<uint32_t>(v4_index_), &mine), 0);
+    ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
+    ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
+    // RoCE needs a GRH; its source must be a GID of the port; a GID of no device here is not
+    // reachable yet.
+    ibv_ah_attr lid_only{};
+    lid_only.port_num = 1;
+    EXPECT_EQ(rtr(a_, b_.qpn(), lid_only), -EINVAL);
+    EXPECT_EQ(rtr(a_, b_.qpn(), global(static_cast<int>(softnda::kRoceGidSlots) - 1, mine.gid)), -EINVAL);
+    EXPECT_EQ(rtr(a_, b_.qpn(), global(v4_index_, gidOf("::ffff:192.0.2.1"))), -EHOSTUNREACH);
+    EXPECT_EQ(qpState(a_), IBV_QPS_INIT);
+    ASSERT_EQ(rtr(a_, b_.qpn(), global(v4_index_, mine.gid)), 0);
+    ASSERT_EQ(rtr(b_, a_.qpn(), global(v4_index_, mine.gid)), 0);
+    ASSERT_EQ(toRts(a_.ext->qp), 0);
+    ASSERT_EQ(toRts(b_.ext->qp), 0);
+    makeBuffers(64, 0x5a);
+    ASSERT_EQ(postOne(a_, write(1, 64, dmr_->rkey)), 0);
+    EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(dst_, src_);
+}
+
+}  // namespace
+}  // namespace softnda_test
