@@ -25,6 +25,9 @@ std::string limitText(uint64_t v) {
 struct QuotaCharge::Tenant {
     TenantKey key;
     size_t charges = 0;  // live QuotaCharges pointing here
+    // The state the tenant is interned in: kept while a charge of the tenant lives, so charges
+    // outlive their QuotaManager. The tenant goes with its last charge, and so its hold.
+    std::shared_ptr<State> state;
 };
 
 struct QuotaCharge::State {
@@ -204,7 +207,7 @@ uint64_t QuotaCharge::amount(Quota q) const {
 }
 
 QuotaCharge::QuotaCharge(QuotaCharge &&o) noexcept
-    : state_(std::move(o.state_)), tenant_(std::exchange(o.tenant_, nullptr)), spill_(std::move(o.spill_)) {
+    : tenant_(std::exchange(o.tenant_, nullptr)), spill_(std::move(o.spill_)) {
     std::copy(std::begin(o.slot_amount_), std::end(o.slot_amount_), slot_amount_);
     std::copy(std::begin(o.slot_quota_), std::end(o.slot_quota_), slot_quota_);
     o.clearAmounts();
@@ -213,7 +216,6 @@ QuotaCharge::QuotaCharge(QuotaCharge &&o) noexcept
 QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
     if (this != &o) {
         release();
-        state_ = std::move(o.state_);
         tenant_ = std::exchange(o.tenant_, nullptr);
         spill_ = std::move(o.spill_);
         std::copy(std::begin(o.slot_amount_), std::end(o.slot_amount_), slot_amount_);
@@ -224,22 +226,24 @@ QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
 }
 
 void QuotaCharge::release() {
-    if (state_ != nullptr) {
+    if (tenant_ != nullptr) {
         const QuotaValues held = amounts();
-        std::lock_guard lock(state_->mu);
-        state_->give(tenant_->key, held);
-        state_->releaseTenant(tenant_);
+        // Our own hold: releaseTenant may erase the tenant and with it the last other one, and
+        // the state must not go while its mutex is held.
+        const std::shared_ptr<State> state = tenant_->state;
+        std::lock_guard lock(state->mu);
+        state->give(tenant_->key, held);
+        state->releaseTenant(tenant_);
     }
-    state_.reset();
     tenant_ = nullptr;
     clearAmounts();
 }
 
 void QuotaCharge::merge(QuotaCharge &&other) {
-    if (other.state_ == nullptr) {
+    if (other.tenant_ == nullptr) {
         return;
     }
-    if (state_ == nullptr) {
+    if (tenant_ == nullptr) {
         *this = std::move(other);
         return;
     }
@@ -250,11 +254,12 @@ void QuotaCharge::merge(QuotaCharge &&other) {
     }
     setAmounts(sum);  // may throw (a spill) before anything moved: both charges stay whole
     {
-        // The amounts are ours now; only other's hold on the (same) tenant goes.
-        std::lock_guard lock(other.state_->mu);
-        other.state_->releaseTenant(other.tenant_);
+        // The amounts are ours now; only other's hold on the (same) tenant goes, which is never
+        // the tenant's last (ours remains), so the state stays.
+        State &state = *other.tenant_->state;
+        std::lock_guard lock(state.mu);
+        state.releaseTenant(other.tenant_);
     }
-    other.state_.reset();
     other.tenant_ = nullptr;
     other.clearAmounts();
 }
@@ -346,7 +351,9 @@ QuotaCharge QuotaManager::chargeLocked(QuotaCharge::State &st, const TenantKey &
     QuotaCharge charge;
     charge.setAmounts(want);
     charge.tenant_ = st.acquireTenant(tenant);
-    charge.state_ = state_;
+    if (charge.tenant_->state == nullptr) {
+        charge.tenant_->state = state_;
+    }
     for (size_t i = 0; i < kQuotaCount; ++i) {
         u[i] += want[i];
         if (c != nullptr) {

@@ -156,9 +156,10 @@ class QuotaCharge {
     void setAmounts(const QuotaValues &v);
     void clearAmounts();
 
-    std::shared_ptr<State> state_;
-    // Interned in state_ and refcounted under its mutex: a broker holds a charge per object,
-    // and a copy of the tenant (its container id is up to 64 characters) in each was most of it.
+    // Interned in the quota state and refcounted under its mutex: a broker holds a charge per
+    // object, and a copy of the tenant (its container id is up to 64 characters) in each was
+    // most of it. The tenant holds the state (a charge may outlive its QuotaManager), so a
+    // charge is one pointer; nullptr: it holds nothing.
     Tenant *tenant_ = nullptr;
     // The quotas charged, as (quota, amount) slots: an object charges one to three quotas, and
     // a broker holds a charge per object and per stored reply, so a word for each of the 16
