@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <mutex>
 #include <tuple>
 #include <utility>
@@ -24,6 +25,9 @@ std::string limitText(uint64_t v) {
 struct QuotaCharge::Tenant {
     TenantKey key;
     size_t charges = 0;  // live QuotaCharges pointing here
+    // The state the tenant is interned in: kept while a charge of the tenant lives, so charges
+    // outlive their QuotaManager. The tenant goes with its last charge, and so its hold.
+    std::shared_ptr<State> state;
 };
 
 struct QuotaCharge::State {
@@ -144,56 +148,124 @@ QuotaValues QuotaConfig::unlimited() {
 
 // ---- QuotaCharge ----------------------------------------------------------------------------
 
+QuotaValues QuotaCharge::amounts() const {
+    if (spill_ != nullptr) {
+        return *spill_;
+    }
+    QuotaValues v{};
+    for (size_t s = 0; s < kSlots; ++s) {
+        if (slot_quota_[s] < kQuotaCount) {
+            v[slot_quota_[s]] += slot_amount_[s];
+        }
+    }
+    return v;
+}
+
+void QuotaCharge::setAmounts(const QuotaValues &v) {
+    size_t used = 0;
+    for (uint64_t a : v) {
+        used += a != 0 ? 1 : 0;
+    }
+    if (used > kSlots) {
+        spill_ = std::make_unique<QuotaValues>(v);
+        return;
+    }
+    spill_.reset();
+    size_t s = 0;
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        if (v[i] != 0) {
+            slot_quota_[s] = static_cast<uint8_t>(i);
+            slot_amount_[s] = v[i];
+            ++s;
+        }
+    }
+    for (; s < kSlots; ++s) {
+        slot_quota_[s] = kQuotaCount;
+        slot_amount_[s] = 0;
+    }
+}
+
+void QuotaCharge::clearAmounts() {
+    spill_.reset();
+    for (size_t s = 0; s < kSlots; ++s) {
+        slot_quota_[s] = kQuotaCount;
+        slot_amount_[s] = 0;
+    }
+}
+
+uint64_t QuotaCharge::amount(Quota q) const {
+    const auto i = static_cast<size_t>(q);
+    if (spill_ != nullptr) {
+        return i < kQuotaCount ? (*spill_)[i] : 0;
+    }
+    for (size_t s = 0; s < kSlots; ++s) {
+        if (slot_quota_[s] == i) {
+            return slot_amount_[s];
+        }
+    }
+    return 0;
+}
+
 QuotaCharge::QuotaCharge(QuotaCharge &&o) noexcept
-    : state_(std::move(o.state_)), tenant_(std::exchange(o.tenant_, nullptr)), amounts_(o.amounts_) {
-    o.amounts_ = {};
+    : tenant_(std::exchange(o.tenant_, nullptr)), spill_(std::move(o.spill_)) {
+    std::copy(std::begin(o.slot_amount_), std::end(o.slot_amount_), slot_amount_);
+    std::copy(std::begin(o.slot_quota_), std::end(o.slot_quota_), slot_quota_);
+    o.clearAmounts();
 }
 
 QuotaCharge &QuotaCharge::operator=(QuotaCharge &&o) noexcept {
     if (this != &o) {
         release();
-        state_ = std::move(o.state_);
         tenant_ = std::exchange(o.tenant_, nullptr);
-        amounts_ = o.amounts_;
-        o.amounts_ = {};
+        spill_ = std::move(o.spill_);
+        std::copy(std::begin(o.slot_amount_), std::end(o.slot_amount_), slot_amount_);
+        std::copy(std::begin(o.slot_quota_), std::end(o.slot_quota_), slot_quota_);
+        o.clearAmounts();
     }
     return *this;
 }
 
 void QuotaCharge::release() {
-    if (state_ != nullptr) {
-        std::lock_guard lock(state_->mu);
-        state_->give(tenant_->key, amounts_);
-        state_->releaseTenant(tenant_);
+    if (tenant_ != nullptr) {
+        const QuotaValues held = amounts();
+        // Our own hold: releaseTenant may erase the tenant and with it the last other one, and
+        // the state must not go while its mutex is held.
+        const std::shared_ptr<State> state = tenant_->state;
+        std::lock_guard lock(state->mu);
+        state->give(tenant_->key, held);
+        state->releaseTenant(tenant_);
     }
-    state_.reset();
     tenant_ = nullptr;
-    amounts_ = {};
+    clearAmounts();
 }
 
 void QuotaCharge::merge(QuotaCharge &&other) {
-    if (other.state_ == nullptr) {
+    if (other.tenant_ == nullptr) {
         return;
     }
-    if (state_ == nullptr) {
+    if (tenant_ == nullptr) {
         *this = std::move(other);
         return;
     }
+    QuotaValues sum = amounts();
+    const QuotaValues theirs = other.amounts();
     for (size_t i = 0; i < kQuotaCount; ++i) {
-        amounts_[i] += other.amounts_[i];
+        sum[i] += theirs[i];
     }
+    setAmounts(sum);  // may throw (a spill) before anything moved: both charges stay whole
     {
-        // The amounts are ours now; only other's hold on the (same) tenant goes.
-        std::lock_guard lock(other.state_->mu);
-        other.state_->releaseTenant(other.tenant_);
+        // The amounts are ours now; only other's hold on the (same) tenant goes, which is never
+        // the tenant's last (ours remains), so the state stays.
+        State &state = *other.tenant_->state;
+        std::lock_guard lock(state.mu);
+        state.releaseTenant(other.tenant_);
     }
-    other.state_.reset();
     other.tenant_ = nullptr;
-    other.amounts_ = {};
+    other.clearAmounts();
 }
 
 bool QuotaCharge::empty() const {
-    for (uint64_t a : amounts_) {
+    for (uint64_t a : amounts()) {
         if (a != 0) {
             return false;
         }
@@ -277,8 +349,11 @@ QuotaCharge QuotaManager::chargeLocked(QuotaCharge::State &st, const TenantKey &
     QuotaValues *c = tenant.container.empty() ? nullptr : &st.container_used[tenant.container];
     QuotaValues *ns = tenant.pod_namespace.empty() ? nullptr : &st.namespace_used[tenant.pod_namespace];
     QuotaCharge charge;
+    charge.setAmounts(want);
     charge.tenant_ = st.acquireTenant(tenant);
-    charge.state_ = state_;
+    if (charge.tenant_->state == nullptr) {
+        charge.tenant_->state = state_;
+    }
     for (size_t i = 0; i < kQuotaCount; ++i) {
         u[i] += want[i];
         if (c != nullptr) {
@@ -288,7 +363,6 @@ QuotaCharge QuotaManager::chargeLocked(QuotaCharge::State &st, const TenantKey &
             (*ns)[i] += want[i];
         }
     }
-    charge.amounts_ = want;
     return charge;
 }
 

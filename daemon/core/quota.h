@@ -143,18 +143,32 @@ class QuotaCharge {
     void release();
     // Takes over other's amounts (same tenant); other becomes empty.
     void merge(QuotaCharge &&other);
-    uint64_t amount(Quota q) const { return amounts_[static_cast<size_t>(q)]; }
+    uint64_t amount(Quota q) const;
     bool empty() const;
 
   private:
     friend class QuotaManager;
     struct State;
     struct Tenant;
-    std::shared_ptr<State> state_;
-    // Interned in state_ and refcounted under its mutex: a broker holds a charge per object,
-    // and a copy of the tenant (its container id is up to 64 characters) in each was most of it.
+    // Every quota's amount, and setting them: a charge's amounts fit its slots unless it holds
+    // more quotas than kSlots (then they spill to the heap). setAmounts may throw (the spill).
+    QuotaValues amounts() const;
+    void setAmounts(const QuotaValues &v);
+    void clearAmounts();
+
+    // Interned in the quota state and refcounted under its mutex: a broker holds a charge per
+    // object, and a copy of the tenant (its container id is up to 64 characters) in each was
+    // most of it. The tenant holds the state (a charge may outlive its QuotaManager), so a
+    // charge is one pointer; nullptr: it holds nothing.
     Tenant *tenant_ = nullptr;
-    QuotaValues amounts_{};
+    // The quotas charged, as (quota, amount) slots: an object charges one to three quotas, and
+    // a broker holds a charge per object and per stored reply, so a word for each of the 16
+    // quotas (128 bytes) was most of a charge (issue 25: bytes per QP). Unused slots hold
+    // kQuotaCount.
+    static constexpr size_t kSlots = 3;
+    uint64_t slot_amount_[kSlots] = {};
+    uint8_t slot_quota_[kSlots] = {kQuotaCount, kQuotaCount, kQuotaCount};
+    std::unique_ptr<QuotaValues> spill_;  // set instead of the slots for more quotas
 };
 
 class QuotaManager {

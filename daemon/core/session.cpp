@@ -1,7 +1,11 @@
 #include "daemon/core/session.h"
 
+#include "common/zero_runs.h"
+
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 namespace ibvx::daemon {
@@ -71,29 +75,51 @@ Session::~Session() {
     MappingManager::instance().dropSession(memory_.get());
 }
 
+namespace {
+// The first byte of a PackedReply's buffer: how the rest is kept.
+constexpr char kPlain = 'p';
+constexpr char kZeroRuns = 'z';
+// A packed reply is this process's own encoding of what it stored: it decodes within any bound.
+constexpr size_t kNoBound = std::numeric_limits<size_t>::max();
+}  // namespace
+
 Session::PackedReply Session::pack(const StoredReply &r) {
     PackedReply p;
     p.key = r.key;
-    auto put = [&p](const std::string &s) {
+    std::string raw;  // the buffer as kept when plain, less its first byte
+    auto put = [&raw](const std::string &s) {
         uint32_t n = static_cast<uint32_t>(s.size());
-        p.bytes.append(reinterpret_cast<const char *>(&n), sizeof(n));
-        p.bytes += s;
+        raw.append(reinterpret_cast<const char *>(&n), sizeof(n));
+        raw += s;
     };
     int32_t code = r.code;
-    p.bytes.reserve(4 * sizeof(uint32_t) + r.method.size() + r.message.size() + r.details.size() +
-                    r.response.size());
-    p.bytes.append(reinterpret_cast<const char *>(&code), sizeof(code));
+    raw.reserve(4 * sizeof(uint32_t) + r.method.size() + r.message.size() + r.details.size() +
+                r.response.size());
+    raw.append(reinterpret_cast<const char *>(&code), sizeof(code));
     put(r.method);
     put(r.message);
     put(r.details);
-    p.bytes += r.response;  // the rest
+    raw += r.response;  // the rest
+    std::string encoded;
+    const bool zero_runs = encodeZeroRuns(raw, &encoded);
+    const std::string &kept = zero_runs ? encoded : raw;
+    p.bytes.reserve(1 + kept.size());
+    p.bytes.push_back(zero_runs ? kZeroRuns : kPlain);
+    p.bytes += kept;
     return p;
 }
 
-StoredReplyView Session::view(const PackedReply &p) {
+StoredReplyView Session::view(const PackedReply &p, std::string *scratch) {
     StoredReplyView v;
     v.key = p.key;
-    const std::string_view all(p.bytes);
+    std::string_view all = std::string_view(p.bytes).substr(1);
+    if (p.bytes.front() == kZeroRuns) {
+        // Encoded by pack(): it cannot fail.
+        if (!decodeZeroRuns(all, kNoBound, scratch)) {
+            std::abort();
+        }
+        all = *scratch;
+    }
     size_t at = 0;
     auto take = [&](void *out, size_t n) {
         std::memcpy(out, all.data() + at, n);
@@ -120,7 +146,8 @@ std::optional<StoredReply> Session::findReply(uint64_t key) const {
     std::lock_guard lock(replies_mu_);
     for (auto it = replies_.rbegin(); it != replies_.rend(); ++it) {
         if (it->key == key) {
-            return owned(view(*it));
+            std::string scratch;
+            return owned(view(*it, &scratch));
         }
     }
     return std::nullopt;
@@ -142,9 +169,19 @@ void Session::forEachReplySince(uint64_t *seq, const std::function<void(const St
     const size_t fresh =
         static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
     *seq = reply_seq_;
+    std::string scratch;
     for (auto it = replies_.end() - static_cast<std::ptrdiff_t>(fresh); it != replies_.end(); ++it) {
-        fn(view(*it));
+        fn(view(*it, &scratch));
     }
+}
+
+size_t Session::storedReplyBytes() const {
+    std::lock_guard lock(replies_mu_);
+    size_t bytes = 0;
+    for (const PackedReply &r : replies_) {
+        bytes += sizeof(PackedReply) + r.bytes.capacity();
+    }
+    return bytes;
 }
 
 const Object *Session::object(uint64_t handle) const {

@@ -492,6 +492,11 @@ grpc::ServerUnaryReactor *AdminService::GetStats(grpc::CallbackServerContext *ct
         resp->set_audit_destroys(audit.destroys);
         resp->set_audit_lines(audit.lines);
         resp->set_audit_lines_suppressed(audit.lines_suppressed);
+        uint64_t reply_bytes = 0;
+        for (const auto &s : broker_.sessions()) {
+            reply_bytes += s->storedReplyBytes();
+        }
+        resp->set_stored_reply_bytes(reply_bytes);
         addEngineCounters(broker_.devices(), resp);
         return Status::ok();
     });

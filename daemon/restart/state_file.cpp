@@ -11,7 +11,7 @@
 #include <cerrno>
 #include <cstring>
 
-#include "daemon/restart/zero_runs.h"
+#include "common/zero_runs.h"
 
 namespace ibvx::daemon {
 namespace {

@@ -191,6 +191,7 @@ BrokerStats BrokerHarness::stats() {
     out.sessions = resp.sessions();
     out.objects = resp.objects();
     out.arena_bytes = resp.arena_bytes();
+    out.stored_reply_bytes = resp.stored_reply_bytes();
     for (const auto &e : resp.engines()) {
         for (const auto &c : e.counters()) {
             if (c.name() == "wakeups_by_hint") {

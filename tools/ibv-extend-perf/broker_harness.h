@@ -25,6 +25,7 @@ struct BrokerStats {
     uint64_t arena_bytes = 0;
     // softnda engines' wakeups_by_hint, summed over devices: each one is a tenant's futex().
     uint64_t engine_wakeups = 0;
+    uint64_t stored_reply_bytes = 0;  // heap bytes of every session's stored replies
 };
 
 class BrokerHarness {

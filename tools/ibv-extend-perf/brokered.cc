@@ -845,6 +845,20 @@ void scale(const Options &opt, Results &out, BrokerHarness &broker) {
                        : "restart state files (ibvx-state-* memfds, allocated blocks) growth / QPs");
     out.add("scale", "broker_bytes_per_qp", anon_per_qp + state_per_qp, "B",
             "the two above: a QP's broker footprint, restart state included (goal <= 2048)");
+    // The heap's share that is softnda's own QP (measured in this process: the broker loads
+    // the same driver), and the rest: the broker's objects, handles and stored replies.
+    const uint32_t driver_qps = std::min<uint32_t>(qps, 10000);
+    const double driver_per_qp = softndaHeapBytesPerQp(opt, driver_qps);
+    out.add("scale", "softnda_heap_bytes_per_qp", driver_per_qp, "B",
+            "softnda's heap growth / QP, " + std::to_string(driver_qps) +
+                " QPs of this shape made in-process (mallinfo2; queue memory apart)");
+    const double replies_per_qp =
+        static_cast<double>(full.stored_reply_bytes - opened.stored_reply_bytes) / static_cast<double>(live);
+    out.add("scale", "broker_reply_bytes_per_qp", replies_per_qp, "B",
+            "stored replies' heap growth / QP (GetStats; each session keeps its newest 64)");
+    out.add("scale", "broker_core_bytes_per_qp", anon_per_qp - driver_per_qp - replies_per_qp, "B",
+            "broker_anon_bytes_per_qp less softnda's and the replies': objects, handles, restart "
+            "bookkeeping, allocator");
     out.add("scale", "broker_bytes_per_session",
             static_cast<double>(anon1 - anon0) * 1024.0 / static_cast<double>(sessions), "B",
             "broker RssAnon growth / session (context, PD, CQ, two connections)");

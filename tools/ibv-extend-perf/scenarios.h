@@ -102,6 +102,9 @@ std::unique_ptr<Write8Probe> makeDirectWrite8Probe(const Options &opt, uint32_t 
 
 // control.create_qp_p50_us_direct: the driver's create_qp in this process.
 void runControlDirect(const Options &opt, Results &out);
+// The heap bytes softnda holds per QP of the scale scenario's shape (RC, SQ depth 1): its heap's
+// growth (mallinfo2, every arena) while this process makes `qps` of them, queue memory apart.
+double softndaHeapBytesPerQp(const Options &opt, uint32_t qps);
 
 // Everything through a broker (started on a temp socket, or opt.socket): null RPC floor,
 // write8 with broker-made queues (+ RPCs and syscalls during it), create_qp and bring-up,

@@ -1,6 +1,9 @@
 // softnda in this process ("direct"): the driver's and vdev's ops called directly, queue memory
 // from plain host memory with identity doorbell mapping (direct mode on a host-only NPU), and
 // every work request posted and polled through softnda_device.h as a device kernel would.
+#include <malloc.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -177,6 +180,11 @@ class Rig {
         }
         return ns;
     }
+
+    ibv_context *context() const { return ctx_; }
+    ibv_context_extend *ext() const { return ext_; }
+    ibv_pd *pd() const { return pd_; }
+    ibv_cq *cq() const { return cq_->cq; }
 
     softnda_sq sq_{};
     softnda_rq rq_b_{};
@@ -392,6 +400,46 @@ void createQpDirect(const Options &opt, Results &out) {
             "softnda create_qp in-process");
 }
 
+// Queue memory from one mapping, never from the heap, so that the heap's growth while QPs are
+// made is the driver's own bookkeeping alone. Freed with the mapping.
+class QueueArena {
+  public:
+    explicit QueueArena(size_t bytes) : size_(bytes) {
+        void *p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                         -1, 0);
+        if (p == MAP_FAILED) {
+            die("mmap of the queue arena");
+        }
+        base_ = static_cast<uint8_t *>(p);
+        current = this;
+        ops_ = g_host_ops;
+        ops_.alloc = [](size_t size) { return current->take(size); };
+        ops_.free = [](void *) {};
+    }
+    ~QueueArena() {
+        ::munmap(base_, size_);
+        current = nullptr;
+    }
+    QueueArena(const QueueArena &) = delete;
+    QueueArena &operator=(const QueueArena &) = delete;
+    ibv_extend_ops *ops() { return &ops_; }
+
+  private:
+    void *take(size_t size) {
+        const size_t at = (used_ + 4095) & ~size_t{4095};
+        if (at + size > size_) {
+            return nullptr;
+        }
+        used_ = at + size;
+        return base_ + at;
+    }
+    static inline QueueArena *current = nullptr;  // the ops carry no context pointer
+    uint8_t *base_ = nullptr;
+    size_t size_ = 0;
+    size_t used_ = 0;
+    ibv_extend_ops ops_{};
+};
+
 class DirectProbe : public Write8Probe {
   public:
     DirectProbe(const Options &opt, uint32_t spin_us) : rig_(opt, 64, 4096, 0, spin_us) {}
@@ -410,6 +458,28 @@ class DirectProbe : public Write8Probe {
 };
 
 }  // namespace
+
+double softndaHeapBytesPerQp(const Options &opt, uint32_t qps) {
+    Rig rig(opt, 64, 4096);
+    QueueArena arena(static_cast<size_t>(qps) * 16 * 4096);
+    std::vector<ibv_qp_extend *> made;
+    made.reserve(qps);
+    const size_t before = ::mallinfo2().uordblks;
+    for (uint32_t i = 0; i < qps; ++i) {
+        ibv_qp_init_attr_extend qa = rcQpAttr(rig.pd(), rig.cq(), 1);  // the scale scenario's QP
+        qa.ops = arena.ops();
+        ibv_qp_extend *q = rig.ext()->ops->create_qp(rig.context(), &qa);
+        if (q == nullptr) {
+            die("create_qp (heap bytes)");
+        }
+        made.push_back(q);
+    }
+    const size_t after = ::mallinfo2().uordblks;
+    for (ibv_qp_extend *q : made) {
+        rig.ext()->ops->destroy_qp(q);
+    }
+    return static_cast<double>(after - before) / static_cast<double>(qps);
+}
 
 std::unique_ptr<Write8Probe> makeDirectWrite8Probe(const Options &opt, uint32_t spin_us) {
     return std::make_unique<DirectProbe>(opt, spin_us);

@@ -217,7 +217,7 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     qp->srq = parents.srq;
     qp->xrcd = parents.xrcd;
     qp->ops = ops;
-    qp->init = init;
+    qp->init = QpInit{init.cap, init.qp_type, init.sq_sig_all};
     qp->wqe_data = wqeDataOffset(init.qp_type);
     switch (init.qp_type) {
         case IBV_QPT_UD:

@@ -331,6 +331,39 @@ struct McastGroup {
     uint16_t lid = 0;
 };
 
+// The groups a UD QP joined, in joining order. Most QPs join none, so the list is allocated by
+// the first join: a pointer in every QP instead of a vector (issue 25: bytes per QP).
+class McastGroups {
+  public:
+    McastGroup *begin() { return list_ != nullptr ? list_->data() : nullptr; }
+    McastGroup *end() { return begin() + size(); }
+    const McastGroup *begin() const { return list_ != nullptr ? list_->data() : nullptr; }
+    const McastGroup *end() const { return begin() + size(); }
+    size_t size() const { return list_ != nullptr ? list_->size() : 0; }
+    bool empty() const { return size() == 0; }
+    const McastGroup &front() const { return list_->front(); }
+    const McastGroup &operator[](size_t i) const { return (*list_)[i]; }
+    void push_back(const McastGroup &g) {
+        if (list_ == nullptr) {
+            list_ = std::make_unique<std::vector<McastGroup>>();
+        }
+        list_->push_back(g);
+    }
+    void erase(const McastGroup *g) { list_->erase(list_->begin() + (g - list_->data())); }
+    void clear() { list_.reset(); }
+
+  private:
+    std::unique_ptr<std::vector<McastGroup>> list_;
+};
+
+// What a QP was created with that the engine and query_qp read (the rest of ibv_qp_init_attr,
+// its context and queues, is in the ibv_qp): 28 bytes instead of the whole attr's 64.
+struct QpInit {
+    ibv_qp_cap cap{};
+    ibv_qp_type qp_type = IBV_QPT_RC;  // RC, UC, UD, XRC_SEND or XRC_RECV
+    int sq_sig_all = 0;
+};
+
 struct Qp {
     ibv_qp ib{};
     ibv_qp_extend ext{};
@@ -341,7 +374,7 @@ struct Qp {
     Cq *rcq = nullptr;
     Srq *srq = nullptr;
     ibv_extend_ops *ops = nullptr;
-    ibv_qp_init_attr init{};  // init.qp_type: RC, UC, UD, XRC_SEND or XRC_RECV
+    QpInit init;
     uint32_t qpn = 0;
     // An XRC target QP's domain (SPEC.md §14; it has no PD, no CQs and no receive queue).
     Xrcd *xrcd = nullptr;
@@ -378,7 +411,7 @@ struct Qp {
     // The SQ record's engine-private words (SPEC.md §10), as u32 indexes from dbr_pi.
     uint32_t *recWord(unsigned w) const { return sq.pi + w; }
     // The multicast groups a UD QP joined, in joining order (ctl + gate).
-    std::vector<McastGroup> mcast;
+    McastGroups mcast;
     // Whether the QP has a receive queue of its own: not with an SRQ, and never on XRC QPs.
     bool hasRq() const { return rq.buf != nullptr; }
 };

@@ -462,7 +462,14 @@ int queryQp(ibv_qp *ib, ibv_qp_attr *attr, int mask, ibv_qp_init_attr *init) {
     attr->sq_draining = 0;
     attr->cap = qp->init.cap;
     if (init != nullptr) {
-        *init = qp->init;
+        *init = ibv_qp_init_attr{};
+        init->qp_context = qp->ib.qp_context;
+        init->send_cq = qp->ib.send_cq;
+        init->recv_cq = qp->ib.recv_cq;
+        init->srq = qp->ib.srq;
+        init->cap = qp->init.cap;
+        init->qp_type = qp->init.qp_type;
+        init->sq_sig_all = qp->init.sq_sig_all;
     }
     qp->ib.state = state;
     return 0;

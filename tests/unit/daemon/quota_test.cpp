@@ -106,6 +106,41 @@ TEST(QuotaManager, RuntimeOverridesAndMerge) {
     EXPECT_TRUE(m.snapshot().uids.empty());
 }
 
+// A charge keeps its quotas in a few slots (issue 25: a charge per object and per stored reply)
+// and spills to the heap beyond them: one of every quota, a merge that outgrows the slots and
+// a restored one all read back and give back exactly what they hold.
+TEST(QuotaManager, ChargesOfManyQuotasHoldAndGiveBackEveryAmount) {
+    QuotaManager m;
+    TenantKey t{7, "c7"};
+    auto few = m.reserve(t, {{Quota::kMrs, 1}, {Quota::kMrBytes, 8192}});
+    auto more = m.reserve(t, {{Quota::kQps, 2}, {Quota::kQueueBytes, 4096}, {Quota::kEventFds, 1}});
+    ASSERT_TRUE(few.isOk() && more.isOk());
+    few->merge(std::move(*more));  // five quotas: past the slots
+    EXPECT_TRUE(more->empty());
+    EXPECT_EQ(few->amount(Quota::kMrs), 1u);
+    EXPECT_EQ(few->amount(Quota::kMrBytes), 8192u);
+    EXPECT_EQ(few->amount(Quota::kQps), 2u);
+    EXPECT_EQ(few->amount(Quota::kQueueBytes), 4096u);
+    EXPECT_EQ(few->amount(Quota::kEventFds), 1u);
+    EXPECT_EQ(few->amount(Quota::kCqs), 0u);
+    QuotaValues every{};
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        every[i] = i + 1;
+    }
+    QuotaCharge all = m.restore(t, every);
+    for (size_t i = 0; i < kQuotaCount; ++i) {
+        EXPECT_EQ(all.amount(static_cast<Quota>(i)), i + 1) << quotaName(static_cast<Quota>(i));
+    }
+    QuotaCharge moved = std::move(all);
+    EXPECT_TRUE(all.empty());
+    EXPECT_EQ(m.usage(QuotaScope::kContainer, 0, "c7")[idx(Quota::kQps)], 2u + 6u);
+    few->release();
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 7)[idx(Quota::kMrBytes)], every[idx(Quota::kMrBytes)]);
+    moved.release();
+    EXPECT_TRUE(m.snapshot().uids.empty());
+    EXPECT_TRUE(m.snapshot().containers.empty());
+}
+
 // Many charges of two container tenants (the tenant is held once per tenant, not per charge):
 // moved, merged and released in any order, each gives back to its own accounts only.
 // What a restart carries (docs/restart.md): the latest runtime change per account and quota, in

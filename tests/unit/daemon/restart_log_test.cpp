@@ -14,13 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include "common/zero_runs.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/identity.h"
 #include "daemon/core/mapping.h"
 #include "daemon/restart/restart_state.h"
 #include "daemon/restart/state_file.h"
 #include "daemon/restart/state_records.h"
-#include "daemon/restart/zero_runs.h"
 #include "ibv_extend/restart/v1/snapshot.pb.h"
 #include "tests/unit/daemon/restart_rig.h"
 #include "tests/unit/daemon/softnda_devices.h"

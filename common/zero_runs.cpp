@@ -1,9 +1,9 @@
-#include "daemon/restart/zero_runs.h"
+#include "common/zero_runs.h"
 
 #include <cstdint>
 #include <cstring>
 
-namespace ibvx::daemon {
+namespace ibvx {
 namespace {
 
 // Shorter runs cost as much to name as to copy.
@@ -17,7 +17,7 @@ void putVarint(uint64_t v, std::string *out) {
     out->push_back(static_cast<char>(v));
 }
 
-bool getVarint(const std::string &in, size_t *at, uint64_t *v) {
+bool getVarint(std::string_view in, size_t *at, uint64_t *v) {
     *v = 0;
     for (unsigned shift = 0; shift < 64 && *at < in.size(); shift += 7) {
         const auto byte = static_cast<uint8_t>(in[(*at)++]);
@@ -31,7 +31,7 @@ bool getVarint(const std::string &in, size_t *at, uint64_t *v) {
 
 }  // namespace
 
-bool encodeZeroRuns(const std::string &raw, std::string *out) {
+bool encodeZeroRuns(std::string_view raw, std::string *out) {
     out->clear();
     const char *const p = raw.data();
     const size_t n = raw.size();
@@ -72,7 +72,7 @@ bool encodeZeroRuns(const std::string &raw, std::string *out) {
     return out->size() < n;
 }
 
-bool decodeZeroRuns(const std::string &encoded, size_t max_size, std::string *out) {
+bool decodeZeroRuns(std::string_view encoded, size_t max_size, std::string *out) {
     out->clear();
     size_t at = 0;
     while (at < encoded.size()) {
@@ -90,11 +90,11 @@ bool decodeZeroRuns(const std::string &encoded, size_t max_size, std::string *ou
             if (n > encoded.size() - at) {
                 return false;
             }
-            out->append(encoded, at, static_cast<size_t>(n));
+            out->append(encoded.data() + at, static_cast<size_t>(n));
             at += static_cast<size_t>(n);
         }
     }
     return true;
 }
 
-}  // namespace ibvx::daemon
+}  // namespace ibvx
