@@ -333,6 +333,19 @@ TEST(RestartDaemonizing, RequireKeepRestartsTheDetachedBrokerInPlace) {
 
 // ---- Debian's pingpong programs across a restart (--foreground) ------------------------------
 
+// An admin restart with --require-keep (the broker's first) that keeps `sessions` sessions and
+// every handle of `kind` as it was.
+void restartKeeping(BrokerProcess &broker, AdminClient &admin, uint32_t sessions, pb::ObjectKind kind) {
+    const auto before = admin.objects(kind);
+    pb::RestartResponse resp;
+    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
+    EXPECT_EQ(resp.sessions_kept(), sessions);
+    admin.reconnect();
+    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+    EXPECT_EQ(admin.objects(kind), before) << "handles changed across the restart";
+}
+
 // Runs `program -d softnda0 -n iters -p PORT` as a server and a client tenant, restarts the
 // broker (require_keep) once the pair has executed a fifth of its work requests, and checks that
 // no session ends early and both ends finish, their output holding a line starting with `done`.
@@ -368,13 +381,7 @@ void pairRunsOnAcrossARestart(const char *program, int iters, const std::string 
 
     // The clients that found no server yet ended their sessions before this point.
     const size_t restart_at = broker.log().size();
-    pb::RestartResponse resp;
-    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
-    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
-    EXPECT_EQ(resp.sessions_kept(), 2u);
-    admin.reconnect();
-    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
-    EXPECT_EQ(admin.objects(kept), kept_before) << "handles changed across the restart";
+    ASSERT_NO_FATAL_FAILURE(restartKeeping(broker, admin, 2, kept));
 
     // No session ends while the pair runs ("session N ended (fd channel closed)" after a restore
     // was the bug), and both ends finish.
@@ -443,16 +450,9 @@ TEST(RestartForeground, AnOpenedXrcTargetIsCarriedWithBothHandles) {
     ASSERT_FALSE(opener.lineStarting("paused").empty())
         << opener.lines() << slurp(broker.dir() + "/opener.err") << broker.log();
     ASSERT_EQ(admin.sessions().size(), 2u) << "the opener and the creator it started";
-    const auto qps = admin.objects(pb::OBJECT_KIND_QP);
-    ASSERT_EQ(qps.size(), 2u) << "both hold QPs: a handle on the target each, the opener an initiator";
-
-    pb::RestartResponse resp;
-    grpc::Status st = admin.restart(/*require_keep=*/true, &resp);
-    ASSERT_TRUE(st.ok()) << st.error_message() << broker.log();
-    EXPECT_EQ(resp.sessions_kept(), 2u);
-    admin.reconnect();
-    ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
-    EXPECT_EQ(admin.objects(pb::OBJECT_KIND_QP), qps) << "handles changed across the restart";
+    ASSERT_EQ(admin.objects(pb::OBJECT_KIND_QP).size(), 2u)
+        << "both hold QPs: a handle on the target each, the opener an initiator";
+    ASSERT_NO_FATAL_FAILURE(restartKeeping(broker, admin, 2, pb::OBJECT_KIND_QP));
 
     std::string done = opener.finish();
     EXPECT_EQ(opener.wait(), 0) << opener.lines() << slurp(broker.dir() + "/opener.err") << broker.log();

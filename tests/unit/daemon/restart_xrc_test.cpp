@@ -41,15 +41,9 @@ class RestartXrcTest : public SoftndaDevicesTest {
         // A creates a target in the file's domain; B joins the domain and opens the target.
         a_ = tenant(O_CREAT);
         b_ = tenant(0);
-        CreateQpArgs t;
-        t.context = a_.ctx;
-        t.xrcd = a_.xrcd;
-        t.qp_type = IBV_QPT_XRC_RECV;
-        auto tgt = broker().createQp(*a_.s, t);
-        ASSERT_TRUE(tgt.isOk()) << tgt.status().toString();
-        commit(a_);
-        a_.qp = tgt->qp;
-        qp_num_ = tgt->qp_num;
+        const QpResult tgt = makeTarget(a_);
+        a_.qp = tgt.qp;
+        qp_num_ = tgt.qp_num;
         auto opened = broker().openQp(*b_.s, {b_.ctx, b_.xrcd, qp_num_, IBV_QPT_XRC_RECV});
         ASSERT_TRUE(opened.isOk()) << opened.status().toString();
         commit(b_);
@@ -58,6 +52,18 @@ class RestartXrcTest : public SoftndaDevicesTest {
 
     Broker &broker() { return old_ != nullptr ? old_->broker : fresh_->broker; }
     void commit(const Tenant &t) { ASSERT_TRUE(broker().commit(*t.s, StoredReply{}).isOk()); }
+
+    // An XRC target in t's handle on the file's domain, committed.
+    QpResult makeTarget(const Tenant &t) {
+        CreateQpArgs a;
+        a.context = t.ctx;
+        a.xrcd = t.xrcd;
+        a.qp_type = IBV_QPT_XRC_RECV;
+        auto r = broker().createQp(*t.s, a);
+        EXPECT_TRUE(r.isOk()) << r.status().toString();
+        commit(t);
+        return r.isOk() ? *r : QpResult{};
+    }
 
     // A session of this process (attached: its fd channel is up), its context and its handle on
     // the file's domain.
@@ -170,23 +176,17 @@ TEST_F(RestartXrcTest, AnOpenedTargetComesBackAsItsHandleLeftIt) {
 TEST_F(RestartXrcTest, AHandleOnALaterSessionsTargetComesBack) {
     a_id_ = a_.s->id();
     ASSERT_LT(a_.s->id(), b_.s->id());
-    CreateQpArgs t;
-    t.context = b_.ctx;
-    t.xrcd = b_.xrcd;
-    t.qp_type = IBV_QPT_XRC_RECV;
-    auto bs = broker().createQp(*b_.s, t);
-    ASSERT_TRUE(bs.isOk()) << bs.status().toString();
-    commit(b_);
-    auto opened = broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs->qp_num, IBV_QPT_XRC_RECV});
+    const QpResult bs = makeTarget(b_);
+    auto opened = broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs.qp_num, IBV_QPT_XRC_RECV});
     ASSERT_TRUE(opened.isOk()) << opened.status().toString();
     commit(a_);
     RestoreReport report = restore();
     ASSERT_EQ(report.sessions_kept, 2u) << (report.problems.empty() ? "" : report.problems[0]);
     ASSERT_TRUE(a_.s != nullptr && b_.s != nullptr);
-    ASSERT_TRUE(broker().destroyQp(*b_.s, bs->qp).isOk());
+    ASSERT_TRUE(broker().destroyQp(*b_.s, bs.qp).isOk());
     EXPECT_EQ(stateOf(*a_.s, opened->qp), IBV_QPS_RESET) << "A's handle holds B's target";
     ASSERT_TRUE(broker().destroyQp(*a_.s, opened->qp).isOk());
-    EXPECT_EQ(broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs->qp_num, IBV_QPT_XRC_RECV}).status().errnoValue(),
+    EXPECT_EQ(broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs.qp_num, IBV_QPT_XRC_RECV}).status().errnoValue(),
               EINVAL);
 }
 
@@ -213,21 +213,13 @@ TEST_F(RestartXrcTest, APlanDropsTheOpenersOfATargetWhoseCreatorIsDropped) {
     EXPECT_EQ(p.dropped, 0u);
 
     Tenant c = tenant(0, /*attach=*/false);  // C makes a target, which B opens; A opens B's
-    CreateQpArgs t;
-    t.context = b_.ctx;
-    t.xrcd = b_.xrcd;
-    t.qp_type = IBV_QPT_XRC_RECV;
-    auto bs = broker().createQp(*b_.s, t);
-    ASSERT_TRUE(bs.isOk()) << bs.status().toString();
-    t.context = c.ctx;
-    t.xrcd = c.xrcd;
-    auto cs = broker().createQp(*c.s, t);
-    ASSERT_TRUE(cs.isOk()) << cs.status().toString();
-    ASSERT_TRUE(broker().openQp(*b_.s, {b_.ctx, b_.xrcd, cs->qp_num, IBV_QPT_XRC_RECV}).isOk());
+    const QpResult bs = makeTarget(b_);
+    const QpResult cs = makeTarget(c);
+    ASSERT_TRUE(broker().openQp(*b_.s, {b_.ctx, b_.xrcd, cs.qp_num, IBV_QPT_XRC_RECV}).isOk());
     p = old_->state.plan();
     EXPECT_EQ(p.kept, 1u) << "A: B opened its target, it opened none";
     EXPECT_EQ(p.dropped, 2u) << "C, never attached, and B, which opened C's target";
-    ASSERT_TRUE(broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs->qp_num, IBV_QPT_XRC_RECV}).isOk());
+    ASSERT_TRUE(broker().openQp(*a_.s, {a_.ctx, a_.xrcd, bs.qp_num, IBV_QPT_XRC_RECV}).isOk());
     p = old_->state.plan();
     EXPECT_EQ(p.kept, 0u) << "A opened B's target, and B is dropped";
     EXPECT_EQ(p.dropped, 3u);
