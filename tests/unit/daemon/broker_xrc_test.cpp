@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "daemon/core/broker.h"
+#include "daemon/core/object_snapshot.h"
 #include "tests/unit/daemon/softnda_broker.h"
 
 namespace ibvx::daemon {
@@ -451,14 +452,24 @@ TEST_F(BrokerOpenQpTest, AHandleActsOnTheTarget) {
     // B's domain handle is busy with B's handle, as with a target of its own.
     EXPECT_EQ(broker_->closeXrcd(*other_, b_.xrcd).errnoValue(), EBUSY);
     // Both ends are carried by a restart (restart_xrc_test.cpp): the creator's target with its
-    // driver state, the handle by the target's number alone.
+    // driver state, the handle by the target's number alone. An operator's listing
+    // (ibv-extendctl objects) says which is which and how many handles the target has.
     {
         auto hold = other_->hold();
         EXPECT_EQ(other_->object(opened->qp)->restartDropReason(), nullptr);
+        ObjectSnapshot o;
+        other_->object(opened->qp)->snapshot(o);
+        EXPECT_EQ(o.qp_target_handles, 2u);
+        EXPECT_TRUE(o.qp_opened);
+        EXPECT_FALSE(o.qp_released);
     }
     {
         auto hold = session_->hold();
         EXPECT_EQ(session_->object(tgt_.qp)->restartDropReason(), nullptr);
+        ObjectSnapshot o;
+        session_->object(tgt_.qp)->snapshot(o);
+        EXPECT_EQ(o.qp_target_handles, 2u);
+        EXPECT_FALSE(o.qp_opened) << "the creator's own";
     }
     Status exported = Status::ok();
     ObjectImport in = exportedForRestore(*broker_, *other_, opened->qp, &exported);
@@ -480,6 +491,13 @@ TEST_F(BrokerOpenQpTest, TheTargetOutlivesItsCreatorsHandleAndSession) {
     EXPECT_EQ(broker_->queryQp(*session_, tgt_.qp, IBV_QP_STATE).status().code(), Code::kNotFound);
     EXPECT_TRUE(broker_->closeXrcd(*session_, a_.xrcd).isOk())
         << "the hidden target does not hold A's handle";
+    {
+        auto hold = session_->hold();
+        ObjectSnapshot o;
+        session_->object(tgt_.qp)->snapshot(o);
+        EXPECT_TRUE(o.qp_released) << "listed as let go of, kept for the other handle";
+        EXPECT_EQ(o.qp_target_handles, 1u);
+    }
     ASSERT_TRUE(toInit(*other_, opened->qp).isOk()) << "the target still works";
     // Then the creator's session ends: its memory (the target's record) and context stay.
     broker_->endSession(session_);
