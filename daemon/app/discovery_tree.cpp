@@ -387,8 +387,17 @@ Status refreshDiscoveryPorts(const std::string &runtime_dir, DeviceRegistry &dev
     std::lock_guard lock(publishMutex());
     Writer w(fs::path(runtime_dir) / generation, true);
     for (const DeviceInfo &info : devices.list()) {
-        if (Device *dev = devices.find(info.name); dev != nullptr) {
-            writePorts(w, gather(*dev));
+        Device *dev = devices.find(info.name);
+        if (dev == nullptr) {
+            continue;
+        }
+        // Only a RoCE port's state and GIDs follow the host's interfaces: an InfiniBand port's
+        // files stay as published, not rewritten at every interface change of the host.
+        DeviceFacts f = gather(*dev);
+        if (std::any_of(f.ports.begin(), f.ports.end(), [](const DeviceFacts::Port &p) {
+                return p.attr.link_layer == IBV_LINK_LAYER_ETHERNET;
+            })) {
+            writePorts(w, f);
         }
     }
     return w.status();

@@ -28,8 +28,8 @@ std::string discoveryTreePath(const std::string &runtime_dir);
 // opened or queried get their entries without the attributes that failed, and a warning.
 Status publishDiscoveryTree(const std::string &runtime_dir, DeviceRegistry &devices);
 
-// Rewrites the ports' files (state, link layer, LID, GIDs and their attributes) of the published
-// generation in place, each file replaced whole: a RoCE port's GIDs follow its interface's
+// Rewrites the RoCE ports' files (state, link layer, LID, GIDs and their attributes) of the
+// published generation in place, each file replaced whole: a RoCE port's GIDs follow its interface's
 // addresses (providers/softnda/SPEC.md §19), and the sandboxes running now bound this generation.
 // Publishes a new tree when there is none.
 Status refreshDiscoveryPorts(const std::string &runtime_dir, DeviceRegistry &devices);
