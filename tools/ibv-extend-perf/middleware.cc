@@ -364,16 +364,7 @@ void mpiSection(const Options &opt, Results &out, const std::string &socket) {
 void middlewareSection(const Options &opt, Results &out, const std::string &socket) {
     // UCX's and Open MPI's processes run SCHED_OTHER; under --sched-fifo the helpers' threads
     // would outrank them on the same cores. Both sides run as the tenants do, for this section.
-    sched_param was{};
-    const int policy = ::sched_getscheduler(0);
-    ::sched_getparam(0, &was);
-    sched_param other{};
-    ::sched_setscheduler(0, SCHED_OTHER, &other);
-    struct Restore {
-        int policy;
-        sched_param param;
-        ~Restore() { ::sched_setscheduler(0, policy, &param); }
-    } restore{policy, was};
+    SchedOtherScope as_tenants;
     if (std::string(IBVX_PERF_UCX_PERFTEST).empty()) {
         std::cerr << "middleware: no ucx_perftest in this build (ucx-utils, native builds only); UCX part "
                      "skipped\n";

@@ -109,6 +109,16 @@ std::string Program::finish(std::chrono::milliseconds limit) {
     return text;
 }
 
+SchedOtherScope::SchedOtherScope() : policy_(::sched_getscheduler(0)) {
+    ::sched_getparam(0, &param_);
+    sched_param other{};
+    ::sched_setscheduler(0, SCHED_OTHER, &other);
+}
+
+SchedOtherScope::~SchedOtherScope() {
+    ::sched_setscheduler(0, policy_, &param_);
+}
+
 std::string ourProgram(const char *name, const char *built) {
     std::filesystem::path beside = std::filesystem::path(selfExe()).parent_path() / name;
     std::error_code ec;

@@ -2,6 +2,7 @@
 // of the tool with their stdout and stderr in one pipe, read when they are finished.
 #pragma once
 
+#include <sched.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -35,6 +36,22 @@ class Program {
     pid_t pid_ = -1;
     UniqueFd out_;
     std::string name_;
+};
+
+// The calling thread (and the threads and programs it starts meanwhile) runs SCHED_OTHER while
+// this lives, whatever --sched-fifo gave it: the programs of a section that runs tenants spin
+// as SCHED_OTHER tenants do, and a SCHED_FIFO thread of the tool would outrank them (and the
+// brokers) on the same cores.
+class SchedOtherScope {
+  public:
+    SchedOtherScope();
+    ~SchedOtherScope();
+    SchedOtherScope(const SchedOtherScope &) = delete;
+    SchedOtherScope &operator=(const SchedOtherScope &) = delete;
+
+  private:
+    int policy_;
+    sched_param param_{};
 };
 
 // One of ours installed beside this tool (bin/), else the build tree's (`built`).
