@@ -70,6 +70,15 @@ for i in 0 1; do
   ip -n "${ns[$i]}" link set "${ifs[$i]}" up
 done
 
+# The kernel reports a veth end's carrier up a moment after both ends are up; until then
+# softnda's port on it is DOWN and a tenant opening the device finds it unusable.
+for i in 0 1; do
+  for _ in $(seq 100); do
+    ip -n "${ns[$i]}" -o link show dev "${ifs[$i]}" | grep -q 'state UP' && break
+    sleep 0.1
+  done
+done
+
 # One broker per host, each in a directory of its own (its socket and discovery tree).
 for i in 0 1; do
   mkdir -m 755 "$dir/host$i"

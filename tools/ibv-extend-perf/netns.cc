@@ -1,14 +1,19 @@
 #include "tools/ibv-extend-perf/netns.h"
 
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "tools/ibv-extend-perf/programs.h"
@@ -84,7 +89,34 @@ std::unique_ptr<NetnsPair> NetnsPair::make(std::string *why) {
             return nullptr;
         }
     }
+    // The kernel reports a veth end's carrier up a moment after both ends are set up (linkwatch
+    // may take up to a second), and until then softnda's port on it is DOWN (SPEC.md §19): a
+    // tenant opening the device meanwhile finds a port it cannot use.
+    for (int side = 0; side < 2; ++side) {
+        if (!pair->waitRunning(side, std::chrono::seconds(10))) {
+            *why = std::string(ifname(side)) + " in " + pair->names_[side] + " is not RUNNING after 10 s";
+            return nullptr;
+        }
+    }
     return pair;
+}
+
+bool NetnsPair::waitRunning(int side, std::chrono::milliseconds limit) const {
+    InNetns in(fd(side));
+    UniqueFd sock(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (sock) {
+        ifreq ifr{};
+        std::snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", ifname(side));
+        if (::ioctl(sock.get(), SIOCGIFFLAGS, &ifr) == 0 && (ifr.ifr_flags & IFF_RUNNING) != 0) {
+            return true;
+        }
+        if (std::chrono::steady_clock::now() > deadline) {
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
 }
 
 NetnsPair::~NetnsPair() {

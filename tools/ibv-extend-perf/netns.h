@@ -3,6 +3,7 @@
 // Needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN) and iproute2's `ip`.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -29,6 +30,8 @@ class NetnsPair {
 
   private:
     NetnsPair() = default;
+    // Whether the end of `side` is RUNNING (carrier up) within limit.
+    bool waitRunning(int side, std::chrono::milliseconds limit) const;
     std::string names_[2];
     UniqueFd fds_[2];
     bool made_[2] = {false, false};
