@@ -1150,6 +1150,11 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
         retireHead(qp);  // a bind or invalidation its window's record shows done (SPEC.md §16)
         return;
     }
+    if (qp->wire) {
+        // The peer is on another host: the head WQE goes again with the PSNs it had, and the
+        // responder's PSN check answers a repeat without executing it twice (SPEC.md §18).
+        return;
+    }
     if (qp->init.qp_type == IBV_QPT_UD) {
         // No responder to ask: a datagram is delivered at most once (SPEC.md §11.1).
         if (head && qp->sq.ci_local != pi) {

@@ -492,6 +492,7 @@ ExecResult Engine::Thread::wireExecute(Qp *qp, const WqeCopy &w, const Segment *
         uint32_t n = isAtomic(h.opcode) ? 1 : packetsOf(total, wq.mtu);
         wq.next_psn = psnAdd(wq.first_psn, n);
         wq.una = wq.first_psn;
+        wq.rerequested = kPsnMask + 1;  // no PSN
         wq.retries = 0;
         wq.rnr_retries = 0;
         wq.rnr_until_ns = 0;
@@ -707,8 +708,10 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
             }
         } else if (has_aeth && kind == kNak) {
             if (p.aeth_syndrome == kNakPsnSeq) {
-                // The responder expects psn: everything before it arrived; resend from there.
-                if (!psnBefore(psn, wq.una) && !psnBefore(wq.next_psn, psn)) {
+                // The responder expects psn: everything before it arrived; resend from there. It
+                // may be before una: a responder that restarted inside a message expects its
+                // first packet again.
+                if (!psnBefore(psn, wq.first_psn) && !psnBefore(wq.next_psn, psn)) {
                     wq.una = psn;
                     wq.resend = true;
                 }
@@ -734,6 +737,13 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
                     bump(ctr_.bytes, 8);
                     finish(IBV_WC_SUCCESS, 8);
                 }
+            }
+        } else if (wq.hdr.opcode == SOFTNDA_OP_RDMA_READ && psnBefore(wq.una, psn) && in_window) {
+            // A response after a gap: the ones before it were lost. Asked for again at once, once
+            // per gap, instead of after the ACK timeout.
+            if (wq.rerequested != wq.una) {
+                wq.rerequested = wq.una;
+                wq.resend = true;
             }
         } else if (wq.hdr.opcode == SOFTNDA_OP_RDMA_READ && psn == wq.una) {
             // READ responses come in order; one out of order is dropped and the request goes

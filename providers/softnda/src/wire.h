@@ -115,6 +115,7 @@ struct WireQp {
     softnda_sge sge[29]{};
     uint32_t num_sge = 0;
     bool resend = false;       // a sequence NAK asked for the packets from una again
+    uint32_t rerequested = 0;  // the una a READ was last asked for again after a gap
     uint64_t deadline_ns = 0;  // the local ACK timeout of the last transmission
     uint64_t rnr_until_ns = 0;
     uint32_t retries = 0, rnr_retries = 0;
