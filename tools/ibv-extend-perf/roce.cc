@@ -18,6 +18,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <memory>
@@ -292,8 +293,15 @@ std::vector<double> perftestRow(const std::string &text, const std::string &colu
     }
     std::istringstream row(text.substr(eol + 1, text.find('\n', eol + 1) - eol - 1));
     std::vector<double> v;
-    double x = 0;
-    while (row >> x) {
+    std::string word;
+    // Token by token with strtod: perftest prints its standard deviation as "-nan" when a few
+    // outliers of milliseconds overflow its sum of squares, which operator>> would stop at.
+    while (row >> word) {
+        char *end = nullptr;
+        double x = std::strtod(word.c_str(), &end);
+        if (end == word.c_str() || *end != '\0') {
+            break;
+        }
         v.push_back(x);
     }
     if (v.size() < 4) {
