@@ -34,7 +34,15 @@ struct softnda_counters {
     uint64_t sleeps;          /* times an engine thread went to sleep */
     uint64_t wakeups_by_hint; /* sleeps ended by a doorbell's futex wake */
     uint64_t sweeps;          /* full register sweeps (after a sleep timeout) */
-    uint64_t resv[18];
+    /* RoCEv2 to other hosts (an Ethernet device, SPEC.md §18) */
+    uint64_t wire_tx_packets;  /* packets the device's UDP socket sent (repeats and duplicates too) */
+    uint64_t wire_rx_packets;  /* packets it received */
+    uint64_t wire_retransmits; /* times a requester went back and sent again (NAK, gap, timeout, RNR) */
+    uint64_t wire_seq_naks;    /* sequence NAKs the responder sent (a gap: loss or reordering) */
+    uint64_t wire_bad_icrc;    /* packets dropped for an ICRC that did not match */
+    uint64_t wire_malformed;   /* packets that were not RC RoCEv2 (dropped) */
+    uint64_t wire_fault_drops; /* packets the wire_faults hook dropped (tests) */
+    uint64_t resv[11];
 };
 
 /* Fills *out for device dev_name ("softnda0"). 0, or -EINVAL (NULL argument) / -ENODEV. */

@@ -544,6 +544,13 @@ int vdevCloseDevice(ibv_context *context) {
         bump(dev->retired.sleeps, c.sleeps);
         bump(dev->retired.wakeups, c.wakeups_by_hint);
         bump(dev->retired.sweeps, c.sweeps);
+        bump(dev->retired.wire_tx, c.wire_tx_packets);
+        bump(dev->retired.wire_rx, c.wire_rx_packets);
+        bump(dev->retired.wire_retransmits, c.wire_retransmits);
+        bump(dev->retired.wire_seq_naks, c.wire_seq_naks);
+        bump(dev->retired.wire_bad_icrc, c.wire_bad_icrc);
+        bump(dev->retired.wire_malformed, c.wire_malformed);
+        bump(dev->retired.wire_fault_drops, c.wire_fault_drops);
     }
     r.open_contexts--;
     ctx->magic = 0;

@@ -291,6 +291,13 @@ void addCounters(const Counters &c, softnda_counters *out) {
     out->sleeps += get(c.sleeps);
     out->wakeups_by_hint += get(c.wakeups);
     out->sweeps += get(c.sweeps);
+    out->wire_tx_packets += get(c.wire_tx);
+    out->wire_rx_packets += get(c.wire_rx);
+    out->wire_retransmits += get(c.wire_retransmits);
+    out->wire_seq_naks += get(c.wire_seq_naks);
+    out->wire_bad_icrc += get(c.wire_bad_icrc);
+    out->wire_malformed += get(c.wire_malformed);
+    out->wire_fault_drops += get(c.wire_fault_drops);
 }
 
 bool haveFutexWaitv() {
@@ -412,6 +419,18 @@ void Engine::resume() {
 void Engine::addCounters(softnda_counters *out) const {
     for (auto &t : threads_) {
         softnda::addCounters(t->counters(), out);
+    }
+    if (receiver_) {
+        // What the wire thread did as a responder (bytes, receives, RNR NAKs, errors).
+        softnda::addCounters(receiver_->counters(), out);
+    }
+    if (wire_) {
+        auto get = [](const std::atomic<uint64_t> &a) { return a.load(std::memory_order_relaxed); };
+        out->wire_tx_packets += get(wire_->sent);
+        out->wire_rx_packets += get(wire_->received);
+        out->wire_bad_icrc += get(wire_->bad_icrc);
+        out->wire_malformed += get(wire_->malformed);
+        out->wire_fault_drops += get(wire_->fault_drops);
     }
 }
 

@@ -426,7 +426,9 @@ struct Qp {
 // Per engine thread counters: one writer (its thread), read by softnda_query_counters.
 struct Counters {
     std::atomic<uint64_t> wqes{0}, bytes{0}, doorbells{0}, cqes{0}, errors{0}, flushed{0}, rnr_naks{0},
-        cq_overflows{0}, dropped_cqes{0}, srq_limit_events{0}, passes{0}, sleeps{0}, wakeups{0}, sweeps{0};
+        cq_overflows{0}, dropped_cqes{0}, srq_limit_events{0}, passes{0}, sleeps{0}, wakeups{0}, sweeps{0},
+        wire_tx{0}, wire_rx{0}, wire_retransmits{0}, wire_seq_naks{0}, wire_bad_icrc{0}, wire_malformed{0},
+        wire_fault_drops{0};
 };
 inline void bump(std::atomic<uint64_t> &c, uint64_t n = 1) {
     c.store(c.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);

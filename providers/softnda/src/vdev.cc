@@ -515,7 +515,14 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
                                                           {"passes", c.passes},
                                                           {"sleeps", c.sleeps},
                                                           {"wakeups_by_hint", c.wakeups_by_hint},
-                                                          {"sweeps", c.sweeps}};
+                                                          {"sweeps", c.sweeps},
+                                                          {"wire_tx_packets", c.wire_tx_packets},
+                                                          {"wire_rx_packets", c.wire_rx_packets},
+                                                          {"wire_retransmits", c.wire_retransmits},
+                                                          {"wire_seq_naks", c.wire_seq_naks},
+                                                          {"wire_bad_icrc", c.wire_bad_icrc},
+                                                          {"wire_malformed", c.wire_malformed},
+                                                          {"wire_fault_drops", c.wire_fault_drops}};
     for (const auto &[name, value] : counters) {
         emit(arg, name, value);
     }

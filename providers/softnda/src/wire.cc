@@ -528,6 +528,7 @@ bool Engine::Thread::wireProcessSq(Qp *qp, uint32_t pi) {
         if (again) {
             wq.resend = false;
             wq.retransmits++;
+            bump(ctr_.wire_retransmits);
             for (uint32_t i = 0; i < wq.count; ++i) {
                 WireMsg &m = wq.at(i);
                 if (!m.done && m.first_psn != m.next_psn) {
@@ -984,6 +985,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
             // A gap: one sequence NAK names the PSN expected, until it comes.
             if (!wq.nak_sent) {
                 wq.nak_sent = true;
+                bump(ctr_.wire_seq_naks);
                 wireAck(wq, dest, kNakPsnSeq, epsn);
             }
             return;
