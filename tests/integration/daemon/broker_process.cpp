@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -81,6 +82,9 @@ void BrokerProcess::start(const BrokerOptions &options) {
         int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(log, STDOUT_FILENO);
         ::dup2(log, STDERR_FILENO);
+        if (options.netns_fd >= 0 && ::setns(options.netns_fd, CLONE_NEWNET) != 0) {
+            _exit(126);
+        }
         if (options.activated_fd >= 0) {
             ::dup2(options.activated_fd, 3);
             char *pid_entry = envp[envp.size() - 2];
