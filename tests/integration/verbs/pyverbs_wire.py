@@ -8,7 +8,7 @@ SPEC.md §18), meant to run under the engine's injected loss, duplication and re
 The two sides meet through the test, line by line on stdin and stdout (no socket of their own):
 each prints "ADDR qpn psn gid rkey addr atomic_rkey atomic_addr" and reads the peer's; the server
 prints "READY" once its QP is ready to receive, and the client waits for a line before it starts.
-The client then, with every work request of a phase posted before the first is polled:
+The client then, with up to WINDOW work requests of a phase outstanding:
   - N RDMA WRITEs of distinct patterns, each over several MTU-sized packets with a pad, into
     the server's slots; then N RDMA READs of the slots back, compared with what it wrote;
   - N fetch-adds of 1 on one remote counter: the values returned must be 0, 1, ..., N-1 in
@@ -41,6 +41,7 @@ SEND_LEN = 2050   # three packets, a 2-byte pad
 # PSNs a little before the 24-bit wrap: every phase crosses it.
 PSN = {"server": 0xFFFFF0, "client": 0xFFFFE0}
 DEADLINE = 60.0   # seconds without a completion: the peer is gone (not a performance bound)
+WINDOW = 32       # work requests outstanding at most, and the server's receives posted
 
 
 def pattern(kind, i, length):
@@ -63,7 +64,7 @@ def say(*words):
     print(*words, flush=True)
 
 
-def poll(cq, count, what):
+def poll(cq, count, what, deadline=DEADLINE):
     """count completions, in the order they come, each checked for success."""
     wcs, last = [], time.monotonic()
     while len(wcs) < count:
@@ -74,7 +75,7 @@ def poll(cq, count, what):
                 if wc.status != e.IBV_WC_SUCCESS:
                     fail(f"{what}: work request {wc.wr_id} completed with status {wc.status}")
                 wcs.append(wc)
-        elif time.monotonic() - last > DEADLINE:
+        elif deadline is not None and time.monotonic() - last > deadline:
             fail(f"{what}: {len(wcs)} of {count} completions")
     return wcs
 
@@ -109,21 +110,26 @@ def main(name, gid_index, role, n):
     ctx = d.Context(name=name)
     port = ctx.query_port(1)
     rd_atomic = max(1, min(16, ctx.query_device().max_qp_rd_atom))
+    ring = min(n, WINDOW)
     pd = PD(ctx)
-    cq = CQ(ctx, 4 * n + 8)
-    cap = QPCap(max_send_wr=n + 4, max_recv_wr=n + 4, max_send_sge=1, max_recv_sge=1)
+    cq = CQ(ctx, 2 * WINDOW + 8)
+    cap = QPCap(max_send_wr=WINDOW + 4, max_recv_wr=WINDOW + 4, max_send_sge=1, max_recv_sge=1)
     qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_RC, scq=cq, rcq=cq, cap=cap, sq_sig_all=1))
-    slots = MR(pd, n * SLOT, ACCESS)     # server: written; client: the source, then READ into
-    back = MR(pd, n * SLOT, ACCESS)      # server: receives; client: READ back
+    slots = MR(pd, n * SLOT, ACCESS)     # server: written; client: the source
+    back = MR(pd, n * SLOT, ACCESS)      # server: the receive ring; client: READ back
     words = MR(pd, max(16, 8 * n), ACCESS)  # server: the two counters; client: atomics' results
     words.write(bytes(max(16, 8 * n)), max(16, 8 * n))
 
     attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
     attr.qp_access_flags = ACCESS
     qp.to_init(attr)
+
+    def post_recv(i):
+        qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(back.buf + (i % ring) * SLOT, SLOT, back.lkey)]))
+
     if role == "server":  # receives can be posted from INIT on
-        for i in range(n):
-            qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[SGE(back.buf + i * SLOT, SLOT, back.lkey)]))
+        for i in range(ring):
+            post_recv(i)
     gid = str(ctx.query_gid(1, gid_index))
     say("ADDR", qp.qp_num, PSN[role], gid, slots.rkey, slots.buf, words.rkey, words.buf)
     words_in = line()
@@ -135,17 +141,22 @@ def main(name, gid_index, role, n):
 
     if role == "server":
         say("READY")
-        line()  # the client is done
-        recvs = poll(cq, n, "receives")
-        in_order(recvs, 0, e.IBV_WC_RECV, "receives")
-        for i, wc in enumerate(recvs):
+        # The SENDs come last, after the client's other phases: no deadline here (the test ends
+        # a server whose client failed). Each receive is checked, then its buffer posted again;
+        # a SEND finding the ring empty is answered RNR and retried (rnr_retry 7: for ever).
+        for i in range(n):
+            wc = poll(cq, 1, "receives", deadline=None)[0]
+            in_order([wc], i, e.IBV_WC_RECV, "receives")
             if wc.byte_len != SEND_LEN:
                 fail(f"receive {i}: {wc.byte_len} bytes, sent {SEND_LEN}")
             has_imm = bool(wc.wc_flags & e.IBV_WC_WITH_IMM)
             if has_imm != (i % 2 == 1) or (has_imm and wc.imm_data != i):
                 fail(f"receive {i}: immediate {has_imm} {wc.imm_data}")
-            if back.read(SEND_LEN, i * SLOT) != pattern(3, i, SEND_LEN):
+            if back.read(SEND_LEN, (i % ring) * SLOT) != pattern(3, i, SEND_LEN):
                 fail(f"receive {i}: the bytes differ from what was sent")
+            if i + ring < n:
+                post_recv(i + ring)
+        line()  # the client is done
         for i in range(n):
             if slots.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
                 fail(f"slot {i}: the bytes differ from what was written")
@@ -158,65 +169,63 @@ def main(name, gid_index, role, n):
     line()  # the server is ready
     wr_id = 0
 
-    def post(opcode, local, length, lkey, remote_setup, imm=None):
+    def phase(what, count, opcode, setup):
+        """count work requests, WINDOW at most outstanding; setup(i) gives the i-th one's
+        (send opcode, local address, length, lkey, remote setup, immediate)."""
         nonlocal wr_id
-        wr = SendWR(wr_id=wr_id, opcode=opcode, num_sge=1, sg=[SGE(local, length, lkey)])
-        if imm is not None:
-            wr.imm_data = imm
-        remote_setup(wr)
-        qp.post_send(wr)
-        wr_id += 1
+        first, posted, done = wr_id, 0, []
+        while len(done) < count:
+            while posted < count and posted - len(done) < WINDOW:
+                op, local, length, lkey, remote, imm = setup(posted)
+                wr = SendWR(wr_id=wr_id, opcode=op, num_sge=1, sg=[SGE(local, length, lkey)])
+                if imm is not None:
+                    wr.imm_data = imm
+                remote(wr)
+                qp.post_send(wr)
+                wr_id += 1
+                posted += 1
+            done += poll(cq, 1, what)
+        in_order(done, first, opcode, what)
+
+    def at_slot(i):
+        return lambda wr: wr.set_wr_rdma(peer["rkey"], peer["addr"] + i * SLOT)
 
     for i in range(n):
         slots.write(pattern(1, i, WRITE_LEN), WRITE_LEN, i * SLOT)
-    first = wr_id
-    for i in range(n):
-        post(e.IBV_WR_RDMA_WRITE, slots.buf + i * SLOT, WRITE_LEN, slots.lkey,
-             lambda wr, i=i: wr.set_wr_rdma(peer["rkey"], peer["addr"] + i * SLOT))
-    in_order(poll(cq, n, "RDMA WRITE"), first, e.IBV_WC_RDMA_WRITE, "RDMA WRITE")
-
-    first = wr_id
-    for i in range(n):
-        post(e.IBV_WR_RDMA_READ, back.buf + i * SLOT, WRITE_LEN, back.lkey,
-             lambda wr, i=i: wr.set_wr_rdma(peer["rkey"], peer["addr"] + i * SLOT))
-    in_order(poll(cq, n, "RDMA READ"), first, e.IBV_WC_RDMA_READ, "RDMA READ")
+    phase("RDMA WRITE", n, e.IBV_WC_RDMA_WRITE,
+          lambda i: (e.IBV_WR_RDMA_WRITE, slots.buf + i * SLOT, WRITE_LEN, slots.lkey, at_slot(i), None))
+    phase("RDMA READ", n, e.IBV_WC_RDMA_READ,
+          lambda i: (e.IBV_WR_RDMA_READ, back.buf + i * SLOT, WRITE_LEN, back.lkey, at_slot(i), None))
     for i in range(n):
         if back.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
             fail(f"RDMA READ {i}: the bytes differ from what was written")
 
-    first = wr_id
-    for i in range(n):
-        post(e.IBV_WR_ATOMIC_FETCH_AND_ADD, words.buf + 8 * i, 8, words.lkey,
-             lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"], 1, 0))
-    in_order(poll(cq, n, "fetch-add"), first, e.IBV_WC_FETCH_ADD, "fetch-add")
+    adds = lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"], 1, 0)
+    phase("fetch-add", n, e.IBV_WC_FETCH_ADD,
+          lambda i: (e.IBV_WR_ATOMIC_FETCH_AND_ADD, words.buf + 8 * i, 8, words.lkey, adds, None))
     got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
     if got != list(range(n)):
         fail(f"fetch-add returned {got}, expected 0..{n - 1} in order")
 
-    first = wr_id
-    for i in range(n):
-        post(e.IBV_WR_ATOMIC_CMP_AND_SWP, words.buf + 8 * i, 8, words.lkey,
-             lambda wr, i=i: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"] + 8, i, i + 1))
-    in_order(poll(cq, n, "compare-swap"), first, e.IBV_WC_COMP_SWAP, "compare-swap")
+    def swap(i):
+        return lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"] + 8, i, i + 1)
+    phase("compare-swap", n, e.IBV_WC_COMP_SWAP,
+          lambda i: (e.IBV_WR_ATOMIC_CMP_AND_SWP, words.buf + 8 * i, 8, words.lkey, swap(i), None))
     got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
     if got != list(range(n)):
         fail(f"compare-swap returned {got}, expected 0..{n - 1} in order")
 
-    first = wr_id
-    post(e.IBV_WR_RDMA_READ, words.buf, 16, words.lkey,
-         lambda wr: wr.set_wr_rdma(peer["atomic_rkey"], peer["atomic_addr"]))
-    in_order(poll(cq, 1, "counters' READ"), first, e.IBV_WC_RDMA_READ, "counters' READ")
+    counters = lambda wr: wr.set_wr_rdma(peer["atomic_rkey"], peer["atomic_addr"])
+    phase("counters' READ", 1, e.IBV_WC_RDMA_READ,
+          lambda i: (e.IBV_WR_RDMA_READ, words.buf, 16, words.lkey, counters, None))
     if struct.unpack("<QQ", words.read(16, 0)) != (n, n):
         fail(f"counters read back as {struct.unpack('<QQ', words.read(16, 0))}, expected {n}, {n}")
 
     for i in range(n):
         slots.write(pattern(3, i, SEND_LEN), SEND_LEN, i * SLOT)
-    first = wr_id
-    for i in range(n):
-        imm = i if i % 2 == 1 else None
-        post(e.IBV_WR_SEND_WITH_IMM if imm is not None else e.IBV_WR_SEND, slots.buf + i * SLOT, SEND_LEN,
-             slots.lkey, lambda wr: None, imm)
-    in_order(poll(cq, n, "SEND"), first, e.IBV_WC_SEND, "SEND")
+    phase("SEND", n, e.IBV_WC_SEND,
+          lambda i: (e.IBV_WR_SEND_WITH_IMM if i % 2 else e.IBV_WR_SEND, slots.buf + i * SLOT, SEND_LEN,
+                     slots.lkey, lambda wr: None, i if i % 2 else None))
     say("DONE")
     say("OK")
 
