@@ -18,10 +18,12 @@
 // hosts") gives the long ones.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -48,6 +50,9 @@ using ::testing::HasSubstr;
 constexpr int kExchangePort = 18515;
 constexpr const char *kGidIndex = "1";  // the IPv4-mapped GID: the veth has one IPv4 address
 constexpr std::chrono::seconds kSettle(20);
+// What one test may take before it is a hang: every wait is bounded by it, so TearDown always
+// runs (ctest's TIMEOUT, 180 s, would kill the test with its namespaces still made).
+constexpr std::chrono::seconds kBudget(150);
 
 // The short forms run in `make test`; IBVX_ROCE_HOSTS_SCALE=K multiplies every case's iterations
 // by K (the long forms of docs/verbs.md "Across hosts").
@@ -120,10 +125,13 @@ class RoceHostsTest : public ::testing::Test {
         if (geteuid() != 0) {
             GTEST_SKIP() << "needs root: makes two network namespaces joined by a veth pair (ip netns)";
         }
+        deadline_ = std::chrono::steady_clock::now() + kBudget * iterations(1);
         char tmpl[] = "/tmp/ibvx-rh.XXXXXX";
         ASSERT_NE(mkdtemp(tmpl), nullptr);
         dir_ = tmpl;
         const std::string tag = std::to_string(getpid());
+        Netns::removeStale("ibvx-rh-a-");
+        Netns::removeStale("ibvx-rh-b-");
         a().ns = std::make_unique<Netns>("ibvx-rh-a-" + tag);
         b().ns = std::make_unique<Netns>("ibvx-rh-b-" + tag);
         ASSERT_TRUE(a().ns->made() && b().ns->made());
@@ -170,6 +178,7 @@ class RoceHostsTest : public ::testing::Test {
             o.config += "wire_faults = \"" + faults(i) + "\"\n";
         }
         o.netns_fd = h.ns->fd();
+        o.dies_with_parent = true;  // a test killed by ctest's timeout leaves no broker running
         h.broker = std::make_unique<BrokerProcess>(o);
         ASSERT_TRUE(h.broker->started()) << h.broker->log();
         ASSERT_EQ(chmod(h.broker->dir().c_str(), 0755), 0);
@@ -184,6 +193,22 @@ class RoceHostsTest : public ::testing::Test {
             kSettle))
             << "host " << i << ": gids/1 " << slurp(port + "gids/1") << " state " << slurp(port + "state")
             << h.broker->log();
+    }
+
+    // What is left of the test's budget.
+    std::chrono::milliseconds left() const {
+        auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline_ -
+                                                                        std::chrono::steady_clock::now());
+        return std::max(ms, std::chrono::milliseconds(0));
+    }
+    int leftMs() const { return static_cast<int>(left().count()); }
+    // c's exit code; if it has not ended within the test's budget, a failure, and it is killed.
+    int endOf(Contained &c, const std::string &what) {
+        if (!waitFor([&] { return c.exited(); }, left(), std::chrono::milliseconds(20))) {
+            ADD_FAILURE() << what << " did not end within the test's budget: killed";
+            kill(c.pid(), SIGKILL);
+        }
+        return c.wait();
     }
 
     Host &a() { return hosts_[0]; }
@@ -212,15 +237,15 @@ class RoceHostsTest : public ::testing::Test {
         args.push_back(a().address);
         auto client = tenant(b(), name + ".client.err", program, args);
         client->reply();
-        r.client_out = client->readAll();
-        r.client_rc = client->wait();
+        r.client_out = client->readAll(leftMs());
+        r.client_rc = endOf(*client, name + " client");
         r.client_err = slurp(dir_ + "/" + name + ".client.err");
         if (r.client_rc != 0) {
             // A client that failed may leave its server waiting for it forever.
             kill(server->pid(), SIGKILL);
         }
-        r.server_out = server->readAll();
-        r.server_rc = server->wait();
+        r.server_out = server->readAll(leftMs());
+        r.server_rc = endOf(*server, name + " server");
         r.server_err = slurp(dir_ + "/" + name + ".server.err");
         return r;
     }
@@ -244,33 +269,34 @@ class RoceHostsTest : public ::testing::Test {
             return "server: " + slurp(dir_ + "/" + name + ".server.err") +
                    "\nclient: " + slurp(dir_ + "/" + name + ".client.err");
         };
-        const std::string server_addr = server->readLine(), client_addr = client->readLine();
+        const std::string server_addr = server->readLine(leftMs()), client_addr = client->readLine(leftMs());
         ASSERT_THAT(server_addr, ::testing::StartsWith("ADDR ")) << errs();
         ASSERT_THAT(client_addr, ::testing::StartsWith("ADDR ")) << errs();
         server->say(client_addr);
         client->say(server_addr);
-        ASSERT_EQ(server->readLine(), "READY") << errs();
+        ASSERT_EQ(server->readLine(leftMs()), "READY") << errs();
         client->say("go");
-        ASSERT_EQ(client->readLine(), "DONE") << errs();
+        ASSERT_EQ(client->readLine(leftMs()), "DONE") << errs();
         server->say("done");
-        EXPECT_EQ(client->readLine(), "OK") << errs();
-        EXPECT_EQ(server->readLine(), "OK") << errs();
-        EXPECT_EQ(client->wait(), 0) << errs();
-        EXPECT_EQ(server->wait(), 0) << errs();
+        EXPECT_EQ(client->readLine(leftMs()), "OK") << errs();
+        EXPECT_EQ(server->readLine(leftMs()), "OK") << errs();
+        EXPECT_EQ(endOf(*client, name + " client"), 0) << errs();
+        EXPECT_EQ(endOf(*server, name + " server"), 0) << errs();
     }
 
     // ibv_devinfo -v as a tenant of host h.
     std::string devinfo(Host &h) {
         auto c = tenant(h, "devinfo.err", "/usr/bin/ibv_devinfo", {"-v"});
         c->reply();
-        std::string out = c->readAll();
-        EXPECT_EQ(c->wait(), 0) << slurp(dir_ + "/devinfo.err");
+        std::string out = c->readAll(leftMs());
+        EXPECT_EQ(endOf(*c, "ibv_devinfo"), 0) << slurp(dir_ + "/devinfo.err");
         return out;
     }
 
     Host hosts_[2] = {{"rh-a", "10.201.8.1", "0000:0000:0000:0000:0000:ffff:0ac9:0801", nullptr, nullptr},
                       {"rh-b", "10.201.8.2", "0000:0000:0000:0000:0000:ffff:0ac9:0802", nullptr, nullptr}};
     std::string dir_;
+    std::chrono::steady_clock::time_point deadline_;
 };
 
 // The fixture itself: each host's tenant sees its own broker's RoCE device with its own address
@@ -354,9 +380,9 @@ TEST_F(RoceHostsTest, PeerDeathEndsInRetryExceeded) {
     EXPECT_EQ(a().broker->terminate(), 128 + SIGKILL);
 
     // retry_cnt 7 at perftest's timeout 14 is about half a second; the bound is for a hang only.
-    ASSERT_TRUE(waitFor([&] { return client->exited(); }, std::chrono::seconds(60)))
+    ASSERT_TRUE(waitFor([&] { return client->exited(); }, left()))
         << "the survivor's ib_write_bw did not end: " << slurp(dir_ + "/death.client.err");
-    std::string out = client->readAll();
+    std::string out = client->readAll(leftMs());
     EXPECT_NE(client->wait(), 0) << out;
     // perftest's words for a send completion of status IBV_WC_RETRY_EXC_ERR.
     EXPECT_THAT(slurp(dir_ + "/death.client.err"),
@@ -372,15 +398,20 @@ TEST_F(RoceHostsTest, PeerDeathEndsInRetryExceeded) {
     auto local_client =
         tenant(b(), "local.client.err", "/usr/bin/ibv_rc_pingpong",
                {"-d", "softnda0", "-g", kGidIndex, "-c", "-n", "100", "-p", "18516", b().address});
-    EXPECT_THAT(local_client->readAll(), HasSubstr("100 iters in")) << slurp(dir_ + "/local.client.err");
-    EXPECT_EQ(local_client->wait(), 0) << slurp(dir_ + "/local.client.err");
-    EXPECT_EQ(local_server->wait(), 0) << slurp(dir_ + "/local.server.err");
+    EXPECT_THAT(local_client->readAll(leftMs()), HasSubstr("100 iters in"))
+        << slurp(dir_ + "/local.client.err");
+    EXPECT_EQ(endOf(*local_client, "host B's pingpong client"), 0) << slurp(dir_ + "/local.client.err");
+    EXPECT_EQ(endOf(*local_server, "host B's pingpong server"), 0) << slurp(dir_ + "/local.server.err");
 }
 
 // A root child in host h's namespace (not a tenant: tcpdump needs its capabilities).
 pid_t spawnIn(int netns, const std::vector<std::string> &argv, const std::string &err_path) {
+    const pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+            _exit(118);
+        }
         int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         dup2(err, 1);
         dup2(err, 2);

@@ -7,8 +7,10 @@
 // IBVX_SANITIZER_PRELOAD (tests/integration/verbs/CMakeLists.txt).
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mount.h>
@@ -17,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -33,13 +37,15 @@ namespace ibvx::test {
 constexpr uid_t kNobody = 65534;
 
 // A child in its own mount namespace, as uid/gid 65534 with no groups and no new privileges,
-// with a clean environment; stdin and stdout are pipes to the test, stderr a file. With netns
+// with a clean environment; stdin and stdout are pipes to the test, stderr a file; it is killed
+// if the test process dies. With netns
 // (an open /run/netns/NAME) it runs in that network namespace: a tenant of that "host".
 class Contained {
   public:
     Contained(const std::vector<std::string> &argv, const std::vector<std::string> &env,
               const std::string &err_path, int netns = -1) {
         int in[2], out[2];
+        const pid_t parent = getpid();
         if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
             return;
         }
@@ -67,6 +73,11 @@ class Contained {
                 setresuid(kNobody, kNobody, kNobody) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
                 _exit(122);
             }
+            // A test killed by its timeout leaves no tenant behind (set after the uid change,
+            // which clears it).
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+                _exit(123);
+            }
             std::vector<char *> args, envp;
             for (const auto &a : argv) {
                 args.push_back(const_cast<char *>(a.c_str()));
@@ -82,14 +93,14 @@ class Contained {
         close(in[0]);
         close(out[1]);
         to_ = fdopen(in[1], "w");
-        from_ = fdopen(out[0], "r");
+        from_ = out[0];
     }
     ~Contained() {
         if (to_ != nullptr) {
             fclose(to_);
         }
-        if (from_ != nullptr) {
-            fclose(from_);
+        if (from_ >= 0) {
+            close(from_);
         }
         if (pid_ > 0 && !reaped_) {
             kill(pid_, SIGKILL);
@@ -100,25 +111,30 @@ class Contained {
     Contained &operator=(const Contained &) = delete;
 
     pid_t pid() const { return pid_; }
-    // The next line of its stdout ("" at end of file).
-    std::string readLine() {
-        char buf[512];
-        if (from_ == nullptr || fgets(buf, sizeof(buf), from_) == nullptr) {
-            return "";
+    // The next line of its stdout: "" at end of file, or when timeout_ms (-1: none) passes first.
+    std::string readLine(int timeout_ms = -1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        for (;;) {
+            auto nl = out_.find('\n');
+            if (nl != std::string::npos) {
+                std::string line = out_.substr(0, nl);
+                out_.erase(0, nl + 1);
+                return line;
+            }
+            if (eof_ || !fill(timeout_ms < 0 ? -1 : remaining(deadline))) {
+                std::string rest;
+                rest.swap(out_);
+                return rest;
+            }
         }
-        std::string s(buf);
-        if (!s.empty() && s.back() == '\n') {
-            s.pop_back();
-        }
-        return s;
     }
-    std::string readAll() {
-        std::string all;
-        char buf[4096];
-        size_t n;
-        while (from_ != nullptr && (n = fread(buf, 1, sizeof(buf), from_)) > 0) {
-            all.append(buf, n);
+    // Its stdout to end of file, or what came before timeout_ms (-1: none) passed.
+    std::string readAll(int timeout_ms = -1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (!eof_ && fill(timeout_ms < 0 ? -1 : remaining(deadline))) {
         }
+        std::string all;
+        all.swap(out_);
         return all;
     }
     // One line to its stdin.
@@ -144,11 +160,45 @@ class Contained {
     }
 
   private:
+    static int remaining(std::chrono::steady_clock::time_point deadline) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                          std::chrono::steady_clock::now());
+        return left.count() > 0 ? static_cast<int>(left.count()) : 0;
+    }
+    // Reads what its stdout has within timeout_ms into out_; false on a timeout.
+    bool fill(int timeout_ms) {
+        if (from_ < 0) {
+            eof_ = true;
+            return true;
+        }
+        pollfd p{from_, POLLIN, 0};
+        int r = ::poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) {
+            return true;
+        }
+        if (r <= 0) {
+            return false;
+        }
+        char buf[4096];
+        ssize_t n = ::read(from_, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR) {
+            return true;
+        }
+        if (n <= 0) {
+            eof_ = true;
+        } else {
+            out_.append(buf, static_cast<size_t>(n));
+        }
+        return true;
+    }
+
     pid_t pid_ = -1;
     bool reaped_ = false;
     int status_ = 0;
     FILE *to_ = nullptr;
-    FILE *from_ = nullptr;
+    int from_ = -1;
+    std::string out_;  // read from its stdout, not yet returned
+    bool eof_ = false;
 };
 
 inline std::string slurp(const std::string &path) {
@@ -213,6 +263,33 @@ class Netns {
     int run(const std::string &args) const { return ip("-n " + name_ + " " + args); }
 
     static int ip(const std::string &args) { return std::system(("ip " + args + " >&2").c_str()); }
+
+    // Deletes the namespaces named PREFIX<pid> whose test process is gone: one killed (by
+    // ctest's timeout) before its teardown could run.
+    static void removeStale(const std::string &prefix) {
+        DIR *d = opendir("/run/netns");
+        std::vector<std::string> stale;
+        while (d != nullptr) {
+            dirent *e = readdir(d);
+            if (e == nullptr) {
+                break;
+            }
+            std::string name = e->d_name;
+            if (name.rfind(prefix, 0) != 0) {
+                continue;
+            }
+            const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+            if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+                stale.push_back(name);
+            }
+        }
+        if (d != nullptr) {
+            closedir(d);
+        }
+        for (const std::string &name : stale) {
+            ip("netns del " + name);
+        }
+    }
 
   private:
     std::string name_;
