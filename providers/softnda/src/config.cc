@@ -39,11 +39,14 @@ const Option kOptions[] = {
     {"sleep_us", 10, 10'000'000, &Config::sleep_us, nullptr},
     {"futex_waitv", 0, 1, &Config::futex_waitv, nullptr},
     {"dm_size", 4096, 1ull << 30, nullptr, &Config::dm_size},
+    {"wire_port", 1, 65535, &Config::wire_port, nullptr},
 };
 
 // The one option that is not a number: the interfaces of the Ethernet personality, checked
 // against the host now so a misspelt name is an error at configure time (-ENODEV).
 constexpr const char *kNetdevKey = "netdev";
+// The wire's fault hook (SPEC.md §18): "drop=0.01,dup=0.01,reorder=0.01,seed=7".
+constexpr const char *kWireFaultsKey = "wire_faults";
 
 }  // namespace
 
@@ -57,6 +60,9 @@ int configSet(Config &cfg, const std::string &key, const std::string &value) {
         }
         cfg.netdevs = std::move(names);
         return 0;
+    }
+    if (key == kWireFaultsKey) {
+        return parseWireFaults(value, &cfg.wire_faults);
     }
     for (const Option &o : kOptions) {
         if (key != o.key) {
@@ -98,6 +104,7 @@ void configFromEnv(Config &cfg) {
         apply(o.key);
     }
     apply(kNetdevKey);
+    apply(kWireFaultsKey);
 }
 
 }  // namespace softnda

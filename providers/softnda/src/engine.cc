@@ -14,7 +14,8 @@
 #include <cstring>
 
 #include "common/fd_kind.h"
-#include "providers/softnda/src/softnda_internal.h"
+#include "providers/softnda/src/engine_thread.h"
+#include "providers/softnda/src/netdev.h"
 
 namespace softnda {
 namespace {
@@ -25,75 +26,15 @@ constexpr uint64_t kRnrIntervalNs = 100'000;  // how often the engine sleeps whi
 constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
                                         48,    64,   96,   128,  192,  256,   384,   512,   768,   1024, 1536,
                                         2048,  3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+}  // namespace
+
 uint64_t rnrTimerNs(uint8_t min_rnr_timer) {
     return uint64_t{kRnrTimer10us[min_rnr_timer & 31]} * 10'000;
 }
+
+namespace {
 constexpr size_t kMaxSleepPages = FUTEX_WAITV_MAX - 1;  // one waiter is the private kick word
-constexpr uint32_t kPsnMask = 0xffffff;
 constexpr uint64_t kFullScanEvery = 8;
-
-uint64_t nowNs() {
-    timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<uint64_t>(ts.tv_nsec);
-}
-
-// A WQE copied out of the ring once, so a concurrent rewrite by software cannot change it
-// between validation and use.
-struct WqeCopy {
-    softnda_wqe hdr;
-    uint32_t xrc_srqn;  // an XRC initiator's WQE: the SRQ it names at the target
-    softnda_sge sge[29];
-    uint8_t inline_data[464];
-};
-
-struct RecvCopy {
-    uint64_t wr_id;
-    uint32_t num_sge;
-    softnda_sge sge[29];
-};
-
-// RnrWait: the responder had no receive (an RNR NAK); PeerWait: no responder answered (the
-// destination QP does not exist or is not ready), which a real NIC retries until its transport
-// retry counter runs out. Both keep the WQE at the head of its SQ.
-enum class Outcome { Done, RnrWait, PeerWait };
-
-struct ExecResult {
-    uint8_t status = IBV_WC_SUCCESS;
-    uint32_t byte_len = 0;
-    Outcome outcome = Outcome::Done;
-};
-
-// A successful receive completion the responder writes only after the request's commit point
-// (SPEC.md §10), so a request that dies before it leaves no receive completed.
-struct PendingRecv {
-    bool set = false;
-    RecvCopy r;
-    uint32_t byte_len;
-    uint8_t opcode;
-    uint32_t imm;
-    uint8_t flags;
-};
-
-// A gather/scatter list already checked against its MRs.
-struct Segment {
-    uint8_t *addr;
-    uint32_t len;
-};
-
-// Who takes a request at the responder: the responder QP (its state, PSNs, rq_lock and access
-// flags), where the receive comes from and completes, and the PD its rkeys and receive lkeys
-// must belong to. For most QPs that is the QP's own SRQ or RQ, CQ and PD; at an XRC target it is
-// the XRC SRQ the request names, with that SRQ's CQ and PD (SPEC.md §14).
-struct Responder {
-    Qp *qp;
-    Srq *srq;
-    Cq *rcq;
-    Pd *pd;
-};
-inline Responder responderOf(Qp *qp) {
-    return Responder{qp, qp->srq, qp->rcq, qp->pd};
-}
 
 // The bytes at src, laid out over the segments in order (a READ's or an atomic's reply).
 inline void scatterTo(const Segment *seg, uint32_t n, const uint8_t *src) {
@@ -170,9 +111,11 @@ const ibv_gid &groupGid(const Qp &qp, uint16_t lid) {
     return qp.mcast.front().gid;  // not reached: qp is a member of lid's list only while it has one
 }
 
+}  // namespace
+
 // The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
 // says, bounded by the stride).
-inline void fetchWqe(const Qp &qp, WqeCopy *w) {
+void fetchWqe(const Qp &qp, WqeCopy *w) {
     const Ring &sq = qp.sq;
     const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
     std::memcpy(&w->hdr, slot, sizeof(w->hdr));
@@ -191,6 +134,8 @@ inline void fetchWqe(const Qp &qp, WqeCopy *w) {
     }
 }
 
+namespace {
+
 // Whether the opcode addresses the responder's memory by rkey (WRITE, READ, atomics).
 inline bool usesRkey(uint8_t opcode) {
     return opcode == SOFTNDA_OP_RDMA_WRITE || opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM ||
@@ -198,7 +143,9 @@ inline bool usesRkey(uint8_t opcode) {
            opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
 }
 
-inline bool isAtomic(uint8_t opcode) {
+}  // namespace
+
+bool isAtomic(uint8_t opcode) {
     return opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP || opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
 }
 
@@ -242,6 +189,8 @@ uint8_t *checkRkey(const Device *dev, const Responder &rp, const softnda_wqe &h,
     }
     return remote;
 }
+
+namespace {
 
 // SPEC.md §9: after a CQE is published, an armed CQ whose arming the CQE satisfies is disarmed
 // (one arming, at most one event) and counts the event. True when the caller must signal it.
@@ -307,6 +256,8 @@ bool publishCqe(Cq *cq, Counters &ctr, const softnda_cqe &in, bool *raise, bool 
     return true;
 }
 
+}  // namespace
+
 bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
     bool raise = false;
     bool overflowed = false;
@@ -319,8 +270,6 @@ bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in) {
     }
     return written;
 }
-
-}  // namespace
 
 void addCounters(const Counters &c, softnda_counters *out) {
     auto get = [](const std::atomic<uint64_t> &a) { return a.load(std::memory_order_relaxed); };
@@ -407,102 +356,19 @@ void setQpError(Device *dev, Qp *qp) {
     }
 }
 
-class Engine::Thread {
-  public:
-    Thread(Device *dev, uint32_t id) : dev_(dev) {
-        thread_ = std::thread([this] { run(); });
-        // Named, so operators (top -H) and tools (a benchmark raising the emulated NIC's
-        // priority) can tell the engine from the host process's own threads.
-        char name[16];
-        snprintf(name, sizeof(name), "softnda-eng%u", id % 1000);
-        pthread_setname_np(thread_.native_handle(), name);
-    }
-    ~Thread() {
-        stop_.store(true, std::memory_order_release);
-        kick();
-        thread_.join();
-    }
-
-    void addPage(DbPage *p) { pages_.push_back(p); }
-    void removePage(DbPage *p) {
-        pages_.erase(std::remove(pages_.begin(), pages_.end(), p), pages_.end());
-        hot_.erase(std::remove(hot_.begin(), hot_.end(), p), hot_.end());
-    }
-    void forgetQp(Qp *qp) { rnr_.erase(std::remove(rnr_.begin(), rnr_.end(), qp), rnr_.end()); }
-    void kick() {
-        __atomic_fetch_add(&kick_word_, 1u, __ATOMIC_SEQ_CST);
-        syscall(SYS_futex, &kick_word_, FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-    }
-    const Counters &counters() const { return ctr_; }
-    void resume() {
-        rescan_.store(true, std::memory_order_release);
-        kick();
-    }
-
-  private:
-    void run();
-    bool pass();
-    bool handleSlot(DbPage *page, unsigned slot);
-    bool takeRings(DbPage *page);
-    bool processSq(Qp *qp);
-    bool keepWaitingRnr(Qp *qp);
-    bool keepWaitingForPeer(Qp *qp);
-    void startWait(Qp *qp, bool for_peer, uint64_t deadline_ns);
-    void endRnrWait(Qp *qp);
-    bool completeWqe(Qp *qp, const softnda_wqe &h, const ExecResult &res);
-    void flushQp(Qp *qp, uint32_t pi);
-    void settle(Qp *qp, uint32_t pi);
-    void waitWhilePaused();
-    ExecResult execute(Qp *qp, const WqeCopy &w);
-    ExecResult sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
-                            uint64_t total);
-    void deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal, uint64_t total,
-                         uint32_t qkey, Qp *peer, const ibv_gid &dgid);
-    ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                               uint64_t total);
-    void commit(Qp *qp, const Responder &peer, const PendingRecv &pending);
-    ExecResult xrcTarget(Qp *tgt, uint32_t srqn, Responder *out);
-    void retireHead(Qp *qp);
-    uint8_t deliverInto(const Responder &peer, const RecvCopy &r, const Segment *src, uint32_t nsrc,
-                        uint64_t total, uint32_t src_qpn, Segment *dst);
-    ExecResult respond(Qp *qp, const Responder &peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                       uint64_t total, PendingRecv *pending);
-    ExecResult responderError(Qp *peer, uint8_t status);
-    ExecResult writeDataIn(const Responder &peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
-                           uint32_t nlocal, uint64_t total, PendingRecv *pending);
-    ExecResult readReply(const uint8_t *remote, const Segment *local, uint32_t nlocal, uint64_t total);
-    ExecResult atomicReply(const softnda_wqe &h, uint8_t *remote, const Segment *local, uint32_t nlocal);
-    ExecResult sendDataIn(Qp *qp, const Responder &peer, const softnda_wqe &h, const Segment *local,
-                          uint32_t nlocal, uint64_t total, PendingRecv *pending);
-    bool takeRecv(const Responder &peer, RecvCopy *out);
-    void completeRecv(const Responder &peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
-                      uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
-    void flushSq(Qp *qp, uint32_t pi);
-    void flushRq(Qp *qp);
-    bool overflowed(Qp *qp, Ring &ring, uint32_t pi);
-    Qp *peerOf(Qp *qp);
-    bool checkLocal(const Pd *pd, const softnda_sge *sges, uint32_t n, bool need_write, Segment *out);
-    // True when the wait timed out: nobody rang a hint or kicked the engine.
-    bool sleep();
-    void sweep();
-    void touchHot(DbPage *p);
-
-    Device *dev_;
-    std::thread thread_;
-    std::atomic<bool> stop_{false};
-    uint32_t kick_word_ = 0;
-    std::vector<DbPage *> pages_;  // gate (exclusive to change, shared to read)
-    std::vector<DbPage *> hot_;    // most recently rung pages first, at most kMaxSleepPages
-    std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive or for its responder
-    uint64_t pass_no_ = 0;
-    bool full_scan_due_ = true;
-    std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
-    Counters ctr_;
-};
-
 Engine::Engine(Device *dev, uint32_t threads) {
+    if (dev->netdev) {
+        // An Ethernet device reaches other hosts over RoCEv2 (SPEC.md §18). A socket that cannot
+        // be bound leaves the device to its own host: connections to others are refused with
+        // the reason (wireError).
+        wire_error_ = WireSocket::open(dev->netdev->name, static_cast<uint16_t>(dev->cfg.wire_port),
+                                       dev->cfg.wire_faults, &wire_);
+    }
     for (uint32_t i = 0; i < threads; ++i) {
-        threads_.push_back(std::make_unique<Thread>(dev, i));
+        threads_.push_back(std::make_unique<Thread>(dev, this, i, wire_.get(), false));
+    }
+    if (wire_) {
+        receiver_ = std::make_unique<Thread>(dev, this, dev->index, wire_.get(), true);
     }
     for (DbPage *p : dev->pages) {
         if (p != nullptr) {
@@ -511,7 +377,13 @@ Engine::Engine(Device *dev, uint32_t threads) {
     }
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+    if (receiver_) {
+        wire_->stop();
+        receiver_.reset();
+    }
+    threads_.clear();
+}
 
 void Engine::addPage(DbPage *page) {
     threads_[page->page_no % threads_.size()]->addPage(page);
@@ -834,6 +706,7 @@ bool Engine::Thread::processSq(Qp *qp) {
     int state = qp->state.load(std::memory_order_acquire);
     if (state == IBV_QPS_ERR) {
         endRnrWait(qp);
+        resetWire(qp);  // what was on the wire is flushed with the rest
         flushQp(qp, pi);
         return true;
     }
@@ -852,6 +725,10 @@ bool Engine::Thread::processSq(Qp *qp) {
         WqeCopy w;
         fetchWqe(*qp, &w);
         ExecResult res = execute(qp, w);
+        if (res.outcome == Outcome::WireWait) {
+            startWait(qp, false, 0);  // revisited each pass: its timers, and the wire thread's poke
+            break;
+        }
         if (res.outcome != Outcome::Done) {
             bool rnr = res.outcome == Outcome::RnrWait;
             if (rnr ? keepWaitingRnr(qp) : keepWaitingForPeer(qp)) {
@@ -1069,6 +946,9 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     }
     if (qp->init.qp_type == IBV_QPT_UC) {
         return sendUnconnected(qp, w, local, nlocal, total);
+    }
+    if (qp->wire) {
+        return wireExecute(qp, w, local, nlocal, total);  // a peer on another host (SPEC.md §18)
     }
     // RC, and an XRC initiator, whose responder is an XRC target (SPEC.md §14).
     const ibv_qp_type peer_type = qp->init.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : IBV_QPT_RC;

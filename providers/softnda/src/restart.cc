@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/fd_kind.h"
+#include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/softnda_internal.h"
 
 namespace softnda {
@@ -827,6 +828,11 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
     ibv_qp_extend *ext = buildQp(std::move(qp), ctx, parents, env->ops, init, b.handle, Origin::Imported);
     if (ext != nullptr) {
         joinImportedGroups(made, groups);  // checked above, under the same ctl
+        if (dev->netdev) {
+            dev->netdev->refresh();
+            std::lock_guard<Gate> gate(dev->gate);
+            bindWire(dev, made);  // a peer on another host: its path again (SPEC.md §18)
+        }
     }
     return ext;
 }

@@ -42,6 +42,7 @@
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
+#include "providers/softnda/src/wire.h"
 
 namespace softnda {
 
@@ -68,6 +69,10 @@ struct Config {
     // Host interfaces, one device each (the Ethernet personality, SPEC.md §19); empty: `devices`
     // loopback devices of the InfiniBand personality.
     std::vector<std::string> netdevs;
+    // RoCEv2 to other hosts from an Ethernet device (SPEC.md §18): the UDP port, and the fault
+    // hook tests use in place of netem.
+    uint32_t wire_port = roce::kUdpPort;
+    WireFaults wire_faults;
 };
 
 // Applies one key=value; -EINVAL for an unknown key or a value out of range, -ENODEV for a
@@ -414,6 +419,8 @@ struct Qp {
     McastGroups mcast;
     // Whether the QP has a receive queue of its own: not with an SRQ, and never on XRC QPs.
     bool hasRq() const { return rq.buf != nullptr; }
+    // The transport's state when the QP is connected to another host (SPEC.md §18), else null.
+    std::unique_ptr<WireQp> wire;
 };
 
 // Per engine thread counters: one writer (its thread), read by softnda_query_counters.
@@ -809,10 +816,18 @@ class Engine {
     // After set_paused(0): every thread does a full scan and a sweep before anything else.
     void resume();
 
+    // An Ethernet device's RoCEv2 socket (SPEC.md §18); null, with wireError() saying why (-errno),
+    // when it could not be bound, or on an InfiniBand device.
+    WireSocket *wire() const { return wire_.get(); }
+    int wireError() const { return wire_error_; }
+
     class Thread;
 
   private:
+    std::unique_ptr<WireSocket> wire_;
+    int wire_error_ = -EHOSTUNREACH;
     std::vector<std::unique_ptr<Thread>> threads_;
+    std::unique_ptr<Thread> receiver_;  // the wire's: every packet the socket receives
 };
 
 void addCounters(const Counters &c, softnda_counters *out);

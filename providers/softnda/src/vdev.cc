@@ -368,6 +368,7 @@ void resetQp(Device *dev, Qp *qp) {
     if (dev->engine) {
         dev->engine->forgetQp(qp);
     }
+    resetWire(qp);
     uint32_t keep_qpn = qp->attrs.dest_qpn;
     qp->attrs = QpAttrs{};
     qp->attrs.dest_qpn = keep_qpn;
@@ -382,18 +383,32 @@ void resetQp(Device *dev, Qp *qp) {
 }
 
 // A connected QP's path on an Ethernet port (SPEC.md §19): RoCE addresses by GID, so the AV
-// must carry a GRH whose source is a GID of the port; its destination must be a GID of this
-// device, the only place a peer can be until the wire transport exists (-EHOSTUNREACH).
-int checkRocePath(Netdev &nd, const ibv_ah_attr &ah) {
+// must carry a GRH whose source is a GID of the port. A destination GID of this device is a
+// queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC QP
+// between IPv4 GIDs, and refused otherwise (-EHOSTUNREACH), or when the device's socket could
+// not be bound (its error, e.g. -EADDRINUSE).
+int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (!ah.is_global) {
         return -EINVAL;
     }
+    Netdev &nd = *dev->netdev;
     nd.refresh();
     std::lock_guard<std::mutex> lk(nd.mu);
-    if (!nd.table.at(ah.grh.sgid_index)) {
+    std::optional<ibv_gid> sgid = nd.table.at(ah.grh.sgid_index);
+    if (!sgid) {
         return -EINVAL;
     }
-    return nd.table.contains(ah.grh.dgid) ? 0 : -EHOSTUNREACH;
+    if (nd.table.contains(ah.grh.dgid)) {
+        return 0;
+    }
+    uint32_t src = 0, dst = 0;
+    if (qp.init.qp_type != IBV_QPT_RC || !ipv4OfGid(*sgid, &src) || !ipv4OfGid(ah.grh.dgid, &dst)) {
+        return -EHOSTUNREACH;
+    }
+    if (!dev->engine || dev->engine->wire() == nullptr) {
+        return dev->engine ? dev->engine->wireError() : -EHOSTUNREACH;
+    }
+    return 0;
 }
 
 int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
@@ -409,13 +424,16 @@ int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {
         return target;
     }
     if (dev->netdev && (mask & IBV_QP_AV) != 0) {
-        if (int rc = checkRocePath(*dev->netdev, attr->ah_attr); rc < 0) {
+        if (int rc = checkRocePath(dev, *qp, attr->ah_attr); rc < 0) {
             return rc;
         }
     }
     auto next = static_cast<ibv_qp_state>(target);
     dev->gate.lock();
     applyAttrs(qp, *attr, mask);
+    if (dev->netdev && (mask & IBV_QP_AV) != 0) {
+        bindWire(dev, qp);
+    }
     if (next == IBV_QPS_RESET) {
         resetQp(dev, qp);
     }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "providers/softnda/src/netdev.h"
+#include "providers/softnda/src/wire.h"
 #include "tests/unit/softnda/fixture.h"
 
 namespace softnda_test {
@@ -209,13 +210,13 @@ TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
     ASSERT_EQ(softnda_vdev_ops.query_gid(ctx_, 1, static_cast<uint32_t>(v4_index_), &mine), 0);
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
-    // RoCE needs a GRH; its source must be a GID of the port; a GID of no device here is not
-    // reachable yet.
+    // RoCE needs a GRH; its source must be a GID of the port. Another host is reached over
+    // RoCEv2 between IPv4 GIDs only (SPEC.md §18): an IPv6 GID of no device here is refused.
     ibv_ah_attr lid_only{};
     lid_only.port_num = 1;
     EXPECT_EQ(rtr(a_, b_.qpn(), lid_only), -EINVAL);
     EXPECT_EQ(rtr(a_, b_.qpn(), global(static_cast<int>(softnda::kRoceGidSlots) - 1, mine.gid)), -EINVAL);
-    EXPECT_EQ(rtr(a_, b_.qpn(), global(v4_index_, gidOf("::ffff:192.0.2.1"))), -EHOSTUNREACH);
+    EXPECT_EQ(rtr(a_, b_.qpn(), global(v4_index_, gidOf("2001:db8::1"))), -EHOSTUNREACH);
     EXPECT_EQ(qpState(a_), IBV_QPS_INIT);
     ASSERT_EQ(rtr(a_, b_.qpn(), global(v4_index_, mine.gid)), 0);
     ASSERT_EQ(rtr(b_, a_.qpn(), global(v4_index_, mine.gid)), 0);
@@ -225,6 +226,49 @@ TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
     ASSERT_EQ(postOne(a_, write(1, 64, dmr_->rkey)), 0);
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
     EXPECT_EQ(dst_, src_);
+}
+
+// The wire's fault hook option (SPEC.md §18): what tests put in place of netem.
+TEST(SoftndaWire, FaultOptionIsCheckedWhole) {
+    softnda::WireFaults f;
+    ASSERT_EQ(softnda::parseWireFaults("drop=0.01,dup=0.5,reorder=0.25,seed=7", &f), 0);
+    EXPECT_DOUBLE_EQ(f.drop, 0.01);
+    EXPECT_DOUBLE_EQ(f.dup, 0.5);
+    EXPECT_DOUBLE_EQ(f.reorder, 0.25);
+    EXPECT_EQ(f.seed, 7u);
+    EXPECT_TRUE(f.any());
+    ASSERT_EQ(softnda::parseWireFaults("", &f), 0);
+    EXPECT_FALSE(f.any());
+    for (const char *bad : {"drop", "drop=", "=0.1", "drop=1", "drop=-0.1", "drop=0.1,drop=0.2", "loss=0.1",
+                            "drop=0.1x", "seed=-1", "drop=0.1,,dup=0.1"}) {
+        f.drop = 0.5;
+        EXPECT_EQ(softnda::parseWireFaults(bad, &f), -EINVAL) << bad;
+        EXPECT_DOUBLE_EQ(f.drop, 0.5) << bad;  // a refused value changes nothing
+    }
+    resetConfig();
+    EXPECT_EQ(softnda_vdev_ops.configure("wire_faults", "drop=2"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("wire_faults", "drop=0.01,seed=3"), 0);
+    EXPECT_EQ(softnda_vdev_ops.configure("wire_port", "0"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("wire_port", "65536"), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.configure("wire_port", "4792"), 0);
+    resetConfig();
+}
+
+// RoCEv2 addresses are IPv4-mapped GIDs; the UDP source port folds the flow label as the kernel
+// does (rdma_flow_label_to_udp_sport).
+TEST(SoftndaWire, AddressesAndSourcePorts) {
+    uint32_t ip = 0;
+    ASSERT_TRUE(softnda::ipv4OfGid(gidOf("::ffff:10.201.8.2"), &ip));
+    EXPECT_EQ(ntohl(ip), 0x0ac90802u);
+    EXPECT_FALSE(softnda::ipv4OfGid(gidOf("fe80::1"), &ip));
+    EXPECT_FALSE(softnda::ipv4OfGid(gidOf("::10.201.8.2"), &ip));  // IPv4-compatible is not mapped
+    EXPECT_EQ(softnda::roceSourcePort(0x12345, 1),
+              0xc000 | ((0x12345 & 0x3fff) ^ ((0x12345 & 0xfc000) >> 14)));
+    for (uint32_t qpn : {1u, 2u, 0xffffffu}) {
+        uint16_t port = softnda::roceSourcePort(0, qpn);
+        EXPECT_GE(port, 0xc000);
+    }
+    EXPECT_NE(softnda::roceSourcePort(0, 1), softnda::roceSourcePort(0, 2));
 }
 
 }  // namespace

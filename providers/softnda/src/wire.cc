@@ -1,0 +1,1059 @@
+// RoCEv2 to other hosts (SPEC.md §18): the broker's UDP socket, and the RC requester and
+// responder that speak the IBTA transport over it, as rdma_rxe does (rxe_req.c, rxe_resp.c,
+// rxe_comp.c). The engine thread that owns a QP's SQ starts and retransmits its messages; the
+// device's wire thread receives every packet, answers requests and records acknowledgements.
+#include "providers/softnda/src/wire.h"
+
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <netinet/ip.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "providers/softnda/src/engine_thread.h"
+#include "providers/softnda/src/netdev.h"
+
+namespace softnda {
+namespace {
+
+constexpr size_t kMaxFrame = 4096 + 128;  // the largest path MTU's packet, headers included
+constexpr size_t kRxBatch = 32;
+constexpr size_t kTxBatch = 32;
+
+// AETH syndromes (IBTA 9.7.5.2.1): the top bits say ACK, RNR NAK or NAK.
+constexpr uint8_t kAckSyndrome = 0x1f;  // ACK with "invalid" credits: no end-to-end flow control
+constexpr uint8_t kRnrNak = 0x20;
+constexpr uint8_t kNak = 0x60;
+constexpr uint8_t kNakPsnSeq = 0x60, kNakInvReq = 0x61, kNakRemAccess = 0x62, kNakRemOp = 0x63;
+
+uint32_t psnAdd(uint32_t a, uint32_t n) {
+    return (a + n) & kPsnMask;
+}
+// a - b in the 24-bit PSN space.
+uint32_t psnDiff(uint32_t a, uint32_t b) {
+    return (a - b) & kPsnMask;
+}
+// Whether a comes before b (within half the PSN space).
+bool psnBefore(uint32_t a, uint32_t b) {
+    uint32_t d = psnDiff(b, a);
+    return d != 0 && d < 0x800000;
+}
+
+uint8_t nakOf(uint8_t status) {
+    switch (status) {
+        case IBV_WC_REM_ACCESS_ERR:
+            return kNakRemAccess;
+        case IBV_WC_REM_OP_ERR:
+            return kNakRemOp;
+        default:
+            return kNakInvReq;
+    }
+}
+
+uint8_t statusOfNak(uint8_t syndrome) {
+    switch (syndrome) {
+        case kNakRemAccess:
+            return IBV_WC_REM_ACCESS_ERR;
+        case kNakRemOp:
+            return IBV_WC_REM_OP_ERR;
+        default:
+            return IBV_WC_REM_INV_REQ_ERR;
+    }
+}
+
+// The IPv4 and UDP headers the kernel writes for a datagram of udp_payload bytes from this
+// socket: DF set (IP_PMTUDISC_DO) and, the socket being unconnected, identification 0
+// (ip_select_ident). The ICRC covers them, TOS, TTL and the checksums masked.
+void ipUdpHeaders(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport, size_t udp_payload,
+                  uint8_t ip[roce::kIpv4Len], uint8_t udp[roce::kUdpLen]) {
+    const size_t udp_len = roce::kUdpLen + udp_payload;
+    const size_t ip_len = roce::kIpv4Len + udp_len;
+    std::memset(ip, 0, roce::kIpv4Len);
+    ip[0] = 0x45;
+    ip[2] = static_cast<uint8_t>(ip_len >> 8);
+    ip[3] = static_cast<uint8_t>(ip_len);
+    ip[6] = 0x40;  // DF
+    ip[9] = IPPROTO_UDP;
+    std::memcpy(ip + 12, &src, 4);
+    std::memcpy(ip + 16, &dst, 4);
+    udp[0] = static_cast<uint8_t>(sport >> 8);
+    udp[1] = static_cast<uint8_t>(sport);
+    udp[2] = static_cast<uint8_t>(dport >> 8);
+    udp[3] = static_cast<uint8_t>(dport);
+    udp[4] = static_cast<uint8_t>(udp_len >> 8);
+    udp[5] = static_cast<uint8_t>(udp_len);
+    udp[6] = udp[7] = 0;
+}
+
+}  // namespace
+
+int parseWireFaults(const std::string &value, WireFaults *out) {
+    WireFaults f;
+    bool seen[4] = {};
+    std::stringstream ss(value);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (item.empty() && value.empty()) {
+            break;
+        }
+        auto eq = item.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == item.size()) {
+            return -EINVAL;
+        }
+        const std::string key = item.substr(0, eq), num = item.substr(eq + 1);
+        const char *keys[] = {"drop", "dup", "reorder", "seed"};
+        int k = 0;
+        while (k < 4 && key != keys[k]) {
+            ++k;
+        }
+        if (k == 4 || seen[k]) {
+            return -EINVAL;
+        }
+        seen[k] = true;
+        char *end = nullptr;
+        errno = 0;
+        if (k == 3) {
+            if (num.find_first_not_of("0123456789") != std::string::npos || num.size() > 19) {
+                return -EINVAL;
+            }
+            f.seed = std::strtoull(num.c_str(), &end, 10);
+            continue;
+        }
+        double p = std::strtod(num.c_str(), &end);
+        if (errno != 0 || end == nullptr || *end != '\0' || !(p >= 0 && p < 1)) {
+            return -EINVAL;
+        }
+        (k == 0 ? f.drop : k == 1 ? f.dup : f.reorder) = p;
+    }
+    *out = f;
+    return 0;
+}
+
+bool ipv4OfGid(const ibv_gid &gid, uint32_t *ip_be) {
+    static const uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    if (std::memcmp(gid.raw, prefix, sizeof(prefix)) != 0) {
+        return false;
+    }
+    std::memcpy(ip_be, gid.raw + 12, 4);
+    return true;
+}
+
+uint16_t roceSourcePort(uint32_t flow_label, uint32_t qpn) {
+    if (flow_label == 0) {
+        // rdma_calc_flow_label: the QP numbers' hash; rxe folds the QP number alone.
+        uint64_t v = uint64_t{qpn} * 0x9e3779b97f4a7c15ull;
+        flow_label = static_cast<uint32_t>(v >> 44) & 0xfffff;
+    }
+    uint32_t low = flow_label & 0x3fff, high = flow_label & 0xfc000;
+    low ^= high >> 14;
+    return static_cast<uint16_t>(low | 0xc000);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The socket
+
+WireSocket::WireSocket(int fd, uint16_t port, const WireFaults &faults)
+    : fd_(fd), port_(port), faults_(faults), rng_(faults.seed), rx_buf_(kRxBatch * kMaxFrame) {}
+
+WireSocket::~WireSocket() {
+    ::close(fd_);
+}
+
+int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults &faults,
+                     std::unique_ptr<WireSocket> *out) {
+    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        return -errno;
+    }
+    auto fail = [fd] {
+        int e = errno;
+        ::close(fd);
+        return -e;
+    };
+    // Bound to the interface: a broker per network namespace, or per interface, has its own 4791.
+    // An unbound socket may take the device since Linux 5.7 without CAP_NET_RAW.
+    if (::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname.c_str(), static_cast<socklen_t>(ifname.size())) <
+        0) {
+        return fail();
+    }
+    int one = 1;
+    int pmtu = IP_PMTUDISC_DO;  // DF on every packet, as rxe sends; the ICRC covers the flag
+    int buf = 4 << 20;
+    if (::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0 ||
+        ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) < 0) {
+        return fail();
+    }
+    // Larger buffers where the host allows them (a failure only keeps the defaults).
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_ANY);
+    if (::bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) < 0) {
+        return fail();
+    }
+    out->reset(new WireSocket(fd, port, faults));
+    return 0;
+}
+
+void WireSocket::stop() {
+    ::shutdown(fd_, SHUT_RD);  // wakes the receiving thread: its recvmmsg returns 0
+}
+
+void WireSocket::send(std::span<const WireOut> out) {
+    uint8_t bufs[kTxBatch][kMaxFrame];
+    const uint8_t *ptrs[kTxBatch + 2];
+    size_t lens[kTxBatch + 2];
+    const WireOut *to[kTxBatch + 2];
+    size_t i = 0;
+    while (i < out.size()) {
+        size_t n = 0;
+        for (; n < kTxBatch && i < out.size(); ++i, ++n) {
+            const WireOut &o = out[i];
+            size_t len = roce::encode(o.pkt, std::span<uint8_t>(bufs[n], kMaxFrame));
+            uint8_t ip[roce::kIpv4Len], udp[roce::kUdpLen];
+            // The socket's own port is the source: one unprivileged socket cannot choose a port per
+            // packet, so o.sport's flow entropy does not reach the wire (SPEC.md §18).
+            ipUdpHeaders(o.src_ip, o.dst_ip, port_, port_, len, ip, udp);
+            roce::fillIcrcIpv4(ip, udp, std::span<uint8_t>(bufs[n], len));
+            ptrs[n] = bufs[n];
+            lens[n] = len;
+            to[n] = &o;
+        }
+        transmit(ptrs, lens, to, n);
+    }
+}
+
+// Sends n encoded packets, through the fault hook when one is configured.
+void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const WireOut *const *to,
+                          size_t n) {
+    const uint8_t *pb[kTxBatch * 2 + 1];
+    size_t pl[kTxBatch * 2 + 1];
+    const WireOut *pt[kTxBatch * 2 + 1];
+    size_t m = 0;
+    std::vector<uint8_t> release;  // a packet held back by an earlier reorder, sent after this one
+    WireOut release_to;
+    std::unique_lock<std::mutex> lk(fault_mu_, std::defer_lock);
+    if (faults_.any()) {
+        lk.lock();
+    }
+    for (size_t i = 0; i < n; ++i) {
+        if (faults_.any()) {
+            std::uniform_real_distribution<double> u(0, 1);
+            if (u(rng_) < faults_.drop) {
+                fault_drops.fetch_add(1, std::memory_order_relaxed);
+                continue;
+            }
+            if (held_.empty() && u(rng_) < faults_.reorder) {
+                held_.assign(bufs[i], bufs[i] + lens[i]);
+                held_to_ = *to[i];
+                continue;
+            }
+            pb[m] = bufs[i];
+            pl[m] = lens[i];
+            pt[m++] = to[i];
+            if (u(rng_) < faults_.dup) {
+                pb[m] = bufs[i];
+                pl[m] = lens[i];
+                pt[m++] = to[i];
+            }
+            if (!held_.empty() && release.empty()) {
+                release.swap(held_);
+                release_to = held_to_;
+                pb[m] = release.data();
+                pl[m] = release.size();
+                pt[m++] = &release_to;
+            }
+            continue;
+        }
+        pb[m] = bufs[i];
+        pl[m] = lens[i];
+        pt[m++] = to[i];
+    }
+    mmsghdr msgs[kTxBatch * 2 + 1];
+    iovec iov[kTxBatch * 2 + 1];
+    sockaddr_in dst[kTxBatch * 2 + 1];
+    alignas(cmsghdr) uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in_pktinfo))];
+    for (size_t k = 0; k < m; ++k) {
+        iov[k] = iovec{const_cast<uint8_t *>(pb[k]), pl[k]};
+        dst[k] = sockaddr_in{};
+        dst[k].sin_family = AF_INET;
+        dst[k].sin_port = htons(port_);
+        dst[k].sin_addr.s_addr = pt[k]->dst_ip;
+        msghdr &h = msgs[k].msg_hdr;
+        h = msghdr{};
+        h.msg_name = &dst[k];
+        h.msg_namelen = sizeof(dst[k]);
+        h.msg_iov = &iov[k];
+        h.msg_iovlen = 1;
+        // The source address the ICRC was computed with, whatever the route would pick.
+        h.msg_control = ctl[k];
+        h.msg_controllen = sizeof(ctl[k]);
+        cmsghdr *c = CMSG_FIRSTHDR(&h);
+        c->cmsg_level = IPPROTO_IP;
+        c->cmsg_type = IP_PKTINFO;
+        c->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
+        in_pktinfo pi{};
+        pi.ipi_spec_dst.s_addr = pt[k]->src_ip;
+        std::memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+        msgs[k].msg_len = 0;
+    }
+    // Sent with the fault lock held, so the hook's order is the wire's order.
+    size_t done = 0;
+    while (done < m) {
+        int rc = ::sendmmsg(fd_, msgs + done, static_cast<unsigned>(m - done), 0);
+        if (rc < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            // ENOBUFS, EAGAIN, a route gone: the packets are lost, which the transport repairs.
+            done++;
+            continue;
+        }
+        done += static_cast<size_t>(rc);
+    }
+    sent.fetch_add(m, std::memory_order_relaxed);
+}
+
+size_t WireSocket::receive(std::span<WireFrame> frames) {
+    const size_t want = std::min(frames.size(), kRxBatch);
+    mmsghdr msgs[kRxBatch];
+    iovec iov[kRxBatch];
+    sockaddr_in src[kRxBatch];
+    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in_pktinfo))];
+    for (size_t i = 0; i < want; ++i) {
+        iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
+        msghdr &h = msgs[i].msg_hdr;
+        h = msghdr{};
+        h.msg_name = &src[i];
+        h.msg_namelen = sizeof(src[i]);
+        h.msg_iov = &iov[i];
+        h.msg_iovlen = 1;
+        h.msg_control = ctl[i];
+        h.msg_controllen = sizeof(ctl[i]);
+    }
+    // Blocks for the first packet only, then takes what else is queued.
+    int rc = ::recvmmsg(fd_, msgs, static_cast<unsigned>(want), MSG_WAITFORONE, nullptr);
+    if (rc <= 0) {
+        return 0;
+    }
+    size_t n = 0;
+    for (int i = 0; i < rc; ++i) {
+        const msghdr &h = msgs[i].msg_hdr;
+        if ((h.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 || msgs[i].msg_len == 0) {
+            malformed.fetch_add(1, std::memory_order_relaxed);
+            continue;
+        }
+        WireFrame &f = frames[n];
+        f.data = rx_buf_.data() + static_cast<size_t>(i) * kMaxFrame;
+        f.len = msgs[i].msg_len;
+        f.src_ip = src[i].sin_addr.s_addr;
+        f.sport = ntohs(src[i].sin_port);
+        f.dport = port_;
+        f.dst_ip = 0;
+        for (cmsghdr *c = CMSG_FIRSTHDR(const_cast<msghdr *>(&h)); c != nullptr;
+             c = CMSG_NXTHDR(const_cast<msghdr *>(&h), c)) {
+            if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+                in_pktinfo pi;
+                std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+                f.dst_ip = pi.ipi_addr.s_addr;
+            }
+        }
+        ++n;
+    }
+    received.fetch_add(n, std::memory_order_relaxed);
+    return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// QPs
+
+void bindWire(Device *dev, Qp *qp) {
+    const ibv_ah_attr &ah = qp->attrs.ah;
+    if (!dev->netdev || !ah.is_global || qp->init.qp_type != IBV_QPT_RC) {
+        qp->wire.reset();
+        return;
+    }
+    Netdev &nd = *dev->netdev;
+    std::optional<ibv_gid> sgid;
+    {
+        std::lock_guard<std::mutex> lk(nd.mu);
+        if (nd.table.contains(ah.grh.dgid)) {
+            qp->wire.reset();  // a queue of this host: shared memory, no wire
+            return;
+        }
+        sgid = nd.table.at(ah.grh.sgid_index);
+    }
+    uint32_t src = 0, dst = 0;
+    if (!sgid || !ipv4OfGid(*sgid, &src) || !ipv4OfGid(ah.grh.dgid, &dst)) {
+        qp->wire.reset();  // checkRocePath refused it; an imported QP whose address went away
+        return;
+    }
+    if (!qp->wire) {
+        qp->wire.reset(new WireQp);
+    }
+    qp->wire->src_ip = src;
+    qp->wire->dst_ip = dst;
+    qp->wire->sport = qp->attrs.udp_src_port != 0 ? static_cast<uint16_t>(qp->attrs.udp_src_port)
+                                                  : roceSourcePort(ah.grh.flow_label, qp->qpn);
+}
+
+void resetWire(Qp *qp) {
+    if (!qp->wire) {
+        return;
+    }
+    WireQp &wq = *qp->wire;
+    {
+        std::lock_guard<std::mutex> lk(wq.mu);
+        wq.busy = false;
+        wq.done = false;
+        wq.resend = false;
+        wq.rnr_until_ns = 0;
+    }
+    std::lock_guard<std::mutex> lk(qp->rq_lock);
+    wq.in_kind = 0;
+    wq.in_recv = false;
+    wq.nak_sent = false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The requester (the SQ's engine thread)
+
+namespace {
+
+// len bytes of the segments from offset off, at dst.
+void gatherAt(const Segment *seg, uint32_t n, uint64_t off, uint64_t len, uint8_t *dst) {
+    for (uint32_t i = 0; i < n && len > 0; ++i) {
+        if (off >= seg[i].len) {
+            off -= seg[i].len;
+            continue;
+        }
+        uint64_t k = std::min<uint64_t>(seg[i].len - off, len);
+        std::memcpy(dst, seg[i].addr + off, k);
+        dst += k;
+        len -= k;
+        off = 0;
+    }
+}
+
+// len bytes from src into the segments from offset off.
+void scatterAt(const Segment *seg, uint32_t n, uint64_t off, const uint8_t *src, uint64_t len) {
+    for (uint32_t i = 0; i < n && len > 0; ++i) {
+        if (off >= seg[i].len) {
+            off -= seg[i].len;
+            continue;
+        }
+        uint64_t k = std::min<uint64_t>(seg[i].len - off, len);
+        std::memcpy(seg[i].addr + off, src, k);
+        src += k;
+        len -= k;
+        off = 0;
+    }
+}
+
+uint32_t packetsOf(uint64_t len, uint32_t mtu) {
+    return len == 0 ? 1 : static_cast<uint32_t>((len + mtu - 1) / mtu);
+}
+
+// The local ACK timeout (4.096 us * 2^timeout). 0, "wait for ever" to the IBTA, retransmits at
+// the default of 14 (67 ms) here and still counts retry_cnt: a lost packet must be sent again.
+uint64_t ackTimeoutNs(uint8_t timeout) {
+    return uint64_t{4096} << std::min<uint8_t>(timeout == 0 ? 14 : timeout, 31);
+}
+
+}  // namespace
+
+ExecResult Engine::Thread::wireExecute(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
+                                       uint64_t total) {
+    if (wire_ == nullptr) {
+        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+    }
+    WireQp &wq = *qp->wire;
+    std::lock_guard<std::mutex> lk(wq.mu);
+    const uint64_t now = nowNs();
+    if (!wq.busy) {
+        const softnda_wqe &h = w.hdr;
+        wq.busy = true;
+        wq.done = false;
+        wq.hdr = h;
+        wq.num_sge = (h.flags & SOFTNDA_WQE_INLINE) ? 0 : h.num_sge;
+        std::memcpy(wq.sge, w.sge, wq.num_sge * sizeof(softnda_sge));
+        wq.total = total;
+        wq.mtu = 128u << std::clamp<uint32_t>(qp->attrs.path_mtu, IBV_MTU_256, IBV_MTU_4096);
+        wq.first_psn = qp->sq_psn;
+        uint32_t n = isAtomic(h.opcode) ? 1 : packetsOf(total, wq.mtu);
+        wq.next_psn = psnAdd(wq.first_psn, n);
+        wq.una = wq.first_psn;
+        wq.retries = 0;
+        wq.rnr_retries = 0;
+        wq.rnr_until_ns = 0;
+        wq.resend = false;
+        wireTransmit(qp, wq, local, nlocal);
+        wq.deadline_ns = now + ackTimeoutNs(qp->attrs.timeout);
+        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::WireWait};
+    }
+    if (wq.done) {
+        wq.busy = false;
+        wq.done = false;
+        qp->sq_psn = wq.next_psn;
+        return ExecResult{wq.status, wq.status == IBV_WC_SUCCESS ? wq.byte_len : 0, Outcome::Done};
+    }
+    bool again = false;
+    if (wq.rnr_until_ns != 0) {
+        if (now >= wq.rnr_until_ns) {
+            wq.rnr_until_ns = 0;
+            again = true;
+        }
+    } else if (wq.resend) {
+        wq.resend = false;
+        again = true;
+    } else if (now >= wq.deadline_ns) {
+        if (wq.retries >= qp->attrs.retry_cnt) {
+            wq.busy = false;
+            return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
+        }
+        wq.retries++;
+        again = true;
+    }
+    if (again) {
+        wq.resend = false;
+        wq.retransmits++;
+        wireTransmit(qp, wq, local, nlocal);
+        wq.deadline_ns = now + ackTimeoutNs(qp->attrs.timeout);
+    }
+    return ExecResult{IBV_WC_SUCCESS, 0, Outcome::WireWait};
+}
+
+// Sends wq's message from its first unacknowledged PSN on (wq.mu held): each SEND or WRITE
+// packet with its share of the payload, a READ request for what has not come back, or the
+// atomic. The last packet asks for the acknowledgement (ACK coalescing: one per message).
+void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint32_t nlocal) {
+    const softnda_wqe &h = wq.hdr;
+    const uint32_t qpn = qp->attrs.dest_qpn;
+    auto base = [&](uint8_t op, uint32_t psn) {
+        WireOut o;
+        o.src_ip = wq.src_ip;
+        o.dst_ip = wq.dst_ip;
+        o.sport = wq.sport;
+        o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
+        o.pkt.bth.dest_qp = qpn;
+        o.pkt.bth.psn = psn;
+        o.pkt.bth.pkey = 0xffff;
+        return o;
+    };
+    const uint32_t done = psnDiff(wq.una, wq.first_psn);
+    if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+        WireOut o = base(roce::kReadRequest, wq.una);
+        const uint64_t off = std::min<uint64_t>(uint64_t{done} * wq.mtu, wq.total);
+        o.pkt.reth_va = h.remote_addr + off;
+        o.pkt.reth_rkey = h.rkey;
+        o.pkt.reth_len = static_cast<uint32_t>(wq.total - off);
+        o.pkt.bth.ack_req = true;
+        wire_->send(std::span<const WireOut>(&o, 1));
+        return;
+    }
+    if (isAtomic(h.opcode)) {
+        const bool cas = h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP;
+        WireOut o = base(cas ? roce::kCompareSwap : roce::kFetchAdd, wq.first_psn);
+        o.pkt.atomic_va = h.remote_addr;
+        o.pkt.atomic_rkey = h.rkey;
+        o.pkt.atomic_swap_add = cas ? h.swap : h.compare_add;
+        o.pkt.atomic_compare = cas ? h.compare_add : 0;
+        o.pkt.bth.ack_req = true;
+        wire_->send(std::span<const WireOut>(&o, 1));
+        return;
+    }
+    const bool write = h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+    const bool imm = h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM || h.opcode == SOFTNDA_OP_SEND_WITH_IMM;
+    const bool inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV;
+    const uint32_t n = packetsOf(wq.total, wq.mtu);
+    if (tx_buf_.size() < kTxBatch * size_t{4096}) {
+        tx_buf_.resize(kTxBatch * size_t{4096});
+    }
+    WireOut out[kTxBatch];
+    size_t m = 0;
+    for (uint32_t k = done; k < n; ++k) {
+        const uint64_t off = uint64_t{k} * wq.mtu;
+        const uint64_t len = std::min<uint64_t>(wq.total - std::min(off, wq.total), wq.mtu);
+        const bool first = k == 0, last = k + 1 == n;
+        uint8_t op;
+        if (write) {
+            op = first && last ? (imm ? roce::kWriteOnlyImm : roce::kWriteOnly)
+                 : first       ? roce::kWriteFirst
+                 : last        ? (imm ? roce::kWriteLastImm : roce::kWriteLast)
+                               : roce::kWriteMiddle;
+        } else {
+            op = first && last ? (imm   ? roce::kSendOnlyImm
+                                  : inv ? roce::kSendOnlyInv
+                                        : roce::kSendOnly)
+                 : first       ? roce::kSendFirst
+                 : last        ? (imm   ? roce::kSendLastImm
+                                  : inv ? roce::kSendLastInv
+                                        : roce::kSendLast)
+                               : roce::kSendMiddle;
+        }
+        WireOut &o = out[m];
+        o = base(op, psnAdd(wq.first_psn, k));
+        uint8_t *payload = tx_buf_.data() + m * size_t{4096};
+        gatherAt(local, nlocal, off, len, payload);
+        o.pkt.payload = std::span<const uint8_t>(payload, len);
+        if (write && first) {
+            o.pkt.reth_va = h.remote_addr;
+            o.pkt.reth_rkey = h.rkey;
+            o.pkt.reth_len = static_cast<uint32_t>(wq.total);
+        }
+        if (last) {
+            // ImmDt carries the verbs' big-endian immediate as its bytes; IETH the rkey.
+            o.pkt.imm = ntohl(h.imm_data);
+            o.pkt.ieth_rkey = h.imm_data;
+            o.pkt.bth.solicited = (h.flags & SOFTNDA_WQE_SOLICITED) != 0;
+            o.pkt.bth.ack_req = true;
+        }
+        if (++m == kTxBatch || last) {
+            wire_->send(std::span<const WireOut>(out, m));
+            m = 0;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The wire thread: every packet the socket receives
+
+void Engine::Thread::runWire() {
+    WireFrame frames[kRxBatch];
+    while (!stop_.load(std::memory_order_acquire)) {
+        size_t n = wire_->receive(frames);
+        if (n == 0) {
+            continue;
+        }
+        dev_->gate.enterShared();
+        // While paused (a restart's snapshot), packets are dropped: the peers retransmit them.
+        if (!dev_->paused.load(std::memory_order_acquire)) {
+            for (size_t i = 0; i < n; ++i) {
+                wireFrame(frames[i]);
+            }
+        }
+        dev_->gate.leaveShared();
+    }
+}
+
+void Engine::Thread::wireFrame(const WireFrame &f) {
+    std::span<const uint8_t> bytes(f.data, f.len);
+    roce::Packet p;
+    if (!roce::decode(bytes, &p) || (p.bth.opcode & 0xe0) != roce::kRc) {
+        wire_->malformed.fetch_add(1, std::memory_order_relaxed);
+        return;
+    }
+    uint8_t ip[roce::kIpv4Len], udp[roce::kUdpLen];
+    ipUdpHeaders(f.src_ip, f.dst_ip, f.sport, f.dport, f.len, ip, udp);
+    if (roce::icrcIpv4(ip, udp, bytes.first(f.len - roce::kIcrcLen)) != roce::carriedIcrc(bytes)) {
+        wire_->bad_icrc.fetch_add(1, std::memory_order_relaxed);  // dropped, as rxe drops it
+        return;
+    }
+    auto it = dev_->qps.find(p.bth.dest_qp);
+    if (it == dev_->qps.end()) {
+        return;  // no such QP: silently dropped (IBTA 9.6.1.1), the requester's retries run out
+    }
+    Qp *qp = it->second;
+    if (!qp->wire || qp->wire->dst_ip != f.src_ip) {
+        return;  // a QP not connected to the sender
+    }
+    const uint8_t op = p.bth.opcode & 0x1f;
+    if (op >= roce::kReadResponseFirst && op <= roce::kAtomicAcknowledge) {
+        wireReply(qp, *qp->wire, p);
+    } else {
+        wireRequest(qp, *qp->wire, p);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The requester's half on the wire thread: acknowledgements, READ responses, atomic results
+
+void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
+    const uint8_t op = p.bth.opcode & 0x1f;
+    const uint32_t psn = p.bth.psn;
+    bool finished = false;
+    {
+        std::lock_guard<std::mutex> lk(wq.mu);
+        if (!wq.busy || wq.done) {
+            return;  // late or repeated: nothing waits for it
+        }
+        auto finish = [&](uint8_t status, uint32_t byte_len) {
+            wq.done = true;
+            wq.status = status;
+            wq.byte_len = byte_len;
+            finished = true;
+        };
+        const bool in_window = !psnBefore(psn, wq.first_psn) && psnBefore(psn, wq.next_psn);
+        const uint8_t kind = p.aeth_syndrome & 0xe0;
+        const bool has_aeth = roce::layoutOf(p.bth.opcode).aeth;
+        if (has_aeth && kind == kRnrNak && in_window) {
+            // Receiver not ready: from this PSN again after the responder's timer, while
+            // rnr_retry lasts (7: for ever).
+            wq.una = psn;
+            if (qp->attrs.rnr_retry != 7 && wq.rnr_retries >= qp->attrs.rnr_retry) {
+                finish(IBV_WC_RNR_RETRY_EXC_ERR, 0);
+            } else {
+                wq.rnr_retries++;
+                wq.rnr_until_ns = nowNs() + rnrTimerNs(p.aeth_syndrome & 0x1f);
+            }
+        } else if (has_aeth && kind == kNak) {
+            if (p.aeth_syndrome == kNakPsnSeq) {
+                // The responder expects psn: everything before it arrived; resend from there.
+                if (!psnBefore(psn, wq.una) && !psnBefore(wq.next_psn, psn)) {
+                    wq.una = psn;
+                    wq.resend = true;
+                }
+            } else if (in_window) {
+                finish(statusOfNak(p.aeth_syndrome), 0);
+            }
+        } else if (op == roce::kAcknowledge) {
+            if (has_aeth && kind == 0 && in_window && !psnBefore(psn, wq.una)) {
+                wq.una = psnAdd(psn, 1);
+                const bool response_op = wq.hdr.opcode == SOFTNDA_OP_RDMA_READ || isAtomic(wq.hdr.opcode);
+                if (wq.una == wq.next_psn && !response_op) {
+                    finish(IBV_WC_SUCCESS, 0);
+                }
+            }
+        } else if (op == roce::kAtomicAcknowledge) {
+            if (isAtomic(wq.hdr.opcode) && psn == wq.first_psn) {
+                Segment seg[29];
+                if (!checkLocal(qp->pd, wq.sge, wq.num_sge, true, seg)) {
+                    finish(IBV_WC_LOC_PROT_ERR, 0);
+                } else {
+                    uint64_t orig = p.atomic_orig;
+                    scatterAt(seg, wq.num_sge, 0, reinterpret_cast<const uint8_t *>(&orig), 8);
+                    bump(ctr_.bytes, 8);
+                    finish(IBV_WC_SUCCESS, 8);
+                }
+            }
+        } else if (wq.hdr.opcode == SOFTNDA_OP_RDMA_READ && psn == wq.una) {
+            // READ responses come in order; one out of order is dropped and the request goes
+            // again from una when the timer runs out.
+            const uint64_t off = uint64_t{psnDiff(psn, wq.first_psn)} * wq.mtu;
+            const bool last = op == roce::kReadResponseLast || op == roce::kReadResponseOnly;
+            const uint64_t expect = std::min<uint64_t>(wq.total - std::min(off, wq.total), wq.mtu);
+            Segment seg[29];
+            if (p.payload.size() != expect || (last != (psnAdd(psn, 1) == wq.next_psn))) {
+                finish(IBV_WC_BAD_RESP_ERR, 0);
+            } else if (!checkLocal(qp->pd, wq.sge, wq.num_sge, true, seg)) {
+                finish(IBV_WC_LOC_PROT_ERR, 0);
+            } else {
+                scatterAt(seg, wq.num_sge, off, p.payload.data(), p.payload.size());
+                bump(ctr_.bytes, p.payload.size());
+                wq.una = psnAdd(psn, 1);
+                if (last) {
+                    finish(IBV_WC_SUCCESS, static_cast<uint32_t>(wq.total));
+                }
+            }
+        }
+        if (!finished && !wq.resend && wq.rnr_until_ns == 0) {
+            return;
+        }
+    }
+    // The SQ's engine thread completes the WQE (or retransmits) on its next pass.
+    engine_->poke(qp->sq_db.page, qp->sq_db.index);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The responder
+
+void Engine::Thread::wireAck(const WireQp &wq, uint32_t dest_qpn, uint8_t syndrome, uint32_t psn) {
+    WireOut o;
+    o.src_ip = wq.src_ip;
+    o.dst_ip = wq.dst_ip;
+    o.sport = wq.sport;
+    o.pkt.bth.opcode = roce::kRc | roce::kAcknowledge;
+    o.pkt.bth.dest_qp = dest_qpn;
+    o.pkt.bth.psn = psn;
+    o.pkt.aeth_syndrome = syndrome;
+    o.pkt.aeth_msn = wq.msn;
+    wire_->send(std::span<const WireOut>(&o, 1));
+}
+
+void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
+    int st = qp->state.load(std::memory_order_acquire);
+    if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) {
+        return;  // not ready: dropped, the requester retries
+    }
+    const uint32_t dest = qp->attrs.dest_qpn;
+    std::lock_guard<std::mutex> lk(qp->rq_lock);
+    const uint32_t epsn = qp->rq_psn;
+    const uint32_t psn = p.bth.psn;
+    const uint8_t op = p.bth.opcode & 0x1f;
+    if (psn != epsn) {
+        if (psnBefore(epsn, psn)) {
+            // A gap: one sequence NAK names the PSN expected, until it comes.
+            if (!wq.nak_sent) {
+                wq.nak_sent = true;
+                wireAck(wq, dest, kNakPsnSeq, epsn);
+            }
+            return;
+        }
+        wireDuplicate(qp, wq, p);
+        return;
+    }
+    wq.nak_sent = false;
+    Responder rp = responderOf(qp);
+    auto fail = [&](uint8_t status) {
+        wireAck(wq, dest, nakOf(status), psn);
+        wq.in_kind = 0;
+        responderError(qp, status);
+    };
+    const bool send_op = op <= roce::kSendOnlyImm || op == roce::kSendLastInv || op == roce::kSendOnlyInv;
+    const bool write_op = op >= roce::kWriteFirst && op <= roce::kWriteOnlyImm;
+    const bool first = op == roce::kSendFirst || op == roce::kSendOnly || op == roce::kSendOnlyImm ||
+                       op == roce::kSendOnlyInv || op == roce::kWriteFirst || op == roce::kWriteOnly ||
+                       op == roce::kWriteOnlyImm;
+    const bool last = !(op == roce::kSendFirst || op == roce::kSendMiddle || op == roce::kWriteFirst ||
+                        op == roce::kWriteMiddle);
+    if (send_op || write_op) {
+        const uint8_t kind = send_op ? 1 : 2;
+        // A FIRST or ONLY starts a message; MIDDLE and LAST continue the one in progress.
+        if (first != (wq.in_kind == 0) || (!first && wq.in_kind != kind)) {
+            return fail(IBV_WC_REM_INV_REQ_ERR);
+        }
+        if (!last && p.payload.size() != (128u << qp->attrs.path_mtu)) {
+            return fail(IBV_WC_REM_INV_REQ_ERR);  // only the last packet may be short
+        }
+        const bool imm = op == roce::kSendLastImm || op == roce::kSendOnlyImm || op == roce::kWriteLastImm ||
+                         op == roce::kWriteOnlyImm;
+        const bool inv = op == roce::kSendLastInv || op == roce::kSendOnlyInv;
+        if (inv && !invalidateRemote(dev_, qp, p.ieth_rkey, false)) {
+            return fail(IBV_WC_REM_INV_REQ_ERR);
+        }
+        if (first) {
+            wq.in_kind = kind;
+            wq.in_off = 0;
+            wq.in_recv = false;
+            if (write_op) {
+                wq.in_va = p.reth_va;
+                wq.in_rkey = p.reth_rkey;
+                wq.in_len = p.reth_len;
+            }
+        }
+        // The receive a SEND fills or a WRITE's immediate completes, taken by the packet that
+        // needs it first: none posted is an RNR NAK, and the same packet comes again.
+        if ((send_op || imm) && !wq.in_recv) {
+            RecvCopy r;
+            if (!takeRecv(rp, &r)) {
+                if (first) {
+                    wq.in_kind = 0;
+                }
+                bump(ctr_.rnr_naks);
+                wireAck(wq, dest, static_cast<uint8_t>(kRnrNak | (qp->attrs.min_rnr_timer & 0x1f)), psn);
+                return;
+            }
+            wq.in_recv = true;
+            wq.recv_wr_id = r.wr_id;
+            wq.recv_num_sge = r.num_sge;
+            std::memcpy(wq.recv_sge, r.sge, std::min<uint32_t>(r.num_sge, 29) * sizeof(softnda_sge));
+        }
+        RecvCopy r{wq.recv_wr_id, wq.recv_num_sge, {}};
+        std::memcpy(r.sge, wq.recv_sge, sizeof(r.sge));
+        const uint64_t len = p.payload.size();
+        if (write_op) {
+            if (wq.in_off + len > wq.in_len || (last && wq.in_off + len != wq.in_len)) {
+                return fail(IBV_WC_REM_INV_REQ_ERR);
+            }
+            softnda_wqe h{};
+            h.opcode = imm ? SOFTNDA_OP_RDMA_WRITE_WITH_IMM : SOFTNDA_OP_RDMA_WRITE;
+            h.rkey = wq.in_rkey;
+            h.remote_addr = wq.in_va + wq.in_off;
+            uint8_t status = IBV_WC_SUCCESS;
+            // A zero-length WRITE's rkey is not checked, only the QP's access (C9-88).
+            uint8_t *remote = checkRkey(dev_, rp, h, last && first ? wq.in_len : len, &status);
+            if (remote == nullptr) {
+                return fail(status);
+            }
+            std::memcpy(remote, p.payload.data(), len);
+        } else {
+            Segment dst[29];
+            uint32_t cap = rp.srq != nullptr ? rp.srq->max_sge : qp->rq_max_sge;
+            uint8_t status = IBV_WC_SUCCESS;
+            uint64_t room = 0;
+            if (r.num_sge > cap) {
+                status = IBV_WC_LOC_QP_OP_ERR;
+            } else if (!checkLocal(rp.pd, r.sge, r.num_sge, true, dst)) {
+                status = IBV_WC_LOC_PROT_ERR;
+            } else {
+                for (uint32_t i = 0; i < r.num_sge; ++i) {
+                    room += dst[i].len;
+                }
+                if (wq.in_off + len > room) {
+                    status = IBV_WC_LOC_LEN_ERR;
+                }
+            }
+            if (status != IBV_WC_SUCCESS) {
+                wq.in_recv = false;
+                completeRecv(rp, r, status, 0, IBV_WC_RECV, 0, 0, dest);
+                return fail(status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+            }
+            scatterAt(dst, r.num_sge, wq.in_off, p.payload.data(), len);
+        }
+        bump(ctr_.bytes, len);
+        wq.in_off += len;
+        qp->rq_psn = psnAdd(qp->rq_psn, 1);
+        if (last) {
+            wq.msn = psnAdd(wq.msn, 1);
+            __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
+            if (inv) {
+                (void)invalidateRemote(dev_, qp, p.ieth_rkey, true);
+            }
+            if (wq.in_recv) {
+                uint8_t flags =
+                    static_cast<uint8_t>((imm ? SOFTNDA_CQE_WITH_IMM : 0) | (inv ? SOFTNDA_CQE_WITH_INV : 0) |
+                                         (send_op && p.bth.solicited ? SOFTNDA_CQE_SOLICITED : 0));
+                uint32_t imm_data = inv ? p.ieth_rkey : htonl(p.imm);
+                completeRecv(rp, r, IBV_WC_SUCCESS, static_cast<uint32_t>(wq.in_off),
+                             send_op ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM,
+                             imm   ? imm_data
+                             : inv ? imm_data
+                                   : 0,
+                             flags, dest);
+            }
+            wq.in_kind = 0;
+            wq.in_recv = false;
+        }
+        if (p.bth.ack_req) {
+            wireAck(wq, dest, kAckSyndrome, psn);
+        }
+        return;
+    }
+    if (wq.in_kind != 0) {
+        return fail(IBV_WC_REM_INV_REQ_ERR);  // a new request inside a message
+    }
+    if (op == roce::kReadRequest) {
+        uint32_t n = 0;
+        if (!wireRead(qp, wq, p, &n)) {
+            return;
+        }
+        qp->rq_psn = psnAdd(qp->rq_psn, n);
+        wq.msn = psnAdd(wq.msn, 1);
+        __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
+        return;
+    }
+    if (op == roce::kCompareSwap || op == roce::kFetchAdd) {
+        softnda_wqe h{};
+        h.opcode = op == roce::kCompareSwap ? SOFTNDA_OP_ATOMIC_CMP_AND_SWP : SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
+        h.rkey = p.atomic_rkey;
+        h.remote_addr = p.atomic_va;
+        uint8_t status = IBV_WC_SUCCESS;
+        auto *word = reinterpret_cast<uint64_t *>(checkRkey(dev_, rp, h, 8, &status));
+        if (word == nullptr) {
+            return fail(status);
+        }
+        uint64_t orig;
+        if (op == roce::kCompareSwap) {
+            orig = p.atomic_compare;
+            __atomic_compare_exchange_n(word, &orig, p.atomic_swap_add, false, __ATOMIC_SEQ_CST,
+                                        __ATOMIC_SEQ_CST);
+        } else {
+            orig = __atomic_fetch_add(word, p.atomic_swap_add, __ATOMIC_SEQ_CST);
+        }
+        bump(ctr_.bytes, 8);
+        WireQp::AtomicResult &saved = wq.atomics[wq.atomic_next++ % std::size(wq.atomics)];
+        saved = WireQp::AtomicResult{true, psn, orig};
+        qp->rq_psn = psnAdd(qp->rq_psn, 1);
+        wq.msn = psnAdd(wq.msn, 1);
+        __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
+        wireAtomicAck(wq, dest, psn, orig);
+        return;
+    }
+    fail(IBV_WC_REM_INV_REQ_ERR);  // an opcode RC's responder does not take
+}
+
+void Engine::Thread::wireAtomicAck(const WireQp &wq, uint32_t dest_qpn, uint32_t psn, uint64_t orig) {
+    WireOut o;
+    o.src_ip = wq.src_ip;
+    o.dst_ip = wq.dst_ip;
+    o.sport = wq.sport;
+    o.pkt.bth.opcode = roce::kRc | roce::kAtomicAcknowledge;
+    o.pkt.bth.dest_qp = dest_qpn;
+    o.pkt.bth.psn = psn;
+    o.pkt.aeth_syndrome = kAckSyndrome;
+    o.pkt.aeth_msn = wq.msn;
+    o.pkt.atomic_orig = orig;
+    wire_->send(std::span<const WireOut>(&o, 1));
+}
+
+// A READ request's responses, from its PSN (qp->rq_lock held); *n how many PSNs they take. False
+// when the request was refused (a NAK went, and the QP is in ERR).
+bool Engine::Thread::wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_t *n) {
+    const uint32_t dest = qp->attrs.dest_qpn;
+    const uint32_t mtu = 128u << qp->attrs.path_mtu;
+    softnda_wqe h{};
+    h.opcode = SOFTNDA_OP_RDMA_READ;
+    h.rkey = p.reth_rkey;
+    h.remote_addr = p.reth_va;
+    uint8_t status = IBV_WC_SUCCESS;
+    const uint8_t *remote = checkRkey(dev_, responderOf(qp), h, p.reth_len, &status);
+    if (remote == nullptr) {
+        wireAck(wq, dest, nakOf(status), p.bth.psn);
+        responderError(qp, status);
+        return false;
+    }
+    *n = packetsOf(p.reth_len, mtu);
+    WireOut out[kTxBatch];
+    size_t m = 0;
+    for (uint32_t k = 0; k < *n; ++k) {
+        const uint64_t off = uint64_t{k} * mtu;
+        const uint64_t len = std::min<uint64_t>(p.reth_len - std::min<uint64_t>(off, p.reth_len), mtu);
+        const bool first = k == 0, last = k + 1 == *n;
+        WireOut &o = out[m];
+        o = WireOut{};
+        o.src_ip = wq.src_ip;
+        o.dst_ip = wq.dst_ip;
+        o.sport = wq.sport;
+        o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | (first && last ? roce::kReadResponseOnly
+                                                             : first       ? roce::kReadResponseFirst
+                                                             : last        ? roce::kReadResponseLast
+                                                                           : roce::kReadResponseMiddle));
+        o.pkt.bth.dest_qp = dest;
+        o.pkt.bth.psn = psnAdd(p.bth.psn, k);
+        o.pkt.aeth_syndrome = kAckSyndrome;
+        o.pkt.aeth_msn = last ? psnAdd(wq.msn, 1) : wq.msn;
+        o.pkt.payload = std::span<const uint8_t>(remote + off, len);
+        if (++m == kTxBatch || last) {
+            wire_->send(std::span<const WireOut>(out, m));
+            m = 0;
+        }
+    }
+    bump(ctr_.bytes, p.reth_len);
+    return true;
+}
+
+// A request with a PSN already taken (qp->rq_lock held): its acknowledgement was lost, or the
+// requester went back further than needed. Nothing executes twice: a SEND or WRITE is
+// acknowledged again, a READ read again, an atomic answered from its saved result.
+void Engine::Thread::wireDuplicate(Qp *qp, WireQp &wq, const roce::Packet &p) {
+    const uint32_t dest = qp->attrs.dest_qpn;
+    const uint8_t op = p.bth.opcode & 0x1f;
+    if (op == roce::kReadRequest) {
+        uint32_t n = 0;
+        (void)wireRead(qp, wq, p, &n);
+        return;
+    }
+    if (op == roce::kCompareSwap || op == roce::kFetchAdd) {
+        for (const WireQp::AtomicResult &a : wq.atomics) {
+            if (a.valid && a.psn == p.bth.psn) {
+                wireAtomicAck(wq, dest, a.psn, a.orig);
+                return;
+            }
+        }
+        return;  // older than the saved results: dropped (the requester cannot still want it)
+    }
+    if (p.bth.ack_req) {
+        wireAck(wq, dest, kAckSyndrome, psnAdd(qp->rq_psn, kPsnMask));  // everything before ePSN
+    }
+}
+
+}  // namespace softnda

@@ -1,0 +1,150 @@
+// softnda's RoCEv2 transport to other hosts (SPEC.md §18): the broker's UDP socket, the seeded
+// fault hook the tests use in place of netem, and the state a QP connected to another host
+// keeps. The protocol itself (requester, responder, retransmission) is engine work: wire.cc
+// holds those Engine::Thread members.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/src/roce_wire.h"
+
+namespace softnda {
+
+struct Device;
+struct Qp;
+
+// Loss, duplication and reordering the socket applies to what it sends, each a probability per
+// packet, drawn from a generator seeded with seed (provider option wire_faults, SPEC.md §18).
+struct WireFaults {
+    double drop = 0, dup = 0, reorder = 0;
+    uint64_t seed = 1;
+    bool any() const { return drop > 0 || dup > 0 || reorder > 0; }
+};
+// "drop=0.01,dup=0.005,reorder=0.01,seed=7", any subset, in any order; "" is none. -EINVAL for
+// an unknown key, a repeated one, or a probability outside [0, 1).
+int parseWireFaults(const std::string &value, WireFaults *out);
+
+// One packet to send: its headers and payload, and where it goes.
+struct WireOut {
+    uint32_t src_ip = 0, dst_ip = 0;  // network order
+    uint16_t sport = 0;               // the UDP source port (RoCEv2's flow entropy)
+    roce::Packet pkt;
+};
+
+// One packet received: the UDP payload, and the addresses its ICRC covers.
+struct WireFrame {
+    uint8_t *data = nullptr;
+    size_t len = 0;
+    uint32_t src_ip = 0, dst_ip = 0;  // network order
+    uint16_t sport = 0, dport = 0;
+};
+
+// The device's UDP socket: bound to port (4791) on the device's interface only, so a broker per
+// network namespace, or per interface, each has its own. Sending is thread-safe.
+class WireSocket {
+  public:
+    // -errno when the socket cannot be made or bound (EADDRINUSE: another RoCEv2 stack, rdma_rxe or
+    // another broker, has the port on this interface).
+    static int open(const std::string &ifname, uint16_t port, const WireFaults &faults,
+                    std::unique_ptr<WireSocket> *out);
+    ~WireSocket();
+    WireSocket(const WireSocket &) = delete;
+    WireSocket &operator=(const WireSocket &) = delete;
+
+    uint16_t port() const { return port_; }
+    // Encodes and sends the packets (their ICRCs computed over the IPv4 and UDP headers the kernel
+    // writes), through the fault hook.
+    void send(std::span<const WireOut> out);
+    // Waits for packets; fills up to frames.size() of them (pointing into this socket's receive
+    // buffers, valid until the next call) and returns how many, 0 when woken by stop() or a
+    // timeout. Only one thread receives.
+    size_t receive(std::span<WireFrame> frames);
+    // Wakes the receiving thread for good.
+    void stop();
+
+    std::atomic<uint64_t> sent{0}, received{0}, bad_icrc{0}, malformed{0}, fault_drops{0};
+
+  private:
+    WireSocket(int fd, uint16_t port, const WireFaults &faults);
+    void transmit(const uint8_t *const *bufs, const size_t *lens, const WireOut *const *to, size_t n);
+
+    int fd_;
+    uint16_t port_;
+    WireFaults faults_;
+    std::mutex fault_mu_;  // leaf: rng_ and held_
+    std::mt19937_64 rng_;
+    std::vector<uint8_t> held_;  // a packet the reorder fault holds back until the next one
+    WireOut held_to_;
+    std::vector<uint8_t> rx_buf_;
+};
+
+// The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), network order; false for any other.
+bool ipv4OfGid(const ibv_gid &gid, uint32_t *ip_be);
+
+// RoCEv2's UDP source port for a QP (rdma_flow_label_to_udp_sport of the GRH's flow label, or of
+// the QP number when the flow label is 0, as rdma_rxe does): 0xc000 and up.
+uint16_t roceSourcePort(uint32_t flow_label, uint32_t qpn);
+
+// A connected QP whose destination GID is on another host (SPEC.md §18): its path, and the state
+// of each side of its transport. Requester fields are under mu (the SQ's engine thread starts
+// and retransmits, the wire thread acknowledges); responder fields are under the QP's rq_lock.
+struct WireQp {
+    uint32_t src_ip = 0, dst_ip = 0;  // network order
+    uint16_t sport = 0;
+
+    std::mutex mu;
+    // The requester's one message on the wire: [first_psn, next_psn) its PSNs, una the first one
+    // not yet acknowledged.
+    bool busy = false, done = false;
+    uint8_t status = 0;
+    uint32_t byte_len = 0;
+    uint32_t first_psn = 0, next_psn = 0, una = 0;
+    uint32_t mtu = 1024;
+    uint64_t total = 0;
+    softnda_wqe hdr{};
+    softnda_sge sge[29]{};
+    uint32_t num_sge = 0;
+    bool resend = false;       // a sequence NAK asked for the packets from una again
+    uint64_t deadline_ns = 0;  // the local ACK timeout of the last transmission
+    uint64_t rnr_until_ns = 0;
+    uint32_t retries = 0, rnr_retries = 0;
+    uint64_t retransmits = 0;
+
+    // The responder: the message in progress after a FIRST packet.
+    uint32_t msn = 0;
+    bool nak_sent = false;  // a sequence NAK is out; no other until the expected PSN comes
+    uint8_t in_kind = 0;    // 0 none, 1 a SEND, 2 an RDMA WRITE
+    uint64_t in_va = 0, in_len = 0, in_off = 0;
+    uint32_t in_rkey = 0;
+    bool in_recv = false;
+    uint64_t recv_wr_id = 0;
+    uint32_t recv_num_sge = 0;
+    softnda_sge recv_sge[29]{};
+    // The results of the last atomics, by PSN: a repeated request is answered from here, never
+    // executed twice (IBTA o9-28; the responder resources of max_dest_rd_atomic).
+    struct AtomicResult {
+        bool valid = false;
+        uint32_t psn = 0;
+        uint64_t orig = 0;
+    };
+    AtomicResult atomics[16];
+    uint32_t atomic_next = 0;
+};
+
+// Makes qp's wire state follow its address vector (gate held exclusively): a connected RC QP of an
+// Ethernet device whose destination GID is not the device's own gets one, any other QP none.
+void bindWire(Device *dev, Qp *qp);
+// Forgets what qp's transport had in flight (a RESET or an ERR; gate held).
+void resetWire(Qp *qp);
+
+}  // namespace softnda
