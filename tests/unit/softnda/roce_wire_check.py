@@ -45,13 +45,12 @@ def main():
             print(f"scapy: frame {i}: opcode/psn/dqpn {bth.opcode:#x}/{bth.psn:#x}/{bth.dqpn:#x}, "
                   f"sent {opcode:#x}/{psn:#x}/{dqpn:#x}")
             bad += 1
+    print(f"scapy: {len(frames)} frames, {len(frames) - bad} with the ICRC and BTH as sent; by opcode: "
+          + " ".join(f"{op:#04x}:{n}" for op, n in sorted(seen.items())))
     missing = sorted(needed - set(seen))
     if missing:
         print("scapy: no frame of opcode " + ", ".join(f"{op:#04x}" for op in missing))
-        bad += 1
-    print(f"scapy: {len(frames)} frames, {len(frames) - bad} with the ICRC and BTH as sent; by opcode: "
-          + " ".join(f"{op:#04x}:{n}" for op, n in sorted(seen.items())))
-    return 1 if bad else 0
+    return 1 if bad or missing else 0
 
 
 if __name__ == "__main__":
