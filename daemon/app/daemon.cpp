@@ -693,8 +693,9 @@ Status Daemon::run() {
     // The tree was first written in init(), before this watch: a link or address change in
     // between (a veth's carrier, which the kernel reports a moment after the link is set up)
     // would stay unseen until the next one. Changes from here on are queued, so one reading now
-    // closes the gap.
-    if (interfaces) {
+    // closes the gap: of the tree init() wrote (refreshing a missing one would publish it anew).
+    std::error_code ec;
+    if (interfaces && std::filesystem::is_symlink(discoveryTreePath(runtimeDir(config_)), ec)) {
         if (Status st = refreshDiscoveryPorts(runtimeDir(config_), devices_); !st.isOk()) {
             spdlog::warn("{}", st.message());
         }
