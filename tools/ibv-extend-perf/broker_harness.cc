@@ -76,7 +76,7 @@ struct BrokerHarness::Rpc {
 };
 
 BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socket, uint32_t engine_threads,
-                             uint32_t spin_us) {
+                             uint32_t spin_us, int netns, const std::string &softnda_extra) {
     if (!socket.empty()) {
         socket_ = socket;
         if (!answers(socket_, &pid_)) {
@@ -94,7 +94,8 @@ BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socke
         // max_qp leaves room for the scale scenario's 100,000 QPs plus the other scenarios'.
         std::ofstream(config) << "[broker]\nlog_level = \"warn\"\nattach_timeout_ms = 60000\n\n[softnda]\n"
                               << "engine_threads = " << engine_threads << "\nspin_us = " << spin_us
-                              << "\nmax_qp = 262144\nmax_cq = 262144\n";
+                              << "\nmax_qp = 262144\nmax_cq = 262144\n"
+                              << softnda_extra;
         if (std::getenv("IBV_EXTEND_PROVIDER_DIR") == nullptr) {
             auto prov = std::filesystem::path(binary).parent_path() / "../providers-out";
             if (std::filesystem::exists(prov)) {
@@ -130,13 +131,22 @@ BrokerHarness::BrokerHarness(const std::string &daemon, const std::string &socke
                 ::dup2(log, STDOUT_FILENO);
                 ::dup2(log, STDERR_FILENO);
             }
+            if (netns >= 0 && ::setns(netns, CLONE_NEWNET) != 0) {
+                static const char kSetnsFailed[] = "setns into the broker's network namespace failed\n";
+                (void)!::write(STDERR_FILENO, kSetnsFailed, sizeof(kSetnsFailed) - 1);
+                _exit(126);
+            }
             ::execv(argv[0], const_cast<char *const *>(argv.data()));
             _exit(127);
         }
         own_ = true;
         auto deadline = Clock::now() + std::chrono::seconds(30);
+        // Ready once the socket answers and the discovery tree beside it is published: the broker
+        // listens a moment before it publishes the tree, and a tenant started in between
+        // (ibv-extend-run --sandbox=on) finds no tree to bind.
+        const std::string tree = dir_ + "/discovery";
         for (;;) {
-            if (answers(socket_, nullptr)) {
+            if (answers(socket_, nullptr) && ::access(tree.c_str(), F_OK) == 0) {
                 break;
             }
             int st;

@@ -32,9 +32,10 @@ class BrokerHarness {
   public:
     // daemon: path of ibv-extendd ("" = next to this executable, then <build>/daemon/).
     // socket: use a running broker instead ("" = start one). engine_threads/spin_us go to
-    // the started broker's [softnda] table.
+    // the started broker's [softnda] table, and softnda_extra (TOML lines) after them.
+    // netns: a network namespace fd the started broker runs in (-1 = this process's).
     BrokerHarness(const std::string &daemon, const std::string &socket, uint32_t engine_threads,
-                  uint32_t spin_us);
+                  uint32_t spin_us, int netns = -1, const std::string &softnda_extra = {});
     ~BrokerHarness();
     BrokerHarness(const BrokerHarness &) = delete;
     BrokerHarness &operator=(const BrokerHarness &) = delete;

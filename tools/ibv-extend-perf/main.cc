@@ -29,10 +29,10 @@ int main(int argc, char **argv) {
     app.add_option("--engine-threads", opt.engine_threads, "softnda engine threads (direct and broker)")
         ->check(CLI::Range(1, 64));
     app.add_option("--only", opt.only, "run only these scenarios")
-        ->check(CLI::IsMember({"pingpong", "memcpy",   "uds",     "write8",     "unreliable",
-                               "idle10k",  "msgrate",  "write1m", "nullrpc",    "write8broker",
-                               "verbs",    "createqp", "bringup", "clients",    "reclaim",
-                               "teardown", "scale",    "restart", "middleware", "fork"}));
+        ->check(CLI::IsMember({"pingpong",   "memcpy",  "uds",     "write8",       "unreliable", "idle10k",
+                               "msgrate",    "write1m", "nullrpc", "write8broker", "verbs",      "createqp",
+                               "bringup",    "clients", "reclaim", "teardown",     "scale",      "restart",
+                               "middleware", "fork",    "udp",     "roce"}));
     app.add_option("--daemon", opt.daemon,
                    "ibv-extendd to start (default: next to this tool, or the build tree's)");
     app.add_option("--socket", opt.socket,
@@ -69,6 +69,7 @@ int main(int argc, char **argv) {
         ibvx::perf::runSoftndaDirect(opt, results);
         ibvx::perf::runControlDirect(opt, results);
         ibvx::perf::runBrokered(opt, results);
+        ibvx::perf::runRoce(opt, results);
     } catch (const std::exception &e) {
         std::cerr << "ibv-extend-perf: " << e.what() << "\n";
         return 1;

@@ -9,8 +9,6 @@
 //    ibv_rc_pingpong through the face, both round trips between two tenants.
 // The programs are found at configure time (CMakeLists.txt); a build without them (a cross build,
 // a machine without ucx-utils or Open MPI) skips the part that needs them and says so.
-#include <fcntl.h>
-#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -24,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -41,11 +38,10 @@
 #include "providers/softnda/include/softnda_device.h"
 #include "tools/ibv-extend-perf/broker_harness.h"
 #include "tools/ibv-extend-perf/broker_queues.h"
+#include "tools/ibv-extend-perf/programs.h"
 #include "tools/ibv-extend-perf/scenarios.h"
 #include "tools/ibv-extend-perf/workers.h"
 #include "tools/ibv-extend-perf/wr.h"
-
-extern char **environ;
 
 namespace ibvx::perf {
 namespace {
@@ -223,105 +219,7 @@ class HelperPuts {
     End a_, b_;
 };
 
-// ---- programs nobody here wrote, as tenants ----------------------------------------------------
-
-// A program with its stdout and stderr in one pipe, read when it is finished.
-class Program {
-  public:
-    explicit Program(const std::vector<std::string> &argv, const std::vector<std::string> &env = {}) {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) != 0) {
-            fail(std::string("pipe2: ") + std::strerror(errno));
-        }
-        UniqueFd r(p[0]), w(p[1]);
-        std::vector<char *> args;
-        for (const auto &a : argv) {
-            args.push_back(const_cast<char *>(a.c_str()));
-        }
-        args.push_back(nullptr);
-        // The environment is built before fork(): this process has threads (gRPC's), so the
-        // child may only make async-signal-safe calls until it execs.
-        std::vector<char *> envp;  // ours first: getenv() takes the first of a name
-        for (const auto &e : env) {
-            envp.push_back(const_cast<char *>(e.c_str()));
-        }
-        for (char **e = environ; *e != nullptr; ++e) {
-            envp.push_back(*e);
-        }
-        envp.push_back(nullptr);
-        pid_ = ::fork();
-        if (pid_ < 0) {
-            fail(std::string("fork: ") + std::strerror(errno));
-        }
-        if (pid_ == 0) {
-            ::dup2(w.get(), STDOUT_FILENO);
-            ::dup2(w.get(), STDERR_FILENO);
-            ::execve(args[0], args.data(), envp.data());
-            static const char kExecFailed[] = "ibv-extend-perf: exec of a middleware program failed\n";
-            (void)!::write(STDERR_FILENO, kExecFailed, sizeof(kExecFailed) - 1);
-            ::_exit(127);
-        }
-        out_ = std::move(r);
-        for (const auto &a : argv) {
-            name_ += (name_.empty() ? "" : " ") + a;
-        }
-    }
-    ~Program() {
-        if (pid_ > 0) {
-            ::kill(pid_, SIGKILL);
-            ::waitpid(pid_, nullptr, 0);
-        }
-    }
-    Program(const Program &) = delete;
-    Program &operator=(const Program &) = delete;
-
-    // Its output once it exited (SIGKILL at the deadline); throws unless it exited 0.
-    std::string finish(std::chrono::milliseconds limit) {
-        const auto deadline = Clock::now() + limit;
-        std::string text;
-        char chunk[4096];
-        for (;;) {
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-            pollfd pfd{out_.get(), POLLIN, 0};
-            if (left.count() <= 0 || ::poll(&pfd, 1, static_cast<int>(left.count())) == 0) {
-                ::kill(pid_, SIGKILL);
-                text += "\n[killed at the deadline]";
-                break;
-            }
-            ssize_t n = ::read(out_.get(), chunk, sizeof(chunk));
-            if (n <= 0) {
-                break;
-            }
-            text.append(chunk, static_cast<size_t>(n));
-        }
-        int status = 0;
-        ::waitpid(pid_, &status, 0);
-        pid_ = -1;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fail(name_ + " failed (status " + std::to_string(status) + "):\n" + text);
-        }
-        return text;
-    }
-
-  private:
-    pid_t pid_ = -1;
-    UniqueFd out_;
-    std::string name_;
-};
-
-// One of ours installed beside this tool (bin/), else the build tree's.
-std::string ourProgram(const char *name, const char *built) {
-    std::filesystem::path beside = std::filesystem::path(selfExe()).parent_path() / name;
-    std::error_code ec;
-    return std::filesystem::is_regular_file(beside, ec) ? beside.string() : std::string(built);
-}
-
-std::vector<std::string> tenant(const std::string &socket, std::vector<std::string> argv) {
-    std::vector<std::string> all = {ourProgram("ibv-extend-run", IBVX_PERF_RUN), "--socket", socket,
-                                    "--sandbox=on", "--"};
-    all.insert(all.end(), argv.begin(), argv.end());
-    return all;
-}
+// ---- programs nobody here wrote, as tenants (programs.h) --------------------------------------
 
 // A server program and its client on a fresh loopback port (the programs' out-of-band exchange):
 // the client starts once the server listens; the client's output.
@@ -466,16 +364,7 @@ void mpiSection(const Options &opt, Results &out, const std::string &socket) {
 void middlewareSection(const Options &opt, Results &out, const std::string &socket) {
     // UCX's and Open MPI's processes run SCHED_OTHER; under --sched-fifo the helpers' threads
     // would outrank them on the same cores. Both sides run as the tenants do, for this section.
-    sched_param was{};
-    const int policy = ::sched_getscheduler(0);
-    ::sched_getparam(0, &was);
-    sched_param other{};
-    ::sched_setscheduler(0, SCHED_OTHER, &other);
-    struct Restore {
-        int policy;
-        sched_param param;
-        ~Restore() { ::sched_setscheduler(0, policy, &param); }
-    } restore{policy, was};
+    SchedOtherScope as_tenants;
     if (std::string(IBVX_PERF_UCX_PERFTEST).empty()) {
         std::cerr << "middleware: no ucx_perftest in this build (ucx-utils, native builds only); UCX part "
                      "skipped\n";

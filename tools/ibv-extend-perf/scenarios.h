@@ -76,7 +76,8 @@ std::vector<uint64_t> timedSamples(int iters, int warmup, F one_ns) {
 }
 
 // Scenario names (for --only): pingpong, memcpy, uds, write8, unreliable, idle10k, msgrate, write1m, nullrpc,
-// write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale, restart, middleware, fork.
+// write8broker, verbs, createqp, bringup, clients, reclaim, teardown, scale, restart, middleware, fork,
+// udp, roce.
 
 // floors.shm_pingpong_p50_ns / _p99_ns: a cache line bounced between two threads (round trip).
 // floors.memcpy_gbps: single-thread memcpy of 1 MiB buffers.
@@ -120,6 +121,11 @@ void middlewareSection(const Options &opt, Results &out, const std::string &sock
 // fork() of a process with memory registered through the face, beside the same memory
 // unregistered (fork_cost.cc).
 void forkSection(const Options &opt, Results &out);
+
+// Two namespaces joined by a veth pair, one broker each (roce.cc): the UDP floor of that path
+// (scenario udp) and RDMA WRITE/SEND through the brokers beside it (scenario roce, which measures
+// the floor too). Root only; skipped with a line otherwise, and in --quick unless named.
+void runRoce(const Options &opt, Results &out);
 
 // machine.cores, kernel, cpu, date, git_commit.
 void collectMachine(Results &out);

@@ -113,11 +113,15 @@ const ibv_gid &groupGid(const Qp &qp, uint16_t lid) {
 
 }  // namespace
 
-// The head WQE of sq, copied out of the ring once (only what its SGE count or inline length
-// says, bounded by the stride).
+// The head WQE of sq (or the one at index), copied out of the ring once (only what its SGE count
+// or inline length says, bounded by the stride).
 void fetchWqe(const Qp &qp, WqeCopy *w) {
+    fetchWqeAt(qp, qp.sq.ci_local, w);
+}
+
+void fetchWqeAt(const Qp &qp, uint32_t index, WqeCopy *w) {
     const Ring &sq = qp.sq;
-    const uint8_t *slot = sq.buf + static_cast<size_t>(sq.ci_local & (sq.cnt - 1)) * sq.stride;
+    const uint8_t *slot = sq.buf + static_cast<size_t>(index & (sq.cnt - 1)) * sq.stride;
     std::memcpy(&w->hdr, slot, sizeof(w->hdr));
     w->xrc_srqn = 0;
     if (qp.wqe_data > SOFTNDA_WQE_HEADER_SIZE) {  // the XRC segment (SPEC.md §14)
@@ -710,6 +714,13 @@ bool Engine::Thread::processSq(Qp *qp) {
         flushQp(qp, pi);
         return true;
     }
+    if (qp->wire) {
+        // A peer on another host (SPEC.md §18): nothing to settle with it, the head WQE goes
+        // again with the PSNs it had.
+        qp->recover_head = false;
+        qp->recover_psn = false;
+        return wireProcessSq(qp, pi);
+    }
     if (state != IBV_QPS_RTS) {
         return false;
     }
@@ -725,10 +736,6 @@ bool Engine::Thread::processSq(Qp *qp) {
         WqeCopy w;
         fetchWqe(*qp, &w);
         ExecResult res = execute(qp, w);
-        if (res.outcome == Outcome::WireWait) {
-            startWait(qp, false, 0);  // revisited each pass: its timers, and the wire thread's poke
-            break;
-        }
         if (res.outcome != Outcome::Done) {
             bool rnr = res.outcome == Outcome::RnrWait;
             if (rnr ? keepWaitingRnr(qp) : keepWaitingForPeer(qp)) {
@@ -886,27 +893,19 @@ void Engine::Thread::flushRq(Qp *qp) {
     }
 }
 
-ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
+// The local half of a send WQE's checks (SPEC.md §5.1 steps 2-4): its shape for the QP's
+// transport, its length, and its local SGEs resolved to segments (inline data in place).
+// IBV_WC_SUCCESS, or the completion status of the error.
+uint8_t Engine::Thread::gatherLocal(Qp *qp, const WqeCopy &w, Segment *local, uint32_t *nlocal_out,
+                                    uint64_t *total_out) {
     const softnda_wqe &h = w.hdr;
     const uint32_t sge_cap = sendSgeCap(qp->sq.stride, qp->wqe_data);
     const bool is_inline = (h.flags & SOFTNDA_WQE_INLINE) != 0;
-    ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
-    if (h.opcode == SOFTNDA_OP_BIND_MW || h.opcode == SOFTNDA_OP_LOCAL_INV) {
-        // Local memory-window operations (SPEC.md §16), on every transport but UD.
-        if (qp->init.qp_type == IBV_QPT_UD) {
-            return bad;
-        }
-        return ExecResult{
-            h.opcode == SOFTNDA_OP_BIND_MW ? executeBindMw(dev_, qp, h) : executeLocalInv(dev_, qp, h.rkey),
-            0, Outcome::Done};
-    }
+    const uint8_t bad = IBV_WC_LOC_QP_OP_ERR;
     const bool send_inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV &&
                           (qp->init.qp_type == IBV_QPT_RC || qp->init.qp_type == IBV_QPT_XRC_SEND);
     if (h.opcode > qp->max_opcode && !send_inv) {  // what the QP's transport executes (SPEC.md §11)
         return bad;
-    }
-    if (h.opcode == SOFTNDA_OP_NOP) {
-        return ExecResult{};
     }
     if (is_inline) {
         bool inline_ok = h.opcode == SOFTNDA_OP_SEND || h.opcode == SOFTNDA_OP_SEND_WITH_IMM || send_inv ||
@@ -920,7 +919,6 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     }
     const bool atomic = isAtomic(h.opcode);
     uint64_t total = 0;
-    Segment local[29];
     uint32_t nlocal = 0;
     if (is_inline) {
         total = h.inline_len;
@@ -935,20 +933,43 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         nlocal = h.num_sge;
     }
     if (total > qp->max_msg || (atomic && total != 8)) {
-        return ExecResult{IBV_WC_LOC_LEN_ERR, 0, Outcome::Done};
+        return IBV_WC_LOC_LEN_ERR;
     }
     bool writes_local = h.opcode == SOFTNDA_OP_RDMA_READ || atomic;
     if (!is_inline && !checkLocal(qp->pd, w.sge, h.num_sge, writes_local, local)) {
-        return ExecResult{IBV_WC_LOC_PROT_ERR, 0, Outcome::Done};
+        return IBV_WC_LOC_PROT_ERR;
+    }
+    *nlocal_out = nlocal;
+    *total_out = total;
+    return IBV_WC_SUCCESS;
+}
+
+ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
+    const softnda_wqe &h = w.hdr;
+    ExecResult bad{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
+    if (h.opcode == SOFTNDA_OP_BIND_MW || h.opcode == SOFTNDA_OP_LOCAL_INV) {
+        // Local memory-window operations (SPEC.md §16), on every transport but UD.
+        if (qp->init.qp_type == IBV_QPT_UD) {
+            return bad;
+        }
+        return ExecResult{
+            h.opcode == SOFTNDA_OP_BIND_MW ? executeBindMw(dev_, qp, h) : executeLocalInv(dev_, qp, h.rkey),
+            0, Outcome::Done};
+    }
+    if (h.opcode == SOFTNDA_OP_NOP) {
+        return ExecResult{};
+    }
+    Segment local[29];
+    uint32_t nlocal = 0;
+    uint64_t total = 0;
+    if (uint8_t st = gatherLocal(qp, w, local, &nlocal, &total); st != IBV_WC_SUCCESS) {
+        return ExecResult{st, 0, Outcome::Done};
     }
     if (qp->init.qp_type == IBV_QPT_UD) {
         return sendDatagram(qp, h, local, nlocal, total);
     }
     if (qp->init.qp_type == IBV_QPT_UC) {
         return sendUnconnected(qp, w, local, nlocal, total);
-    }
-    if (qp->wire) {
-        return wireExecute(qp, w, local, nlocal, total);  // a peer on another host (SPEC.md §18)
     }
     // RC, and an XRC initiator, whose responder is an XRC target (SPEC.md §14).
     const ibv_qp_type peer_type = qp->init.qp_type == IBV_QPT_XRC_SEND ? IBV_QPT_XRC_RECV : IBV_QPT_RC;
@@ -1148,6 +1169,11 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
     qp->recover_psn = false;
     if (head && qp->sq.ci_local != pi && windowWqeApplied(dev_, qp, headWqe(*qp))) {
         retireHead(qp);  // a bind or invalidation its window's record shows done (SPEC.md §16)
+        return;
+    }
+    if (qp->wire) {
+        // The peer is on another host: the head WQE goes again with the PSNs it had, and the
+        // responder's PSN check answers a repeat without executing it twice (SPEC.md §18).
         return;
     }
     if (qp->init.qp_type == IBV_QPT_UD) {

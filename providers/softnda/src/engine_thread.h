@@ -42,9 +42,8 @@ struct RecvCopy {
 
 // RnrWait: the responder had no receive (an RNR NAK); PeerWait: no responder answered (the
 // destination QP does not exist or is not ready), which a real NIC retries until its transport
-// retry counter runs out; WireWait: the message is on the wire to another host, and its
-// acknowledgement has not come (SPEC.md §18). All keep the WQE at the head of its SQ.
-enum class Outcome { Done, RnrWait, PeerWait, WireWait };
+// retry counter runs out. Both keep the WQE at the head of its SQ.
+enum class Outcome { Done, RnrWait, PeerWait };
 
 struct ExecResult {
     uint8_t status = IBV_WC_SUCCESS;
@@ -90,6 +89,7 @@ uint8_t *checkRkey(const Device *dev, const Responder &rp, const softnda_wqe &h,
                    uint8_t *status);
 bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in);
 void fetchWqe(const Qp &qp, WqeCopy *w);
+void fetchWqeAt(const Qp &qp, uint32_t index, WqeCopy *w);
 
 class Engine::Thread {
   public:
@@ -169,8 +169,11 @@ class Engine::Thread {
     void completeRecv(const Responder &peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
                       uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
     // wire.cc: RC to another host over RoCEv2 (SPEC.md §18)
-    ExecResult wireExecute(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal, uint64_t total);
-    void wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint32_t nlocal);
+    uint8_t gatherLocal(Qp *qp, const WqeCopy &w, Segment *local, uint32_t *nlocal, uint64_t *total);
+    bool wireProcessSq(Qp *qp, uint32_t pi);
+    bool wireRetire(Qp *qp, WireQp &wq, uint32_t pi);
+    bool wireStart(Qp *qp, WireQp &wq, uint32_t pi);
+    void wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t from_psn);
     void runWire();
     void wireFrame(const WireFrame &f);
     void wireReply(Qp *qp, WireQp &wq, const roce::Packet &p);

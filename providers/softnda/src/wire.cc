@@ -413,8 +413,9 @@ void resetWire(Qp *qp) {
     WireQp &wq = *qp->wire;
     {
         std::lock_guard<std::mutex> lk(wq.mu);
-        wq.busy = false;
-        wq.done = false;
+        wq.head = 0;
+        wq.count = 0;
+        wq.blocked = false;
         wq.resend = false;
         wq.rnr_until_ns = 0;
     }
@@ -471,73 +472,208 @@ uint64_t ackTimeoutNs(uint8_t timeout) {
 
 }  // namespace
 
-ExecResult Engine::Thread::wireExecute(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
-                                       uint64_t total) {
-    if (wire_ == nullptr) {
-        return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
-    }
-    WireQp &wq = *qp->wire;
-    std::lock_guard<std::mutex> lk(wq.mu);
-    const uint64_t now = nowNs();
-    if (!wq.busy) {
-        const softnda_wqe &h = w.hdr;
-        wq.busy = true;
-        wq.done = false;
-        wq.hdr = h;
-        wq.num_sge = (h.flags & SOFTNDA_WQE_INLINE) ? 0 : h.num_sge;
-        std::memcpy(wq.sge, w.sge, wq.num_sge * sizeof(softnda_sge));
-        wq.total = total;
-        wq.mtu = 128u << std::clamp<uint32_t>(qp->attrs.path_mtu, IBV_MTU_256, IBV_MTU_4096);
-        wq.first_psn = qp->sq_psn;
-        uint32_t n = isAtomic(h.opcode) ? 1 : packetsOf(total, wq.mtu);
-        wq.next_psn = psnAdd(wq.first_psn, n);
-        wq.una = wq.first_psn;
-        wq.retries = 0;
-        wq.rnr_retries = 0;
-        wq.rnr_until_ns = 0;
-        wq.resend = false;
-        wireTransmit(qp, wq, local, nlocal);
-        wq.deadline_ns = now + ackTimeoutNs(qp->attrs.timeout);
-        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::WireWait};
-    }
-    if (wq.done) {
-        wq.busy = false;
-        wq.done = false;
-        qp->sq_psn = wq.next_psn;
-        return ExecResult{wq.status, wq.status == IBV_WC_SUCCESS ? wq.byte_len : 0, Outcome::Done};
-    }
-    bool again = false;
-    if (wq.rnr_until_ns != 0) {
-        if (now >= wq.rnr_until_ns) {
-            wq.rnr_until_ns = 0;
-            again = true;
-        }
-    } else if (wq.resend) {
-        wq.resend = false;
-        again = true;
-    } else if (now >= wq.deadline_ns) {
-        if (wq.retries >= qp->attrs.retry_cnt) {
-            wq.busy = false;
-            return ExecResult{IBV_WC_RETRY_EXC_ERR, 0, Outcome::Done};
-        }
-        wq.retries++;
-        again = true;
-    }
-    if (again) {
-        wq.resend = false;
-        wq.retransmits++;
-        wireTransmit(qp, wq, local, nlocal);
-        wq.deadline_ns = now + ackTimeoutNs(qp->attrs.timeout);
-    }
-    return ExecResult{IBV_WC_SUCCESS, 0, Outcome::WireWait};
+namespace {
+
+bool needsResponse(uint8_t opcode) {
+    return opcode == SOFTNDA_OP_RDMA_READ || isAtomic(opcode);
 }
 
-// Sends wq's message from its first unacknowledged PSN on (wq.mu held): each SEND or WRITE
-// packet with its share of the payload, a READ request for what has not come back, or the
-// atomic. The last packet asks for the acknowledgement (ACK coalescing: one per message).
-void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint32_t nlocal) {
-    const softnda_wqe &h = wq.hdr;
+bool localOnly(uint8_t opcode) {
+    return opcode == SOFTNDA_OP_BIND_MW || opcode == SOFTNDA_OP_LOCAL_INV || opcode == SOFTNDA_OP_NOP;
+}
+
+uint32_t pathMtu(const Qp &qp) {
+    return 128u << std::clamp<uint32_t>(qp.attrs.path_mtu, IBV_MTU_256, IBV_MTU_4096);
+}
+
+}  // namespace
+
+// The requester of a QP connected to another host (SPEC.md §18), in place of processSq's loop:
+// the acknowledged messages complete in SQ order, new WQEs start while the window has room, and
+// the timers send again from the first packet not known to have arrived (go-back-N, as rxe).
+bool Engine::Thread::wireProcessSq(Qp *qp, uint32_t pi) {
+    WireQp &wq = *qp->wire;
+    std::unique_lock<std::mutex> lk(wq.mu);
+    if (wq.count == 0) {
+        // Nothing on the wire: start from CI (after a RESET, an import or a flush).
+        wq.sent = qp->sq.ci_local;
+        wq.send_psn = qp->sq_psn;
+        wq.blocked = false;
+    }
+    bool did = false;
+    if (wq.count > 0) {
+        const uint64_t now = nowNs();
+        bool again = false;
+        if (wq.rnr_until_ns != 0) {
+            if (now >= wq.rnr_until_ns) {
+                wq.rnr_until_ns = 0;
+                again = true;
+            }
+        } else if (wq.resend) {
+            again = true;
+        } else if (now >= wq.deadline_ns) {
+            if (wq.retries >= qp->attrs.retry_cnt) {
+                for (uint32_t i = 0; i < wq.count; ++i) {
+                    if (!wq.at(i).done) {
+                        wq.at(i).done = true;
+                        wq.at(i).status = IBV_WC_RETRY_EXC_ERR;
+                        break;
+                    }
+                }
+            } else {
+                wq.retries++;
+                again = true;
+            }
+        }
+        if (again) {
+            wq.resend = false;
+            wq.retransmits++;
+            for (uint32_t i = 0; i < wq.count; ++i) {
+                WireMsg &m = wq.at(i);
+                if (!m.done && m.first_psn != m.next_psn) {
+                    wireTransmit(qp, wq, m, psnAdd(m.first_psn, m.progress));
+                }
+            }
+            wq.deadline_ns = now + ackTimeoutNs(qp->attrs.timeout);
+        }
+    }
+    for (bool more = true; more;) {
+        more = wireRetire(qp, wq, pi);
+        if (wq.count == 0 && qp->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
+            lk.unlock();
+            endRnrWait(qp);
+            flushQp(qp, pi);  // a failed WQE moved the QP to ERR: the rest are flushed
+            return true;
+        }
+        more = wireStart(qp, wq, pi) || more;
+        did = did || more;
+    }
+    if (wq.count > 0) {
+        startWait(qp, false, 0);  // revisited each pass: its timers, and the wire thread's pokes
+    } else {
+        endRnrWait(qp);
+    }
+    return did;
+}
+
+// Completes the finished messages at the head of the window, in order (wq.mu held). A failed
+// one moves the QP to ERR and empties the window. True when any completed.
+bool Engine::Thread::wireRetire(Qp *qp, WireQp &wq, uint32_t pi) {
+    (void)pi;
+    bool any = false;
+    while (wq.count > 0 && wq.at(0).done) {
+        const WireMsg m = wq.at(0);
+        wq.head = (wq.head + 1) % kWireWindow;
+        wq.count--;
+        qp->sq_psn = m.next_psn;
+        any = true;
+        if (!completeWqe(qp, m.hdr,
+                         ExecResult{m.status, m.status == IBV_WC_SUCCESS ? m.byte_len : 0u, Outcome::Done})) {
+            if (m.status != IBV_WC_SUCCESS) {
+                bump(ctr_.errors);
+            }
+            enterQpError(qp);  // a CQ overflow, if the WQE itself succeeded
+            wq.count = 0;
+            wq.head = 0;
+            return true;
+        }
+        if (wq.count > 0) {
+            wq.deadline_ns = nowNs() + ackTimeoutNs(qp->attrs.timeout);
+            wq.retries = 0;
+        }
+    }
+    return any;
+}
+
+// Starts the WQEs after the window's while it has room and the QP is in RTS (wq.mu held): each is
+// checked (SPEC.md §5.1 steps 2-4) and sent; one that fails its checks completes in error, in
+// order, and nothing after it starts. READs and atomics in flight stay within max_rd_atomic. A
+// local operation (bind, invalidate, NOP) runs once the window is empty, so it keeps its place.
+bool Engine::Thread::wireStart(Qp *qp, WireQp &wq, uint32_t pi) {
+    if (qp->state.load(std::memory_order_acquire) != IBV_QPS_RTS) {
+        return false;
+    }
+    bool any = false;
+    while (!wq.blocked && wq.sent != pi && wq.count < kWireWindow) {
+        WqeCopy w;
+        fetchWqeAt(*qp, wq.sent, &w);
+        WireMsg m;
+        m.hdr = w.hdr;
+        m.index = wq.sent;
+        m.first_psn = m.next_psn = wq.send_psn;
+        const uint8_t op = w.hdr.opcode;
+        if (localOnly(op)) {
+            if (wq.count > 0) {
+                break;
+            }
+            ExecResult r = execute(qp, w);
+            m.done = true;
+            m.status = r.status;
+        } else {
+            Segment local[29];
+            uint32_t nlocal = 0;
+            uint8_t st = gatherLocal(qp, w, local, &nlocal, &m.total);
+            if (st != IBV_WC_SUCCESS) {
+                m.done = true;
+                m.status = st;
+                wq.blocked = true;
+            } else {
+                if (needsResponse(op)) {
+                    uint32_t reads = 0;
+                    for (uint32_t i = 0; i < wq.count; ++i) {
+                        reads += !wq.at(i).done && needsResponse(wq.at(i).hdr.opcode) ? 1 : 0;
+                    }
+                    if (reads >= std::max<uint32_t>(1, qp->attrs.max_rd_atomic)) {
+                        break;
+                    }
+                }
+                const uint32_t n = isAtomic(op) ? 1 : packetsOf(m.total, pathMtu(*qp));
+                m.next_psn = psnAdd(m.first_psn, n);
+                m.byte_len = needsResponse(op) ? static_cast<uint32_t>(m.total) : 0;
+                if (wq.count == 0) {
+                    wq.deadline_ns = nowNs() + ackTimeoutNs(qp->attrs.timeout);
+                    wq.retries = 0;
+                    wq.rnr_retries = 0;
+                }
+            }
+        }
+        wq.at(wq.count) = m;
+        wq.count++;
+        wq.sent++;
+        wq.send_psn = m.next_psn;
+        any = true;
+        if (!m.done) {
+            wireTransmit(qp, wq, wq.at(wq.count - 1), m.first_psn);
+        }
+        if (m.done && m.status != IBV_WC_SUCCESS) {
+            break;
+        }
+    }
+    return any;
+}
+
+// Sends message m from PSN from on (wq.mu held): each SEND or WRITE packet with its share of the
+// payload, a READ request for what has not come back, or the atomic. The last packet asks for
+// the acknowledgement (ACK coalescing: one per message). Its WQE is read again from its slot,
+// and its local SGEs checked again: an MR deregistered while it was on the wire fails it.
+void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t from_psn) {
+    WqeCopy w;
+    fetchWqeAt(*qp, m.index, &w);
+    const softnda_wqe &h = w.hdr;
+    Segment local[29];
+    uint32_t nlocal = 0;
+    uint64_t total = 0;
+    if (gatherLocal(qp, w, local, &nlocal, &total) != IBV_WC_SUCCESS || total != m.total) {
+        for (uint32_t i = 0; i < wq.count; ++i) {
+            if (&wq.at(i) == &m) {
+                wq.at(i).done = true;
+                wq.at(i).status = IBV_WC_LOC_PROT_ERR;
+            }
+        }
+        return;
+    }
     const uint32_t qpn = qp->attrs.dest_qpn;
+    const uint32_t mtu = pathMtu(*qp);
     auto base = [&](uint8_t op, uint32_t psn) {
         WireOut o;
         o.src_ip = wq.src_ip;
@@ -549,20 +685,20 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint
         o.pkt.bth.pkey = 0xffff;
         return o;
     };
-    const uint32_t done = psnDiff(wq.una, wq.first_psn);
+    const uint32_t done = psnDiff(from_psn, m.first_psn);
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
-        WireOut o = base(roce::kReadRequest, wq.una);
-        const uint64_t off = std::min<uint64_t>(uint64_t{done} * wq.mtu, wq.total);
+        WireOut o = base(roce::kReadRequest, from_psn);
+        const uint64_t off = std::min<uint64_t>(uint64_t{done} * mtu, total);
         o.pkt.reth_va = h.remote_addr + off;
         o.pkt.reth_rkey = h.rkey;
-        o.pkt.reth_len = static_cast<uint32_t>(wq.total - off);
+        o.pkt.reth_len = static_cast<uint32_t>(total - off);
         o.pkt.bth.ack_req = true;
         wire_->send(std::span<const WireOut>(&o, 1));
         return;
     }
     if (isAtomic(h.opcode)) {
         const bool cas = h.opcode == SOFTNDA_OP_ATOMIC_CMP_AND_SWP;
-        WireOut o = base(cas ? roce::kCompareSwap : roce::kFetchAdd, wq.first_psn);
+        WireOut o = base(cas ? roce::kCompareSwap : roce::kFetchAdd, m.first_psn);
         o.pkt.atomic_va = h.remote_addr;
         o.pkt.atomic_rkey = h.rkey;
         o.pkt.atomic_swap_add = cas ? h.swap : h.compare_add;
@@ -574,15 +710,15 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint
     const bool write = h.opcode == SOFTNDA_OP_RDMA_WRITE || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
     const bool imm = h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM || h.opcode == SOFTNDA_OP_SEND_WITH_IMM;
     const bool inv = h.opcode == SOFTNDA_OP_SEND_WITH_INV;
-    const uint32_t n = packetsOf(wq.total, wq.mtu);
+    const uint32_t n = packetsOf(total, mtu);
     if (tx_buf_.size() < kTxBatch * size_t{4096}) {
         tx_buf_.resize(kTxBatch * size_t{4096});
     }
     WireOut out[kTxBatch];
-    size_t m = 0;
+    size_t k_out = 0;
     for (uint32_t k = done; k < n; ++k) {
-        const uint64_t off = uint64_t{k} * wq.mtu;
-        const uint64_t len = std::min<uint64_t>(wq.total - std::min(off, wq.total), wq.mtu);
+        const uint64_t off = uint64_t{k} * mtu;
+        const uint64_t len = std::min<uint64_t>(total - std::min(off, total), mtu);
         const bool first = k == 0, last = k + 1 == n;
         uint8_t op;
         if (write) {
@@ -600,15 +736,15 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint
                                         : roce::kSendLast)
                                : roce::kSendMiddle;
         }
-        WireOut &o = out[m];
-        o = base(op, psnAdd(wq.first_psn, k));
-        uint8_t *payload = tx_buf_.data() + m * size_t{4096};
+        WireOut &o = out[k_out];
+        o = base(op, psnAdd(m.first_psn, k));
+        uint8_t *payload = tx_buf_.data() + k_out * size_t{4096};
         gatherAt(local, nlocal, off, len, payload);
         o.pkt.payload = std::span<const uint8_t>(payload, len);
         if (write && first) {
             o.pkt.reth_va = h.remote_addr;
             o.pkt.reth_rkey = h.rkey;
-            o.pkt.reth_len = static_cast<uint32_t>(wq.total);
+            o.pkt.reth_len = static_cast<uint32_t>(total);
         }
         if (last) {
             // ImmDt carries the verbs' big-endian immediate as its bytes; IETH the rkey.
@@ -617,9 +753,9 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const Segment *local, uint
             o.pkt.bth.solicited = (h.flags & SOFTNDA_WQE_SOLICITED) != 0;
             o.pkt.bth.ack_req = true;
         }
-        if (++m == kTxBatch || last) {
-            wire_->send(std::span<const WireOut>(out, m));
-            m = 0;
+        if (++k_out == kTxBatch || last) {
+            wire_->send(std::span<const WireOut>(out, k_out));
+            k_out = 0;
         }
     }
 }
@@ -680,87 +816,141 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
 void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
     const uint8_t op = p.bth.opcode & 0x1f;
     const uint32_t psn = p.bth.psn;
-    bool finished = false;
+    bool wake = false;
     {
         std::lock_guard<std::mutex> lk(wq.mu);
-        if (!wq.busy || wq.done) {
+        if (wq.count == 0) {
             return;  // late or repeated: nothing waits for it
         }
-        auto finish = [&](uint8_t status, uint32_t byte_len) {
-            wq.done = true;
-            wq.status = status;
-            wq.byte_len = byte_len;
-            finished = true;
+        auto finish = [&](WireMsg &m, uint8_t status, uint32_t byte_len) {
+            m.done = true;
+            m.status = status;
+            m.byte_len = byte_len;
+            wake = true;
         };
-        const bool in_window = !psnBefore(psn, wq.first_psn) && psnBefore(psn, wq.next_psn);
+        auto contains = [](const WireMsg &m, uint32_t q) {
+            return !psnBefore(q, m.first_psn) && psnBefore(q, m.next_psn);
+        };
+        // Everything before PSN upto arrived (an ACK, a NAK or a response says so): SENDs and
+        // WRITEs before it are done, the one it falls in has arrived up to it, and a READ or
+        // atomic before it whose answer did not come lost it on the way back: asked again.
+        auto arrivedBefore = [&](uint32_t upto) {
+            for (uint32_t i = 0; i < wq.count; ++i) {
+                WireMsg &m = wq.at(i);
+                if (m.done || m.first_psn == m.next_psn) {
+                    continue;
+                }
+                if (!psnBefore(m.first_psn, upto)) {
+                    break;
+                }
+                if (needsResponse(m.hdr.opcode)) {
+                    if (wq.rerequested != psnAdd(m.first_psn, m.progress)) {
+                        wq.rerequested = psnAdd(m.first_psn, m.progress);
+                        wq.resend = true;
+                        wake = true;
+                    }
+                    break;
+                }
+                if (!psnBefore(upto, m.next_psn)) {
+                    finish(m, IBV_WC_SUCCESS, 0);
+                } else {
+                    m.progress = std::max(m.progress, psnDiff(upto, m.first_psn));
+                    break;
+                }
+            }
+        };
+        WireMsg *in = nullptr;
+        for (uint32_t i = 0; i < wq.count && in == nullptr; ++i) {
+            if (!wq.at(i).done && contains(wq.at(i), psn)) {
+                in = &wq.at(i);
+            }
+        }
         const uint8_t kind = p.aeth_syndrome & 0xe0;
         const bool has_aeth = roce::layoutOf(p.bth.opcode).aeth;
-        if (has_aeth && kind == kRnrNak && in_window) {
+        if (has_aeth && kind == kRnrNak) {
             // Receiver not ready: from this PSN again after the responder's timer, while
             // rnr_retry lasts (7: for ever).
-            wq.una = psn;
-            if (qp->attrs.rnr_retry != 7 && wq.rnr_retries >= qp->attrs.rnr_retry) {
-                finish(IBV_WC_RNR_RETRY_EXC_ERR, 0);
-            } else {
-                wq.rnr_retries++;
-                wq.rnr_until_ns = nowNs() + rnrTimerNs(p.aeth_syndrome & 0x1f);
+            arrivedBefore(psn);
+            if (in != nullptr && !in->done) {
+                in->progress = psnDiff(psn, in->first_psn);
+                if (qp->attrs.rnr_retry != 7 && wq.rnr_retries >= qp->attrs.rnr_retry) {
+                    finish(*in, IBV_WC_RNR_RETRY_EXC_ERR, 0);
+                } else {
+                    wq.rnr_retries++;
+                    wq.rnr_until_ns = nowNs() + rnrTimerNs(p.aeth_syndrome & 0x1f);
+                    wake = true;
+                }
             }
         } else if (has_aeth && kind == kNak) {
+            arrivedBefore(psn);
             if (p.aeth_syndrome == kNakPsnSeq) {
-                // The responder expects psn: everything before it arrived; resend from there.
-                if (!psnBefore(psn, wq.una) && !psnBefore(wq.next_psn, psn)) {
-                    wq.una = psn;
-                    wq.resend = true;
+                // The responder expects psn: resend from there (go-back-N).
+                if (in != nullptr) {
+                    in->progress = psnDiff(psn, in->first_psn);
                 }
-            } else if (in_window) {
-                finish(statusOfNak(p.aeth_syndrome), 0);
+                wq.resend = true;
+                wake = true;
+            } else if (in != nullptr) {
+                finish(*in, statusOfNak(p.aeth_syndrome), 0);
             }
         } else if (op == roce::kAcknowledge) {
-            if (has_aeth && kind == 0 && in_window && !psnBefore(psn, wq.una)) {
-                wq.una = psnAdd(psn, 1);
-                const bool response_op = wq.hdr.opcode == SOFTNDA_OP_RDMA_READ || isAtomic(wq.hdr.opcode);
-                if (wq.una == wq.next_psn && !response_op) {
-                    finish(IBV_WC_SUCCESS, 0);
-                }
+            if (has_aeth && kind == 0) {
+                arrivedBefore(psnAdd(psn, 1));
             }
         } else if (op == roce::kAtomicAcknowledge) {
-            if (isAtomic(wq.hdr.opcode) && psn == wq.first_psn) {
+            if (in != nullptr && isAtomic(in->hdr.opcode) && psn == in->first_psn) {
+                arrivedBefore(psn);
+                WqeCopy w;
+                fetchWqeAt(*qp, in->index, &w);
                 Segment seg[29];
-                if (!checkLocal(qp->pd, wq.sge, wq.num_sge, true, seg)) {
-                    finish(IBV_WC_LOC_PROT_ERR, 0);
+                if (!checkLocal(qp->pd, w.sge, w.hdr.num_sge, true, seg)) {
+                    finish(*in, IBV_WC_LOC_PROT_ERR, 0);
                 } else {
                     uint64_t orig = p.atomic_orig;
-                    scatterAt(seg, wq.num_sge, 0, reinterpret_cast<const uint8_t *>(&orig), 8);
+                    scatterAt(seg, w.hdr.num_sge, 0, reinterpret_cast<const uint8_t *>(&orig), 8);
                     bump(ctr_.bytes, 8);
-                    finish(IBV_WC_SUCCESS, 8);
+                    finish(*in, IBV_WC_SUCCESS, 8);
                 }
             }
-        } else if (wq.hdr.opcode == SOFTNDA_OP_RDMA_READ && psn == wq.una) {
-            // READ responses come in order; one out of order is dropped and the request goes
-            // again from una when the timer runs out.
-            const uint64_t off = uint64_t{psnDiff(psn, wq.first_psn)} * wq.mtu;
-            const bool last = op == roce::kReadResponseLast || op == roce::kReadResponseOnly;
-            const uint64_t expect = std::min<uint64_t>(wq.total - std::min(off, wq.total), wq.mtu);
-            Segment seg[29];
-            if (p.payload.size() != expect || (last != (psnAdd(psn, 1) == wq.next_psn))) {
-                finish(IBV_WC_BAD_RESP_ERR, 0);
-            } else if (!checkLocal(qp->pd, wq.sge, wq.num_sge, true, seg)) {
-                finish(IBV_WC_LOC_PROT_ERR, 0);
-            } else {
-                scatterAt(seg, wq.num_sge, off, p.payload.data(), p.payload.size());
-                bump(ctr_.bytes, p.payload.size());
-                wq.una = psnAdd(psn, 1);
-                if (last) {
-                    finish(IBV_WC_SUCCESS, static_cast<uint32_t>(wq.total));
+        } else if (in != nullptr && in->hdr.opcode == SOFTNDA_OP_RDMA_READ) {
+            const uint32_t expect_psn = psnAdd(in->first_psn, in->progress);
+            if (psn == expect_psn) {
+                arrivedBefore(in->first_psn);
+                const uint32_t mtu = pathMtu(*qp);
+                const uint64_t off = uint64_t{in->progress} * mtu;
+                const bool last = op == roce::kReadResponseLast || op == roce::kReadResponseOnly;
+                const uint64_t expect = std::min<uint64_t>(in->total - std::min(off, in->total), mtu);
+                WqeCopy w;
+                fetchWqeAt(*qp, in->index, &w);
+                Segment seg[29];
+                if (p.payload.size() != expect || last != (psnAdd(psn, 1) == in->next_psn)) {
+                    finish(*in, IBV_WC_BAD_RESP_ERR, 0);
+                } else if (!checkLocal(qp->pd, w.sge, w.hdr.num_sge, true, seg)) {
+                    finish(*in, IBV_WC_LOC_PROT_ERR, 0);
+                } else {
+                    scatterAt(seg, w.hdr.num_sge, off, p.payload.data(), p.payload.size());
+                    bump(ctr_.bytes, p.payload.size());
+                    in->progress++;
+                    if (last) {
+                        finish(*in, IBV_WC_SUCCESS, static_cast<uint32_t>(in->total));
+                    }
                 }
+            } else if (psnBefore(expect_psn, psn) && wq.rerequested != expect_psn) {
+                // A response after a gap: the ones before it were lost. Asked for again at
+                // once, once per gap, instead of after the ACK timeout.
+                wq.rerequested = expect_psn;
+                wq.resend = true;
+                wake = true;
             }
         }
-        if (!finished && !wq.resend && wq.rnr_until_ns == 0) {
-            return;
+        if (wake) {
+            wq.retries = 0;  // the responder answered: the transport retries count again
         }
     }
-    // The SQ's engine thread completes the WQE (or retransmits) on its next pass.
-    engine_->poke(qp->sq_db.page, qp->sq_db.index);
+    if (wake) {
+        // The SQ's engine thread completes the WQEs (or sends again) on its next pass.
+        engine_->poke(qp->sq_db.page, qp->sq_db.index);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -95,30 +95,45 @@ bool ipv4OfGid(const ibv_gid &gid, uint32_t *ip_be);
 // the QP number when the flow label is 0, as rdma_rxe does): 0xc000 and up.
 uint16_t roceSourcePort(uint32_t flow_label, uint32_t qpn);
 
+// One message of a requester on the wire: its WQE, which stays in its SQ slot until its CI
+// passes (SPEC.md §1.1), and its PSNs.
+struct WireMsg {
+    softnda_wqe hdr{};   // what its completion needs (wr_id, opcode, flags)
+    uint32_t index = 0;  // its SQ index
+    uint32_t first_psn = 0, next_psn = 0;
+    // Packets known to have arrived (a sequence or RNR NAK inside it), or the READ responses taken.
+    uint32_t progress = 0;
+    uint64_t total = 0;
+    bool done = false;
+    uint8_t status = 0;
+    uint32_t byte_len = 0;
+};
+
+// How many messages a requester keeps on the wire (rxe's window is larger; SPEC.md §18).
+inline constexpr uint32_t kWireWindow = 16;
+
 // A connected QP whose destination GID is on another host (SPEC.md §18): its path, and the state
-// of each side of its transport. Requester fields are under mu (the SQ's engine thread starts
-// and retransmits, the wire thread acknowledges); responder fields are under the QP's rq_lock.
+// of each side of its transport. Requester fields are under mu (the SQ's engine thread starts,
+// retires and retransmits; the wire thread records acknowledgements); responder fields are under
+// the QP's rq_lock.
 struct WireQp {
     uint32_t src_ip = 0, dst_ip = 0;  // network order
     uint16_t sport = 0;
 
     std::mutex mu;
-    // The requester's one message on the wire: [first_psn, next_psn) its PSNs, una the first one
-    // not yet acknowledged.
-    bool busy = false, done = false;
-    uint8_t status = 0;
-    uint32_t byte_len = 0;
-    uint32_t first_psn = 0, next_psn = 0, una = 0;
-    uint32_t mtu = 1024;
-    uint64_t total = 0;
-    softnda_wqe hdr{};
-    softnda_sge sge[29]{};
-    uint32_t num_sge = 0;
-    bool resend = false;       // a sequence NAK asked for the packets from una again
-    uint64_t deadline_ns = 0;  // the local ACK timeout of the last transmission
+    // The requester: messages [head, head + count) of window, oldest first, in SQ order from CI;
+    // sent is the SQ index of the next WQE to start, send_psn its first PSN.
+    WireMsg window[kWireWindow];
+    uint32_t head = 0, count = 0;
+    uint32_t sent = 0, send_psn = 0;
+    bool blocked = false;      // a WQE failed its local checks: none after it starts
+    bool resend = false;       // go back: a NAK or a gap asked for packets again
+    uint32_t rerequested = 0;  // the PSN a gap last asked for again (once per gap)
+    uint64_t deadline_ns = 0;  // the local ACK timeout of the oldest message
     uint64_t rnr_until_ns = 0;
     uint32_t retries = 0, rnr_retries = 0;
     uint64_t retransmits = 0;
+    WireMsg &at(uint32_t i) { return window[(head + i) % kWireWindow]; }
 
     // The responder: the message in progress after a FIRST packet.
     uint32_t msn = 0;
