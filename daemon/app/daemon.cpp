@@ -690,6 +690,16 @@ void drain(int fd) {
 Status Daemon::run() {
     sd_notify(0, ("READY=1\n" + statusLine()).c_str());
     UniqueFd interfaces = watchInterfaces();
+    // The tree was first written in init(), before this watch: a link or address change in
+    // between (a veth's carrier, which the kernel reports a moment after the link is set up)
+    // would stay unseen until the next one. Changes from here on are queued, so one reading now
+    // closes the gap: of the tree init() wrote (refreshing a missing one would publish it anew).
+    std::error_code ec;
+    if (interfaces && std::filesystem::is_symlink(discoveryTreePath(runtimeDir(config_)), ec)) {
+        if (Status st = refreshDiscoveryPorts(runtimeDir(config_), devices_); !st.isOk()) {
+            spdlog::warn("{}", st.message());
+        }
+    }
     for (;;) {
         pollfd fds[2] = {{sigfd_.get(), POLLIN, 0}, {interfaces.get(), POLLIN, 0}};
         if (::poll(fds, interfaces ? 2 : 1, -1) < 0 && errno != EINTR) {

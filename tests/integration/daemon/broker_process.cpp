@@ -4,7 +4,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -76,11 +78,18 @@ void BrokerProcess::start(const BrokerOptions &options) {
         envp.push_back(e.data());
     }
     envp.push_back(nullptr);
+    const pid_t parent = ::getpid();
     pid_ = ::fork();
     if (pid_ == 0) {
         int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         ::dup2(log, STDOUT_FILENO);
         ::dup2(log, STDERR_FILENO);
+        if (options.netns_fd >= 0 && ::setns(options.netns_fd, CLONE_NEWNET) != 0) {
+            _exit(126);
+        }
+        if (options.dies_with_parent && (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || ::getppid() != parent)) {
+            _exit(126);
+        }
         if (options.activated_fd >= 0) {
             ::dup2(options.activated_fd, 3);
             char *pid_entry = envp[envp.size() - 2];

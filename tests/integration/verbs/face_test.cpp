@@ -13,16 +13,9 @@
 //    the test's own, bound to a veth there; ibv_devinfo -v and ibv_rc_pingpong -g by RoCEv2 GID.
 // Debian's programs are not built with our sanitizers: in an ASan build the ASan runtime is
 // preloaded into them (IBVX_SANITIZER_PRELOAD) so they can load the instrumented face.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <grp.h>
-#include <net/if.h>
-#include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/mount.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -44,127 +37,12 @@
 #include "tests/integration/daemon/broker_process.h"
 #include "tests/integration/daemon/test_client.h"
 #include "tests/integration/daemon/wait_for.h"
-#include "tests/integration/private_mounts.h"
+#include "tests/integration/verbs/tenant.h"
 
 namespace ibvx::test {
 namespace {
 
 namespace pb = ::ibv_extend::v1;
-
-constexpr uid_t kNobody = 65534;
-
-// A child in its own mount namespace, as uid/gid 65534 with no groups and no new privileges,
-// with a clean environment; stdin and stdout are pipes to the test, stderr a file.
-class Contained {
-  public:
-    Contained(const std::vector<std::string> &argv, const std::vector<std::string> &env,
-              const std::string &err_path) {
-        int in[2], out[2];
-        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
-            return;
-        }
-        pid_ = fork();
-        if (pid_ == 0) {
-            dup2(in[0], 0);
-            dup2(out[1], 1);
-            int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-            dup2(err, 2);
-            bool root_is_mount = false;
-            if (unshare(CLONE_NEWNS) != 0 || makeMountsPrivate(&root_is_mount) != 0) {
-                _exit(120);
-            }
-            // Hides the host's HCAs; under /dev, which a chroot mounts too, so it stays private
-            // there as well.
-            struct stat st {};
-            if (stat("/dev/infiniband", &st) == 0 &&
-                mount("none", "/dev/infiniband", "tmpfs", 0, nullptr) != 0) {
-                _exit(121);
-            }
-            if (setgroups(0, nullptr) != 0 || setresgid(kNobody, kNobody, kNobody) != 0 ||
-                setresuid(kNobody, kNobody, kNobody) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-                _exit(122);
-            }
-            std::vector<char *> args, envp;
-            for (const auto &a : argv) {
-                args.push_back(const_cast<char *>(a.c_str()));
-            }
-            args.push_back(nullptr);
-            for (const auto &e : env) {
-                envp.push_back(const_cast<char *>(e.c_str()));
-            }
-            envp.push_back(nullptr);
-            execve(args[0], args.data(), envp.data());
-            _exit(127);
-        }
-        close(in[0]);
-        close(out[1]);
-        to_ = fdopen(in[1], "w");
-        from_ = fdopen(out[0], "r");
-    }
-    ~Contained() {
-        if (to_ != nullptr) {
-            fclose(to_);
-        }
-        if (from_ != nullptr) {
-            fclose(from_);
-        }
-        if (pid_ > 0 && !reaped_) {
-            kill(pid_, SIGKILL);
-            waitpid(pid_, nullptr, 0);
-        }
-    }
-    // The next line of its stdout ("" at end of file).
-    std::string readLine() {
-        char buf[512];
-        if (from_ == nullptr || fgets(buf, sizeof(buf), from_) == nullptr) {
-            return "";
-        }
-        std::string s(buf);
-        if (!s.empty() && s.back() == '\n') {
-            s.pop_back();
-        }
-        return s;
-    }
-    std::string readAll() {
-        std::string all, line;
-        char buf[4096];
-        size_t n;
-        while (from_ != nullptr && (n = fread(buf, 1, sizeof(buf), from_)) > 0) {
-            all.append(buf, n);
-        }
-        return all;
-    }
-    void reply() {
-        fputs("go\n", to_);
-        fflush(to_);
-    }
-    int wait() {
-        int status = 0;
-        waitpid(pid_, &status, 0);
-        reaped_ = true;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-
-  private:
-    pid_t pid_ = -1;
-    bool reaped_ = false;
-    FILE *to_ = nullptr;
-    FILE *from_ = nullptr;
-};
-
-std::string slurp(const std::string &path) {
-    FILE *f = fopen(path.c_str(), "r");
-    std::string s;
-    if (f != nullptr) {
-        char buf[4096];
-        size_t n;
-        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
-            s.append(buf, n);
-        }
-        fclose(f);
-    }
-    return s;
-}
 
 class FaceTest : public ::testing::Test {
   protected:
@@ -182,15 +60,7 @@ class FaceTest : public ::testing::Test {
     }
 
   public:
-    std::vector<std::string> env() const {
-        std::vector<std::string> e = {"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR,
-                                      "IBV_EXTEND_SHOW_WARNINGS=1"};
-        if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
-            e.push_back("LD_PRELOAD=" IBVX_SANITIZER_PRELOAD);
-            e.push_back("ASAN_OPTIONS=detect_leaks=0");  // the programs' own allocations are not ours
-        }
-        return e;
-    }
+    std::vector<std::string> env() const { return tenantEnv(); }
 
   public:
     std::vector<std::string> run(std::initializer_list<std::string> command) const {
@@ -199,9 +69,7 @@ class FaceTest : public ::testing::Test {
         return argv;
     }
     std::vector<std::string> runArgs(const std::string &program, const std::vector<std::string> &args) const {
-        std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", broker_->socket(), "--", program};
-        argv.insert(argv.end(), args.begin(), args.end());
-        return argv;
+        return viaRun(broker_->socket(), program, args);
     }
     const std::string &dir() const { return broker_->dir(); }
 
@@ -467,9 +335,8 @@ class EthernetFaceTest : public FaceTest {
         if (geteuid() != 0) {
             GTEST_SKIP() << "needs root: makes a network namespace and a veth pair (ip netns)";
         }
-        ns_ = "ibvx-eth-" + std::to_string(getpid());
-        ASSERT_EQ(ip("netns add " + ns_), 0);
-        made_ = true;
+        ns_ = std::make_unique<Netns>("ibvx-eth-" + std::to_string(getpid()));
+        ASSERT_TRUE(ns_->made());
         for (const char *cmd :
              {"link set lo up", "link add ibvx-a type veth peer name ibvx-b", "link set ibvx-a up",
               "link set ibvx-b up", "addr add 10.201.7.1/24 dev ibvx-a",
@@ -477,10 +344,7 @@ class EthernetFaceTest : public FaceTest {
             ASSERT_EQ(inNs(cmd), 0) << cmd;
         }
         home_ = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-        int ns = open(("/run/netns/" + ns_).c_str(), O_RDONLY | O_CLOEXEC);
-        ASSERT_GE(ns, 0);
-        ASSERT_EQ(setns(ns, CLONE_NEWNET), 0);
-        close(ns);
+        ASSERT_EQ(setns(ns_->fd(), CLONE_NEWNET), 0);
         FaceTest::SetUp();
     }
 
@@ -491,13 +355,10 @@ class EthernetFaceTest : public FaceTest {
             EXPECT_EQ(setns(home_, CLONE_NEWNET), 0);
             close(home_);
         }
-        if (made_) {
-            EXPECT_EQ(ip("netns del " + ns_), 0);
-        }
+        ns_.reset();
     }
 
-    static int ip(const std::string &args) { return std::system(("ip " + args + " >&2").c_str()); }
-    int inNs(const std::string &args) const { return ip("-n " + ns_ + " " + args); }
+    int inNs(const std::string &args) const { return ns_->run(args); }
 
     std::string devinfo() {
         std::string err = dir() + "/devinfo.err";
@@ -513,8 +374,7 @@ class EthernetFaceTest : public FaceTest {
         return slurp(dir() + "/discovery/sys/class/infiniband/softnda0/ports/1/" + rel);
     }
 
-    std::string ns_;
-    bool made_ = false;
+    std::unique_ptr<Netns> ns_;
     int home_ = -1;
 };
 

@@ -1,20 +1,41 @@
 #!/usr/bin/env bash
-# RoCEv2's wire format judged by decoders we did not write (softnda SPEC.md §18): roce_pcap writes
-# one frame per opcode of RC, UC and UD; Wireshark's dissector (tshark) must decode every frame as
-# InfiniBand over UDP 4791 with the BTH fields roce_pcap sent and no malformed or error-level
-# expert item; scapy's RoCE layer must compute the ICRC each frame carries.
+# RoCEv2's wire format judged by decoders we did not write (softnda SPEC.md §18): Wireshark's
+# dissector (tshark) must decode every frame as InfiniBand over UDP 4791 with no malformed or
+# error-level expert item, and scapy's RoCE layer must compute the ICRC each frame carries.
 #
 #   roce_wire_check.sh ROCE_PCAP
+#       roce_pcap writes one frame per opcode of RC, UC and UD; each must also carry the BTH fields
+#       (opcode, PSN, destination QP) roce_pcap says it sent.
+#   roce_wire_check.sh --capture FILE.pcap [OPCODES]
+#       a capture of real traffic (tcpdump on a veth: roce_hosts_test.cpp); OPCODES, a comma-separated
+#       list (0x0c,0x11,...), must each appear in it at least once.
 # Exit 0 when both agree, 1 when one does not, 77 (skip) without tshark or scapy.
 set -uo pipefail
-gen=$1
+capture="" need=""
+if [ "$1" = --capture ]; then
+  capture=$2
+  need=${3:-}
+else
+  gen=$1
+fi
 command -v tshark >/dev/null || { echo "roce_wire_check: SKIP: no tshark (Debian package tshark)"; exit 77; }
 /usr/bin/python3 -c "import scapy.contrib.roce" 2>/dev/null ||
   { echo "roce_wire_check: SKIP: no scapy for /usr/bin/python3 (Debian package python3-scapy)"; exit 77; }
 dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
-"$gen" "$dir/roce.pcap" "$dir/expect.txt" || exit 1
-frames=$(wc -l <"$dir/expect.txt")
+if [ -n "$capture" ]; then
+  cp "$capture" "$dir/roce.pcap" || exit 1
+  expect=/dev/null # real traffic: no list of what was sent, field by field
+  frames=$(command tshark -r "$dir/roce.pcap" -T fields -e frame.number 2>/dev/null | wc -l)
+  if [ "$frames" = 0 ]; then
+    echo "roce_wire_check: $capture holds no frame"
+    exit 1
+  fi
+else
+  "$gen" "$dir/roce.pcap" "$dir/expect.txt" || exit 1
+  expect=$dir/expect.txt
+  frames=$(wc -l <"$dir/expect.txt")
+fi
 fail=0
 
 # Wireshark: the protocol stack, the BTH fields, and nothing malformed or in error. The payloads
@@ -40,7 +61,7 @@ while read -r _ op psn qp && read -r e_op e_psn e_qp _ <&3; do
     echo "tshark: frame $n: opcode/psn/destqp $op/$psn/$qp, sent $e_op/$e_psn/$e_qp"
     fail=1
   fi
-done <"$dir/tshark.txt" 3<"$dir/expect.txt"
+done <"$dir/tshark.txt" 3<"$expect"
 flagged=$(tshark -r "$dir/roce.pcap" -Y '_ws.malformed || _ws.expert.severity >= 8388608' -T fields \
   -e frame.number 2>/dev/null | wc -l)
 if [ "$flagged" != 0 ]; then
@@ -50,5 +71,9 @@ if [ "$flagged" != 0 ]; then
 fi
 echo "tshark: $frames frames, $decoded decoded as InfiniBand over UDP 4791, $flagged flagged"
 
-/usr/bin/python3 "$(dirname "$0")/roce_wire_check.py" "$dir/roce.pcap" "$dir/expect.txt" || fail=1
+if [ -n "$capture" ]; then
+  /usr/bin/python3 "$(dirname "$0")/roce_wire_check.py" --capture "$dir/roce.pcap" "$need" || fail=1
+else
+  /usr/bin/python3 "$(dirname "$0")/roce_wire_check.py" "$dir/roce.pcap" "$dir/expect.txt" || fail=1
+fi
 exit $fail

@@ -1,0 +1,300 @@
+// What the verbs integration tests share to run unmodified programs as a container tenant runs
+// them (face_test.cpp, roce_hosts_test.cpp): an unprivileged child in its own mount namespace
+// (Contained), the environment ibv-extend-run gets, and network namespaces of the test's own
+// (Netns) for the RoCE tests, which make "hosts" joined by veth pairs on one machine.
+//
+// Header-only: each test binary that includes it defines IBVX_RUN_BINARY, IBVX_EXTEND_LIB_DIR and
+// IBVX_SANITIZER_PRELOAD (tests/integration/verbs/CMakeLists.txt).
+#pragma once
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "tests/integration/private_mounts.h"
+
+namespace ibvx::test {
+
+constexpr uid_t kNobody = 65534;
+
+// A child in its own mount namespace, as uid/gid 65534 with no groups and no new privileges,
+// with a clean environment; stdin and stdout are pipes to the test, stderr a file; it is killed
+// if the test process dies. With netns
+// (an open /run/netns/NAME) it runs in that network namespace: a tenant of that "host".
+class Contained {
+  public:
+    Contained(const std::vector<std::string> &argv, const std::vector<std::string> &env,
+              const std::string &err_path, int netns = -1) {
+        int in[2], out[2];
+        const pid_t parent = getpid();
+        if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) {
+            return;
+        }
+        pid_ = fork();
+        if (pid_ == 0) {
+            dup2(in[0], 0);
+            dup2(out[1], 1);
+            int err = open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+            dup2(err, 2);
+            if (netns >= 0 && setns(netns, CLONE_NEWNET) != 0) {
+                _exit(119);
+            }
+            bool root_is_mount = false;
+            if (unshare(CLONE_NEWNS) != 0 || makeMountsPrivate(&root_is_mount) != 0) {
+                _exit(120);
+            }
+            // Hides the host's HCAs; under /dev, which a chroot mounts too, so it stays private
+            // there as well.
+            struct stat st {};
+            if (stat("/dev/infiniband", &st) == 0 &&
+                mount("none", "/dev/infiniband", "tmpfs", 0, nullptr) != 0) {
+                _exit(121);
+            }
+            if (setgroups(0, nullptr) != 0 || setresgid(kNobody, kNobody, kNobody) != 0 ||
+                setresuid(kNobody, kNobody, kNobody) != 0 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
+                _exit(122);
+            }
+            // A test killed by its timeout leaves no tenant behind (set after the uid change,
+            // which clears it).
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+                _exit(123);
+            }
+            std::vector<char *> args, envp;
+            for (const auto &a : argv) {
+                args.push_back(const_cast<char *>(a.c_str()));
+            }
+            args.push_back(nullptr);
+            for (const auto &e : env) {
+                envp.push_back(const_cast<char *>(e.c_str()));
+            }
+            envp.push_back(nullptr);
+            execve(args[0], args.data(), envp.data());
+            _exit(127);
+        }
+        close(in[0]);
+        close(out[1]);
+        to_ = fdopen(in[1], "w");
+        from_ = out[0];
+    }
+    ~Contained() {
+        if (to_ != nullptr) {
+            fclose(to_);
+        }
+        if (from_ >= 0) {
+            close(from_);
+        }
+        if (pid_ > 0 && !reaped_) {
+            kill(pid_, SIGKILL);
+            waitpid(pid_, nullptr, 0);
+        }
+    }
+    Contained(const Contained &) = delete;
+    Contained &operator=(const Contained &) = delete;
+
+    pid_t pid() const { return pid_; }
+    // The next line of its stdout: "" at end of file, or when timeout_ms (-1: none) passes first.
+    std::string readLine(int timeout_ms = -1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        for (;;) {
+            auto nl = out_.find('\n');
+            if (nl != std::string::npos) {
+                std::string line = out_.substr(0, nl);
+                out_.erase(0, nl + 1);
+                return line;
+            }
+            if (eof_ || !fill(timeout_ms < 0 ? -1 : remaining(deadline))) {
+                std::string rest;
+                rest.swap(out_);
+                return rest;
+            }
+        }
+    }
+    // Its stdout to end of file, or what came before timeout_ms (-1: none) passed.
+    std::string readAll(int timeout_ms = -1) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+        while (!eof_ && fill(timeout_ms < 0 ? -1 : remaining(deadline))) {
+        }
+        std::string all;
+        all.swap(out_);
+        return all;
+    }
+    // One line to its stdin.
+    void say(const std::string &line) {
+        fputs((line + "\n").c_str(), to_);
+        fflush(to_);
+    }
+    void reply() { say("go"); }
+    // Its exit code, or 128 + the signal that ended it.
+    int wait() {
+        if (!reaped_) {
+            waitpid(pid_, &status_, 0);
+            reaped_ = true;
+        }
+        return WIFEXITED(status_) ? WEXITSTATUS(status_) : 128 + WTERMSIG(status_);
+    }
+    // Whether it has ended (reaped then; wait() answers how).
+    bool exited() {
+        if (!reaped_ && waitpid(pid_, &status_, WNOHANG) == pid_) {
+            reaped_ = true;
+        }
+        return reaped_;
+    }
+
+  private:
+    static int remaining(std::chrono::steady_clock::time_point deadline) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                          std::chrono::steady_clock::now());
+        return left.count() > 0 ? static_cast<int>(left.count()) : 0;
+    }
+    // Reads what its stdout has within timeout_ms into out_; false on a timeout.
+    bool fill(int timeout_ms) {
+        if (from_ < 0) {
+            eof_ = true;
+            return true;
+        }
+        pollfd p{from_, POLLIN, 0};
+        int r = ::poll(&p, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) {
+            return true;
+        }
+        if (r <= 0) {
+            return false;
+        }
+        char buf[4096];
+        ssize_t n = ::read(from_, buf, sizeof(buf));
+        if (n < 0 && errno == EINTR) {
+            return true;
+        }
+        if (n <= 0) {
+            eof_ = true;
+        } else {
+            out_.append(buf, static_cast<size_t>(n));
+        }
+        return true;
+    }
+
+    pid_t pid_ = -1;
+    bool reaped_ = false;
+    int status_ = 0;
+    FILE *to_ = nullptr;
+    int from_ = -1;
+    std::string out_;  // read from its stdout, not yet returned
+    bool eof_ = false;
+};
+
+inline std::string slurp(const std::string &path) {
+    FILE *f = fopen(path.c_str(), "r");
+    std::string s;
+    if (f != nullptr) {
+        char buf[4096];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof(buf), f)) > 0) {
+            s.append(buf, n);
+        }
+        fclose(f);
+    }
+    return s;
+}
+
+// A tenant's environment: nothing of the test's but where our libraries are.
+inline std::vector<std::string> tenantEnv() {
+    std::vector<std::string> e = {"PATH=/usr/bin:/bin", "LD_LIBRARY_PATH=" IBVX_EXTEND_LIB_DIR,
+                                  "IBV_EXTEND_SHOW_WARNINGS=1"};
+    if (std::string(IBVX_SANITIZER_PRELOAD).size() != 0) {
+        e.push_back("LD_PRELOAD=" IBVX_SANITIZER_PRELOAD);
+        e.push_back("ASAN_OPTIONS=detect_leaks=0");  // the programs' own allocations are not ours
+    }
+    return e;
+}
+
+// `ibv-extend-run --socket SOCKET -- PROGRAM ARGS...`
+inline std::vector<std::string> viaRun(const std::string &socket, const std::string &program,
+                                       const std::vector<std::string> &args) {
+    std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", socket, "--", program};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+}
+
+// A network namespace of the test's own (`ip netns add`), deleted with this object however the
+// test ends. The name carries the test's pid: tests run in parallel.
+class Netns {
+  public:
+    explicit Netns(std::string name) : name_(std::move(name)) {
+        made_ = ip("netns add " + name_) == 0;
+        if (made_) {
+            fd_ = open(("/run/netns/" + name_).c_str(), O_RDONLY | O_CLOEXEC);
+        }
+    }
+    ~Netns() {
+        if (fd_ >= 0) {
+            close(fd_);
+        }
+        if (made_) {
+            EXPECT_EQ(ip("netns del " + name_), 0) << name_;
+        }
+    }
+    Netns(const Netns &) = delete;
+    Netns &operator=(const Netns &) = delete;
+
+    bool made() const { return made_ && fd_ >= 0; }
+    const std::string &name() const { return name_; }
+    // The namespace, for setns(2) (Contained, BrokerOptions::netns_fd).
+    int fd() const { return fd_; }
+    // `ip -n NAME ARGS`: its exit status.
+    int run(const std::string &args) const { return ip("-n " + name_ + " " + args); }
+
+    static int ip(const std::string &args) { return std::system(("ip " + args + " >&2").c_str()); }
+
+    // Deletes the namespaces named PREFIX<pid> whose test process is gone: one killed (by
+    // ctest's timeout) before its teardown could run.
+    static void removeStale(const std::string &prefix) {
+        DIR *d = opendir("/run/netns");
+        std::vector<std::string> stale;
+        while (d != nullptr) {
+            dirent *e = readdir(d);
+            if (e == nullptr) {
+                break;
+            }
+            std::string name = e->d_name;
+            if (name.rfind(prefix, 0) != 0) {
+                continue;
+            }
+            const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
+            if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+                stale.push_back(name);
+            }
+        }
+        if (d != nullptr) {
+            closedir(d);
+        }
+        for (const std::string &name : stale) {
+            ip("netns del " + name);
+        }
+    }
+
+  private:
+    std::string name_;
+    bool made_ = false;
+    int fd_ = -1;
+};
+
+}  // namespace ibvx::test
