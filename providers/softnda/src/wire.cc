@@ -486,6 +486,18 @@ uint32_t pathMtu(const Qp &qp) {
     return 128u << std::clamp<uint32_t>(qp.attrs.path_mtu, IBV_MTU_256, IBV_MTU_4096);
 }
 
+// A packet of wq's connection: its addresses, and the BTH's RC opcode, destination QP and PSN.
+WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) {
+    WireOut o;
+    o.src_ip = wq.src_ip;
+    o.dst_ip = wq.dst_ip;
+    o.sport = wq.sport;
+    o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
+    o.pkt.bth.dest_qp = dest_qpn;
+    o.pkt.bth.psn = psn;
+    return o;
+}
+
 }  // namespace
 
 // The requester of a QP connected to another host (SPEC.md §18), in place of processSq's loop:
@@ -675,17 +687,7 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t
     }
     const uint32_t qpn = qp->attrs.dest_qpn;
     const uint32_t mtu = pathMtu(*qp);
-    auto base = [&](uint8_t op, uint32_t psn) {
-        WireOut o;
-        o.src_ip = wq.src_ip;
-        o.dst_ip = wq.dst_ip;
-        o.sport = wq.sport;
-        o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
-        o.pkt.bth.dest_qp = qpn;
-        o.pkt.bth.psn = psn;
-        o.pkt.bth.pkey = 0xffff;
-        return o;
-    };
+    auto base = [&](uint8_t op, uint32_t psn) { return packetTo(wq, op, qpn, psn); };
     const uint32_t done = psnDiff(from_psn, m.first_psn);
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         WireOut o = base(roce::kReadRequest, from_psn);
@@ -958,13 +960,7 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
 // The responder
 
 void Engine::Thread::wireAck(const WireQp &wq, uint32_t dest_qpn, uint8_t syndrome, uint32_t psn) {
-    WireOut o;
-    o.src_ip = wq.src_ip;
-    o.dst_ip = wq.dst_ip;
-    o.sport = wq.sport;
-    o.pkt.bth.opcode = roce::kRc | roce::kAcknowledge;
-    o.pkt.bth.dest_qp = dest_qpn;
-    o.pkt.bth.psn = psn;
+    WireOut o = packetTo(wq, roce::kAcknowledge, dest_qpn, psn);
     o.pkt.aeth_syndrome = syndrome;
     o.pkt.aeth_msn = wq.msn;
     wire_->send(std::span<const WireOut>(&o, 1));
@@ -1164,13 +1160,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
 }
 
 void Engine::Thread::wireAtomicAck(const WireQp &wq, uint32_t dest_qpn, uint32_t psn, uint64_t orig) {
-    WireOut o;
-    o.src_ip = wq.src_ip;
-    o.dst_ip = wq.dst_ip;
-    o.sport = wq.sport;
-    o.pkt.bth.opcode = roce::kRc | roce::kAtomicAcknowledge;
-    o.pkt.bth.dest_qp = dest_qpn;
-    o.pkt.bth.psn = psn;
+    WireOut o = packetTo(wq, roce::kAtomicAcknowledge, dest_qpn, psn);
     o.pkt.aeth_syndrome = kAckSyndrome;
     o.pkt.aeth_msn = wq.msn;
     o.pkt.atomic_orig = orig;
@@ -1201,16 +1191,11 @@ bool Engine::Thread::wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_
         const uint64_t len = std::min<uint64_t>(p.reth_len - std::min<uint64_t>(off, p.reth_len), mtu);
         const bool first = k == 0, last = k + 1 == *n;
         WireOut &o = out[m];
-        o = WireOut{};
-        o.src_ip = wq.src_ip;
-        o.dst_ip = wq.dst_ip;
-        o.sport = wq.sport;
-        o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | (first && last ? roce::kReadResponseOnly
-                                                             : first       ? roce::kReadResponseFirst
-                                                             : last        ? roce::kReadResponseLast
-                                                                           : roce::kReadResponseMiddle));
-        o.pkt.bth.dest_qp = dest;
-        o.pkt.bth.psn = psnAdd(p.bth.psn, k);
+        const uint8_t op = first && last ? roce::kReadResponseOnly
+                           : first       ? roce::kReadResponseFirst
+                           : last        ? roce::kReadResponseLast
+                                         : roce::kReadResponseMiddle;
+        o = packetTo(wq, op, dest, psnAdd(p.bth.psn, k));
         o.pkt.aeth_syndrome = kAckSyndrome;
         o.pkt.aeth_msn = last ? psnAdd(wq.msn, 1) : wq.msn;
         o.pkt.payload = std::span<const uint8_t>(remote + off, len);
