@@ -670,6 +670,11 @@ bool Engine::Thread::wireStart(Qp *qp, WireQp &wq, uint32_t pi) {
 // the acknowledgement (ACK coalescing: one per message). Its WQE is read again from its slot,
 // and its local SGEs checked again: an MR deregistered while it was on the wire fails it.
 void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t from_psn) {
+    if (wire_ == nullptr) {
+        // A QP imported with its path to another host while this engine has no socket: nothing
+        // leaves, and its timers end its WQEs with RETRY_EXC_ERR as a dead link would.
+        return;
+    }
     WqeCopy w;
     fetchWqeAt(*qp, m.index, &w);
     const softnda_wqe &h = w.hdr;
