@@ -571,5 +571,41 @@ TEST_F(RoceHostsTest, CaptureDecodesAsRoceWithValidIcrc) {
     std::printf("%s", slurp(dir_ + "/check.log").c_str());
 }
 
+// One host's broker restarts (`ibv-extendctl restart`: an exec that keeps every session and its
+// QPs, docs/restart.md) twice in the middle of a checked pingpong across the hosts: the
+// connection carries on with every byte right, and the peer has at most sent something again
+// (SPEC.md §18, "Restart"). Without the wire's restart state (the PSNs in queue memory, the path
+// made again on import) the pingpong ends in a retry error or a wrong byte.
+TEST_F(RoceHostsTest, ABrokerRestartMidTrafficKeepsTheConnection) {
+    const std::vector<std::string> args = {
+        "-d", "softnda0", "-g", kGidIndex, "-c", "-n", "4000", "-p", std::to_string(kExchangePort)};
+    auto server = tenant(a(), "restart.server.err", "/usr/bin/ibv_rc_pingpong", args);
+    server->reply();
+    ASSERT_TRUE(waitFor([&] { return listening(server->pid(), kExchangePort); }, kSettle))
+        << slurp(dir_ + "/restart.server.err");
+    std::vector<std::string> client_args = args;
+    client_args.push_back(a().address);
+    auto client = tenant(b(), "restart.client.err", "/usr/bin/ibv_rc_pingpong", client_args);
+    client->reply();
+    const pid_t broker_pid = a().broker->pid();
+    for (long after : {1000L, 3000L}) {
+        ASSERT_TRUE(waitFor([&] { return rxPackets(client->pid(), b().ifname) > after || client->exited(); },
+                            kSettle))
+            << slurp(dir_ + "/restart.client.err");
+        ASSERT_FALSE(client->exited())
+            << "the pingpong ended before the restart: " << slurp(dir_ + "/restart.client.err");
+        const std::string ctl = std::string(IBVX_CTL_BINARY) + " --socket " + a().broker->socket() +
+                                " restart >" + dir_ + "/restart.ctl.out 2>&1";
+        ASSERT_EQ(std::system(ctl.c_str()), 0) << slurp(dir_ + "/restart.ctl.out");
+        EXPECT_THAT(slurp(dir_ + "/restart.ctl.out"), ::testing::ContainsRegex("sessions kept: +1\n"));
+    }
+    std::string out = client->readAll(leftMs());
+    EXPECT_EQ(endOf(*client, "the pingpong client"), 0) << out << slurp(dir_ + "/restart.client.err");
+    EXPECT_THAT(out, HasSubstr("4000 iters in")) << slurp(dir_ + "/restart.client.err");
+    std::string server_out = server->readAll(leftMs());
+    EXPECT_EQ(endOf(*server, "the pingpong server"), 0) << server_out << slurp(dir_ + "/restart.server.err");
+    EXPECT_EQ(a().broker->pid(), broker_pid);  // an exec: the same process, a new program
+}
+
 }  // namespace
 }  // namespace ibvx::test
