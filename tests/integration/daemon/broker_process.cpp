@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -172,6 +173,18 @@ int BrokerProcess::fdCount() const {
     }
     ::closedir(d);
     return n;
+}
+
+std::vector<std::string> BrokerProcess::fdTargets() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto &e : std::filesystem::directory_iterator("/proc/" + std::to_string(pid_) + "/fd", ec)) {
+        std::error_code lec;
+        std::filesystem::path target = std::filesystem::read_symlink(e.path(), lec);
+        out.push_back(e.path().filename().string() + " -> " + (lec ? std::string("?") : target.string()));
+    }
+    std::sort(out.begin(), out.end());
+    return out;
 }
 
 long BrokerProcess::rssKiB() const {

@@ -40,6 +40,8 @@ class BrokerProcess {
     // Open fds and resident set size (KiB) of the broker, from /proc.
     int fdCount() const;
     long rssKiB() const;
+    // "fd -> target" for each open fd, for saying which fd a count check found.
+    std::vector<std::string> fdTargets() const;
 
   private:
     void start(const BrokerOptions &options);
