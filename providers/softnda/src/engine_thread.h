@@ -171,7 +171,7 @@ class Engine::Thread {
     // wire.cc: RC to another host over RoCEv2 (SPEC.md §18)
     uint8_t gatherLocal(Qp *qp, const WqeCopy &w, Segment *local, uint32_t *nlocal, uint64_t *total);
     bool wireProcessSq(Qp *qp, uint32_t pi);
-    bool wireRetire(Qp *qp, WireQp &wq, uint32_t pi);
+    bool wireRetire(Qp *qp, WireQp &wq);
     bool wireStart(Qp *qp, WireQp &wq, uint32_t pi);
     void wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t from_psn);
     void runWire();

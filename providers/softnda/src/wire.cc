@@ -33,6 +33,18 @@ constexpr uint8_t kRnrNak = 0x20;
 constexpr uint8_t kNak = 0x60;
 constexpr uint8_t kNakPsnSeq = 0x60, kNakInvReq = 0x61, kNakRemAccess = 0x62, kNakRemOp = 0x63;
 
+// A datagram's header for sendmmsg/recvmmsg: one buffer, one peer address, room for IP_PKTINFO.
+msghdr oneBufferMsg(sockaddr_in *addr, iovec *iov, void *ctl, size_t ctl_len) {
+    msghdr h{};
+    h.msg_name = addr;
+    h.msg_namelen = sizeof(*addr);
+    h.msg_iov = iov;
+    h.msg_iovlen = 1;
+    h.msg_control = ctl;
+    h.msg_controllen = ctl_len;
+    return h;
+}
+
 uint32_t psnAdd(uint32_t a, uint32_t n) {
     return (a + n) & kPsnMask;
 }
@@ -289,14 +301,8 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
         dst[k].sin_port = htons(port_);
         dst[k].sin_addr.s_addr = pt[k]->dst_ip;
         msghdr &h = msgs[k].msg_hdr;
-        h = msghdr{};
-        h.msg_name = &dst[k];
-        h.msg_namelen = sizeof(dst[k]);
-        h.msg_iov = &iov[k];
-        h.msg_iovlen = 1;
         // The source address the ICRC was computed with, whatever the route would pick.
-        h.msg_control = ctl[k];
-        h.msg_controllen = sizeof(ctl[k]);
+        h = oneBufferMsg(&dst[k], &iov[k], ctl[k], sizeof(ctl[k]));
         cmsghdr *c = CMSG_FIRSTHDR(&h);
         c->cmsg_level = IPPROTO_IP;
         c->cmsg_type = IP_PKTINFO;
@@ -331,14 +337,7 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
     alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in_pktinfo))];
     for (size_t i = 0; i < want; ++i) {
         iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
-        msghdr &h = msgs[i].msg_hdr;
-        h = msghdr{};
-        h.msg_name = &src[i];
-        h.msg_namelen = sizeof(src[i]);
-        h.msg_iov = &iov[i];
-        h.msg_iovlen = 1;
-        h.msg_control = ctl[i];
-        h.msg_controllen = sizeof(ctl[i]);
+        msgs[i].msg_hdr = oneBufferMsg(&src[i], &iov[i], ctl[i], sizeof(ctl[i]));
     }
     // Blocks for the first packet only, then takes what else is queued.
     int rc = ::recvmmsg(fd_, msgs, static_cast<unsigned>(want), MSG_WAITFORONE, nullptr);
@@ -551,7 +550,7 @@ bool Engine::Thread::wireProcessSq(Qp *qp, uint32_t pi) {
         }
     }
     for (bool more = true; more;) {
-        more = wireRetire(qp, wq, pi);
+        more = wireRetire(qp, wq);
         if (wq.count == 0 && qp->state.load(std::memory_order_acquire) == IBV_QPS_ERR) {
             lk.unlock();
             endRnrWait(qp);
@@ -571,8 +570,7 @@ bool Engine::Thread::wireProcessSq(Qp *qp, uint32_t pi) {
 
 // Completes the finished messages at the head of the window, in order (wq.mu held). A failed
 // one moves the QP to ERR and empties the window. True when any completed.
-bool Engine::Thread::wireRetire(Qp *qp, WireQp &wq, uint32_t pi) {
-    (void)pi;
+bool Engine::Thread::wireRetire(Qp *qp, WireQp &wq) {
     bool any = false;
     while (wq.count > 0 && wq.at(0).done) {
         const WireMsg m = wq.at(0);
