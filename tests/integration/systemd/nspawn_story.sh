@@ -8,7 +8,12 @@
 # non-root users in and out of the socket's group, a verified traffic loop through every kind of
 # restart (systemctl restart with a watch open and earlier sessions ended, kill -9,
 # `ibv-extendctl restart --require-keep`), a forking chaos-tenant through seeded kill -9s and
-# restarts of both kinds, a config typo, a bad reload, and `man -w`.
+# restarts of both kinds, a config typo, a bad reload, and `man -w`. Last, across hosts: the
+# container boots in a network namespace made here, joined by a veth pair to a second one that
+# stands for another host, where a broker of the build tree serves an ibv_rc_pingpong server; the
+# story binds its softnda device to its end (`[softnda] netdev`) and runs the client as alice, so
+# the shipped unit's hardening must let the broker's RoCEv2 socket work. Without `ip netns` that
+# part is skipped, saying so.
 #
 #   nspawn_story.sh BUILD_DIR SOURCE_DIR RESTART_TENANT CHAOS_TENANT
 #
@@ -29,8 +34,21 @@ command -v systemd-nspawn >/dev/null || skip "systemd-nspawn is missing (Debian 
 [ -x /usr/lib/systemd/systemd ] || skip "no systemd in /usr to boot"
 
 W=$(mktemp -d /var/tmp/ibvx-nspawn.XXXXXX)
-# IBVX_STORY_KEEP=1 keeps the root, the story's files and the journal for a look afterwards.
-[ -n "${IBVX_STORY_KEEP:-}" ] || trap 'rm -rf "$W"' EXIT
+P=""
+netns=()
+peer_pids=()
+cleanup() {
+  for p in "${peer_pids[@]}"; do
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
+  for n in "${netns[@]}"; do
+    ip netns del "$n" 2>/dev/null
+  done
+  # IBVX_STORY_KEEP=1 keeps the root, the story's files and the journal for a look afterwards.
+  [ -n "${IBVX_STORY_KEEP:-}" ] || rm -rf "$W" ${P:+"$P"}
+}
+trap cleanup EXIT
 R=$W/root
 STAGE=$W/stage
 OUT=$W/story
@@ -120,12 +138,84 @@ for prog in "$TENANT" "$CHAOS"; do
   esac
 done
 
+# The other host: network namespace b, joined to the container's (a) by a veth pair, addresses
+# 10.201.14.1 (the container) and .2 (b), nothing else addressed. Host b's broker runs from the
+# build tree, its softnda device bound to its end; a tenant of it (user nobody) waits as the
+# ibv_rc_pingpong server the story's client connects to. /story/wire tells the story the
+# interface and the peer's address; empty, the story skips the part.
+network=(--private-network)
+: >"$OUT/wire"
+server=""
+if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && command -v setpriv >/dev/null; then
+  netns=("ibvx-story-$$-a" "ibvx-story-$$-b")
+  make_hosts() {
+    ip netns add "${netns[0]}" && ip netns add "${netns[1]}" &&
+      ip -n "${netns[0]}" link add ibvx-sw0 type veth peer name ibvx-sw1 netns "${netns[1]}" &&
+      ip -n "${netns[0]}" addr add 10.201.14.1/24 dev ibvx-sw0 &&
+      ip -n "${netns[1]}" addr add 10.201.14.2/24 dev ibvx-sw1 || return 1
+    for n in 0 1; do
+      ip -n "${netns[$n]}" link set lo up && ip -n "${netns[$n]}" link set "ibvx-sw$n" up || return 1
+    done
+  }
+  if ! make_hosts; then
+    echo "nspawn_story: could not make the two hosts' network namespaces"
+    exit 1
+  fi
+  for n in 0 1; do  # the carrier comes up a moment after both ends are up
+    for _ in $(seq 100); do
+      ip -n "${netns[$n]}" -o link show dev "ibvx-sw$n" | grep -q 'state UP' && break
+      sleep 0.1
+    done
+  done
+  # Host b's tenant is user nobody: its broker's directory is one it can reach ($W is 0700).
+  P=$(mktemp -d /tmp/ibvx-story-peer.XXXXXX)
+  chmod 755 "$P"
+  mkdir "$P/conf.d"
+  printf '[broker]\nlog_level = "warn"\nsocket_mode = "0666"\n\n[softnda]\nnetdev = "ibvx-sw1"\n' >"$P/ibv-extendd.toml"
+  # Only the build tree's drivers, never the host's /etc/libibverbs_extend.d.
+  IBV_EXTEND_PROVIDER_DIR=$B/providers-out IBV_EXTEND_CONFIG_DIR=$P/conf.d IBV_EXTEND_DRIVERS=softnda \
+    ip netns exec "${netns[1]}" "$B/daemon/ibv-extendd" --socket "$P/broker.sock" --foreground \
+    --config "$P/ibv-extendd.toml" >"$P/broker.log" 2>&1 &
+  peer_pids+=($!)
+  for _ in $(seq 100); do
+    [ -S "$P/broker.sock" ] && [ -e "$P/discovery" ] && break
+    sleep 0.1
+  done
+  if [ ! -S "$P/broker.sock" ]; then
+    echo "nspawn_story: host b's broker did not start; its log:"
+    cat "$P/broker.log"
+    exit 1
+  fi
+  ip netns exec "${netns[1]}" setpriv --reuid=65534 --regid=65534 --clear-groups \
+    "$B/tools/ibv-extend-run/ibv-extend-run" --socket "$P/broker.sock" -- \
+    timeout 390 ibv_rc_pingpong -d softnda0 -g 1 -n 500 -p 18516 >"$P/pingpong.server" 2>&1 &
+  server=$!
+  peer_pids+=("$server")
+  network=(--network-namespace-path="/run/netns/${netns[0]}")
+  echo "ibvx-sw0 10.201.14.2 18516" >"$OUT/wire"
+  echo "== host b: netns ${netns[1]}, a broker on ibvx-sw1 10.201.14.2 and an ibv_rc_pingpong server; the container in ${netns[0]} (ibvx-sw0 10.201.14.1)"
+else
+  echo "== across hosts: skipped (needs ip netns, ibv_rc_pingpong and setpriv)"
+fi
+
 echo "== boot: systemd-nspawn -D $R -b (the host's /usr, the install over /usr/local)"
 start=$(date +%s)
-timeout 390 systemd-nspawn -q -D "$R" --register=no --keep-unit --private-network "${binds[@]}" \
+timeout 390 systemd-nspawn -q -D "$R" --register=no --keep-unit "${network[@]}" "${binds[@]}" \
   -b systemd.firstboot=off ${IBVX_STORY_BOOT_ARGS:-} >"$W/boot.log" 2>&1
 rc=$?
 echo "== the container stopped after $(($(date +%s) - start)) s (nspawn exit $rc)"
+if [ -n "$server" ]; then
+  # The client's side is the story's check; the server's is this one: 500 round trips served.
+  kill -TERM "$server" 2>/dev/null
+  wait "$server"
+  server_rc=$?
+  echo "== host b's ibv_rc_pingpong server: exit $server_rc; $(tail -1 "$P/pingpong.server")"
+  if grep -q "^PASS: across hosts: ibv_rc_pingpong" "$OUT/story.log" 2>/dev/null && [ "$server_rc" -ne 0 ]; then
+    echo "nspawn_story: the client passed but host b's server did not; its output and broker log:"
+    cat "$P/pingpong.server" "$P/broker.log"
+    exit 1
+  fi
+fi
 if [ ! -s "$OUT/story.log" ]; then
   echo "nspawn_story: the story never ran; the boot said:"
   sed 's/\x1b\[[0-9;]*m//g' "$W/boot.log" | tail -40
