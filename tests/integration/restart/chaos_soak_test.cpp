@@ -32,7 +32,9 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
 #include <random>
+#include <sstream>
 
 #include "common/unique_fd.h"
 #include "tests/integration/restart/restart_support.h"
@@ -402,15 +404,36 @@ class Soak {
                                           << broker_.log();
     }
 
+    // The broker's lines on sessions that ended or were not restored (the last 40): what a
+    // tenant's "the broker ended this process's session" is read against.
+    std::string sessionEnds() const {
+        std::istringstream in(broker_.log());
+        std::deque<std::string> lines;
+        for (std::string line; std::getline(in, line);) {
+            if (line.find("restore:") != std::string::npos || line.find("ended") != std::string::npos ||
+                line.find("ending it") != std::string::npos || line.find("evict") != std::string::npos) {
+                lines.push_back(line);
+                if (lines.size() > 40) {
+                    lines.pop_front();
+                }
+            }
+        }
+        std::string out = "\nthe broker on sessions ended or not restored (last 40 lines):\n";
+        for (const std::string &l : lines) {
+            out += l + "\n";
+        }
+        return out;
+    }
+
     void finishSurvivors() {
         for (size_t i = 0; i < survivors_.size(); ++i) {
             Tenant &t = *survivors_[i];
             const bool writeloop = i + 1 == survivors_.size();
             const std::string &name = names_[i];
             std::string done = t.finish();
-            ASSERT_FALSE(done.empty()) << name << ": " << t.lines() << slurp(err(name));
-            EXPECT_EQ(t.wait(), 0) << name << ": " << done << slurp(err(name));
-            EXPECT_EQ(field(done, "failed"), 0u) << name << ": " << done << slurp(err(name));
+            ASSERT_FALSE(done.empty()) << name << ": " << t.lines() << slurp(err(name)) << sessionEnds();
+            EXPECT_EQ(t.wait(), 0) << name << ": " << done << slurp(err(name)) << sessionEnds();
+            EXPECT_EQ(field(done, "failed"), 0u) << name << ": " << done << slurp(err(name)) << sessionEnds();
             printf("soak: %s: %s", name.c_str(), done.c_str());
             if (writeloop) {
                 EXPECT_EQ(field(done, "control_failed"), 0u) << done << slurp(err(name));
