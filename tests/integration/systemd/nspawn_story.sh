@@ -141,7 +141,7 @@ done
 # The other host: network namespace b, joined to the container's (a) by a veth pair, addresses
 # 10.201.14.1 (the container) and .2 (b), nothing else addressed. Host b's broker runs from the
 # build tree, its softnda device bound to its end; a tenant of it (user nobody) waits as the
-# ibv_rc_pingpong server the story's client connects to. /story/wire tells the story the
+# ibv_rc_pingpong server (-c: every byte checked) the story's client connects to. /story/wire tells the story the
 # interface and the peer's address; empty, the story skips the part.
 network=(--private-network)
 : >"$OUT/wire"
@@ -188,11 +188,11 @@ if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && com
   fi
   ip netns exec "${netns[1]}" setpriv --reuid=65534 --regid=65534 --clear-groups \
     "$B/tools/ibv-extend-run/ibv-extend-run" --socket "$P/broker.sock" -- \
-    timeout 390 ibv_rc_pingpong -d softnda0 -g 1 -n 500 -p 18516 >"$P/pingpong.server" 2>&1 &
+    timeout 390 ibv_rc_pingpong -d softnda0 -g 1 -c -n 6000 -p 18516 >"$P/pingpong.server" 2>&1 &
   server=$!
   peer_pids+=("$server")
   network=(--network-namespace-path="/run/netns/${netns[0]}")
-  echo "ibvx-sw0 10.201.14.2 18516" >"$OUT/wire"
+  echo "ibvx-sw0 10.201.14.2 18516 6000" >"$OUT/wire"
   echo "== host b: netns ${netns[1]}, a broker on ibvx-sw1 10.201.14.2 and an ibv_rc_pingpong server; the container in ${netns[0]} (ibvx-sw0 10.201.14.1)"
 else
   echo "== across hosts: skipped (needs ip netns, ibv_rc_pingpong and setpriv)"
@@ -205,7 +205,8 @@ timeout 390 systemd-nspawn -q -D "$R" --register=no --keep-unit "${network[@]}" 
 rc=$?
 echo "== the container stopped after $(($(date +%s) - start)) s (nspawn exit $rc)"
 if [ -n "$server" ]; then
-  # The client's side is the story's check; the server's is this one: 500 round trips served.
+  # The client's side is the story's check; the server's is this one: every round trip served,
+  # every byte checked (-c).
   kill -TERM "$server" 2>/dev/null
   wait "$server"
   server_rc=$?

@@ -288,8 +288,8 @@ check "after the fix, systemctl start serves again (no reset-failed needed)" wai
 check "a tenant connects again" short_tenant
 
 echo "== across hosts: softnda bound to an interface, RoCEv2 to another host's broker"
-wire_if="" wire_peer="" wire_port=""
-read -r wire_if wire_peer wire_port </story/wire || true
+wire_if="" wire_peer="" wire_port="" wire_iters=""
+read -r wire_if wire_peer wire_port wire_iters </story/wire || true
 if [ -z "$wire_if" ]; then
   echo "   skipped: nspawn_story.sh made no second host (it says why)"
 else
@@ -301,12 +301,30 @@ else
   run_as alice ibv_devinfo -d softnda0 >/story/devinfo.wire 2>&1
   check "across hosts: softnda0 is a RoCE device (link_layer Ethernet)" \
     grep -q "link_layer:.*Ethernet" /story/devinfo.wire
-  # Host b's server has waited since before the boot; its broker answers over the veth.
-  run_as alice timeout 120 ibv_rc_pingpong -d softnda0 -g 1 -n 500 -p "$wire_port" "$wire_peer" \
-    >/story/pp.wire 2>&1
+  # Host b's server has waited since before the boot; its broker answers over the veth. Two
+  # systemctl restarts in the middle of the traffic: the QP crosses each (the fd store), the new
+  # process binds the RoCEv2 socket again, and the peer sees only retransmissions.
+  run_as alice timeout 120 ibv_rc_pingpong -d softnda0 -g 1 -c -n "$wire_iters" -p "$wire_port" \
+    "$wire_peer" >/story/pp.wire 2>&1 &
+  wire_pid=$!
+  for _ in $(seq 50); do
+    [ "$(sessions)" = 1 ] && break
+    sleep 0.1
+  done
+  sleep 0.5
+  for r in 1 2; do
+    systemctl restart ibv-extendd.service
+    check "across hosts: systemctl restart $r during the pingpong keeps its session" wait_serving 1
+    sleep 0.3
+  done
+  mid_traffic=0
+  kill -0 "$wire_pid" 2>/dev/null && mid_traffic=1
+  wait "$wire_pid"
   wire_rc=$?
   tail -2 /story/pp.wire
-  check "across hosts: ibv_rc_pingpong -g 1 to $wire_peer as alice, 500 round trips, exit 0" test "$wire_rc" = 0
+  check "across hosts: the pingpong still ran after both restarts (else raise its -n)" test "$mid_traffic" = 1
+  check "across hosts: ibv_rc_pingpong -g 1 -c to $wire_peer as alice, $wire_iters round trips, exit 0" \
+    test "$wire_rc" = 0
   tx=$(ctl stats 2>/dev/null | sed -n 's/^wire_tx_packets *//p')  # (no awk: /etc has no alternatives)
   echo "   wire_tx_packets $tx"
   check "across hosts: the broker's RoCEv2 socket sent the packets (ibv-extendctl stats)" test "${tx:-0}" -gt 0
