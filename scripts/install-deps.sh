@@ -26,6 +26,8 @@ PACKAGES=(
   libspdlog-dev libfmt-dev libsystemd-dev systemd
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev libtomlplusplus-dev nlohmann-json3-dev
+  # isa-l: the RoCEv2 ICRC's CRC-32 (softnda SPEC.md §18), carry-less multiply where the CPU has it
+  libisal-dev
   iproute2 util-linux procps
   ibverbs-utils perftest python3-pyverbs
   go-md2man systemd-container
@@ -47,6 +49,8 @@ ARM64_PACKAGES=(
   libspdlog-dev:arm64 libfmt-dev:arm64 libsystemd-dev:arm64
   libgtest-dev:arm64 libgmock-dev:arm64 libbenchmark-dev:arm64
   libtomlplusplus-dev:arm64
+  # Not libisal-dev:arm64: Debian 12's isa-l packages are not Multi-Arch: same, so installing it
+  # removes the host's. The cross build's ICRC uses zlib instead (providers/softnda/CMakeLists.txt).
 )
 
 wanted=("${PACKAGES[@]}")

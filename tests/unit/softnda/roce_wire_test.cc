@@ -172,6 +172,27 @@ TEST(RoceWire, WhatCannotBeAPacketIsRefused) {
 }
 
 // The ICRC covers the packet and the invariant header fields; it masks what routers change.
+// A known answer, so that every build's CRC (isa-l picks a version per CPU: PCLMULQDQ, PMULL, or
+// none under an emulator) is checked against one we did not compute: scapy's RoCE layer gives
+// this packet (IPv4 10.0.0.1 -> 10.0.0.2, DF, TTL 64; UDP 49152 -> 4791; SEND ONLY to QP 0x11,
+// MigReq, AckReq, PSN 0x102; payload "RoCEv2!\0") the ICRC bytes ed 71 db c3, and Python's
+// zlib.crc32 of the masked pseudo-packet is 0xc3db71ed.
+TEST(RoceWire, TheIcrcOfAKnownPacketIsScapys) {
+    const std::array<uint8_t, kIpv4Len> ip = {0x45, 0x00, 0x00, 0x34, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11,
+                                              0x00, 0x00, 10,   0,    0,    1,    10,   0,    0,    2};
+    const std::array<uint8_t, kUdpLen> udp = {0xc0, 0x00, 0x12, 0xb7, 0x00, 0x20, 0x00, 0x00};
+    std::array<uint8_t, kBthLen + 8 + kIcrcLen> packet = {0x04, 0x40, 0xff, 0xff, 0x00, 0x00, 0x00,
+                                                          0x11, 0x80, 0x00, 0x01, 0x02, 'R',  'o',
+                                                          'C',  'E',  'v',  '2',  '!',  0x00};
+    EXPECT_EQ(icrcIpv4(ip, udp, std::span<const uint8_t>(packet).first(packet.size() - kIcrcLen)),
+              0xc3db71edu);
+    fillIcrcIpv4(ip, udp, packet);
+    EXPECT_EQ(packet[20], 0xed);
+    EXPECT_EQ(packet[21], 0x71);
+    EXPECT_EQ(packet[22], 0xdb);
+    EXPECT_EQ(packet[23], 0xc3);
+}
+
 TEST(RoceWire, TheIcrcCoversTheInvariantFieldsOnly) {
     const std::array<uint8_t, 8> bytes = {1, 2, 3, 4, 5, 6, 7, 8};
     Packet p = sample(kRc | kSendOnly, bytes);
