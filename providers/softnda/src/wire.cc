@@ -832,6 +832,12 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
             m.done = true;
             m.status = status;
             m.byte_len = byte_len;
+            if (status == IBV_WC_SUCCESS) {
+                // rnr_retry counts the RNR NAKs of one message: an acknowledged one starts it
+                // again (as rxe's completer does). Here, not at retirement on the engine thread:
+                // the next message's RNR NAK can come in the same batch as this ACK.
+                wq.rnr_retries = 0;
+            }
             wake = true;
         };
         auto contains = [](const WireMsg &m, uint32_t q) {

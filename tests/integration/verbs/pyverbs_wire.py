@@ -3,7 +3,7 @@
 SPEC.md §18), meant to run under the engine's injected loss, duplication and reordering
 (roce_hosts_test.cpp). Plain pyverbs (Debian's python3-pyverbs), one process on each host.
 
-    ibv-extend-run -- pyverbs_wire.py DEVICE GID_INDEX server|client N
+    ibv-extend-run -- pyverbs_wire.py DEVICE GID_INDEX server|client N [rnr]
 
 The two sides meet through the test, line by line on stdin and stdout (no socket of their own):
 each prints "ADDR qpn psn gid rkey addr atomic_rkey atomic_addr" and reads the peer's; the server
@@ -19,6 +19,12 @@ The client then, with up to WINDOW work requests of a phase outstanding:
 It prints "DONE"; the server, given a line, checks its receives (order, lengths, immediates,
 bytes), its slots and both counters. Each side prints "OK" at the end, or exits non-zero with
 what was wrong.
+
+With "rnr" (both sides) only the SENDs run, into a ring of one receive the server posts again as
+each completes, so nearly every SEND meets an empty ring once and is answered RNR; the server's
+RNR timer is 81.92 ms (min_rnr_timer 26), ample for that repost, and the client's rnr_retry is 1.
+Each SEND is then retried once, so all must complete: the retry count is per message (it starts
+again at every acknowledged one), not spent across the stream.
 """
 import struct
 import sys
@@ -89,28 +95,29 @@ def in_order(wcs, first, opcode, what):
             fail(f"{what}: completion opcode {wc.opcode}, expected {opcode}")
 
 
-def connect(qp, gid_index, me, peer, mtu, rd_atomic):
+def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
     attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu)
     attr.dest_qp_num = peer["qpn"]
     attr.rq_psn = peer["psn"]
     gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=gid_index, hop_limit=64)
     attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=1)
     attr.max_dest_rd_atomic = rd_atomic
-    attr.min_rnr_timer = 12
+    attr.min_rnr_timer = 26 if rnr else 12  # 81.92 ms / 0.64 ms
     qp.to_rtr(attr)
     attr.qp_state = e.IBV_QPS_RTS
     attr.sq_psn = PSN[me]
-    attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 14, 7, 7, rd_atomic
+    attr.timeout, attr.retry_cnt, attr.max_rd_atomic = 14, 7, rd_atomic
+    attr.rnr_retry = 1 if rnr else 7  # 7: for ever
     qp.to_rts(attr)
 
 
-def main(name, gid_index, role, n):
+def main(name, gid_index, role, n, rnr):
     if name not in [dev.name.decode() for dev in d.get_device_list()]:
         fail(f"{name} is not listed")
     ctx = d.Context(name=name)
     port = ctx.query_port(1)
     rd_atomic = max(1, min(16, ctx.query_device().max_qp_rd_atom))
-    ring = min(n, WINDOW)
+    ring = 1 if rnr else min(n, WINDOW)
     pd = PD(ctx)
     cq = CQ(ctx, 2 * WINDOW + 8)
     cap = QPCap(max_send_wr=WINDOW + 4, max_recv_wr=WINDOW + 4, max_send_sge=1, max_recv_sge=1)
@@ -137,7 +144,7 @@ def main(name, gid_index, role, n):
         fail(f"expected the peer's ADDR line, got {words_in}")
     peer = dict(qpn=int(words_in[1]), psn=int(words_in[2]), gid=words_in[3], rkey=int(words_in[4]),
                 addr=int(words_in[5]), atomic_rkey=int(words_in[6]), atomic_addr=int(words_in[7]))
-    connect(qp, gid_index, role, peer, port.active_mtu, rd_atomic)
+    connect(qp, gid_index, role, peer, port.active_mtu, rd_atomic, rnr)
 
     if role == "server":
         say("READY")
@@ -157,6 +164,9 @@ def main(name, gid_index, role, n):
             if i + ring < n:
                 post_recv(i + ring)
         line()  # the client is done
+        if rnr:
+            say("OK")
+            return
         for i in range(n):
             if slots.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
                 fail(f"slot {i}: the bytes differ from what was written")
@@ -190,36 +200,37 @@ def main(name, gid_index, role, n):
     def at_slot(i):
         return lambda wr: wr.set_wr_rdma(peer["rkey"], peer["addr"] + i * SLOT)
 
-    for i in range(n):
-        slots.write(pattern(1, i, WRITE_LEN), WRITE_LEN, i * SLOT)
-    phase("RDMA WRITE", n, e.IBV_WC_RDMA_WRITE,
-          lambda i: (e.IBV_WR_RDMA_WRITE, slots.buf + i * SLOT, WRITE_LEN, slots.lkey, at_slot(i), None))
-    phase("RDMA READ", n, e.IBV_WC_RDMA_READ,
-          lambda i: (e.IBV_WR_RDMA_READ, back.buf + i * SLOT, WRITE_LEN, back.lkey, at_slot(i), None))
-    for i in range(n):
-        if back.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
-            fail(f"RDMA READ {i}: the bytes differ from what was written")
+    if not rnr:  # (with rnr, the SENDs alone)
+        for i in range(n):
+            slots.write(pattern(1, i, WRITE_LEN), WRITE_LEN, i * SLOT)
+        phase("RDMA WRITE", n, e.IBV_WC_RDMA_WRITE,
+              lambda i: (e.IBV_WR_RDMA_WRITE, slots.buf + i * SLOT, WRITE_LEN, slots.lkey, at_slot(i), None))
+        phase("RDMA READ", n, e.IBV_WC_RDMA_READ,
+              lambda i: (e.IBV_WR_RDMA_READ, back.buf + i * SLOT, WRITE_LEN, back.lkey, at_slot(i), None))
+        for i in range(n):
+            if back.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
+                fail(f"RDMA READ {i}: the bytes differ from what was written")
 
-    adds = lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"], 1, 0)
-    phase("fetch-add", n, e.IBV_WC_FETCH_ADD,
-          lambda i: (e.IBV_WR_ATOMIC_FETCH_AND_ADD, words.buf + 8 * i, 8, words.lkey, adds, None))
-    got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
-    if got != list(range(n)):
-        fail(f"fetch-add returned {got}, expected 0..{n - 1} in order")
+        adds = lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"], 1, 0)
+        phase("fetch-add", n, e.IBV_WC_FETCH_ADD,
+              lambda i: (e.IBV_WR_ATOMIC_FETCH_AND_ADD, words.buf + 8 * i, 8, words.lkey, adds, None))
+        got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
+        if got != list(range(n)):
+            fail(f"fetch-add returned {got}, expected 0..{n - 1} in order")
 
-    def swap(i):
-        return lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"] + 8, i, i + 1)
-    phase("compare-swap", n, e.IBV_WC_COMP_SWAP,
-          lambda i: (e.IBV_WR_ATOMIC_CMP_AND_SWP, words.buf + 8 * i, 8, words.lkey, swap(i), None))
-    got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
-    if got != list(range(n)):
-        fail(f"compare-swap returned {got}, expected 0..{n - 1} in order")
+        def swap(i):
+            return lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"] + 8, i, i + 1)
+        phase("compare-swap", n, e.IBV_WC_COMP_SWAP,
+              lambda i: (e.IBV_WR_ATOMIC_CMP_AND_SWP, words.buf + 8 * i, 8, words.lkey, swap(i), None))
+        got = list(struct.unpack(f"<{n}Q", words.read(8 * n, 0)))
+        if got != list(range(n)):
+            fail(f"compare-swap returned {got}, expected 0..{n - 1} in order")
 
-    counters = lambda wr: wr.set_wr_rdma(peer["atomic_rkey"], peer["atomic_addr"])
-    phase("counters' READ", 1, e.IBV_WC_RDMA_READ,
-          lambda i: (e.IBV_WR_RDMA_READ, words.buf, 16, words.lkey, counters, None))
-    if struct.unpack("<QQ", words.read(16, 0)) != (n, n):
-        fail(f"counters read back as {struct.unpack('<QQ', words.read(16, 0))}, expected {n}, {n}")
+        counters = lambda wr: wr.set_wr_rdma(peer["atomic_rkey"], peer["atomic_addr"])
+        phase("counters' READ", 1, e.IBV_WC_RDMA_READ,
+              lambda i: (e.IBV_WR_RDMA_READ, words.buf, 16, words.lkey, counters, None))
+        if struct.unpack("<QQ", words.read(16, 0)) != (n, n):
+            fail(f"counters read back as {struct.unpack('<QQ', words.read(16, 0))}, expected {n}, {n}")
 
     for i in range(n):
         slots.write(pattern(3, i, SEND_LEN), SEND_LEN, i * SLOT)
@@ -231,6 +242,7 @@ def main(name, gid_index, role, n):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[3] not in ("server", "client"):
+    if (len(sys.argv) not in (5, 6) or sys.argv[3] not in ("server", "client")
+            or sys.argv[5:] not in ([], ["rnr"])):
         sys.exit(__doc__)
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:] == ["rnr"])

@@ -371,12 +371,16 @@ class RoceHostsTest : public ::testing::Test {
         EXPECT_THAT(r.client_out, HasSubstr(needle)) << r.client_err;
     }
 
-    // pyverbs_wire.py as server on A and client on B, n of each operation; the test relays the
-    // lines by which they meet.
-    void expectExactlyOnce(const std::string &name, int n) {
+    // pyverbs_wire.py as server on A and client on B, n of each operation (mode "rnr": the SENDs
+    // alone, each meeting an empty ring once); the test relays the lines by which they meet.
+    void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "") {
         const std::string program = std::string(IBVX_PYVERBS_DIR) + "/pyverbs_wire.py";
         auto args = [&](const char *role) {
-            return std::vector<std::string>{program, "softnda0", kGidIndex, role, std::to_string(n)};
+            std::vector<std::string> v{program, "softnda0", kGidIndex, role, std::to_string(n)};
+            if (!mode.empty()) {
+                v.push_back(mode);
+            }
+            return v;
         };
         auto server = tenant(a(), name + ".server.err", "/usr/bin/python3", args("server"));
         auto client = tenant(b(), name + ".client.err", "/usr/bin/python3", args("client"));
@@ -397,6 +401,23 @@ class RoceHostsTest : public ::testing::Test {
         EXPECT_EQ(server->readLine(leftMs()), "OK") << errs();
         EXPECT_EQ(endOf(*client, name + " client"), 0) << errs();
         EXPECT_EQ(endOf(*server, name + " server"), 0) << errs();
+    }
+
+    // One of host h's device counters, from `ibv-extendctl stats` ("name   value" lines).
+    uint64_t counter(Host &h, const std::string &name) {
+        const std::string out_path = dir_ + "/stats." + name;
+        const std::string ctl = std::string(IBVX_CTL_BINARY) + " --socket " + h.broker->socket() +
+                                " stats >" + out_path + " 2>&1";
+        EXPECT_EQ(std::system(ctl.c_str()), 0) << slurp(out_path);
+        std::istringstream in(slurp(out_path));
+        for (std::string key; in >> key;) {
+            uint64_t value = 0;
+            if (key == name && in >> value) {
+                return value;
+            }
+        }
+        ADD_FAILURE() << "no " << name << " in ibv-extendctl stats:\n" << slurp(out_path);
+        return 0;
     }
 
     // ibv_devinfo -v as a tenant of host h.
@@ -436,6 +457,20 @@ TEST_F(RoceHostsTest, RcPingpongChecksEveryByte) {
 
 TEST_F(RoceHostsTest, WriteReadAtomicsSendExactlyOnce) {
     expectExactlyOnce("wire", iterations(32));
+}
+
+// rnr_retry is per message: the count starts again at each acknowledged one (as rxe's
+// completer resets it), so a stream in which every SEND meets an empty receive ring once, with
+// rnr_retry 1, completes. Counted across the stream instead, the second RNR NAK ended the QP in
+// IBV_WC_RNR_RETRY_EXC_ERR. The responder's RNR NAKs show each SEND met one.
+TEST_F(RoceHostsTest, RnrRetryIsCountedPerMessage) {
+    const int n = iterations(8);
+    expectExactlyOnce("rnr", n, "rnr");
+    const uint64_t naks = counter(a(), "rnr_naks");
+    std::printf("%d SENDs with rnr_retry 1: host A answered %llu RNR NAKs\n", n,
+                static_cast<unsigned long long>(naks));
+    EXPECT_GE(naks, static_cast<uint64_t>(n / 2))
+        << "too few SENDs met an empty ring for this case to prove anything";
 }
 
 class RoceHostsPerftest : public RoceHostsTest, public ::testing::WithParamInterface<const char *> {};
