@@ -38,6 +38,11 @@ P=""
 netns=()
 peer_pids=()
 cleanup() {
+  # TERM first: the server's `timeout` passes it on to ibv_rc_pingpong, which KILL would orphan.
+  for p in "${peer_pids[@]}"; do
+    kill -TERM "$p" 2>/dev/null
+  done
+  [ ${#peer_pids[@]} -eq 0 ] || sleep 0.2
   for p in "${peer_pids[@]}"; do
     kill -KILL "$p" 2>/dev/null
     wait "$p" 2>/dev/null
@@ -141,8 +146,9 @@ done
 # The other host: network namespace b, joined to the container's (a) by a veth pair, addresses
 # 10.201.14.1 (the container) and .2 (b), nothing else addressed. Host b's broker runs from the
 # build tree, its softnda device bound to its end; a tenant of it (user nobody) waits as the
-# ibv_rc_pingpong server (-c: every byte checked) the story's client connects to. /story/wire tells the story the
-# interface and the peer's address; empty, the story skips the part.
+# ibv_rc_pingpong server (-c: every byte checked) the story's client connects to. /story/wire
+# tells the story the interface, the peer's address, the port and the iterations; empty, the
+# story skips the part.
 network=(--private-network)
 : >"$OUT/wire"
 server=""
