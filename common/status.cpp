@@ -57,6 +57,15 @@ Code codeForErrno(int err) {
         case EAGAIN:
             return Code::kResourceExhausted;
         case EBUSY:
+        // The path to another host is not there (softnda's RoCEv2 socket, SPEC.md §18): the
+        // device's state, not a fault of the broker. Never UNAVAILABLE, which tells a client the
+        // broker is restarting and to try again.
+        case EHOSTUNREACH:
+        case ENETUNREACH:
+        case ENETDOWN:
+        case EAFNOSUPPORT:
+        case EADDRINUSE:
+        case EADDRNOTAVAIL:
             return Code::kFailedPrecondition;
         case EOPNOTSUPP:
         case ENOSYS:

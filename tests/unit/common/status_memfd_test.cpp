@@ -12,6 +12,11 @@ TEST(Status, ErrnoMapsToWireCodeAndBack) {
     EXPECT_EQ(codeForErrno(EPERM), Code::kPermissionDenied);
     EXPECT_EQ(codeForErrno(ENOMEM), Code::kResourceExhausted);
     EXPECT_EQ(codeForErrno(EBUSY), Code::kFailedPrecondition);
+    // A RoCE device with no path to the peer's host (no socket, no route): not the broker's fault,
+    // and not UNAVAILABLE, on which a client would retry as across a restart.
+    for (int e : {EHOSTUNREACH, ENETUNREACH, ENETDOWN, EAFNOSUPPORT, EADDRINUSE, EADDRNOTAVAIL}) {
+        EXPECT_EQ(codeForErrno(e), Code::kFailedPrecondition) << e;
+    }
     EXPECT_EQ(codeForErrno(EOPNOTSUPP), Code::kUnimplemented);
     EXPECT_EQ(codeForErrno(ECONNRESET), Code::kUnavailable);
     for (int e : {EINVAL, ENOENT, EPERM, ENOMEM, EBUSY, EOPNOTSUPP, ETIMEDOUT}) {
