@@ -721,9 +721,6 @@ Status Broker::checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &at
     if (std::memcmp(attr.grh.dgid.raw, kZero, sizeof(kZero)) == 0) {
         return invalidArgument("ah_attr.grh.dgid is all zeros");
     }
-    if (attr.grh.flow_label > 0xfffff) {
-        return invalidArgument("ah_attr.grh.flow_label does not fit 20 bits");
-    }
     // The source GID must be a populated entry of the port's table, as the kernel checks.
     ibv_gid_entry g{};
     int rc = 0;
@@ -748,6 +745,10 @@ StatusOr<uint64_t> Broker::createAh(Session &s, uint64_t pd, const ibv_ah_attr &
     obj->quota = std::move(quota);
     obj->pd = p;
     obj->attr = attr;
+    // A GRH's flow label is 20 bits. The kernel takes any value and devices keep those bits, and
+    // consumers count on it: UCX on RoCE passes ~0 (its workaround for rdma-core's flow label
+    // to UDP source port rule).
+    obj->attr.grh.flow_label &= 0xfffff;
     obj->uses = {p};
     return publish(s, std::move(obj), {});
 }
