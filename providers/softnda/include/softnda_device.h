@@ -87,6 +87,10 @@ enum softnda_cqe_flags {
     SOFTNDA_CQE_SOLICITED = 1 << 1,
     SOFTNDA_CQE_GRH = 1 << 2,      /* a UD receive: its buffer starts with a 40-byte GRH (SPEC.md §11.1) */
     SOFTNDA_CQE_WITH_INV = 1 << 3, /* a SEND_WITH_INV's receive: imm_data is the rkey it invalidated (§16) */
+    /* A UD receive on an Ethernet port: the packet was RoCEv2 over IPv4 or IPv6, and its GRH room
+     * holds that header (§18). */
+    SOFTNDA_CQE_ROCE_IPV4 = 1 << 4,
+    SOFTNDA_CQE_ROCE_IPV6 = 1 << 5,
 };
 
 /* UD (SPEC.md §11.1): the GRH at the head of every receive buffer, the Q_Key bit that asks for
@@ -94,6 +98,11 @@ enum softnda_cqe_flags {
 #define SOFTNDA_GRH_SIZE 40u
 #define SOFTNDA_QKEY_PRIVILEGED 0x80000000u
 #define SOFTNDA_CQE_SLID_SHIFT 16u
+/* A UD WQE's rkey field (SPEC.md §2.1): the destination LID in bits 0-15; on an address handle
+ * with a GRH, SOFTNDA_UD_GRH and the source GID index in bits 16-23, the destination GID in the
+ * compare_add and swap fields (what a RoCE device addresses by, §18). */
+#define SOFTNDA_UD_GRH 0x80000000u
+#define SOFTNDA_UD_SGID_SHIFT 16u
 
 #define SOFTNDA_WQE_HEADER_SIZE 48u
 /* An XRC initiator's send WQE (SPEC.md §14): the XRC segment, u32 remote_srqn then 12 reserved
@@ -284,6 +293,15 @@ static inline void softnda_send_wr_set_ud(struct softnda_send_wr *wr, uint32_t r
                                           uint32_t remote_qkey, uint16_t dlid) {
     wr->remote_addr = (uint64_t)(remote_qpn & 0xffffffu) | ((uint64_t)remote_qkey << 32);
     wr->rkey = dlid;
+}
+
+/* A UD SEND's GRH (SPEC.md §2.1): the address handle's source GID index and destination GID,
+ * after softnda_send_wr_set_ud. */
+static inline void softnda_send_wr_set_ud_grh(struct softnda_send_wr *wr, uint8_t sgid_index,
+                                              const uint8_t dgid[16]) {
+    wr->rkey |= SOFTNDA_UD_GRH | ((uint32_t)sgid_index << SOFTNDA_UD_SGID_SHIFT);
+    memcpy(&wr->compare_add, dgid, 8);
+    memcpy(&wr->swap, dgid + 8, 8);
 }
 
 /* A BIND_MW's fields (SPEC.md §16): the window named by its current rkey mw_rkey takes the new

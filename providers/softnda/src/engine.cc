@@ -1054,7 +1054,8 @@ void Engine::Thread::commit(Qp *qp, const Responder &rp, const PendingRecv &pend
 }
 
 // A UD SEND (SPEC.md §11.1): one datagram to the QP the WQE names, behind a GRH. Whatever
-// becomes of it, the sender completes SUCCESS: a datagram nobody takes is dropped.
+// becomes of it, the sender completes SUCCESS: a datagram nobody takes is dropped. On an
+// Ethernet device an address handle names its destination by GID (§18).
 ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
                                         uint64_t total) {
     qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
@@ -1064,13 +1065,29 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
         qkey = qp->attrs.qkey;  // "send my own Q_Key"
     }
     const auto dlid = static_cast<uint16_t>(h.rkey);
+    if (dev_->netdev && (h.rkey & SOFTNDA_UD_GRH) != 0) {
+        return roceDatagram(qp, h, local, nlocal, total, qkey, dest_qpn);
+    }
+    Datagram d{nullptr,
+               local,
+               nlocal,
+               total,
+               qkey,
+               qp->qpn,
+               portLid(*dev_, qp->attrs.port),
+               h.opcode == SOFTNDA_OP_SEND_WITH_IMM,
+               (h.flags & SOFTNDA_WQE_SOLICITED) != 0,
+               h.imm_data};
+    uint8_t grh[SOFTNDA_GRH_SIZE];
+    d.grh = grh;
     if (isMulticastLid(dlid)) {
         // Every member of the MLID's groups gets its copy (SPEC.md §11.3), the sender too when
         // it joined; only the multicast QPN reaches a group.
         auto group = dest_qpn == kMcastQpn ? dev_->mcast.find(dlid) : dev_->mcast.end();
         if (group != dev_->mcast.end()) {
             for (Qp *member : group->second) {
-                deliverDatagram(qp, h, local, nlocal, total, qkey, member, groupGid(*member, dlid));
+                fillGrh(grh, *dev_, qp->attrs.port, groupGid(*member, dlid), static_cast<uint32_t>(total));
+                deliverDatagram(d, member);
             }
         }
         return ExecResult{};
@@ -1078,16 +1095,16 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     const uint8_t dport = portOfLid(*dev_, dlid);
     auto it = dport != 0 ? dev_->qps.find(dest_qpn) : dev_->qps.end();
     if (it != dev_->qps.end() && it->second->attrs.port == dport) {
-        deliverDatagram(qp, h, local, nlocal, total, qkey, it->second, portGid(*dev_, dport));
+        fillGrh(grh, *dev_, qp->attrs.port, portGid(*dev_, dport), static_cast<uint32_t>(total));
+        deliverDatagram(d, it->second);
     }
     return ExecResult{};
 }
 
 // One datagram into peer, when it is a UD QP that can take it (its Q_Key, its state, a receive);
 // otherwise it is dropped, and the sender never knows.
-void Engine::Thread::deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
-                                     uint64_t total, uint32_t qkey, Qp *peer, const ibv_gid &dgid) {
-    if (peer->init.qp_type != IBV_QPT_UD || peer->attrs.qkey != qkey) {
+void Engine::Thread::deliverDatagram(const Datagram &d, Qp *peer) {
+    if (peer->init.qp_type != IBV_QPT_UD || peer->attrs.qkey != d.qkey) {
         return;
     }
     std::lock_guard<std::mutex> lk(peer->rq_lock);
@@ -1097,24 +1114,22 @@ void Engine::Thread::deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment
     if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(rp, &r)) {
         return;
     }
-    uint8_t grh[SOFTNDA_GRH_SIZE];
-    fillGrh(grh, *dev_, qp->attrs.port, dgid, static_cast<uint32_t>(total));
     Segment src[30];
-    src[0] = Segment{grh, SOFTNDA_GRH_SIZE};
-    std::copy(local, local + nlocal, src + 1);
+    src[0] = Segment{const_cast<uint8_t *>(d.grh), SOFTNDA_GRH_SIZE};
+    std::copy(d.payload, d.payload + d.nseg, src + 1);
     Segment dst[29];
-    if (deliverInto(rp, r, src, nlocal + 1, total + SOFTNDA_GRH_SIZE, qp->qpn, dst) != IBV_WC_SUCCESS) {
+    if (deliverInto(rp, r, src, d.nseg + 1, d.len + SOFTNDA_GRH_SIZE, d.src_qp, dst) != IBV_WC_SUCCESS) {
         return;  // the receive completed in error; the sender knows nothing of it
     }
-    uint8_t flags = SOFTNDA_CQE_GRH;
-    if (h.opcode == SOFTNDA_OP_SEND_WITH_IMM) {
+    uint8_t flags = SOFTNDA_CQE_GRH | d.roce_l3;
+    if (d.imm) {
         flags |= SOFTNDA_CQE_WITH_IMM;
     }
-    if (h.flags & SOFTNDA_WQE_SOLICITED) {
+    if (d.solicited) {
         flags |= SOFTNDA_CQE_SOLICITED;
     }
-    completeRecv(rp, r, IBV_WC_SUCCESS, static_cast<uint32_t>(total) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
-                 h.imm_data, flags, qp->qpn, portLid(*dev_, qp->attrs.port));
+    completeRecv(rp, r, IBV_WC_SUCCESS, static_cast<uint32_t>(d.len) + SOFTNDA_GRH_SIZE, IBV_WC_RECV,
+                 d.imm_data, flags, d.src_qp, d.slid);
 }
 
 // A UC WQE (SPEC.md §11.2): delivered when the connected peer can take it, else dropped; no

@@ -68,6 +68,20 @@ struct Segment {
     uint32_t len;
 };
 
+// A UD datagram on its way into a receive (SPEC.md §11.1): the GRH the receive gets first, the
+// payload, and what its completion says.
+struct Datagram {
+    const uint8_t *grh;  // SOFTNDA_GRH_SIZE bytes
+    const Segment *payload;
+    uint32_t nseg;
+    uint64_t len;
+    uint32_t qkey, src_qp;
+    uint16_t slid;
+    bool imm, solicited;
+    uint32_t imm_data;    // as the WQE and CQE carry it (SPEC.md §2.1)
+    uint8_t roce_l3 = 0;  // SOFTNDA_CQE_ROCE_IPV4 or _IPV6 for a RoCEv2 GRH (§18), else 0
+};
+
 // Who takes a request at the responder: the responder QP (its state, PSNs, rq_lock and access
 // flags), where the receive comes from and completes, and the PD its rkeys and receive lkeys
 // must belong to. For most QPs that is the QP's own SRQ or RQ, CQ and PD; at an XRC target it is
@@ -147,8 +161,7 @@ class Engine::Thread {
     ExecResult execute(Qp *qp, const WqeCopy &w);
     ExecResult sendDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
                             uint64_t total);
-    void deliverDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal, uint64_t total,
-                         uint32_t qkey, Qp *peer, const ibv_gid &dgid);
+    void deliverDatagram(const Datagram &d, Qp *peer);
     ExecResult sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                uint64_t total);
     void commit(Qp *qp, const Responder &peer, const PendingRecv &pending);
@@ -176,6 +189,9 @@ class Engine::Thread {
     void wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t from_psn);
     void runWire();
     void wireFrame(const WireFrame &f);
+    ExecResult roceDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                            uint64_t total, uint32_t qkey, uint32_t dest_qpn);
+    void wireDatagram(const WireFrame &f, const roce::Packet &p);
     void wireReply(Qp *qp, WireQp &wq, const roce::Packet &p);
     void wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p);
     void wireDuplicate(Qp *qp, WireQp &wq, const roce::Packet &p);

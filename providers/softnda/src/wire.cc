@@ -104,6 +104,44 @@ void ipUdpHeaders(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport, si
     udp[6] = udp[7] = 0;
 }
 
+// The GRH a UD receive on a RoCE device gets, as rdma_rxe writes it (rxe_resp.c): for a packet
+// between IPv4 GIDs, 20 zero bytes and then the packet's IPv4 header (its TOS, TTL and checksum
+// as they arrived); between IPv6 GIDs, the IPv6 header (next header UDP). udp_payload is the
+// RoCE packet's length.
+void roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &dgid, size_t udp_payload,
+             uint8_t tos, uint8_t ttl) {
+    std::memset(grh, 0, SOFTNDA_GRH_SIZE);
+    uint32_t src = 0, dst = 0;
+    if (ipv4OfGid(sgid, &src) && ipv4OfGid(dgid, &dst)) {
+        uint8_t *ip = grh + SOFTNDA_GRH_SIZE - roce::kIpv4Len;
+        uint8_t udp[roce::kUdpLen];
+        ipUdpHeaders(src, dst, roce::kUdpPort, roce::kUdpPort, udp_payload, ip, udp);
+        ip[1] = tos;
+        ip[8] = ttl;
+        uint32_t sum = 0;
+        for (size_t i = 0; i < roce::kIpv4Len; i += 2) {
+            sum += static_cast<uint32_t>(ip[i] << 8 | ip[i + 1]);
+        }
+        sum = (sum & 0xffff) + (sum >> 16);
+        sum = ~((sum & 0xffff) + (sum >> 16)) & 0xffff;
+        ip[10] = static_cast<uint8_t>(sum >> 8);
+        ip[11] = static_cast<uint8_t>(sum);
+        return;
+    }
+    const size_t len = roce::kUdpLen + udp_payload;
+    grh[0] = static_cast<uint8_t>(0x60 | tos >> 4);
+    grh[1] = static_cast<uint8_t>(tos << 4);
+    grh[4] = static_cast<uint8_t>(len >> 8);
+    grh[5] = static_cast<uint8_t>(len);
+    grh[6] = IPPROTO_UDP;
+    grh[7] = ttl;
+    std::memcpy(grh + 8, sgid.raw, sizeof(sgid.raw));
+    std::memcpy(grh + 24, dgid.raw, sizeof(dgid.raw));
+}
+
+// The TTL of a datagram delivered on one host, which crossed no IP hop: Linux's default.
+constexpr uint8_t kLocalTtl = 64;
+
 }  // namespace
 
 int parseWireFaults(const std::string &value, WireFaults *out) {
@@ -198,7 +236,10 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
     int one = 1;
     int pmtu = IP_PMTUDISC_DO;  // DF on every packet, as rxe sends; the ICRC covers the flag
     int buf = 4 << 20;
+    // IP_RECVTOS and IP_RECVTTL: a UD receive's GRH holds the packet's IPv4 header (SPEC.md §18).
     if (::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0 ||
+        ::setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)) < 0 ||
+        ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) < 0) {
         return fail();
     }
@@ -334,7 +375,7 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
     mmsghdr msgs[kRxBatch];
     iovec iov[kRxBatch];
     sockaddr_in src[kRxBatch];
-    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in_pktinfo))];
+    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
     for (size_t i = 0; i < want; ++i) {
         iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
         msgs[i].msg_hdr = oneBufferMsg(&src[i], &iov[i], ctl[i], sizeof(ctl[i]));
@@ -358,12 +399,23 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
         f.sport = ntohs(src[i].sin_port);
         f.dport = port_;
         f.dst_ip = 0;
+        f.tos = 0;
+        f.ttl = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(const_cast<msghdr *>(&h)); c != nullptr;
              c = CMSG_NXTHDR(const_cast<msghdr *>(&h), c)) {
-            if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
+            if (c->cmsg_level != IPPROTO_IP) {
+                continue;
+            }
+            if (c->cmsg_type == IP_PKTINFO) {
                 in_pktinfo pi;
                 std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
                 f.dst_ip = pi.ipi_addr.s_addr;
+            } else if (c->cmsg_type == IP_TOS) {
+                f.tos = *CMSG_DATA(c);  // one byte
+            } else if (c->cmsg_type == IP_TTL) {
+                int ttl = 0;
+                std::memcpy(&ttl, CMSG_DATA(c), sizeof(ttl));
+                f.ttl = static_cast<uint8_t>(ttl);
             }
         }
         ++n;
@@ -790,7 +842,9 @@ void Engine::Thread::runWire() {
 void Engine::Thread::wireFrame(const WireFrame &f) {
     std::span<const uint8_t> bytes(f.data, f.len);
     roce::Packet p;
-    if (!roce::decode(bytes, &p) || (p.bth.opcode & 0xe0) != roce::kRc) {
+    const bool decoded = roce::decode(bytes, &p);
+    const auto transport = static_cast<uint8_t>(p.bth.opcode & 0xe0);
+    if (!decoded || (transport != roce::kRc && transport != roce::kUd)) {
         wire_->malformed.fetch_add(1, std::memory_order_relaxed);
         return;
     }
@@ -798,6 +852,10 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     ipUdpHeaders(f.src_ip, f.dst_ip, f.sport, f.dport, f.len, ip, udp);
     if (roce::icrcIpv4(ip, udp, bytes.first(f.len - roce::kIcrcLen)) != roce::carriedIcrc(bytes)) {
         wire_->bad_icrc.fetch_add(1, std::memory_order_relaxed);  // dropped, as rxe drops it
+        return;
+    }
+    if (transport == roce::kUd) {
+        wireDatagram(f, p);
         return;
     }
     auto it = dev_->qps.find(p.bth.dest_qp);
@@ -814,6 +872,92 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     } else {
         wireRequest(qp, *qp->wire, p);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// UD on an Ethernet device (SPEC.md §18): a datagram addressed by GID, to a QP of this host or
+// over the wire to another, one packet (SEND ONLY, with DETH) each
+
+// A UD SEND whose address handle has a GRH, on the engine thread that owns the SQ. Its source GID
+// must still be in the port's table and the message within the port's MTU (else LOC_LEN_ERR, as
+// for any UD message past the MTU); a destination GID of this device is a QP here, an
+// IPv4-mapped one of another host is reached over the socket, and anything else is dropped
+// (nothing routes UD to it), the sender completing SUCCESS as UD always does.
+ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
+                                        uint64_t total, uint32_t qkey, uint32_t dest_qpn) {
+    ibv_gid dgid;
+    std::memcpy(dgid.raw, &h.compare_add, 8);
+    std::memcpy(dgid.raw + 8, &h.swap, 8);
+    const uint32_t sgid_index = (h.rkey >> SOFTNDA_UD_SGID_SHIFT) & 0xff;
+    Netdev &nd = *dev_->netdev;
+    std::optional<ibv_gid> sgid;
+    bool here = false;
+    uint32_t mtu = 0;
+    {
+        std::lock_guard<std::mutex> lk(nd.mu);
+        sgid = nd.table.at(sgid_index);
+        here = nd.table.contains(dgid);
+        mtu = 128u << roceActiveMtu(nd.view.mtu);
+    }
+    if (total > mtu) {
+        return ExecResult{IBV_WC_LOC_LEN_ERR, 0, Outcome::Done};
+    }
+    if (!sgid) {
+        return ExecResult{};
+    }
+    const bool imm = h.opcode == SOFTNDA_OP_SEND_WITH_IMM;
+    WireOut o;
+    o.pkt.bth.opcode = static_cast<uint8_t>(roce::kUd | (imm ? roce::kSendOnlyImm : roce::kSendOnly));
+    o.pkt.bth.solicited = (h.flags & SOFTNDA_WQE_SOLICITED) != 0;
+    o.pkt.bth.dest_qp = dest_qpn;
+    o.pkt.bth.psn = qp->sq_psn;
+    o.pkt.deth_qkey = qkey;
+    o.pkt.deth_src_qp = qp->qpn;
+    o.pkt.imm = ntohl(h.imm_data);  // ImmDt carries the verbs' big-endian immediate as its bytes
+    if (here) {
+        auto it = dev_->qps.find(dest_qpn);
+        if (it == dev_->qps.end() || it->second->attrs.port != qp->attrs.port) {
+            return ExecResult{};
+        }
+        // The packet it would be: its headers and ICRC (encodedLength of no payload), the
+        // payload and its pad.
+        const size_t len = roce::encodedLength(o.pkt) + total + (4 - total % 4) % 4;
+        uint8_t grh[SOFTNDA_GRH_SIZE];
+        roceGrh(grh, *sgid, dgid, len, 0, kLocalTtl);
+        uint32_t ip = 0;
+        const uint8_t l3 =
+            ipv4OfGid(*sgid, &ip) && ipv4OfGid(dgid, &ip) ? SOFTNDA_CQE_ROCE_IPV4 : SOFTNDA_CQE_ROCE_IPV6;
+        deliverDatagram(
+            Datagram{grh, local, nlocal, total, qkey, qp->qpn, 0, imm, o.pkt.bth.solicited, h.imm_data, l3},
+            it->second);
+        return ExecResult{};
+    }
+    if (wire_ == nullptr || !ipv4OfGid(*sgid, &o.src_ip) || !ipv4OfGid(dgid, &o.dst_ip)) {
+        return ExecResult{};
+    }
+    if (tx_buf_.size() < kTxBatch * size_t{4096}) {
+        tx_buf_.resize(kTxBatch * size_t{4096});
+    }
+    gatherAt(local, nlocal, 0, total, tx_buf_.data());
+    o.pkt.payload = std::span<const uint8_t>(tx_buf_.data(), total);
+    wire_->send(std::span<const WireOut>(&o, 1));
+    return ExecResult{};
+}
+
+// A UD packet from the wire (on the wire thread): into the QP its BTH names, as a datagram of
+// this host would go (Q_Key, state, a receive), behind a GRH holding the packet's IPv4 header.
+void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
+    const uint8_t op = p.bth.opcode & 0x1f;
+    auto it = dev_->qps.find(p.bth.dest_qp);
+    if ((op != roce::kSendOnly && op != roce::kSendOnlyImm) || it == dev_->qps.end()) {
+        return;  // UD has SEND ONLY alone; no such QP: dropped, as UD drops
+    }
+    uint8_t grh[SOFTNDA_GRH_SIZE];
+    roceGrh(grh, ipv4Gid(f.src_ip), ipv4Gid(f.dst_ip), f.len, f.tos, f.ttl);
+    Segment payload{const_cast<uint8_t *>(p.payload.data()), static_cast<uint32_t>(p.payload.size())};
+    deliverDatagram(Datagram{grh, &payload, 1, p.payload.size(), p.deth_qkey, p.deth_src_qp, 0,
+                             op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), SOFTNDA_CQE_ROCE_IPV4},
+                    it->second);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -47,6 +47,7 @@ struct WireFrame {
     size_t len = 0;
     uint32_t src_ip = 0, dst_ip = 0;  // network order
     uint16_t sport = 0, dport = 0;
+    uint8_t tos = 0, ttl = 0;  // the IPv4 header's, for a UD receive's GRH
 };
 
 // The device's UDP socket: bound to port (4791) on the device's interface only, so a broker per

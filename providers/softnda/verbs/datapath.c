@@ -178,13 +178,17 @@ static void cqe_to_wc(const struct softnda_cqe *c, struct ibv_wc *wc) {
     wc->qp_num = c->qp_num;
     wc->src_qp = c->src_qp;
     /* A UD receive has a GRH at the head of its buffer and the sender's LID (SPEC.md §3, §11.1);
-     * one SL and one P_Key. */
+     * one SL and one P_Key. On an Ethernet port sl says what the GRH room holds, as mlx5 reports
+     * it and UCX reads it (SPEC.md §18): bit 3 RoCEv2 (UDP), bits 0-2 the L3 header, 2 IPv4 and
+     * 1 IPv6. */
     if ((c->flags & SOFTNDA_CQE_GRH) != 0) {
         wc->wc_flags |= IBV_WC_GRH;
     }
     wc->pkey_index = 0;
     wc->slid = softnda_cqe_slid(c);
-    wc->sl = 0;
+    wc->sl = (c->flags & SOFTNDA_CQE_ROCE_IPV4) != 0   ? 0x8 | 0x2
+             : (c->flags & SOFTNDA_CQE_ROCE_IPV6) != 0 ? 0x8 | 0x1
+                                                       : 0;
     wc->dlid_path_bits = 0;
 }
 
@@ -577,6 +581,9 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
                     return EINVAL;
                 }
                 softnda_send_wr_set_ud(&w, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey, ah->attr.dlid);
+                if (ah->attr.is_global) {
+                    softnda_send_wr_set_ud_grh(&w, ah->attr.grh.sgid_index, ah->attr.grh.dgid.raw);
+                }
             }
             break;
         case SOFTNDA_OP_RDMA_WRITE:

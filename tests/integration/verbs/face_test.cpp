@@ -425,6 +425,15 @@ TEST_F(EthernetFaceTest, RcPingpongByRoceV2Gid) {
         "200 iters in");
 }
 
+// UD on one host by RoCEv2 GID: the address handle's GRH names a GID of this device, so the
+// datagram stays in shared memory (softnda SPEC.md §18), behind the same GRH and packet type a
+// datagram from another host has.
+TEST_F(EthernetFaceTest, UdPingpongByRoceV2Gid) {
+    expectPair(runPair(*this, "ud-roce", "/usr/bin/ibv_ud_pingpong",
+                       {"-d", "softnda0", "-n", "200", "-s", "512", "-g", "1"}),
+               "200 iters in");
+}
+
 TEST_F(FaceTest, RcPingpongWithCompletionEvents) {
     expectPair(runPair(*this, "rc-e", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-n", "1000", "-e"}),
                "1000 iters in");

@@ -1,6 +1,9 @@
-"""What the pyverbs programs of these tests share: opening the device, a loopback RC pair, polling.
-Plain pyverbs (Debian's python3-pyverbs); nothing here knows about the face."""
+"""What the pyverbs programs of these tests share: opening the device, a loopback RC pair, polling,
+and the line-by-line meeting of the two-host programs with the test. Plain pyverbs (Debian's
+python3-pyverbs); nothing here knows about the face."""
+import os
 import sys
+import time
 
 import pyverbs.device as d
 import pyverbs.enums as e
@@ -46,3 +49,40 @@ def connect(qp, peer, lid, access=ACCESS):
     attr.qp_state = e.IBV_QPS_RTS
     attr.timeout, attr.retry_cnt, attr.rnr_retry, attr.max_rd_atomic = 14, 7, 7, 1
     qp.to_rts(attr)
+
+
+# ---- the two-host programs (pyverbs_wire.py, pyverbs_ud_wire.py): one process per host, meeting
+# through the test on stdin and stdout ----
+
+def fail(what):
+    """Exits non-zero, the program's name before what was wrong."""
+    sys.exit(f"{os.path.basename(sys.argv[0]).removesuffix('.py')}: {what}")
+
+
+def line():
+    """The test's next line, as words."""
+    got = sys.stdin.readline()
+    if not got:
+        fail("the test closed stdin")
+    return got.split()
+
+
+def say(*words):
+    print(*words, flush=True)
+
+
+def poll(cq, count, what, deadline=60.0):
+    """count completions, in the order they come, each checked for success; a failure when none
+    comes for deadline seconds (the peer is gone: not a performance bound; None waits for ever)."""
+    wcs, last = [], time.monotonic()
+    while len(wcs) < count:
+        n, got = cq.poll(count - len(wcs))
+        if n:
+            last = time.monotonic()
+            for wc in got[:n]:
+                if wc.status != e.IBV_WC_SUCCESS:
+                    fail(f"{what}: work request {wc.wr_id} completed with status {wc.status}")
+                wcs.append(wc)
+        elif deadline is not None and time.monotonic() - last > deadline:
+            fail(f"{what}: {len(wcs)} of {count} completions")
+    return wcs

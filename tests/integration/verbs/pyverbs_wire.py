@@ -28,7 +28,6 @@ again at every acknowledged one), not spent across the stream.
 """
 import struct
 import sys
-import time
 
 import pyverbs.device as d
 import pyverbs.enums as e
@@ -38,6 +37,7 @@ from pyverbs.mr import MR
 from pyverbs.pd import PD
 from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
+from pyverbs_kit import fail, line, poll, say
 
 ACCESS = (e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
           | e.IBV_ACCESS_REMOTE_ATOMIC)
@@ -46,44 +46,12 @@ WRITE_LEN = 3001  # three packets at a 1024-byte MTU, the last with a 3-byte pad
 SEND_LEN = 2050   # three packets, a 2-byte pad
 # PSNs a little before the 24-bit wrap: every phase crosses it.
 PSN = {"server": 0xFFFFF0, "client": 0xFFFFE0}
-DEADLINE = 60.0   # seconds without a completion: the peer is gone (not a performance bound)
 WINDOW = 32       # work requests outstanding at most, and the server's receives posted
 
 
 def pattern(kind, i, length):
     seed = (kind * 0x9E3779B1 + i * 0x85EBCA6B) & 0xFFFFFFFF
     return bytes(((seed >> (8 * (j % 4))) + j * 7 + (j >> 8)) & 0xFF for j in range(length))
-
-
-def fail(what):
-    sys.exit(f"pyverbs_wire: {what}")
-
-
-def line():
-    got = sys.stdin.readline()
-    if not got:
-        fail("the test closed stdin")
-    return got.split()
-
-
-def say(*words):
-    print(*words, flush=True)
-
-
-def poll(cq, count, what, deadline=DEADLINE):
-    """count completions, in the order they come, each checked for success."""
-    wcs, last = [], time.monotonic()
-    while len(wcs) < count:
-        n, got = cq.poll(count - len(wcs))
-        if n:
-            last = time.monotonic()
-            for wc in got[:n]:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    fail(f"{what}: work request {wc.wr_id} completed with status {wc.status}")
-                wcs.append(wc)
-        elif deadline is not None and time.monotonic() - last > deadline:
-            fail(f"{what}: {len(wcs)} of {count} completions")
-    return wcs
 
 
 def in_order(wcs, first, opcode, what):

@@ -24,10 +24,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -329,28 +331,37 @@ class RoceHostsTest : public ::testing::Test {
     Host &a() { return hosts_[0]; }
     Host &b() { return hosts_[1]; }
 
-    // program args... as a tenant of host h's broker.
+    // program args... as a tenant of host h's broker, with ibv-extend-run's run_options and
+    // env added to the tenant's environment.
     std::unique_ptr<Contained> tenant(Host &h, const std::string &err_name, const std::string &program,
-                                      const std::vector<std::string> &args) {
-        return std::make_unique<Contained>(viaRun(h.broker->socket(), program, args), tenantEnv(),
+                                      const std::vector<std::string> &args,
+                                      const std::vector<std::string> &run_options = {},
+                                      const std::vector<std::string> &env = {}) {
+        std::vector<std::string> e = tenantEnv();
+        e.insert(e.end(), env.begin(), env.end());
+        return std::make_unique<Contained>(viaRun(h.broker->socket(), program, args, run_options), e,
                                            dir_ + "/" + err_name, h.ns->fd());
     }
 
     // `program args... -p PORT` as a server on host A, then `... -p PORT 10.201.8.1` as its
     // client on host B, once the server listens.
-    PairResult runAcross(const std::string &name, const std::string &program, std::vector<std::string> args) {
+    PairResult runAcross(const std::string &name, const std::string &program, std::vector<std::string> args,
+                         const std::vector<std::string> &client_args = {},
+                         const std::vector<std::string> &run_options = {},
+                         const std::vector<std::string> &env = {}) {
         PairResult r;
         args.push_back("-p");
         args.push_back(std::to_string(kExchangePort));
-        auto server = tenant(a(), name + ".server.err", program, args);
+        auto server = tenant(a(), name + ".server.err", program, args, run_options, env);
         server->reply();
         if (!waitFor([&] { return listening(server->pid(), kExchangePort); }, kSettle)) {
             ADD_FAILURE() << name
                           << ": the server never listened: " << slurp(dir_ + "/" + name + ".server.err");
             return r;
         }
+        args.insert(args.end(), client_args.begin(), client_args.end());
         args.push_back(a().address);
-        auto client = tenant(b(), name + ".client.err", program, args);
+        auto client = tenant(b(), name + ".client.err", program, args, run_options, env);
         client->reply();
         r.client_out = client->readAll(leftMs());
         r.client_rc = endOf(*client, name + " client");
@@ -373,8 +384,10 @@ class RoceHostsTest : public ::testing::Test {
 
     // pyverbs_wire.py as server on A and client on B, n of each operation (mode "rnr": the SENDs
     // alone, each meeting an empty ring once); the test relays the lines by which they meet.
-    void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "") {
-        const std::string program = std::string(IBVX_PYVERBS_DIR) + "/pyverbs_wire.py";
+    // script (pyverbs_ud_wire.py: datagrams) meets the same way.
+    void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "",
+                           const std::string &script = "pyverbs_wire.py") {
+        const std::string program = std::string(IBVX_PYVERBS_DIR) + "/" + script;
         auto args = [&](const char *role) {
             std::vector<std::string> v{program, "softnda0", kGidIndex, role, std::to_string(n)};
             if (!mode.empty()) {
@@ -455,6 +468,22 @@ TEST_F(RoceHostsTest, RcPingpongChecksEveryByte) {
         n + " iters in");
 }
 
+// UD across the hosts: datagrams addressed by GID (the address handle's GRH), one RoCEv2 packet
+// each (SEND ONLY with DETH); ibv_ud_pingpong checks the GRH room and the byte counts.
+TEST_F(RoceHostsTest, UdPingpong) {
+    const std::string n = std::to_string(iterations(200));
+    expectPair(runAcross("ud", "/usr/bin/ibv_ud_pingpong",
+                         {"-d", "softnda0", "-g", kGidIndex, "-s", "512", "-n", n}),
+               n + " iters in");
+}
+
+// What a UD receive holds after the wire, byte by byte (pyverbs_ud_wire.py): the completion,
+// the GRH laid out as the RoCEv2 annex and rdma_rxe lay it out for IPv4 (20 zero bytes, then the
+// packet's IPv4 header), and the payload.
+TEST_F(RoceHostsTest, UdDatagramsArriveWithTheirIpv4HeaderAsGrh) {
+    expectExactlyOnce("ud-grh", iterations(16), "", "pyverbs_ud_wire.py");
+}
+
 TEST_F(RoceHostsTest, WriteReadAtomicsSendExactlyOnce) {
     expectExactlyOnce("wire", iterations(32));
 }
@@ -487,6 +516,107 @@ TEST_P(RoceHostsPerftest, RunsAcrossHosts) {
 INSTANTIATE_TEST_SUITE_P(Programs, RoceHostsPerftest,
                          ::testing::Values("ib_write_bw", "ib_read_lat", "ib_send_bw", "ib_atomic_lat"),
                          [](const auto &info) { return std::string(info.param); });
+
+// UCX (Debian's ucx-utils) across the hosts: ucx_perftest at the UCT level over rc_verbs and
+// ud_verbs on each host's RoCE device, UCX choosing the GID itself (its RoCE v2 IPv4 entry, from
+// the discovery tree's gid_attrs), and at the UCP level with UCX_TLS=rc_verbs,ud_verbs,self (UCP
+// connects its RC endpoints through ud_verbs, and checks the destination GID of every UD packet
+// it receives, UCX_UD_VERBS_ETH_DGID_CHECK: the GRH and the CQE's packet type must say it as a
+// RoCE NIC says it). Each tenant runs in ibv-extend-run's sandbox: UCX considers a device only
+// when /dev/infiniband holds it (docs/verbs.md).
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
+
+// One ucx_perftest case: the UCT transport ("" for UCP, which chooses by UCX_TLS) and the
+// client's test options.
+struct UcxCase {
+    const char *transport;
+    const char *test;
+};
+void PrintTo(const UcxCase &c, std::ostream *os) {
+    *os << (*c.transport != 0 ? c.transport : "ucp") << " " << c.test;
+}
+
+class RoceHostsUcxTest : public RoceHostsTest, public ::testing::WithParamInterface<UcxCase> {};
+
+TEST_P(RoceHostsUcxTest, UcxPerftest) {
+    if (kSanitizerBuild) {
+        GTEST_SKIP() << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
+    }
+    if (access("/usr/bin/ucx_perftest", X_OK) != 0) {
+        GTEST_SKIP() << "ucx-utils is not installed (scripts/install-deps.sh)";
+    }
+    const UcxCase &c = GetParam();
+    std::istringstream test(c.test);
+    std::vector<std::string> client_args{std::istream_iterator<std::string>(test),
+                                         std::istream_iterator<std::string>()};
+    client_args.push_back("-n");
+    client_args.push_back(std::to_string(iterations(100)));
+    std::vector<std::string> args, env = {"UCX_WARN_UNUSED_ENV_VARS=n"};
+    if (*c.transport != 0) {
+        args = {"-d", "softnda0:1", "-x", c.transport};
+    } else {
+        env.push_back("UCX_TLS=rc_verbs,ud_verbs,self");
+    }
+    PairResult r = runAcross("ucx", "/usr/bin/ucx_perftest", args, client_args, {"--sandbox=on"}, env);
+    expectPair(r, "Final:");
+    if (r.client_rc != 0 || r.server_rc != 0) {
+        ADD_FAILURE() << "host A's broker:\n"
+                      << a().broker->log() << "\nhost B's broker:\n"
+                      << b().broker->log();
+    }
+    std::printf("%s\n",
+                r.client_out.substr(std::min(r.client_out.size(), r.client_out.find("Final:"))).c_str());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tests, RoceHostsUcxTest,
+    ::testing::Values(UcxCase{"rc_verbs", "-t put_lat"}, UcxCase{"rc_verbs", "-t put_bw -D zcopy -s 65536"},
+                      UcxCase{"rc_verbs", "-t get -D zcopy -s 65536"}, UcxCase{"rc_verbs", "-t am_lat"},
+                      UcxCase{"rc_verbs", "-t am_bw -D bcopy -s 4096"}, UcxCase{"ud_verbs", "-t am_lat"},
+                      UcxCase{"ud_verbs", "-t am_bw -D bcopy -s 512"}, UcxCase{"", "-t tag_lat"},
+                      // 1 MiB: past every eager threshold, rendezvous by RDMA
+                      UcxCase{"", "-t tag_bw -s 1048576"}, UcxCase{"", "-t ucp_put_bw -s 65536"},
+                      UcxCase{"", "-t ucp_get -s 65536"}),
+    [](const auto &info) {
+        std::string name = *info.param.transport != 0 ? info.param.transport : "ucp";
+        name += "_";
+        for (char c : std::string(info.param.test)) {
+            if (std::isalnum(static_cast<unsigned char>(c))) {
+                name += c;
+            }
+        }
+        return name;
+    });
+
+// ucp-verify across the hosts: UCP tagged messages from 0 B to 4 MiB, eager and rendezvous, every
+// byte checked both ways, over rc_verbs and ud_verbs (the server listens on host A's address
+// for the client's address exchange).
+TEST_F(RoceHostsTest, UcpVerifyChecksEveryByte) {
+    if (kSanitizerBuild) {
+        GTEST_SKIP() << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
+    }
+    if (std::string(IBVX_UCP_VERIFY).empty()) {
+        GTEST_SKIP() << "libucx-dev is not installed (scripts/install-deps.sh)";
+    }
+    // Both get -l (the client ignores it); the client's -c takes the address runAcross adds.
+    PairResult r =
+        runAcross("ucp-verify", IBVX_UCP_VERIFY, {"-r", std::to_string(iterations(1)), "-l", a().address},
+                  {"-c"}, {"--sandbox=on"}, {"UCX_WARN_UNUSED_ENV_VARS=n", "UCX_TLS=rc_verbs,ud_verbs,self"});
+    expectPair(r, "client checked ");
+}
+
+// perftest's UD mode: ib_send_bw -c UD, datagrams of the path MTU through address handles by GID.
+TEST_F(RoceHostsTest, PerftestSendBandwidthOverUd) {
+    const std::string n = std::to_string(iterations(100));
+    PairResult r = runAcross("ib_send_bw-ud", "/usr/bin/ib_send_bw",
+                             {"-d", "softnda0", "-x", kGidIndex, "-c", "UD", "-n", n});
+    expectPair(r, "#iterations");
+    EXPECT_THAT(r.client_out, ::testing::ContainsRegex("[0-9]+ +" + n + " +[0-9.]+"));
+}
 
 // Under the engine's injected faults, seeded differently on each host: about one packet in a
 // hundred dropped, one duplicated and one held back behind the next.

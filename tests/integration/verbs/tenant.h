@@ -226,10 +226,14 @@ inline std::vector<std::string> tenantEnv() {
     return e;
 }
 
-// `ibv-extend-run --socket SOCKET -- PROGRAM ARGS...`
+// `ibv-extend-run --socket SOCKET RUN_OPTIONS... -- PROGRAM ARGS...`
 inline std::vector<std::string> viaRun(const std::string &socket, const std::string &program,
-                                       const std::vector<std::string> &args) {
-    std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", socket, "--", program};
+                                       const std::vector<std::string> &args,
+                                       const std::vector<std::string> &run_options = {}) {
+    std::vector<std::string> argv = {IBVX_RUN_BINARY, "--socket", socket};
+    argv.insert(argv.end(), run_options.begin(), run_options.end());
+    argv.push_back("--");
+    argv.push_back(program);
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;
 }

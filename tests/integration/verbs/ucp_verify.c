@@ -1,6 +1,7 @@
 // ucp-verify: UCP tagged messages of many sizes between two processes, every byte checked.
 //
-//   ucp-verify -p PORT                 the server: listens on 127.0.0.1:PORT for one client
+//   ucp-verify -p PORT [-l ADDR]       the server: listens on ADDR:PORT (default 127.0.0.1)
+//                                      for one client
 //   ucp-verify -c HOST -p PORT [-r N]  the client: N rounds (default 3) over every size
 //
 // The client sends each message, the server receives it into a buffer of its own, checks it and
@@ -176,11 +177,13 @@ static void readAll(int fd, void *data, size_t size) {
     }
 }
 
-static int serverConnection(int port) {
+static int serverConnection(const char *listen_addr, int port) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (inet_pton(AF_INET, listen_addr, &sa.sin_addr) != 1) {
+        die("the listen address", listen_addr);
+    }
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
         bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 || listen(fd, 1) != 0) {
         die("listening", strerror(errno));
@@ -280,16 +283,18 @@ static void receive(const struct Buffer *b, ucp_tag_t tag) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: ucp-verify -p PORT | ucp-verify -c HOST -p PORT [-r ROUNDS]\n");
+    fprintf(stderr, "usage: ucp-verify -p PORT [-l ADDR] | ucp-verify -c HOST -p PORT [-r ROUNDS]\n");
     exit(2);
 }
 
 int main(int argc, char **argv) {
-    const char *host = NULL;
+    const char *host = NULL, *listen_addr = "127.0.0.1";
     int port = 0, rounds = 3, opt;
-    while ((opt = getopt(argc, argv, "c:p:r:")) != -1) {
+    while ((opt = getopt(argc, argv, "c:l:p:r:")) != -1) {
         if (opt == 'c') {
             host = optarg;
+        } else if (opt == 'l') {
+            listen_addr = optarg;
         } else if (opt == 'p') {
             port = atoi(optarg);
         } else if (opt == 'r') {
@@ -319,7 +324,7 @@ int main(int argc, char **argv) {
     if ((status = ucp_worker_get_address(worker, &mine, &myLength)) != UCS_OK) {
         dieStatus("ucp_worker_get_address", status);
     }
-    int oob = client ? clientConnection(host, port) : serverConnection(port);
+    int oob = client ? clientConnection(host, port) : serverConnection(listen_addr, port);
     exchangeAddresses(oob, mine, myLength, &theirs);
     ucp_worker_release_address(worker, mine);
     ucp_ep_params_t eparams = {.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS, .address = theirs};

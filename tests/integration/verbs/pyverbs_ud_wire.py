@@ -1,0 +1,141 @@
+#!/usr/bin/python3
+"""UD datagrams between two hosts (RoCEv2, softnda SPEC.md §18): what each receive holds, checked
+byte by byte, as a RoCE device must deliver it. Plain pyverbs (Debian's python3-pyverbs), one
+process on each host.
+
+    ibv-extend-run -- pyverbs_ud_wire.py DEVICE GID_INDEX server|client N
+
+The two sides meet through the test, line by line, as pyverbs_wire.py's do: each prints
+"ADDR qpn gid" and reads the peer's; the server prints "READY" once its receives are posted, and
+the client, given a line, sends N datagrams of distinct lengths and patterns (odd ones with
+immediate data) through an address handle with the server's GID, then prints "DONE". The server
+checks each receive:
+  - its completion: opcode RECV, the GRH flag, byte_len 40 + the length, the client's QP as
+    src_qp, the immediate data where sent;
+  - its first 40 bytes, as the RoCEv2 annex (A17.4.5.2) and rdma_rxe lay them out for an IPv4
+    packet: 20 bytes of zero, then the packet's IPv4 header (version 4, protocol UDP, a valid
+    header checksum, the client's address as source and the server's as destination);
+  - the payload after them.
+A datagram is unreliable, so the client waits for the server's receives to be posted and sends
+few enough for them all; one lost on this veth is a failure. Each side prints "OK" at the end,
+or exits non-zero with what was wrong.
+"""
+import ipaddress
+import struct
+import sys
+
+import pyverbs.device as d
+import pyverbs.enums as e
+from pyverbs.addr import GID, AH, AHAttr, GlobalRoute
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.wr import SGE, RecvWR, SendWR
+from pyverbs_kit import fail, line, poll, say
+
+QKEY = 0x1EE7
+GRH = 40
+SLOT = 1024 + GRH
+
+
+def length(i):
+    return 1 + (i * 37) % 1000  # within a 1024-byte MTU
+
+
+def pattern(i, n):
+    return bytes((i * 31 + j * 7 + (j >> 8)) & 0xFF for j in range(n))
+
+
+def ipv4_of(gid):
+    addr = ipaddress.IPv6Address(gid)
+    if addr.ipv4_mapped is None:
+        fail(f"GID {gid} is not IPv4-mapped")
+    return addr.ipv4_mapped.packed
+
+
+def check_grh(grh, src, dst, length, i):
+    if grh[:20] != bytes(20):
+        fail(f"datagram {i}: the GRH's first 20 bytes are not zero: {grh[:20].hex()}")
+    ip = grh[20:]
+    version_ihl, _tos, total, _ident, _frag, _ttl, proto, _csum, saddr, daddr = struct.unpack(
+        "!BBHHHBBH4s4s", ip)
+    if version_ihl != 0x45 or proto != 17:
+        fail(f"datagram {i}: not an IPv4 header of UDP: {ip.hex()}")
+    # IPv4, UDP, BTH, DETH, ImmDt (odd ones), payload, pad, ICRC.
+    want = 20 + 8 + 12 + 8 + (4 if i % 2 else 0) + length + (4 - length % 4) % 4 + 4
+    if total != want:
+        fail(f"datagram {i}: IPv4 total length {total}, expected {want}")
+    words = struct.unpack("!10H", ip)
+    if (sum(words) + (sum(words) >> 16)) & 0xFFFF != 0xFFFF:
+        fail(f"datagram {i}: IPv4 header checksum does not add up: {ip.hex()}")
+    if saddr != src or daddr != dst:
+        fail(f"datagram {i}: IPv4 {saddr.hex()} -> {daddr.hex()}, expected {src.hex()} -> {dst.hex()}")
+
+
+def main(name, gid_index, role, n):
+    if name not in [dev.name.decode() for dev in d.get_device_list()]:
+        fail(f"{name} is not listed")
+    ctx = d.Context(name=name)
+    pd = PD(ctx)
+    cq = CQ(ctx, 2 * n + 8)
+    cap = QPCap(max_send_wr=n + 4, max_recv_wr=n + 4, max_send_sge=1, max_recv_sge=1)
+    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap, sq_sig_all=1))
+    buf = MR(pd, n * SLOT, e.IBV_ACCESS_LOCAL_WRITE)
+    attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
+    attr.qkey = QKEY
+    qp.to_init(attr)
+    qp.to_rtr(QPAttr(qp_state=e.IBV_QPS_RTR))
+    attr = QPAttr(qp_state=e.IBV_QPS_RTS)
+    attr.sq_psn = 0
+    qp.to_rts(attr)
+    gid = str(ctx.query_gid(1, gid_index))
+    say("ADDR", qp.qp_num, gid)
+    peer = line()
+    if len(peer) != 3 or peer[0] != "ADDR":
+        fail(f"expected ADDR qpn gid, got {peer}")
+    peer_qpn, peer_gid = int(peer[1]), peer[2]
+
+    if role == "server":
+        for i in range(n):
+            sge = SGE(buf.buf + i * SLOT, SLOT, buf.lkey)
+            qp.post_recv(RecvWR(wr_id=i, num_sge=1, sg=[sge]))
+        say("READY")
+        wcs = poll(cq, n, "receive")
+        src, dst = ipv4_of(peer_gid), ipv4_of(gid)
+        for i, wc in enumerate(sorted(wcs, key=lambda w: w.wr_id)):
+            # A datagram takes the next receive: the i-th sent lands in the i-th posted.
+            if wc.opcode != e.IBV_WC_RECV or not wc.wc_flags & e.IBV_WC_GRH:
+                fail(f"receive {i}: opcode {wc.opcode}, flags {wc.wc_flags:#x}")
+            if wc.byte_len != GRH + length(i) or wc.src_qp != peer_qpn:
+                fail(f"receive {i}: byte_len {wc.byte_len}, src_qp {wc.src_qp}; expected "
+                     f"{GRH + length(i)} from {peer_qpn}")
+            if (i % 2 == 1) != bool(wc.wc_flags & e.IBV_WC_WITH_IMM) or (i % 2 and wc.imm_data != 0x1000 + i):
+                fail(f"receive {i}: immediate flags {wc.wc_flags:#x} data {wc.imm_data:#x}")
+            got = buf.read(GRH + length(i), i * SLOT)
+            check_grh(got[:GRH], src, dst, length(i), i)
+            if got[GRH:] != pattern(i, length(i)):
+                fail(f"receive {i}: payload differs")
+        line()
+    else:
+        line()
+        ah = AH(pd, attr=AHAttr(gr=GlobalRoute(dgid=GID(peer_gid), sgid_index=gid_index, hop_limit=64),
+                                is_global=1, port_num=1))
+        for i in range(n):
+            buf.write(pattern(i, length(i)), length(i), i * SLOT)
+            sge = SGE(buf.buf + i * SLOT, length(i), buf.lkey)
+            opcode = e.IBV_WR_SEND_WITH_IMM if i % 2 else e.IBV_WR_SEND
+            wr = SendWR(wr_id=i, opcode=opcode, num_sge=1, sg=[sge])
+            if i % 2:
+                wr.imm_data = 0x1000 + i
+            wr.set_wr_ud(ah, peer_qpn, QKEY)
+            qp.post_send(wr)
+            poll(cq, 1, f"send {i}")
+        say("DONE")
+    say("OK")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 5 or sys.argv[3] not in ("server", "client"):
+        fail("usage: pyverbs_ud_wire.py DEVICE GID_INDEX server|client N")
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]))
