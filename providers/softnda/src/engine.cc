@@ -733,7 +733,7 @@ bool Engine::Thread::processSq(Qp *qp) {
         flushQp(qp, pi);
         return true;
     }
-    if (qp->wire) {
+    if (qp->wire && qp->init.qp_type == IBV_QPT_RC) {
         // A peer on another host (SPEC.md §18): nothing to settle with it, the head WQE goes
         // again with the PSNs it had.
         qp->recover_head = false;
@@ -1137,6 +1137,9 @@ void Engine::Thread::deliverDatagram(const Datagram &d, Qp *peer) {
 ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                                            uint64_t total) {
     const softnda_wqe &h = w.hdr;
+    if (qp->wire) {
+        return wireUnconnected(qp, total);
+    }
     Qp *peer = peerOf(qp);
     auto drop = [qp] {
         qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
@@ -1205,13 +1208,14 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
         retireHead(qp);  // a bind or invalidation its window's record shows done (SPEC.md §16)
         return;
     }
-    if (qp->wire) {
+    if (qp->wire && qp->init.qp_type == IBV_QPT_RC) {
         // The peer is on another host: the head WQE goes again with the PSNs it had, and the
         // responder's PSN check answers a repeat without executing it twice (SPEC.md §18).
         return;
     }
-    if (qp->init.qp_type == IBV_QPT_UD) {
-        // No responder to ask: a datagram is delivered at most once (SPEC.md §11.1).
+    if (qp->init.qp_type == IBV_QPT_UD || qp->wire) {
+        // No responder to ask: a datagram, or a UC message to another host, is delivered at most
+        // once (SPEC.md §11.1, §18).
         if (head && qp->sq.ci_local != pi) {
             qp->sq_psn = (qp->sq_psn + 1) & kPsnMask;
             retireHead(qp);

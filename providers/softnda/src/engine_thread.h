@@ -192,8 +192,9 @@ class Engine::Thread {
     ExecResult roceDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
                             uint64_t total, uint32_t qkey, uint32_t dest_qpn);
     void wireDatagram(const WireFrame &f, const roce::Packet &p);
+    ExecResult wireUnconnected(Qp *qp, uint64_t total);
     void wireReply(Qp *qp, WireQp &wq, const roce::Packet &p);
-    void wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p);
+    void wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool uc);
     void wireDuplicate(Qp *qp, WireQp &wq, const roce::Packet &p);
     bool wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_t *n);
     void wireAck(const WireQp &wq, uint32_t dest_qpn, uint8_t syndrome, uint32_t psn);

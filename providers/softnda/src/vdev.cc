@@ -384,8 +384,8 @@ void resetQp(Device *dev, Qp *qp) {
 
 // A connected QP's path on an Ethernet port (SPEC.md §19): RoCE addresses by GID, so the AV
 // must carry a GRH whose source is a GID of the port. A destination GID of this device is a
-// queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC QP
-// between IPv4 GIDs, and refused otherwise (-EHOSTUNREACH), or when the device's socket could
+// queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC or
+// UC QP between IPv4 GIDs, and refused otherwise (-EHOSTUNREACH), or when the device's socket could
 // not be bound (its error, e.g. -EADDRINUSE).
 int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (!ah.is_global) {
@@ -402,7 +402,8 @@ int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
         return 0;
     }
     uint32_t src = 0, dst = 0;
-    if (qp.init.qp_type != IBV_QPT_RC || !ipv4OfGid(*sgid, &src) || !ipv4OfGid(ah.grh.dgid, &dst)) {
+    if ((qp.init.qp_type != IBV_QPT_RC && qp.init.qp_type != IBV_QPT_UC) || !ipv4OfGid(*sgid, &src) ||
+        !ipv4OfGid(ah.grh.dgid, &dst)) {
         return -EHOSTUNREACH;
     }
     if (!dev->engine || dev->engine->wire() == nullptr) {

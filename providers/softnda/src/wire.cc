@@ -429,7 +429,7 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
 
 void bindWire(Device *dev, Qp *qp) {
     const ibv_ah_attr &ah = qp->attrs.ah;
-    if (!dev->netdev || !ah.is_global || qp->init.qp_type != IBV_QPT_RC) {
+    if (!dev->netdev || !ah.is_global || (qp->init.qp_type != IBV_QPT_RC && qp->init.qp_type != IBV_QPT_UC)) {
         qp->wire.reset();
         return;
     }
@@ -742,7 +742,12 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t
     }
     const uint32_t qpn = qp->attrs.dest_qpn;
     const uint32_t mtu = pathMtu(*qp);
-    auto base = [&](uint8_t op, uint32_t psn) { return packetTo(wq, op, qpn, psn); };
+    const bool uc = qp->init.qp_type == IBV_QPT_UC;
+    auto base = [&](uint8_t op, uint32_t psn) {
+        WireOut o = packetTo(wq, op, qpn, psn);
+        o.pkt.bth.opcode = static_cast<uint8_t>((uc ? roce::kUc : roce::kRc) | op);
+        return o;
+    };
     const uint32_t done = psnDiff(from_psn, m.first_psn);
     if (h.opcode == SOFTNDA_OP_RDMA_READ) {
         WireOut o = base(roce::kReadRequest, from_psn);
@@ -809,7 +814,7 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t
             o.pkt.imm = ntohl(h.imm_data);
             o.pkt.ieth_rkey = h.imm_data;
             o.pkt.bth.solicited = (h.flags & SOFTNDA_WQE_SOLICITED) != 0;
-            o.pkt.bth.ack_req = true;
+            o.pkt.bth.ack_req = !uc;  // UC has no acknowledgement
         }
         if (++k_out == kTxBatch || last) {
             wire_->send(std::span<const WireOut>(out, k_out));
@@ -844,7 +849,7 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     roce::Packet p;
     const bool decoded = roce::decode(bytes, &p);
     const auto transport = static_cast<uint8_t>(p.bth.opcode & 0xe0);
-    if (!decoded || (transport != roce::kRc && transport != roce::kUd)) {
+    if (!decoded || (transport != roce::kRc && transport != roce::kUc && transport != roce::kUd)) {
         wire_->malformed.fetch_add(1, std::memory_order_relaxed);
         return;
     }
@@ -863,14 +868,15 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
         return;  // no such QP: silently dropped (IBTA 9.6.1.1), the requester's retries run out
     }
     Qp *qp = it->second;
-    if (!qp->wire || qp->wire->dst_ip != f.src_ip) {
-        return;  // a QP not connected to the sender
+    const bool uc = transport == roce::kUc;
+    if (!qp->wire || qp->wire->dst_ip != f.src_ip || uc != (qp->init.qp_type == IBV_QPT_UC)) {
+        return;  // a QP not connected to the sender, or of the other transport
     }
     const uint8_t op = p.bth.opcode & 0x1f;
-    if (op >= roce::kReadResponseFirst && op <= roce::kAtomicAcknowledge) {
+    if (!uc && op >= roce::kReadResponseFirst && op <= roce::kAtomicAcknowledge) {
         wireReply(qp, *qp->wire, p);
     } else {
-        wireRequest(qp, *qp->wire, p);
+        wireRequest(qp, *qp->wire, p, uc);
     }
 }
 
@@ -958,6 +964,23 @@ void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
     deliverDatagram(Datagram{grh, &payload, 1, p.payload.size(), p.deth_qkey, p.deth_src_qp, 0,
                              op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), SOFTNDA_CQE_ROCE_IPV4},
                     it->second);
+}
+
+// A UC message to another host (SPEC.md §18), on the engine thread that owns the SQ: its packets
+// go out at once, from sq_psn, with no acknowledgement asked; the WQE completes SUCCESS whatever
+// becomes of them, as on one host (§11.2).
+ExecResult Engine::Thread::wireUnconnected(Qp *qp, uint64_t total) {
+    WireQp &wq = *qp->wire;
+    WireMsg m;
+    m.index = qp->sq.ci_local;
+    m.first_psn = qp->sq_psn;
+    m.total = total;
+    {
+        std::lock_guard<std::mutex> lk(wq.mu);
+        wireTransmit(qp, wq, m, m.first_psn);
+    }
+    qp->sq_psn = psnAdd(qp->sq_psn, packetsOf(total, pathMtu(*qp)));
+    return ExecResult{};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1119,16 +1142,32 @@ void Engine::Thread::wireAck(const WireQp &wq, uint32_t dest_qpn, uint8_t syndro
     wire_->send(std::span<const WireOut>(&o, 1));
 }
 
-void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
+// The responder, RC or UC (uc). UC has no acknowledgement and no retry (SPEC.md §11.2, §18): a
+// FIRST or ONLY packet starts a message whatever its PSN (the responder resynchronises), a packet
+// out of sequence drops the message in progress, and what RC answers with a NAK (no receive, a
+// bad rkey, an invalid request) drops the message silently; only a receive's own error (too
+// short, a bad SGE) completes it in error and moves the QP to ERR, as on one host.
+void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool uc) {
     int st = qp->state.load(std::memory_order_acquire);
     if (st != IBV_QPS_RTR && st != IBV_QPS_RTS && st != IBV_QPS_SQD) {
         return;  // not ready: dropped, the requester retries
     }
     const uint32_t dest = qp->attrs.dest_qpn;
     std::lock_guard<std::mutex> lk(qp->rq_lock);
-    const uint32_t epsn = qp->rq_psn;
     const uint32_t psn = p.bth.psn;
     const uint8_t op = p.bth.opcode & 0x1f;
+    if (uc) {
+        const bool starts = op == roce::kSendFirst || op == roce::kSendOnly || op == roce::kSendOnlyImm ||
+                            op == roce::kWriteFirst || op == roce::kWriteOnly || op == roce::kWriteOnlyImm;
+        if (starts) {
+            wq.in_kind = 0;  // a message in progress lost its end: dropped
+            qp->rq_psn = psn;
+        } else if (psn != qp->rq_psn || wq.in_kind == 0) {
+            wq.in_kind = 0;  // a packet lost inside the message: the rest of it is dropped
+            return;
+        }
+    }
+    const uint32_t epsn = qp->rq_psn;
     if (psn != epsn) {
         if (psnBefore(epsn, psn)) {
             // A gap: one sequence NAK names the PSN expected, until it comes.
@@ -1144,10 +1183,16 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
     }
     wq.nak_sent = false;
     Responder rp = responderOf(qp);
-    auto fail = [&](uint8_t status) {
-        wireAck(wq, dest, nakOf(status), psn);
+    // A NAK and the responder in ERR (RC); the message dropped (UC), and the QP in ERR only when
+    // a receive completed in error (recv_error).
+    auto fail = [&](uint8_t status, bool recv_error = false) {
         wq.in_kind = 0;
-        responderError(qp, status);
+        if (!uc) {
+            wireAck(wq, dest, nakOf(status), psn);
+        }
+        if (!uc || recv_error) {
+            responderError(qp, status);
+        }
     };
     const bool send_op = op <= roce::kSendOnlyImm || op == roce::kSendLastInv || op == roce::kSendOnlyInv;
     const bool write_op = op >= roce::kWriteFirst && op <= roce::kWriteOnlyImm;
@@ -1174,7 +1219,9 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
         if (first) {
             wq.in_kind = kind;
             wq.in_off = 0;
-            wq.in_recv = false;
+            // UC keeps a receive a dropped message had taken for the next one (as rxe reuses its
+            // WQE); RC takes one afresh, none being held between messages.
+            wq.in_recv = uc && wq.in_recv;
             if (write_op) {
                 wq.in_va = p.reth_va;
                 wq.in_rkey = p.reth_rkey;
@@ -1186,8 +1233,11 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
         if ((send_op || imm) && !wq.in_recv) {
             RecvCopy r;
             if (!takeRecv(rp, &r)) {
-                if (first) {
+                if (first || uc) {
                     wq.in_kind = 0;
+                }
+                if (uc) {
+                    return;  // no receive: the message is dropped
                 }
                 bump(ctr_.rnr_naks);
                 wireAck(wq, dest, static_cast<uint8_t>(kRnrNak | (qp->attrs.min_rnr_timer & 0x1f)), psn);
@@ -1236,7 +1286,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
             if (status != IBV_WC_SUCCESS) {
                 wq.in_recv = false;
                 completeRecv(rp, r, status, 0, IBV_WC_RECV, 0, 0, dest);
-                return fail(status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+                return fail(status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR, true);
             }
             scatterAt(dst, r.num_sge, wq.in_off, p.payload.data(), len);
         }
@@ -1264,7 +1314,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p) {
             wq.in_kind = 0;
             wq.in_recv = false;
         }
-        if (p.bth.ack_req) {
+        if (p.bth.ack_req && !uc) {
             wireAck(wq, dest, kAckSyndrome, psn);
         }
         return;

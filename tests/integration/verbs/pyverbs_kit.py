@@ -8,7 +8,10 @@ import time
 import pyverbs.device as d
 import pyverbs.enums as e
 from pyverbs.addr import AHAttr
-from pyverbs.qp import QPAttr
+from pyverbs.cq import CQ
+from pyverbs.mr import MR
+from pyverbs.pd import PD
+from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
 
 ACCESS = e.IBV_ACCESS_LOCAL_WRITE | e.IBV_ACCESS_REMOTE_WRITE | e.IBV_ACCESS_REMOTE_READ
 
@@ -86,3 +89,26 @@ def poll(cq, count, what, deadline=60.0):
         elif deadline is not None and time.monotonic() - last > deadline:
             fail(f"{what}: {len(wcs)} of {count} completions")
     return wcs
+
+
+def queue_pair(name, qp_type, n, slot):
+    """The listed device's context, a PD, one CQ, a QP of qp_type (in RESET) with room for n work
+    requests of one SGE each way, and an MR of n slots for local writes."""
+    if name not in [dev.name.decode() for dev in d.get_device_list()]:
+        fail(f"{name} is not listed")
+    ctx = d.Context(name=name)
+    pd = PD(ctx)
+    cq = CQ(ctx, 2 * n + 8)
+    cap = QPCap(max_send_wr=n + 4, max_recv_wr=n + 4, max_send_sge=1, max_recv_sge=1)
+    qp = QP(pd, QPInitAttr(qp_type=qp_type, scq=cq, rcq=cq, cap=cap, sq_sig_all=1))
+    return ctx, pd, cq, qp, MR(pd, n * slot, e.IBV_ACCESS_LOCAL_WRITE)
+
+
+def meet(ctx, qp, gid_index):
+    """Says "ADDR qpn gid" (this QP and GID) and returns the peer's (qpn, gid, our gid)."""
+    gid = str(ctx.query_gid(1, gid_index))
+    say("ADDR", qp.qp_num, gid)
+    peer = line()
+    if len(peer) != 3 or peer[0] != "ADDR":
+        fail(f"expected ADDR qpn gid, got {peer}")
+    return int(peer[1]), peer[2], gid

@@ -24,15 +24,11 @@ import ipaddress
 import struct
 import sys
 
-import pyverbs.device as d
 import pyverbs.enums as e
 from pyverbs.addr import GID, AH, AHAttr, GlobalRoute
-from pyverbs.cq import CQ
-from pyverbs.mr import MR
-from pyverbs.pd import PD
-from pyverbs.qp import QP, QPAttr, QPCap, QPInitAttr
+from pyverbs.qp import QPAttr
 from pyverbs.wr import SGE, RecvWR, SendWR
-from pyverbs_kit import fail, line, poll, say
+from pyverbs_kit import fail, line, meet, poll, queue_pair, say
 
 QKEY = 0x1EE7
 GRH = 40
@@ -74,14 +70,7 @@ def check_grh(grh, src, dst, length, i):
 
 
 def main(name, gid_index, role, n):
-    if name not in [dev.name.decode() for dev in d.get_device_list()]:
-        fail(f"{name} is not listed")
-    ctx = d.Context(name=name)
-    pd = PD(ctx)
-    cq = CQ(ctx, 2 * n + 8)
-    cap = QPCap(max_send_wr=n + 4, max_recv_wr=n + 4, max_send_sge=1, max_recv_sge=1)
-    qp = QP(pd, QPInitAttr(qp_type=e.IBV_QPT_UD, scq=cq, rcq=cq, cap=cap, sq_sig_all=1))
-    buf = MR(pd, n * SLOT, e.IBV_ACCESS_LOCAL_WRITE)
+    ctx, pd, cq, qp, buf = queue_pair(name, e.IBV_QPT_UD, n, SLOT)
     attr = QPAttr(qp_state=e.IBV_QPS_INIT, port_num=1)
     attr.qkey = QKEY
     qp.to_init(attr)
@@ -89,12 +78,7 @@ def main(name, gid_index, role, n):
     attr = QPAttr(qp_state=e.IBV_QPS_RTS)
     attr.sq_psn = 0
     qp.to_rts(attr)
-    gid = str(ctx.query_gid(1, gid_index))
-    say("ADDR", qp.qp_num, gid)
-    peer = line()
-    if len(peer) != 3 or peer[0] != "ADDR":
-        fail(f"expected ADDR qpn gid, got {peer}")
-    peer_qpn, peer_gid = int(peer[1]), peer[2]
+    peer_qpn, peer_gid, gid = meet(ctx, qp, gid_index)
 
     if role == "server":
         for i in range(n):
