@@ -40,9 +40,13 @@ struct softnda_counters {
     uint64_t wire_retransmits; /* times a requester went back and sent again (NAK, gap, timeout, RNR) */
     uint64_t wire_seq_naks;    /* sequence NAKs the responder sent (a gap: loss or reordering) */
     uint64_t wire_bad_icrc;    /* packets dropped for an ICRC that did not match */
-    uint64_t wire_malformed;   /* packets that were not RC RoCEv2 (dropped) */
+    uint64_t wire_malformed;   /* packets that were not RoCEv2 of RC, UC or UD (dropped) */
     uint64_t wire_fault_drops; /* packets the wire_faults hook dropped (tests) */
-    uint64_t resv[11];
+    /* The errno the device's RoCEv2 socket could not be opened or bound with (EADDRINUSE: another
+     * RoCEv2 stack has the port; EAFNOSUPPORT: a sandbox forbids AF_INET), 0 when it is open. The
+     * socket is opened with the device's first context, so 0 too while none is open. */
+    uint64_t wire_socket_errno;
+    uint64_t resv[10];
 };
 
 /* Fills *out for device dev_name ("softnda0"). 0, or -EINVAL (NULL argument) / -ENODEV. */

@@ -424,6 +424,9 @@ void Engine::addCounters(softnda_counters *out) const {
         // What the wire thread did as a responder (bytes, receives, RNR NAKs, errors).
         softnda::addCounters(receiver_->counters(), out);
     }
+    if (wire_error_ < 0) {
+        out->wire_socket_errno = static_cast<uint64_t>(-wire_error_);
+    }
     if (wire_) {
         auto get = [](const std::atomic<uint64_t> &a) { return a.load(std::memory_order_relaxed); };
         out->wire_tx_packets += get(wire_->sent);

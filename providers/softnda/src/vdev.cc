@@ -523,7 +523,8 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
                                                           {"wire_seq_naks", c.wire_seq_naks},
                                                           {"wire_bad_icrc", c.wire_bad_icrc},
                                                           {"wire_malformed", c.wire_malformed},
-                                                          {"wire_fault_drops", c.wire_fault_drops}};
+                                                          {"wire_fault_drops", c.wire_fault_drops},
+                                                          {"wire_socket_errno", c.wire_socket_errno}};
     for (const auto &[name, value] : counters) {
         emit(arg, name, value);
     }

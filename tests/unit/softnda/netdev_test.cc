@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstring>
+
 #include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/wire.h"
 #include "tests/unit/softnda/fixture.h"
@@ -226,6 +228,42 @@ TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
     ASSERT_EQ(postOne(a_, write(1, 64, dmr_->rkey)), 0);
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
     EXPECT_EQ(dst_, src_);
+}
+
+// A RoCE device whose socket cannot be bound (another RoCEv2 stack holds the port: here a socket
+// of the test's own on wire_port) serves its own host and says why in wire_socket_errno; a
+// connection to another host is refused at RTR with that error (SPEC.md §18).
+class SoftndaWirePortTakenTest : public SoftndaEthernetTest {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override {
+        holder_ = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        socklen_t len = sizeof(sa);
+        if (holder_ < 0 || bind(holder_, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) != 0 ||
+            getsockname(holder_, reinterpret_cast<sockaddr *>(&sa), &len) != 0) {
+            ADD_FAILURE() << "no UDP port to hold: " << std::strerror(errno);
+        }
+        return {{"netdev", "lo"}, {"wire_port", std::to_string(ntohs(sa.sin_port))}};
+    }
+    void TearDown() override {
+        SoftndaEthernetTest::TearDown();
+        if (holder_ >= 0) {
+            close(holder_);
+        }
+    }
+    int holder_ = -1;
+};
+
+TEST_F(SoftndaWirePortTakenTest, TheDeviceSaysWhyItsSocketIsClosed) {
+    softnda_counters c{};
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    EXPECT_EQ(c.wire_socket_errno, static_cast<uint64_t>(EADDRINUSE));
+    if (v4_index_ < 0) {
+        GTEST_SKIP() << "lo has no 127.x address in this network namespace";
+    }
+    ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
+    EXPECT_EQ(rtr(a_, b_.qpn(), global(v4_index_, gidOf("::ffff:192.0.2.1"))), -EADDRINUSE);
 }
 
 // The wire's fault hook option (SPEC.md §18): what tests put in place of netem.
