@@ -1299,7 +1299,9 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
             if (inv) {
                 (void)invalidateRemote(dev_, qp, p.ieth_rkey, true);
             }
-            if (wq.in_recv) {
+            // A plain WRITE completes no receive, and leaves one UC holds from a dropped message.
+            const bool completes = send_op || imm;
+            if (wq.in_recv && completes) {
                 uint8_t flags =
                     static_cast<uint8_t>((imm ? SOFTNDA_CQE_WITH_IMM : 0) | (inv ? SOFTNDA_CQE_WITH_INV : 0) |
                                          (send_op && p.bth.solicited ? SOFTNDA_CQE_SOLICITED : 0));
@@ -1312,7 +1314,9 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
                              flags, dest);
             }
             wq.in_kind = 0;
-            wq.in_recv = false;
+            if (completes || !uc) {
+                wq.in_recv = false;
+            }
         }
         if (p.bth.ack_req && !uc) {
             wireAck(wq, dest, kAckSyndrome, psn);
