@@ -597,8 +597,8 @@ INSTANTIATE_TEST_SUITE_P(
     });
 
 // ucp-verify across the hosts: UCP tagged messages from 0 B to 4 MiB, eager and rendezvous, every
-// byte checked both ways, over rc_verbs and ud_verbs (the server listens on host A's address
-// for the client's address exchange).
+// byte checked both ways, with UCX_TLS=rc_verbs,ud_verbs,self (the server listens on host A's
+// address for the client's address exchange).
 TEST_F(RoceHostsTest, UcpVerifyChecksEveryByte) {
     if (kSanitizerBuild) {
         GTEST_SKIP() << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
