@@ -13,7 +13,11 @@
 //  - the peer's broker killed mid-run: the survivor's work request ends in
 //    IBV_WC_RETRY_EXC_ERR and the surviving broker keeps serving;
 //  - a capture of the veth (tcpdump in host A) judged by decoders we did not write:
-//    tests/unit/softnda/roce_wire_check.sh --capture (tshark, scapy's ICRC).
+//    tests/unit/softnda/roce_wire_check.sh --capture (tshark, scapy's ICRC);
+//  - UC: ibv_uc_pingpong -c, perftest -c UC, and pyverbs_uc_wire.py under the faults (broken
+//    messages dropped whole);
+//  - UD: ibv_ud_pingpong, perftest -c UD, and pyverbs_ud_wire.py (each receive's GRH checked);
+//  - UCX: ucx_perftest over rc_verbs, ud_verbs and UCP, and ucp-verify.
 // Root only (ip netns); skipped otherwise. The short forms run here; docs/verbs.md ("Across
 // hosts") gives the long ones.
 #include <fcntl.h>
@@ -343,8 +347,9 @@ class RoceHostsTest : public ::testing::Test {
                                            dir_ + "/" + err_name, h.ns->fd());
     }
 
-    // `program args... -p PORT` as a server on host A, then `... -p PORT 10.201.8.1` as its
-    // client on host B, once the server listens.
+    // `program args... -p PORT` as a server on host A, then `... -p PORT client_args...
+    // 10.201.8.1` as its client on host B, once the server listens; both through ibv-extend-run
+    // with run_options, env added to their environment.
     PairResult runAcross(const std::string &name, const std::string &program, std::vector<std::string> args,
                          const std::vector<std::string> &client_args = {},
                          const std::vector<std::string> &run_options = {},
