@@ -28,11 +28,44 @@
 #include <utility>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "tests/integration/private_mounts.h"
 
 namespace ibvx::test {
+
+// A tenant pair's outcome: a program run as server and as its client.
+struct PairResult {
+    int server_rc = -1, client_rc = -1;
+    std::string server_out, client_out, server_err, client_err;
+};
+
+// Both sides exited 0 and the client printed needle.
+inline void expectPair(const PairResult &r, const std::string &needle) {
+    EXPECT_EQ(r.client_rc, 0) << r.client_out << r.client_err;
+    EXPECT_EQ(r.server_rc, 0) << r.server_out << r.server_err;
+    EXPECT_THAT(r.client_out, ::testing::HasSubstr(needle)) << r.client_err;
+}
+
+// A perftest pair that ran: both sides exited 0 and the client printed its results row, the
+// message size (a regex), the iteration count, then its figures. Those figures are numbers, or
+// "inf" when perftest could not calibrate its cycle counter and says so on stderr: Debian 12's
+// perftest (4.5-0.17, get_clock.c) samples cycles against gettimeofday, and when that fit's
+// r^2 is under 0.9, as on a loaded CI machine, its get_cpu_mhz gives 0 and every time figure
+// is cycles / 0. The run itself was still whole, so "inf" passes only with perftest's own word.
+inline void expectPerftestRow(const PairResult &r, const std::string &size, const std::string &iterations) {
+    expectPair(r, "#iterations");
+    const std::string row = size + " +" + iterations + " +";
+    if (::testing::Matches(::testing::ContainsRegex(row + "inf"))(r.client_out)) {
+        EXPECT_THAT(r.client_err, ::testing::HasSubstr("Correlation coefficient r^2"))
+            << "perftest printed inf figures without saying its clock could not be calibrated";
+        std::printf("perftest could not calibrate its clock here, so its figures are inf: %s\n",
+                    r.client_err.c_str());
+        return;
+    }
+    EXPECT_THAT(r.client_out, ::testing::ContainsRegex(row + "[0-9.]+")) << r.client_err;
+}
 
 constexpr uid_t kNobody = 65534;
 
