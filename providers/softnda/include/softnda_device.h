@@ -130,7 +130,7 @@ struct softnda_wqe {
     uint8_t opcode;
     uint8_t flags;
     uint8_t num_sge;
-    uint8_t resv;
+    uint8_t tclass; /* a UD SEND with a GRH: its traffic class (SPEC.md §2.1); 0 otherwise */
     uint32_t imm_data;
     uint64_t wr_id;
     uint64_t remote_addr;
@@ -285,6 +285,7 @@ struct softnda_send_wr {
     const void *inline_data; /* non-NULL: inline_len bytes are copied into the WQE */
     uint32_t inline_len;
     uint32_t remote_srqn; /* XRC initiator SQs only: the SRQ at the target that takes the message */
+    uint8_t tclass;       /* UD with a GRH only: softnda_send_wr_set_ud_route() */
 };
 
 /* A UD SEND's destination (SPEC.md §2.1): remote_qpn and remote_qkey in the remote_addr field,
@@ -302,6 +303,16 @@ static inline void softnda_send_wr_set_ud_grh(struct softnda_send_wr *wr, uint8_
     wr->rkey |= SOFTNDA_UD_GRH | ((uint32_t)sgid_index << SOFTNDA_UD_SGID_SHIFT);
     memcpy(&wr->compare_add, dgid, 8);
     memcpy(&wr->swap, dgid + 8, 8);
+}
+
+/* A UD SEND's GRH routing (SPEC.md §2.1): the address handle's traffic class and hop limit,
+ * which a RoCE device writes into the packet's IP header (§18), after softnda_send_wr_set_ud_grh.
+ * The hop limit goes in bits 24-31 of the remote_qpn word, the traffic class in the WQE's tclass
+ * byte; a WQE without them (0) sends with TOS 0 and the host's default TTL. */
+static inline void softnda_send_wr_set_ud_route(struct softnda_send_wr *wr, uint8_t traffic_class,
+                                                uint8_t hop_limit) {
+    wr->remote_addr = (wr->remote_addr & ~(uint64_t)0xff000000u) | ((uint64_t)hop_limit << 24);
+    wr->tclass = traffic_class;
 }
 
 /* A BIND_MW's fields (SPEC.md §16): the window named by its current rkey mw_rkey takes the new
@@ -349,7 +360,7 @@ static inline int softnda_sq_post(struct softnda_sq *sq, const struct softnda_se
     }
     w->opcode = wr->opcode;
     w->flags = flags;
-    w->resv = 0;
+    w->tclass = wr->tclass;
     w->imm_data = wr->imm_data;
     w->wr_id = wr->wr_id;
     w->remote_addr = wr->remote_addr;

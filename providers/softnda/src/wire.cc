@@ -139,8 +139,8 @@ void roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &
     std::memcpy(grh + 24, dgid.raw, sizeof(dgid.raw));
 }
 
-// The TTL of a datagram delivered on one host, which crossed no IP hop: Linux's default.
-constexpr uint8_t kLocalTtl = 64;
+// The TTL of a packet whose hop limit is 0: Linux's default (net.ipv4.ip_default_ttl).
+constexpr uint8_t kDefaultTtl = 64;
 
 }  // namespace
 
@@ -334,7 +334,8 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
     mmsghdr msgs[kTxBatch * 2 + 1];
     iovec iov[kTxBatch * 2 + 1];
     sockaddr_in dst[kTxBatch * 2 + 1];
-    alignas(cmsghdr) uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in_pktinfo))];
+    alignas(cmsghdr)
+        uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
     for (size_t k = 0; k < m; ++k) {
         iov[k] = iovec{const_cast<uint8_t *>(pb[k]), pl[k]};
         dst[k] = sockaddr_in{};
@@ -351,6 +352,25 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
         in_pktinfo pi{};
         pi.ipi_spec_dst.s_addr = pt[k]->src_ip;
         std::memcpy(CMSG_DATA(c), &pi, sizeof(pi));
+        size_t used = CMSG_SPACE(sizeof(in_pktinfo));
+        // The GRH's traffic class and hop limit, per packet (the socket is every QP's); the
+        // defaults (0, and the host's TTL) need no message. The ICRC masks both fields.
+        auto add = [&](int type, int value) {
+            // Placed by hand: CMSG_NXTHDR would read the next header's length from the buffer.
+            c = reinterpret_cast<cmsghdr *>(ctl[k] + used);
+            c->cmsg_level = IPPROTO_IP;
+            c->cmsg_type = type;
+            c->cmsg_len = CMSG_LEN(sizeof(int));
+            std::memcpy(CMSG_DATA(c), &value, sizeof(value));
+            used += CMSG_SPACE(sizeof(int));
+        };
+        if (pt[k]->tos != 0) {
+            add(IP_TOS, pt[k]->tos);
+        }
+        if (pt[k]->ttl != 0) {
+            add(IP_TTL, pt[k]->ttl);
+        }
+        h.msg_controllen = used;
         msgs[k].msg_len = 0;
     }
     // Sent with the fault lock held, so the hook's order is the wire's order.
@@ -453,6 +473,8 @@ void bindWire(Device *dev, Qp *qp) {
     }
     qp->wire->src_ip = src;
     qp->wire->dst_ip = dst;
+    qp->wire->tos = ah.grh.traffic_class;
+    qp->wire->ttl = ah.grh.hop_limit;
     qp->wire->sport = qp->attrs.udp_src_port != 0 ? static_cast<uint16_t>(qp->attrs.udp_src_port)
                                                   : roceSourcePort(ah.grh.flow_label, qp->qpn);
 }
@@ -543,6 +565,8 @@ WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) 
     o.src_ip = wq.src_ip;
     o.dst_ip = wq.dst_ip;
     o.sport = wq.sport;
+    o.tos = wq.tos;
+    o.ttl = wq.ttl;
     o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
     o.pkt.bth.dest_qp = dest_qpn;
     o.pkt.bth.psn = psn;
@@ -895,6 +919,7 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
     std::memcpy(dgid.raw, &h.compare_add, 8);
     std::memcpy(dgid.raw + 8, &h.swap, 8);
     const uint32_t sgid_index = (h.rkey >> SOFTNDA_UD_SGID_SHIFT) & 0xff;
+    const auto hop_limit = static_cast<uint8_t>(h.remote_addr >> 24);  // softnda_send_wr_set_ud_route
     Netdev &nd = *dev_->netdev;
     std::optional<ibv_gid> sgid;
     bool here = false;
@@ -920,6 +945,8 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
     o.pkt.deth_qkey = qkey;
     o.pkt.deth_src_qp = qp->qpn;
     o.pkt.imm = ntohl(h.imm_data);  // ImmDt carries the verbs' big-endian immediate as its bytes
+    o.tos = h.tclass;
+    o.ttl = hop_limit;
     if (here) {
         auto it = dev_->qps.find(dest_qpn);
         if (it == dev_->qps.end() || it->second->attrs.port != qp->attrs.port) {
@@ -929,7 +956,8 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
         // payload and its pad.
         const size_t len = roce::encodedLength(o.pkt) + total + (4 - total % 4) % 4;
         uint8_t grh[SOFTNDA_GRH_SIZE];
-        roceGrh(grh, *sgid, dgid, len, 0, kLocalTtl);
+        // The header the packet would carry through the host's own IP stack, as rxe's does.
+        roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl);
         uint32_t ip = 0;
         const uint8_t l3 =
             ipv4OfGid(*sgid, &ip) && ipv4OfGid(dgid, &ip) ? SOFTNDA_CQE_ROCE_IPV4 : SOFTNDA_CQE_ROCE_IPV6;

@@ -38,6 +38,9 @@ int parseWireFaults(const std::string &value, WireFaults *out);
 struct WireOut {
     uint32_t src_ip = 0, dst_ip = 0;  // network order
     uint16_t sport = 0;               // the UDP source port (RoCEv2's flow entropy)
+    // The IPv4 header's TOS and TTL: the address handle's traffic class and hop limit. A hop
+    // limit of 0 sends with the host's default TTL (the kernel takes no TTL 0 from a socket).
+    uint8_t tos = 0, ttl = 0;
     roce::Packet pkt;
 };
 
@@ -120,6 +123,7 @@ inline constexpr uint32_t kWireWindow = 16;
 struct WireQp {
     uint32_t src_ip = 0, dst_ip = 0;  // network order
     uint16_t sport = 0;
+    uint8_t tos = 0, ttl = 0;  // from the address vector's GRH, as WireOut's
 
     std::mutex mu;
     // The requester: messages [head, head + count) of window, oldest first, in SQ order from CI;

@@ -583,6 +583,7 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
                 softnda_send_wr_set_ud(&w, wr->wr.ud.remote_qpn, wr->wr.ud.remote_qkey, ah->attr.dlid);
                 if (ah->attr.is_global) {
                     softnda_send_wr_set_ud_grh(&w, ah->attr.grh.sgid_index, ah->attr.grh.dgid.raw);
+                    softnda_send_wr_set_ud_route(&w, ah->attr.grh.traffic_class, ah->attr.grh.hop_limit);
                 }
             }
             break;

@@ -14,10 +14,12 @@ checks each receive:
     src_qp, the immediate data where sent;
   - its first 40 bytes, as the RoCEv2 annex (A17.4.5.2) and rdma_rxe lay them out for an IPv4
     packet: 20 bytes of zero, then the packet's IPv4 header (version 4, protocol UDP, a valid
-    header checksum, the client's address as source and the server's as destination);
+    header checksum, the client's address as source and the server's as destination, and the
+    client's address handle's traffic class and hop limit as TOS and TTL);
   - the payload after them.
 A datagram is unreliable, so the client waits for the server's receives to be posted and sends
-few enough for them all; one lost on this veth is a failure. Each side prints "OK" at the end,
+few enough for them all; one lost on this veth is a failure. Both sides may be on one host (the
+same device): the datagrams then stay in shared memory, behind the header they would have had. Each side prints "OK" at the end,
 or exits non-zero with what was wrong.
 """
 import ipaddress
@@ -33,6 +35,7 @@ from pyverbs_kit import fail, line, meet, poll, queue_pair, say
 QKEY = 0x1EE7
 GRH = 40
 SLOT = 1024 + GRH
+TCLASS, HOP_LIMIT = 0x48, 17  # the client's address handle: DSCP 18, ECN bits clear
 
 
 def length(i):
@@ -54,7 +57,7 @@ def check_grh(grh, src, dst, length, i):
     if grh[:20] != bytes(20):
         fail(f"datagram {i}: the GRH's first 20 bytes are not zero: {grh[:20].hex()}")
     ip = grh[20:]
-    version_ihl, _tos, total, _ident, _frag, _ttl, proto, _csum, saddr, daddr = struct.unpack(
+    version_ihl, tos, total, _ident, _frag, ttl, proto, _csum, saddr, daddr = struct.unpack(
         "!BBHHHBBH4s4s", ip)
     if version_ihl != 0x45 or proto != 17:
         fail(f"datagram {i}: not an IPv4 header of UDP: {ip.hex()}")
@@ -67,6 +70,10 @@ def check_grh(grh, src, dst, length, i):
         fail(f"datagram {i}: IPv4 header checksum does not add up: {ip.hex()}")
     if saddr != src or daddr != dst:
         fail(f"datagram {i}: IPv4 {saddr.hex()} -> {daddr.hex()}, expected {src.hex()} -> {dst.hex()}")
+    # Between two hosts on one link nothing routes the packet, so its TTL arrives as sent.
+    if tos != TCLASS or ttl != HOP_LIMIT:
+        fail(f"datagram {i}: IPv4 TOS {tos:#x} TTL {ttl}, expected the address handle's {TCLASS:#x} and "
+             f"{HOP_LIMIT}")
 
 
 def main(name, gid_index, role, n):
@@ -103,8 +110,8 @@ def main(name, gid_index, role, n):
         line()
     else:
         line()
-        ah = AH(pd, attr=AHAttr(gr=GlobalRoute(dgid=GID(peer_gid), sgid_index=gid_index, hop_limit=64),
-                                is_global=1, port_num=1))
+        route = GlobalRoute(dgid=GID(peer_gid), sgid_index=gid_index, hop_limit=HOP_LIMIT, traffic_class=TCLASS)
+        ah = AH(pd, attr=AHAttr(gr=route, is_global=1, port_num=1))
         for i in range(n):
             buf.write(pattern(i, length(i)), length(i), i * SLOT)
             sge = SGE(buf.buf + i * SLOT, length(i), buf.lkey)

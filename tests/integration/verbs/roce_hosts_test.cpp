@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -378,9 +379,11 @@ class RoceHostsTest : public ::testing::Test {
     // pyverbs_wire.py as server on A and client on B, n of each operation (mode "rnr": the SENDs
     // alone, each meeting an empty ring once); the test relays the lines by which they meet.
     // script (pyverbs_ud_wire.py, pyverbs_uc_wire.py) meets the same way; a server that reports a
-    // line before its "OK" (pyverbs_uc_wire.py's "GOT k") has it put in report.
+    // line before its "OK" (pyverbs_uc_wire.py's "GOT k") has it put in report. The client runs on
+    // client_host when one is given (A itself: both ends on one host).
     void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "",
-                           const std::string &script = "pyverbs_wire.py", std::string *report = nullptr) {
+                           const std::string &script = "pyverbs_wire.py", std::string *report = nullptr,
+                           Host *client_host = nullptr) {
         const std::string program = std::string(IBVX_PYVERBS_DIR) + "/" + script;
         auto args = [&](const char *role) {
             std::vector<std::string> v{program, "softnda0", kGidIndex, role, std::to_string(n)};
@@ -390,7 +393,8 @@ class RoceHostsTest : public ::testing::Test {
             return v;
         };
         auto server = tenant(a(), name + ".server.err", "/usr/bin/python3", args("server"));
-        auto client = tenant(b(), name + ".client.err", "/usr/bin/python3", args("client"));
+        auto client = tenant(client_host != nullptr ? *client_host : b(), name + ".client.err",
+                             "/usr/bin/python3", args("client"));
         auto errs = [&] {
             return "server: " + slurp(dir_ + "/" + name + ".server.err") +
                    "\nclient: " + slurp(dir_ + "/" + name + ".client.err");
@@ -479,6 +483,14 @@ TEST_F(RoceHostsTest, UdPingpong) {
 // packet's IPv4 header), and the payload.
 TEST_F(RoceHostsTest, UdDatagramsArriveWithTheirIpv4HeaderAsGrh) {
     expectExactlyOnce("ud-grh", iterations(16), "", "pyverbs_ud_wire.py");
+}
+
+// The same with both ends on host A: the address handle names a GID of A's own device, so the
+// datagrams stay in shared memory (SPEC.md §18), and each receive's GRH room must hold the IPv4
+// header the packet would have carried, traffic class and hop limit included.
+TEST_F(RoceHostsTest, UdDatagramsOnOneHostGetTheHeaderTheyWouldHaveHad) {
+    expectExactlyOnce("ud-grh-local", iterations(16), "", "pyverbs_ud_wire.py", nullptr, &a());
+    EXPECT_EQ(counter(a(), "wire_tx_packets"), 0u) << "a datagram to a GID of this host went to the wire";
 }
 
 TEST_F(RoceHostsTest, WriteReadAtomicsSendExactlyOnce) {
@@ -765,6 +777,29 @@ TEST_F(RoceHostsTest, CaptureDecodesAsRoceWithValidIcrc) {
     }
     EXPECT_EQ(code, 0) << slurp(dir_ + "/check.log");
     std::printf("%s", slurp(dir_ + "/check.log").c_str());
+
+    // Each packet's IPv4 TOS and TTL are its sender's GRH traffic class and hop limit (as the
+    // RoCEv2 annex maps them and rxe writes them): ibv_rc_pingpong's address vectors have
+    // traffic class 0 and hop limit 1, pyverbs_wire.py's server (host A) 0x28 and 9, its client
+    // (host B) 0x48 and 17. On one link nothing routes, so the TTLs arrive as sent.
+    const std::string fields = dir_ + "/route.txt";
+    ASSERT_EQ(
+        std::system(("tshark -r " + capture.pcap() + " -T fields -E separator=' ' -e ip.src -e ip.dsfield" +
+                     " -e ip.ttl >" + fields + " 2>/dev/null")
+                        .c_str()),
+        0);
+    std::set<std::string> routes;
+    std::istringstream in(slurp(fields));
+    for (std::string src, tos, ttl; in >> src >> tos >> ttl;) {
+        char one[64];
+        std::snprintf(one, sizeof(one), "%s tos %#lx ttl %lu", src.c_str(),
+                      std::strtoul(tos.c_str(), nullptr, 0), std::strtoul(ttl.c_str(), nullptr, 0));
+        routes.insert(one);
+    }
+    const std::string host_a = a().address, host_b = b().address;
+    EXPECT_THAT(routes,
+                ::testing::UnorderedElementsAre(host_a + " tos 0 ttl 1", host_b + " tos 0 ttl 1",
+                                                host_a + " tos 0x28 ttl 9", host_b + " tos 0x48 ttl 17"));
 }
 
 // One host's broker restarts (`ibv-extendctl restart`: an exec that keeps every session and its

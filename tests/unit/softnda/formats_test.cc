@@ -15,6 +15,7 @@ namespace {
 static_assert(offsetof(softnda_wqe, opcode) == 0);
 static_assert(offsetof(softnda_wqe, flags) == 1);
 static_assert(offsetof(softnda_wqe, num_sge) == 2);
+static_assert(offsetof(softnda_wqe, tclass) == 3);
 static_assert(offsetof(softnda_wqe, imm_data) == 4);
 static_assert(offsetof(softnda_wqe, wr_id) == 8);
 static_assert(offsetof(softnda_wqe, remote_addr) == 16);
