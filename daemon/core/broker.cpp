@@ -715,6 +715,19 @@ Status Broker::checkAhAttr(Session &s, ContextObject &ctx, const ibv_ah_attr &at
         if (attr.dlid == 0) {
             return invalidArgument("ah_attr without a GRH needs a non-zero dlid");
         }
+        // A RoCE port has no LIDs: Ethernet addresses by GID, and the kernel (rdma_check_ah_attr)
+        // and mlx5 refuse such an AH with EINVAL. Asked of the driver only here, off the GRH path.
+        ibv_port_attr port{};
+        int rc = 0;
+        {
+            DriverCall call(s.memory(), ctx.dev);
+            rc = ctx.dev->verbs.queryPort(ctx.verbs, attr.port_num, &port);
+        }
+        if (rc == 0 && port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+            return invalidArgument("ah_attr without a GRH on port " + std::to_string(attr.port_num) +
+                                   " of '" + ctx.dev->info.name +
+                                   "', an Ethernet (RoCE) port: set is_global and a dgid");
+        }
         return Status::ok();
     }
     static constexpr uint8_t kZero[sizeof(attr.grh.dgid.raw)] = {};

@@ -797,6 +797,36 @@ TEST_F(BrokerTest, AnAddressHandleWithBadAttributesIsRefusedAndLeavesNothing) {
     EXPECT_EQ(ahsHeld(*broker_), 1u);
 }
 
+// On a RoCE port (softnda bound to an interface: lo here, which every namespace has) an AH must
+// have a GRH, as the kernel and mlx5 require: a LID-only one is refused with EINVAL, a GRH one made.
+TEST_F(BrokerTest, ARoceAddressHandleNeedsAGrh) {
+    ASSERT_EQ(softnda_vdev_ops.configure("netdev", "lo"), 0);
+    struct Loopback {
+        ~Loopback() { softnda_vdev_ops.configure("netdev", ""); }
+    } back;
+    auto ctx = broker_->openContext(*session_, "softnda0");
+    ASSERT_TRUE(ctx.isOk()) << ctx.status().toString();
+    auto pd = broker_->allocPd(*session_, ctx->context);
+    ASSERT_TRUE(pd.isOk());
+    auto port = broker_->queryPort(*session_, ctx->context, 1);
+    ASSERT_TRUE(port.isOk());
+    ASSERT_EQ(port->attr.link_layer, IBV_LINK_LAYER_ETHERNET);
+    ASSERT_FALSE(port->gids.empty());
+    auto lid = broker_->createAh(*session_, *pd, lidAh(1));
+    EXPECT_EQ(lid.status().code(), Code::kInvalidArgument);
+    EXPECT_EQ(lid.status().errnoValue(), EINVAL);
+    EXPECT_NE(lid.status().message().find("Ethernet"), std::string::npos) << lid.status().toString();
+    EXPECT_EQ(ahsHeld(*broker_), 0u) << "nothing charged";
+    ibv_ah_attr grh = lidAh(0);
+    grh.is_global = 1;
+    grh.grh.dgid = port->gids[0].gid;
+    grh.grh.sgid_index = 0;
+    grh.grh.hop_limit = 64;
+    auto good = broker_->createAh(*session_, *pd, grh);
+    ASSERT_TRUE(good.isOk()) << good.status().toString();
+    EXPECT_TRUE(broker_->destroyAh(*session_, *good).isOk());
+}
+
 // An AH has no driver state: its export leaves none, and a restore makes it again from the
 // attributes its record carries, under the same handle and charge.
 TEST_F(BrokerTest, AdoptMakesAnAddressHandleAgainFromItsAttributes) {
