@@ -227,20 +227,23 @@ bool decode(std::span<const uint8_t> in, Packet *p) {
     return true;
 }
 
-uint32_t icrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
-                  std::span<const uint8_t> packet_without_icrc) {
-    if (ip_header.size() != kIpv4Len || udp_header.size() != kUdpLen ||
-        packet_without_icrc.size() < kBthLen) {
+namespace {
+
+// CRC-32 over eight bytes of 0xff (the absent LRH), the IP header masked, the UDP header with its
+// checksum all ones, the BTH with its FECN, BECN and reserved bits all ones, and the rest of the
+// packet up to the ICRC. mask_ip sets the IP header's variant fields to ones.
+template <size_t IpLen, typename Mask>
+uint32_t icrcOver(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
+                  std::span<const uint8_t> packet_without_icrc, Mask mask_ip) {
+    if (ip_header.size() != IpLen || udp_header.size() != kUdpLen || packet_without_icrc.size() < kBthLen) {
         return 0;
     }
-    std::array<uint8_t, 8 + kIpv4Len + kUdpLen + kBthLen> pseudo{};
+    std::array<uint8_t, 8 + IpLen + kUdpLen + kBthLen> pseudo{};
     std::memset(pseudo.data(), 0xff, 8);
     uint8_t *ip = pseudo.data() + 8;
-    std::memcpy(ip, ip_header.data(), kIpv4Len);
-    ip[1] = 0xff;            // TOS
-    ip[8] = 0xff;            // TTL
-    ip[10] = ip[11] = 0xff;  // header checksum
-    uint8_t *udp = ip + kIpv4Len;
+    std::memcpy(ip, ip_header.data(), IpLen);
+    mask_ip(ip);
+    uint8_t *udp = ip + IpLen;
     std::memcpy(udp, udp_header.data(), kUdpLen);
     udp[6] = udp[7] = 0xff;  // UDP checksum
     uint8_t *bth = udp + kUdpLen;
@@ -250,15 +253,44 @@ uint32_t icrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> u
     return crc(c, packet_without_icrc.subspan(kBthLen));
 }
 
-void fillIcrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
-                  std::span<uint8_t> packet) {
-    if (packet.size() < kBthLen + kIcrcLen) {
-        return;
-    }
-    const uint32_t c = icrcIpv4(ip_header, udp_header, packet.first(packet.size() - kIcrcLen));
+void storeIcrc(uint32_t c, std::span<uint8_t> packet) {
     uint8_t *at = packet.data() + packet.size() - kIcrcLen;
     for (size_t i = 0; i < kIcrcLen; ++i) {
         at[i] = static_cast<uint8_t>(c >> (8 * i));  // little-endian on the wire
+    }
+}
+
+}  // namespace
+
+uint32_t icrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
+                  std::span<const uint8_t> packet_without_icrc) {
+    return icrcOver<kIpv4Len>(ip_header, udp_header, packet_without_icrc, [](uint8_t *ip) {
+        ip[1] = 0xff;            // TOS
+        ip[8] = 0xff;            // TTL
+        ip[10] = ip[11] = 0xff;  // header checksum
+    });
+}
+
+uint32_t icrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> udp_header,
+                  std::span<const uint8_t> packet_without_icrc) {
+    return icrcOver<kIpv6Len>(ip6_header, udp_header, packet_without_icrc, [](uint8_t *ip) {
+        ip[0] |= 0x0f;                 // traffic class, high nibble
+        ip[1] = ip[2] = ip[3] = 0xff;  // traffic class, low nibble, and flow label
+        ip[7] = 0xff;                  // hop limit
+    });
+}
+
+void fillIcrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
+                  std::span<uint8_t> packet) {
+    if (packet.size() >= kBthLen + kIcrcLen) {
+        storeIcrc(icrcIpv4(ip_header, udp_header, packet.first(packet.size() - kIcrcLen)), packet);
+    }
+}
+
+void fillIcrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> udp_header,
+                  std::span<uint8_t> packet) {
+    if (packet.size() >= kBthLen + kIcrcLen) {
+        storeIcrc(icrcIpv6(ip6_header, udp_header, packet.first(packet.size() - kIcrcLen)), packet);
     }
 }
 

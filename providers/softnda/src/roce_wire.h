@@ -13,7 +13,7 @@ namespace softnda::roce {
 inline constexpr uint16_t kUdpPort = 4791;  // IANA's port for RoCEv2
 inline constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckLen = 8,
                         kImmLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
-inline constexpr size_t kIpv4Len = 20, kUdpLen = 8;
+inline constexpr size_t kIpv4Len = 20, kIpv6Len = 40, kUdpLen = 8;
 
 // The transport in an opcode's top three bits.
 inline constexpr uint8_t kRc = 0x00, kUc = 0x20, kUd = 0x60;
@@ -104,6 +104,12 @@ uint32_t icrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> u
                   std::span<const uint8_t> packet_without_icrc);
 // Computes and stores the ICRC in the last four bytes of packet (the whole UDP payload).
 void fillIcrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
+                  std::span<uint8_t> packet);
+// The same over IPv6 (rxe_icrc.c): the IPv6 header with traffic class, flow label and hop limit
+// all ones in place of the IPv4 header.
+uint32_t icrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> udp_header,
+                  std::span<const uint8_t> packet_without_icrc);
+void fillIcrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> udp_header,
                   std::span<uint8_t> packet);
 // The ICRC a packet carries in its last four bytes.
 uint32_t carriedIcrc(std::span<const uint8_t> packet);

@@ -1,10 +1,13 @@
 // Writes a capture of RoCEv2 frames made by roce_wire.h, one per opcode of RC, UC and UD, with
-// payloads of every pad, for decoders we did not write to judge (roce_wire_check.sh): Ethernet,
-// IPv4 (DF, identification 0, as a Linux UDP socket sends one), UDP to port 4791 with the source
-// port as flow entropy and no checksum (RoCEv2 allows 0), the packet and its ICRC.
+// payloads of every pad, for decoders we did not write to judge (roce_wire_check.sh); each
+// packet twice, over IPv4 and then over IPv6, as a host's UDP socket sends them:
+//  - Ethernet, IPv4 (DF, identification 0), UDP with no checksum (RoCEv2 allows 0 over IPv4);
+//  - Ethernet, IPv6 (a flow label of its own per flow, as Linux picks one), UDP with its
+//    checksum, which IPv6 requires (RFC 8200 §8.1);
+// both to port 4791 with the source port as flow entropy, then the packet and its ICRC.
 //
 //   roce_pcap OUT.pcap EXPECT.txt
-// EXPECT.txt: one line per frame, "opcode psn dest_qp payload_length", decimal.
+// EXPECT.txt: one line per frame, "opcode psn dest_qp payload_length ip_version", decimal.
 #include <cstdio>
 #include <cstring>
 #include <vector>
@@ -15,46 +18,99 @@ namespace {
 
 using namespace softnda::roce;
 
+constexpr size_t kEthLen = 14;
+constexpr uint8_t kUdpProtocol = 17;
+
 void put16(uint8_t *p, uint32_t v) {
     p[0] = static_cast<uint8_t>(v >> 8);
     p[1] = static_cast<uint8_t>(v);
 }
 
-// The IPv4 header checksum (RFC 791): ones' complement of the ones' complement sum.
-uint16_t ipChecksum(const uint8_t *h) {
-    uint32_t sum = 0;
-    for (size_t i = 0; i < kIpv4Len; i += 2) {
-        sum += static_cast<uint32_t>(h[i] << 8 | h[i + 1]);
+// The Internet checksum (RFC 1071): the ones' complement sum of big-endian 16-bit words, an odd
+// last byte padded with zero. sum carries a partial sum from before.
+uint32_t onesSum(uint32_t sum, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i + 1 < n; i += 2) {
+        sum += static_cast<uint32_t>(p[i] << 8 | p[i + 1]);
     }
+    if (n % 2 != 0) {
+        sum += static_cast<uint32_t>(p[n - 1] << 8);
+    }
+    return sum;
+}
+uint16_t checksum(uint32_t sum) {
     while (sum >> 16) {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     return static_cast<uint16_t>(~sum);
 }
 
-std::vector<uint8_t> frame(const Packet &p, uint16_t sport) {
+// An IPv4 header with its checksum.
+void ipv4Header(uint8_t *ip, size_t udp_length) {
+    ip[0] = 0x45;
+    put16(ip + 2, static_cast<uint32_t>(kIpv4Len + udp_length));
+    put16(ip + 6, 0x4000);  // DF
+    ip[8] = 64;
+    ip[9] = kUdpProtocol;
+    const uint8_t addrs[8] = {10, 77, 0, 1, 10, 77, 0, 2};
+    std::memcpy(ip + 12, addrs, 8);
+    put16(ip + 10, checksum(onesSum(0, ip, kIpv4Len)));
+}
+
+// An IPv6 header from fd00:201:9::1 to fd00:201:9::2; traffic class 0, hop limit 64.
+void ipv6Header(uint8_t *ip, size_t udp_length, uint32_t flow_label) {
+    ip[0] = 0x60;                                           // version; traffic class, high nibble
+    ip[1] = static_cast<uint8_t>(flow_label >> 16 & 0x0f);  // traffic class, low nibble; flow label
+    put16(ip + 2, flow_label);
+    put16(ip + 4, static_cast<uint32_t>(udp_length));
+    ip[6] = kUdpProtocol;
+    ip[7] = 64;
+    const uint8_t prefix[6] = {0xfd, 0x00, 0x02, 0x01, 0x00, 0x09};
+    std::memcpy(ip + 8, prefix, 6);
+    ip[23] = 1;
+    std::memcpy(ip + 24, prefix, 6);
+    ip[39] = 2;
+}
+
+// The UDP checksum over IPv6's pseudo-header (RFC 8200 §8.1): source, destination, the UDP
+// length and the next header, then the UDP header and payload; 0 goes out as 0xffff.
+uint16_t udpChecksumIpv6(const uint8_t *ip, const uint8_t *udp, size_t udp_length) {
+    uint32_t sum = onesSum(0, ip + 8, 32);
+    sum += static_cast<uint32_t>(udp_length >> 16) + static_cast<uint32_t>(udp_length & 0xffff);
+    sum += kUdpProtocol;
+    sum = onesSum(sum, udp, udp_length);
+    const uint16_t c = checksum(sum);
+    return c == 0 ? 0xffff : c;
+}
+
+std::vector<uint8_t> frame(const Packet &p, uint16_t sport, bool ipv6) {
     const size_t roce = encodedLength(p);
-    std::vector<uint8_t> f(14 + kIpv4Len + kUdpLen + roce);
+    const size_t ip_len = ipv6 ? kIpv6Len : kIpv4Len;
+    const size_t udp_length = kUdpLen + roce;
+    std::vector<uint8_t> f(kEthLen + ip_len + udp_length);
     uint8_t *eth = f.data();
     const uint8_t macs[12] = {0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1};
     std::memcpy(eth, macs, 12);
-    put16(eth + 12, 0x0800);
-    uint8_t *ip = eth + 14;
-    ip[0] = 0x45;
-    put16(ip + 2, static_cast<uint32_t>(kIpv4Len + kUdpLen + roce));
-    put16(ip + 6, 0x4000);  // DF
-    ip[8] = 64;
-    ip[9] = 17;
-    const uint8_t addrs[8] = {10, 77, 0, 1, 10, 77, 0, 2};
-    std::memcpy(ip + 12, addrs, 8);
-    put16(ip + 10, ipChecksum(ip));
-    uint8_t *udp = ip + kIpv4Len;
+    put16(eth + 12, ipv6 ? 0x86dd : 0x0800);
+    uint8_t *ip = eth + kEthLen;
+    if (ipv6) {
+        ipv6Header(ip, udp_length, 0x10000u | sport);
+    } else {
+        ipv4Header(ip, udp_length);
+    }
+    uint8_t *udp = ip + ip_len;
     put16(udp, sport);
     put16(udp + 2, kUdpPort);
-    put16(udp + 4, static_cast<uint32_t>(kUdpLen + roce));
+    put16(udp + 4, static_cast<uint32_t>(udp_length));
     std::span<uint8_t> body(udp + kUdpLen, roce);
     encode(p, body);
-    fillIcrcIpv4(std::span<const uint8_t>(ip, kIpv4Len), std::span<const uint8_t>(udp, kUdpLen), body);
+    const std::span<const uint8_t> ip_header(ip, ip_len), udp_header(udp, kUdpLen);
+    if (ipv6) {
+        // The ICRC first: the UDP checksum covers it (and the ICRC masks the checksum).
+        fillIcrcIpv6(ip_header, udp_header, body);
+        put16(udp + 6, udpChecksumIpv6(ip, udp, udp_length));
+    } else {
+        fillIcrcIpv4(ip_header, udp_header, body);
+    }
     return f;
 }
 
@@ -84,7 +140,7 @@ int main(int argc, char **argv) {
     write32(pcap, 65535);
     write32(pcap, 1);
     const uint8_t bytes[7] = {0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76};
-    uint32_t n = 0;
+    std::vector<Packet> packets;
     for (int t : {kRc, kUc, kUd}) {
         for (int op = 0; op < 32; ++op) {
             const auto opcode = static_cast<uint8_t>(t | op);
@@ -92,6 +148,7 @@ int main(int argc, char **argv) {
             if (!l.valid) {
                 continue;
             }
+            const auto n = static_cast<uint32_t>(packets.size());
             Packet p;
             p.bth.opcode = opcode;
             p.bth.dest_qp = 0x100 + n;
@@ -112,17 +169,25 @@ int main(int argc, char **argv) {
             p.ieth_rkey = 0x80000101;
             p.payload = l.payload ? std::span<const uint8_t>(bytes, n % 8 == 7 ? 0 : n % 8)
                                   : std::span<const uint8_t>();
-            const std::vector<uint8_t> f = frame(p, static_cast<uint16_t>(0xc000 + n));
-            write32(pcap, n);  // seconds
+            packets.push_back(p);
+        }
+    }
+    uint32_t frames = 0;
+    for (bool ipv6 : {false, true}) {
+        for (size_t i = 0; i < packets.size(); ++i) {
+            const Packet &p = packets[i];
+            const std::vector<uint8_t> f = frame(p, static_cast<uint16_t>(0xc000 + i), ipv6);
+            write32(pcap, frames);  // seconds
             write32(pcap, 0);
             write32(pcap, static_cast<uint32_t>(f.size()));
             write32(pcap, static_cast<uint32_t>(f.size()));
             fwrite(f.data(), 1, f.size(), pcap);
-            fprintf(expect, "%u %u %u %zu\n", opcode, p.bth.psn, p.bth.dest_qp, p.payload.size());
-            ++n;
+            fprintf(expect, "%u %u %u %zu %d\n", p.bth.opcode, p.bth.psn, p.bth.dest_qp, p.payload.size(),
+                    ipv6 ? 6 : 4);
+            ++frames;
         }
     }
     const bool ok = fclose(pcap) == 0 && fclose(expect) == 0;
-    printf("roce_pcap: %u frames\n", n);
+    printf("roce_pcap: %u frames, %zu opcodes over IPv4 and IPv6\n", frames, packets.size());
     return ok ? 0 : 1;
 }

@@ -193,51 +193,136 @@ TEST(RoceWire, TheIcrcOfAKnownPacketIsScapys) {
     EXPECT_EQ(packet[23], 0xc3);
 }
 
-TEST(RoceWire, TheIcrcCoversTheInvariantFieldsOnly) {
+// The same over IPv6, a known answer from scapy 2.6's own regression test (test/contrib/roce.uts,
+// "RoCE over IPv6"; Debian 12's scapy 2.5 has no ICRC over IPv6): IPv6 2022::1023 -> 2023::1024,
+// traffic class 0xe2, flow label 0x1face, hop limit 255; UDP 49152 -> 4791; UC SEND ONLY to QP
+// 211, MigReq, pad 2, PSN 13571856; its 20 bytes of payload. scapy gives the ICRC bytes
+// 3e 5b 74 3b, and Python's zlib.crc32 of the masked pseudo-packet is 0x3b745b3e.
+TEST(RoceWire, TheIcrcOfAKnownIpv6PacketIsScapys) {
+    const std::array<uint8_t, kIpv6Len> ip = {
+        0x6e, 0x21, 0xfa, 0xce, 0x00, 0x2c, 0x11, 0xff,                                // version to hop limit
+        0x20, 0x22, 0,    0,    0,    0,    0,    0,    0, 0, 0, 0, 0, 0, 0x10, 0x23,  // source
+        0x20, 0x23, 0,    0,    0,    0,    0,    0,    0, 0, 0, 0, 0, 0, 0x10, 0x24};  // destination
+    const std::array<uint8_t, kUdpLen> udp = {0xc0, 0x00, 0x12, 0xb7, 0x00, 0x2c, 0xe7, 0xc5};
+    std::array<uint8_t, kBthLen + 20 + kIcrcLen> packet = {
+        0x24, 0x60, 0xff, 0xff, 0x00, 0x00, 0x00, 0xd3, 0x00, 0xcf, 0x17, 0x10, 0x46, 0x30, 0x81, 0x8b,
+        0xe2, 0x89, 0x35, 0xd9, 0x0e, 0x9a, 0x95, 0x50, 0x54, 0x01, 0xbe, 0x88, 0x5e, 0x50, 0x00, 0x00};
+    EXPECT_EQ(icrcIpv6(ip, udp, std::span<const uint8_t>(packet).first(packet.size() - kIcrcLen)),
+              0x3b745b3eu);
+    fillIcrcIpv6(ip, udp, packet);
+    EXPECT_EQ(packet[32], 0x3e);
+    EXPECT_EQ(packet[33], 0x5b);
+    EXPECT_EQ(packet[34], 0x74);
+    EXPECT_EQ(packet[35], 0x3b);
+    EXPECT_EQ(carriedIcrc(packet), 0x3b745b3eu);
+}
+
+using IcrcFn = uint32_t (*)(std::span<const uint8_t>, std::span<const uint8_t>, std::span<const uint8_t>);
+using FillIcrcFn = void (*)(std::span<const uint8_t>, std::span<const uint8_t>, std::span<uint8_t>);
+
+// ip_masked holds, for each byte of the IP header ip, the bits the ICRC does not cover (those the
+// annex sets to ones in its pseudo-header). They, the UDP checksum and the BTH's FECN, BECN and
+// reserved bits may take any value; every other bit of the IP header, the UDP header and the
+// packet changes the ICRC. Each byte is tried alone, so none hides behind another.
+void expectIcrcCoversInvariantFieldsOnly(std::span<const uint8_t> ip, std::span<const uint8_t> ip_masked,
+                                         IcrcFn icrc, FillIcrcFn fill) {
+    ASSERT_EQ(ip.size(), ip_masked.size());
     const std::array<uint8_t, 8> bytes = {1, 2, 3, 4, 5, 6, 7, 8};
     Packet p = sample(kRc | kSendOnly, bytes);
     std::vector<uint8_t> wire(encodedLength(p));
     ASSERT_EQ(encode(p, wire), wire.size());
-    std::array<uint8_t, kIpv4Len> ip = {
-        0x45, 0x00, 0,    static_cast<uint8_t>(kIpv4Len + kUdpLen + wire.size()),
-        0x00, 0x00, 0x40, 0x00,
-        64,   17,   0,    0,
-        10,   0,    0,    1,
-        10,   0,    0,    2};
-    std::array<uint8_t, kUdpLen> udp = {
+    const std::array<uint8_t, kUdpLen> udp = {
         0xc0, 0x00, 0x12, 0xb7, 0, static_cast<uint8_t>(kUdpLen + wire.size()), 0, 0};
-    fillIcrcIpv4(ip, udp, wire);
+    fill(ip, udp, wire);
     const uint32_t sent = carriedIcrc(wire);
-    const auto body = std::span<const uint8_t>(wire).first(wire.size() - kIcrcLen);
-    EXPECT_EQ(icrcIpv4(ip, udp, body), sent);
-    // Masked: TOS, TTL, the IP checksum, the UDP checksum, FECN/BECN and the BTH's reserved byte.
-    auto ip2 = ip;
-    ip2[1] = 0x68;
-    ip2[8] = 3;
-    ip2[10] = 0x12;
-    auto udp2 = udp;
-    udp2[7] = 0x34;
-    auto w2 = wire;
-    w2[4] = 0xc0;
-    EXPECT_EQ(icrcIpv4(ip2, udp2, std::span<const uint8_t>(w2).first(w2.size() - kIcrcLen)), sent);
-    // Covered: the IP identification and addresses, the UDP ports, every BTH field, the payload.
-    for (size_t at : {4u, 15u, 19u}) {
-        auto ip3 = ip;
-        ip3[at] ^= 1;
-        EXPECT_NE(icrcIpv4(ip3, udp, body), sent) << "IP byte " << at;
-    }
-    auto udp3 = udp;
-    udp3[1] ^= 1;
-    EXPECT_NE(icrcIpv4(ip, udp3, body), sent);
-    for (size_t at = 0; at < body.size(); ++at) {
-        if (at == 4) {
-            continue;
+    const std::vector<uint8_t> body(wire.begin(), wire.end() - kIcrcLen);
+    EXPECT_EQ(icrc(ip, udp, body), sent);
+
+    std::vector<uint8_t> ip_varied(ip.begin(), ip.end());
+    for (size_t at = 0; at < ip.size(); ++at) {
+        ip_varied[at] ^= ip_masked[at];
+        if (ip_masked[at] != 0) {
+            auto one = std::vector<uint8_t>(ip.begin(), ip.end());
+            one[at] ^= ip_masked[at];
+            EXPECT_EQ(icrc(one, udp, body), sent) << "masked bits of IP byte " << at;
         }
-        auto w3 = wire;
-        w3[at] ^= 0x10;
-        EXPECT_NE(icrcIpv4(ip, udp, std::span<const uint8_t>(w3).first(w3.size() - kIcrcLen)), sent)
-            << "packet byte " << at;
+        const auto covered = static_cast<uint8_t>(~ip_masked[at]);
+        if (covered != 0) {
+            auto one = std::vector<uint8_t>(ip.begin(), ip.end());
+            one[at] ^= covered;
+            EXPECT_NE(icrc(one, udp, body), sent) << "covered bits of IP byte " << at;
+        }
     }
+    auto udp_varied = udp;
+    udp_varied[6] = 0x12;
+    udp_varied[7] = 0x34;
+    auto body_varied = body;
+    body_varied[4] = 0xc0;
+    EXPECT_EQ(icrc(ip_varied, udp_varied, body_varied), sent) << "every masked field at once";
+
+    for (size_t at = 0; at < 6; ++at) {
+        auto one = udp;
+        one[at] ^= 0xff;
+        EXPECT_NE(icrc(ip, one, body), sent) << "UDP byte " << at;
+    }
+    for (size_t at = 0; at < body.size(); ++at) {
+        auto one = body;
+        one[at] ^= 0xff;
+        if (at == 4) {
+            EXPECT_EQ(icrc(ip, udp, one), sent) << "the BTH's FECN, BECN and reserved bits";
+        } else {
+            EXPECT_NE(icrc(ip, udp, one), sent) << "packet byte " << at;
+        }
+    }
+}
+
+// Masked: TOS, TTL and the header checksum, which routers change.
+TEST(RoceWire, TheIcrcCoversTheInvariantFieldsOnly) {
+    const std::array<uint8_t, kIpv4Len> ip = {0x45, 0x00, 0,  52, 0x00, 0x00, 0x40, 0x00, 64, 17,
+                                              0,    0,    10, 0,  0,    1,    10,   0,    0,  2};
+    std::array<uint8_t, kIpv4Len> masked{};
+    masked[1] = masked[8] = masked[10] = masked[11] = 0xff;
+    expectIcrcCoversInvariantFieldsOnly(ip, masked, icrcIpv4, fillIcrcIpv4);
+}
+
+// Masked: the traffic class, the flow label (which Linux picks per flow) and the hop limit; the
+// version, payload length, next header and both addresses are covered.
+TEST(RoceWire, TheIpv6IcrcCoversTheInvariantFieldsOnly) {
+    const std::array<uint8_t, kIpv6Len> ip = {
+        0x62, 0x89, 0xe3, 0xa5, 0x00, 32,   17, 64,                           // version to hop limit
+        0xfd, 0x00, 0x02, 0x01, 0x00, 0x09, 0,  0,  0, 0, 0, 0, 0, 0, 0, 1,   // fd00:201:9::1
+        0xfd, 0x00, 0x02, 0x01, 0x00, 0x09, 0,  0,  0, 0, 0, 0, 0, 0, 0, 2};  // fd00:201:9::2
+    std::array<uint8_t, kIpv6Len> masked{};
+    masked[0] = 0x0f;
+    masked[1] = masked[2] = masked[3] = masked[7] = 0xff;
+    expectIcrcCoversInvariantFieldsOnly(ip, masked, icrcIpv6, fillIcrcIpv6);
+}
+
+// A header of the wrong size (an IPv4 header given as IPv6, one byte short or long) or a packet
+// shorter than a BTH has no ICRC: 0.
+TEST(RoceWire, HeadersOfTheWrongSizeHaveNoIcrc) {
+    std::array<uint8_t, kIpv6Len + 1> ip{};
+    ip[0] = 0x60;
+    const std::array<uint8_t, kUdpLen + 1> udp = {0xc0, 0x00, 0x12, 0xb7, 0x00, 0x18};
+    const std::array<uint8_t, kBthLen> bth = {0x04, 0x40, 0xff, 0xff, 0, 0, 0, 0x11, 0x80, 0, 1, 2};
+    const auto ip_of = [&](size_t n) { return std::span<const uint8_t>(ip).first(n); };
+    const auto udp8 = std::span<const uint8_t>(udp).first(kUdpLen);
+    ASSERT_NE(icrcIpv4(ip_of(kIpv4Len), udp8, bth), 0u);
+    ASSERT_NE(icrcIpv6(ip_of(kIpv6Len), udp8, bth), 0u);
+    for (size_t n : {size_t{0}, kIpv4Len - 1, kIpv4Len + 1, kIpv6Len}) {
+        EXPECT_EQ(icrcIpv4(ip_of(n), udp8, bth), 0u) << n << "-byte IPv4 header";
+    }
+    for (size_t n : {size_t{0}, kIpv4Len, kIpv6Len - 1, kIpv6Len + 1}) {
+        EXPECT_EQ(icrcIpv6(ip_of(n), udp8, bth), 0u) << n << "-byte IPv6 header";
+    }
+    for (size_t n : {kUdpLen - 1, kUdpLen + 1}) {
+        const auto u = std::span<const uint8_t>(udp).first(n);
+        EXPECT_EQ(icrcIpv4(ip_of(kIpv4Len), u, bth), 0u) << n << "-byte UDP header";
+        EXPECT_EQ(icrcIpv6(ip_of(kIpv6Len), u, bth), 0u) << n << "-byte UDP header";
+    }
+    const auto short_bth = std::span<const uint8_t>(bth).first(kBthLen - 1);
+    EXPECT_EQ(icrcIpv4(ip_of(kIpv4Len), udp8, short_bth), 0u);
+    EXPECT_EQ(icrcIpv6(ip_of(kIpv6Len), udp8, short_bth), 0u);
 }
 
 }  // namespace
