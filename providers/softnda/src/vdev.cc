@@ -385,8 +385,8 @@ void resetQp(Device *dev, Qp *qp) {
 // A connected QP's path on an Ethernet port (SPEC.md §19): RoCE addresses by GID, so the AV
 // must carry a GRH whose source is a GID of the port. A destination GID of this device is a
 // queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC or
-// UC QP between IPv4 GIDs, and refused otherwise (-EHOSTUNREACH), or when the device's socket could
-// not be bound (its error, e.g. -EADDRINUSE).
+// UC QP between two IPv4 GIDs or two IPv6 ones, and refused otherwise (-EHOSTUNREACH), or when
+// the device's socket could not be bound (its error, e.g. -EADDRINUSE).
 int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (!ah.is_global) {
         return -EINVAL;
@@ -401,15 +401,15 @@ int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (nd.table.contains(ah.grh.dgid)) {
         return 0;
     }
-    uint32_t src = 0, dst = 0;
-    if ((qp.init.qp_type != IBV_QPT_RC && qp.init.qp_type != IBV_QPT_UC) || !ipv4OfGid(*sgid, &src) ||
-        !ipv4OfGid(ah.grh.dgid, &dst)) {
+    if ((qp.init.qp_type != IBV_QPT_RC && qp.init.qp_type != IBV_QPT_UC) ||
+        !wirePath(*sgid, ah.grh.dgid, true)) {
         return -EHOSTUNREACH;
     }
     if (!dev->engine || dev->engine->wire() == nullptr) {
         return dev->engine ? dev->engine->wireError() : -EHOSTUNREACH;
     }
-    return 0;
+    // An IPv6 path on a host whose socket could only be IPv4.
+    return dev->engine->wire()->ipv6() || wirePath(*sgid, ah.grh.dgid, false) ? 0 : -EHOSTUNREACH;
 }
 
 int modifyQp(ibv_qp *ib, ibv_qp_attr *attr, int mask) {

@@ -33,11 +33,12 @@ constexpr uint8_t kRnrNak = 0x20;
 constexpr uint8_t kNak = 0x60;
 constexpr uint8_t kNakPsnSeq = 0x60, kNakInvReq = 0x61, kNakRemAccess = 0x62, kNakRemOp = 0x63;
 
-// A datagram's header for sendmmsg/recvmmsg: one buffer, one peer address, room for IP_PKTINFO.
-msghdr oneBufferMsg(sockaddr_in *addr, iovec *iov, void *ctl, size_t ctl_len) {
+// A datagram's header for sendmmsg/recvmmsg: one buffer, one peer address, room for control
+// messages.
+msghdr oneBufferMsg(void *addr, socklen_t addr_len, iovec *iov, void *ctl, size_t ctl_len) {
     msghdr h{};
     h.msg_name = addr;
-    h.msg_namelen = sizeof(*addr);
+    h.msg_namelen = addr_len;
     h.msg_iov = iov;
     h.msg_iovlen = 1;
     h.msg_control = ctl;
@@ -80,21 +81,9 @@ uint8_t statusOfNak(uint8_t syndrome) {
     }
 }
 
-// The IPv4 and UDP headers the kernel writes for a datagram of udp_payload bytes from this
-// socket: DF set (IP_PMTUDISC_DO) and, the socket being unconnected, identification 0
-// (ip_select_ident). The ICRC covers them, TOS, TTL and the checksums masked.
-void ipUdpHeaders(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport, size_t udp_payload,
-                  uint8_t ip[roce::kIpv4Len], uint8_t udp[roce::kUdpLen]) {
+// The UDP header of a datagram of udp_payload bytes, its checksum 0 (the ICRC masks it).
+void udpHeader(uint16_t sport, uint16_t dport, size_t udp_payload, uint8_t udp[roce::kUdpLen]) {
     const size_t udp_len = roce::kUdpLen + udp_payload;
-    const size_t ip_len = roce::kIpv4Len + udp_len;
-    std::memset(ip, 0, roce::kIpv4Len);
-    ip[0] = 0x45;
-    ip[2] = static_cast<uint8_t>(ip_len >> 8);
-    ip[3] = static_cast<uint8_t>(ip_len);
-    ip[6] = 0x40;  // DF
-    ip[9] = IPPROTO_UDP;
-    std::memcpy(ip + 12, &src, 4);
-    std::memcpy(ip + 16, &dst, 4);
     udp[0] = static_cast<uint8_t>(sport >> 8);
     udp[1] = static_cast<uint8_t>(sport);
     udp[2] = static_cast<uint8_t>(dport >> 8);
@@ -104,18 +93,72 @@ void ipUdpHeaders(uint32_t src, uint32_t dst, uint16_t sport, uint16_t dport, si
     udp[6] = udp[7] = 0;
 }
 
+// The IPv4 header the kernel writes for a UDP datagram of udp_payload bytes from this socket: DF
+// set (IP_PMTUDISC_DO) and, the socket being unconnected, identification 0 (ip_select_ident).
+// The ICRC covers it, TOS, TTL and the checksum masked; TOS and TTL here are 0.
+void ipv4Header(uint32_t src, uint32_t dst, size_t udp_payload, uint8_t ip[roce::kIpv4Len]) {
+    const size_t ip_len = roce::kIpv4Len + roce::kUdpLen + udp_payload;
+    std::memset(ip, 0, roce::kIpv4Len);
+    ip[0] = 0x45;
+    ip[2] = static_cast<uint8_t>(ip_len >> 8);
+    ip[3] = static_cast<uint8_t>(ip_len);
+    ip[6] = 0x40;  // DF
+    ip[9] = IPPROTO_UDP;
+    std::memcpy(ip + 12, &src, 4);
+    std::memcpy(ip + 16, &dst, 4);
+}
+
+// The IPv6 header of such a datagram: no extension header, next header UDP; traffic class, flow
+// label and hop limit 0 here (the ICRC masks them).
+void ipv6Header(const ibv_gid &src, const ibv_gid &dst, size_t udp_payload, uint8_t ip6[roce::kIpv6Len]) {
+    const size_t payload_len = roce::kUdpLen + udp_payload;
+    std::memset(ip6, 0, roce::kIpv6Len);
+    ip6[0] = 0x60;
+    ip6[4] = static_cast<uint8_t>(payload_len >> 8);
+    ip6[5] = static_cast<uint8_t>(payload_len);
+    ip6[6] = IPPROTO_UDP;
+    std::memcpy(ip6 + 8, src.raw, sizeof(src.raw));
+    std::memcpy(ip6 + 24, dst.raw, sizeof(dst.raw));
+}
+
+// The ICRC of a RoCE packet (the whole UDP payload, its ICRC last) from src to dst, over the
+// headers the kernel writes for it: IPv4 between IPv4-mapped GIDs, IPv6 otherwise. fill stores
+// it in the packet's last four bytes; otherwise it is returned.
+uint32_t wireIcrc(const ibv_gid &src, const ibv_gid &dst, uint16_t sport, uint16_t dport,
+                  std::span<uint8_t> packet, bool fill) {
+    uint8_t udp[roce::kUdpLen];
+    udpHeader(sport, dport, packet.size(), udp);
+    const auto body = std::span<const uint8_t>(packet).first(packet.size() - roce::kIcrcLen);
+    uint32_t s4 = 0, d4 = 0;
+    if (ipv4OfGid(src, &s4) && ipv4OfGid(dst, &d4)) {
+        uint8_t ip[roce::kIpv4Len];
+        ipv4Header(s4, d4, packet.size(), ip);
+        if (fill) {
+            roce::fillIcrcIpv4(ip, udp, packet);
+            return 0;
+        }
+        return roce::icrcIpv4(ip, udp, body);
+    }
+    uint8_t ip6[roce::kIpv6Len];
+    ipv6Header(src, dst, packet.size(), ip6);
+    if (fill) {
+        roce::fillIcrcIpv6(ip6, udp, packet);
+        return 0;
+    }
+    return roce::icrcIpv6(ip6, udp, body);
+}
+
 // The GRH a UD receive on a RoCE device gets, as rdma_rxe writes it (rxe_resp.c): for a packet
 // between IPv4 GIDs, 20 zero bytes and then the packet's IPv4 header (its TOS, TTL and checksum
 // as they arrived); between IPv6 GIDs, the IPv6 header (next header UDP). udp_payload is the
-// RoCE packet's length.
-void roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &dgid, size_t udp_payload,
-             uint8_t tos, uint8_t ttl) {
+// RoCE packet's length. Returns which it wrote, as the CQE says it (SOFTNDA_CQE_ROCE_IPV4 or _IPV6).
+uint8_t roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &dgid, size_t udp_payload,
+                uint8_t tos, uint8_t ttl) {
     std::memset(grh, 0, SOFTNDA_GRH_SIZE);
     uint32_t src = 0, dst = 0;
     if (ipv4OfGid(sgid, &src) && ipv4OfGid(dgid, &dst)) {
         uint8_t *ip = grh + SOFTNDA_GRH_SIZE - roce::kIpv4Len;
-        uint8_t udp[roce::kUdpLen];
-        ipUdpHeaders(src, dst, roce::kUdpPort, roce::kUdpPort, udp_payload, ip, udp);
+        ipv4Header(src, dst, udp_payload, ip);
         ip[1] = tos;
         ip[8] = ttl;
         uint32_t sum = 0;
@@ -126,17 +169,13 @@ void roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &
         sum = ~((sum & 0xffff) + (sum >> 16)) & 0xffff;
         ip[10] = static_cast<uint8_t>(sum >> 8);
         ip[11] = static_cast<uint8_t>(sum);
-        return;
+        return SOFTNDA_CQE_ROCE_IPV4;
     }
-    const size_t len = roce::kUdpLen + udp_payload;
+    ipv6Header(sgid, dgid, udp_payload, grh);
     grh[0] = static_cast<uint8_t>(0x60 | tos >> 4);
     grh[1] = static_cast<uint8_t>(tos << 4);
-    grh[4] = static_cast<uint8_t>(len >> 8);
-    grh[5] = static_cast<uint8_t>(len);
-    grh[6] = IPPROTO_UDP;
     grh[7] = ttl;
-    std::memcpy(grh + 8, sgid.raw, sizeof(sgid.raw));
-    std::memcpy(grh + 24, dgid.raw, sizeof(dgid.raw));
+    return SOFTNDA_CQE_ROCE_IPV6;
 }
 
 // The TTL of a packet whose hop limit is 0: Linux's default (net.ipv4.ip_default_ttl).
@@ -195,6 +234,12 @@ bool ipv4OfGid(const ibv_gid &gid, uint32_t *ip_be) {
     return true;
 }
 
+bool wirePath(const ibv_gid &sgid, const ibv_gid &dgid, bool ipv6) {
+    uint32_t v4 = 0;
+    const bool s4 = ipv4OfGid(sgid, &v4), d4 = ipv4OfGid(dgid, &v4);
+    return s4 == d4 && (s4 || ipv6);
+}
+
 uint16_t roceSourcePort(uint32_t flow_label, uint32_t qpn) {
     if (flow_label == 0) {
         // rdma_calc_flow_label: the QP numbers' hash; rxe folds the QP number alone.
@@ -209,8 +254,14 @@ uint16_t roceSourcePort(uint32_t flow_label, uint32_t qpn) {
 // ---------------------------------------------------------------------------------------------
 // The socket
 
-WireSocket::WireSocket(int fd, uint16_t port, const WireFaults &faults)
-    : fd_(fd), port_(port), faults_(faults), rng_(faults.seed), rx_buf_(kRxBatch * kMaxFrame) {}
+WireSocket::WireSocket(int fd, int family, uint32_t ifindex, uint16_t port, const WireFaults &faults)
+    : fd_(fd),
+      family_(family),
+      ifindex_(ifindex),
+      port_(port),
+      faults_(faults),
+      rng_(faults.seed),
+      rx_buf_(kRxBatch * kMaxFrame) {}
 
 WireSocket::~WireSocket() {
     ::close(fd_);
@@ -218,7 +269,14 @@ WireSocket::~WireSocket() {
 
 int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults &faults,
                      std::unique_ptr<WireSocket> *out) {
-    int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    // One IPv6 socket for both families (IPv4 arrives and leaves IPv4-mapped), so one thread
+    // receives everything; an IPv4 one where the host has no IPv6.
+    int family = AF_INET6;
+    int fd = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 && errno == EAFNOSUPPORT) {
+        family = AF_INET;
+        fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    }
     if (fd < 0) {
         return -errno;
     }
@@ -233,27 +291,48 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
         0) {
         return fail();
     }
-    int one = 1;
+    int one = 1, zero = 0;
     int pmtu = IP_PMTUDISC_DO;  // DF on every packet, as rxe sends; the ICRC covers the flag
     int buf = 4 << 20;
-    // IP_RECVTOS and IP_RECVTTL: a UD receive's GRH holds the packet's IPv4 header (SPEC.md §18).
+    // IP_RECVTOS and IP_RECVTTL (IPV6_RECVTCLASS and IPV6_RECVHOPLIMIT): a UD receive's GRH holds
+    // the packet's IP header (SPEC.md §18). IP_PKTINFO (IPV6_RECVPKTINFO): the destination
+    // address the ICRC covers.
     if (::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) < 0) {
         return fail();
     }
+    int pmtu6 = IPV6_PMTUDISC_DO;
+    if (family == AF_INET6 &&
+        (::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) < 0 ||
+         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) < 0 ||
+         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) < 0 ||
+         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0 ||
+         ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) < 0)) {
+        return fail();
+    }
     // Larger buffers where the host allows them (a failure only keeps the defaults).
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
     (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
+    sockaddr_in6 sa6{};
     sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(port);
-    sa.sin_addr.s_addr = htonl(INADDR_ANY);
-    if (::bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) < 0) {
+    int rc = 0;
+    if (family == AF_INET6) {
+        sa6.sin6_family = AF_INET6;
+        sa6.sin6_port = htons(port);
+        sa6.sin6_addr = in6addr_any;
+        rc = ::bind(fd, reinterpret_cast<sockaddr *>(&sa6), sizeof(sa6));
+    } else {
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(port);
+        sa.sin_addr.s_addr = htonl(INADDR_ANY);
+        rc = ::bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa));
+    }
+    if (rc < 0) {
         return fail();
     }
-    out->reset(new WireSocket(fd, port, faults));
+    out->reset(new WireSocket(fd, family, if_nametoindex(ifname.c_str()), port, faults));
     return 0;
 }
 
@@ -272,11 +351,9 @@ void WireSocket::send(std::span<const WireOut> out) {
         for (; n < kTxBatch && i < out.size(); ++i, ++n) {
             const WireOut &o = out[i];
             size_t len = roce::encode(o.pkt, std::span<uint8_t>(bufs[n], kMaxFrame));
-            uint8_t ip[roce::kIpv4Len], udp[roce::kUdpLen];
             // The socket's own port is the source: one unprivileged socket cannot choose a port per
             // packet, so o.sport's flow entropy does not reach the wire (SPEC.md §18).
-            ipUdpHeaders(o.src_ip, o.dst_ip, port_, port_, len, ip, udp);
-            roce::fillIcrcIpv4(ip, udp, std::span<uint8_t>(bufs[n], len));
+            wireIcrc(o.src, o.dst, port_, port_, std::span<uint8_t>(bufs[n], len), true);
             ptrs[n] = bufs[n];
             lens[n] = len;
             to[n] = &o;
@@ -333,42 +410,61 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
     }
     mmsghdr msgs[kTxBatch * 2 + 1];
     iovec iov[kTxBatch * 2 + 1];
-    sockaddr_in dst[kTxBatch * 2 + 1];
+    sockaddr_in6 dst[kTxBatch * 2 + 1];
     alignas(cmsghdr)
-        uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
+        uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
     for (size_t k = 0; k < m; ++k) {
+        const WireOut &o = *pt[k];
         iov[k] = iovec{const_cast<uint8_t *>(pb[k]), pl[k]};
-        dst[k] = sockaddr_in{};
-        dst[k].sin_family = AF_INET;
-        dst[k].sin_port = htons(port_);
-        dst[k].sin_addr.s_addr = pt[k]->dst_ip;
+        uint32_t v4 = 0;
+        const bool ipv4 = ipv4OfGid(o.dst, &v4);
+        size_t used = 0;
+        // Control messages placed by hand: CMSG_NXTHDR would read the next one's length from the
+        // buffer.
+        auto add = [&](int level, int type, const void *data, size_t len) {
+            auto *c = reinterpret_cast<cmsghdr *>(ctl[k] + used);
+            c->cmsg_level = level;
+            c->cmsg_type = type;
+            c->cmsg_len = CMSG_LEN(len);
+            std::memcpy(CMSG_DATA(c), data, len);
+            used += CMSG_SPACE(len);
+        };
         msghdr &h = msgs[k].msg_hdr;
+        dst[k] = sockaddr_in6{};
+        if (family_ == AF_INET) {
+            auto *sa = reinterpret_cast<sockaddr_in *>(&dst[k]);
+            sa->sin_family = AF_INET;
+            sa->sin_port = htons(port_);
+            sa->sin_addr.s_addr = v4;
+            h = oneBufferMsg(sa, sizeof(sockaddr_in), &iov[k], ctl[k], sizeof(ctl[k]));
+        } else {
+            dst[k].sin6_family = AF_INET6;
+            dst[k].sin6_port = htons(port_);
+            std::memcpy(&dst[k].sin6_addr, o.dst.raw, sizeof(o.dst.raw));
+            // A link-local destination is reached on this interface.
+            if (IN6_IS_ADDR_LINKLOCAL(&dst[k].sin6_addr)) {
+                dst[k].sin6_scope_id = ifindex_;
+            }
+            h = oneBufferMsg(&dst[k], sizeof(sockaddr_in6), &iov[k], ctl[k], sizeof(ctl[k]));
+        }
         // The source address the ICRC was computed with, whatever the route would pick.
-        h = oneBufferMsg(&dst[k], &iov[k], ctl[k], sizeof(ctl[k]));
-        cmsghdr *c = CMSG_FIRSTHDR(&h);
-        c->cmsg_level = IPPROTO_IP;
-        c->cmsg_type = IP_PKTINFO;
-        c->cmsg_len = CMSG_LEN(sizeof(in_pktinfo));
-        in_pktinfo pi{};
-        pi.ipi_spec_dst.s_addr = pt[k]->src_ip;
-        std::memcpy(CMSG_DATA(c), &pi, sizeof(pi));
-        size_t used = CMSG_SPACE(sizeof(in_pktinfo));
+        if (family_ == AF_INET) {
+            in_pktinfo pi{};
+            ipv4OfGid(o.src, &pi.ipi_spec_dst.s_addr);
+            add(IPPROTO_IP, IP_PKTINFO, &pi, sizeof(pi));
+        } else {
+            in6_pktinfo pi{};  // an IPv4-mapped source for an IPv4 packet, as the kernel takes it
+            std::memcpy(&pi.ipi6_addr, o.src.raw, sizeof(o.src.raw));
+            add(IPPROTO_IPV6, IPV6_PKTINFO, &pi, sizeof(pi));
+        }
         // The GRH's traffic class and hop limit, per packet (the socket is every QP's); the
         // defaults (0, and the host's TTL) need no message. The ICRC masks both fields.
-        auto add = [&](int type, int value) {
-            // Placed by hand: CMSG_NXTHDR would read the next header's length from the buffer.
-            c = reinterpret_cast<cmsghdr *>(ctl[k] + used);
-            c->cmsg_level = IPPROTO_IP;
-            c->cmsg_type = type;
-            c->cmsg_len = CMSG_LEN(sizeof(int));
-            std::memcpy(CMSG_DATA(c), &value, sizeof(value));
-            used += CMSG_SPACE(sizeof(int));
-        };
-        if (pt[k]->tos != 0) {
-            add(IP_TOS, pt[k]->tos);
+        const int tos = o.tos, ttl = o.ttl;
+        if (tos != 0) {
+            add(ipv4 ? IPPROTO_IP : IPPROTO_IPV6, ipv4 ? IP_TOS : IPV6_TCLASS, &tos, sizeof(tos));
         }
-        if (pt[k]->ttl != 0) {
-            add(IP_TTL, pt[k]->ttl);
+        if (ttl != 0) {
+            add(ipv4 ? IPPROTO_IP : IPPROTO_IPV6, ipv4 ? IP_TTL : IPV6_HOPLIMIT, &ttl, sizeof(ttl));
         }
         h.msg_controllen = used;
         msgs[k].msg_len = 0;
@@ -394,11 +490,14 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
     const size_t want = std::min(frames.size(), kRxBatch);
     mmsghdr msgs[kRxBatch];
     iovec iov[kRxBatch];
-    sockaddr_in src[kRxBatch];
-    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
+    sockaddr_in6 src[kRxBatch];
+    // IPv6 packets bring IPV6_PKTINFO, TCLASS and HOPLIMIT; IPv4 ones IP_PKTINFO, TOS and TTL, and
+    // on an IPv6 socket an IPV6_PKTINFO too.
+    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(in_pktinfo)) +
+                                           2 * CMSG_SPACE(sizeof(int))];
     for (size_t i = 0; i < want; ++i) {
         iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
-        msgs[i].msg_hdr = oneBufferMsg(&src[i], &iov[i], ctl[i], sizeof(ctl[i]));
+        msgs[i].msg_hdr = oneBufferMsg(&src[i], sizeof(src[i]), &iov[i], ctl[i], sizeof(ctl[i]));
     }
     // Blocks for the first packet only, then takes what else is queued.
     int rc = ::recvmmsg(fd_, msgs, static_cast<unsigned>(want), MSG_WAITFORONE, nullptr);
@@ -415,27 +514,38 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
         WireFrame &f = frames[n];
         f.data = rx_buf_.data() + static_cast<size_t>(i) * kMaxFrame;
         f.len = msgs[i].msg_len;
-        f.src_ip = src[i].sin_addr.s_addr;
-        f.sport = ntohs(src[i].sin_port);
+        if (src[i].sin6_family == AF_INET6) {
+            std::memcpy(f.src.raw, &src[i].sin6_addr, sizeof(f.src.raw));
+            f.sport = ntohs(src[i].sin6_port);
+        } else {
+            const auto *sa = reinterpret_cast<const sockaddr_in *>(&src[i]);
+            f.src = ipv4Gid(sa->sin_addr.s_addr);
+            f.sport = ntohs(sa->sin_port);
+        }
         f.dport = port_;
-        f.dst_ip = 0;
+        f.dst = ibv_gid{};
         f.tos = 0;
         f.ttl = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(const_cast<msghdr *>(&h)); c != nullptr;
              c = CMSG_NXTHDR(const_cast<msghdr *>(&h), c)) {
-            if (c->cmsg_level != IPPROTO_IP) {
-                continue;
-            }
-            if (c->cmsg_type == IP_PKTINFO) {
+            int value = 0;
+            if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO) {
                 in_pktinfo pi;
                 std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
-                f.dst_ip = pi.ipi_addr.s_addr;
-            } else if (c->cmsg_type == IP_TOS) {
+                f.dst = ipv4Gid(pi.ipi_addr.s_addr);
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_PKTINFO) {
+                in6_pktinfo pi;
+                std::memcpy(&pi, CMSG_DATA(c), sizeof(pi));
+                std::memcpy(f.dst.raw, &pi.ipi6_addr, sizeof(f.dst.raw));
+            } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS) {
                 f.tos = *CMSG_DATA(c);  // one byte
-            } else if (c->cmsg_type == IP_TTL) {
-                int ttl = 0;
-                std::memcpy(&ttl, CMSG_DATA(c), sizeof(ttl));
-                f.ttl = static_cast<uint8_t>(ttl);
+            } else if ((c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) ||
+                       (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_HOPLIMIT)) {
+                std::memcpy(&value, CMSG_DATA(c), sizeof(value));
+                f.ttl = static_cast<uint8_t>(value);
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
+                std::memcpy(&value, CMSG_DATA(c), sizeof(value));
+                f.tos = static_cast<uint8_t>(value);
             }
         }
         ++n;
@@ -463,16 +573,15 @@ void bindWire(Device *dev, Qp *qp) {
         }
         sgid = nd.table.at(ah.grh.sgid_index);
     }
-    uint32_t src = 0, dst = 0;
-    if (!sgid || !ipv4OfGid(*sgid, &src) || !ipv4OfGid(ah.grh.dgid, &dst)) {
+    if (!sgid || !wirePath(*sgid, ah.grh.dgid, true)) {
         qp->wire.reset();  // checkRocePath refused it; an imported QP whose address went away
         return;
     }
     if (!qp->wire) {
         qp->wire.reset(new WireQp);
     }
-    qp->wire->src_ip = src;
-    qp->wire->dst_ip = dst;
+    qp->wire->src = *sgid;
+    qp->wire->dst = ah.grh.dgid;
     qp->wire->tos = ah.grh.traffic_class;
     qp->wire->ttl = ah.grh.hop_limit;
     qp->wire->sport = qp->attrs.udp_src_port != 0 ? static_cast<uint16_t>(qp->attrs.udp_src_port)
@@ -562,8 +671,8 @@ uint32_t pathMtu(const Qp &qp) {
 // A packet of wq's connection: its addresses, and the BTH's RC opcode, destination QP and PSN.
 WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) {
     WireOut o;
-    o.src_ip = wq.src_ip;
-    o.dst_ip = wq.dst_ip;
+    o.src = wq.src;
+    o.dst = wq.dst;
     o.sport = wq.sport;
     o.tos = wq.tos;
     o.ttl = wq.ttl;
@@ -877,9 +986,8 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
         wire_->malformed.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    uint8_t ip[roce::kIpv4Len], udp[roce::kUdpLen];
-    ipUdpHeaders(f.src_ip, f.dst_ip, f.sport, f.dport, f.len, ip, udp);
-    if (roce::icrcIpv4(ip, udp, bytes.first(f.len - roce::kIcrcLen)) != roce::carriedIcrc(bytes)) {
+    if (wireIcrc(f.src, f.dst, f.sport, f.dport, std::span<uint8_t>(f.data, f.len), false) !=
+        roce::carriedIcrc(bytes)) {
         wire_->bad_icrc.fetch_add(1, std::memory_order_relaxed);  // dropped, as rxe drops it
         return;
     }
@@ -893,7 +1001,8 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     }
     Qp *qp = it->second;
     const bool uc = transport == roce::kUc;
-    if (!qp->wire || qp->wire->dst_ip != f.src_ip || uc != (qp->init.qp_type == IBV_QPT_UC)) {
+    if (!qp->wire || std::memcmp(qp->wire->dst.raw, f.src.raw, sizeof(f.src.raw)) != 0 ||
+        uc != (qp->init.qp_type == IBV_QPT_UC)) {
         return;  // a QP not connected to the sender, or of the other transport
     }
     const uint8_t op = p.bth.opcode & 0x1f;
@@ -910,9 +1019,10 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
 
 // A UD SEND whose address handle has a GRH, on the engine thread that owns the SQ. Its source GID
 // must still be in the port's table and the message within the port's MTU (else LOC_LEN_ERR, as
-// for any UD message past the MTU); a destination GID of this device is a QP here, an
-// IPv4-mapped one of another host is reached over the socket, and anything else is dropped
-// (nothing routes UD to it), the sender completing SUCCESS as UD always does.
+// for any UD message past the MTU); a destination GID of this device is a QP here, one of
+// another host of the source GID's family (IPv4-mapped or IPv6) is reached over the socket, and
+// anything else is dropped (nothing routes UD to it), the sender completing SUCCESS as UD always
+// does.
 ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segment *local, uint32_t nlocal,
                                         uint64_t total, uint32_t qkey, uint32_t dest_qpn) {
     ibv_gid dgid;
@@ -957,18 +1067,17 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
         const size_t len = roce::encodedLength(o.pkt) + total + (4 - total % 4) % 4;
         uint8_t grh[SOFTNDA_GRH_SIZE];
         // The header the packet would carry through the host's own IP stack, as rxe's does.
-        roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl);
-        uint32_t ip = 0;
-        const uint8_t l3 =
-            ipv4OfGid(*sgid, &ip) && ipv4OfGid(dgid, &ip) ? SOFTNDA_CQE_ROCE_IPV4 : SOFTNDA_CQE_ROCE_IPV6;
+        const uint8_t l3 = roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl);
         deliverDatagram(
             Datagram{grh, local, nlocal, total, qkey, qp->qpn, 0, imm, o.pkt.bth.solicited, h.imm_data, l3},
             it->second);
         return ExecResult{};
     }
-    if (wire_ == nullptr || !ipv4OfGid(*sgid, &o.src_ip) || !ipv4OfGid(dgid, &o.dst_ip)) {
+    if (wire_ == nullptr || !wirePath(*sgid, dgid, wire_->ipv6())) {
         return ExecResult{};
     }
+    o.src = *sgid;
+    o.dst = dgid;
     if (tx_buf_.size() < kTxBatch * size_t{4096}) {
         tx_buf_.resize(kTxBatch * size_t{4096});
     }
@@ -979,7 +1088,7 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
 }
 
 // A UD packet from the wire (on the wire thread): into the QP its BTH names, as a datagram of
-// this host would go (Q_Key, state, a receive), behind a GRH holding the packet's IPv4 header.
+// this host would go (Q_Key, state, a receive), behind a GRH holding the packet's IP header.
 void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
     const uint8_t op = p.bth.opcode & 0x1f;
     auto it = dev_->qps.find(p.bth.dest_qp);
@@ -987,10 +1096,10 @@ void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
         return;  // UD has SEND ONLY alone; no such QP: dropped, as UD drops
     }
     uint8_t grh[SOFTNDA_GRH_SIZE];
-    roceGrh(grh, ipv4Gid(f.src_ip), ipv4Gid(f.dst_ip), f.len, f.tos, f.ttl);
+    const uint8_t l3 = roceGrh(grh, f.src, f.dst, f.len, f.tos, f.ttl);
     Segment payload{const_cast<uint8_t *>(p.payload.data()), static_cast<uint32_t>(p.payload.size())};
     deliverDatagram(Datagram{grh, &payload, 1, p.payload.size(), p.deth_qkey, p.deth_src_qp, 0,
-                             op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), SOFTNDA_CQE_ROCE_IPV4},
+                             op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), l3},
                     it->second);
 }
 

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <infiniband/verbs.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <cstdint>
@@ -34,27 +35,29 @@ struct WireFaults {
 // an unknown key, a repeated one, or a probability outside [0, 1).
 int parseWireFaults(const std::string &value, WireFaults *out);
 
-// One packet to send: its headers and payload, and where it goes.
+// One packet to send: its headers and payload, and where it goes. Addresses are GIDs: an IPv4
+// address as its IPv4-mapped GID (::ffff:a.b.c.d), an IPv6 one as itself.
 struct WireOut {
-    uint32_t src_ip = 0, dst_ip = 0;  // network order
-    uint16_t sport = 0;               // the UDP source port (RoCEv2's flow entropy)
+    ibv_gid src{}, dst{};
+    uint16_t sport = 0;  // the UDP source port (RoCEv2's flow entropy)
     // The IPv4 header's TOS and TTL: the address handle's traffic class and hop limit. A hop
     // limit of 0 sends with the host's default TTL (the kernel takes no TTL 0 from a socket).
     uint8_t tos = 0, ttl = 0;
     roce::Packet pkt;
 };
 
-// One packet received: the UDP payload, and the addresses its ICRC covers.
+// One packet received: the UDP payload, and the addresses its ICRC covers (as WireOut's).
 struct WireFrame {
     uint8_t *data = nullptr;
     size_t len = 0;
-    uint32_t src_ip = 0, dst_ip = 0;  // network order
+    ibv_gid src{}, dst{};
     uint16_t sport = 0, dport = 0;
-    uint8_t tos = 0, ttl = 0;  // the IPv4 header's, for a UD receive's GRH
+    uint8_t tos = 0, ttl = 0;  // the IP header's (IPv6: traffic class, hop limit), for a UD GRH
 };
 
 // The device's UDP socket: bound to port (4791) on the device's interface only, so a broker per
-// network namespace, or per interface, each has its own. Sending is thread-safe.
+// network namespace, or per interface, each has its own. One IPv6 socket serves IPv4 too (its
+// addresses IPv4-mapped); where the host has no IPv6 it is an IPv4 one. Sending is thread-safe.
 class WireSocket {
   public:
     // -errno when the socket cannot be made or bound (EADDRINUSE: another RoCEv2 stack, rdma_rxe or
@@ -66,7 +69,9 @@ class WireSocket {
     WireSocket &operator=(const WireSocket &) = delete;
 
     uint16_t port() const { return port_; }
-    // Encodes and sends the packets (their ICRCs computed over the IPv4 and UDP headers the kernel
+    // Whether it reaches IPv6 GIDs (false: the host has no IPv6).
+    bool ipv6() const { return family_ == AF_INET6; }
+    // Encodes and sends the packets (their ICRCs computed over the IP and UDP headers the kernel
     // writes), through the fault hook.
     void send(std::span<const WireOut> out);
     // Waits for packets; fills up to frames.size() of them (pointing into this socket's receive
@@ -79,10 +84,12 @@ class WireSocket {
     std::atomic<uint64_t> sent{0}, received{0}, bad_icrc{0}, malformed{0}, fault_drops{0};
 
   private:
-    WireSocket(int fd, uint16_t port, const WireFaults &faults);
+    WireSocket(int fd, int family, uint32_t ifindex, uint16_t port, const WireFaults &faults);
     void transmit(const uint8_t *const *bufs, const size_t *lens, const WireOut *const *to, size_t n);
 
     int fd_;
+    int family_;
+    uint32_t ifindex_;  // the interface's, at open: a link-local destination's scope
     uint16_t port_;
     WireFaults faults_;
     std::mutex fault_mu_;  // leaf: rng_ and held_
@@ -94,6 +101,9 @@ class WireSocket {
 
 // The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), network order; false for any other.
 bool ipv4OfGid(const ibv_gid &gid, uint32_t *ip_be);
+// Whether a packet from sgid can go to dgid over the wire: both IPv4-mapped, or both IPv6 (not
+// mapped) when the socket reaches IPv6 (ipv6). RoCEv2 has no packet between the two.
+bool wirePath(const ibv_gid &sgid, const ibv_gid &dgid, bool ipv6);
 
 // RoCEv2's UDP source port for a QP (rdma_flow_label_to_udp_sport of the GRH's flow label, or of
 // the QP number when the flow label is 0, as rdma_rxe does): 0xc000 and up.
@@ -121,7 +131,7 @@ inline constexpr uint32_t kWireWindow = 16;
 // retires and retransmits; the wire thread records acknowledgements); responder fields are under
 // the QP's rq_lock.
 struct WireQp {
-    uint32_t src_ip = 0, dst_ip = 0;  // network order
+    ibv_gid src{}, dst{};  // as WireOut's
     uint16_t sport = 0;
     uint8_t tos = 0, ttl = 0;  // from the address vector's GRH, as WireOut's
 

@@ -213,7 +213,8 @@ TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
     ASSERT_EQ(toInit(a_.ext->qp, kAllAccess), 0);
     ASSERT_EQ(toInit(b_.ext->qp, kAllAccess), 0);
     // RoCE needs a GRH; its source must be a GID of the port. Another host is reached over
-    // RoCEv2 between IPv4 GIDs only (SPEC.md §18): an IPv6 GID of no device here is refused.
+    // RoCEv2 between two IPv4 GIDs or two IPv6 ones (SPEC.md §18): an IPv6 GID of no device
+    // here, from an IPv4 source, is refused.
     ibv_ah_attr lid_only{};
     lid_only.port_num = 1;
     EXPECT_EQ(rtr(a_, b_.qpn(), lid_only), -EINVAL);
