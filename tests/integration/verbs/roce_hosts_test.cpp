@@ -19,8 +19,8 @@
 //  - UD: ibv_ud_pingpong, perftest -c UD, and pyverbs_ud_wire.py (each receive's GRH checked);
 //  - UCX: ucx_perftest over rc_verbs, ud_verbs and UCP, and ucp-verify;
 //  - IPv6 (RoceHostsIpv6Test: the veth ends also get a link-local and a unique local address,
-//    GIDs 0 and 2): ibv_rc_pingpong -c by each, pyverbs_wire.py, pyverbs_ud_wire.py, ib_write_bw
-//    and the capture.
+//    GIDs 0 and 2): ibv_rc_pingpong -c by each, pyverbs_wire.py, pyverbs_ud_wire.py, ib_write_bw,
+//    ucx_perftest over rc_verbs and ud_verbs, and the capture.
 // Root only (ip netns); skipped otherwise. The short forms run here; docs/verbs.md ("Across
 // hosts") gives the long ones.
 #include <fcntl.h>
@@ -63,6 +63,13 @@ constexpr std::chrono::seconds kSettle(20);
 // What one test may take before it is a hang: every wait is bounded by it, so TearDown always
 // runs (ctest's TIMEOUT, 180 s, would kill the test with its namespaces still made).
 constexpr std::chrono::seconds kBudget(150);
+
+// Debian's uninstrumented UCX cannot load a sanitizer build's face: the UCX cases skip there.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizerBuild = true;
+#else
+constexpr bool kSanitizerBuild = false;
+#endif
 
 // The short forms run in `make test`; IBVX_ROCE_HOSTS_SCALE=K multiplies every case's iterations
 // by K (the long forms of docs/verbs.md "Across hosts").
@@ -492,6 +499,41 @@ class RoceHostsTest : public ::testing::Test {
                                                     host_a + " tos 0x28 ttl 9", host_b + " tos 0x48 ttl 17"));
     }
 
+    // ucx_perftest across the hosts, each side a tenant in ibv-extend-run --sandbox=on: at the UCT
+    // level over transport on softnda0 port 1, or ("" ) at the UCP level with rc_verbs, ud_verbs
+    // and self; test is its -t and other options, env added to both sides'.
+    void expectUcxPerftest(const std::string &transport, const std::string &test,
+                           std::vector<std::string> env = {}) {
+        if (kSanitizerBuild) {
+            GTEST_SKIP()
+                << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
+        }
+        if (access("/usr/bin/ucx_perftest", X_OK) != 0) {
+            GTEST_SKIP() << "ucx-utils is not installed (scripts/install-deps.sh)";
+        }
+        std::istringstream words(test);
+        std::vector<std::string> client_args{std::istream_iterator<std::string>(words),
+                                             std::istream_iterator<std::string>()};
+        client_args.push_back("-n");
+        client_args.push_back(std::to_string(iterations(100)));
+        std::vector<std::string> args;
+        env.push_back("UCX_WARN_UNUSED_ENV_VARS=n");
+        if (!transport.empty()) {
+            args = {"-d", "softnda0:1", "-x", transport};
+        } else {
+            env.push_back("UCX_TLS=rc_verbs,ud_verbs,self");
+        }
+        PairResult r = runAcross("ucx", "/usr/bin/ucx_perftest", args, client_args, {"--sandbox=on"}, env);
+        expectPair(r, "Final:");
+        if (r.client_rc != 0 || r.server_rc != 0) {
+            ADD_FAILURE() << "host A's broker:\n"
+                          << a().broker->log() << "\nhost B's broker:\n"
+                          << b().broker->log();
+        }
+        std::printf("%s\n",
+                    r.client_out.substr(std::min(r.client_out.size(), r.client_out.find("Final:"))).c_str());
+    }
+
     // One of host h's device counters, from `ibv-extendctl stats` ("name   value" lines).
     uint64_t counter(Host &h, const std::string &name) {
         const std::string out_path = dir_ + "/stats." + name;
@@ -611,12 +653,6 @@ INSTANTIATE_TEST_SUITE_P(Programs, RoceHostsPerftest,
 // it receives, UCX_UD_VERBS_ETH_DGID_CHECK: the GRH and the CQE's packet type must say it as a
 // RoCE NIC says it). Each tenant runs in ibv-extend-run's sandbox: UCX considers a device only
 // when /dev/infiniband holds it (docs/verbs.md).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizerBuild = true;
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
-
 // One ucx_perftest case: the UCT transport ("" for UCP, which chooses by UCX_TLS) and the
 // client's test options.
 struct UcxCase {
@@ -630,33 +666,7 @@ void PrintTo(const UcxCase &c, std::ostream *os) {
 class RoceHostsUcxTest : public RoceHostsTest, public ::testing::WithParamInterface<UcxCase> {};
 
 TEST_P(RoceHostsUcxTest, UcxPerftest) {
-    if (kSanitizerBuild) {
-        GTEST_SKIP() << "a sanitizer build: Debian's uninstrumented UCX cannot load the instrumented face";
-    }
-    if (access("/usr/bin/ucx_perftest", X_OK) != 0) {
-        GTEST_SKIP() << "ucx-utils is not installed (scripts/install-deps.sh)";
-    }
-    const UcxCase &c = GetParam();
-    std::istringstream test(c.test);
-    std::vector<std::string> client_args{std::istream_iterator<std::string>(test),
-                                         std::istream_iterator<std::string>()};
-    client_args.push_back("-n");
-    client_args.push_back(std::to_string(iterations(100)));
-    std::vector<std::string> args, env = {"UCX_WARN_UNUSED_ENV_VARS=n"};
-    if (*c.transport != 0) {
-        args = {"-d", "softnda0:1", "-x", c.transport};
-    } else {
-        env.push_back("UCX_TLS=rc_verbs,ud_verbs,self");
-    }
-    PairResult r = runAcross("ucx", "/usr/bin/ucx_perftest", args, client_args, {"--sandbox=on"}, env);
-    expectPair(r, "Final:");
-    if (r.client_rc != 0 || r.server_rc != 0) {
-        ADD_FAILURE() << "host A's broker:\n"
-                      << a().broker->log() << "\nhost B's broker:\n"
-                      << b().broker->log();
-    }
-    std::printf("%s\n",
-                r.client_out.substr(std::min(r.client_out.size(), r.client_out.find("Final:"))).c_str());
+    expectUcxPerftest(GetParam().transport, GetParam().test);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -875,6 +885,38 @@ TEST_F(RoceHostsIpv6Test, WriteReadAtomicsSendExactlyOnce) {
 TEST_F(RoceHostsIpv6Test, UdDatagramsArriveWithTheirIpv6HeaderAsGrh) {
     expectExactlyOnce("ud6-grh", iterations(16), "", "pyverbs_ud_wire.py");
 }
+
+// UCX over IPv6: told to use GID 2 (UCX_IB_GID_INDEX; on its own it prefers the IPv4 one), its
+// rc_verbs and ud_verbs reach the other host by the unique local address; ud_verbs checks each
+// packet's destination GID in the IPv6 header the GRH room holds. A capture on host A shows the
+// RoCE traffic went over IPv6 and none over IPv4.
+class RoceHostsIpv6UcxTest : public RoceHostsIpv6Test, public ::testing::WithParamInterface<const char *> {};
+
+TEST_P(RoceHostsIpv6UcxTest, UcxPerftest) {
+    Capture capture(a().ns->fd(), a().ifname, dir_ + "/wire.pcap", dir_ + "/tcpdump.log");
+    ASSERT_TRUE(capture.listening()) << slurp(dir_ + "/tcpdump.log");
+    const std::string transport = GetParam();
+    expectUcxPerftest(transport, transport == "rc_verbs" ? "-t put_lat" : "-t am_lat",
+                      {"UCX_IB_GID_INDEX=2"});
+    ASSERT_TRUE(capture.stop());
+    if (access("/usr/bin/tshark", X_OK) != 0) {
+        GTEST_SKIP() << "no tshark to tell IPv4 from IPv6 in the capture (Debian package tshark)";
+    }
+    auto frames = [&](const std::string &filter) {
+        const std::string out = dir_ + "/count.txt";
+        EXPECT_EQ(std::system(("tshark -r " + capture.pcap() + " -Y '" + filter +
+                               "' -T fields -e frame.number >" + out + " 2>/dev/null")
+                                  .c_str()),
+                  0);
+        const std::string text = slurp(out);
+        return std::count(text.begin(), text.end(), '\n');
+    };
+    EXPECT_GT(frames("ipv6 && infiniband"), 0) << "no RoCE frame over IPv6";
+    EXPECT_EQ(frames("ip"), 0) << "RoCE frames over IPv4";
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, RoceHostsIpv6UcxTest, ::testing::Values("rc_verbs", "ud_verbs"),
+                         [](const auto &info) { return std::string(info.param); });
 
 TEST_F(RoceHostsIpv6Test, PerftestWriteBandwidth) {
     const std::string n = std::to_string(iterations(100));
