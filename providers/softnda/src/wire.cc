@@ -348,8 +348,11 @@ void WireSocket::send(std::span<const WireOut> out) {
     size_t i = 0;
     while (i < out.size()) {
         size_t n = 0;
-        for (; n < kTxBatch && i < out.size(); ++i, ++n) {
+        for (; n < kTxBatch && i < out.size(); ++i) {
             const WireOut &o = out[i];
+            if (!ipv6() && !wirePath(o.src, o.dst, false)) {
+                continue;  // an IPv6 path (a QP a restart brought from a host with IPv6): no way out
+            }
             size_t len = roce::encode(o.pkt, std::span<uint8_t>(bufs[n], kMaxFrame));
             // The socket's own port is the source: one unprivileged socket cannot choose a port per
             // packet, so o.sport's flow entropy does not reach the wire (SPEC.md §18).
@@ -357,6 +360,7 @@ void WireSocket::send(std::span<const WireOut> out) {
             ptrs[n] = bufs[n];
             lens[n] = len;
             to[n] = &o;
+            ++n;
         }
         transmit(ptrs, lens, to, n);
     }
