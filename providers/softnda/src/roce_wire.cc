@@ -253,14 +253,17 @@ uint32_t icrcOver(std::span<const uint8_t> ip_header, std::span<const uint8_t> u
     return crc(c, packet_without_icrc.subspan(kBthLen));
 }
 
-void storeIcrc(uint32_t c, std::span<uint8_t> packet) {
+}  // namespace
+
+void storeIcrc(uint32_t icrc, std::span<uint8_t> packet) {
+    if (packet.size() < kIcrcLen) {
+        return;
+    }
     uint8_t *at = packet.data() + packet.size() - kIcrcLen;
     for (size_t i = 0; i < kIcrcLen; ++i) {
-        at[i] = static_cast<uint8_t>(c >> (8 * i));  // little-endian on the wire
+        at[i] = static_cast<uint8_t>(icrc >> (8 * i));  // little-endian on the wire
     }
 }
-
-}  // namespace
 
 uint32_t icrcIpv4(std::span<const uint8_t> ip_header, std::span<const uint8_t> udp_header,
                   std::span<const uint8_t> packet_without_icrc) {

@@ -111,6 +111,8 @@ uint32_t icrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> 
                   std::span<const uint8_t> packet_without_icrc);
 void fillIcrcIpv6(std::span<const uint8_t> ip6_header, std::span<const uint8_t> udp_header,
                   std::span<uint8_t> packet);
+// Stores icrc in the last four bytes of packet, little-endian as it goes on the wire.
+void storeIcrc(uint32_t icrc, std::span<uint8_t> packet);
 // The ICRC a packet carries in its last four bytes.
 uint32_t carriedIcrc(std::span<const uint8_t> packet);
 

@@ -122,29 +122,20 @@ void ipv6Header(const ibv_gid &src, const ibv_gid &dst, size_t udp_payload, uint
 }
 
 // The ICRC of a RoCE packet (the whole UDP payload, its ICRC last) from src to dst, over the
-// headers the kernel writes for it: IPv4 between IPv4-mapped GIDs, IPv6 otherwise. fill stores
-// it in the packet's last four bytes; otherwise it is returned.
+// headers the kernel writes for it: IPv4 between IPv4-mapped GIDs, IPv6 otherwise.
 uint32_t wireIcrc(const ibv_gid &src, const ibv_gid &dst, uint16_t sport, uint16_t dport,
-                  std::span<uint8_t> packet, bool fill) {
+                  std::span<const uint8_t> packet) {
     uint8_t udp[roce::kUdpLen];
     udpHeader(sport, dport, packet.size(), udp);
-    const auto body = std::span<const uint8_t>(packet).first(packet.size() - roce::kIcrcLen);
+    const auto body = packet.first(packet.size() - roce::kIcrcLen);
     uint32_t s4 = 0, d4 = 0;
     if (ipv4OfGid(src, &s4) && ipv4OfGid(dst, &d4)) {
         uint8_t ip[roce::kIpv4Len];
         ipv4Header(s4, d4, packet.size(), ip);
-        if (fill) {
-            roce::fillIcrcIpv4(ip, udp, packet);
-            return 0;
-        }
         return roce::icrcIpv4(ip, udp, body);
     }
     uint8_t ip6[roce::kIpv6Len];
     ipv6Header(src, dst, packet.size(), ip6);
-    if (fill) {
-        roce::fillIcrcIpv6(ip6, udp, packet);
-        return 0;
-    }
     return roce::icrcIpv6(ip6, udp, body);
 }
 
@@ -356,7 +347,8 @@ void WireSocket::send(std::span<const WireOut> out) {
             size_t len = roce::encode(o.pkt, std::span<uint8_t>(bufs[n], kMaxFrame));
             // The socket's own port is the source: one unprivileged socket cannot choose a port per
             // packet, so o.sport's flow entropy does not reach the wire (SPEC.md §18).
-            wireIcrc(o.src, o.dst, port_, port_, std::span<uint8_t>(bufs[n], len), true);
+            const std::span<uint8_t> packet(bufs[n], len);
+            roce::storeIcrc(wireIcrc(o.src, o.dst, port_, port_, packet), packet);
             ptrs[n] = bufs[n];
             lens[n] = len;
             to[n] = &o;
@@ -990,8 +982,7 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
         wire_->malformed.fetch_add(1, std::memory_order_relaxed);
         return;
     }
-    if (wireIcrc(f.src, f.dst, f.sport, f.dport, std::span<uint8_t>(f.data, f.len), false) !=
-        roce::carriedIcrc(bytes)) {
+    if (wireIcrc(f.src, f.dst, f.sport, f.dport, bytes) != roce::carriedIcrc(bytes)) {
         wire_->bad_icrc.fetch_add(1, std::memory_order_relaxed);  // dropped, as rxe drops it
         return;
     }
