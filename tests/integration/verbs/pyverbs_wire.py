@@ -21,8 +21,8 @@ bytes), its slots and both counters. Each side prints "OK" at the end, or exits 
 what was wrong.
 
 Each side's address handle has a traffic class and hop limit of its own (ROUTE), which its
-packets' IPv4 headers must carry as TOS and TTL: a capture of the run shows them (roce_hosts_test's
-CaptureDecodesAsRoceWithValidIcrc).
+packets' IP headers must carry (IPv4 TOS and TTL, IPv6 traffic class and hop limit): a capture of
+the run shows them (roce_hosts_test's expectCaptureDecodesAsRoce).
 
 With "rnr" (both sides) only the SENDs run, into a ring of one receive the server posts again as
 each completes, so nearly every SEND meets an empty ring once and is answered RNR; the server's
