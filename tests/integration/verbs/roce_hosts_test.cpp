@@ -500,8 +500,8 @@ class RoceHostsTest : public ::testing::Test {
     }
 
     // ucx_perftest across the hosts, each side a tenant in ibv-extend-run --sandbox=on: at the UCT
-    // level over transport on softnda0 port 1, or ("" ) at the UCP level with rc_verbs, ud_verbs
-    // and self; test is its -t and other options, env added to both sides'.
+    // level over transport on softnda0 port 1, or, transport "", at the UCP level with rc_verbs,
+    // ud_verbs and self. test is the client's -t and other options; env goes to both sides.
     void expectUcxPerftest(const std::string &transport, const std::string &test,
                            std::vector<std::string> env = {}) {
         if (kSanitizerBuild) {
