@@ -940,7 +940,17 @@ TEST_F(RoceHostsIpv6Test, CaptureDecodesAsRoceOverIpv6) {
 // connection carries on with every byte right, and the peer has at most sent something again
 // (SPEC.md §18, "Restart"). Without the wire's restart state (the PSNs in queue memory, the path
 // made again on import) the pingpong ends in a retry error or a wrong byte.
+//
+// The restart must end within the peer's retry budget, which ibv_rc_pingpong fixes at timeout 14
+// and retry_cnt 7 (8 x 67 ms, ~0.54 s). A sanitizer build's broker takes ~0.6 s from the restart
+// request to the restored session (exec and start of an instrumented binary), so there the peer's
+// retries run out first, as they would against any peer that slow: the case runs in the plain
+// build only.
 TEST_F(RoceHostsTest, ABrokerRestartMidTrafficKeepsTheConnection) {
+    if (kSanitizerBuild) {
+        GTEST_SKIP()
+            << "a sanitizer build's restart (~0.6 s) outlasts ibv_rc_pingpong's retry budget (~0.54 s)";
+    }
     const std::vector<std::string> args = {
         "-d", "softnda0", "-g", kGidIndex, "-c", "-n", "4000", "-p", std::to_string(kExchangePort)};
     auto server = tenant(a(), "restart.server.err", "/usr/bin/ibv_rc_pingpong", args);
