@@ -286,9 +286,10 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
     int pmtu = IP_PMTUDISC_DO;  // DF on every packet, as rxe sends; the ICRC covers the flag
     int buf = 4 << 20;
     // IP_RECVTOS and IP_RECVTTL (IPV6_RECVTCLASS and IPV6_RECVHOPLIMIT): a UD receive's GRH holds
-    // the packet's IP header (SPEC.md §18). IP_PKTINFO (IPV6_RECVPKTINFO): the destination
-    // address the ICRC covers.
-    if (::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0 ||
+    // the packet's IP header (SPEC.md §18). IPV6_RECVPKTINFO (IP_PKTINFO on an IPv4 socket): the
+    // destination address the ICRC covers; an IPv6 socket gives it IPv4-mapped for an IPv4
+    // packet too, so asking IP_PKTINFO there would only add a second copy to every packet.
+    if ((family == AF_INET && ::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0) ||
         ::setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
         ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) < 0) {
@@ -487,10 +488,9 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
     mmsghdr msgs[kRxBatch];
     iovec iov[kRxBatch];
     sockaddr_in6 src[kRxBatch];
-    // IPv6 packets bring IPV6_PKTINFO, TCLASS and HOPLIMIT; IPv4 ones IP_PKTINFO, TOS and TTL, and
-    // on an IPv6 socket an IPV6_PKTINFO too.
-    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in6_pktinfo)) + CMSG_SPACE(sizeof(in_pktinfo)) +
-                                           2 * CMSG_SPACE(sizeof(int))];
+    // IPv6 packets bring IPV6_PKTINFO, TCLASS and HOPLIMIT; IPv4 ones IPV6_PKTINFO (IP_PKTINFO on
+    // an IPv4 socket), TOS and TTL.
+    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
     for (size_t i = 0; i < want; ++i) {
         iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
         msgs[i].msg_hdr = oneBufferMsg(&src[i], sizeof(src[i]), &iov[i], ctl[i], sizeof(ctl[i]));

@@ -40,8 +40,9 @@ int parseWireFaults(const std::string &value, WireFaults *out);
 struct WireOut {
     ibv_gid src{}, dst{};
     uint16_t sport = 0;  // the UDP source port (RoCEv2's flow entropy)
-    // The IPv4 header's TOS and TTL: the address handle's traffic class and hop limit. A hop
-    // limit of 0 sends with the host's default TTL (the kernel takes no TTL 0 from a socket).
+    // The IP header's TOS and TTL (IPv6: traffic class and hop limit): the address handle's
+    // traffic class and hop limit. A hop limit of 0 sends with the host's default TTL (the kernel
+    // takes no TTL 0 from a socket).
     uint8_t tos = 0, ttl = 0;
     roce::Packet pkt;
 };
