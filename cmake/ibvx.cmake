@@ -17,10 +17,39 @@ endif()
 # every sanitizer report and backtrace still has file:line, and full debug info was a fifth of
 # the ASan build's compile time (daemon/app/daemon.cpp: 67 s with -g, 54 s with -g1).
 # Test code has levels of its own (-O1; -O0 under ASan): tests/CMakeLists.txt.
+# The cross build's code is compiled at -O1 too: under qemu-user on an x86 host neither its
+# speed nor its memory ordering is the target's, so -O2 buys that suite nothing but compile time.
 if(IBVX_ASAN OR IBVX_TSAN)
   add_compile_options(-O1 -g1)
 elseif(CMAKE_CROSSCOMPILING)
-  add_compile_options(-g1)
+  add_compile_options(-O1 -g1)
+endif()
+
+# ibvx_control_path(): called first in the folders whose code is the control path (daemon/,
+# tools/, proto/, the client's broker calls); their code is then compiled without optimisation
+# in the ASan build. That code answers gRPC calls, so its speed under ASan is a test's waiting,
+# not its result, and at -O0 AddressSanitizer's instrumentation costs half the compile time
+# (daemon/edge/services.cpp: 72 s of CPU at -O1, 35 s at -O0). The data path (providers/, the
+# face) keeps -O1: the RoCE and restart cases run against its timing.
+macro(ibvx_control_path)
+  if(IBVX_ASAN AND NOT IBVX_FUZZ)
+    add_compile_options(-O0)
+  endif()
+endmacro()
+
+# Programs are linked by lld where it is (scripts/install-deps.sh installs it): it links
+# ibv-extendd in a quarter of GNU ld's time (0.6 s against 2.5 s), and a build links some 140
+# programs, most of them tests. Shared libraries stay with GNU ld: lld 14 writes a version
+# script's nodes without their parents and without the version symbols GNU ld defines, and
+# libibv_extend.so and the face's libibverbs must carry rdma-core's version nodes as GNU ld makes
+# them (tests/compat/abi, tests/integration/verbs/abi_test.cpp). The cross build's programs use
+# gold: GCC's aarch64 driver asks for aarch64-linux-gnu-ld.lld, which Debian does not ship.
+find_program(IBVX_LLD ld.lld)
+set(_ibvx_program "$<STREQUAL:$<TARGET_PROPERTY:TYPE>,EXECUTABLE>")
+if(CMAKE_CROSSCOMPILING)
+  add_link_options("$<${_ibvx_program}:-fuse-ld=gold>")
+elseif(IBVX_LLD)
+  add_link_options("$<${_ibvx_program}:-fuse-ld=lld>")
 endif()
 if(IBVX_ASAN)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
