@@ -12,17 +12,23 @@ endif()
 # The sanitizer builds are compiled at -O1 (after the build type's -O2, so it wins), as the
 # sanitizers' own documentation advises for readable reports: with AddressSanitizer's
 # instrumentation -O2 costs twice the compile time (tests/integration/ops/ctl_test.cpp: 119 s at
-# -O2, 60 s at -O1), and these builds exist to run the suite, not to be fast.
-# They and the cross build (run under qemu, never shipped) also keep line tables only (-g1):
-# every sanitizer report and backtrace still has file:line, and full debug info was a fifth of
-# the ASan build's compile time (daemon/app/daemon.cpp: 67 s with -g, 54 s with -g1).
+# -O2, 60 s at -O1), and these builds exist to run the suite, not to be fast. The cross build's
+# code is compiled at -O1 too: under qemu-user on an x86 host neither its speed nor its memory
+# ordering is the target's, so -O2 buys that suite nothing but compile time.
 # Test code has levels of its own (-O1; -O0 under ASan): tests/CMakeLists.txt.
-# The cross build's code is compiled at -O1 too: under qemu-user on an x86 host neither its
-# speed nor its memory ordering is the target's, so -O2 buys that suite nothing but compile time.
-if(IBVX_ASAN OR IBVX_TSAN)
-  add_compile_options(-O1 -g1)
-elseif(CMAKE_CROSSCOMPILING)
-  add_compile_options(-O1 -g1)
+if(IBVX_ASAN OR IBVX_TSAN OR CMAKE_CROSSCOMPILING)
+  add_compile_options(-O1)
+endif()
+# Every build keeps line tables only (-g1) unless IBVX_FULL_DEBUG_INFO asks for the build type's
+# full -g: every backtrace, sanitizer report and gdb breakpoint or step still has file:line; what
+# is lost is gdb's view of local variables and types. `make test` compiles the tree four times
+# (CI's budget is 50 minutes on 2 cores), and full debug info is a fifth to a quarter of a file's
+# compile time (daemon/edge/services.cpp: 38 s with -g, 28 s with -g1; daemon/app/daemon.cpp
+# under ASan: 67 s with -g, 54 s with -g1). To debug with locals:
+#   make build CMAKE_ARGS=-DIBVX_FULL_DEBUG_INFO=ON
+option(IBVX_FULL_DEBUG_INFO "Full debug info (the build type's -g) instead of line tables (-g1)" OFF)
+if(NOT IBVX_FULL_DEBUG_INFO)
+  add_compile_options($<$<CONFIG:RelWithDebInfo,Debug>:-g1>)
 endif()
 
 # ibvx_control_path(): called first in the folders whose code is the control path (daemon/,
