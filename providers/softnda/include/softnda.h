@@ -46,7 +46,10 @@ struct softnda_counters {
      * RoCEv2 stack has the port; EAFNOSUPPORT: a sandbox forbids AF_INET), 0 when it is open. The
      * socket is opened with the device's first context, so 0 too while none is open. */
     uint64_t wire_socket_errno;
-    uint64_t resv[10];
+    /* UDP source ports the device's packets leave from with a socket of their own (RoCEv2's flow
+     * entropy, one per flow; SPEC.md §18): at most 256, after which flows share the wire port. */
+    uint64_t wire_source_ports;
+    uint64_t resv[9];
 };
 
 /* Fills *out for device dev_name ("softnda0"). 0, or -EINVAL (NULL argument) / -ENODEV. */

@@ -434,6 +434,7 @@ void Engine::addCounters(softnda_counters *out) const {
         out->wire_bad_icrc += get(wire_->bad_icrc);
         out->wire_malformed += get(wire_->malformed);
         out->wire_fault_drops += get(wire_->fault_drops);
+        out->wire_source_ports += get(wire_->source_ports);
     }
 }
 

@@ -524,7 +524,8 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
                                                           {"wire_bad_icrc", c.wire_bad_icrc},
                                                           {"wire_malformed", c.wire_malformed},
                                                           {"wire_fault_drops", c.wire_fault_drops},
-                                                          {"wire_socket_errno", c.wire_socket_errno}};
+                                                          {"wire_socket_errno", c.wire_socket_errno},
+                                                          {"wire_source_ports", c.wire_source_ports}};
     for (const auto &[name, value] : counters) {
         emit(arg, name, value);
     }

@@ -5,9 +5,12 @@
 #include "providers/softnda/src/wire.h"
 
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
+// After netinet/in.h, which it defers to: IPV6_FLOWINFO and IPV6_FLOWINFO_SEND, which glibc lacks.
+#include <linux/in6.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -141,10 +144,11 @@ uint32_t wireIcrc(const ibv_gid &src, const ibv_gid &dst, uint16_t sport, uint16
 
 // The GRH a UD receive on a RoCE device gets, as rdma_rxe writes it (rxe_resp.c): for a packet
 // between IPv4 GIDs, 20 zero bytes and then the packet's IPv4 header (its TOS, TTL and checksum
-// as they arrived); between IPv6 GIDs, the IPv6 header (next header UDP). udp_payload is the
+// as they arrived); between IPv6 GIDs, the IPv6 header (next header UDP; traffic class, flow label
+// and hop limit as they arrived). udp_payload is the
 // RoCE packet's length. Returns which it wrote, as the CQE says it (SOFTNDA_CQE_ROCE_IPV4 or _IPV6).
 uint8_t roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gid &dgid, size_t udp_payload,
-                uint8_t tos, uint8_t ttl) {
+                uint8_t tos, uint8_t ttl, uint32_t flow) {
     std::memset(grh, 0, SOFTNDA_GRH_SIZE);
     uint32_t src = 0, dst = 0;
     if (ipv4OfGid(sgid, &src) && ipv4OfGid(dgid, &dst)) {
@@ -164,7 +168,9 @@ uint8_t roceGrh(uint8_t grh[SOFTNDA_GRH_SIZE], const ibv_gid &sgid, const ibv_gi
     }
     ipv6Header(sgid, dgid, udp_payload, grh);
     grh[0] = static_cast<uint8_t>(0x60 | tos >> 4);
-    grh[1] = static_cast<uint8_t>(tos << 4);
+    grh[1] = static_cast<uint8_t>(tos << 4 | (flow >> 16 & 0xf));
+    grh[2] = static_cast<uint8_t>(flow >> 8);
+    grh[3] = static_cast<uint8_t>(flow);
     grh[7] = ttl;
     return SOFTNDA_CQE_ROCE_IPV6;
 }
@@ -252,59 +258,53 @@ WireSocket::WireSocket(int fd, int family, uint32_t ifindex, uint16_t port, cons
       port_(port),
       faults_(faults),
       rng_(faults.seed),
-      rx_buf_(kRxBatch * kMaxFrame) {}
+      rx_buf_(kRxBatch * kMaxFrame),
+      sources_(new std::atomic<int>[65536]) {
+    for (size_t i = 0; i < 65536; ++i) {
+        sources_[i].store(kUnopened, std::memory_order_relaxed);
+    }
+}
 
 WireSocket::~WireSocket() {
+    for (size_t i = 0; i < 65536; ++i) {
+        if (int fd = sources_[i].load(std::memory_order_relaxed); fd >= 0) {
+            ::close(fd);
+        }
+    }
     ::close(fd_);
 }
 
-int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults &faults,
-                     std::unique_ptr<WireSocket> *out) {
-    // One IPv6 socket for both families (IPv4 arrives and leaves IPv4-mapped), so one thread
-    // receives everything; an IPv4 one where the host has no IPv6.
-    int family = AF_INET6;
-    int fd = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    if (fd < 0 && errno == EAFNOSUPPORT) {
-        family = AF_INET;
-        fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-    }
+namespace {
+
+// A UDP socket of family bound to port on ifname (SO_BINDTODEVICE: a broker per network
+// namespace, or per interface, has its own; an unbound socket may take the device since Linux 5.7
+// without CAP_NET_RAW), sending DF (as rxe sends; the ICRC covers the flag) with the address
+// vector's flow label (IPV6_FLOWINFO_SEND; no automatic one, so a flow label of 0 goes out as 0),
+// and with larger buffers where the host allows them. The fd, or -errno.
+int wireSocket(int family, const std::string &ifname, uint16_t port) {
+    int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
     if (fd < 0) {
         return -errno;
     }
-    auto fail = [fd] {
+    int one = 1, zero = 0;
+    int pmtu = IP_PMTUDISC_DO, pmtu6 = IPV6_PMTUDISC_DO;
+    int buf = 4 << 20;
+    bool ok = ::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname.c_str(),
+                           static_cast<socklen_t>(ifname.size())) == 0 &&
+              ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) == 0;
+    if (ok && family == AF_INET6) {
+        ok = ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
+             ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) == 0 &&
+             ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &one, sizeof(one)) == 0;
+        // A kernel without the option keeps its automatic label for flow label 0, which is
+        // harmless: the ICRC masks the label, and no receiver checks it.
+        (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, &zero, sizeof(zero));
+    }
+    if (!ok) {
         int e = errno;
         ::close(fd);
         return -e;
-    };
-    // Bound to the interface: a broker per network namespace, or per interface, has its own 4791.
-    // An unbound socket may take the device since Linux 5.7 without CAP_NET_RAW.
-    if (::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname.c_str(), static_cast<socklen_t>(ifname.size())) <
-        0) {
-        return fail();
     }
-    int one = 1, zero = 0;
-    int pmtu = IP_PMTUDISC_DO;  // DF on every packet, as rxe sends; the ICRC covers the flag
-    int buf = 4 << 20;
-    // IP_RECVTOS and IP_RECVTTL (IPV6_RECVTCLASS and IPV6_RECVHOPLIMIT): a UD receive's GRH holds
-    // the packet's IP header (SPEC.md §18). IPV6_RECVPKTINFO (IP_PKTINFO on an IPv4 socket): the
-    // destination address the ICRC covers; an IPv6 socket gives it IPv4-mapped for an IPv4
-    // packet too, so asking IP_PKTINFO there would only add a second copy to every packet.
-    if ((family == AF_INET && ::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0) ||
-        ::setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)) < 0 ||
-        ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
-        ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) < 0) {
-        return fail();
-    }
-    int pmtu6 = IPV6_PMTUDISC_DO;
-    if (family == AF_INET6 &&
-        (::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) < 0 ||
-         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) < 0 ||
-         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) < 0 ||
-         ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0 ||
-         ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) < 0)) {
-        return fail();
-    }
-    // Larger buffers where the host allows them (a failure only keeps the defaults).
     (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof(buf));
     (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof(buf));
     sockaddr_in6 sa6{};
@@ -322,10 +322,75 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
         rc = ::bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa));
     }
     if (rc < 0) {
-        return fail();
+        int e = errno;
+        ::close(fd);
+        return -e;
+    }
+    return fd;
+}
+
+}  // namespace
+
+int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults &faults,
+                     std::unique_ptr<WireSocket> *out) {
+    // One IPv6 socket for both families (IPv4 arrives and leaves IPv4-mapped), so one thread
+    // receives everything; an IPv4 one where the host has no IPv6.
+    int family = AF_INET6;
+    int fd = wireSocket(AF_INET6, ifname, port);
+    if (fd == -EAFNOSUPPORT) {
+        family = AF_INET;
+        fd = wireSocket(AF_INET, ifname, port);
+    }
+    if (fd < 0) {
+        return fd;
+    }
+    // IP_RECVTOS and IP_RECVTTL (IPV6_RECVTCLASS, IPV6_RECVHOPLIMIT and IPV6_FLOWINFO): a UD
+    // receive's GRH holds the packet's IP header (SPEC.md §18). IPV6_RECVPKTINFO (IP_PKTINFO on
+    // an IPv4 socket): the destination address the ICRC covers; an IPv6 socket gives it
+    // IPv4-mapped for an IPv4 packet too, so asking IP_PKTINFO there would only add a second copy
+    // to every packet.
+    int one = 1;
+    if ((family == AF_INET && ::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof(one)) < 0) ||
+        ::setsockopt(fd, IPPROTO_IP, IP_RECVTOS, &one, sizeof(one)) < 0 ||
+        ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
+        (family == AF_INET6 && (::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) < 0 ||
+                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) < 0 ||
+                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0 ||
+                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof(one)) < 0))) {
+        int e = errno;
+        ::close(fd);
+        return -e;
     }
     out->reset(new WireSocket(fd, family, if_nametoindex(ifname.c_str()), port, faults));
+    (*out)->ifname_ = ifname;
     return 0;
+}
+
+WireSocket::Sender WireSocket::sender(uint16_t sport) {
+    if (sport == 0 || sport == port_) {
+        return Sender{fd_, port_};
+    }
+    int fd = sources_[sport].load(std::memory_order_acquire);
+    if (fd == kUnopened) {
+        std::lock_guard<std::mutex> lk(sources_mu_);
+        fd = sources_[sport].load(std::memory_order_relaxed);
+        if (fd == kUnopened) {
+            fd = sources_open_ < kMaxSourcePorts ? wireSocket(family_, ifname_, sport) : -ENFILE;
+            if (fd >= 0) {
+                // Send-only: nothing sent to this port is wanted (RoCEv2 peers answer to 4791),
+                // so a filter that accepts nothing keeps its receive queue empty.
+                sock_filter none{BPF_RET | BPF_K, 0, 0, 0};
+                sock_fprog prog{1, &none};
+                (void)::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
+                sources_open_++;
+                source_ports.store(sources_open_, std::memory_order_relaxed);
+            } else {
+                fd = kRefused;  // EADDRINUSE (another socket has it), or past kMaxSourcePorts
+            }
+            sources_[sport].store(fd, std::memory_order_release);
+        }
+    }
+    return fd == kRefused ? Sender{fd_, port_} : Sender{fd, sport};
 }
 
 void WireSocket::stop() {
@@ -346,10 +411,9 @@ void WireSocket::send(std::span<const WireOut> out) {
                 continue;  // an IPv6 path (a QP a restart brought from a host with IPv6): no way out
             }
             size_t len = roce::encode(o.pkt, std::span<uint8_t>(bufs[n], kMaxFrame));
-            // The socket's own port is the source: one unprivileged socket cannot choose a port per
-            // packet, so o.sport's flow entropy does not reach the wire (SPEC.md §18).
+            // The source port the packet leaves from is the one its ICRC covers.
             const std::span<uint8_t> packet(bufs[n], len);
-            roce::storeIcrc(wireIcrc(o.src, o.dst, port_, port_, packet), packet);
+            roce::storeIcrc(wireIcrc(o.src, o.dst, sender(o.sport).port, port_, packet), packet);
             ptrs[n] = bufs[n];
             lens[n] = len;
             to[n] = &o;
@@ -406,12 +470,14 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
         pt[m++] = to[i];
     }
     mmsghdr msgs[kTxBatch * 2 + 1];
+    int fds[kTxBatch * 2 + 1];
     iovec iov[kTxBatch * 2 + 1];
     sockaddr_in6 dst[kTxBatch * 2 + 1];
     alignas(cmsghdr)
         uint8_t ctl[kTxBatch * 2 + 1][CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
     for (size_t k = 0; k < m; ++k) {
         const WireOut &o = *pt[k];
+        fds[k] = sender(o.sport).fd;
         iov[k] = iovec{const_cast<uint8_t *>(pb[k]), pl[k]};
         uint32_t v4 = 0;
         const bool ipv4 = ipv4OfGid(o.dst, &v4);
@@ -442,6 +508,9 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
             if (IN6_IS_ADDR_LINKLOCAL(&dst[k].sin6_addr)) {
                 dst[k].sin6_scope_id = ifindex_;
             }
+            if (!ipv4) {
+                dst[k].sin6_flowinfo = htonl(o.flow & IPV6_FLOWINFO_FLOWLABEL);
+            }
             h = oneBufferMsg(&dst[k], sizeof(sockaddr_in6), &iov[k], ctl[k], sizeof(ctl[k]));
         }
         // The source address the ICRC was computed with, whatever the route would pick.
@@ -466,12 +535,24 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
         h.msg_controllen = used;
         msgs[k].msg_len = 0;
     }
-    // Sent with the fault lock held, so the hook's order is the wire's order.
+    // Sent with the fault lock held, so the hook's order is the wire's order: each run of packets
+    // from one source port in one call.
     size_t done = 0;
     while (done < m) {
-        int rc = ::sendmmsg(fd_, msgs + done, static_cast<unsigned>(m - done), 0);
+        size_t run = 1;
+        while (done + run < m && fds[done + run] == fds[done]) {
+            ++run;
+        }
+        int rc = ::sendmmsg(fds[done], msgs + done, static_cast<unsigned>(run), 0);
         if (rc < 0) {
+            auto *to6 = static_cast<sockaddr_in6 *>(msgs[done].msg_hdr.msg_name);
             if (errno == EINTR) {
+                continue;
+            }
+            if (errno == EINVAL && family_ == AF_INET6 && to6->sin6_flowinfo != 0) {
+                // A flow label the kernel refuses (some socket in the namespace leased labels
+                // exclusively, and this one is not leased): sent without it.
+                to6->sin6_flowinfo = 0;
                 continue;
             }
             // ENOBUFS, EAGAIN, a route gone: the packets are lost, which the transport repairs.
@@ -488,9 +569,9 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
     mmsghdr msgs[kRxBatch];
     iovec iov[kRxBatch];
     sockaddr_in6 src[kRxBatch];
-    // IPv6 packets bring IPV6_PKTINFO, TCLASS and HOPLIMIT; IPv4 ones IPV6_PKTINFO (IP_PKTINFO on
-    // an IPv4 socket), TOS and TTL.
-    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in6_pktinfo)) + 2 * CMSG_SPACE(sizeof(int))];
+    // IPv6 packets bring IPV6_PKTINFO, TCLASS, HOPLIMIT and, when not 0, FLOWINFO; IPv4 ones
+    // IPV6_PKTINFO (IP_PKTINFO on an IPv4 socket), TOS and TTL.
+    alignas(cmsghdr) uint8_t ctl[kRxBatch][CMSG_SPACE(sizeof(in6_pktinfo)) + 3 * CMSG_SPACE(sizeof(int))];
     for (size_t i = 0; i < want; ++i) {
         iov[i] = iovec{rx_buf_.data() + i * kMaxFrame, kMaxFrame};
         msgs[i].msg_hdr = oneBufferMsg(&src[i], sizeof(src[i]), &iov[i], ctl[i], sizeof(ctl[i]));
@@ -522,6 +603,7 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
         f.dst = ibv_gid{};
         f.tos = 0;
         f.ttl = 0;
+        f.flow = 0;
         for (cmsghdr *c = CMSG_FIRSTHDR(const_cast<msghdr *>(&h)); c != nullptr;
              c = CMSG_NXTHDR(const_cast<msghdr *>(&h), c)) {
             int value = 0;
@@ -542,6 +624,10 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
             } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
                 std::memcpy(&value, CMSG_DATA(c), sizeof(value));
                 f.tos = static_cast<uint8_t>(value);
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO) {
+                uint32_t flowinfo = 0;  // network order: traffic class and flow label
+                std::memcpy(&flowinfo, CMSG_DATA(c), sizeof(flowinfo));
+                f.flow = ntohl(flowinfo) & IPV6_FLOWINFO_FLOWLABEL;
             }
         }
         ++n;
@@ -580,6 +666,7 @@ void bindWire(Device *dev, Qp *qp) {
     qp->wire->dst = ah.grh.dgid;
     qp->wire->tos = ah.grh.traffic_class;
     qp->wire->ttl = ah.grh.hop_limit;
+    qp->wire->flow = ah.grh.flow_label & IPV6_FLOWINFO_FLOWLABEL;
     qp->wire->sport = qp->attrs.udp_src_port != 0 ? static_cast<uint16_t>(qp->attrs.udp_src_port)
                                                   : roceSourcePort(ah.grh.flow_label, qp->qpn);
 }
@@ -670,6 +757,7 @@ WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) 
     o.src = wq.src;
     o.dst = wq.dst;
     o.sport = wq.sport;
+    o.flow = wq.flow;
     o.tos = wq.tos;
     o.ttl = wq.ttl;
     o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
@@ -1052,6 +1140,8 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
     o.pkt.imm = ntohl(h.imm_data);  // ImmDt carries the verbs' big-endian immediate as its bytes
     o.tos = h.tclass;
     o.ttl = hop_limit;
+    // The QP's own source port, as rxe gives a UD QP (the WQE carries no flow label).
+    o.sport = roceSourcePort(0, qp->qpn);
     if (here) {
         auto it = dev_->qps.find(dest_qpn);
         if (it == dev_->qps.end() || it->second->attrs.port != qp->attrs.port) {
@@ -1062,7 +1152,7 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
         const size_t len = roce::encodedLength(o.pkt) + total + (4 - total % 4) % 4;
         uint8_t grh[SOFTNDA_GRH_SIZE];
         // The header the packet would carry through the host's own IP stack, as rxe's does.
-        const uint8_t l3 = roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl);
+        const uint8_t l3 = roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl, 0);
         deliverDatagram(
             Datagram{grh, local, nlocal, total, qkey, qp->qpn, 0, imm, o.pkt.bth.solicited, h.imm_data, l3},
             it->second);
@@ -1091,7 +1181,7 @@ void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
         return;  // UD has SEND ONLY alone; no such QP: dropped, as UD drops
     }
     uint8_t grh[SOFTNDA_GRH_SIZE];
-    const uint8_t l3 = roceGrh(grh, f.src, f.dst, f.len, f.tos, f.ttl);
+    const uint8_t l3 = roceGrh(grh, f.src, f.dst, f.len, f.tos, f.ttl, f.flow);
     Segment payload{const_cast<uint8_t *>(p.payload.data()), static_cast<uint32_t>(p.payload.size())};
     deliverDatagram(Datagram{grh, &payload, 1, p.payload.size(), p.deth_qkey, p.deth_src_qp, 0,
                              op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), l3},

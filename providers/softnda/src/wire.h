@@ -39,7 +39,8 @@ int parseWireFaults(const std::string &value, WireFaults *out);
 // address as its IPv4-mapped GID (::ffff:a.b.c.d), an IPv6 one as itself.
 struct WireOut {
     ibv_gid src{}, dst{};
-    uint16_t sport = 0;  // the UDP source port (RoCEv2's flow entropy)
+    uint16_t sport = 0;  // the UDP source port (RoCEv2's flow entropy); 0: the socket's own port
+    uint32_t flow = 0;   // the IPv6 flow label (20 bits): the address handle's
     // The IP header's TOS and TTL (IPv6: traffic class and hop limit): the address handle's
     // traffic class and hop limit. A hop limit of 0 sends with the host's default TTL (the kernel
     // takes no TTL 0 from a socket).
@@ -54,11 +55,15 @@ struct WireFrame {
     ibv_gid src{}, dst{};
     uint16_t sport = 0, dport = 0;
     uint8_t tos = 0, ttl = 0;  // the IP header's (IPv6: traffic class, hop limit), for a UD GRH
+    uint32_t flow = 0;         // the IPv6 header's flow label (0 for IPv4), for a UD GRH
 };
 
 // The device's UDP socket: bound to port (4791) on the device's interface only, so a broker per
 // network namespace, or per interface, each has its own. One IPv6 socket serves IPv4 too (its
 // addresses IPv4-mapped); where the host has no IPv6 it is an IPv4 one. Sending is thread-safe.
+// Packets leave from their flow's UDP source port: a send-only socket per port, opened on first
+// use, up to kMaxSourcePorts of them; a port beyond those, or one that cannot be bound, sends from
+// the receiving socket's port (SPEC.md §18).
 class WireSocket {
   public:
     // -errno when the socket cannot be made or bound (EADDRINUSE: another RoCEv2 stack, rdma_rxe or
@@ -83,13 +88,26 @@ class WireSocket {
     void stop();
 
     std::atomic<uint64_t> sent{0}, received{0}, bad_icrc{0}, malformed{0}, fault_drops{0};
+    // How many source ports have a socket of their own.
+    std::atomic<uint64_t> source_ports{0};
+
+    static constexpr uint32_t kMaxSourcePorts = 256;
 
   private:
+    // A socket packets leave from, and its port (the UDP source port their ICRC covers).
+    struct Sender {
+        int fd;
+        uint16_t port;
+    };
+
     WireSocket(int fd, int family, uint32_t ifindex, uint16_t port, const WireFaults &faults);
+    // The socket for packets whose flow's source port is sport: the same answer every time.
+    Sender sender(uint16_t sport);
     void transmit(const uint8_t *const *bufs, const size_t *lens, const WireOut *const *to, size_t n);
 
     int fd_;
     int family_;
+    std::string ifname_;
     uint32_t ifindex_;  // the interface's, at open: a link-local destination's scope
     uint16_t port_;
     WireFaults faults_;
@@ -98,6 +116,12 @@ class WireSocket {
     std::vector<uint8_t> held_;  // a packet the reorder fault holds back until the next one
     WireOut held_to_;
     std::vector<uint8_t> rx_buf_;
+    // The send-only socket of each UDP source port: kUnopened, kRefused (the receiving socket
+    // sends for it), or its fd. Written under sources_mu_, once per port; read without it.
+    static constexpr int kUnopened = -1, kRefused = -2;
+    std::unique_ptr<std::atomic<int>[]> sources_;
+    std::mutex sources_mu_;  // leaf: opening a source port's socket
+    uint32_t sources_open_ = 0;
 };
 
 // The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), network order; false for any other.
@@ -134,6 +158,7 @@ inline constexpr uint32_t kWireWindow = 16;
 struct WireQp {
     ibv_gid src{}, dst{};  // as WireOut's
     uint16_t sport = 0;
+    uint32_t flow = 0;
     uint8_t tos = 0, ttl = 0;  // from the address vector's GRH, as WireOut's
 
     std::mutex mu;

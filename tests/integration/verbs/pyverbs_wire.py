@@ -20,9 +20,10 @@ It prints "DONE"; the server, given a line, checks its receives (order, lengths,
 bytes), its slots and both counters. Each side prints "OK" at the end, or exits non-zero with
 what was wrong.
 
-Each side's address handle has a traffic class and hop limit of its own (ROUTE), which its
-packets' IP headers must carry (IPv4 TOS and TTL, IPv6 traffic class and hop limit): a capture of
-the run shows them (roce_hosts_test's expectCaptureDecodesAsRoce).
+Each side's address handle has a traffic class, hop limit and flow label of its own (ROUTE),
+which its packets' IP headers must carry (IPv4 TOS and TTL, IPv6 traffic class, hop limit and flow
+label), the flow label folded into the UDP source port as the kernel folds it: a capture of the
+run shows them (roce_hosts_test's expectCaptureDecodesAsRoce).
 
 With "rnr" (both sides) only the SENDs run, into a ring of one receive the server posts again as
 each completes, so nearly every SEND meets an empty ring once and is answered RNR; the server's
@@ -51,8 +52,8 @@ SEND_LEN = 2050   # three packets, a 2-byte pad
 # PSNs a little before the 24-bit wrap: every phase crosses it.
 PSN = {"server": 0xFFFFF0, "client": 0xFFFFE0}
 WINDOW = 32       # work requests outstanding at most, and the server's receives posted
-# Each side's GRH traffic class and hop limit (DSCP 10 and 18, ECN bits clear).
-ROUTE = {"server": (0x28, 9), "client": (0x48, 17)}
+# Each side's GRH traffic class (DSCP 10 and 18, ECN bits clear), hop limit and flow label.
+ROUTE = {"server": (0x28, 9, 0x12345), "client": (0x48, 17, 0xABCDE)}
 
 
 def pattern(kind, i, length):
@@ -73,8 +74,9 @@ def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
     attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu)
     attr.dest_qp_num = peer["qpn"]
     attr.rq_psn = peer["psn"]
-    tclass, hop_limit = ROUTE[me]
-    gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=gid_index, hop_limit=hop_limit, traffic_class=tclass)
+    tclass, hop_limit, flow_label = ROUTE[me]
+    gr = GlobalRoute(dgid=GID(peer["gid"]), sgid_index=gid_index, hop_limit=hop_limit, traffic_class=tclass,
+                     flow_label=flow_label)
     attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=1)
     attr.max_dest_rd_atomic = rd_atomic
     attr.min_rnr_timer = 26 if rnr else 12  # 81.92 ms / 0.64 ms

@@ -473,30 +473,54 @@ class RoceHostsTest : public ::testing::Test {
         EXPECT_EQ(code, 0) << slurp(dir_ + "/check.log");
         std::printf("%s", slurp(dir_ + "/check.log").c_str());
 
-        // Each packet's IPv4 TOS and TTL (IPv6 traffic class and hop limit) are its sender's GRH
-        // traffic class and hop limit, as the RoCEv2 annex maps them and rxe writes them:
-        // ibv_rc_pingpong's address vectors have traffic class 0 and hop limit 1, pyverbs_wire.py's
-        // server (host A) 0x28 and 9, its client (host B) 0x48 and 17. On one link nothing routes,
-        // so the TTLs arrive as sent.
+        // Each packet's IPv4 TOS and TTL (IPv6 traffic class, hop limit and flow label) are its
+        // sender's GRH traffic class, hop limit and flow label, as the RoCEv2 annex maps them
+        // (rxe writes all but the flow label), and its UDP source port is its QP's flow entropy:
+        // ibv_rc_pingpong's address vectors have traffic class 0, hop limit 1 and flow label 0, so
+        // each host's QP sends from a port of its QP number's hash (0xc000 and up, one per host);
+        // pyverbs_wire.py's server (host A) has 0x28, 9 and 0x12345, its client (host B) 0x48, 17
+        // and 0xabcde, whose source ports the kernel's rdma_flow_label_to_udp_sport gives as
+        // 0xc000 | (label & 0x3fff) ^ (label >> 14): 0xe341 and 0xfcf4. Every packet goes to 4791.
+        // On one link nothing routes, so the TTLs arrive as sent.
         const std::string fields = dir_ + "/route.txt";
-        ASSERT_EQ(std::system(("tshark -r " + capture.pcap() + " -T fields -E separator=' ' " +
-                               (v6 ? "-e ipv6.src -e ipv6.tclass -e ipv6.hlim"
+        ASSERT_EQ(std::system(("tshark -r " + capture.pcap() + " -T fields -E separator=, " +
+                               (v6 ? "-e ipv6.src -e ipv6.tclass -e ipv6.hlim -e ipv6.flow"
                                    : "-e ip.src -e ip.dsfield -e ip.ttl") +
-                               " >" + fields + " 2>/dev/null")
+                               " -e udp.srcport -e udp.dstport >" + fields + " 2>/dev/null")
                                   .c_str()),
                   0);
         std::set<std::string> routes;
+        std::set<std::pair<std::string, unsigned long>> pingpong_ports;
         std::istringstream in(slurp(fields));
-        for (std::string src, tos, ttl; in >> src >> tos >> ttl;) {
-            char one[64];
-            std::snprintf(one, sizeof(one), "%s tos %#lx ttl %lu", src.c_str(),
-                          std::strtoul(tos.c_str(), nullptr, 0), std::strtoul(ttl.c_str(), nullptr, 0));
-            routes.insert(one);
+        for (std::string line; std::getline(in, line);) {
+            std::vector<std::string> f;
+            std::istringstream cells(line);
+            for (std::string cell; std::getline(cells, cell, ',');) {
+                f.push_back(cell);
+            }
+            ASSERT_EQ(f.size(), v6 ? 6u : 5u) << line;
+            auto num = [](const std::string &text) { return std::strtoul(text.c_str(), nullptr, 0); };
+            const unsigned long ttl = num(f[2]), sport = num(f[v6 ? 4 : 3]), dport = num(f[v6 ? 5 : 4]);
+            EXPECT_EQ(dport, 4791u) << line;
+            char one[128];
+            if (ttl == 1 && sport >= 0xc000 && sport <= 0xffff) {
+                pingpong_ports.emplace(f[0], sport);
+                std::snprintf(one, sizeof(one), "%s tos %#lx ttl 1 sport 0xc000+", f[0].c_str(), num(f[1]));
+            } else {
+                std::snprintf(one, sizeof(one), "%s tos %#lx ttl %lu sport %#lx", f[0].c_str(), num(f[1]),
+                              ttl, sport);
+            }
+            routes.insert(std::string(one) + (v6 ? " flow " + std::to_string(num(f[3])) : ""));
         }
         const std::string host_a = v6 ? a().ula : a().address, host_b = v6 ? b().ula : b().address;
+        const std::string no_flow = v6 ? " flow 0" : "", flow_a = v6 ? " flow 74565" : "",
+                          flow_b = v6 ? " flow 703710" : "";  // 0x12345, 0xabcde
         EXPECT_THAT(routes,
-                    ::testing::UnorderedElementsAre(host_a + " tos 0 ttl 1", host_b + " tos 0 ttl 1",
-                                                    host_a + " tos 0x28 ttl 9", host_b + " tos 0x48 ttl 17"));
+                    ::testing::UnorderedElementsAre(host_a + " tos 0 ttl 1 sport 0xc000+" + no_flow,
+                                                    host_b + " tos 0 ttl 1 sport 0xc000+" + no_flow,
+                                                    host_a + " tos 0x28 ttl 9 sport 0xe341" + flow_a,
+                                                    host_b + " tos 0x48 ttl 17 sport 0xfcf4" + flow_b));
+        EXPECT_EQ(pingpong_ports.size(), 2u) << "one source port per host's pingpong QP";
     }
 
     // ucx_perftest across the hosts, each side a tenant in ibv-extend-run --sandbox=on: at the UCT

@@ -7,7 +7,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
 
 #include "providers/softnda/src/netdev.h"
 #include "providers/softnda/src/wire.h"
@@ -308,6 +316,103 @@ TEST(SoftndaWire, AddressesAndSourcePorts) {
         EXPECT_GE(port, 0xc000);
     }
     EXPECT_NE(softnda::roceSourcePort(0, 1), softnda::roceSourcePort(0, 2));
+}
+
+// A free UDP port of the loopback interface at this moment (0: none in [first, last]).
+uint16_t freeUdpPort(uint16_t first, uint16_t last) {
+    for (uint32_t port = first; port <= last; ++port) {
+        int fd = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        sockaddr_in6 sa{};
+        sa.sin6_family = AF_INET6;
+        sa.sin6_port = htons(static_cast<uint16_t>(port));
+        bool free = fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&sa), sizeof(sa)) == 0;
+        if (fd >= 0) {
+            close(fd);
+        }
+        if (free) {
+            return static_cast<uint16_t>(port);
+        }
+    }
+    return 0;
+}
+
+// Packets leave from their flow's UDP source port, not the socket's own, and an IPv6 one carries
+// its flow label (SPEC.md §18): sent to the socket itself over the loopback interface, each
+// arrives with the port and label it was sent with. A port of 0 is the socket's own.
+TEST(SoftndaWire, PacketsLeaveFromTheirFlowsSourcePortWithTheirFlowLabel) {
+    const uint16_t port = freeUdpPort(20000, 20999), sport = freeUdpPort(0xe341, 0xe3ff);
+    ASSERT_NE(port, 0) << "no free UDP port on lo";
+    ASSERT_NE(sport, 0) << "no free UDP port on lo";
+    std::unique_ptr<softnda::WireSocket> wire;
+    ASSERT_EQ(softnda::WireSocket::open("lo", port, softnda::WireFaults{}, &wire), 0);
+    std::vector<softnda::WireOut> out;
+    auto packet = [&](const char *addr, uint16_t from, uint32_t flow, uint32_t psn) {
+        softnda::WireOut o;
+        o.src = o.dst = gidOf(addr);
+        o.sport = from;
+        o.flow = flow;
+        o.pkt.bth.opcode = softnda::roce::kUd | softnda::roce::kSendOnly;
+        o.pkt.bth.psn = psn;
+        out.push_back(o);
+    };
+    packet("::ffff:127.0.0.1", sport, 0, 1);
+    packet("::ffff:127.0.0.1", 0, 0, 2);
+    // ::1 where the namespace has IPv6.
+    int probe = socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in6 loopback{};
+    loopback.sin6_family = AF_INET6;
+    loopback.sin6_addr = in6addr_loopback;
+    const bool v6 = wire->ipv6() && probe >= 0 &&
+                    bind(probe, reinterpret_cast<sockaddr *>(&loopback), sizeof(loopback)) == 0;
+    if (probe >= 0) {
+        close(probe);
+    }
+    if (v6) {
+        packet("::1", sport, 0x12345, 3);
+        packet("::1", sport, 0, 4);
+    }
+    wire->send(out);
+    // The packets come back to the socket itself; stop() ends a receive that would wait for ever.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    std::thread watchdog([&] {
+        std::unique_lock<std::mutex> lk(mu);
+        if (!cv.wait_for(lk, std::chrono::seconds(10), [&] { return done; })) {
+            wire->stop();
+        }
+    });
+    auto finish = [&] {
+        {
+            std::lock_guard<std::mutex> lk(mu);
+            done = true;
+        }
+        cv.notify_one();
+        watchdog.join();
+    };
+    std::map<uint32_t, std::tuple<uint16_t, uint16_t, uint32_t>> got;  // by PSN: sport, dport, flow
+    softnda::WireFrame frames[8];
+    while (got.size() < out.size()) {
+        size_t n = wire->receive(frames);
+        if (n == 0) {
+            break;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            softnda::roce::Packet p;
+            EXPECT_TRUE(softnda::roce::decode(std::span<const uint8_t>(frames[i].data, frames[i].len), &p));
+            got[p.bth.psn] = {frames[i].sport, frames[i].dport, frames[i].flow};
+        }
+    }
+    finish();
+    ASSERT_EQ(got.size(), out.size()) << "packets that came back";
+    using T = std::tuple<uint16_t, uint16_t, uint32_t>;
+    EXPECT_EQ(got[1], T(sport, port, 0));
+    EXPECT_EQ(got[2], T(port, port, 0));
+    if (v6) {
+        EXPECT_EQ(got[3], T(sport, port, 0x12345));
+        EXPECT_EQ(got[4], T(sport, port, 0));
+    }
+    EXPECT_EQ(wire->source_ports.load(), 1u);
 }
 
 }  // namespace
