@@ -1087,7 +1087,8 @@ ExecResult Engine::Thread::sendDatagram(Qp *qp, const softnda_wqe &h, const Segm
     if (isMulticastLid(dlid)) {
         // Every member of the MLID's groups gets its copy (SPEC.md §11.3), the sender too when
         // it joined; only the multicast QPN reaches a group.
-        auto group = dest_qpn == kMcastQpn ? dev_->mcast.find(dlid) : dev_->mcast.end();
+        auto group =
+            dest_qpn == kMcastQpn ? dev_->mcast.find(mcastKey(false, ibv_gid{}, dlid)) : dev_->mcast.end();
         if (group != dev_->mcast.end()) {
             for (Qp *member : group->second) {
                 fillGrh(grh, *dev_, qp->attrs.port, groupGid(*member, dlid), static_cast<uint32_t>(total));

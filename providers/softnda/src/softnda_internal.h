@@ -23,9 +23,11 @@
 #include <ibv_extend_vdev.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -335,6 +337,20 @@ struct McastGroup {
     ibv_gid gid{};
     uint16_t lid = 0;
 };
+// What tells a device's multicast groups apart (SPEC.md §11.3): the MLID on an InfiniBand port,
+// as a switch routes by it, and the MGID on an Ethernet one, which has no LIDs (the kernel
+// ignores the LID of a RoCE attach). The MGID's bytes, or the MLID in the last two.
+using McastKey = std::array<uint8_t, 16>;
+inline McastKey mcastKey(bool ethernet, const ibv_gid &gid, uint16_t lid) {
+    McastKey k{};
+    if (ethernet) {
+        std::memcpy(k.data(), gid.raw, k.size());
+    } else {
+        k[14] = static_cast<uint8_t>(lid >> 8);
+        k[15] = static_cast<uint8_t>(lid);
+    }
+    return k;
+}
 
 // The groups a UD QP joined, in joining order. Most QPs join none, so the list is allocated by
 // the first join: a pointer in every QP instead of a vector (issue 25: bytes per QP).
@@ -485,8 +501,9 @@ struct Device {
     uint32_t next_qpn = 1;
     uint64_t qp_epoch = 1;  // bumped when a QP goes away, invalidating cached peers (gate)
     std::unordered_map<uint32_t, Srq *> xrc_srqs;  // XRC SRQs by SRQ number; ctl + gate
-    // The UD QPs that joined a multicast group, by MLID, each once (SPEC.md §11.3); ctl + gate.
-    std::unordered_map<uint16_t, std::vector<Qp *>> mcast;
+    // The UD QPs that joined a multicast group, by the group's key (mcastKey: the MLID on an
+    // InfiniBand port, the MGID on an Ethernet one), each once (SPEC.md §11.3); ctl + gate.
+    std::map<McastKey, std::vector<Qp *>> mcast;
     uint32_t mcast_attached = 0;  // group memberships of all QPs (ctl)
     // The device-memory region (SPEC.md §17): the ranges allocations hold, offset -> length (ctl).
     std::map<uint64_t, uint64_t> dm_used;
@@ -533,6 +550,13 @@ inline bool isMulticastLid(uint16_t lid) {
     return lid >= 0xc000 && lid != 0xffff;
 }
 constexpr uint32_t kMcastQpn = 0xffffff;
+// Whether gid names a multicast group as the kernel's rdma_is_multicast_addr has it: an IPv6
+// multicast address (ff00::/8), or an IPv4-mapped one of 224.0.0.0/4 (RoCEv2 over IPv4).
+inline bool isMulticastGid(const ibv_gid &gid) {
+    static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+    return gid.raw[0] == 0xff ||
+           (std::memcmp(gid.raw, mapped, sizeof(mapped)) == 0 && (gid.raw[12] & 0xf0) == 0xe0);
+}
 constexpr uint32_t kMaxMcastGroups = 1024;       // MLIDs with members on one device
 constexpr uint32_t kMaxMcastQpAttach = 64;       // QPs in one group
 constexpr uint32_t kMaxMcastTotalAttach = 4096;  // memberships on one device

@@ -15,6 +15,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -289,12 +290,16 @@ int wireSocket(int family, const std::string &ifname, uint16_t port) {
     int one = 1, zero = 0;
     int pmtu = IP_PMTUDISC_DO, pmtu6 = IPV6_PMTUDISC_DO;
     int buf = 4 << 20;
+    // No multicast loop: a group's members on this host have their copies through shared memory
+    // (SPEC.md §11.3), so one looped back would arrive twice.
     bool ok = ::setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, ifname.c_str(),
                            static_cast<socklen_t>(ifname.size())) == 0 &&
-              ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) == 0;
+              ::setsockopt(fd, IPPROTO_IP, IP_MTU_DISCOVER, &pmtu, sizeof(pmtu)) == 0 &&
+              ::setsockopt(fd, IPPROTO_IP, IP_MULTICAST_LOOP, &zero, sizeof(zero)) == 0;
     if (ok && family == AF_INET6) {
         ok = ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
              ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) == 0 &&
+             ::setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)) == 0 &&
              ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &one, sizeof(one)) == 0;
         // A kernel without the option keeps its automatic label for flow label 0, which is
         // harmless: the ICRC masks the label, and no receiver checks it.
@@ -395,6 +400,39 @@ WireSocket::Sender WireSocket::sender(uint16_t sport) {
 
 void WireSocket::stop() {
     ::shutdown(fd_, SHUT_RD);  // wakes the receiving thread: its recvmmsg returns 0
+}
+
+namespace {
+
+// Joins (or leaves) fd's membership of the IP multicast group of MGID gid on ifindex.
+int groupMembership(int fd, int family, uint32_t ifindex, const ibv_gid &gid, bool join) {
+    uint32_t v4 = 0;
+    int rc = 0;
+    if (ipv4OfGid(gid, &v4)) {
+        ip_mreqn m{};
+        m.imr_multiaddr.s_addr = v4;
+        m.imr_ifindex = static_cast<int>(ifindex);
+        rc = ::setsockopt(fd, IPPROTO_IP, join ? IP_ADD_MEMBERSHIP : IP_DROP_MEMBERSHIP, &m, sizeof(m));
+    } else if (family != AF_INET6) {
+        return -EAFNOSUPPORT;
+    } else {
+        ipv6_mreq m{};
+        std::memcpy(&m.ipv6mr_multiaddr, gid.raw, sizeof(gid.raw));
+        m.ipv6mr_interface = ifindex;
+        rc = ::setsockopt(fd, IPPROTO_IPV6, join ? IPV6_JOIN_GROUP : IPV6_LEAVE_GROUP, &m, sizeof(m));
+    }
+    return rc == 0 ? 0 : -errno;
+}
+
+}  // namespace
+
+int WireSocket::joinGroup(const ibv_gid &gid) {
+    int rc = groupMembership(fd_, family_, ifindex_, gid, true);
+    return rc == -EADDRINUSE ? 0 : rc;  // a member already
+}
+
+void WireSocket::leaveGroup(const ibv_gid &gid) {
+    (void)groupMembership(fd_, family_, ifindex_, gid, false);  // EADDRNOTAVAIL: not a member
 }
 
 void WireSocket::send(std::span<const WireOut> out) {
@@ -504,8 +542,9 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
             dst[k].sin6_family = AF_INET6;
             dst[k].sin6_port = htons(port_);
             std::memcpy(&dst[k].sin6_addr, o.dst.raw, sizeof(o.dst.raw));
-            // A link-local destination is reached on this interface.
-            if (IN6_IS_ADDR_LINKLOCAL(&dst[k].sin6_addr)) {
+            // A link-local destination, or a link-local multicast group, is reached on this
+            // interface.
+            if (IN6_IS_ADDR_LINKLOCAL(&dst[k].sin6_addr) || IN6_IS_ADDR_MC_LINKLOCAL(&dst[k].sin6_addr)) {
                 dst[k].sin6_scope_id = ifindex_;
             }
             if (!ipv4) {
@@ -1142,20 +1181,37 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
     o.ttl = hop_limit;
     // The QP's own source port, as rxe gives a UD QP (the WQE carries no flow label).
     o.sport = roceSourcePort(0, qp->qpn);
-    if (here) {
-        auto it = dev_->qps.find(dest_qpn);
-        if (it == dev_->qps.end() || it->second->attrs.port != qp->attrs.port) {
-            return ExecResult{};
-        }
-        // The packet it would be: its headers and ICRC (encodedLength of no payload), the
-        // payload and its pad.
+    // A copy for a QP of this host: behind the header the packet would carry through the host's
+    // own IP stack, as rxe's does (the packet: its headers and ICRC, encodedLength of no payload,
+    // the payload and its pad).
+    auto deliverHere = [&](Qp *member, uint8_t ttl) {
         const size_t len = roce::encodedLength(o.pkt) + total + (4 - total % 4) % 4;
         uint8_t grh[SOFTNDA_GRH_SIZE];
-        // The header the packet would carry through the host's own IP stack, as rxe's does.
-        const uint8_t l3 = roceGrh(grh, *sgid, dgid, len, o.tos, hop_limit != 0 ? hop_limit : kDefaultTtl, 0);
+        const uint8_t l3 = roceGrh(grh, *sgid, dgid, len, o.tos, ttl, 0);
         deliverDatagram(
             Datagram{grh, local, nlocal, total, qkey, qp->qpn, 0, imm, o.pkt.bth.solicited, h.imm_data, l3},
-            it->second);
+            member);
+    };
+    if (isMulticastGid(dgid)) {
+        // A group (SPEC.md §11.3, §18): only the multicast QPN reaches it. Its members here have
+        // their copies through shared memory (the sender too when it is one, as a NIC loops
+        // multicast back), and one packet to the group's IP address reaches those of other hosts.
+        if (dest_qpn != kMcastQpn) {
+            return ExecResult{};
+        }
+        auto group = dev_->mcast.find(mcastKey(true, dgid, 0));
+        if (group != dev_->mcast.end()) {
+            for (Qp *member : group->second) {
+                if (member->attrs.port == qp->attrs.port) {
+                    deliverHere(member, hop_limit != 0 ? hop_limit : 1);  // a multicast TTL's default
+                }
+            }
+        }
+    } else if (here) {
+        auto it = dev_->qps.find(dest_qpn);
+        if (it != dev_->qps.end() && it->second->attrs.port == qp->attrs.port) {
+            deliverHere(it->second, hop_limit != 0 ? hop_limit : kDefaultTtl);
+        }
         return ExecResult{};
     }
     if (wire_ == nullptr || !wirePath(*sgid, dgid, wire_->ipv6())) {
@@ -1174,18 +1230,41 @@ ExecResult Engine::Thread::roceDatagram(Qp *qp, const softnda_wqe &h, const Segm
 
 // A UD packet from the wire (on the wire thread): into the QP its BTH names, as a datagram of
 // this host would go (Q_Key, state, a receive), behind a GRH holding the packet's IP header.
+// A packet to a multicast group's IP address (SPEC.md §18) goes to every QP of the device that
+// joined the group, when it names the multicast QPN.
 void Engine::Thread::wireDatagram(const WireFrame &f, const roce::Packet &p) {
     const uint8_t op = p.bth.opcode & 0x1f;
-    auto it = dev_->qps.find(p.bth.dest_qp);
-    if ((op != roce::kSendOnly && op != roce::kSendOnlyImm) || it == dev_->qps.end()) {
-        return;  // UD has SEND ONLY alone; no such QP: dropped, as UD drops
+    if (op != roce::kSendOnly && op != roce::kSendOnlyImm) {
+        return;  // UD has SEND ONLY alone
     }
     uint8_t grh[SOFTNDA_GRH_SIZE];
     const uint8_t l3 = roceGrh(grh, f.src, f.dst, f.len, f.tos, f.ttl, f.flow);
     Segment payload{const_cast<uint8_t *>(p.payload.data()), static_cast<uint32_t>(p.payload.size())};
-    deliverDatagram(Datagram{grh, &payload, 1, p.payload.size(), p.deth_qkey, p.deth_src_qp, 0,
-                             op == roce::kSendOnlyImm, p.bth.solicited, htonl(p.imm), l3},
-                    it->second);
+    const Datagram d{grh,
+                     &payload,
+                     1,
+                     p.payload.size(),
+                     p.deth_qkey,
+                     p.deth_src_qp,
+                     0,
+                     op == roce::kSendOnlyImm,
+                     p.bth.solicited,
+                     htonl(p.imm),
+                     l3};
+    if (isMulticastGid(f.dst)) {
+        auto group =
+            p.bth.dest_qp == kMcastQpn ? dev_->mcast.find(mcastKey(true, f.dst, 0)) : dev_->mcast.end();
+        if (group != dev_->mcast.end()) {
+            for (Qp *member : group->second) {
+                deliverDatagram(d, member);
+            }
+        }
+        return;
+    }
+    auto it = dev_->qps.find(p.bth.dest_qp);
+    if (it != dev_->qps.end()) {
+        deliverDatagram(d, it->second);  // no such QP: dropped, as UD drops
+    }
 }
 
 // A UC message to another host (SPEC.md §18), on the engine thread that owns the SQ: its packets

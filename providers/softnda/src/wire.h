@@ -86,6 +86,12 @@ class WireSocket {
     size_t receive(std::span<WireFrame> frames);
     // Wakes the receiving thread for good.
     void stop();
+    // Makes the socket a member of the IP multicast group of MGID gid on its interface (an
+    // IPv4-mapped one by IP_ADD_MEMBERSHIP, an IPv6 one by IPV6_JOIN_GROUP): 0 or -errno
+    // (ENOBUFS: past the host's net.ipv4.igmp_max_memberships; EAFNOSUPPORT: an IPv6 group on
+    // an IPv4 socket). leaveGroup ends it.
+    int joinGroup(const ibv_gid &gid);
+    void leaveGroup(const ibv_gid &gid);
 
     std::atomic<uint64_t> sent{0}, received{0}, bad_icrc{0}, malformed{0}, fault_drops{0};
     // How many source ports have a socket of their own.

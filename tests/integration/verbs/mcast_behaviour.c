@@ -27,40 +27,6 @@ static const char *rc_prog = "mcast-behaviour";
 #define GRH 40
 #define SLOT 256
 
-static struct ibv_qp *ud_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
-    ia.qp_type = IBV_QPT_UD;
-    ia.cap.max_send_wr = 4;
-    ia.cap.max_recv_wr = 4;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
-    if (qp == NULL) {
-        fail("ibv_create_qp UD", strerror(errno));
-    }
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qkey = QKEY;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
-        fail("UD INIT", "refused");
-    }
-    a.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE) != 0) {
-        fail("UD RTR", "refused");
-    }
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
-        fail("UD RTS", "refused");
-    }
-    return qp;
-}
-
 static void post_recv(struct ibv_qp *qp, struct ibv_mr *mr, uint64_t id) {
     struct ibv_sge s = {(uintptr_t)mr->addr + id * SLOT, SLOT, mr->lkey};
     struct ibv_recv_wr wr, *bad;
@@ -161,7 +127,8 @@ int main(int argc, char **argv) {
     }
 
     struct ibv_qp *rc = rc_qp(pd, cq);
-    struct ibv_qp *a = ud_qp(pd, cq), *b = ud_qp(pd, cq), *c = ud_qp(pd, cq), *d = ud_qp(pd, cq);
+    struct ibv_qp *a = ud_qp_rts(pd, cq, 4, QKEY), *b = ud_qp_rts(pd, cq, 4, QKEY),
+                  *c = ud_qp_rts(pd, cq, 4, QKEY), *d = ud_qp_rts(pd, cq, 4, QKEY);
     if (ibv_attach_mcast(rc, &mgid, MLID) != EINVAL || ibv_attach_mcast(b, &unicast, MLID) != EINVAL ||
         ibv_attach_mcast(b, &mgid, port.lid) != EINVAL || ibv_detach_mcast(b, &mgid, MLID) != EINVAL) {
         fail("bad attach", "not EINVAL");

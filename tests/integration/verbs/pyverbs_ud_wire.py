@@ -78,10 +78,12 @@ def check_grh(grh, src_gid, dst_gid, length, i):
 
 
 def check_ipv6_grh(grh, src, dst, udp, i):
-    """The whole 40 bytes are the packet's IPv6 header. Its flow label is the sending kernel's
-    (auto flow labels), which softnda does not carry into the GRH: not checked."""
+    """The whole 40 bytes are the packet's IPv6 header. Its flow label is the one it arrived with:
+    0, a UD datagram's (its work request carries no flow label)."""
     word, payload_len, next_header, hop_limit = struct.unpack("!IHBB", grh[:8])
-    version, tclass = word >> 28, (word >> 20) & 0xFF
+    version, tclass, flow = word >> 28, (word >> 20) & 0xFF, word & 0xFFFFF
+    if flow != 0:
+        fail(f"datagram {i}: IPv6 flow label {flow:#x}, expected the datagram's 0")
     if version != 6 or next_header != 17 or payload_len != udp:
         fail(f"datagram {i}: not the IPv6 header of its UDP datagram ({udp} bytes): {grh.hex()}")
     saddr, daddr = ipaddress.IPv6Address(grh[8:24]), ipaddress.IPv6Address(grh[24:40])

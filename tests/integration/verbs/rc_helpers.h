@@ -118,6 +118,42 @@ static inline struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
     return qp;
 }
 
+/* A UD QP in RTS on port 1 with Q_Key qkey, depth work requests each way; fails the program when
+ * the device refuses it. */
+static inline struct ibv_qp *ud_qp_rts(struct ibv_pd *pd, struct ibv_cq *cq, uint32_t depth, uint32_t qkey) {
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = cq;
+    ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = depth;
+    ia.cap.max_recv_wr = depth;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    if (qp == NULL) {
+        fail("ibv_create_qp UD", strerror(errno));
+    }
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = qkey;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
+        fail("UD INIT", "refused");
+    }
+    a.qp_state = IBV_QPS_RTR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE) != 0) {
+        fail("UD RTR", "refused");
+    }
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
+        fail("UD RTS", "refused");
+    }
+    return qp;
+}
+
 /* The device called name, opened; fails the program when there is none. */
 static inline struct ibv_context *open_named(const char *name) {
     int n = 0;

@@ -406,23 +406,29 @@ class RoceHostsTest : public ::testing::Test {
 
     // pyverbs_wire.py as server on A and client on B, n of each operation (mode "rnr": the SENDs
     // alone, each meeting an empty ring once); the test relays the lines by which they meet.
-    // script (pyverbs_ud_wire.py, pyverbs_uc_wire.py) meets the same way; a server that reports a
-    // line before its "OK" (pyverbs_uc_wire.py's "GOT k") has it put in report. The client runs on
-    // client_host when one is given (A itself: both ends on one host).
+    // script (pyverbs_ud_wire.py, pyverbs_uc_wire.py, or a program by its path: mcast-wire) meets
+    // the same way; a server that reports a line before its "OK" (pyverbs_uc_wire.py's "GOT k")
+    // has it put in report. The client runs on client_host when one is given (A itself: both
+    // ends on one host).
     void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "",
                            const std::string &script = "pyverbs_wire.py", std::string *report = nullptr,
                            Host *client_host = nullptr) {
-        const std::string program = std::string(IBVX_PYVERBS_DIR) + "/" + script;
+        const bool python = script.ends_with(".py");
+        const std::string program = python ? std::string(IBVX_PYVERBS_DIR) + "/" + script : script;
         auto args = [&](const char *role) {
-            std::vector<std::string> v{program, "softnda0", gid_index_, role, std::to_string(n)};
+            std::vector<std::string> v{"softnda0", gid_index_, role, std::to_string(n)};
+            if (python) {
+                v.insert(v.begin(), program);
+            }
             if (!mode.empty()) {
                 v.push_back(mode);
             }
             return v;
         };
-        auto server = tenant(a(), name + ".server.err", "/usr/bin/python3", args("server"));
-        auto client = tenant(client_host != nullptr ? *client_host : b(), name + ".client.err",
-                             "/usr/bin/python3", args("client"));
+        const std::string runs = python ? "/usr/bin/python3" : program;
+        auto server = tenant(a(), name + ".server.err", runs, args("server"));
+        auto client =
+            tenant(client_host != nullptr ? *client_host : b(), name + ".client.err", runs, args("client"));
         auto errs = [&] {
             return "server: " + slurp(dir_ + "/" + name + ".server.err") +
                    "\nclient: " + slurp(dir_ + "/" + name + ".client.err");
@@ -637,6 +643,13 @@ TEST_F(RoceHostsTest, UdDatagramsArriveWithTheirIpv4HeaderAsGrh) {
 TEST_F(RoceHostsTest, UdDatagramsOnOneHostGetTheHeaderTheyWouldHaveHad) {
     expectExactlyOnce("ud-grh-local", iterations(16), "", "pyverbs_ud_wire.py", nullptr, &a());
     EXPECT_EQ(counter(a(), "wire_tx_packets"), 0u) << "a datagram to a GID of this host went to the wire";
+}
+
+// A multicast group across the hosts (SPEC.md §11.3, §18): two members on host A and the
+// sender itself on host B, each getting every datagram once behind a GRH naming the sender and
+// the group (IPv4: 239.201.8.1; the IPv6 case: ff12::c9:8:1). mcast-wire's comment says more.
+TEST_F(RoceHostsTest, UdMulticastReachesEveryMemberOnBothHosts) {
+    expectExactlyOnce("mcast", 16, "", IBVX_MCAST_WIRE);
 }
 
 TEST_F(RoceHostsTest, WriteReadAtomicsSendExactlyOnce) {
@@ -903,6 +916,10 @@ TEST_F(RoceHostsIpv6Test, RcPingpongByLinkLocalGid) {
 
 TEST_F(RoceHostsIpv6Test, WriteReadAtomicsSendExactlyOnce) {
     expectExactlyOnce("wire6", iterations(32));
+}
+
+TEST_F(RoceHostsIpv6Test, UdMulticastReachesEveryMemberOnBothHosts) {
+    expectExactlyOnce("mcast6", 16, "", IBVX_MCAST_WIRE);
 }
 
 // Each UD receive's GRH room holds the packet's IPv6 header, as rxe puts it there.
