@@ -165,9 +165,6 @@ int detachMcast(ibv_qp_extend *ext, const ibv_gid *gid, uint16_t lid) {
 
 void leaveAllGroups(Qp *qp) {
     Device *dev = qp->ctx->dev;
-    if (qp->mcast.size() == 0) {
-        return;
-    }
     for (const McastGroup &g : qp->mcast) {
         leaveKey(dev, qp, keyOf(*dev, g));
         leaveWireGroup(dev, keyOf(*dev, g));
@@ -185,11 +182,11 @@ int checkImportedGroups(const Device &dev, ibv_qp_type type, const std::vector<M
         const McastGroup &g = groups[i];
         const McastKey key = keyOf(dev, g);
         if (!validGroup(dev, type, g.gid, g.lid) ||
-            std::any_of(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i),
-                        [&](const McastGroup &m) {
-                            return keyOf(dev, m) == key && m.lid == g.lid &&
-                                   std::memcmp(m.gid.raw, g.gid.raw, sizeof(g.gid.raw)) == 0;
-                        })) {
+            std::any_of(
+                groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i), [&](const McastGroup &m) {
+                    // One membership: the same key (on InfiniBand the same MLID) and MGID.
+                    return keyOf(dev, m) == key && std::memcmp(m.gid.raw, g.gid.raw, sizeof(g.gid.raw)) == 0;
+                })) {
             return -EINVAL;
         }
         if (std::find(new_keys.begin(), new_keys.end(), key) != new_keys.end()) {

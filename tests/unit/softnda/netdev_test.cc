@@ -9,7 +9,9 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -413,6 +415,63 @@ TEST(SoftndaWire, PacketsLeaveFromTheirFlowsSourcePortWithTheirFlowLabel) {
         EXPECT_EQ(got[4], T(sport, port, 0));
     }
     EXPECT_EQ(wire->source_ports.load(), 1u);
+}
+
+// Whether the network namespace's IGMP table (/proc/net/igmp) lists IPv4 group `group` (dotted)
+// on interface ifname: what a socket's IP_ADD_MEMBERSHIP there adds.
+bool igmpMember(const std::string &ifname, const char *group) {
+    in_addr a{};
+    EXPECT_EQ(inet_pton(AF_INET, group, &a), 1);
+    char hex[16];
+    std::snprintf(hex, sizeof(hex), "%08X", a.s_addr);  // as the kernel prints the __be32
+    std::ifstream in("/proc/net/igmp");
+    bool on_if = false;
+    for (std::string line; std::getline(in, line);) {
+        if (!line.empty() && line[0] != '\t') {
+            on_if = line.find("\t" + ifname + " ") != std::string::npos ||
+                    line.find(" " + ifname + " ") != std::string::npos;
+        } else if (on_if && line.find(hex) != std::string::npos) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// On an Ethernet device a multicast group is its MGID (SPEC.md §18): an IPv4-mapped 224.0.0.0/4
+// or IPv6 multicast GID, the LID ignored as the kernel ignores it on RoCE, so one MGID with two
+// LIDs is one membership; and the device's socket is in the IP group while a QP is.
+// A port of its own, so that a test process beside it holding 4791 on lo cannot leave this one
+// without a socket.
+class SoftndaEthernetMcastTest : public SoftndaEthernetTest {
+  protected:
+    std::vector<std::pair<std::string, std::string>> options() override {
+        return {{"netdev", "lo"}, {"wire_port", std::to_string(freeUdpPort(21000, 21999))}};
+    }
+};
+
+TEST_F(SoftndaEthernetMcastTest, MulticastGroupsAreMgidsWhoseIpGroupTheSocketJoins) {
+    softnda_counters c{};
+    ASSERT_EQ(softnda_query_counters("softnda0", &c), 0);
+    ASSERT_EQ(c.wire_socket_errno, 0u) << "the device has no socket";
+    QpCaps ud;
+    ud.type = IBV_QPT_UD;
+    QpH q = makeQp(scq_, rcq_, ud);
+    const ibv_gid group = gidOf("::ffff:239.201.9.7"), unicast = gidOf("::ffff:10.201.9.7"),
+                  reserved = gidOf("::ffff:240.0.0.1");
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(q.ext, &unicast, 0xc001), -EINVAL);
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(q.ext, &reserved, 0xc001), -EINVAL);  // not 224.0.0.0/4
+    EXPECT_FALSE(igmpMember("lo", "239.201.9.7"));
+    ASSERT_EQ(softnda_vdev_ops.attach_mcast(q.ext, &group, 0), 0);  // no multicast LID needed
+    EXPECT_TRUE(igmpMember("lo", "239.201.9.7"));
+    EXPECT_EQ(softnda_vdev_ops.attach_mcast(q.ext, &group, 0xc001), 0);  // the same membership
+    EXPECT_EQ(softnda_vdev_ops.detach_mcast(q.ext, &group, 0xc002), 0);
+    EXPECT_EQ(softnda_vdev_ops.detach_mcast(q.ext, &group, 0), -EINVAL);  // left once
+    EXPECT_FALSE(igmpMember("lo", "239.201.9.7"));
+    // A destroyed member leaves the IP group too.
+    ASSERT_EQ(softnda_vdev_ops.attach_mcast(q.ext, &group, 0), 0);
+    EXPECT_TRUE(igmpMember("lo", "239.201.9.7"));
+    destroyQp(q);
+    EXPECT_FALSE(igmpMember("lo", "239.201.9.7"));
 }
 
 }  // namespace
