@@ -9,8 +9,6 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/ip.h>
-// After netinet/in.h, which it defers to: IPV6_FLOWINFO and IPV6_FLOWINFO_SEND, which glibc lacks.
-#include <linux/in6.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -26,6 +24,12 @@
 
 namespace softnda {
 namespace {
+
+// Linux's IPv6 flow label options (linux/in6.h, stable UAPI), which glibc's netinet/in.h lacks
+// and which linux/in6.h leaves out when netinet/in.h came first.
+constexpr int kIpv6FlowInfo = 11;      // IPV6_FLOWINFO: the flow label of what arrives, as a message
+constexpr int kIpv6FlowInfoSend = 33;  // IPV6_FLOWINFO_SEND: sin6_flowinfo's label goes out
+constexpr uint32_t kFlowLabelMask = 0x000fffff;
 
 constexpr size_t kMaxFrame = 4096 + 128;  // the largest path MTU's packet, headers included
 constexpr size_t kRxBatch = 32;
@@ -300,7 +304,7 @@ int wireSocket(int family, const std::string &ifname, uint16_t port) {
         ok = ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
              ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) == 0 &&
              ::setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)) == 0 &&
-             ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &one, sizeof(one)) == 0;
+             ::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfoSend, &one, sizeof(one)) == 0;
         // A kernel without the option keeps its automatic label for flow label 0, which is
         // harmless: the ICRC masks the label, and no receiver checks it.
         (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, &zero, sizeof(zero));
@@ -361,7 +365,7 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
         (family == AF_INET6 && (::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) < 0 ||
                                 ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) < 0 ||
                                 ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0 ||
-                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO, &one, sizeof(one)) < 0))) {
+                                ::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfo, &one, sizeof(one)) < 0))) {
         int e = errno;
         ::close(fd);
         return -e;
@@ -548,7 +552,7 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
                 dst[k].sin6_scope_id = ifindex_;
             }
             if (!ipv4) {
-                dst[k].sin6_flowinfo = htonl(o.flow & IPV6_FLOWINFO_FLOWLABEL);
+                dst[k].sin6_flowinfo = htonl(o.flow & kFlowLabelMask);
             }
             h = oneBufferMsg(&dst[k], sizeof(sockaddr_in6), &iov[k], ctl[k], sizeof(ctl[k]));
         }
@@ -663,10 +667,10 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
             } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_TCLASS) {
                 std::memcpy(&value, CMSG_DATA(c), sizeof(value));
                 f.tos = static_cast<uint8_t>(value);
-            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO) {
+            } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == kIpv6FlowInfo) {
                 uint32_t flowinfo = 0;  // network order: traffic class and flow label
                 std::memcpy(&flowinfo, CMSG_DATA(c), sizeof(flowinfo));
-                f.flow = ntohl(flowinfo) & IPV6_FLOWINFO_FLOWLABEL;
+                f.flow = ntohl(flowinfo) & kFlowLabelMask;
             }
         }
         ++n;
@@ -705,7 +709,7 @@ void bindWire(Device *dev, Qp *qp) {
     qp->wire->dst = ah.grh.dgid;
     qp->wire->tos = ah.grh.traffic_class;
     qp->wire->ttl = ah.grh.hop_limit;
-    qp->wire->flow = ah.grh.flow_label & IPV6_FLOWINFO_FLOWLABEL;
+    qp->wire->flow = ah.grh.flow_label & kFlowLabelMask;
     qp->wire->sport = qp->attrs.udp_src_port != 0 ? static_cast<uint16_t>(qp->attrs.udp_src_port)
                                                   : roceSourcePort(ah.grh.flow_label, qp->qpn);
 }
