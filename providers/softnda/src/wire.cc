@@ -303,10 +303,11 @@ int wireSocket(int family, const std::string &ifname, uint16_t port) {
     if (ok && family == AF_INET6) {
         ok = ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
              ::setsockopt(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, &pmtu6, sizeof(pmtu6)) == 0 &&
-             ::setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)) == 0 &&
-             ::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfoSend, &one, sizeof(one)) == 0;
-        // A kernel without the option keeps its automatic label for flow label 0, which is
-        // harmless: the ICRC masks the label, and no receiver checks it.
+             ::setsockopt(fd, IPPROTO_IPV6, IPV6_MULTICAST_LOOP, &zero, sizeof(zero)) == 0;
+        // Where the flow label options are refused (ENOPROTOOPT: qemu-user does not emulate
+        // them) packets go with the kernel's label, which is harmless: the ICRC masks the label,
+        // and no receiver checks it.
+        (void)::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfoSend, &one, sizeof(one));
         (void)::setsockopt(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, &zero, sizeof(zero));
     }
     if (!ok) {
@@ -364,14 +365,20 @@ int WireSocket::open(const std::string &ifname, uint16_t port, const WireFaults 
         ::setsockopt(fd, IPPROTO_IP, IP_RECVTTL, &one, sizeof(one)) < 0 ||
         (family == AF_INET6 && (::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof(one)) < 0 ||
                                 ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVTCLASS, &one, sizeof(one)) < 0 ||
-                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0 ||
-                                ::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfo, &one, sizeof(one)) < 0))) {
+                                ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, &one, sizeof(one)) < 0))) {
         int e = errno;
         ::close(fd);
         return -e;
     }
+    // The flow labels: sent and received where the host takes both options (wireSocket).
+    int flowinfo_send = 0;
+    socklen_t len = sizeof(flowinfo_send);
+    const bool flow_labels =
+        family == AF_INET6 && ::getsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfoSend, &flowinfo_send, &len) == 0 &&
+        flowinfo_send != 0 && ::setsockopt(fd, IPPROTO_IPV6, kIpv6FlowInfo, &one, sizeof(one)) == 0;
     out->reset(new WireSocket(fd, family, if_nametoindex(ifname.c_str()), port, faults));
     (*out)->ifname_ = ifname;
+    (*out)->flow_labels_ = flow_labels;
     return 0;
 }
 
@@ -551,7 +558,7 @@ void WireSocket::transmit(const uint8_t *const *bufs, const size_t *lens, const 
             if (IN6_IS_ADDR_LINKLOCAL(&dst[k].sin6_addr) || IN6_IS_ADDR_MC_LINKLOCAL(&dst[k].sin6_addr)) {
                 dst[k].sin6_scope_id = ifindex_;
             }
-            if (!ipv4) {
+            if (!ipv4 && flow_labels_) {
                 dst[k].sin6_flowinfo = htonl(o.flow & kFlowLabelMask);
             }
             h = oneBufferMsg(&dst[k], sizeof(sockaddr_in6), &iov[k], ctl[k], sizeof(ctl[k]));

@@ -77,6 +77,9 @@ class WireSocket {
     uint16_t port() const { return port_; }
     // Whether it reaches IPv6 GIDs (false: the host has no IPv6).
     bool ipv6() const { return family_ == AF_INET6; }
+    // Whether IPv6 packets carry their WireOut's flow label, and WireFrame's is the one that
+    // arrived (false where the host refuses the flow label options: 0 then).
+    bool flowLabels() const { return flow_labels_; }
     // Encodes and sends the packets (their ICRCs computed over the IP and UDP headers the kernel
     // writes), through the fault hook.
     void send(std::span<const WireOut> out);
@@ -114,6 +117,7 @@ class WireSocket {
     int fd_;
     int family_;
     std::string ifname_;
+    bool flow_labels_ = false;
     uint32_t ifindex_;  // the interface's, at open: a link-local destination's scope
     uint16_t port_;
     WireFaults faults_;
