@@ -106,12 +106,16 @@ Qp *udQpOf(ibv_qp_extend *ext) {
     return qp != nullptr && &qp->ext == ext ? qp : nullptr;
 }
 
-// qp's membership that (gid, lid) names: the same MGID and MLID, or on Ethernet the same MGID.
+// Whether a and b are one membership: the same MGID and MLID, or on Ethernet the same MGID.
+bool sameMembership(const Device &dev, const McastGroup &a, const McastGroup &b) {
+    return keyOf(dev, a) == keyOf(dev, b) && std::memcmp(a.gid.raw, b.gid.raw, sizeof(a.gid.raw)) == 0;
+}
+
+// qp's membership that (gid, lid) names.
 McastGroup *findGroup(const Device &dev, Qp *qp, const ibv_gid &gid, uint16_t lid) {
-    const McastKey key = mcastKey(ethernet(dev), gid, lid);
-    auto g = std::find_if(qp->mcast.begin(), qp->mcast.end(), [&](const McastGroup &m) {
-        return keyOf(dev, m) == key && std::memcmp(m.gid.raw, gid.raw, sizeof(gid.raw)) == 0;
-    });
+    const McastGroup want{gid, lid};
+    auto g = std::find_if(qp->mcast.begin(), qp->mcast.end(),
+                          [&](const McastGroup &m) { return sameMembership(dev, m, want); });
     return g != qp->mcast.end() ? g : nullptr;
 }
 
@@ -166,8 +170,9 @@ int detachMcast(ibv_qp_extend *ext, const ibv_gid *gid, uint16_t lid) {
 void leaveAllGroups(Qp *qp) {
     Device *dev = qp->ctx->dev;
     for (const McastGroup &g : qp->mcast) {
-        leaveKey(dev, qp, keyOf(*dev, g));
-        leaveWireGroup(dev, keyOf(*dev, g));
+        const McastKey key = keyOf(*dev, g);
+        leaveKey(dev, qp, key);
+        leaveWireGroup(dev, key);
     }
     dev->mcast_attached -= static_cast<uint32_t>(qp->mcast.size());
     qp->mcast.clear();
@@ -182,11 +187,8 @@ int checkImportedGroups(const Device &dev, ibv_qp_type type, const std::vector<M
         const McastGroup &g = groups[i];
         const McastKey key = keyOf(dev, g);
         if (!validGroup(dev, type, g.gid, g.lid) ||
-            std::any_of(
-                groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i), [&](const McastGroup &m) {
-                    // One membership: the same key (on InfiniBand the same MLID) and MGID.
-                    return keyOf(dev, m) == key && std::memcmp(m.gid.raw, g.gid.raw, sizeof(g.gid.raw)) == 0;
-                })) {
+            std::any_of(groups.begin(), groups.begin() + static_cast<std::ptrdiff_t>(i),
+                        [&](const McastGroup &m) { return sameMembership(dev, m, g); })) {
             return -EINVAL;
         }
         if (std::find(new_keys.begin(), new_keys.end(), key) != new_keys.end()) {

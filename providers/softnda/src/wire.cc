@@ -391,15 +391,16 @@ WireSocket::Sender WireSocket::sender(uint16_t sport) {
         std::lock_guard<std::mutex> lk(sources_mu_);
         fd = sources_[sport].load(std::memory_order_relaxed);
         if (fd == kUnopened) {
-            fd = sources_open_ < kMaxSourcePorts ? wireSocket(family_, ifname_, sport) : -ENFILE;
+            fd = source_ports.load(std::memory_order_relaxed) < kMaxSourcePorts
+                     ? wireSocket(family_, ifname_, sport)
+                     : -ENFILE;
             if (fd >= 0) {
                 // Send-only: nothing sent to this port is wanted (RoCEv2 peers answer to 4791),
                 // so a filter that accepts nothing keeps its receive queue empty.
                 sock_filter none{BPF_RET | BPF_K, 0, 0, 0};
                 sock_fprog prog{1, &none};
                 (void)::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &prog, sizeof(prog));
-                sources_open_++;
-                source_ports.store(sources_open_, std::memory_order_relaxed);
+                source_ports.fetch_add(1, std::memory_order_relaxed);  // written under sources_mu_ only
             } else {
                 fd = kRefused;  // EADDRINUSE (another socket has it), or past kMaxSourcePorts
             }

@@ -97,7 +97,7 @@ class WireSocket {
     void leaveGroup(const ibv_gid &gid);
 
     std::atomic<uint64_t> sent{0}, received{0}, bad_icrc{0}, malformed{0}, fault_drops{0};
-    // How many source ports have a socket of their own.
+    // How many source ports have a socket of their own (at most kMaxSourcePorts).
     std::atomic<uint64_t> source_ports{0};
 
     static constexpr uint32_t kMaxSourcePorts = 256;
@@ -130,8 +130,7 @@ class WireSocket {
     // sends for it), or its fd. Written under sources_mu_, once per port; read without it.
     static constexpr int kUnopened = -1, kRefused = -2;
     std::unique_ptr<std::atomic<int>[]> sources_;
-    std::mutex sources_mu_;  // leaf: opening a source port's socket
-    uint32_t sources_open_ = 0;
+    std::mutex sources_mu_;  // leaf: opening a source port's socket (and source_ports)
 };
 
 // The IPv4 address of an IPv4-mapped GID (::ffff:a.b.c.d), network order; false for any other.
