@@ -41,9 +41,9 @@ uint32_t crc(uint32_t c, std::span<const uint8_t> bytes) {
 }  // namespace
 
 size_t Layout::headers() const {
-    return (deth ? kDethLen : 0) + (reth ? kRethLen : 0) + (atomic_eth ? kAtomicEthLen : 0) +
-           (aeth ? kAethLen : 0) + (atomic_ack ? kAtomicAckLen : 0) + (imm ? kImmLen : 0) +
-           (ieth ? kIethLen : 0);
+    return (xrceth ? kXrcEthLen : 0) + (deth ? kDethLen : 0) + (reth ? kRethLen : 0) +
+           (atomic_eth ? kAtomicEthLen : 0) + (aeth ? kAethLen : 0) + (atomic_ack ? kAtomicAckLen : 0) +
+           (imm ? kImmLen : 0) + (ieth ? kIethLen : 0);
 }
 
 Layout layoutOf(uint8_t opcode) {
@@ -57,12 +57,15 @@ Layout layoutOf(uint8_t opcode) {
         l.imm = op == kSendOnlyImm;
         return l;
     }
-    if (transport != kRc && transport != kUc) {
+    if (transport != kRc && transport != kUc && transport != kXrc) {
         return l;  // RD and the rest: not served
     }
-    // UC has the SENDs and the RDMA WRITEs; RC everything of Table 38 but the reserved 0x15.
-    l.valid = transport == kRc ? (op <= kFetchAdd || op == kSendLastInv || op == kSendOnlyInv)
+    // UC has the SENDs and the RDMA WRITEs; RC and XRC everything of Table 38 but the reserved
+    // 0x15. An XRC request names the target's SRQ in an XRCETH right after the BTH; the
+    // responses (READ responses and the acknowledgements) carry none.
+    l.valid = transport != kUc ? (op <= kFetchAdd || op == kSendLastInv || op == kSendOnlyInv)
                                : op <= kWriteOnlyImm;
+    l.xrceth = transport == kXrc && (op < kReadResponseFirst || op > kAtomicAcknowledge);
     switch (op) {
         case kWriteFirst:
         case kWriteOnly:
@@ -119,6 +122,11 @@ size_t encode(const Packet &p, std::span<uint8_t> out) {
     w[8] = b.ack_req ? 0x80 : 0;
     put(w + 9, b.psn & 0xffffff, 3);
     w += kBthLen;
+    if (l.xrceth) {
+        w[0] = 0;  // reserved
+        put(w + 1, p.xrc_srqn & 0xffffff, 3);
+        w += kXrcEthLen;
+    }
     if (l.deth) {
         put(w, p.deth_qkey, 4);
         w[4] = 0;
@@ -183,6 +191,10 @@ bool decode(std::span<const uint8_t> in, Packet *p) {
     b.ack_req = (r[8] & 0x80) != 0;
     b.psn = static_cast<uint32_t>(get(r + 9, 3));
     r += kBthLen;
+    if (l.xrceth) {
+        out.xrc_srqn = static_cast<uint32_t>(get(r + 1, 3));
+        r += kXrcEthLen;
+    }
     if (l.deth) {
         out.deth_qkey = static_cast<uint32_t>(get(r, 4));
         out.deth_src_qp = static_cast<uint32_t>(get(r + 5, 3));

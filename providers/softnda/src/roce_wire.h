@@ -12,11 +12,11 @@ namespace softnda::roce {
 
 inline constexpr uint16_t kUdpPort = 4791;  // IANA's port for RoCEv2
 inline constexpr size_t kBthLen = 12, kRethLen = 16, kAethLen = 4, kAtomicEthLen = 28, kAtomicAckLen = 8,
-                        kImmLen = 4, kIethLen = 4, kDethLen = 8, kIcrcLen = 4;
+                        kImmLen = 4, kIethLen = 4, kDethLen = 8, kXrcEthLen = 4, kIcrcLen = 4;
 inline constexpr size_t kIpv4Len = 20, kIpv6Len = 40, kUdpLen = 8;
 
 // The transport in an opcode's top three bits.
-inline constexpr uint8_t kRc = 0x00, kUc = 0x20, kUd = 0x60;
+inline constexpr uint8_t kRc = 0x00, kUc = 0x20, kUd = 0x60, kXrc = 0xa0;
 
 // The operation in an opcode's low five bits (IBTA Table 38).
 enum Op : uint8_t {
@@ -45,12 +45,13 @@ enum Op : uint8_t {
     kSendOnlyInv = 0x17,
 };
 
-// What follows an opcode's BTH, in wire order: DETH, RETH, AtomicETH, AETH, AtomicAckETH,
-// ImmDt, IETH, then the payload. valid is false for an opcode the transport does not have.
+// What follows an opcode's BTH, in wire order: XRCETH (an XRC request's), DETH, RETH, AtomicETH,
+// AETH, AtomicAckETH, ImmDt, IETH, then the payload. valid is false for an opcode the transport
+// does not have.
 struct Layout {
     bool valid = false;
-    bool deth = false, reth = false, atomic_eth = false, aeth = false, atomic_ack = false, imm = false,
-         ieth = false, payload = false;
+    bool xrceth = false, deth = false, reth = false, atomic_eth = false, aeth = false, atomic_ack = false,
+         imm = false, ieth = false, payload = false;
     size_t headers() const;  // their bytes after the BTH
 };
 Layout layoutOf(uint8_t opcode);
@@ -70,6 +71,7 @@ struct Bth {
 // payload.
 struct Packet {
     Bth bth;
+    uint32_t xrc_srqn = 0;                                            // XRCETH: 24 bits
     uint32_t deth_qkey = 0, deth_src_qp = 0;                          // DETH (UD)
     uint64_t reth_va = 0;                                             // RETH
     uint32_t reth_rkey = 0, reth_len = 0;                             //

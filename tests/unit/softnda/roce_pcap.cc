@@ -1,4 +1,4 @@
-// Writes a capture of RoCEv2 frames made by roce_wire.h, one per opcode of RC, UC and UD, with
+// Writes a capture of RoCEv2 frames made by roce_wire.h, one per opcode of RC, UC, UD and XRC, with
 // payloads of every pad, for decoders we did not write to judge (roce_wire_check.sh); each
 // packet twice, over IPv4 and then over IPv6, as a host's UDP socket sends them:
 //  - Ethernet, IPv4 (DF, identification 0), UDP with no checksum (RoCEv2 allows 0 over IPv4);
@@ -141,7 +141,7 @@ int main(int argc, char **argv) {
     write32(pcap, 1);
     const uint8_t bytes[7] = {0x10, 0x21, 0x32, 0x43, 0x54, 0x65, 0x76};
     std::vector<Packet> packets;
-    for (int t : {kRc, kUc, kUd}) {
+    for (int t : {kRc, kUc, kUd, kXrc}) {
         for (int op = 0; op < 32; ++op) {
             const auto opcode = static_cast<uint8_t>(t | op);
             const Layout l = layoutOf(opcode);
@@ -153,7 +153,8 @@ int main(int argc, char **argv) {
             p.bth.opcode = opcode;
             p.bth.dest_qp = 0x100 + n;
             p.bth.psn = 0xfff000 + n;  // PSNs near the 24-bit wrap
-            p.bth.ack_req = t == kRc && l.payload;
+            p.bth.ack_req = (t == kRc || t == kXrc) && l.payload;
+            p.xrc_srqn = 0x31 + n;
             p.deth_qkey = 0x11111111;
             p.deth_src_qp = 0x42;
             p.reth_va = 0x7f0000001000ull + n;

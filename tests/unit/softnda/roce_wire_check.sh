@@ -5,7 +5,7 @@
 # carries (over IPv6 only a scapy of 2.6.0 or later can: roce_wire_check.py says when it could not).
 #
 #   roce_wire_check.sh ROCE_PCAP
-#       roce_pcap writes one frame per opcode of RC, UC and UD over IPv4 and again over IPv6; each
+#       roce_pcap writes one frame per opcode of RC, UC, UD and XRC over IPv4 and again over IPv6; each
 #       must also carry the BTH fields (opcode, PSN, destination QP) and IP version roce_pcap says it
 #       sent, and its IPv4 header checksum and UDP checksum must be right.
 #   roce_wire_check.sh --capture FILE.pcap [OPCODES]

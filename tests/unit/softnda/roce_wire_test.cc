@@ -1,4 +1,4 @@
-// RoCEv2's wire format (roce_wire.h, SPEC.md §18): every opcode of RC, UC and UD encodes and
+// RoCEv2's wire format (roce_wire.h, SPEC.md §18): every opcode of RC, UC, UD and XRC encodes and
 // parses back field for field with payloads of every pad; what cannot be a packet is refused; the
 // ICRC covers what the annex says and masks what it says. The check against decoders we did not
 // write (scapy's ICRC, Wireshark's dissector) is roce_wire_check.sh over roce_pcap's capture.
@@ -16,7 +16,7 @@ namespace {
 // Every opcode a transport has.
 std::vector<uint8_t> validOpcodes() {
     std::vector<uint8_t> out;
-    for (int t : {kRc, kUc, kUd}) {
+    for (int t : {kRc, kUc, kUd, kXrc}) {
         for (int op = 0; op < 32; ++op) {
             if (layoutOf(static_cast<uint8_t>(t | op)).valid) {
                 out.push_back(static_cast<uint8_t>(t | op));
@@ -29,6 +29,7 @@ std::vector<uint8_t> validOpcodes() {
 Packet sample(uint8_t opcode, std::span<const uint8_t> payload) {
     Packet p;
     p.bth = Bth{opcode, true, true, 0, 0x8001, 0xabcdef, true, 0x123456};
+    p.xrc_srqn = 0x0a0b0c;
     p.deth_qkey = 0x11111111;
     p.deth_src_qp = 0x222222;
     p.reth_va = 0x0102030405060708;
@@ -48,8 +49,9 @@ Packet sample(uint8_t opcode, std::span<const uint8_t> payload) {
 }
 
 TEST(RoceWire, TheTransportsHaveTheirOpcodes) {
-    // RC: Table 38 less the reserved 0x15; UC: SENDs and WRITEs; UD: SEND_ONLY (with immediate).
-    EXPECT_EQ(validOpcodes().size(), 23u + 12u + 2u);
+    // RC: Table 38 less the reserved 0x15; UC: SENDs and WRITEs; UD: SEND_ONLY (with immediate);
+    // XRC: RC's.
+    EXPECT_EQ(validOpcodes().size(), 23u + 12u + 2u + 23u);
     EXPECT_FALSE(layoutOf(kRc | 0x15).valid);
     EXPECT_FALSE(layoutOf(kUc | kReadRequest).valid);
     EXPECT_FALSE(layoutOf(kUc | kFetchAdd).valid);
@@ -60,6 +62,13 @@ TEST(RoceWire, TheTransportsHaveTheirOpcodes) {
     EXPECT_EQ(layoutOf(kUd | kSendOnlyImm).headers(), kDethLen + kImmLen);
     EXPECT_EQ(layoutOf(kRc | kCompareSwap).headers(), kAtomicEthLen);
     EXPECT_EQ(layoutOf(kRc | kSendOnlyInv).headers(), kIethLen);
+    // An XRC request names the SRQ (XRCETH) before RC's headers; the responses are RC's.
+    EXPECT_EQ(layoutOf(kXrc | kWriteOnlyImm).headers(), kXrcEthLen + kRethLen + kImmLen);
+    EXPECT_EQ(layoutOf(kXrc | kFetchAdd).headers(), kXrcEthLen + kAtomicEthLen);
+    EXPECT_EQ(layoutOf(kXrc | kSendMiddle).headers(), kXrcEthLen);
+    EXPECT_EQ(layoutOf(kXrc | kReadResponseMiddle).headers(), 0u);
+    EXPECT_EQ(layoutOf(kXrc | kAtomicAcknowledge).headers(), kAethLen + kAtomicAckLen);
+    EXPECT_FALSE(layoutOf(kXrc | 0x15).valid);
 }
 
 TEST(RoceWire, EveryOpcodeRoundTripsWithEveryPad) {
@@ -86,6 +95,9 @@ TEST(RoceWire, EveryOpcodeRoundTripsWithEveryPad) {
             EXPECT_EQ(q.bth.psn, p.bth.psn);
             EXPECT_EQ(std::vector<uint8_t>(q.payload.begin(), q.payload.end()),
                       std::vector<uint8_t>(p.payload.begin(), p.payload.end()));
+            if (l.xrceth) {
+                EXPECT_EQ(q.xrc_srqn, p.xrc_srqn);
+            }
             if (l.deth) {
                 EXPECT_EQ(q.deth_qkey, p.deth_qkey);
                 EXPECT_EQ(q.deth_src_qp, p.deth_src_qp);
@@ -132,6 +144,17 @@ TEST(RoceWire, TheBthIsLaidOutAsTheAnnexSays) {
     EXPECT_EQ(wire[19], 0x08);
     EXPECT_EQ(wire[28], 0x0a);  // the payload
     EXPECT_EQ(wire[33], 0x00);  // the pad
+}
+
+// An XRC SEND FIRST: the XRCETH (a reserved byte, then the SRQ number) right after the BTH.
+TEST(RoceWire, TheXrcEthFollowsTheBth) {
+    const std::array<uint8_t, 4> bytes = {0xa, 0xb, 0xc, 0xd};
+    Packet p = sample(kXrc | kSendFirst, bytes);
+    std::vector<uint8_t> wire(encodedLength(p));
+    ASSERT_EQ(encode(p, wire), 12u + 4u + 4u + 4u);
+    EXPECT_EQ(wire[0], 0xa0);
+    EXPECT_EQ(std::vector<uint8_t>(wire.begin() + 12, wire.begin() + 20),
+              (std::vector<uint8_t>{0x00, 0x0a, 0x0b, 0x0c, 0xa, 0xb, 0xc, 0xd}));
 }
 
 TEST(RoceWire, WhatCannotBeAPacketIsRefused) {
