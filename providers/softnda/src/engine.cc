@@ -737,7 +737,7 @@ bool Engine::Thread::processSq(Qp *qp) {
         flushQp(qp, pi);
         return true;
     }
-    if (qp->wire && qp->init.qp_type == IBV_QPT_RC) {
+    if (qp->reliableOnWire()) {
         // A peer on another host (SPEC.md §18): nothing to settle with it, the head WQE goes
         // again with the PSNs it had.
         qp->recover_head = false;
@@ -1213,7 +1213,7 @@ void Engine::Thread::settle(Qp *qp, uint32_t pi) {
         retireHead(qp);  // a bind or invalidation its window's record shows done (SPEC.md §16)
         return;
     }
-    if (qp->wire && qp->init.qp_type == IBV_QPT_RC) {
+    if (qp->reliableOnWire()) {
         // The peer is on another host: the head WQE goes again with the PSNs it had, and the
         // responder's PSN check answers a repeat without executing it twice (SPEC.md §18).
         return;

@@ -196,7 +196,7 @@ class Engine::Thread {
     void wireReply(Qp *qp, WireQp &wq, const roce::Packet &p);
     void wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool uc);
     void wireDuplicate(Qp *qp, WireQp &wq, const roce::Packet &p);
-    bool wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_t *n);
+    bool wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, const Responder &rp, uint32_t *n);
     void wireAck(const WireQp &wq, uint32_t dest_qpn, uint8_t syndrome, uint32_t psn);
     void wireAtomicAck(const WireQp &wq, uint32_t dest_qpn, uint32_t psn, uint64_t orig);
     void flushSq(Qp *qp, uint32_t pi);

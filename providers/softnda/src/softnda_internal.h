@@ -437,6 +437,10 @@ struct Qp {
     bool hasRq() const { return rq.buf != nullptr; }
     // The transport's state when the QP is connected to another host (SPEC.md §18), else null.
     std::unique_ptr<WireQp> wire;
+    // A requester whose acknowledgements come over the wire: RC, or an XRC initiator.
+    bool reliableOnWire() const {
+        return wire && (init.qp_type == IBV_QPT_RC || init.qp_type == IBV_QPT_XRC_SEND);
+    }
 };
 
 // Per engine thread counters: one writer (its thread), read by softnda_query_counters.

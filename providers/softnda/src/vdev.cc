@@ -384,8 +384,8 @@ void resetQp(Device *dev, Qp *qp) {
 
 // A connected QP's path on an Ethernet port (SPEC.md §19): RoCE addresses by GID, so the AV
 // must carry a GRH whose source is a GID of the port. A destination GID of this device is a
-// queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC or
-// UC QP between two IPv4 GIDs or two IPv6 ones, and refused otherwise (-EHOSTUNREACH), or when
+// queue of this host; any other is another host, reached over RoCEv2 (SPEC.md §18) by an RC, UC
+// or XRC QP between two IPv4 GIDs or two IPv6 ones, and refused otherwise (-EHOSTUNREACH), or when
 // the device's socket could not be bound (its error, e.g. -EADDRINUSE).
 int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (!ah.is_global) {
@@ -401,8 +401,7 @@ int checkRocePath(Device *dev, const Qp &qp, const ibv_ah_attr &ah) {
     if (nd.table.contains(ah.grh.dgid)) {
         return 0;
     }
-    if ((qp.init.qp_type != IBV_QPT_RC && qp.init.qp_type != IBV_QPT_UC) ||
-        !wirePath(*sgid, ah.grh.dgid, true)) {
+    if (!wireConnectable(qp.init.qp_type) || !wirePath(*sgid, ah.grh.dgid, true)) {
         return -EHOSTUNREACH;
     }
     if (!dev->engine || dev->engine->wire() == nullptr) {

@@ -692,7 +692,8 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
 
 void bindWire(Device *dev, Qp *qp) {
     const ibv_ah_attr &ah = qp->attrs.ah;
-    if (!dev->netdev || !ah.is_global || (qp->init.qp_type != IBV_QPT_RC && qp->init.qp_type != IBV_QPT_UC)) {
+    const ibv_qp_type type = qp->init.qp_type;
+    if (!dev->netdev || !ah.is_global || !wireConnectable(type)) {
         qp->wire.reset();
         return;
     }
@@ -715,6 +716,7 @@ void bindWire(Device *dev, Qp *qp) {
     }
     qp->wire->src = *sgid;
     qp->wire->dst = ah.grh.dgid;
+    qp->wire->transport = type == IBV_QPT_UC ? roce::kUc : type == IBV_QPT_RC ? roce::kRc : roce::kXrc;
     qp->wire->tos = ah.grh.traffic_class;
     qp->wire->ttl = ah.grh.hop_limit;
     qp->wire->flow = ah.grh.flow_label & kFlowLabelMask;
@@ -802,7 +804,8 @@ uint32_t pathMtu(const Qp &qp) {
     return 128u << std::clamp<uint32_t>(qp.attrs.path_mtu, IBV_MTU_256, IBV_MTU_4096);
 }
 
-// A packet of wq's connection: its addresses, and the BTH's RC opcode, destination QP and PSN.
+// A packet of wq's connection: its addresses, and the BTH's opcode (op in the connection's
+// transport), destination QP and PSN.
 WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) {
     WireOut o;
     o.src = wq.src;
@@ -811,7 +814,7 @@ WireOut packetTo(const WireQp &wq, uint8_t op, uint32_t dest_qpn, uint32_t psn) 
     o.flow = wq.flow;
     o.tos = wq.tos;
     o.ttl = wq.ttl;
-    o.pkt.bth.opcode = static_cast<uint8_t>(roce::kRc | op);
+    o.pkt.bth.opcode = static_cast<uint8_t>(wq.transport | op);
     o.pkt.bth.dest_qp = dest_qpn;
     o.pkt.bth.psn = psn;
     return o;
@@ -1013,7 +1016,7 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t
     const bool uc = qp->init.qp_type == IBV_QPT_UC;
     auto base = [&](uint8_t op, uint32_t psn) {
         WireOut o = packetTo(wq, op, qpn, psn);
-        o.pkt.bth.opcode = static_cast<uint8_t>((uc ? roce::kUc : roce::kRc) | op);
+        o.pkt.xrc_srqn = w.xrc_srqn;  // an XRC initiator's: the target's SRQ (XRCETH)
         return o;
     };
     const uint32_t done = psnDiff(from_psn, m.first_psn);
@@ -1117,7 +1120,8 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     roce::Packet p;
     const bool decoded = roce::decode(bytes, &p);
     const auto transport = static_cast<uint8_t>(p.bth.opcode & 0xe0);
-    if (!decoded || (transport != roce::kRc && transport != roce::kUc && transport != roce::kUd)) {
+    if (!decoded || (transport != roce::kRc && transport != roce::kUc && transport != roce::kUd &&
+                     transport != roce::kXrc)) {
         wire_->malformed.fetch_add(1, std::memory_order_relaxed);
         return;
     }
@@ -1136,16 +1140,42 @@ void Engine::Thread::wireFrame(const WireFrame &f) {
     Qp *qp = it->second;
     const bool uc = transport == roce::kUc;
     if (!qp->wire || std::memcmp(qp->wire->dst.raw, f.src.raw, sizeof(f.src.raw)) != 0 ||
-        uc != (qp->init.qp_type == IBV_QPT_UC)) {
-        return;  // a QP not connected to the sender, or of the other transport
+        transport != qp->wire->transport) {
+        return;  // a QP not connected to the sender, or of another transport
     }
+    // An XRC initiator takes the responses, its target the requests (SPEC.md §14, §18).
     const uint8_t op = p.bth.opcode & 0x1f;
-    if (!uc && op >= roce::kReadResponseFirst && op <= roce::kAtomicAcknowledge) {
+    const bool response = !uc && op >= roce::kReadResponseFirst && op <= roce::kAtomicAcknowledge;
+    if (transport == roce::kXrc && response != (qp->init.qp_type == IBV_QPT_XRC_SEND)) {
+        return;
+    }
+    if (response) {
         wireReply(qp, *qp->wire, p);
     } else {
         wireRequest(qp, *qp->wire, p, uc);
     }
 }
+
+namespace {
+
+// Who takes a request at qp (rq_lock held): its own receive queue, SRQ and CQ; at an XRC target
+// the SRQ the XRCETH names, which must be of the target's XRC domain, and that SRQ's CQ and PD
+// (SPEC.md §14). False when there is no such SRQ.
+bool wireResponder(const Device *dev, Qp *qp, const roce::Packet &p, Responder *out) {
+    if (qp->init.qp_type != IBV_QPT_XRC_RECV) {
+        *out = responderOf(qp);
+        return true;
+    }
+    auto it = dev->xrc_srqs.find(p.xrc_srqn);
+    if (it == dev->xrc_srqs.end() || it->second->xrcd != qp->xrcd) {
+        return false;
+    }
+    Srq *srq = it->second;
+    *out = Responder{qp, srq, srq->cq, srq->pd};
+    return true;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // UD on an Ethernet device (SPEC.md §18): a datagram addressed by GID, to a QP of this host or
@@ -1495,7 +1525,6 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
         return;
     }
     wq.nak_sent = false;
-    Responder rp = responderOf(qp);
     // A NAK and the responder in ERR (RC); the message dropped (UC), and the QP in ERR only when
     // a receive completed in error (recv_error).
     auto fail = [&](uint8_t status, bool recv_error = false) {
@@ -1507,6 +1536,10 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
             responderError(qp, status);
         }
     };
+    Responder rp;
+    if (!wireResponder(dev_, qp, p, &rp)) {
+        return fail(IBV_WC_REM_INV_REQ_ERR);  // an XRC SRQ not of the target's domain
+    }
     const bool send_op = op <= roce::kSendOnlyImm || op == roce::kSendLastInv || op == roce::kSendOnlyInv;
     const bool write_op = op >= roce::kWriteFirst && op <= roce::kWriteOnlyImm;
     const bool first = op == roce::kSendFirst || op == roce::kSendOnly || op == roce::kSendOnlyImm ||
@@ -1641,7 +1674,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
     }
     if (op == roce::kReadRequest) {
         uint32_t n = 0;
-        if (!wireRead(qp, wq, p, &n)) {
+        if (!wireRead(qp, wq, p, rp, &n)) {
             return;
         }
         qp->rq_psn = psnAdd(qp->rq_psn, n);
@@ -1689,7 +1722,7 @@ void Engine::Thread::wireAtomicAck(const WireQp &wq, uint32_t dest_qpn, uint32_t
 
 // A READ request's responses, from its PSN (qp->rq_lock held); *n how many PSNs they take. False
 // when the request was refused (a NAK went, and the QP is in ERR).
-bool Engine::Thread::wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_t *n) {
+bool Engine::Thread::wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, const Responder &rp, uint32_t *n) {
     const uint32_t dest = qp->attrs.dest_qpn;
     const uint32_t mtu = 128u << qp->attrs.path_mtu;
     softnda_wqe h{};
@@ -1697,7 +1730,7 @@ bool Engine::Thread::wireRead(Qp *qp, WireQp &wq, const roce::Packet &p, uint32_
     h.rkey = p.reth_rkey;
     h.remote_addr = p.reth_va;
     uint8_t status = IBV_WC_SUCCESS;
-    const uint8_t *remote = checkRkey(dev_, responderOf(qp), h, p.reth_len, &status);
+    const uint8_t *remote = checkRkey(dev_, rp, h, p.reth_len, &status);
     if (remote == nullptr) {
         wireAck(wq, dest, nakOf(status), p.bth.psn);
         responderError(qp, status);
@@ -1736,7 +1769,10 @@ void Engine::Thread::wireDuplicate(Qp *qp, WireQp &wq, const roce::Packet &p) {
     const uint8_t op = p.bth.opcode & 0x1f;
     if (op == roce::kReadRequest) {
         uint32_t n = 0;
-        (void)wireRead(qp, wq, p, &n);
+        Responder rp;
+        if (wireResponder(dev_, qp, p, &rp)) {
+            (void)wireRead(qp, wq, p, rp, &n);
+        }
         return;
     }
     if (op == roce::kCompareSwap || op == roce::kFetchAdd) {

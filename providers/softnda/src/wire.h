@@ -165,7 +165,8 @@ inline constexpr uint32_t kWireWindow = 16;
 // retires and retransmits; the wire thread records acknowledgements); responder fields are under
 // the QP's rq_lock.
 struct WireQp {
-    ibv_gid src{}, dst{};  // as WireOut's
+    ibv_gid src{}, dst{};   // as WireOut's
+    uint8_t transport = 0;  // the opcodes' transport bits: roce::kRc, kUc or kXrc (both XRC ends)
     uint16_t sport = 0;
     uint32_t flow = 0;
     uint8_t tos = 0, ttl = 0;  // from the address vector's GRH, as WireOut's
@@ -206,8 +207,14 @@ struct WireQp {
     uint32_t atomic_next = 0;
 };
 
-// Makes qp's wire state follow its address vector (gate held exclusively): a connected RC QP of an
-// Ethernet device whose destination GID is not the device's own gets one, any other QP none.
+// The QP types a connection to another host is made for: RC, UC, and both ends of XRC.
+inline bool wireConnectable(ibv_qp_type t) {
+    return t == IBV_QPT_RC || t == IBV_QPT_UC || t == IBV_QPT_XRC_SEND || t == IBV_QPT_XRC_RECV;
+}
+
+// Makes qp's wire state follow its address vector (gate held exclusively): a connected QP
+// (wireConnectable) of an Ethernet device whose destination GID is not the device's own gets
+// one, any other QP none.
 void bindWire(Device *dev, Qp *qp);
 // Forgets what qp's transport had in flight (a RESET or an ERR; gate held).
 void resetWire(Qp *qp);

@@ -451,6 +451,28 @@ class RoceHostsTest : public ::testing::Test {
         EXPECT_EQ(endOf(*server, name + " server"), 0) << errs();
     }
 
+    // ibv_xsrq_pingpong across the hosts, n messages of 4 KiB each way at the veth's MTU (its
+    // default path MTU, 2048, is above the port's).
+    PairResult runXsrq(const std::string &name, int n) {
+        return runAcross(name, "/usr/bin/ibv_xsrq_pingpong",
+                         {"-d", "softnda0", "-g", kGidIndex, "-m", "1024", "-n", std::to_string(n)});
+    }
+
+    // roce_wire_check.sh over a capture, which must hold each of opcodes: its exit code (0 all
+    // right, 77 it cannot judge: no tshark or scapy), its report in check.log and printed.
+    int judgeCapture(const Capture &capture, const std::string &opcodes) {
+        const std::string log = dir_ + "/check.log";
+        const std::string check = std::string(IBVX_ROCE_WIRE_CHECK) + " --capture " + capture.pcap() + " " +
+                                  opcodes + " >" + log + " 2>&1";
+        int rc = std::system(check.c_str());
+        int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+        if (code != 77) {
+            EXPECT_EQ(code, 0) << slurp(log);
+            std::printf("%s", slurp(log).c_str());
+        }
+        return code;
+    }
+
     // What crossed the wire, judged by decoders we did not write: a pingpong, then WRITEs, READs,
     // atomics and SENDs by GID gid_index_, captured on host A's veth; every frame must decode in
     // tshark as InfiniBand over UDP 4791 (over IPv6 when v6) with nothing malformed or in error,
@@ -467,17 +489,11 @@ class RoceHostsTest : public ::testing::Test {
         // The opcodes the traffic must have used (IBTA Table 38): SEND FIRST, MIDDLE, LAST and LAST
         // with immediate; RDMA WRITE FIRST, MIDDLE, LAST; READ request and response FIRST, MIDDLE,
         // LAST and ONLY; ACK, atomic ACK, compare-swap, fetch-add.
-        const std::string check =
-            std::string(IBVX_ROCE_WIRE_CHECK) + " --capture " + capture.pcap() +
-            " 0x00,0x01,0x02,0x03,0x06,0x07,0x08,0x0c,0x0d,0x0e,0x0f,0x10,0x11,0x12,0x13,0x14" + " >" + dir_ +
-            "/check.log 2>&1";
-        int rc = std::system(check.c_str());
-        int code = WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-        if (code == 77) {
+        if (judgeCapture(capture,
+                         "0x00,0x01,0x02,0x03,0x06,0x07,0x08,0x0c,0x0d,0x0e,0x0f,0x10,0x11,0x12,0x13,0x14") ==
+            77) {
             GTEST_SKIP() << slurp(dir_ + "/check.log");
         }
-        EXPECT_EQ(code, 0) << slurp(dir_ + "/check.log");
-        std::printf("%s", slurp(dir_ + "/check.log").c_str());
 
         // Each packet's IPv4 TOS and TTL (IPv6 traffic class, hop limit and flow label) are its
         // sender's GRH traffic class, hop limit and flow label, as the RoCEv2 annex maps them
@@ -752,6 +768,69 @@ TEST_F(RoceHostsTest, UcPingpongChecksEveryByte) {
         n + " iters in");
 }
 
+// XRC across the hosts (SPEC.md §14, §18): each side's initiator QPs send to the other's SRQs by
+// number (the XRCETH of every request packet) through the other's XRC target QP, whose
+// acknowledgements come back as XRC opcodes. Messages of 4 KiB, four packets each at the veth's
+// MTU. ibv_xsrq_pingpong checks no bytes; both ends exiting 0 after all their messages is the
+// result.
+TEST_F(RoceHostsTest, XsrqPingpong) {
+    expectPair(runXsrq("xsrq", iterations(200)), "remote: LID");
+}
+
+// XRC's packets, judged as the others are (expectCaptureDecodesAsRoce): every frame decodes as
+// InfiniBand with the opcodes XRC's SENDs and acknowledgements use, and carries scapy's ICRC.
+// Wireshark 4.0 names the XRC opcodes but shows what follows their BTH as unknown bytes, so the
+// XRCETH is read from those bytes here: a reserved zero byte, then the number of an SRQ the
+// receiving host's ibv_xsrq_pingpong printed as its own.
+TEST_F(RoceHostsTest, XrcCaptureCarriesTheTargetSrqInEachRequest) {
+    Capture capture(a().ns->fd(), a().ifname, dir_ + "/wire.pcap", dir_ + "/tcpdump.log");
+    ASSERT_TRUE(capture.listening()) << slurp(dir_ + "/tcpdump.log");
+    PairResult r = runXsrq("xsrq-capture", 5);
+    expectPair(r, "remote: LID");
+    ASSERT_TRUE(capture.stop());
+    // XRC SEND FIRST, MIDDLE and LAST (4 KiB at 1 KiB), and the XRC acknowledgement.
+    if (judgeCapture(capture, "0xa0,0xa1,0xa2,0xb1") == 77) {
+        GTEST_SKIP() << slurp(dir_ + "/check.log");
+    }
+    // Each side's SRQ numbers, from its "local:" lines: host A is the server.
+    auto srqns = [](const std::string &out) {
+        std::set<unsigned long> found;
+        std::istringstream in(out);
+        for (std::string line; std::getline(in, line);) {
+            // "   local: LID 0000, QPN RECV 000001 SEND 000002, PSN 61af13, SRQN 000001, GID ..."
+            auto at = line.find("SRQN ");
+            if (line.find("local:") != std::string::npos && at != std::string::npos) {
+                found.insert(std::strtoul(line.c_str() + at + 5, nullptr, 16));
+            }
+        }
+        return found;
+    };
+    const std::set<unsigned long> srqs_a = srqns(r.server_out), srqs_b = srqns(r.client_out);
+    ASSERT_FALSE(srqs_a.empty()) << r.server_out;
+    ASSERT_FALSE(srqs_b.empty()) << r.client_out;
+    const std::string fields = dir_ + "/xrceth.txt";
+    ASSERT_EQ(std::system(("tshark -r " + capture.pcap() +
+                           " -Y 'infiniband.bth.opcode >= 0xa0 && infiniband.bth.opcode <= 0xac' -T fields "
+                           "-E separator=, -e ip.dst -e infiniband.vendor >" +
+                           fields + " 2>/dev/null")
+                              .c_str()),
+              0);
+    size_t requests = 0;
+    std::istringstream in(slurp(fields));
+    for (std::string line; std::getline(in, line);) {
+        const auto comma = line.find(',');
+        ASSERT_NE(comma, std::string::npos) << line;
+        const std::string dst = line.substr(0, comma), rest = line.substr(comma + 1);
+        ASSERT_GE(rest.size(), 8u) << "an XRC request without its XRCETH: " << line;
+        EXPECT_EQ(rest.substr(0, 2), "00") << "XRCETH's reserved byte: " << line;
+        const unsigned long srqn = std::strtoul(rest.substr(2, 6).c_str(), nullptr, 16);
+        EXPECT_TRUE((dst == a().address ? srqs_a : srqs_b).count(srqn) == 1)
+            << "SRQ " << srqn << " is not one of " << dst << "'s: " << line;
+        ++requests;
+    }
+    EXPECT_GT(requests, 0u) << "no XRC request in the capture";
+}
+
 // perftest's UC mode: RDMA WRITEs and SENDs of 64 KiB, 64 packets each.
 class RoceHostsUcPerftest : public RoceHostsTest, public ::testing::WithParamInterface<const char *> {};
 
@@ -787,6 +866,12 @@ TEST_F(RoceHostsLossyTest, RcPingpongChecksEveryByte) {
     expectPair(
         runAcross("rc-lossy", "/usr/bin/ibv_rc_pingpong", {"-d", "softnda0", "-g", kGidIndex, "-c", "-n", n}),
         n + " iters in");
+}
+
+// XRC under the faults: the initiators' go-back-N resends carry their XRCETH again, and the
+// targets' sequence NAKs and duplicate ACKs go back as XRC opcodes.
+TEST_F(RoceHostsLossyTest, XsrqPingpong) {
+    expectPair(runXsrq("xsrq-lossy", iterations(200)), "remote: LID");
 }
 
 // UC under the faults (pyverbs_uc_wire.py): a message that lost a packet, or met a duplicate or a
