@@ -777,6 +777,13 @@ TEST_F(RoceHostsTest, XsrqPingpong) {
     expectPair(runXsrq("xsrq", iterations(200)), "remote: LID");
 }
 
+// XRC's WRITEs, READs, fetch-adds and SENDs into an SRQ, exactly once and every byte checked
+// (xrc-wire, tests/integration/verbs/xrc_wire.c), then a SEND naming an SRQ of another domain
+// than the target's: the initiator's completion is REM_INV_REQ_ERR and the target is in ERR.
+TEST_F(RoceHostsTest, XrcWriteReadAtomicsSendExactlyOnce) {
+    expectExactlyOnce("xrc", iterations(32), "foreign", IBVX_XRC_WIRE);
+}
+
 // XRC's packets, judged as the others are (expectCaptureDecodesAsRoce): every frame decodes as
 // InfiniBand with the opcodes XRC's SENDs and acknowledgements use, and carries scapy's ICRC.
 // Wireshark 4.0 names the XRC opcodes but shows what follows their BTH as unknown bytes, so the
@@ -868,10 +875,15 @@ TEST_F(RoceHostsLossyTest, RcPingpongChecksEveryByte) {
         n + " iters in");
 }
 
-// XRC under the faults: the initiators' go-back-N resends carry their XRCETH again, and the
-// targets' sequence NAKs and duplicate ACKs go back as XRC opcodes.
+// XRC under the faults: the initiators' go-back-N resends carry their XRCETH again, the targets'
+// sequence NAKs and duplicate ACKs go back as XRC opcodes, and a repeated READ or fetch-add is
+// answered without running twice (xrc-wire checks every byte and each fetch-add's value).
 TEST_F(RoceHostsLossyTest, XsrqPingpong) {
     expectPair(runXsrq("xsrq-lossy", iterations(200)), "remote: LID");
+}
+
+TEST_F(RoceHostsLossyTest, XrcWriteReadAtomicsSendExactlyOnce) {
+    expectExactlyOnce("xrc-lossy", iterations(64), "", IBVX_XRC_WIRE);
 }
 
 // UC under the faults (pyverbs_uc_wire.py): a message that lost a packet, or met a duplicate or a

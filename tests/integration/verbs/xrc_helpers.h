@@ -1,6 +1,7 @@
 /*
- * What the XRC test programs (xrc_behaviour.c, xrc_shared.c, xrc_open_qp.c) share: a domain
- * opened by file, and two processes of the same program talking over pipes. Include after
+ * What the XRC test programs (xrc_behaviour.c, xrc_shared.c, xrc_open_qp.c, xrc_wire.c) share: a
+ * domain opened by file, its targets, initiators and SRQs, and two processes of the same program
+ * talking over pipes. Include after
  * rc_helpers.h (fail()).
  */
 #ifndef IBVX_TESTS_XRC_HELPERS_H
@@ -22,6 +23,52 @@ static inline struct ibv_xrcd *open_xrcd(struct ibv_context *ctx, int fd, int of
     xa.oflags = oflags;
     errno = 0;
     return ibv_open_xrcd(ctx, &xa);
+}
+
+/* A target QP in xrcd; NULL (errno) when it cannot be made. */
+static inline struct ibv_qp *xrc_target(struct ibv_context *ctx, struct ibv_xrcd *xrcd) {
+    struct ibv_qp_init_attr_ex ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.qp_type = IBV_QPT_XRC_RECV;
+    ia.comp_mask = IBV_QP_INIT_ATTR_XRCD;
+    ia.xrcd = xrcd;
+    return ibv_create_qp_ex(ctx, &ia);
+}
+
+/* An initiator of pd completing on cq, max_send_wr deep with one SGE; NULL (errno) when it cannot
+ * be made. */
+static inline struct ibv_qp *xrc_initiator(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
+                                           uint32_t max_send_wr) {
+    struct ibv_qp_init_attr_ex ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.qp_type = IBV_QPT_XRC_SEND;
+    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
+    ia.pd = pd;
+    ia.send_cq = cq;
+    ia.cap.max_send_wr = max_send_wr;
+    ia.cap.max_send_sge = 1;
+    return ibv_create_qp_ex(ctx, &ia);
+}
+
+/* An XRC SRQ of pd in xrcd completing on cq, max_wr receives of one SGE, its number in *srqn;
+ * the program fails with step when it cannot be made. */
+static inline struct ibv_srq *xrc_srq(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_xrcd *xrcd,
+                                      struct ibv_cq *cq, uint32_t max_wr, uint32_t *srqn, const char *step) {
+    struct ibv_srq_init_attr_ex sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.comp_mask =
+        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
+    sa.srq_type = IBV_SRQT_XRC;
+    sa.pd = pd;
+    sa.xrcd = xrcd;
+    sa.cq = cq;
+    sa.attr.max_wr = max_wr;
+    sa.attr.max_sge = 1;
+    struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
+    if (srq == NULL || ibv_get_srq_num(srq, srqn) != 0) {
+        fail(step, strerror(errno));
+    }
+    return srq;
 }
 
 static inline void write_u32(int fd, uint32_t v) {

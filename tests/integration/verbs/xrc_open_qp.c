@@ -70,12 +70,7 @@ static int creator(const char *device, const char *path, int to_opener, int from
     if (xrcd == NULL) {
         fail("creator: ibv_open_xrcd(O_CREAT)", strerror(errno));
     }
-    struct ibv_qp_init_attr_ex ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_type = IBV_QPT_XRC_RECV;
-    ia.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    ia.xrcd = xrcd;
-    struct ibv_qp *tgt = ibv_create_qp_ex(ctx, &ia);
+    struct ibv_qp *tgt = xrc_target(ctx, xrcd);
     if (tgt == NULL) {
         fail("creator: a target QP", strerror(errno));
     }
@@ -175,30 +170,10 @@ int main(int argc, char **argv) {
     if (send_cq == NULL || recv_cq == NULL || mr == NULL) {
         fail("PD, CQs and MR", strerror(errno));
     }
-    struct ibv_srq_init_attr_ex sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.comp_mask =
-        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-    sa.srq_type = IBV_SRQT_XRC;
-    sa.pd = pd;
-    sa.xrcd = xrcd;
-    sa.cq = recv_cq;
-    sa.attr.max_wr = kMessages;
-    sa.attr.max_sge = 1;
-    struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
     uint32_t srqn = 0;
-    if (srq == NULL || ibv_get_srq_num(srq, &srqn) != 0) {
-        fail("an XRC SRQ in the shared domain", strerror(errno));
-    }
-    struct ibv_qp_init_attr_ex ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_type = IBV_QPT_XRC_SEND;
-    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ia.pd = pd;
-    ia.send_cq = send_cq;
-    ia.cap.max_send_wr = kMessages;
-    ia.cap.max_send_sge = 1;
-    struct ibv_qp *ini = ibv_create_qp_ex(ctx, &ia);
+    struct ibv_srq *srq =
+        xrc_srq(ctx, pd, xrcd, recv_cq, kMessages, &srqn, "an XRC SRQ in the shared domain");
+    struct ibv_qp *ini = xrc_initiator(ctx, pd, send_cq, kMessages);
     if (ini == NULL) {
         fail("an initiator", strerror(errno));
     }

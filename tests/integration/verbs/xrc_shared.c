@@ -32,27 +32,6 @@ static const char *rc_prog = "xrc-shared";
 
 enum { kMessages = 64, kMsgSize = 256 };
 
-static struct ibv_qp *target_in(struct ibv_context *ctx, struct ibv_xrcd *xrcd) {
-    struct ibv_qp_init_attr_ex ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_type = IBV_QPT_XRC_RECV;
-    ia.comp_mask = IBV_QP_INIT_ATTR_XRCD;
-    ia.xrcd = xrcd;
-    return ibv_create_qp_ex(ctx, &ia);
-}
-
-static struct ibv_qp *initiator(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq) {
-    struct ibv_qp_init_attr_ex ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.qp_type = IBV_QPT_XRC_SEND;
-    ia.comp_mask = IBV_QP_INIT_ATTR_PD;
-    ia.pd = pd;
-    ia.send_cq = cq;
-    ia.cap.max_send_wr = kMessages;
-    ia.cap.max_send_sge = 1;
-    return ibv_create_qp_ex(ctx, &ia);
-}
-
 /* The byte j of message i: differs in every message and position. */
 static uint8_t pattern(int i, int j) {
     return (uint8_t)(i * 131 + j * 7 + 1);
@@ -143,8 +122,8 @@ static int peer(const char *device, const char *path, int to_owner, int from_own
         fail("peer: PD and CQ", strerror(errno));
     }
     struct ibv_mr *mr = buffer(pd);
-    struct ibv_qp *tgt = target_in(ctx, xrcd);
-    struct ibv_qp *ini = initiator(ctx, pd, cq);
+    struct ibv_qp *tgt = xrc_target(ctx, xrcd);
+    struct ibv_qp *ini = xrc_initiator(ctx, pd, cq, kMessages);
     if (tgt == NULL || ini == NULL) {
         fail("peer: a target in the shared domain and an initiator", strerror(errno));
     }
@@ -188,21 +167,9 @@ int main(int argc, char **argv) {
         fail("PD and CQs", strerror(errno));
     }
     struct ibv_mr *mr = buffer(pd);
-    struct ibv_srq_init_attr_ex sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.comp_mask =
-        IBV_SRQ_INIT_ATTR_TYPE | IBV_SRQ_INIT_ATTR_PD | IBV_SRQ_INIT_ATTR_XRCD | IBV_SRQ_INIT_ATTR_CQ;
-    sa.srq_type = IBV_SRQT_XRC;
-    sa.pd = pd;
-    sa.xrcd = xrcd;
-    sa.cq = recv_cq;
-    sa.attr.max_wr = kMessages;
-    sa.attr.max_sge = 1;
-    struct ibv_srq *srq = ibv_create_srq_ex(ctx, &sa);
     uint32_t srqn = 0;
-    if (srq == NULL || ibv_get_srq_num(srq, &srqn) != 0) {
-        fail("an XRC SRQ in the shared domain", strerror(errno));
-    }
+    struct ibv_srq *srq =
+        xrc_srq(ctx, pd, xrcd, recv_cq, kMessages, &srqn, "an XRC SRQ in the shared domain");
 
     /* The peer's target, in its handle on this domain, delivers into this process's SRQ. */
     post_receives(srq, mr);
@@ -222,8 +189,8 @@ int main(int argc, char **argv) {
     if (again == NULL || ibv_close_xrcd(again) != 0) {
         fail("ibv_open_xrcd after the peer ended", "the file no longer names the domain");
     }
-    struct ibv_qp *tgt = target_in(ctx, xrcd);
-    struct ibv_qp *ini = initiator(ctx, pd, send_cq);
+    struct ibv_qp *tgt = xrc_target(ctx, xrcd);
+    struct ibv_qp *ini = xrc_initiator(ctx, pd, send_cq, kMessages);
     if (tgt == NULL || ini == NULL) {
         fail("a target and initiator after the peer ended", strerror(errno));
     }
