@@ -1573,6 +1573,9 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
                 wq.in_rkey = p.reth_rkey;
                 wq.in_len = p.reth_len;
             }
+            wq.in_srqn = p.xrc_srqn;
+        } else if (p.xrc_srqn != wq.in_srqn) {
+            return fail(IBV_WC_REM_INV_REQ_ERR);  // XRC: every packet of a message names its SRQ
         }
         // The receive a SEND fills or a WRITE's immediate completes, taken by the packet that
         // needs it first: none posted is an RNR NAK, and the same packet comes again.

@@ -192,6 +192,7 @@ struct WireQp {
     uint8_t in_kind = 0;    // 0 none, 1 a SEND, 2 an RDMA WRITE
     uint64_t in_va = 0, in_len = 0, in_off = 0;
     uint32_t in_rkey = 0;
+    uint32_t in_srqn = 0;  // the SRQ an XRC message's first packet named (0 on RC and UC)
     bool in_recv = false;
     uint64_t recv_wr_id = 0;
     uint32_t recv_num_sge = 0;
