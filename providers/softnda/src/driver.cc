@@ -318,6 +318,7 @@ int destroyQp(ibv_qp_extend *ext) {
     std::lock_guard<std::mutex> ctl(dev->ctl);
     dev->gate.lock();
     dev->qps.erase(qp->qpn);
+    releaseSrqRecv(qp);  // a receive its SRQ held for a message it was still taking
     leaveAllGroups(qp);  // a destroyed QP leaves its groups, as the kernel detaches them
     invalidateWindowsOf(dev, qp->qpn);
     dev->qp_epoch++;

@@ -1427,26 +1427,36 @@ uint8_t Engine::Thread::deliverInto(const Responder &peer, const RecvCopy &r, co
     return IBV_WC_SUCCESS;
 }
 
-bool Engine::Thread::takeRecv(const Responder &peer, RecvCopy *out) {
-    auto copy = [out](const Ring &ring, uint32_t cap) {
-        const uint8_t *slot = ring.buf + static_cast<size_t>(ring.ci_local & (ring.cnt - 1)) * ring.stride;
-        std::memcpy(&out->wr_id, slot, 8);
-        std::memcpy(&out->num_sge, slot + 8, 4);
-        std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE,
-                    std::min(out->num_sge, cap) * sizeof(softnda_sge));
-    };
+void readRecvSlot(const Ring &ring, uint32_t index, uint32_t cap, RecvCopy *out) {
+    const uint8_t *slot = ring.buf + static_cast<size_t>(index & (ring.cnt - 1)) * ring.stride;
+    std::memcpy(&out->wr_id, slot, 8);
+    std::memcpy(&out->num_sge, slot + 8, 4);
+    std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE, std::min(out->num_sge, cap) * sizeof(softnda_sge));
+}
+
+bool Engine::Thread::takeRecv(const Responder &peer, RecvCopy *out, bool hold) {
+    auto copy = [out](const Ring &ring, uint32_t cap) { readRecvSlot(ring, ring.ci_local, cap, out); };
     if (Srq *srq = peer.srq; srq != nullptr) {
         bool limit_reached = false;
         {
             std::lock_guard<SpinLock> lk(srq->lock);
             Ring &ring = srq->ring;
             uint32_t pi = __atomic_load_n(ring.pi, __ATOMIC_ACQUIRE);
-            if (ring.ci_local == pi || overflowed(nullptr, ring, pi)) {
+            if (ring.ci_local == pi) {
+                return false;
+            }
+            if (overflowed(nullptr, ring, pi)) {
+                srq->held.clear();  // the queue is discarded, held receives with it
+                srq->publishCi();
                 return false;
             }
             copy(ring, srq->max_sge);
+            out->index = ring.ci_local;
             ring.ci_local++;
-            __atomic_store_n(ring.ci, ring.ci_local, __ATOMIC_RELEASE);
+            if (hold) {
+                srq->held.push_back(out->index);
+            }
+            srq->publishCi();
             uint32_t limit = __atomic_load_n(srq->limit, __ATOMIC_ACQUIRE);
             if (limit != 0 && pi - ring.ci_local < limit) {
                 __atomic_store_n(srq->limit, 0u, __ATOMIC_RELAXED);

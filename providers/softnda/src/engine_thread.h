@@ -38,6 +38,7 @@ struct RecvCopy {
     uint64_t wr_id;
     uint32_t num_sge;
     softnda_sge sge[29];
+    uint32_t index = 0;  // its slot's ring index (an SRQ's: what a held receive records)
 };
 
 // RnrWait: the responder had no receive (an RNR NAK); PeerWait: no responder answered (the
@@ -103,6 +104,8 @@ uint8_t *checkRkey(const Device *dev, const Responder &rp, const softnda_wqe &h,
                    uint8_t *status);
 bool writeCqe(Cq *cq, Counters &ctr, const softnda_cqe &in);
 void fetchWqe(const Qp &qp, WqeCopy *w);
+// The receive in ring's slot index (at most cap SGEs of it), into out.
+void readRecvSlot(const Ring &ring, uint32_t index, uint32_t cap, RecvCopy *out);
 void fetchWqeAt(const Qp &qp, uint32_t index, WqeCopy *w);
 
 class Engine::Thread {
@@ -178,7 +181,9 @@ class Engine::Thread {
     ExecResult atomicReply(const softnda_wqe &h, uint8_t *remote, const Segment *local, uint32_t nlocal);
     ExecResult sendDataIn(Qp *qp, const Responder &peer, const softnda_wqe &h, const Segment *local,
                           uint32_t nlocal, uint64_t total, PendingRecv *pending);
-    bool takeRecv(const Responder &peer, RecvCopy *out);
+    // The next receive of the responder's RQ or SRQ; hold: an SRQ's stays held (Srq::held) until
+    // releaseSrqRecv, for a message the wire has not brought whole.
+    bool takeRecv(const Responder &peer, RecvCopy *out, bool hold = false);
     void completeRecv(const Responder &peer, const RecvCopy &r, uint8_t status, uint32_t byte_len,
                       uint8_t opcode, uint32_t imm, uint8_t flags, uint32_t src, uint16_t slid = 0);
     // wire.cc: RC to another host over RoCEv2 (SPEC.md §18)

@@ -18,11 +18,33 @@ void fillQueueInfo(queue_info *qi, const Ring &r, const DbSlot &db) {
     qi->db_hw_va = iov_addr_desc{db.mapped, SOFTNDA_DB_REG_STRIDE};
 }
 
+void Srq::publishCi() {
+    uint32_t ci = ring.ci_local;
+    for (uint32_t h : held) {
+        if (ring.ci_local - h > ring.ci_local - ci) {
+            ci = h;  // older
+        }
+    }
+    __atomic_store_n(ring.pi + kSrqTakenWord, ring.ci_local, __ATOMIC_RELEASE);
+    __atomic_store_n(ring.ci, ci, __ATOMIC_RELEASE);
+}
+
 namespace {
 
 // The engine's consumer index of an SQ, RQ or SRQ: the one in its record.
 void resumeConsumer(Ring *r) {
     r->ci_local = __atomic_load_n(r->ci, __ATOMIC_ACQUIRE);
+}
+
+// An SRQ's consumer: the record's CI, or, ahead of it, the receives the engine took (a CI held
+// back at a receive a message in progress held, SPEC.md §10). A taken count outside the ring
+// (zero in the record of a process that did not keep it) is not one.
+void resumeSrqConsumer(Ring *r) {
+    resumeConsumer(r);
+    const uint32_t taken = __atomic_load_n(r->pi + kSrqTakenWord, __ATOMIC_ACQUIRE);
+    if (taken - r->ci_local <= r->cnt) {
+        r->ci_local = taken;
+    }
 }
 
 // The engine's producer index of a CQ: the published PI, then every CQE already written in the
@@ -186,7 +208,7 @@ ibv_srq_extend *buildSrq(std::unique_ptr<Srq> srq, Context *ctx, Pd *pd, ibv_ext
     srq->ops = ops;
     srq->limit = srq->ring.pi + kSrqLimitWord;
     srq->limit_events = srq->ring.pi + kSrqLimitEventsWord;
-    resumeConsumer(&srq->ring);
+    resumeSrqConsumer(&srq->ring);
     srq->ib.context = &ctx->ib;
     srq->ib.srq_context = srq_context;
     srq->ib.pd = &pd->ib;

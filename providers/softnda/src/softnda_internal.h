@@ -298,6 +298,13 @@ struct Srq {
     Xrcd *xrcd = nullptr;
     Cq *cq = nullptr;
     uint32_t srqn = 0;
+    // The receives messages still arriving over the wire hold, by ring index (lock): the CI in
+    // the record stays at the oldest, so the producer cannot reuse a slot a successor may still
+    // read the receive from (SPEC.md §10, §18).
+    std::vector<uint32_t> held;
+    // Stores the receives taken (kSrqTakenWord) and the CI the producer may see: ci_local, or
+    // the oldest held index (lock held).
+    void publishCi();
 };
 
 // The big V2/V3 extended attributes. Few QPs ever set them and they are 480 bytes, more than a
@@ -880,12 +887,18 @@ constexpr unsigned kCqEventsWord = 3;         // CQ offset 12
 constexpr unsigned kSqFatalEventsWord = 2;    // SQ offset 8
 constexpr unsigned kSrqLimitWord = 1;         // SRQ offset 4 (§5.3)
 constexpr unsigned kSrqLimitEventsWord = 17;  // SRQ offset 68
+constexpr unsigned kSrqTakenWord = 18;        // SRQ offset 72: receives the engine took (§10)
 // Engine-private words of the SQ record (SPEC.md §10), in the CI cache line the engine writes.
 constexpr unsigned kSqPsnWord = 18;    // SQ offset 72: the requester's next PSN
 constexpr unsigned kRqPsnWord = 19;    // SQ offset 76: the responder's expected PSN
 constexpr unsigned kQpStateWord = 20;  // SQ offset 80: the QP state (enum ibv_qp_state)
 constexpr unsigned kSqExecWord = 21;   // SQ offset 84: 1 + index of the WQE last started
 constexpr unsigned kSqQkeyWord = 22;   // SQ offset 88: a UD QP's Q_Key (§11.1)
+// An SRQ receive a message arriving over the wire holds (§10, §18): 1 while it does, the
+// receive's index in its SRQ, and that SRQ's number when it is an XRC SRQ (an XRC target's).
+constexpr unsigned kSqHeldWord = 23;       // SQ offset 92
+constexpr unsigned kSqHeldIndexWord = 24;  // SQ offset 96
+constexpr unsigned kSqHeldSrqnWord = 25;   // SQ offset 100
 // CQ arm values: the next completion / the next solicited or error completion.
 constexpr uint32_t kCqArmNext = 1;
 constexpr uint32_t kCqArmSolicited = 2;

@@ -691,10 +691,16 @@ size_t WireSocket::receive(std::span<WireFrame> frames) {
 // QPs
 
 void bindWire(Device *dev, Qp *qp) {
+    // Without a wire, a receive held for a message of the old path would never be let go (gate
+    // held exclusively: no responder runs).
+    auto unbind = [qp] {
+        releaseSrqRecv(qp);
+        qp->wire.reset();
+    };
     const ibv_ah_attr &ah = qp->attrs.ah;
     const ibv_qp_type type = qp->init.qp_type;
     if (!dev->netdev || !ah.is_global || !wireConnectable(type)) {
-        qp->wire.reset();
+        unbind();
         return;
     }
     Netdev &nd = *dev->netdev;
@@ -702,13 +708,13 @@ void bindWire(Device *dev, Qp *qp) {
     {
         std::lock_guard<std::mutex> lk(nd.mu);
         if (nd.table.contains(ah.grh.dgid)) {
-            qp->wire.reset();  // a queue of this host: shared memory, no wire
+            unbind();  // a queue of this host: shared memory, no wire
             return;
         }
         sgid = nd.table.at(ah.grh.sgid_index);
     }
     if (!sgid || !wirePath(*sgid, ah.grh.dgid, true)) {
-        qp->wire.reset();  // checkRocePath refused it; an imported QP whose address went away
+        unbind();  // checkRocePath refused it; an imported QP whose address went away
         return;
     }
     if (!qp->wire) {
@@ -724,8 +730,87 @@ void bindWire(Device *dev, Qp *qp) {
                                                   : roceSourcePort(ah.grh.flow_label, qp->qpn);
 }
 
+namespace {
+
+// The receive the message in progress fills (and completes at its end).
+void keepRecv(WireQp &wq, const RecvCopy &r) {
+    wq.in_recv = true;
+    wq.recv_wr_id = r.wr_id;
+    wq.recv_num_sge = r.num_sge;
+    std::memcpy(wq.recv_sge, r.sge, std::min<uint32_t>(r.num_sge, 29) * sizeof(softnda_sge));
+}
+
+// The SRQ a receive qp holds came from: its own, or at an XRC target the XRC SRQ of its domain
+// the record names (nullptr when there is none any more).
+Srq *heldSrq(const Qp *qp) {
+    if (qp->init.qp_type != IBV_QPT_XRC_RECV) {
+        return qp->srq;
+    }
+    const auto &srqs = qp->ctx->dev->xrc_srqs;
+    auto it = srqs.find(__atomic_load_n(qp->recWord(kSqHeldSrqnWord), __ATOMIC_ACQUIRE));
+    return it != srqs.end() && it->second->xrcd == qp->xrcd ? it->second : nullptr;
+}
+
+}  // namespace
+
+void holdSrqRecv(Qp *qp, const Srq &srq, uint32_t index) {
+    __atomic_store_n(qp->recWord(kSqHeldIndexWord), index, __ATOMIC_RELAXED);
+    __atomic_store_n(qp->recWord(kSqHeldSrqnWord), srq.srqn, __ATOMIC_RELAXED);
+    __atomic_store_n(qp->recWord(kSqHeldWord), 1u, __ATOMIC_RELEASE);
+}
+
+void releaseSrqRecv(Qp *qp) {
+    if (__atomic_load_n(qp->recWord(kSqHeldWord), __ATOMIC_ACQUIRE) == 0) {
+        return;
+    }
+    const uint32_t index = __atomic_load_n(qp->recWord(kSqHeldIndexWord), __ATOMIC_RELAXED);
+    Srq *srq = heldSrq(qp);
+    // The record first: a successor must never take up a receive whose slot the CI has passed
+    // (a cut between the two leaves the CI behind, which the next take moves on).
+    __atomic_store_n(qp->recWord(kSqHeldWord), 0u, __ATOMIC_RELEASE);
+    if (srq != nullptr) {
+        std::lock_guard<SpinLock> lk(srq->lock);
+        auto it = std::find(srq->held.begin(), srq->held.end(), index);
+        if (it != srq->held.end()) {
+            srq->held.erase(it);
+            srq->publishCi();
+        }
+    }
+}
+
+void reholdSrqRecv(Qp *qp) {
+    if (__atomic_load_n(qp->recWord(kSqHeldWord), __ATOMIC_ACQUIRE) == 0) {
+        return;
+    }
+    const uint32_t index = __atomic_load_n(qp->recWord(kSqHeldIndexWord), __ATOMIC_RELAXED);
+    Srq *srq = heldSrq(qp);
+    bool kept = false;
+    if (srq != nullptr && qp->wire) {
+        std::lock_guard<SpinLock> lk(srq->lock);
+        Ring &ring = srq->ring;
+        const uint32_t ci = __atomic_load_n(ring.ci, __ATOMIC_ACQUIRE);
+        // Taken (before the taken count) and not passed by the CI: the slot is as the take left it.
+        if (index - ci < ring.ci_local - ci) {
+            RecvCopy r;
+            readRecvSlot(ring, index, srq->max_sge, &r);
+            keepRecv(*qp->wire, r);
+            qp->wire->in_srqn = srq->srqn;
+            if (std::find(srq->held.begin(), srq->held.end(), index) == srq->held.end()) {
+                srq->held.push_back(index);
+            }
+            srq->publishCi();
+            kept = true;
+        }
+    }
+    if (!kept) {
+        __atomic_store_n(qp->recWord(kSqHeldWord), 0u, __ATOMIC_RELEASE);
+    }
+}
+
 void resetWire(Qp *qp) {
     if (!qp->wire) {
+        std::lock_guard<std::mutex> lk(qp->rq_lock);
+        releaseSrqRecv(qp);
         return;
     }
     WireQp &wq = *qp->wire;
@@ -737,7 +822,9 @@ void resetWire(Qp *qp) {
         wq.resend = false;
         wq.rnr_until_ns = 0;
     }
+    // Under rq_lock, as the responder takes and holds receives (wireRequest).
     std::lock_guard<std::mutex> lk(qp->rq_lock);
+    releaseSrqRecv(qp);
     wq.in_kind = 0;
     wq.in_recv = false;
     wq.nak_sent = false;
@@ -1531,6 +1618,10 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
         wq.in_kind = 0;
         if (!uc) {
             wireAck(wq, dest, nakOf(status), psn);
+            if (wq.in_recv) {
+                releaseSrqRecv(qp);  // the QP goes to ERR: the receive is not completed
+                wq.in_recv = false;
+            }
         }
         if (!uc || recv_error) {
             responderError(qp, status);
@@ -1565,9 +1656,8 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
         if (first) {
             wq.in_kind = kind;
             wq.in_off = 0;
-            // UC keeps a receive a dropped message had taken for the next one (as rxe reuses its
-            // WQE); RC takes one afresh, none being held between messages.
-            wq.in_recv = uc && wq.in_recv;
+            // A receive still held serves this message: UC's from a message it dropped (as rxe
+            // reuses its WQE), or one a restart cut (reholdSrqRecv) whose retransmission this is.
             if (write_op) {
                 wq.in_va = p.reth_va;
                 wq.in_rkey = p.reth_rkey;
@@ -1580,8 +1670,10 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
         // The receive a SEND fills or a WRITE's immediate completes, taken by the packet that
         // needs it first: none posted is an RNR NAK, and the same packet comes again.
         if ((send_op || imm) && !wq.in_recv) {
+            // Held while the message goes on past this packet: a restart then keeps the receive
+            // for the message's retransmission instead of losing it (SPEC.md §10, §18).
             RecvCopy r;
-            if (!takeRecv(rp, &r)) {
+            if (!takeRecv(rp, &r, !last)) {
                 if (first || uc) {
                     wq.in_kind = 0;
                 }
@@ -1592,10 +1684,13 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
                 wireAck(wq, dest, static_cast<uint8_t>(kRnrNak | (qp->attrs.min_rnr_timer & 0x1f)), psn);
                 return;
             }
-            wq.in_recv = true;
-            wq.recv_wr_id = r.wr_id;
-            wq.recv_num_sge = r.num_sge;
-            std::memcpy(wq.recv_sge, r.sge, std::min<uint32_t>(r.num_sge, 29) * sizeof(softnda_sge));
+            if (!last && rp.srq != nullptr) {
+                holdSrqRecv(qp, *rp.srq, r.index);
+            }
+            if (!last && rp.srq != nullptr) {
+                holdSrqRecv(qp, *rp.srq, r.index);
+            }
+            keepRecv(wq, r);
         }
         RecvCopy r{wq.recv_wr_id, wq.recv_num_sge, {}};
         std::memcpy(r.sge, wq.recv_sge, sizeof(r.sge));
@@ -1633,6 +1728,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
                 }
             }
             if (status != IBV_WC_SUCCESS) {
+                releaseSrqRecv(qp);
                 wq.in_recv = false;
                 completeRecv(rp, r, status, 0, IBV_WC_RECV, 0, 0, dest);
                 return fail(status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR, true);
@@ -1644,12 +1740,17 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
         qp->rq_psn = psnAdd(qp->rq_psn, 1);
         if (last) {
             wq.msn = psnAdd(wq.msn, 1);
+            // A plain WRITE completes no receive, and leaves one UC holds from a dropped message.
+            const bool completes = send_op || imm;
+            if (wq.in_recv && (completes || !uc)) {
+                // Let go before the commit point: a successor never serves a message it had
+                // completed again (a cut between the two loses the receive instead).
+                releaseSrqRecv(qp);
+            }
             __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);
             if (inv) {
                 (void)invalidateRemote(dev_, qp, p.ieth_rkey, true);
             }
-            // A plain WRITE completes no receive, and leaves one UC holds from a dropped message.
-            const bool completes = send_op || imm;
             if (wq.in_recv && completes) {
                 uint8_t flags =
                     static_cast<uint8_t>((imm ? SOFTNDA_CQE_WITH_IMM : 0) | (inv ? SOFTNDA_CQE_WITH_INV : 0) |

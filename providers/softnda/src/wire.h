@@ -23,6 +23,7 @@ namespace softnda {
 
 struct Device;
 struct Qp;
+struct Srq;
 
 // Loss, duplication and reordering the socket applies to what it sends, each a probability per
 // packet, drawn from a generator seeded with seed (provider option wire_faults, SPEC.md §18).
@@ -219,5 +220,13 @@ inline bool wireConnectable(ibv_qp_type t) {
 void bindWire(Device *dev, Qp *qp);
 // Forgets what qp's transport had in flight (a RESET or an ERR; gate held).
 void resetWire(Qp *qp);
+
+// An SRQ receive a message still arriving over the wire holds (SPEC.md §10, §18): recorded in
+// qp's SQ record (kSqHeldWord), so a successor serves the message's retransmission with it;
+// let go (gate held) when the message ends, the QP is reset or destroyed; taken up again by an
+// import (the device paused), or dropped when its SRQ no longer has it.
+void holdSrqRecv(Qp *qp, const Srq &srq, uint32_t index);
+void releaseSrqRecv(Qp *qp);
+void reholdSrqRecv(Qp *qp);
 
 }  // namespace softnda
