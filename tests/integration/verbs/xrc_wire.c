@@ -207,7 +207,7 @@ int main(int argc, char **argv) {
     struct ibv_cq *cq = pd != NULL ? ibv_create_cq(ctx, 2 * MAX_N + 8, NULL, NULL, 0) : NULL;
     /* The server: MAX_N slots, the counter, MAX_N receive buffers. The client: MAX_N sources,
      * MAX_N READ targets, the fetch-adds' results. */
-    const size_t size = 2 * (size_t)MAX_N * SLOT + 8 * MAX_N + SLOT;
+    const size_t size = (2 * (size_t)MAX_N + 2) * SLOT; /* a whole number of SLOTs: aligned_alloc's rule */
     unsigned char *mem = aligned_alloc(SLOT, size);
     struct ibv_mr *mr =
         cq != NULL && mem != NULL ? (memset(mem, 0, size), ibv_reg_mr(pd, mem, size, ACCESS)) : NULL;
