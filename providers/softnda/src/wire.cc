@@ -1687,9 +1687,6 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
             if (!last && rp.srq != nullptr) {
                 holdSrqRecv(qp, *rp.srq, r.index);
             }
-            if (!last && rp.srq != nullptr) {
-                holdSrqRecv(qp, *rp.srq, r.index);
-            }
             keepRecv(wq, r);
         }
         RecvCopy r{wq.recv_wr_id, wq.recv_num_sge, {}};
