@@ -301,9 +301,12 @@ else
   run_as alice ibv_devinfo -d softnda0 >/story/devinfo.wire 2>&1
   check "across hosts: softnda0 is a RoCE device (link_layer Ethernet)" \
     grep -q "link_layer:.*Ethernet" /story/devinfo.wire
-  # Host b's server has waited since before the boot; its broker answers over the veth. Two
-  # systemctl restarts in the middle of the traffic: the QP crosses each (the fd store), the new
-  # process binds the RoCEv2 socket again, and the peer sees only retransmissions.
+  # Host b's server has waited since before the boot; its broker answers over the veth. A
+  # systemctl restart in the middle of the traffic: the QP crosses it (the fd store), the new
+  # process binds the RoCEv2 socket again, and the peer sees only retransmissions. One: each
+  # restart under systemd darkens the wire for ~0.3-0.5 s of the peer's ~0.54 s retry budget
+  # (ibv_rc_pingpong's timeout 14, retry_cnt 7), and a second one failed one CI run in five
+  # without covering more (repeated restarts are the chaos part's and the two-host ctest's).
   run_as alice timeout 120 ibv_rc_pingpong -d softnda0 -g 1 -c -n "$wire_iters" -p "$wire_port" \
     "$wire_peer" >/story/pp.wire 2>&1 &
   wire_pid=$!
@@ -312,17 +315,15 @@ else
     sleep 0.1
   done
   sleep 0.5
-  for r in 1 2; do
-    systemctl restart ibv-extendd.service
-    check "across hosts: systemctl restart $r during the pingpong keeps its session" wait_serving 1
-    sleep 0.3
-  done
+  systemctl restart ibv-extendd.service
+  check "across hosts: systemctl restart during the pingpong keeps its session" wait_serving 1
+  sleep 0.3
   mid_traffic=0
   kill -0 "$wire_pid" 2>/dev/null && mid_traffic=1
   wait "$wire_pid"
   wire_rc=$?
   tail -2 /story/pp.wire
-  check "across hosts: the pingpong still ran after both restarts (else raise its -n)" test "$mid_traffic" = 1
+  check "across hosts: the pingpong still ran after the restart (else raise its -n)" test "$mid_traffic" = 1
   check "across hosts: ibv_rc_pingpong -g 1 -c to $wire_peer as alice, $wire_iters round trips, exit 0" \
     test "$wire_rc" = 0
   tx=$(ctl stats 2>/dev/null | sed -n 's/^wire_tx_packets *//p')  # (no awk: /etc has no alternatives)
