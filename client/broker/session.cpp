@@ -131,6 +131,8 @@ Registry &registry() {
     return *r;
 }
 
+constexpr size_t kKeyChars = 16;  // an idempotency key's hex digits
+
 }  // namespace
 
 std::string newIdempotencyKey() {
@@ -484,19 +486,47 @@ int Session::checkUsable() {
     return rc == -ECONNRESET ? rc : 0;
 }
 
-Session::Attempts Session::startCall(bool mutating) const {
+Session::Attempts Session::startCall(bool mutating) {
     Attempts a;
     a.deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms_);
     if (mutating) {
         a.key = newIdempotencyKey();
+        std::lock_guard lock(retire_mu_);
+        for (size_t i = 0; i < kMaxRetireKeys && !retire_.empty(); ++i) {
+            if (!a.retire.empty()) {
+                a.retire += ',';
+            }
+            a.retire += retire_.front();
+            retire_.pop_front();
+        }
     }
     return a;
+}
+
+void Session::endCall(Attempts *attempts, const grpc::Status &status) {
+    if (attempts->key.empty()) {
+        return;
+    }
+    std::lock_guard lock(retire_mu_);
+    if (!status.ok()) {
+        // Sent again on the next call: a broker that had them skips keys it no longer keeps.
+        for (size_t at = 0; at < attempts->retire.size(); at += kKeyChars + 1) {
+            retire_.push_back(attempts->retire.substr(at, kKeyChars));
+        }
+    }
+    retire_.push_back(std::move(attempts->key));
+    while (retire_.size() > kMaxRetireKeys) {
+        retire_.pop_front();  // the broker ages it out with the session's oldest replies
+    }
 }
 
 void Session::prepare(grpc::ClientContext *ctx, const Attempts &attempts) const {
     ctx->AddMetadata("ibvx-session", token_hex_);
     if (!attempts.key.empty()) {
         ctx->AddMetadata(kIdempotencyMetadataKey, attempts.key);
+    }
+    if (!attempts.retire.empty()) {
+        ctx->AddMetadata(kRetireMetadataKey, attempts.retire);
     }
     ctx->set_deadline(attempts.deadline);
     // Never wait_for_ready: a try on a channel in transient failure fails at once (it never

@@ -33,6 +33,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -61,6 +62,11 @@ const Settings &settings();
 
 inline constexpr const char *kDefaultSocket = IBVX_DEFAULT_SOCKET;
 inline constexpr const char *kIdempotencyMetadataKey = "ibvx-idempotency-key";
+// The keys of this process's earlier calls that ended (their replies are here, or they will
+// never be retried), told to the broker on the next mutating call so it drops their stored
+// replies instead of keeping each session's newest 64 (daemon/edge/services.h).
+inline constexpr const char *kRetireMetadataKey = "ibvx-retire-keys";
+inline constexpr size_t kMaxRetireKeys = 64;  // per call, as the broker takes them
 
 // The calls that change nothing on the broker (by request type). Every other call carries an
 // idempotency key, so a retry after a broker restart is answered, never applied twice; a method
@@ -126,6 +132,7 @@ class Session {
             std::shared_ptr<pb::Broker::Stub> stub = currentStub();
             grpc::Status status = (stub.get()->*method)(&ctx, req, resp);
             if (!again(what, status, &attempts, stub)) {
+                endCall(&attempts, status);
                 return finish(what, status);
             }
             resp->Clear();
@@ -173,7 +180,8 @@ class Session {
     // One call across its tries: one deadline and one key for all of them.
     struct Attempts {
         std::chrono::system_clock::time_point deadline;
-        std::string key;  // empty: a read-only call
+        std::string key;     // empty: a read-only call
+        std::string retire;  // kRetireMetadataKey's value, sent on every try (empty: none)
         int retries = 0;
     };
 
@@ -192,8 +200,11 @@ class Session {
                         std::unique_ptr<Session> *out, bool *refused);
     int hello(SessionToken *token, std::chrono::steady_clock::time_point deadline);
     int checkUsable();
-    Attempts startCall(bool mutating) const;
+    Attempts startCall(bool mutating);
     void prepare(grpc::ClientContext *ctx, const Attempts &attempts) const;
+    // After a call's last try: its key is retired on the next call, and the keys it was to
+    // retire are kept for the next call again when it failed (it may not have reached the broker).
+    void endCall(Attempts *attempts, const grpc::Status &status);
     // After a try on `stub`: true (after a pause, on a new channel) when the call is to be tried
     // again; warns on its first retry.
     bool again(const char *what, const grpc::Status &status, Attempts *attempts,
@@ -216,6 +227,8 @@ class Session {
     std::shared_ptr<pb::Broker::Stub> stub_;  // guarded by stub_mu_ (renewStub() replaces it)
     std::string token_hex_;
     std::atomic<bool> dead_{false};
+    std::mutex retire_mu_;
+    std::deque<std::string> retire_;  // guarded by retire_mu_: keys to retire, oldest first
 
     struct Region {
         UniqueMapping mapping;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -166,13 +167,49 @@ std::vector<StoredReply> Session::repliesSince(uint64_t *seq) const {
 
 void Session::forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const {
     std::lock_guard lock(replies_mu_);
-    const size_t fresh =
-        static_cast<size_t>(std::min<uint64_t>(reply_seq_ - std::min(*seq, reply_seq_), replies_.size()));
+    // Each reply's own number, not its place: a retired reply leaves a gap anywhere.
+    auto first = replies_.end();
+    while (first != replies_.begin() && std::prev(first)->seq > *seq) {
+        --first;
+    }
     *seq = reply_seq_;
     std::string scratch;
-    for (auto it = replies_.end() - static_cast<std::ptrdiff_t>(fresh); it != replies_.end(); ++it) {
+    for (auto it = first; it != replies_.end(); ++it) {
         fn(view(*it, &scratch));
     }
+}
+
+size_t Session::retireReplies(const std::vector<uint64_t> &keys) {
+    std::deque<PackedReply> gone;  // their charges are given back outside the lock
+    std::lock_guard lock(replies_mu_);
+    for (uint64_t key : keys) {
+        auto it = std::find_if(replies_.begin(), replies_.end(),
+                               [key](const PackedReply &r) { return r.key == key; });
+        if (it == replies_.end()) {
+            continue;  // aged out, dropped for quota, or never stored (a call the broker refused early)
+        }
+        gone.push_back(std::move(*it));
+        replies_.erase(it);
+        if (retired_.size() >= kMaxReplies) {
+            retired_.erase(retired_.begin());  // a restore keeps only the newest kMaxReplies anyway
+        }
+        retired_.push_back(key);
+    }
+    return gone.size();
+}
+
+std::vector<uint64_t> Session::takeRetired() {
+    std::lock_guard lock(replies_mu_);
+    return std::exchange(retired_, {});
+}
+
+void Session::untakeRetired(std::vector<uint64_t> keys) {
+    std::lock_guard lock(replies_mu_);
+    keys.insert(keys.end(), retired_.begin(), retired_.end());
+    if (keys.size() > kMaxReplies) {
+        keys.erase(keys.begin(), keys.end() - static_cast<std::ptrdiff_t>(kMaxReplies));
+    }
+    retired_ = std::move(keys);
 }
 
 size_t Session::storedReplyBytes() const {
@@ -211,8 +248,8 @@ void Session::addReply(StoredReply reply, QuotaCharge quota) {
     if (replies_.size() >= kMaxReplies) {
         replies_.pop_front();
     }
+    packed.seq = ++reply_seq_;
     replies_.push_back(std::move(packed));
-    ++reply_seq_;
 }
 
 bool Session::dropOldestReply() {

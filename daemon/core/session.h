@@ -139,6 +139,14 @@ class Session {
     void forEachReplySince(uint64_t *seq, const std::function<void(const StoredReplyView &)> &fn) const;
     // The heap bytes its stored replies hold, as kept (Admin GetStats: where a QP's bytes go).
     size_t storedReplyBytes() const;
+    // Drops the stored replies of these keys: the tenant has them and will not retry those
+    // calls ("ibvx-retire-keys", services.h). Keys not kept are skipped. Returns how many it
+    // dropped; their keys wait in takeRetired() for the restart layer's log.
+    size_t retireReplies(const std::vector<uint64_t> &keys);
+    // The keys retired since the last take (the newest kMaxReplies at most), and their return
+    // when the commit that took them logged no reply to carry them.
+    std::vector<uint64_t> takeRetired();
+    void untakeRetired(std::vector<uint64_t> keys);
 
     // ---- its state, for readers outside a Broker call ----
     // (the Admin inspector, and the restart layer that keeps sessions across a broker restart.)
@@ -187,6 +195,7 @@ class Session {
     // quarter of a QP's bytes in the broker (issue 25). Its first byte says which form it is in.
     struct PackedReply {
         uint64_t key = 0;
+        uint64_t seq = 0;  // its place in reply_seq_'s count (forEachReplySince)
         std::string bytes;
         QuotaCharge quota;
     };
@@ -197,7 +206,8 @@ class Session {
     // Leaf lock: guards replies_ (newest last).
     mutable std::mutex replies_mu_;
     std::deque<PackedReply> replies_;
-    uint64_t reply_seq_ = 0;  // replies ever added (the restart layer logs the new ones)
+    uint64_t reply_seq_ = 0;         // replies ever added (the restart layer logs the new ones)
+    std::vector<uint64_t> retired_;  // keys retired since takeRetired(), oldest first
     // Packs it outside the lock; quota is its charge (Broker::reserveReply), none for a restored one.
     void addReply(StoredReply reply, QuotaCharge quota = {});
     // Gives up the oldest stored reply and its charge; false when none is kept.

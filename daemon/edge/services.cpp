@@ -125,6 +125,30 @@ StatusOr<uint64_t> parseIdempotencyKey(std::string_view text) {
     return key;
 }
 
+StatusOr<std::vector<uint64_t>> parseRetireKeys(std::string_view text) {
+    const std::string_view all = text;
+    std::vector<uint64_t> keys;
+    for (;;) {
+        size_t comma = text.find(',');
+        if (keys.size() == kMaxRetireKeys) {
+            return invalidArgument(std::string(kRetireMetadataKey) + " names more than " +
+                                   std::to_string(kMaxRetireKeys) + " keys");
+        }
+        StatusOr<uint64_t> key = parseIdempotencyKey(text.substr(0, comma));
+        if (!key.isOk()) {
+            return invalidArgument(
+                std::string(kRetireMetadataKey) +
+                " must be keys of 16 lower-case hex digits, not 0, separated by commas, got '" +
+                std::string(all.substr(0, 64)) + (all.size() > 64 ? "...'" : "'"));
+        }
+        keys.push_back(*key);
+        if (comma == std::string_view::npos) {
+            return keys;
+        }
+        text.remove_prefix(comma + 1);
+    }
+}
+
 BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, RpcStats &stats,
                              SessionListener *listener, BlockingLimits blocking)
     : broker_(broker),
@@ -154,6 +178,11 @@ StatusOr<BrokerService::Admitted> BrokerService::admit(grpc::CallbackServerConte
         return a;
     }
     const auto &md = ctx->client_metadata();
+    if (auto retire = md.find(kRetireMetadataKey); retire != md.end()) {
+        ASSIGN_OR_RETURN(std::vector<uint64_t> keys,
+                         parseRetireKeys(std::string_view(retire->second.data(), retire->second.size())));
+        a.session->retireReplies(keys);
+    }
     auto it = md.find(kIdempotencyMetadataKey);
     if (it == md.end()) {
         return a;  // a client from before idempotency keys: the call runs as it always did

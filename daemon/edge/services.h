@@ -18,6 +18,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "daemon/core/broker.h"
 #include "daemon/edge/blocking_executor.h"
@@ -40,6 +41,16 @@ inline constexpr char kIdempotencyMetadataKey[] = "ibvx-idempotency-key";
 bool isMutating(Method m);
 // The key of an "ibvx-idempotency-key" value; INVALID_ARGUMENT unless 16 hex digits, not 0.
 StatusOr<uint64_t> parseIdempotencyKey(std::string_view text);
+
+// Keys of earlier calls whose replies the tenant has, comma-separated, on a mutating call: it
+// will not retry them, so their stored replies are dropped (a stored reply is ~200 B of heap
+// and a record in the restart log; a session keeps up to 64). Optional: a client that sends
+// none has its replies kept until they age out, as before.
+inline constexpr char kRetireMetadataKey[] = "ibvx-retire-keys";
+inline constexpr size_t kMaxRetireKeys = 64;
+// The keys of an "ibvx-retire-keys" value; INVALID_ARGUMENT unless 1 to kMaxRetireKeys keys,
+// each as parseIdempotencyKey takes it.
+StatusOr<std::vector<uint64_t>> parseRetireKeys(std::string_view text);
 
 // Threads and queue of the Broker service's BlockingExecutor.
 struct BlockingLimits {

@@ -172,9 +172,12 @@ std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
     return serialized(out);
 }
 
-std::string replyRecord(const StoredReplyView &r) {
+// retired: keys whose replies the tenant retired since the last record that carried any (a
+// replay drops them before it keeps this one).
+std::string replyRecord(const StoredReplyView &r, const std::vector<uint64_t> &retired = {}) {
     rpb::Reply out;
     out.set_key(r.key);
+    out.mutable_retired()->Add(retired.begin(), retired.end());
     out.set_method(r.method.data(), r.method.size());
     out.set_code(r.code);
     out.set_message(r.message.data(), r.message.size());
@@ -442,6 +445,7 @@ RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
         broker_.releaseLoggedState(s, obj->handle);
     }
     e.reply_seq = 0;
+    s.takeRetired();  // the image holds only the replies kept: none retired
     s.forEachReplySince(&e.reply_seq,
                         [&out](const StoredReplyView &r) { out.emplace_back(kReply, replyRecord(r)); });
     for (const auto &[name, canonical] : e.aliases) {
@@ -631,8 +635,14 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
     logRegions(id, e, mem.chunks, e.chunks, records);
     logRegions(id, e, mem.doorbells, e.doorbells, records);
     logObjects(s, e, changes, records);
-    s.forEachReplySince(
-        &e.reply_seq, [&records](const StoredReplyView &r) { records.emplace_back(kReply, replyRecord(r)); });
+    std::vector<uint64_t> retired = s.takeRetired();  // taken first: a retirement after it waits
+    s.forEachReplySince(&e.reply_seq, [&records, &retired](const StoredReplyView &r) {
+        records.emplace_back(kReply, replyRecord(r, retired));
+        retired.clear();  // the first new reply carries them
+    });
+    if (!retired.empty()) {
+        s.untakeRetired(std::move(retired));  // no reply this commit: the next one carries them
+    }
     const bool stores = !e.adds.empty();
     syncStore(e, id);  // the fds are in the store before the log names them; it makes the aliases
     if (stores) {

@@ -115,6 +115,10 @@ bool LogReplay::apply(uint8_t type, const std::string &payload) {
         case kReply: {
             rpb::Reply r;
             bool ok = r.ParseFromString(payload);
+            for (uint64_t key : r.retired()) {
+                std::erase_if(replies_, [key](const rpb::Reply &kept) { return kept.key() == key; });
+            }
+            r.clear_retired();
             replies_.push_back(std::move(r));
             if (replies_.size() > Session::kMaxReplies) {
                 replies_.pop_front();

@@ -6,13 +6,15 @@
 // and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
-//   op < 58       the Broker method with that index in broker.proto (38 today, up to
-//                 OpenQp; the harness checks they stay below 58); the bytes are its request, sent as
+//   op < 57       the Broker method with that index in broker.proto (38 today, up to
+//                 OpenQp; the harness checks they stay below 57); the bytes are its request, sent as
 //                 they are when they do not parse (gRPC must reject them), otherwise re-serialised after
 //                 handle substitution: a fixed64 handle field holding 1..255 becomes the handle created (n-1)
 //                 % count-th in this input, so requests can name real objects, including other sessions'
 //                 ones; 0 and large values stay (absent or forged). Every call carries a new idempotency key,
 //                 as the client sends one.
+//   op == 57      the next call's "ibvx-retire-keys" value: the previous call's key when the bytes
+//                 are empty, else the bytes mapped to hex digits, commas and 'x' (at most 1,200).
 //   op == 58      the bytes are the next call's "ibvx-idempotency-key" value, sent verbatim.
 //   op == 59      the previous call again, with its key and its request bytes: a retry.
 //   op == 60      the next call reuses the previous call's key (another method, or other bytes).
@@ -27,7 +29,8 @@
 // a request naming a handle of another session never succeeds; a mutating call with a key that
 // is not 16 lower-case hex digits of a non-zero value never runs (INVALID_ARGUMENT, nothing
 // created); a retry of a mutating call answers exactly what the call answered (code, message,
-// bytes) and changes nothing in the broker; a key reused by another mutating method is refused
+// bytes) and changes nothing in the broker, unless a later call retired its key (then it runs
+// anew); a malformed "ibvx-retire-keys" runs nothing; a key reused by another mutating method is refused
 // with INVALID_ARGUMENT; and once every session of the input has ended, the broker holds no
 // session, no object, no arena memory and no extra fd.
 
@@ -41,6 +44,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -76,6 +80,7 @@ using namespace ibvx::daemon;  // NOLINT: the harness touches most of the daemon
 // Ops below the Broker service's method count call that method (by position); the last six of
 // the 64 op values are the harness's own. New methods take the free values in between.
 constexpr int kOpCount = 64;
+constexpr int kOpRetire = 57;
 constexpr int kOpRawKey = 58;
 constexpr int kOpRetry = 59;
 constexpr int kOpReuseKey = 60;
@@ -123,7 +128,7 @@ class Harness : public SessionListener {
         stub_ = std::make_unique<grpc::GenericStub>(channel_);
 
         service_desc_ = gpb::DescriptorPool::generated_pool()->FindServiceByName("ibv_extend.v1.Broker");
-        FUZZ_CHECK(service_desc_ != nullptr && service_desc_->method_count() <= kOpRawKey &&
+        FUZZ_CHECK(service_desc_ != nullptr && service_desc_->method_count() <= kOpRetire &&
                        service_desc_->method_count() == static_cast<int>(Method::kCount),
                    "broker.proto has %d methods; the input format assumes at most %d, the edge knows %d",
                    service_desc_ ? service_desc_->method_count() : -1, kOpRawKey,
@@ -147,9 +152,9 @@ class Harness : public SessionListener {
         return std::exchange(opened_, {});
     }
 
-    // key: the "ibvx-idempotency-key" value, none when empty.
+    // key: the "ibvx-idempotency-key" value, retire the "ibvx-retire-keys" one; none when empty.
     grpc::Status call(const gpb::MethodDescriptor &m, const std::string &token_hex, const std::string &key,
-                      const std::string &request, std::string *response) {
+                      const std::string &request, std::string *response, const std::string &retire = {}) {
         grpc::ClientContext ctx;
         // Generous: the point is "answers at all", and sanitizers are slow.
         ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -158,6 +163,9 @@ class Harness : public SessionListener {
         }
         if (!key.empty()) {
             ctx.AddMetadata(kIdempotencyMetadataKey, key);
+        }
+        if (!retire.empty()) {
+            ctx.AddMetadata(kRetireMetadataKey, retire);
         }
         grpc::Slice slice(request);
         grpc::ByteBuffer req(&slice, 1);
@@ -211,8 +219,10 @@ struct SentCall {
     std::string key;
     std::string request;
     bool parsed = false;  // false: gRPC refuses the bytes before any handler sees them
+    std::string retire;   // its "ibvx-retire-keys" value, none when empty
     grpc::Status status;
     std::string response;
+    bool retired = false;  // a later call of its session retired its key: a retry runs anew
 };
 
 // What one input built so far.
@@ -222,6 +232,7 @@ struct State {
     std::vector<Handle> handles;
     uint64_t next_key = 1;
     std::optional<std::string> key_for_next;  // set by kOpRawKey / kOpReuseKey
+    std::string retire_for_next;              // set by kOpRetire
     SentCall last;
 };
 
@@ -335,10 +346,22 @@ std::string takeKey(State *st) {
 }
 
 // Whether a call sent with this key was stored when it ran: mutating, the key valid, and its
-// session live then and now (a session ended since has no stored replies to answer from).
+// session live then and now (a session ended since has no stored replies to answer from), and
+// not retired since.
 bool storable(const SentCall &c) {
     return c.method >= 0 && c.parsed && isMutating(static_cast<Method>(c.method)) &&
-           parseIdempotencyKey(c.key).isOk() && c.session != nullptr && !c.session->ended();
+           parseIdempotencyKey(c.key).isOk() && c.session != nullptr && !c.session->ended() && !c.retired;
+}
+
+// An op's bytes as an "ibvx-retire-keys" value: mostly what a list is made of, so lists that
+// parse (and name keys of this input) are found as well as ones that do not.
+std::string retireText(const uint8_t *p, size_t n) {
+    static constexpr char kAlphabet[] = "0123456789abcdef,x";
+    std::string text;
+    for (size_t i = 0; i < std::min<size_t>(n, 1200); ++i) {
+        text.push_back(kAlphabet[p[i] % (sizeof(kAlphabet) - 1)]);
+    }
+    return text;
 }
 
 // The checks only the keys make: a malformed key runs nothing; a key reused by another method is
@@ -348,6 +371,13 @@ void checkKeyUse(Harness &h, const State &st, const SentCall &sent, size_t objec
     const grpc::Status &s = sent.status;
     const bool live = sent.session != nullptr && !sent.session->ended();
     if (!live || !sent.parsed || !isMutating(static_cast<Method>(sent.method)) || sent.key.empty()) {
+        return;
+    }
+    if (!sent.retire.empty() && !parseRetireKeys(sent.retire).isOk()) {
+        FUZZ_CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+                       h.broker().objectCount() == objects_before,
+                   "%s with the malformed retire list '%.60s' answered %d (%s)", m.name().c_str(),
+                   sent.retire.c_str(), s.error_code(), s.error_message().c_str());
         return;
     }
     if (!parseIdempotencyKey(sent.key).isOk()) {
@@ -400,13 +430,29 @@ void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
         sent.token = sent.session->tokenHex();
     }
     sent.key = takeKey(st);
+    sent.retire = std::exchange(st->retire_for_next, {});
     sent.request = wire;
     sent.parsed = parsed;
     const size_t objects_before = h.broker().objectCount();
-    sent.status = h.call(m, sent.token, sent.key, wire, &sent.response);
+    sent.status = h.call(m, sent.token, sent.key, wire, &sent.response, sent.retire);
     const grpc::Status &s = sent.status;
     FUZZ_CHECK(documentedCode(s.error_code()), "%s answered %d: %s", m.name().c_str(), s.error_code(),
                s.error_message().c_str());
+    if (!sent.retire.empty() && parsed && isMutating(static_cast<Method>(index)) &&
+        sent.session == st->last.session) {
+        // The broker retires before it looks at the call's own key: the previous call's reply
+        // is gone when the list names it, whatever this call answered (a reuse of that key runs).
+        auto keys = parseRetireKeys(sent.retire);
+        auto last = parseIdempotencyKey(st->last.key);
+        if (keys.isOk() && last.isOk() && std::find(keys->begin(), keys->end(), *last) != keys->end()) {
+            st->last.retired = true;
+        }
+    }
+    if (auto keys = parseRetireKeys(sent.retire); keys.isOk()) {
+        // A list naming the call's own key retires its reply again on each retry: it runs anew.
+        auto own = parseIdempotencyKey(sent.key);
+        sent.retired = own.isOk() && std::find(keys->begin(), keys->end(), *own) != keys->end();
+    }
     checkKeyUse(h, *st, sent, objects_before);
     const bool replayed = storable(st->last) && st->last.key == sent.key && st->last.session == sent.session;
     st->last = sent;
@@ -422,8 +468,8 @@ void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
     collectHandles(*out, st->current, st);
 }
 
-// The previous call again, exactly as a client's retry sends it. A mutating call the broker ran
-// is answered from its stored reply: the same code, message and bytes, and nothing changes.
+// The previous call again, exactly as a client's retry sends it (its retire list too). A mutating call the
+// broker ran is answered from its stored reply: the same code, message and bytes, and nothing changes.
 void retryLast(Harness &h, State *st) {
     const SentCall &first = st->last;
     if (first.method < 0) {
@@ -432,7 +478,7 @@ void retryLast(Harness &h, State *st) {
     const gpb::MethodDescriptor &m = *h.service().method(first.method);
     const size_t objects_before = h.broker().objectCount();
     std::string response;
-    grpc::Status s = h.call(m, first.token, first.key, first.request, &response);
+    grpc::Status s = h.call(m, first.token, first.key, first.request, &response, first.retire);
     FUZZ_CHECK(documentedCode(s.error_code()), "retried %s answered %d: %s", m.name().c_str(), s.error_code(),
                s.error_message().c_str());
     if (!storable(first)) {
@@ -492,6 +538,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             off += len;
             if (op < h.service().method_count()) {
                 callMethod(h, &st, op, p, len);
+            } else if (op == kOpRetire) {
+                st.retire_for_next = len == 0 ? st.last.key : retireText(p, len);
             } else if (op == kOpRawKey) {
                 st.key_for_next = printableKey(p, len);
             } else if (op == kOpRetry) {

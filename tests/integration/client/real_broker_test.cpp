@@ -186,6 +186,25 @@ TEST_F(RealBrokerTest, CreateDestroyCyclesLeaveNoMappingsOrFdsBehind) {
     EXPECT_EQ(ibvx_close_device(ctx), 0);
 }
 
+// The library tells the broker which replies it has ("ibvx-retire-keys" on its next call), so a
+// session's stored replies stay at the calls still in flight instead of its newest 64 (each
+// ~150 B of broker heap and a restart record: issue 25's bytes per QP).
+TEST_F(RealBrokerTest, TheLibraryRetiresTheRepliesItHas) {
+    ibv_context_extend *ctx = ibvx_open_device("softnda0");
+    ASSERT_NE(ctx, nullptr) << strerror(errno);
+    int failures = 0;
+    for (int i = 0; i < 100; ++i) {
+        ibv_pd *pd = ibvx_alloc_pd(ctx);
+        failures += pd == nullptr || ibvx_dealloc_pd(pd) != 0;
+    }
+    EXPECT_EQ(failures, 0);
+    // This process's session is the only one live: 200 calls kept whole would be 64 replies.
+    const uint64_t kept = stats().stored_reply_bytes();
+    EXPECT_GT(kept, 0u) << "the last call's reply is kept until the next call retires it";
+    EXPECT_LT(kept, 2048u) << "about 150 B a reply: far fewer than 64 kept";
+    EXPECT_EQ(ibvx_close_device(ctx), 0);
+}
+
 // A tenant process running loopback RDMA WRITEs until told to stop; it reports how many failed.
 pid_t startLoopTenant(int *ready_rd, int *cmd_wr, int *result_rd) {
     int ready[2], cmd[2], result[2];

@@ -46,13 +46,18 @@ class Edge : public SessionListener {
     }
 
     // One call under token, with the idempotency key when key != nullptr.
+    // retire != nullptr: the "ibvx-retire-keys" value it carries too.
     template <typename Req, typename Resp>
     grpc::Status call(grpc::Status (pb::Broker::Stub::*method)(grpc::ClientContext *, const Req &, Resp *),
-                      const std::string &token, const char *key, const Req &req, Resp *resp) {
+                      const std::string &token, const char *key, const Req &req, Resp *resp,
+                      const char *retire = nullptr) {
         grpc::ClientContext ctx;
         ctx.AddMetadata(kSessionMetadataKey, token);
         if (key != nullptr) {
             ctx.AddMetadata(kIdempotencyMetadataKey, key);
+        }
+        if (retire != nullptr) {
+            ctx.AddMetadata(kRetireMetadataKey, retire);
         }
         return (stub_.get()->*method)(&ctx, req, resp);
     }
@@ -351,6 +356,66 @@ TEST(Idempotency, StoredRepliesAreLimitedPerTenant) {
     EXPECT_EQ(edge.replies(), 0u);
     EXPECT_TRUE(edge.call(&pb::Broker::Stub::OpenContext, b, kKey, open, &opened).ok());
     EXPECT_EQ(edge.replies(), 1u);
+}
+
+// A tenant that has a reply tells the broker ("ibvx-retire-keys" on a later call): its stored
+// reply and the quota it held are given back at once, and the key, no longer known, would run
+// its call again. Replies not named stay answerable.
+TEST(Idempotency, RetiredRepliesAreGivenBackAndOthersStillAnswered) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    const uint64_t replies = edge.replies();
+    pb::AllocPdResponse b1, b2, b3;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &b1).ok());
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b2", pd, &b2).ok());
+    EXPECT_EQ(edge.replies(), replies + 2);
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b3", pd, &b3,
+                          "00000000000000b1,00000000000000f0")
+                    .ok());                  // f0 was never a key here: skipped
+    EXPECT_EQ(edge.replies(), replies + 2);  // b1's gone, b3's kept
+
+    pb::AllocPdResponse again;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b2", pd, &again).ok());
+    EXPECT_EQ(again.pd(), b2.pd());  // answered
+    const size_t objects = edge.broker().objectCount();
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &again).ok());
+    EXPECT_NE(again.pd(), b1.pd());  // run as a new call: the tenant said it would not retry b1
+    EXPECT_EQ(edge.broker().objectCount(), objects + 1);
+}
+
+TEST(Idempotency, BadRetireKeysAreRefusedBeforeAnythingRuns) {
+    Edge edge;
+    std::string token = edge.hello();
+    uint64_t context = edge.openContext(token);
+    pb::AllocPdRequest pd;
+    pd.set_context(context);
+    pb::AllocPdResponse kept;
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &kept).ok());
+    const size_t objects = edge.broker().objectCount();
+    const int commits = edge.commits();
+    std::string too_many;
+    for (int i = 0; i <= 64; ++i) {
+        too_many += (i == 0 ? "" : ",") + std::string("00000000000000b1");
+    }
+    for (const std::string &bad :
+         {std::string(), std::string("00000000000000b1,"), std::string(",00000000000000b1"),
+          std::string("00000000000000B1"), std::string("0000000000000000"),
+          std::string("00000000000000b1;00000000000000b2"), too_many}) {
+        pb::AllocPdResponse r;
+        grpc::Status st =
+            edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000c1", pd, &r, bad.c_str());
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << "'" << bad << "'";
+        EXPECT_NE(st.error_message().find("ibvx-retire-keys"), std::string::npos) << st.error_message();
+        EXPECT_EQ(errnoDetail(st), std::to_string(EINVAL));
+    }
+    EXPECT_EQ(edge.broker().objectCount(), objects);
+    EXPECT_EQ(edge.commits(), commits);
+    pb::AllocPdResponse again;  // b1 was not retired by any of them
+    ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &again).ok());
+    EXPECT_EQ(again.pd(), kept.pd());
 }
 
 }  // namespace

@@ -184,7 +184,8 @@ class RestartLogTest : public SoftndaDevicesTest {
     }
 
     // A new process's restore from fds, after the old broker is gone.
-    RestoreReport restore(NamedFds fds, Blocks *blocks, size_t *objects) {
+    RestoreReport restore(NamedFds fds, Blocks *blocks, size_t *objects,
+                          std::vector<StoredReply> *replies = nullptr) {
         old_.reset();
         s_.reset();
         fresh_ = std::make_unique<Rig>(devices_);
@@ -194,6 +195,9 @@ class RestartLogTest : public SoftndaDevicesTest {
             auto held = restored[0]->hold();
             *blocks = blocksOf(*restored[0]);
             *objects = restored[0]->objectCount();
+            if (replies != nullptr) {
+                *replies = restored[0]->replies();
+            }
         }
         return report;
     }
@@ -279,6 +283,71 @@ TEST_F(RestartLogTest, AnImageExportsGivenBackStateAgainAndHoldsNoDelta) {
     ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
     EXPECT_EQ(after, before);
     EXPECT_EQ(objects, qps.size() + 3);
+}
+
+// Replies the tenant retired stay retired after a crash: the next reply's record names them, and
+// a replay drops them; an image holds none.
+TEST_F(RestartLogTest, RetiredRepliesStayRetiredAcrossACrashAndAnImage) {
+    auto reply = [](uint64_t key) {
+        StoredReply r;
+        r.key = key;
+        r.method = "/ibv_extend.v1.Broker/AllocPd";
+        r.response = "pd " + std::to_string(key);
+        return r;
+    };
+    auto keysOf = [](const std::vector<StoredReply> &rs) {
+        std::vector<uint64_t> keys;
+        for (const StoredReply &r : rs) {
+            keys.push_back(r.key);
+        }
+        return keys;
+    };
+    for (uint64_t key : {0xa1, 0xa2, 0xa3}) {
+        ASSERT_TRUE(old_->broker.commit(*s_, reply(key)).isOk());
+    }
+    EXPECT_EQ(s_->retireReplies({0xa1, 0xa3}), 2u);
+    ASSERT_TRUE(old_->broker.commit(*s_, reply(0xa4)).isOk());
+    NamedFds fds;
+    std::vector<StateFile::Record> records = crash(&fds);
+    ASSERT_FALSE(records.empty());
+    ibv_extend::restart::v1::Reply last;
+    ASSERT_EQ(records.back().first, state::kReply);
+    ASSERT_TRUE(last.ParseFromString(records.back().second));
+    EXPECT_EQ(last.key(), 0xa4u);
+    EXPECT_EQ(std::vector<uint64_t>(last.retired().begin(), last.retired().end()),
+              (std::vector<uint64_t>{0xa1, 0xa3}));
+    Blocks blocks;
+    size_t objects = 0;
+    std::vector<StoredReply> replies;
+    RestoreReport report = restore(std::move(fds), &blocks, &objects, &replies);
+    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
+    EXPECT_EQ(keysOf(replies), (std::vector<uint64_t>{0xa2, 0xa4}));
+    ASSERT_EQ(replies.size(), 2u);
+    EXPECT_EQ(replies[1].response, "pd " + std::to_string(0xa4));
+}
+
+TEST_F(RestartLogTest, AnImageHoldsOnlyTheRepliesKept) {
+    for (uint64_t key : {0xb1, 0xb2}) {
+        StoredReply r;
+        r.key = key;
+        r.method = "/ibv_extend.v1.Broker/AllocPd";
+        ASSERT_TRUE(old_->broker.commit(*s_, r).isOk());
+    }
+    EXPECT_EQ(s_->retireReplies({0xb1}), 1u);
+    uint64_t calls = 0;
+    old_->state.countCallsWith([&calls](uint64_t) { return CallCounts{++calls, 0}; });  // an image is due
+    NamedFds fds;
+    std::vector<StateFile::Record> records = handOver(&fds);
+    std::vector<uint64_t> logged;
+    for (const auto &[type, payload] : records) {
+        if (type == state::kReply) {
+            ibv_extend::restart::v1::Reply r;
+            ASSERT_TRUE(r.ParseFromString(payload));
+            logged.push_back(r.key());
+            EXPECT_EQ(r.retired_size(), 0);
+        }
+    }
+    EXPECT_EQ(logged, (std::vector<uint64_t>{0xb2}));
 }
 
 // A delta that frees a block its chunk does not hold is a corrupt log: the session ends.

@@ -97,5 +97,35 @@ TEST(SessionReplies, ZeroHeavyRepliesAreKeptCompact) {
     }
 }
 
+// Retired replies (the tenant has them) are dropped wherever they are kept; the restart layer's
+// pass over the replies stored since its last one still finds exactly the new ones, and takes
+// the retired keys once.
+TEST(SessionReplies, RetiredRepliesAreDroppedAndTheNewOnesStillFound) {
+    std::vector<StoredReply> in;
+    for (uint64_t k = 1; k <= 6; ++k) {
+        in.push_back(reply(k, zeroHeavy(k)));
+    }
+    auto s = sessionWith(in);
+    uint64_t seq = 4;  // the restart layer logged the first four
+    const size_t before = s->storedReplyBytes();
+    EXPECT_EQ(s->retireReplies({2, 5, 77, 2}), 2u);  // 77 was never kept; 2 only once
+    EXPECT_LT(s->storedReplyBytes(), before);
+    EXPECT_FALSE(s->findReply(2).has_value());
+    EXPECT_FALSE(s->findReply(5).has_value());
+    for (uint64_t k : {1, 3, 4, 6}) {
+        EXPECT_TRUE(s->findReply(k).has_value()) << k;
+    }
+    std::vector<StoredReply> fresh = s->repliesSince(&seq);
+    ASSERT_EQ(fresh.size(), 1u);  // 5 and 6 were new; 5 is gone
+    expectSame(in[5], fresh[0]);
+    EXPECT_EQ(seq, in.size());
+    EXPECT_EQ(s->takeRetired(), (std::vector<uint64_t>{2, 5}));
+    EXPECT_TRUE(s->takeRetired().empty());
+    s->untakeRetired({2, 5});
+    EXPECT_EQ(s->retireReplies({6}), 1u);
+    EXPECT_EQ(s->takeRetired(), (std::vector<uint64_t>{2, 5, 6}));  // given back before the newer
+    EXPECT_EQ(s->replies().size(), 3u);
+}
+
 }  // namespace
 }  // namespace ibvx::daemon
