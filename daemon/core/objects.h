@@ -121,6 +121,11 @@ struct Object {
     std::vector<UniqueFd> driver_fds;
     bool state_dirty = true;
     bool state_released = false;
+    // Where the restart layer last logged the object's record in its session's state file
+    // (StateFile::Placement; 0: nowhere known), so a compaction can copy that record instead
+    // of exporting and encoding it again. The restart layer's bookkeeping, set under the
+    // session's lock by a commit: mutable, as the commit sees the objects read-only.
+    mutable uint64_t logged_at = 0;
 };
 
 struct ContextObject : Object {

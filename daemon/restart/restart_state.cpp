@@ -33,7 +33,7 @@ namespace rpb = ::ibv_extend::restart::v1;
 constexpr uint64_t kRegionSlack = uint64_t{1} << 20;
 
 // A session's log is compacted once its appended records pass this and twice its last image.
-constexpr uint64_t kLogFloorBytes = uint64_t{64} << 10;
+constexpr uint64_t kLogFloorBytes = uint64_t{16} << 10;
 
 void toProto(const PeerIdentity &p, uint64_t start_time, rpb::Identity *out) {
     out->set_pid(static_cast<uint32_t>(p.creds.pid));
@@ -411,7 +411,8 @@ CallCounts RestartState::callsOf(const Session &s) const {
     return c;
 }
 
-RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
+RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e, const SessionChanges &changes,
+                                              ObjectRecords *objects) {
     Records out;
     const uint64_t id = s.id();
     rpb::Session h;
@@ -436,7 +437,25 @@ RestartState::Records RestartState::fullImage(Session &s, SessionEntry &e) {
         out.emplace_back(kDoorbellPut, doorbellRecord(id, d));
         e.doorbells[d.id] = {d.refs, d.sent};
     }
+    // An object whose latest record in the log is current (the commit did not touch it) is
+    // copied as it is stored: no export, no encoding (a compaction of a 100-QP session rebuilt
+    // every QP's record, ~15k instructions a call at a 32 KiB floor: docs/BENCHMARKS.md).
+    std::string stored;
+    if (e.placed) {
+        auto bytes = e.file.storedBytes();
+        if (bytes.isOk()) {
+            stored = std::move(bytes).value();
+        }
+    }
+    const std::set<uint64_t> fresh(changes.touched.begin(), changes.touched.end());
     for (const Object *obj : s.objectsParentsFirst()) {
+        objects->emplace_back(out.size(), obj);
+        std::string copy;
+        if (!stored.empty() && fresh.count(obj->handle) == 0 &&
+            e.file.storedRecord(stored, obj->logged_at, &copy)) {
+            out.emplace_back(StateFile::kStoredRecord, std::move(copy));
+            continue;
+        }
         Status kept = broker_.keptState(s, obj->handle);
         if (!kept.isOk()) {
             spdlog::warn("session {}: {}", id, kept.message());  // as exportTouched: the restore ends it
@@ -582,9 +601,11 @@ Status RestartState::commit(Session &s) {
     // Only objects a control call touched are exported again, and only what changed is logged:
     // a commit costs the call's changes, whatever the session holds.
     exportTouched(s, changes);
-    Status written = !e->header_logged || e->compact_next ? writeImage(s, *e) : appendChanges(s, *e, changes);
+    Status written =
+        !e->header_logged || e->compact_next ? writeImage(s, *e, changes) : appendChanges(s, *e, changes);
     if (!written.isOk()) {
         e->compact_next = true;  // the log may be behind: the next commit rewrites it whole
+        e->placed = false;       // ... from the objects themselves: their records may be stale
         return written;
     }
     broker_.chargeStateBytes(s, e->file.compactedBytes() + e->file.appendedBytes());
@@ -607,7 +628,7 @@ StatusOr<RestartState::SessionEntry *> RestartState::entryOf(const Session &s) {
     return slot.get();
 }
 
-Status RestartState::writeImage(Session &s, SessionEntry &e) {
+Status RestartState::writeImage(Session &s, SessionEntry &e, const SessionChanges &changes) {
     if (store_.enabled()) {
         std::set<std::string> now;
         for (auto &[name, fd] : sessionFds(s, e)) {
@@ -625,7 +646,20 @@ Status RestartState::writeImage(Session &s, SessionEntry &e) {
         syncStore(e, s.id());  // the fds are in the store before the state names them
     }
     e.new_aliases.clear();  // the image carries every alias
-    return e.file.compact(fullImage(s, e));
+    ObjectRecords objects;
+    Records image = fullImage(s, e, changes, &objects);
+    std::vector<StateFile::Placement> placed;
+    RETURN_IF_ERROR(e.file.compact(image, &placed));
+    notePlacements(objects, placed);
+    e.placed = true;
+    return Status::ok();
+}
+
+void RestartState::notePlacements(const ObjectRecords &objects,
+                                  const std::vector<StateFile::Placement> &placed) {
+    for (const auto &[index, obj] : objects) {
+        obj->logged_at = index < placed.size() ? placed[index] : 0;
+    }
 }
 
 Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes) {
@@ -634,7 +668,8 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
     MemoryState mem = MappingManager::instance().exportChanges(s.memory(), e.chunks);
     logRegions(id, e, mem.chunks, e.chunks, records);
     logRegions(id, e, mem.doorbells, e.doorbells, records);
-    logObjects(s, e, changes, records);
+    ObjectRecords objects;
+    logObjects(s, e, changes, records, &objects);
     std::vector<uint64_t> retired = s.takeRetired();  // taken first: a retirement after it waits
     s.forEachReplySince(&e.reply_seq, [&records, &retired](const StoredReplyView &r) {
         records.emplace_back(kReply, replyRecord(r, retired));
@@ -652,7 +687,11 @@ Status RestartState::appendChanges(Session &s, SessionEntry &e, const SessionCha
         records.push_back(std::move(a));
     }
     e.new_aliases.clear();
-    Status written = e.file.append(records);
+    std::vector<StateFile::Placement> placed;
+    Status written = e.file.append(records, &placed);
+    if (written.isOk()) {
+        notePlacements(objects, placed);
+    }
     // A long-lived session's log is rewritten once what it appended passes its image (each
     // compaction writes no more than was appended since the last: amortized O(1)), so the log
     // stays within twice the image. Every session holds its log in memory (a memfd): at three
@@ -689,7 +728,8 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
     }
 }
 
-void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records) {
+void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records,
+                              ObjectRecords *objects) {
     const uint64_t id = s.id();
     for (uint64_t h : changes.erased) {
         records.emplace_back(kObjectDel, u64Payload(h));
@@ -703,6 +743,7 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
         if (obj == nullptr || !seen.insert(h).second) {
             continue;
         }
+        objects->emplace_back(records.size(), obj);
         records.emplace_back(kObjectPut, objectRecord(id, obj));
         for (const auto &[name, fd] : objectFds(id, *obj)) {
             storeAdd(e, name, fd);
@@ -824,6 +865,8 @@ StatusOr<std::vector<std::pair<std::string, int>>> RestartState::handover() {
                 SessionEntry &e = *it->second;
                 e.compact_next =
                     e.compact_next || now.calls != e.image_calls.calls || now.errors != e.image_calls.errors;
+                // The successor's image is exported anew, every object's state as it is now.
+                e.placed = false;
             }
         }
         RETURN_IF_ERROR(broker_.commit(*s, StoredReply{}));

@@ -145,9 +145,15 @@ class RestartState {
         std::vector<StateFile::Record> new_aliases;          // not logged yet
         CallCounts image_calls;                              // the counts the last image's header holds
         bool warned = false;
+        // Every object's logged_at names its latest record in file (an image wrote them all,
+        // and every append since succeeded): a compaction copies those records. Cleared by a
+        // failed write and for the handover, whose image exports every object anew.
+        bool placed = false;
     };
     using NamedFds = std::vector<std::pair<std::string, int>>;
     using Records = std::vector<StateFile::Record>;
+    // The object records among a commit's records: (index, object).
+    using ObjectRecords = std::vector<std::pair<size_t, const Object *>>;
 
     // ---- the commit (restart_state.cpp); the session held throughout ----
     // The session's entry, made with a new state file at its first commit.
@@ -157,7 +163,9 @@ class RestartState {
     void exportTouched(Session &s, SessionChanges &changes);
     // The first commit, or a compaction: the store brought to what the session holds, and the
     // whole state written as a new log.
-    Status writeImage(Session &s, SessionEntry &e);
+    Status writeImage(Session &s, SessionEntry &e, const SessionChanges &changes);
+    // Notes where each object's record was written (Object::logged_at).
+    static void notePlacements(const ObjectRecords &objects, const std::vector<StateFile::Placement> &placed);
     // Any other commit: what the call changed, appended to the log.
     Status appendChanges(Session &s, SessionEntry &e, const SessionChanges &changes);
     // The arena chunks or doorbell pages (State) that appeared or changed since the last commit,
@@ -166,7 +174,8 @@ class RestartState {
     template <typename State, typename Logged>
     void logRegions(uint64_t id, SessionEntry &e, const std::vector<State> &now,
                     std::map<RegionId, Logged> &logged, Records &records);
-    void logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records);
+    void logObjects(Session &s, SessionEntry &e, const SessionChanges &changes, Records &records,
+                    ObjectRecords *objects);
     // Applies the session's queued adds and forgets to the shared file table and the store: a
     // file new to the broker is stored under this name (one message for the commit, a refusal
     // logged once per session), one another name already holds becomes an alias of it.
@@ -178,8 +187,10 @@ class RestartState {
     // Names and fds a session's state needs now (for the store and for exec).
     NamedFds sessionFds(const Session &s, const SessionEntry &e) const;
     // The session's whole state as log records (a compaction, or the first commit); a leaf
-    // whose kept driver state was given back is exported again for it (Broker::keptState).
-    Records fullImage(Session &s, SessionEntry &e);
+    // whose kept driver state was given back is exported again for it (Broker::keptState),
+    // unless its last record, untouched by this commit (changes), can be copied (e.placed).
+    // objects gets the object records' places among them.
+    Records fullImage(Session &s, SessionEntry &e, const SessionChanges &changes, ObjectRecords *objects);
     // Its calls so far, in this process and before (takes mu_).
     CallCounts callsOf(const Session &s) const;
     void storeAdd(SessionEntry &e, const std::string &name, int fd);

@@ -22,6 +22,8 @@ constexpr uint64_t kBoundsOffset = 8;  // {start, end}: one 16-byte write
 constexpr size_t kRecordHead = 9;      // u32 length, u32 crc, u8 type
 constexpr uint32_t kMaxRecord = 64u << 20;
 constexpr uint8_t kZeroRunsBit = 0x80;  // the stored payload is zero-run encoded
+constexpr uint64_t kPlacedOffsetLimit = uint64_t{1} << 40;
+constexpr uint64_t kPlacedSizeLimit = uint64_t{1} << 24;
 
 uint32_t crcOf(uint8_t type, const std::string &payload) {
     uLong c = crc32(0L, Z_NULL, 0);
@@ -103,9 +105,30 @@ StatusOr<StateFile> StateFile::adopt(UniqueFd fd, Encoding encoding) {
     return f;
 }
 
-Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end) {
+Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end,
+                               std::vector<Placement> *placed) {
     std::string buf, encoded;
+    if (placed != nullptr) {
+        placed->clear();
+        placed->reserve(records.size());
+    }
+    auto place = [&](size_t from) {
+        if (placed != nullptr) {
+            const uint64_t offset = at + from, size = buf.size() - from;
+            placed->push_back(offset < kPlacedOffsetLimit && size < kPlacedSizeLimit ? offset << 24 | size
+                                                                                     : 0);
+        }
+    };
     for (const auto &[type, payload] : records) {
+        const size_t from = buf.size();
+        if (type == kStoredRecord) {
+            if (payload.size() < kRecordHead) {
+                return invalidArgument("a stored record shorter than its head");
+            }
+            buf += payload;  // CRC and encoding as they were written
+            place(from);
+            continue;
+        }
         if (payload.size() > kMaxRecord || (type & kZeroRunsBit) != 0) {
             return invalidArgument("state record too large, or of a type past 0x7f");
         }
@@ -116,6 +139,7 @@ Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, 
         buf.append(reinterpret_cast<const char *>(head), sizeof(head));
         buf.push_back(static_cast<char>(stored_type));
         buf += stored;
+        place(from);
     }
     RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at));
     *end = at + buf.size();
@@ -127,7 +151,7 @@ Status StateFile::publish(uint64_t start, uint64_t end) {
     return pwriteAll(fd_.get(), bounds, sizeof(bounds), kBoundsOffset);
 }
 
-Status StateFile::append(const std::vector<Record> &records) {
+Status StateFile::append(const std::vector<Record> &records, std::vector<Placement> *placed) {
     if (!fd_) {
         return Status(Code::kFailedPrecondition, EBADF, "no state file");
     }
@@ -135,18 +159,18 @@ Status StateFile::append(const std::vector<Record> &records) {
         return Status::ok();
     }
     uint64_t end = 0;
-    RETURN_IF_ERROR(writeRecords(records, end_, &end));
+    RETURN_IF_ERROR(writeRecords(records, end_, &end, placed));
     RETURN_IF_ERROR(publish(start_, end));
     end_ = end;
     return Status::ok();
 }
 
-Status StateFile::compact(const std::vector<Record> &records) {
+Status StateFile::compact(const std::vector<Record> &records, std::vector<Placement> *placed) {
     if (!fd_) {
         return Status(Code::kFailedPrecondition, EBADF, "no state file");
     }
     uint64_t at = end_, end = 0;
-    RETURN_IF_ERROR(writeRecords(records, at, &end));
+    RETURN_IF_ERROR(writeRecords(records, at, &end, placed));
     RETURN_IF_ERROR(publish(at, end));
     // The old records are dead now: give their memory back (the offsets keep growing, a memfd
     // holds only the pages in use).
@@ -158,6 +182,29 @@ Status StateFile::compact(const std::vector<Record> &records) {
     start_ = at;
     end_ = compacted_end_ = end;
     return Status::ok();
+}
+
+StatusOr<std::string> StateFile::storedBytes() const {
+    std::string bytes(end_ - start_, '\0');
+    if (!preadAll(fd_.get(), bytes.data(), bytes.size(), start_)) {
+        return Status::fromErrno(errno != 0 ? errno : EIO, "cannot read the state file");
+    }
+    return bytes;
+}
+
+bool StateFile::storedRecord(const std::string &stored, Placement p, std::string *out) const {
+    const uint64_t offset = p >> 24, size = p & (kPlacedSizeLimit - 1);
+    if (p == 0 || offset < start_ || size < kRecordHead || offset + size > end_ ||
+        end_ - start_ != stored.size()) {
+        return false;
+    }
+    uint32_t length = 0;
+    std::memcpy(&length, stored.data() + (offset - start_), sizeof(length));
+    if (length + kRecordHead != size) {
+        return false;  // not where a record starts: never so for a placement this file gave
+    }
+    out->assign(stored, offset - start_, size);
+    return true;
 }
 
 StatusOr<std::vector<StateFile::Record>> StateFile::records() const {

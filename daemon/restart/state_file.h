@@ -42,10 +42,24 @@ class StateFile {
     StateFile(StateFile &&) noexcept = default;
     StateFile &operator=(StateFile &&) noexcept = default;
 
-    // Adds records after the last committed one.
-    Status append(const std::vector<Record> &records);
+    // A record of this type is written as it is: its payload is a record as the file stores it
+    // (storedRecord()), head and all. A compaction copies a record still current this way
+    // instead of building and encoding it again (no record type is 0).
+    static constexpr uint8_t kStoredRecord = 0;
+    // Where a written record lies, to copy it later: its offset << 24 | its stored size; 0 when
+    // it does not fit (an offset past 2^40, a record of 16 MiB or more).
+    using Placement = uint64_t;
+
+    // Adds records after the last committed one. placed (when given) gets each record's
+    // placement, in order.
+    Status append(const std::vector<Record> &records, std::vector<Placement> *placed = nullptr);
     // Replaces everything with records (a full image).
-    Status compact(const std::vector<Record> &records);
+    Status compact(const std::vector<Record> &records, std::vector<Placement> *placed = nullptr);
+    // The committed records' stored bytes, read at once (a compaction's copies come from them).
+    StatusOr<std::string> storedBytes() const;
+    // The stored record at p, out of storedBytes()' result: false when p is not a committed
+    // record of this file as it is now (compacted away, or never placed).
+    bool storedRecord(const std::string &stored, Placement p, std::string *out) const;
     // Every committed record, in order. A record that fails its CRC (a corrupt file) is an
     // INVALID_ARGUMENT, never a silently shorter state.
     StatusOr<std::vector<Record>> records() const;
@@ -56,7 +70,8 @@ class StateFile {
     uint64_t compactedBytes() const { return compacted_end_ - start_; }
 
   private:
-    Status writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end);
+    Status writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end,
+                        std::vector<Placement> *placed);
     Status publish(uint64_t start, uint64_t end);
 
     UniqueFd fd_;

@@ -225,7 +225,9 @@ std::vector<Edit> parseEdits(const uint8_t *data, size_t size) {
 // A record type StateFile writes: below 0x80, whose bit marks an encoded payload (state_file.h;
 // edit 5 reaches that bit in the written file).
 uint8_t recordType(uint16_t arg) {
-    return static_cast<uint8_t>(arg & 0x7f);
+    // 0 is no type but StateFile's "copy these stored bytes" marker: 0x7f is the unknown type.
+    const auto type = static_cast<uint8_t>(arg & 0x7f);
+    return type == StateFile::kStoredRecord ? uint8_t{0x7f} : type;
 }
 
 // The template's records with the record edits applied.

@@ -92,6 +92,44 @@ TEST(StateFileEncoding, ARecordOfZerosIsStoredShortAndReadBackWhole) {
     EXPECT_FALSE(file->records().isOk());
 }
 
+// A compaction copies a record still current from where the file says it lies, as it is stored
+// (encoded, with its CRC); a placement the compaction left behind is no longer one.
+TEST(StateFileEncoding, ACompactionCopiesAStoredRecordByItsPlacement) {
+    auto file = StateFile::create("unit-copy");
+    ASSERT_TRUE(file.isOk());
+    const StateFile::Record zeros{state::kObjectPut, std::string(500, '\0') + "qp"};
+    const StateFile::Record plain{state::kObjectPut, "a context"};
+    std::vector<StateFile::Placement> placed;
+    ASSERT_TRUE(file->append({{state::kHeader, "h"}, zeros, plain}, &placed).isOk());
+    ASSERT_EQ(placed.size(), 3u);
+    auto stored = file->storedBytes();
+    ASSERT_TRUE(stored.isOk());
+    std::string zeros_stored, plain_stored, junk;
+    ASSERT_TRUE(file->storedRecord(*stored, placed[1], &zeros_stored));
+    ASSERT_TRUE(file->storedRecord(*stored, placed[2], &plain_stored));
+    EXPECT_LT(zeros_stored.size(), 40u) << "copied encoded, not expanded";
+    EXPECT_FALSE(file->storedRecord(*stored, 0, &junk));
+    EXPECT_FALSE(file->storedRecord(*stored, placed[1] + (uint64_t{1} << 24), &junk))
+        << "not a record's start";
+
+    std::vector<StateFile::Placement> image_placed;
+    ASSERT_TRUE(file->compact({{state::kHeader, "h2"},
+                               {StateFile::kStoredRecord, plain_stored},
+                               {StateFile::kStoredRecord, zeros_stored}},
+                              &image_placed)
+                    .isOk());
+    auto back = file->records();
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    EXPECT_EQ(*back, (std::vector<StateFile::Record>{{state::kHeader, "h2"}, plain, zeros}));
+    auto now = file->storedBytes();
+    ASSERT_TRUE(now.isOk());
+    EXPECT_FALSE(file->storedRecord(*now, placed[1], &junk)) << "compacted away";
+    std::string again;
+    ASSERT_TRUE(file->storedRecord(*now, image_placed[2], &again));
+    EXPECT_EQ(again, zeros_stored);
+    EXPECT_FALSE(file->append({{StateFile::kStoredRecord, "short"}}).isOk()) << "no head: refused";
+}
+
 class RestartLogTest : public SoftndaDevicesTest {
   protected:
     void SetUp() override {
@@ -283,6 +321,37 @@ TEST_F(RestartLogTest, AnImageExportsGivenBackStateAgainAndHoldsNoDelta) {
     ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
     EXPECT_EQ(after, before);
     EXPECT_EQ(objects, qps.size() + 3);
+}
+
+// Commits that pass the log's floor compact it, copying the records of objects the call did not
+// touch; a crash after several such compactions restores exactly what the session held.
+TEST_F(RestartLogTest, CompactionsByCommitsRestoreExactly) {
+    std::vector<uint64_t> live = churn();
+    for (int i = 0; i < 80; ++i) {  // ~600 B of log a pair: past the 16 KiB floor more than once
+        uint64_t qp = createQp();
+        ASSERT_NE(qp, 0u);
+        ASSERT_TRUE(old_->broker.destroyQp(*s_, qp).isOk());
+        commit();
+    }
+    Blocks before;
+    size_t objects_before = 0;
+    {
+        auto held = s_->hold();
+        before = blocksOf(*s_);
+        objects_before = s_->objectCount();
+    }
+    NamedFds fds;
+    std::vector<StateFile::Record> records = crash(&fds);
+    ASSERT_FALSE(records.empty());
+    EXPECT_EQ(records.front().first, state::kHeader);
+    EXPECT_LT(countOf(records, state::kObjectDel), 80u) << "the log was compacted since the first destroys";
+    Blocks after;
+    size_t objects_after = 0;
+    RestoreReport report = restore(std::move(fds), &after, &objects_after);
+    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
+    EXPECT_EQ(after, before);
+    EXPECT_EQ(objects_after, objects_before);
+    EXPECT_EQ(objects_after, live.size() + 3);
 }
 
 // Replies the tenant retired stay retired after a crash: the next reply's record names them, and
