@@ -433,7 +433,9 @@ TEST(RestartForeground, XsrqPingpongPairRunsOnAcrossARequireKeepRestart) {
 // carried by the restart while the datagrams flow (an admin restart pauses the engine between
 // WQEs, so none is in flight: §10's at-most-once for a datagram does not enter).
 TEST(RestartForeground, UdPingpongPairRunsOnAcrossARequireKeepRestart) {
-    constexpr int kIters = 2000;
+    // Enough that the pair is still running when the restart is checked: with 2,000 (0.4 s) a
+    // pair under ctest -j2 finished during the restart, and its handles were gone (1 run in 20).
+    constexpr int kIters = 10000;
     pairRunsOnAcrossARestart("/usr/bin/ibv_ud_pingpong", kIters, std::to_string(kIters) + " iters in",
                              pb::OBJECT_KIND_AH);
 }
