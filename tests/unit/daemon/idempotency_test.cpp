@@ -70,6 +70,12 @@ class Edge : public SessionListener {
         return resp.context();
     }
 
+    static pb::AllocPdRequest pdRequest(uint64_t context) {
+        pb::AllocPdRequest req;
+        req.set_context(context);
+        return req;
+    }
+
     static pb::CreateCqRequest cqRequest(uint64_t context) {
         pb::CreateCqRequest req;
         req.set_context(context);
@@ -364,9 +370,7 @@ TEST(Idempotency, StoredRepliesAreLimitedPerTenant) {
 TEST(Idempotency, RetiredRepliesAreGivenBackAndOthersStillAnswered) {
     Edge edge;
     std::string token = edge.hello();
-    uint64_t context = edge.openContext(token);
-    pb::AllocPdRequest pd;
-    pd.set_context(context);
+    const pb::AllocPdRequest pd = Edge::pdRequest(edge.openContext(token));
     const uint64_t replies = edge.replies();
     pb::AllocPdResponse b1, b2, b3;
     ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &b1).ok());
@@ -389,9 +393,7 @@ TEST(Idempotency, RetiredRepliesAreGivenBackAndOthersStillAnswered) {
 TEST(Idempotency, BadRetireKeysAreRefusedBeforeAnythingRuns) {
     Edge edge;
     std::string token = edge.hello();
-    uint64_t context = edge.openContext(token);
-    pb::AllocPdRequest pd;
-    pd.set_context(context);
+    const pb::AllocPdRequest pd = Edge::pdRequest(edge.openContext(token));
     pb::AllocPdResponse kept;
     ASSERT_TRUE(edge.call(&pb::Broker::Stub::AllocPd, token, "00000000000000b1", pd, &kept).ok());
     const size_t objects = edge.broker().objectCount();

@@ -240,6 +240,16 @@ class RestartLogTest : public SoftndaDevicesTest {
         return report;
     }
 
+    // Restores fds in a new process: the session must come back with these blocks and objects.
+    void expectRestoredAs(NamedFds fds, const Blocks &blocks, size_t objects) {
+        Blocks after;
+        size_t objects_after = 0;
+        RestoreReport report = restore(std::move(fds), &after, &objects_after);
+        ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
+        EXPECT_EQ(after, blocks);
+        EXPECT_EQ(objects_after, objects);
+    }
+
     const Object *object(uint64_t h) { return s_->object(h); }
 
     std::unique_ptr<Rig> old_, fresh_;
@@ -279,12 +289,7 @@ TEST_F(RestartLogTest, ArenaChangesAreLoggedAsDeltasThatReplayToTheSameBlocks) {
             EXPECT_LE(d.changes_size(), 4) << "a delta holds one call's changes, not the chunk's blocks";
         }
     }
-    Blocks after;
-    size_t objects_after = 0;
-    RestoreReport report = restore(std::move(fds), &after, &objects_after);
-    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
-    EXPECT_EQ(after, before);
-    EXPECT_EQ(objects_after, objects_before);
+    expectRestoredAs(std::move(fds), before, objects_before);
 }
 
 // A handover (or any compaction) writes whole records again: each QP's state exported anew (its
@@ -315,12 +320,7 @@ TEST_F(RestartLogTest, AnImageExportsGivenBackStateAgainAndHoldsNoDelta) {
             EXPECT_TRUE(object(qp)->driver_state.empty()) << "given back again after the image";
         }
     }
-    Blocks after;
-    size_t objects = 0;
-    RestoreReport report = restore(std::move(fds), &after, &objects);
-    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
-    EXPECT_EQ(after, before);
-    EXPECT_EQ(objects, qps.size() + 3);
+    expectRestoredAs(std::move(fds), before, qps.size() + 3);
 }
 
 // Commits that pass the log's floor compact it, copying the records of objects the call did not
@@ -345,13 +345,8 @@ TEST_F(RestartLogTest, CompactionsByCommitsRestoreExactly) {
     ASSERT_FALSE(records.empty());
     EXPECT_EQ(records.front().first, state::kHeader);
     EXPECT_LT(countOf(records, state::kObjectDel), 80u) << "the log was compacted since the first destroys";
-    Blocks after;
-    size_t objects_after = 0;
-    RestoreReport report = restore(std::move(fds), &after, &objects_after);
-    ASSERT_EQ(report.sessions_kept, 1u) << (report.problems.empty() ? "" : report.problems[0]);
-    EXPECT_EQ(after, before);
-    EXPECT_EQ(objects_after, objects_before);
-    EXPECT_EQ(objects_after, live.size() + 3);
+    EXPECT_EQ(objects_before, live.size() + 3);
+    expectRestoredAs(std::move(fds), before, objects_before);
 }
 
 // Replies the tenant retired stay retired after a crash: the next reply's record names them, and
