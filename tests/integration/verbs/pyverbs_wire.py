@@ -27,7 +27,8 @@ run shows them (roce_hosts_test's expectCaptureDecodesAsRoce).
 
 With "rnr" (both sides) only the SENDs run, into a ring of one receive the server posts again as
 each completes, so nearly every SEND meets an empty ring once and is answered RNR; the server's
-RNR timer is 81.92 ms (min_rnr_timer 26), ample for that repost, and the client's rnr_retry is 1.
+RNR timer is 163.84 ms (min_rnr_timer 28: at 81.92 ms a tenant descheduled under a loaded
+ctest -j2 once missed it), ample for that repost, and the client's rnr_retry is 1.
 Each SEND is then retried once, so all must complete: the retry count is per message (it starts
 again at every acknowledged one), not spent across the stream.
 """
@@ -79,7 +80,7 @@ def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
                      flow_label=flow_label)
     attr.ah_attr = AHAttr(gr=gr, is_global=1, port_num=1)
     attr.max_dest_rd_atomic = rd_atomic
-    attr.min_rnr_timer = 26 if rnr else 12  # 81.92 ms / 0.64 ms
+    attr.min_rnr_timer = 28 if rnr else 12  # 163.84 ms / 0.64 ms
     qp.to_rtr(attr)
     attr.qp_state = e.IBV_QPS_RTS
     attr.sq_psn = PSN[me]
