@@ -326,6 +326,7 @@ int destroyQp(ibv_qp_extend *ext) {
         dev->engine->forgetQp(qp);
     }
     dev->gate.unlock();
+    releaseAtomicRecords(qp);
     undoQp(qp);
     for (uint32_t *refs :
          {qp->pd != nullptr ? &qp->pd->refs : nullptr, qp->scq != nullptr ? &qp->scq->refs : nullptr,

@@ -2,7 +2,8 @@
 // written, as the engine changes it, into a record of its context's window file, a memfd the
 // context exports with its other fds. A successor maps the file again and takes the bindings
 // up once every MR is back; a WQE that bound or invalidated a window and died before its CI is
-// recognised by the record it wrote.
+// recognised by the record it wrote. The same file holds each wire responder's saved atomic
+// results (SPEC.md §18 "Restart"), two records per QP.
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -87,8 +88,10 @@ uint32_t mwRecordsPerPage() {
     return static_cast<uint32_t>(windowPageSize() / sizeof(MwRecord));
 }
 
-bool takeWindowRecord(Context *ctx, Mw *mw) {
-    WindowFile &f = ctx->windows;
+namespace {
+
+// A free record of f for owner, zeroed, the file grown when full; false (errno) when it cannot grow.
+bool takeRecord(WindowFile &f, const void *owner, uint32_t *index) {
     auto it = std::find(f.owners.begin(), f.owners.end(), nullptr);
     if (it == f.owners.end()) {
         if (!growWindowFile(f)) {
@@ -96,10 +99,24 @@ bool takeWindowRecord(Context *ctx, Mw *mw) {
         }
         it = std::find(f.owners.begin(), f.owners.end(), nullptr);
     }
-    *it = mw;
-    mw->rec_index = static_cast<uint32_t>(it - f.owners.begin());
-    mw->rec = f.record(mw->rec_index);
-    std::memset(mw->rec, 0, sizeof(*mw->rec));
+    *it = owner;
+    *index = static_cast<uint32_t>(it - f.owners.begin());
+    std::memset(f.slot(*index), 0, sizeof(MwRecord));
+    return true;
+}
+
+void releaseRecord(WindowFile &f, uint32_t index) {
+    std::memset(f.slot(index), 0, sizeof(MwRecord));
+    f.owners[index] = nullptr;
+}
+
+}  // namespace
+
+bool takeWindowRecord(Context *ctx, Mw *mw) {
+    if (!takeRecord(ctx->windows, mw, &mw->rec_index)) {
+        return false;
+    }
+    mw->rec = ctx->windows.record(mw->rec_index);
     return true;
 }
 
@@ -107,9 +124,105 @@ void releaseWindowRecord(Context *ctx, Mw *mw) {
     if (mw->rec == nullptr) {
         return;
     }
-    std::memset(mw->rec, 0, sizeof(*mw->rec));
-    ctx->windows.owners[mw->rec_index] = nullptr;
+    releaseRecord(ctx->windows, mw->rec_index);
     mw->rec = nullptr;
+}
+
+void takeAtomicRecords(Qp *qp) {
+    for (int i = 0; i < 2; ++i) {
+        __atomic_store_n(qp->recWord(kSqAtomicRecWord + i), 0u, __ATOMIC_RELAXED);  // none yet
+    }
+    const ibv_qp_type type = qp->init.qp_type;
+    if (!qp->ctx->dev->netdev || (type != IBV_QPT_RC && type != IBV_QPT_XRC_RECV)) {
+        return;  // no wire, or no atomics to answer
+    }
+    WindowFile &f = qp->ctx->windows;
+    uint32_t index[2];
+    for (int i = 0; i < 2; ++i) {
+        if (!takeRecord(f, qp, &index[i])) {
+            if (i == 1) {
+                releaseRecord(f, index[0]);
+            }
+            return;  // its results stay in memory only: a restart forgets them, as before
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        auto *rec = static_cast<AtomicRecord *>(f.slot(index[i]));
+        rec->magic = kAtomicRecordMagic;
+        rec->qpn = qp->qpn;
+        qp->atomic_recs[i] = rec;
+        qp->atomic_rec_index[i] = index[i];
+        __atomic_store_n(qp->recWord(kSqAtomicRecWord + i), index[i] + 1, __ATOMIC_RELEASE);
+    }
+}
+
+void adoptAtomicRecords(Qp *qp) {
+    WindowFile &f = qp->ctx->windows;
+    uint32_t index[2];
+    for (int i = 0; i < 2; ++i) {
+        // Memory the tenant can write: taken only when it names a free record that says it is
+        // this QP's (the file itself is the broker's alone).
+        const uint32_t named = __atomic_load_n(qp->recWord(kSqAtomicRecWord + i), __ATOMIC_ACQUIRE);
+        index[i] = named - 1;
+        if (named == 0 || index[i] >= f.owners.size() || f.owners[index[i]] != nullptr ||
+            (i == 1 && index[1] == index[0])) {
+            return;
+        }
+        const auto *rec = static_cast<const AtomicRecord *>(f.slot(index[i]));
+        if (rec->magic != kAtomicRecordMagic || rec->qpn != qp->qpn) {
+            return;
+        }
+    }
+    for (int i = 0; i < 2; ++i) {
+        f.owners[index[i]] = qp;
+        qp->atomic_recs[i] = static_cast<AtomicRecord *>(f.slot(index[i]));
+        qp->atomic_rec_index[i] = index[i];
+    }
+}
+
+void releaseAtomicRecords(Qp *qp) {
+    WindowFile &f = qp->ctx->windows;
+    for (int i = 0; i < 2; ++i) {
+        if (qp->atomic_recs[i] != nullptr) {
+            releaseRecord(f, qp->atomic_rec_index[i]);
+            qp->atomic_recs[i] = nullptr;
+        }
+    }
+}
+
+void persistAtomic(Qp *qp, uint32_t slot, uint32_t psn, uint64_t orig, uint32_t next) {
+    AtomicRecord *rec = qp->atomic_recs[slot / 8];
+    if (rec == nullptr) {
+        return;
+    }
+    const uint32_t i = slot % 8;
+    __atomic_store_n(&rec->psn1[i], 0u, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);  // emptied before the new result goes in
+    __atomic_store_n(&rec->orig[i], orig, __ATOMIC_RELAXED);
+    __atomic_store_n(&rec->psn1[i], psn + 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&qp->atomic_recs[0]->next, next, __ATOMIC_RELEASE);
+}
+
+bool savedAtomics(const Qp *qp, SavedAtomic (&out)[kSavedAtomics], uint32_t *next) {
+    if (qp->atomic_recs[0] == nullptr) {
+        return false;
+    }
+    for (uint32_t slot = 0; slot < kSavedAtomics; ++slot) {
+        const AtomicRecord *rec = qp->atomic_recs[slot / 8];
+        out[slot].psn1 = __atomic_load_n(&rec->psn1[slot % 8], __ATOMIC_ACQUIRE);
+        out[slot].orig = __atomic_load_n(&rec->orig[slot % 8], __ATOMIC_RELAXED);
+    }
+    *next = __atomic_load_n(&qp->atomic_recs[0]->next, __ATOMIC_ACQUIRE) % kSavedAtomics;
+    return true;
+}
+
+void clearAtomicRecords(Qp *qp) {
+    for (AtomicRecord *rec : qp->atomic_recs) {
+        if (rec != nullptr) {
+            std::memset(rec->psn1, 0, sizeof(rec->psn1));
+            rec->next = 0;
+        }
+    }
 }
 
 void persistBinding(Mw *mw, uint32_t by_qpn, uint32_t by_exec) {

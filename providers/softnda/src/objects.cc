@@ -257,6 +257,12 @@ ibv_qp_extend *buildQp(std::unique_ptr<Qp> qp, Context *ctx, const QpParents &pa
     }
     qp->fatal_events = qp->sq.pi + kSqFatalEventsWord;
     resumeQp(qp.get());
+    // Where its responder's atomic results are kept for a successor (SPEC.md §18 "Restart").
+    if (origin == Origin::Created) {
+        takeAtomicRecords(qp.get());
+    } else {
+        adoptAtomicRecords(qp.get());
+    }
     qp->ib.context = &ctx->ib;
     qp->ib.qp_context = init.qp_context;
     qp->ib.pd = parents.pd != nullptr ? &parents.pd->ib : nullptr;

@@ -832,6 +832,7 @@ void *importQp(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *en
             dev->netdev->refresh();
             std::lock_guard<Gate> gate(dev->gate);
             bindWire(dev, made);  // a peer on another host: its path again (SPEC.md §18)
+            restoreSavedAtomics(made);
         }
         reholdSrqRecv(made);  // an SRQ receive a message the restart cut had taken
     }

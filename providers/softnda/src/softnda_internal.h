@@ -157,17 +157,35 @@ struct MwRecord {
 static_assert(sizeof(MwRecord) == 128, "records pack a page evenly");
 uint32_t mwRecordsPerPage();  // records in a page of the window file (the host's page size)
 
+// A wire responder's saved atomic results (SPEC.md §18 "Restart"): the engine executes an
+// atomic between control operations, so no blob can carry its result; a successor answers the
+// atomic's retransmission from here. Two records per QP, eight results each; magic and qpn say
+// whose they are (a QP's SQ record, which names them, is memory its tenant can write).
+constexpr uint32_t kAtomicRecordMagic = 0x41544f4d;  // "MOTA"
+struct AtomicRecord {
+    uint32_t magic;
+    uint32_t qpn;
+    uint32_t next;  // the first record's: the slot the next result takes (0..15)
+    uint32_t resv;
+    uint32_t psn1[8];  // 1 + the PSN of the request whose result the slot holds; 0: none
+    uint64_t orig[8];  // the value the atomic found
+    uint8_t pad[16];
+};
+static_assert(sizeof(AtomicRecord) == sizeof(MwRecord), "one record size in the file");
+
 struct Mw;
-// A context's window records: a memfd of their own (tenants map the BAR file, never this one),
-// grown a page at a time, each page mapped on its own so a record never moves under the engine
-// threads that write it. Device::ctl.
+// A context's records: its memory windows' bindings and its wire responders' atomic results. A
+// memfd of their own (tenants map the BAR file, never this one), grown a page at a time, each
+// page mapped on its own so a record never moves under the engine threads that write it.
+// Device::ctl.
 struct WindowFile {
     ibvx::UniqueFd fd;
     std::vector<ibvx::UniqueMapping> pages;
-    std::vector<Mw *> owners;  // by record index; nullptr: free
-    MwRecord *record(uint32_t i) const {
+    std::vector<const void *> owners;  // by record index: the Mw or Qp that has it; nullptr: free
+    void *slot(uint32_t i) const {
         return static_cast<MwRecord *>(pages[i / mwRecordsPerPage()].get()) + i % mwRecordsPerPage();
     }
+    MwRecord *record(uint32_t i) const { return static_cast<MwRecord *>(slot(i)); }
 };
 
 struct Context {
@@ -179,7 +197,7 @@ struct Context {
     std::vector<DbPage *> pages;  // Device::ctl
     uint32_t objects = 0;         // PDs, MRs, CQs, SRQs, QPs alive (Device::ctl)
     int async_fd = -1;            // our dup of set_async_event_fd's eventfd (see the lock list)
-    WindowFile windows;           // its memory windows' bindings (mw_record.cc)
+    WindowFile windows;           // its windows' bindings and atomic results (mw_record.cc)
 };
 
 struct Pd {
@@ -438,6 +456,10 @@ struct Qp {
     bool recover_psn = false;
     // The SQ record's engine-private words (SPEC.md §10), as u32 indexes from dbr_pi.
     uint32_t *recWord(unsigned w) const { return sq.pi + w; }
+    // Its saved atomic results' records in its context's file (none: nullptr), Device::ctl;
+    // written by the responder under rq_lock.
+    AtomicRecord *atomic_recs[2] = {nullptr, nullptr};
+    uint32_t atomic_rec_index[2] = {0, 0};  // theirs in the file (the SQ record's copy is the tenant's too)
     // The multicast groups a UD QP joined, in joining order (ctl + gate).
     McastGroups mcast;
     // Whether the QP has a receive queue of its own: not with an SRQ, and never on XRC QPs.
@@ -786,6 +808,25 @@ void releaseWindowRecord(Context *ctx, Mw *mw);
 void persistBinding(Mw *mw, uint32_t by_qpn, uint32_t by_exec);
 // The current copy of a record.
 MwBinding currentBinding(const MwRecord *rec);
+// A wire responder's saved atomic results (SPEC.md §18 "Restart"), Device::ctl held: two
+// records for a new RC QP or XRC target of an Ethernet device (none when the file cannot grow:
+// its results are then kept in memory only), named in its SQ record (kSqAtomicRecWord); an
+// imported QP takes up the records its SQ record names when they are free and its own.
+void takeAtomicRecords(Qp *qp);
+void adoptAtomicRecords(Qp *qp);
+void releaseAtomicRecords(Qp *qp);
+// The responder (rq_lock held): the result of the atomic at psn, in slot (0..15); next is the
+// slot the one after takes. A slot is emptied before it is written, so a process killed halfway
+// leaves the slot empty, never another PSN's result.
+void persistAtomic(Qp *qp, uint32_t slot, uint32_t psn, uint64_t orig, uint32_t next);
+// What the records hold: the PSN (+1; 0: none) and result of each slot, and the next slot; false
+// when qp has none. And all of it forgotten (a reset: the PSNs of a new connection).
+struct SavedAtomic {
+    uint32_t psn1;
+    uint64_t orig;
+};
+bool savedAtomics(const Qp *qp, SavedAtomic (&out)[kSavedAtomics], uint32_t *next);
+void clearAtomicRecords(Qp *qp);
 // An imported context's window file, mapped into out (which owns fd on success): false (errno)
 // for a file that cannot be one (not a regular file, a size that is not whole pages, or more
 // records than any device has windows) or a mapping that fails.
@@ -899,6 +940,9 @@ constexpr unsigned kSqQkeyWord = 22;   // SQ offset 88: a UD QP's Q_Key (§11.1)
 constexpr unsigned kSqHeldWord = 23;       // SQ offset 92
 constexpr unsigned kSqHeldIndexWord = 24;  // SQ offset 96
 constexpr unsigned kSqHeldSrqnWord = 25;   // SQ offset 100
+// A wire responder's saved atomic results (§18): 1 + the index of each of its two records in
+// its context's record file, 0 for none.
+constexpr unsigned kSqAtomicRecWord = 26;  // SQ offsets 104 and 108
 // CQ arm values: the next completion / the next solicited or error completion.
 constexpr uint32_t kCqArmNext = 1;
 constexpr uint32_t kCqArmSolicited = 2;

@@ -536,6 +536,7 @@ int vdevQueryCounters(const char *device, void (*emit)(void *, const char *, uin
 // The engine executes READs and atomics one at a time, so any depth is honoured; this is the depth
 // announced (what perftest and rdma-core's tools ask for by default fits).
 constexpr int kMaxRdAtomic = 16;
+static_assert(kMaxRdAtomic <= static_cast<int>(kSavedAtomics), "every outstanding atomic's result is kept");
 
 int queryDevice(ibv_context *context, ibv_device_attr *attr) {
     Context *ctx = asContext(context);

@@ -828,6 +828,24 @@ void resetWire(Qp *qp) {
     wq.in_kind = 0;
     wq.in_recv = false;
     wq.nak_sent = false;
+    // A new connection's PSNs start anew: an old result must not answer one of its requests.
+    std::fill(std::begin(wq.atomics), std::end(wq.atomics), WireQp::AtomicResult{});
+    wq.atomic_next = 0;
+    clearAtomicRecords(qp);
+}
+
+void restoreSavedAtomics(Qp *qp) {
+    SavedAtomic saved[kSavedAtomics];
+    uint32_t next = 0;
+    if (!qp->wire || !savedAtomics(qp, saved, &next)) {
+        return;
+    }
+    WireQp &wq = *qp->wire;
+    for (uint32_t slot = 0; slot < kSavedAtomics; ++slot) {
+        wq.atomics[slot] =
+            WireQp::AtomicResult{saved[slot].psn1 != 0, (saved[slot].psn1 - 1) & kPsnMask, saved[slot].orig};
+    }
+    wq.atomic_next = next;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1802,8 +1820,11 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
             orig = __atomic_fetch_add(word, p.atomic_swap_add, __ATOMIC_SEQ_CST);
         }
         bump(ctr_.bytes, 8);
-        WireQp::AtomicResult &saved = wq.atomics[wq.atomic_next++ % std::size(wq.atomics)];
-        saved = WireQp::AtomicResult{true, psn, orig};
+        const uint32_t slot = wq.atomic_next++ % kSavedAtomics;
+        wq.atomics[slot] = WireQp::AtomicResult{true, psn, orig};
+        // Before the expected PSN moves past it: a successor that expects the next PSN answers
+        // this one's retransmission from the record.
+        persistAtomic(qp, slot, psn, orig, wq.atomic_next % kSavedAtomics);
         qp->rq_psn = psnAdd(qp->rq_psn, 1);
         wq.msn = psnAdd(wq.msn, 1);
         __atomic_store_n(qp->recWord(kRqPsnWord), qp->rq_psn, __ATOMIC_RELEASE);

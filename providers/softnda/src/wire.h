@@ -25,6 +25,10 @@ struct Device;
 struct Qp;
 struct Srq;
 
+// A wire responder's saved atomic results per QP: the responder resources softnda reports
+// (max_qp_rd_atom), so a repeated atomic still outstanding is always answered.
+inline constexpr uint32_t kSavedAtomics = 16;
+
 // Loss, duplication and reordering the socket applies to what it sends, each a probability per
 // packet, drawn from a generator seeded with seed (provider option wire_faults, SPEC.md §18).
 struct WireFaults {
@@ -205,7 +209,7 @@ struct WireQp {
         uint32_t psn = 0;
         uint64_t orig = 0;
     };
-    AtomicResult atomics[16];
+    AtomicResult atomics[kSavedAtomics];  // a copy in the QP's records (persistAtomic)
     uint32_t atomic_next = 0;
 };
 
@@ -218,8 +222,11 @@ inline bool wireConnectable(ibv_qp_type t) {
 // (wireConnectable) of an Ethernet device whose destination GID is not the device's own gets
 // one, any other QP none.
 void bindWire(Device *dev, Qp *qp);
-// Forgets what qp's transport had in flight (a RESET or an ERR; gate held).
+// Forgets what qp's transport had in flight (a RESET or an ERR; gate held), its saved atomic
+// results with it.
 void resetWire(Qp *qp);
+// An imported QP's wire takes up the atomic results its records saved (SPEC.md §18 "Restart").
+void restoreSavedAtomics(Qp *qp);
 
 // An SRQ receive a message still arriving over the wire holds (SPEC.md §10, §18): recorded in
 // qp's SQ record (kSqHeldWord), so a successor serves the message's retransmission with it;

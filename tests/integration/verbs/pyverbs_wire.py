@@ -3,7 +3,7 @@
 SPEC.md §18), meant to run under the engine's injected loss, duplication and reordering
 (roce_hosts_test.cpp). Plain pyverbs (Debian's python3-pyverbs), one process on each host.
 
-    ibv-extend-run -- pyverbs_wire.py DEVICE GID_INDEX server|client N [rnr]
+    ibv-extend-run -- pyverbs_wire.py DEVICE GID_INDEX server|client N [rnr|atomics]
 
 The two sides meet through the test, line by line on stdin and stdout (no socket of their own):
 each prints "ADDR qpn psn gid rkey addr atomic_rkey atomic_addr" and reads the peer's; the server
@@ -31,6 +31,10 @@ RNR timer is 163.84 ms (min_rnr_timer 28: at 81.92 ms a tenant descheduled under
 ctest -j2 once missed it), ample for that repost, and the client's rnr_retry is 1.
 Each SEND is then retried once, so all must complete: the retry count is per message (it starts
 again at every acknowledged one), not spent across the stream.
+
+With "atomics" (both sides) only the fetch-adds, the compare-swaps and the counters' READ run:
+the case where the responder's broker restarts while they do, and must answer an atomic sent
+again from the result it saved, never executing it twice.
 """
 import struct
 import sys
@@ -89,7 +93,8 @@ def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
     qp.to_rts(attr)
 
 
-def main(name, gid_index, role, n, rnr):
+def main(name, gid_index, role, n, mode):
+    rnr = mode == "rnr"
     if name not in [dev.name.decode() for dev in d.get_device_list()]:
         fail(f"{name} is not listed")
     ctx = d.Context(name=name)
@@ -129,7 +134,7 @@ def main(name, gid_index, role, n, rnr):
         # The SENDs come last, after the client's other phases: no deadline here (the test ends
         # a server whose client failed). Each receive is checked, then its buffer posted again;
         # a SEND finding the ring empty is answered RNR and retried (rnr_retry 7: for ever).
-        for i in range(n):
+        for i in range(n if mode != "atomics" else 0):
             wc = poll(cq, 1, "receives", deadline=None)[0]
             in_order([wc], i, e.IBV_WC_RECV, "receives")
             if wc.byte_len != SEND_LEN:
@@ -145,7 +150,7 @@ def main(name, gid_index, role, n, rnr):
         if rnr:
             say("OK")
             return
-        for i in range(n):
+        for i in range(n if mode != "atomics" else 0):
             if slots.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
                 fail(f"slot {i}: the bytes differ from what was written")
         adds, swaps = struct.unpack("<QQ", words.read(16, 0))
@@ -178,7 +183,7 @@ def main(name, gid_index, role, n, rnr):
     def at_slot(i):
         return lambda wr: wr.set_wr_rdma(peer["rkey"], peer["addr"] + i * SLOT)
 
-    if not rnr:  # (with rnr, the SENDs alone)
+    if not mode:  # (with rnr, the SENDs alone; with atomics, the atomics alone)
         for i in range(n):
             slots.write(pattern(1, i, WRITE_LEN), WRITE_LEN, i * SLOT)
         phase("RDMA WRITE", n, e.IBV_WC_RDMA_WRITE,
@@ -189,6 +194,7 @@ def main(name, gid_index, role, n, rnr):
             if back.read(WRITE_LEN, i * SLOT) != pattern(1, i, WRITE_LEN):
                 fail(f"RDMA READ {i}: the bytes differ from what was written")
 
+    if not rnr:
         adds = lambda wr: wr.set_wr_atomic(peer["atomic_rkey"], peer["atomic_addr"], 1, 0)
         phase("fetch-add", n, e.IBV_WC_FETCH_ADD,
               lambda i: (e.IBV_WR_ATOMIC_FETCH_AND_ADD, words.buf + 8 * i, 8, words.lkey, adds, None))
@@ -210,17 +216,18 @@ def main(name, gid_index, role, n, rnr):
         if struct.unpack("<QQ", words.read(16, 0)) != (n, n):
             fail(f"counters read back as {struct.unpack('<QQ', words.read(16, 0))}, expected {n}, {n}")
 
-    for i in range(n):
-        slots.write(pattern(3, i, SEND_LEN), SEND_LEN, i * SLOT)
-    phase("SEND", n, e.IBV_WC_SEND,
-          lambda i: (e.IBV_WR_SEND_WITH_IMM if i % 2 else e.IBV_WR_SEND, slots.buf + i * SLOT, SEND_LEN,
-                     slots.lkey, lambda wr: None, i if i % 2 else None))
+    if mode != "atomics":
+        for i in range(n):
+            slots.write(pattern(3, i, SEND_LEN), SEND_LEN, i * SLOT)
+        phase("SEND", n, e.IBV_WC_SEND,
+              lambda i: (e.IBV_WR_SEND_WITH_IMM if i % 2 else e.IBV_WR_SEND, slots.buf + i * SLOT, SEND_LEN,
+                         slots.lkey, lambda wr: None, i if i % 2 else None))
     say("DONE")
     say("OK")
 
 
 if __name__ == "__main__":
     if (len(sys.argv) not in (5, 6) or sys.argv[3] not in ("server", "client")
-            or sys.argv[5:] not in ([], ["rnr"])):
+            or sys.argv[5:] not in ([], ["rnr"], ["atomics"])):
         sys.exit(__doc__)
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5:] == ["rnr"])
+    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), (sys.argv[5:] or [""])[0])

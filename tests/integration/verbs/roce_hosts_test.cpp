@@ -12,6 +12,8 @@
 //    duplication and reordering (`[softnda] wire_faults`);
 //  - the peer's broker killed mid-run: the survivor's work request ends in
 //    IBV_WC_RETRY_EXC_ERR and the surviving broker keeps serving;
+//  - a broker restarted mid-run (ibv_rc_pingpong, ibv_xsrq_pingpong; pyverbs_wire.py's atomics
+//    with the responder's atomic ACKs dropped: RoceHostsAckLossTest);
 //  - a capture of the veth (tcpdump in host A) judged by decoders we did not write:
 //    tests/unit/softnda/roce_wire_check.sh --capture (tshark, scapy's ICRC);
 //  - UC: ibv_uc_pingpong -c, perftest -c UC, and pyverbs_uc_wire.py under the faults (broken
@@ -36,6 +38,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <iterator>
 #include <memory>
 #include <set>
@@ -405,14 +409,16 @@ class RoceHostsTest : public ::testing::Test {
     }
 
     // pyverbs_wire.py as server on A and client on B, n of each operation (mode "rnr": the SENDs
-    // alone, each meeting an empty ring once); the test relays the lines by which they meet.
+    // alone, each meeting an empty ring once; "atomics": the atomics alone); the test relays the
+    // lines by which they meet. during (when given) runs once the client has started.
     // script (pyverbs_ud_wire.py, pyverbs_uc_wire.py, or a program by its path: mcast-wire) meets
     // the same way; a server that reports a line before its "OK" (pyverbs_uc_wire.py's "GOT k")
     // has it put in report. The client runs on client_host when one is given (A itself: both
     // ends on one host).
     void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "",
                            const std::string &script = "pyverbs_wire.py", std::string *report = nullptr,
-                           Host *client_host = nullptr) {
+                           Host *client_host = nullptr,
+                           const std::function<void(Contained &client)> &during = {}) {
         const bool python = script.ends_with(".py");
         const std::string program = python ? std::string(IBVX_PYVERBS_DIR) + "/" + script : script;
         auto args = [&](const char *role) {
@@ -440,6 +446,9 @@ class RoceHostsTest : public ::testing::Test {
         client->say(server_addr);
         ASSERT_EQ(server->readLine(leftMs()), "READY") << errs();
         client->say("go");
+        if (during) {
+            ASSERT_NO_FATAL_FAILURE(during(*client)) << errs();
+        }
         ASSERT_EQ(client->readLine(leftMs()), "DONE") << errs();
         server->say("done");
         EXPECT_EQ(client->readLine(leftMs()), "OK") << errs();
@@ -453,6 +462,10 @@ class RoceHostsTest : public ::testing::Test {
 
     void expectTrafficAcrossRestarts(const std::string &program, std::vector<std::string> args,
                                      const std::string &done, bool restart_client_host = false);
+    // Restarts h's broker (ibv-extendctl restart: an exec keeping every session) once host B has
+    // received each of these packet counts while client runs.
+    void restartWhileRunning(Host &h, Contained &client, std::initializer_list<long> after,
+                             const std::string &err);
 
     // ibv_xsrq_pingpong across the hosts, n messages of 4 KiB each way at the veth's MTU (its
     // default path MTU, 2048, is above the port's).
@@ -1109,23 +1122,27 @@ void RoceHostsTest::expectTrafficAcrossRestarts(const std::string &program, std:
     client->reply();
     Host &restarted = restart_client_host ? b() : a();
     const pid_t broker_pid = restarted.broker->pid();
-    for (long after : {1000L, 3000L}) {
-        ASSERT_TRUE(waitFor([&] { return rxPackets(client->pid(), b().ifname) > after || client->exited(); },
-                            kSettle))
-            << slurp(dir_ + "/restart.client.err");
-        ASSERT_FALSE(client->exited())
-            << "the pingpong ended before the restart: " << slurp(dir_ + "/restart.client.err");
-        const std::string ctl = std::string(IBVX_CTL_BINARY) + " --socket " + restarted.broker->socket() +
-                                " restart >" + dir_ + "/restart.ctl.out 2>&1";
-        ASSERT_EQ(std::system(ctl.c_str()), 0) << slurp(dir_ + "/restart.ctl.out");
-        EXPECT_THAT(slurp(dir_ + "/restart.ctl.out"), ::testing::ContainsRegex("sessions kept: +1\n"));
-    }
+    ASSERT_NO_FATAL_FAILURE(restartWhileRunning(restarted, *client, {1000L, 3000L}, "restart.client.err"));
     std::string out = client->readAll(leftMs());
     EXPECT_EQ(endOf(*client, "the pingpong client"), 0) << out << slurp(dir_ + "/restart.client.err");
     EXPECT_THAT(out, HasSubstr(done)) << slurp(dir_ + "/restart.client.err");
     std::string server_out = server->readAll(leftMs());
     EXPECT_EQ(endOf(*server, "the pingpong server"), 0) << server_out << slurp(dir_ + "/restart.server.err");
     EXPECT_EQ(restarted.broker->pid(), broker_pid);  // an exec: the same process, a new program
+}
+
+void RoceHostsTest::restartWhileRunning(Host &h, Contained &client, std::initializer_list<long> after,
+                                        const std::string &err) {
+    for (long packets : after) {
+        ASSERT_TRUE(waitFor([&] { return rxPackets(client.pid(), b().ifname) > packets || client.exited(); },
+                            kSettle))
+            << slurp(dir_ + "/" + err);
+        ASSERT_FALSE(client.exited()) << "the client ended before the restart: " << slurp(dir_ + "/" + err);
+        const std::string ctl = std::string(IBVX_CTL_BINARY) + " --socket " + h.broker->socket() +
+                                " restart >" + dir_ + "/restart.ctl.out 2>&1";
+        ASSERT_EQ(std::system(ctl.c_str()), 0) << slurp(dir_ + "/restart.ctl.out");
+        EXPECT_THAT(slurp(dir_ + "/restart.ctl.out"), ::testing::ContainsRegex("sessions kept: +1\n"));
+    }
 }
 
 TEST_F(RoceHostsTest, ABrokerRestartMidTrafficKeepsTheConnection) {
@@ -1151,6 +1168,28 @@ TEST_F(RoceHostsLossyTest, ABrokerRestartKeepsTheSrqReceiveOfACutMessage) {
     expectTrafficAcrossRestarts("/usr/bin/ibv_xsrq_pingpong",
                                 {"-d", "softnda0", "-g", kGidIndex, "-m", "1024", "-s", "262144", "-n", "60"},
                                 "remote: LID", true);
+}
+
+// A responder's restart keeps its saved atomic results (SPEC.md §18 "Restart"): host A's broker
+// drops a fifth of what it sends, so many of its atomic ACKs are lost and the requester on B
+// sends those atomics again; A's broker restarts twice while they run, and a successor must
+// answer the repeats from the results the records kept, never executing one twice (the
+// fetch-adds return 0..N-1 in order, each compare-swap its k) nor dropping one (the requester
+// would end in RETRY_EXC_ERR).
+class RoceHostsAckLossTest : public RoceHostsTest {
+  protected:
+    std::string faults(int host) const override { return host == 0 ? "drop=0.2,seed=11" : ""; }
+};
+
+TEST_F(RoceHostsAckLossTest, ARestartedResponderAnswersRepeatedAtomicsFromItsRecords) {
+    if (kSanitizerBuild) {
+        GTEST_SKIP()
+            << "a sanitizer build's restart (~0.6 s) outlasts the requester's retry budget (~0.47 s)";
+    }
+    expectExactlyOnce("atomics-restart", iterations(400), "atomics", "pyverbs_wire.py", nullptr, nullptr,
+                      [&](Contained &client) {
+                          restartWhileRunning(a(), client, {150L, 450L}, "atomics-restart.client.err");
+                      });
 }
 
 }  // namespace

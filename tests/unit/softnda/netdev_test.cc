@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -240,6 +241,36 @@ TEST_F(SoftndaEthernetTest, RcConnectsByGidOnThisHost) {
     ASSERT_EQ(postOne(a_, write(1, 64, dmr_->rkey)), 0);
     EXPECT_EQ(waitOne(scq_.cq).status, IBV_WC_SUCCESS);
     EXPECT_EQ(dst_, src_);
+}
+
+// A wire responder keeps its atomic results where a broker's successor finds them (SPEC.md §18
+// "Restart"): an RC QP of an Ethernet device names two records of its context's record file in
+// its SQ record (offsets 104 and 108: 1 + each index), a UD QP none, and a destroyed QP gives its
+// records back for the next one.
+TEST_F(SoftndaEthernetTest, AnRcQpNamesTwoAtomicRecordsAndGivesThemBack) {
+    auto records = [](const QpH &q) {
+        const auto *rec = static_cast<const uint8_t *>(q.ext->sq_info.dbr_pi_va.iov_base);
+        uint32_t w[2];
+        std::memcpy(w, rec + 104, sizeof(w));  // SPEC.md §1.1: offsets 104 and 108
+        return std::set<uint32_t>{w[0], w[1]};
+    };
+    const std::set<uint32_t> of_a = records(a_), of_b = records(b_);
+    ASSERT_EQ(of_a.size(), 2u);
+    ASSERT_EQ(of_b.size(), 2u);
+    EXPECT_EQ(of_a.count(0), 0u);
+    EXPECT_EQ(of_b.count(0), 0u);
+    for (uint32_t r : of_a) {
+        EXPECT_EQ(of_b.count(r), 0u) << "record " << r - 1 << " given twice";
+    }
+    QpCaps ud;
+    ud.type = IBV_QPT_UD;
+    QpH u = makeQp(scq_, rcq_, ud);
+    ASSERT_NE(u.ext, nullptr);
+    EXPECT_EQ(records(u), std::set<uint32_t>{0u}) << "a UD QP answers no atomics";
+    destroyQp(a_);
+    QpH again = makeQp(scq_, rcq_);
+    ASSERT_NE(again.ext, nullptr);
+    EXPECT_EQ(records(again), of_a) << "the records a_ gave back";
 }
 
 // A RoCE device whose socket cannot be bound (another RoCEv2 stack holds the port: here a socket
