@@ -811,6 +811,7 @@ void resetWire(Qp *qp) {
     if (!qp->wire) {
         std::lock_guard<std::mutex> lk(qp->rq_lock);
         releaseSrqRecv(qp);
+        clearAtomicRecords(qp);  // results of a wire it had before (re-addressed to this host)
         return;
     }
     WireQp &wq = *qp->wire;
