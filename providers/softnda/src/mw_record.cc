@@ -197,8 +197,7 @@ void persistAtomic(Qp *qp, uint32_t slot, uint32_t psn, uint64_t orig, uint32_t 
     }
     const uint32_t i = slot % 8;
     __atomic_store_n(&rec->psn1[i], 0u, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);  // emptied before the new result goes in
-    __atomic_store_n(&rec->orig[i], orig, __ATOMIC_RELAXED);
+    __atomic_store_n(&rec->orig[i], orig, __ATOMIC_RELEASE);  // after the slot is emptied
     __atomic_store_n(&rec->psn1[i], psn + 1, __ATOMIC_RELEASE);
     __atomic_store_n(&qp->atomic_recs[0]->next, next, __ATOMIC_RELEASE);
 }
