@@ -353,6 +353,13 @@ bool storable(const SentCall &c) {
            parseIdempotencyKey(c.key).isOk() && c.session != nullptr && !c.session->ended() && !c.retired;
 }
 
+// Whether list is a well-formed "ibvx-retire-keys" value that names key.
+bool retires(const std::string &list, const std::string &key) {
+    auto keys = parseRetireKeys(list);
+    auto k = parseIdempotencyKey(key);
+    return keys.isOk() && k.isOk() && std::find(keys->begin(), keys->end(), *k) != keys->end();
+}
+
 // An op's bytes as an "ibvx-retire-keys" value: mostly what a list is made of, so lists that
 // parse (and name keys of this input) are found as well as ones that do not.
 std::string retireText(const uint8_t *p, size_t n) {
@@ -438,21 +445,14 @@ void callMethod(Harness &h, State *st, int index, const uint8_t *p, size_t n) {
     const grpc::Status &s = sent.status;
     FUZZ_CHECK(documentedCode(s.error_code()), "%s answered %d: %s", m.name().c_str(), s.error_code(),
                s.error_message().c_str());
-    if (!sent.retire.empty() && parsed && isMutating(static_cast<Method>(index)) &&
-        sent.session == st->last.session) {
-        // The broker retires before it looks at the call's own key: the previous call's reply
-        // is gone when the list names it, whatever this call answered (a reuse of that key runs).
-        auto keys = parseRetireKeys(sent.retire);
-        auto last = parseIdempotencyKey(st->last.key);
-        if (keys.isOk() && last.isOk() && std::find(keys->begin(), keys->end(), *last) != keys->end()) {
-            st->last.retired = true;
-        }
+    // The broker retires before it looks at the call's own key: the previous call's reply is
+    // gone when the list names it, whatever this call answered (a reuse of that key runs).
+    if (parsed && isMutating(static_cast<Method>(index)) && sent.session == st->last.session &&
+        retires(sent.retire, st->last.key)) {
+        st->last.retired = true;
     }
-    if (auto keys = parseRetireKeys(sent.retire); keys.isOk()) {
-        // A list naming the call's own key retires its reply again on each retry: it runs anew.
-        auto own = parseIdempotencyKey(sent.key);
-        sent.retired = own.isOk() && std::find(keys->begin(), keys->end(), *own) != keys->end();
-    }
+    // A list naming the call's own key retires its reply again on each retry: it runs anew.
+    sent.retired = retires(sent.retire, sent.key);
     checkKeyUse(h, *st, sent, objects_before);
     const bool replayed = storable(st->last) && st->last.key == sent.key && st->last.session == sent.session;
     st->last = sent;
