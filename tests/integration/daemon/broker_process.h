@@ -14,7 +14,7 @@ struct BrokerOptions {
     bool clean_env = false;         // start from an empty environment (as `env -i`), then env
     int activated_fd = -1;          // a listening socket handed over as systemd does (fd 3)
     std::string activated_path;     // where activated_fd is bound (what clients connect to)
-    int netns_fd = -1;              // a network namespace (/run/netns/NAME opened) to run in; -1: ours
+    int netns_fd = -1;              // a network namespace (an open nsfs file) to run in; -1: ours
     bool dies_with_parent = false;  // PR_SET_PDEATHSIG: SIGKILL when the thread that started it ends
 };
 

@@ -12,8 +12,8 @@
 # container boots in a network namespace made here, joined by a veth pair to a second one that
 # stands for another host, where a broker of the build tree serves an ibv_rc_pingpong server; the
 # story binds its softnda device to its end (`[softnda] netdev`) and runs the client as alice, so
-# the shipped unit's hardening must let the broker's RoCEv2 socket work. Without `ip netns` that
-# part is skipped, saying so.
+# the shipped unit's hardening must let the broker's RoCEv2 socket work. Without unshare and
+# nsenter that part is skipped, saying so.
 #
 #   nspawn_story.sh BUILD_DIR SOURCE_DIR RESTART_TENANT CHAOS_TENANT
 #
@@ -36,6 +36,7 @@ command -v systemd-nspawn >/dev/null || skip "systemd-nspawn is missing (Debian 
 W=$(mktemp -d /var/tmp/ibvx-nspawn.XXXXXX)
 P=""
 netns=()
+netns_holders=()
 peer_pids=()
 cleanup() {
   # TERM first: the server's `timeout` passes it on to ibv_rc_pingpong, which KILL would orphan.
@@ -47,8 +48,10 @@ cleanup() {
     kill -KILL "$p" 2>/dev/null
     wait "$p" 2>/dev/null
   done
-  for n in "${netns[@]}"; do
-    ip netns del "$n" 2>/dev/null
+  # The hosts' namespaces go with their holders (and the peers above, which ran in them).
+  for p in "${netns_holders[@]}"; do
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
   done
   # IBVX_STORY_KEEP=1 keeps the root, the story's files and the journal for a look afterwards.
   [ -n "${IBVX_STORY_KEEP:-}" ] || rm -rf "$W" ${P:+"$P"}
@@ -152,15 +155,33 @@ done
 network=(--private-network)
 : >"$OUT/wire"
 server=""
-if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && command -v setpriv >/dev/null; then
-  netns=("ibvx-story-$$-a" "ibvx-story-$$-b")
+if command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v ibv_rc_pingpong >/dev/null &&
+  command -v setpriv >/dev/null; then
+  # Each host's network namespace is held by a process of the story's (`unshare --net`), never
+  # `ip netns add`: a /run/netns mount coming and going is seen by every bwrap another test starts
+  # meanwhile, which fails when a mount it copies vanishes before it remounts it.
+  in_host() {  # in_host N COMMAND...: COMMAND in host N's network namespace
+    local n=$1
+    shift
+    nsenter --net="${netns[$n]}" "$@"
+  }
   make_hosts() {
-    ip netns add "${netns[0]}" && ip netns add "${netns[1]}" &&
-      ip -n "${netns[0]}" link add ibvx-sw0 type veth peer name ibvx-sw1 netns "${netns[1]}" &&
-      ip -n "${netns[0]}" addr add 10.201.14.1/24 dev ibvx-sw0 &&
-      ip -n "${netns[1]}" addr add 10.201.14.2/24 dev ibvx-sw1 || return 1
     for n in 0 1; do
-      ip -n "${netns[$n]}" link set lo up && ip -n "${netns[$n]}" link set "ibvx-sw$n" up || return 1
+      unshare --net sleep infinity &
+      netns_holders+=($!)
+    done
+    for n in 0 1; do  # the holder's namespace is its own once unshare(2) has run
+      for _ in $(seq 100); do
+        [ "$(readlink "/proc/${netns_holders[$n]}/ns/net")" != "$(readlink /proc/$$/ns/net)" ] && break
+        sleep 0.05
+      done
+      netns+=("/proc/${netns_holders[$n]}/ns/net")
+    done
+    in_host 0 ip link add ibvx-sw0 type veth peer name ibvx-sw1 netns "${netns[1]}" &&
+      in_host 0 ip addr add 10.201.14.1/24 dev ibvx-sw0 &&
+      in_host 1 ip addr add 10.201.14.2/24 dev ibvx-sw1 || return 1
+    for n in 0 1; do
+      in_host $n ip link set lo up && in_host $n ip link set "ibvx-sw$n" up || return 1
     done
   }
   if ! make_hosts; then
@@ -169,7 +190,7 @@ if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && com
   fi
   for n in 0 1; do  # the carrier comes up a moment after both ends are up
     for _ in $(seq 100); do
-      ip -n "${netns[$n]}" -o link show dev "ibvx-sw$n" | grep -q 'state UP' && break
+      in_host $n ip -o link show dev "ibvx-sw$n" | grep -q 'state UP' && break
       sleep 0.1
     done
   done
@@ -180,7 +201,7 @@ if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && com
   printf '[broker]\nlog_level = "warn"\nsocket_mode = "0666"\n\n[softnda]\nnetdev = "ibvx-sw1"\n' >"$P/ibv-extendd.toml"
   # Only the build tree's drivers, never the host's /etc/libibverbs_extend.d.
   IBV_EXTEND_PROVIDER_DIR=$B/providers-out IBV_EXTEND_CONFIG_DIR=$P/conf.d IBV_EXTEND_DRIVERS=softnda \
-    ip netns exec "${netns[1]}" "$B/daemon/ibv-extendd" --socket "$P/broker.sock" --foreground \
+    in_host 1 "$B/daemon/ibv-extendd" --socket "$P/broker.sock" --foreground \
     --config "$P/ibv-extendd.toml" >"$P/broker.log" 2>&1 &
   peer_pids+=($!)
   for _ in $(seq 100); do
@@ -192,16 +213,16 @@ if ip netns list >/dev/null 2>&1 && command -v ibv_rc_pingpong >/dev/null && com
     cat "$P/broker.log"
     exit 1
   fi
-  ip netns exec "${netns[1]}" setpriv --reuid=65534 --regid=65534 --clear-groups \
+  in_host 1 setpriv --reuid=65534 --regid=65534 --clear-groups \
     "$B/tools/ibv-extend-run/ibv-extend-run" --socket "$P/broker.sock" -- \
     timeout 390 ibv_rc_pingpong -d softnda0 -g 1 -c -n 6000 -p 18516 >"$P/pingpong.server" 2>&1 &
   server=$!
   peer_pids+=("$server")
-  network=(--network-namespace-path="/run/netns/${netns[0]}")
+  network=(--network-namespace-path="${netns[0]}")
   echo "ibvx-sw0 10.201.14.2 18516 6000" >"$OUT/wire"
   echo "== host b: netns ${netns[1]}, a broker on ibvx-sw1 10.201.14.2 and an ibv_rc_pingpong server; the container in ${netns[0]} (ibvx-sw0 10.201.14.1)"
 else
-  echo "== across hosts: skipped (needs ip netns, ibv_rc_pingpong and setpriv)"
+  echo "== across hosts: skipped (needs unshare, nsenter, ibv_rc_pingpong and setpriv)"
 fi
 
 echo "== boot: systemd-nspawn -D $R -b (the host's /usr, the install over /usr/local)"

@@ -322,9 +322,9 @@ class EthernetFaceTest : public FaceTest {
 
     void SetUp() override {
         if (geteuid() != 0) {
-            GTEST_SKIP() << "needs root: makes a network namespace and a veth pair (ip netns)";
+            GTEST_SKIP() << "needs root: makes a network namespace and a veth pair";
         }
-        ns_ = std::make_unique<Netns>("ibvx-eth-" + std::to_string(getpid()));
+        ns_ = std::make_unique<Netns>();
         ASSERT_TRUE(ns_->made());
         for (const char *cmd :
              {"link set lo up", "link add ibvx-a type veth peer name ibvx-b", "link set ibvx-a up",

@@ -23,8 +23,8 @@
 //  - IPv6 (RoceHostsIpv6Test: the veth ends also get a link-local and a unique local address,
 //    GIDs 0 and 2): ibv_rc_pingpong -c by each, pyverbs_wire.py, pyverbs_ud_wire.py, ib_write_bw,
 //    ucx_perftest over rc_verbs and ud_verbs, and the capture.
-// Root only (ip netns); skipped otherwise. The short forms run here; docs/verbs.md ("Across
-// hosts") gives the long ones.
+// Root only (network namespaces, veth pairs); skipped otherwise. The short forms run here; docs/verbs.md
+// ("Across hosts") gives the long ones.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -241,21 +241,18 @@ class RoceHostsTest : public ::testing::Test {
 
     void SetUp() override {
         if (geteuid() != 0) {
-            GTEST_SKIP() << "needs root: makes two network namespaces joined by a veth pair (ip netns)";
+            GTEST_SKIP() << "needs root: makes two network namespaces joined by a veth pair";
         }
         deadline_ = std::chrono::steady_clock::now() + kBudget * iterations(1);
         char tmpl[] = "/tmp/ibvx-rh.XXXXXX";
         ASSERT_NE(mkdtemp(tmpl), nullptr);
         dir_ = tmpl;
-        const std::string tag = std::to_string(getpid());
-        Netns::removeStale("ibvx-rh-a-");
-        Netns::removeStale("ibvx-rh-b-");
-        a().ns = std::make_unique<Netns>("ibvx-rh-a-" + tag);
-        b().ns = std::make_unique<Netns>("ibvx-rh-b-" + tag);
+        a().ns = std::make_unique<Netns>();
+        b().ns = std::make_unique<Netns>();
         ASSERT_TRUE(a().ns->made() && b().ns->made());
         ASSERT_EQ(a().ns->run(std::string("link add ") + a().ifname + " address " + a().mac +
                               " type veth peer name " + b().ifname + " address " + b().mac + " netns " +
-                              b().ns->name()),
+                              b().ns->path()),
                   0);
         for (Host &h : hosts_) {
             // No IPv6 address the kernel makes: the GID table is the default GID and the
@@ -348,7 +345,7 @@ class RoceHostsTest : public ::testing::Test {
     // Whether host h's veth end is up with a carrier (`ip -o link show`: "state UP").
     static bool linkUp(const Host &h) {
         std::string out;
-        FILE *p = popen(("ip -n " + h.ns->name() + " -o link show " + h.ifname).c_str(), "r");
+        FILE *p = popen(h.ns->ipCommand(std::string("-o link show ") + h.ifname).c_str(), "r");
         char buf[1024];
         while (p != nullptr && fgets(buf, sizeof(buf), p) != nullptr) {
             out += buf;

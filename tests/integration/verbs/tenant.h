@@ -72,7 +72,7 @@ constexpr uid_t kNobody = 65534;
 // A child in its own mount namespace, as uid/gid 65534 with no groups and no new privileges,
 // with a clean environment; stdin and stdout are pipes to the test, stderr a file; it is killed
 // if the test process dies. With netns
-// (an open /run/netns/NAME) it runs in that network namespace: a tenant of that "host".
+// (an open network namespace, Netns) it runs in that network namespace: a tenant of that "host".
 class Contained {
   public:
     Contained(const std::vector<std::string> &argv, const std::vector<std::string> &env,
@@ -271,66 +271,61 @@ inline std::vector<std::string> viaRun(const std::string &socket, const std::str
     return argv;
 }
 
-// A network namespace of the test's own (`ip netns add`), deleted with this object however the
-// test ends. The name carries the test's pid: tests run in parallel.
+// A network namespace of the test's own, held by an open descriptor alone: it goes with the last
+// descriptor, so nothing stays behind however the test ends (ctest's timeout kills it too). Not
+// `ip netns add`: its /run/netns/NAME bind mount is seen by every other test's bwrap, which copies
+// each mount of the host into its sandbox and remounts it; a namespace another test deleted in
+// between fails that sandbox ("Can't bind mount /oldroot/ on /newroot/: ... remount
+// /newroot/run/netns/NAME: No such file or directory").
 class Netns {
   public:
-    explicit Netns(std::string name) : name_(std::move(name)) {
-        made_ = ip("netns add " + name_) == 0;
-        if (made_) {
-            fd_ = open(("/run/netns/" + name_).c_str(), O_RDONLY | O_CLOEXEC);
+    Netns() {
+        int ready[2];
+        if (pipe2(ready, O_CLOEXEC) < 0) {
+            return;
+        }
+        const pid_t pid = fork();
+        if (pid == 0) {
+            // Only async-signal-safe calls: the test process has threads.
+            const char made = unshare(CLONE_NEWNET) == 0 ? 1 : 0;
+            (void)!write(ready[1], &made, 1);
+            pause();
+            _exit(0);
+        }
+        close(ready[1]);
+        char made = 0;
+        if (pid > 0 && read(ready[0], &made, 1) == 1 && made == 1) {
+            fd_ = open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC);
+        }
+        close(ready[0]);
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+        if (fd_ >= 0) {
+            path_ = "/proc/" + std::to_string(getpid()) + "/fd/" + std::to_string(fd_);
         }
     }
     ~Netns() {
         if (fd_ >= 0) {
             close(fd_);
         }
-        if (made_) {
-            EXPECT_EQ(ip("netns del " + name_), 0) << name_;
-        }
     }
     Netns(const Netns &) = delete;
     Netns &operator=(const Netns &) = delete;
 
-    bool made() const { return made_ && fd_ >= 0; }
-    const std::string &name() const { return name_; }
+    bool made() const { return fd_ >= 0; }
     // The namespace, for setns(2) (Contained, BrokerOptions::netns_fd).
     int fd() const { return fd_; }
-    // `ip -n NAME ARGS`: its exit status.
-    int run(const std::string &args) const { return ip("-n " + name_ + " " + args); }
-
-    static int ip(const std::string &args) { return std::system(("ip " + args + " >&2").c_str()); }
-
-    // Deletes the namespaces named PREFIX<pid> whose test process is gone: one killed (by
-    // ctest's timeout) before its teardown could run.
-    static void removeStale(const std::string &prefix) {
-        DIR *d = opendir("/run/netns");
-        std::vector<std::string> stale;
-        while (d != nullptr) {
-            dirent *e = readdir(d);
-            if (e == nullptr) {
-                break;
-            }
-            std::string name = e->d_name;
-            if (name.rfind(prefix, 0) != 0) {
-                continue;
-            }
-            const long pid = std::strtol(name.c_str() + prefix.size(), nullptr, 10);
-            if (pid > 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
-                stale.push_back(name);
-            }
-        }
-        if (d != nullptr) {
-            closedir(d);
-        }
-        for (const std::string &name : stale) {
-            ip("netns del " + name);
-        }
-    }
+    // A path that opens the namespace while this process lives: for `ip link ... netns PATH`.
+    const std::string &path() const { return path_; }
+    // The shell command running `ip ARGS` in the namespace (`ip -n` takes /run/netns names only).
+    std::string ipCommand(const std::string &args) const { return "nsenter --net=" + path_ + " ip " + args; }
+    // `ip ARGS` in the namespace: its exit status.
+    int run(const std::string &args) const { return std::system((ipCommand(args) + " >&2").c_str()); }
 
   private:
-    std::string name_;
-    bool made_ = false;
+    std::string path_;
     int fd_ = -1;
 };
 
