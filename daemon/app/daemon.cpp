@@ -406,6 +406,8 @@ Status Daemon::init() {
     }
     started_ = true;
     if (report.restored) {
+        restart_->noteServing();
+        report.took_ms = restart_->lastRestartTookMs();
         std::string summary = report.summary();
         spdlog::info("{}", summary);
         hub_->publish(AdminEvents::simple(AdminEvents::Event::BROKER_RESTART, summary));
@@ -782,7 +784,9 @@ StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver(bool exec) {
     // READY=1, which is what RELOADING=1 announces (sd_notify(3)).
     sd_notify(
         0, exec ? "RELOADING=1\nSTATUS=restarting: handing the sessions to a fresh process" : "STOPPING=1");
-    // In-flight calls finish (and commit); then nothing else reaches the broker.
+    // In-flight calls finish (and commit); then nothing else reaches the broker. The tenants'
+    // wait starts here: the successor's "took" counts from this mark.
+    restart_->beginHandover();
     kept_listen_ = server_->handOver(std::chrono::seconds(5));
     for (auto &s : restart_->plan().to_drop) {
         spdlog::info("session {} (pid {}) ends: its driver cannot hand over", s->id(),

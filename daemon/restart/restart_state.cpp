@@ -286,6 +286,19 @@ Status RestartState::start() {
     return Status::ok();
 }
 
+void RestartState::beginHandover() {
+    std::lock_guard lock(mu_);
+    handover_started_ms_ = nowUnixMs();
+}
+
+void RestartState::noteServing() {
+    std::lock_guard lock(mu_);
+    const uint64_t now = nowUnixMs();
+    if (restart_since_ms_ != 0 && restart_since_ms_ <= now) {
+        last_took_ms_ = now - restart_since_ms_;
+    }
+}
+
 uint64_t RestartState::restarts() const {
     std::lock_guard lock(mu_);
     return restarts_;
@@ -850,7 +863,9 @@ StatusOr<std::vector<std::pair<std::string, int>>> RestartState::handover() {
     std::vector<std::pair<std::string, int>> out;
     {
         std::lock_guard lock(mu_);
-        handover_started_ms_ = nowUnixMs();  // the successor's "took" counts the commits below
+        if (handover_started_ms_ == 0) {
+            handover_started_ms_ = nowUnixMs();  // the successor's "took" counts the commits below
+        }
     }
     for (auto &s : broker_.sessions()) {
         {

@@ -60,7 +60,8 @@ struct RestoreReport {
     uint32_t sessions_dropped = 0;
     uint64_t objects = 0;
     uint64_t restarts = 0;
-    // From the old process's handover to serving; after a crash (crash set), an upper bound:
+    // From the old process's handover (it stops taking calls) to serving; after a crash (crash
+    // set), an upper bound:
     // from the last time the old process was known alive (0: unknown, an older broker's state).
     uint64_t took_ms = 0;
     bool crash = false;
@@ -107,6 +108,12 @@ class RestartState {
     // handover's start time), and the list of every fd the next process needs, named. The fds
     // stay owned by their holders (valid until exec).
     StatusOr<std::vector<std::pair<std::string, int>>> handover();
+    // The moment this process stops taking calls for a handover: the successor's "took" counts
+    // from here (the in-flight calls' drain included). handover() marks it if nobody did.
+    void beginHandover();
+    // The moment the successor serves again (after restore() and the server's start): the end
+    // of lastRestartTookMs(), which restore() could only bound from below.
+    void noteServing();
 
     uint64_t restarts() const;
     uint64_t lastRestartUnixMs() const;
@@ -265,7 +272,8 @@ class RestartState {
     uint64_t last_restart_unix_ms_ = 0;
     uint64_t last_took_ms_ = 0;
     bool last_crash_ = false;
-    uint64_t handover_started_ms_ = 0;  // 0 until handover()
+    uint64_t handover_started_ms_ = 0;  // 0 until beginHandover() or handover()
+    uint64_t restart_since_ms_ = 0;     // the old process's handover start (or last sign of life)
     uint64_t region_floor_written_ = 0;
     bool alive_warned_ = false;  // guarded by global_mu_
     CallCounter call_counter_;   // set before serving, read by commits

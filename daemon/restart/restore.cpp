@@ -537,9 +537,10 @@ void RestartState::noteRestart(const rpb::Global &g) {
     // (its heartbeat) bounds the gap from above.
     last_crash_ = g.handover_started_unix_ms() <= 0;
     const int64_t since = last_crash_ ? g.alive_unix_ms() : g.handover_started_unix_ms();
-    last_took_ms_ = since > 0 && static_cast<uint64_t>(since) <= last_restart_unix_ms_
-                        ? last_restart_unix_ms_ - static_cast<uint64_t>(since)
-                        : 0;
+    restart_since_ms_ =
+        since > 0 && static_cast<uint64_t>(since) <= last_restart_unix_ms_ ? static_cast<uint64_t>(since) : 0;
+    // Until noteServing(): the restore below is not counted yet.
+    last_took_ms_ = restart_since_ms_ != 0 ? last_restart_unix_ms_ - restart_since_ms_ : 0;
 }
 
 void RestartState::restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
