@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 
 #include "common/zero_runs.h"
 
@@ -25,7 +26,7 @@ constexpr uint8_t kZeroRunsBit = 0x80;  // the stored payload is zero-run encode
 constexpr uint64_t kPlacedOffsetLimit = uint64_t{1} << 40;
 constexpr uint64_t kPlacedSizeLimit = uint64_t{1} << 24;
 
-uint32_t crcOf(uint8_t type, const std::string &payload) {
+uint32_t crcOf(uint8_t type, std::string_view payload) {
     uLong c = crc32(0L, Z_NULL, 0);
     c = crc32(c, &type, 1);
     c = crc32(c, reinterpret_cast<const Bytef *>(payload.data()), static_cast<uInt>(payload.size()));
@@ -208,28 +209,48 @@ bool StateFile::storedRecord(const std::string &stored, Placement p, std::string
 }
 
 StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
+    // The records are read through a window of at least kReadWindow bytes, one pread per window:
+    // three per record (head, type, payload) cost a restore of 10,000 objects ~46 ms.
+    constexpr uint64_t kReadWindow = 1u << 20;
+    std::string window;
+    uint64_t window_at = start_;  // the file offset of window[0]
+    // [at, at + n) of the file, from the window (read anew from at when it does not hold it);
+    // nullptr when the read fails. The caller has checked at + n <= end_.
+    auto bytes = [&](uint64_t at, uint64_t n) -> const char * {
+        if (at < window_at || at + n > window_at + window.size()) {
+            window.resize(std::min(std::max(n, kReadWindow), end_ - at));
+            window_at = at;
+            if (!preadAll(fd_.get(), window.data(), window.size(), at)) {
+                window.clear();
+                return nullptr;
+            }
+        }
+        return window.data() + (at - window_at);
+    };
     std::vector<Record> out;
     uint64_t at = start_;
     while (at < end_) {
-        uint32_t head[2];
-        uint8_t type = 0;
-        if (end_ - at < kRecordHead || !preadAll(fd_.get(), head, sizeof(head), at) ||
-            !preadAll(fd_.get(), &type, 1, at + 8) || head[0] > kMaxRecord ||
-            head[0] > end_ - at - kRecordHead) {
+        const char *head_bytes = end_ - at < kRecordHead ? nullptr : bytes(at, kRecordHead);
+        uint32_t head[2] = {0, 0};
+        if (head_bytes != nullptr) {
+            std::memcpy(head, head_bytes, sizeof(head));
+        }
+        if (head_bytes == nullptr || head[0] > kMaxRecord || head[0] > end_ - at - kRecordHead) {
             return invalidArgument("the state file holds a truncated record");
         }
-        std::string payload(head[0], '\0');
-        if (!preadAll(fd_.get(), payload.data(), head[0], at + kRecordHead) ||
-            crcOf(type, payload) != head[1]) {
+        auto type = static_cast<uint8_t>(head_bytes[8]);
+        const char *data = bytes(at + kRecordHead, head[0]);
+        if (data == nullptr || crcOf(type, std::string_view(data, head[0])) != head[1]) {
             return invalidArgument("the state file holds a record that fails its CRC");
         }
+        std::string payload;
         if ((type & kZeroRunsBit) != 0) {
-            std::string decoded;
-            if (!decodeZeroRuns(payload, kMaxRecord, &decoded)) {
+            if (!decodeZeroRuns(std::string_view(data, head[0]), kMaxRecord, &payload)) {
                 return invalidArgument("the state file holds a record that does not decode");
             }
-            payload = std::move(decoded);
             type &= static_cast<uint8_t>(~kZeroRunsBit);
+        } else {
+            payload.assign(data, head[0]);
         }
         out.emplace_back(type, std::move(payload));
         at += kRecordHead + head[0];

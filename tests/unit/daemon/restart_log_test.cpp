@@ -92,6 +92,41 @@ TEST(StateFileEncoding, ARecordOfZerosIsStoredShortAndReadBackWhole) {
     EXPECT_FALSE(file->records().isOk());
 }
 
+// Records are read back through a window of the file: one that straddles a window's end, one
+// larger than a window, and many small ones after, each whole and in order; a CRC that fails
+// past the first window is still found.
+TEST(StateFileEncoding, RecordsAcrossAndLargerThanTheReadWindowComeBackWhole) {
+    auto file = StateFile::create("unit-window", StateFile::Encoding::kPlain);
+    ASSERT_TRUE(file.isOk());
+    std::vector<StateFile::Record> records;
+    uint32_t seed = 11;
+    auto text = [&](size_t n) {
+        std::string t(n, '\0');
+        for (char &c : t) {
+            seed = seed * 1103515245u + 12345u;
+            c = static_cast<char>('a' + (seed >> 16) % 26);
+        }
+        return t;
+    };
+    records.push_back({state::kHeader, text((1u << 20) - 100)});   // its end is near the window's
+    records.push_back({state::kObjectPut, text(300)});             // across the first window's end
+    records.push_back({state::kObjectPut, text((3u << 20) / 2)});  // larger than a window
+    for (int i = 0; i < 3000; ++i) {
+        records.push_back({state::kObjectPut, text(1 + i % 997)});
+    }
+    ASSERT_TRUE(file->append(records).isOk());
+    auto back = file->records();
+    ASSERT_TRUE(back.isOk()) << back.status().toString();
+    ASSERT_EQ(back->size(), records.size());
+    EXPECT_TRUE(*back == records);
+    const uint64_t late = 4096 + file->appendedBytes() - 200;
+    char b = 0;
+    ASSERT_EQ(::pread(file->fd(), &b, 1, static_cast<off_t>(late)), 1);
+    b = static_cast<char>(b ^ 1);
+    ASSERT_EQ(::pwrite(file->fd(), &b, 1, static_cast<off_t>(late)), 1);
+    EXPECT_FALSE(file->records().isOk());
+}
+
 // A compaction copies a record still current from where the file says it lies, as it is stored
 // (encoded, with its CRC); a placement the compaction left behind is no longer one.
 TEST(StateFileEncoding, ACompactionCopiesAStoredRecordByItsPlacement) {
