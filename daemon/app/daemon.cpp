@@ -810,6 +810,25 @@ StatusOr<std::vector<std::pair<std::string, int>>> Daemon::handOver(bool exec) {
     return fds;
 }
 
+namespace {
+
+// Asks glibc (2.35 and later; older ones ignore the tunable) to back the successor's malloc heap
+// with transparent huge pages. The successor builds every restored object at once, in memory it
+// touches for the first time, and where a page fault is dear (~12 us per 4 KiB page on a VM that
+// shadows page tables) those faults were half of a restore: ~12,800 for 10,003 objects. An
+// operator's own glibc.malloc.hugetlb setting stands (0 turns it off).
+void askForHugeHeapPages() {
+    const char *now = std::getenv("GLIBC_TUNABLES");
+    std::string tunables = now != nullptr ? now : "";
+    if (tunables.find("glibc.malloc.hugetlb=") != std::string::npos) {
+        return;
+    }
+    tunables += tunables.empty() ? "glibc.malloc.hugetlb=1" : ":glibc.malloc.hugetlb=1";
+    (void)::setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+}
+
+}  // namespace
+
 Status Daemon::execRestart() {
     spdlog::info("restarting: handing over to a fresh {}", binary_);
     auto fds = handOver(true);
@@ -824,6 +843,7 @@ Status Daemon::execRestart() {
         argv.push_back(a.data());
     }
     argv.push_back(nullptr);
+    askForHugeHeapPages();
     spdlog::default_logger()->flush();
     ::execv(binary_.c_str(), argv.data());
     // Only a failed exec gets here, with the fd table already rearranged for the next process:

@@ -135,6 +135,51 @@ TEST(Restart, RequireKeepRefusesNothingToRefuseAndAnswersTheBinary) {
     EXPECT_EQ(broker.terminate(), 0) << broker.log();
 }
 
+// The successor's malloc heap is asked onto transparent huge pages (GLIBC_TUNABLES, read by
+// glibc at its start), after the tunables the old process had; an operator's own
+// glibc.malloc.hugetlb stands. Read from the successor's /proc/PID/environ, where glibc has cut
+// the value at each ':' in place as it parsed it: the tunables are looked for as they stand.
+TEST(Restart, TheSuccessorAsksForHugeHeapPagesUnlessTheOperatorChoseOtherwise) {
+    struct Case {
+        std::string given;
+        std::vector<std::string> present, absent;
+    };
+    const std::vector<Case> cases = {
+        {"", {"GLIBC_TUNABLES=glibc.malloc.hugetlb=1"}, {}},
+        {"glibc.malloc.arena_max=2",
+         {"GLIBC_TUNABLES=glibc.malloc.arena_max=2", "glibc.malloc.hugetlb=1"},
+         {}},
+        {"glibc.malloc.hugetlb=0", {"GLIBC_TUNABLES=glibc.malloc.hugetlb=0"}, {"glibc.malloc.hugetlb=1"}}};
+    for (const Case &c : cases) {
+        BrokerOptions o;
+        if (!c.given.empty()) {
+            o.env.push_back("GLIBC_TUNABLES=" + c.given);
+        }
+        BrokerProcess broker(o);
+        ASSERT_TRUE(broker.started()) << broker.log();
+        AdminClient admin(broker.socket());
+        pb::RestartResponse resp;
+        ASSERT_TRUE(admin.restart(false, &resp).ok()) << c.given;
+        admin.reconnect();
+        ASSERT_TRUE(admin.waitRestarts(1)) << broker.log();
+        std::FILE *f = std::fopen(("/proc/" + std::to_string(broker.pid()) + "/environ").c_str(), "r");
+        ASSERT_NE(f, nullptr);
+        std::string env(1, '\0');  // each entry is then found as "\0NAME=..."
+        for (int ch; (ch = std::fgetc(f)) != EOF;) {
+            env.push_back(static_cast<char>(ch));
+        }
+        std::fclose(f);
+        for (const std::string &p : c.present) {
+            EXPECT_NE(env.find(std::string(1, '\0') + p + std::string(1, '\0')), std::string::npos)
+                << "given '" << c.given << "': no " << p;
+        }
+        for (const std::string &p : c.absent) {
+            EXPECT_EQ(env.find(p), std::string::npos) << "given '" << c.given << "': " << p;
+        }
+        EXPECT_EQ(broker.terminate(), 0) << broker.log();
+    }
+}
+
 // Sessions' AGE and CALLS (ibv-extendctl sessions) go on across a restart: the state carries
 // the session's creation time and its call counts.
 TEST(Restart, SessionsKeepTheirAgeAndCallsAcrossARestart) {
