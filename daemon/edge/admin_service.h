@@ -110,6 +110,7 @@ class AdminService final : public pb::Admin::CallbackService {
     uint64_t sessionsOpened() const { return sessions_opened_.load(); }
     void countSessionOpened() { ++sessions_opened_; }
     int inflight() const { return calls_.inflight(); }
+    std::chrono::steady_clock::time_point lastFinish() const { return calls_.lastFinish(); }
 
   private:
     // What a call that waits runs on blocking_ (it finishes the call there).

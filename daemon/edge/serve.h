@@ -36,8 +36,9 @@ class CallRecorder {
 
         grpc::ServerUnaryReactor *finish(const Status &st, uint64_t session_id = 0) const {
             grpc::Status reply = toGrpc(st);
-            recorder_->stats_.record(method_, static_cast<int>(reply.error_code()),
-                                     std::chrono::steady_clock::now() - start_, session_id);
+            const auto now = std::chrono::steady_clock::now();
+            recorder_->stats_.record(method_, static_cast<int>(reply.error_code()), now - start_, session_id);
+            recorder_->last_finish_ns_.store(now.time_since_epoch().count(), std::memory_order_relaxed);
             if (!st.isOk()) {
                 recorder_->logFailure(ctx_, method_, st);
             }
@@ -91,6 +92,11 @@ class CallRecorder {
 
     // Calls currently between begin() and finish().
     int inflight() const { return inflight_.load(); }
+    // When the last call was finished (its reply handed to gRPC); the epoch when none was.
+    std::chrono::steady_clock::time_point lastFinish() const {
+        return std::chrono::steady_clock::time_point(
+            std::chrono::steady_clock::duration(last_finish_ns_.load(std::memory_order_relaxed)));
+    }
 
   private:
     void logFailure(grpc::CallbackServerContext *ctx, M method, const Status &st) {
@@ -104,6 +110,7 @@ class CallRecorder {
     BasicRpcStats<M> &stats_;
     RateLimiter error_log_{20};
     std::atomic<int> inflight_{0};
+    std::atomic<std::chrono::steady_clock::rep> last_finish_ns_{0};
 };
 
 }  // namespace ibvx::daemon

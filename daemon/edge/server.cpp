@@ -10,6 +10,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/fd_channel.h"
@@ -145,11 +146,23 @@ void BrokerServer::shutdownImpl(std::chrono::milliseconds grace, bool keep_sessi
     if (server_ != nullptr) {
         auto deadline = std::chrono::steady_clock::now() + grace;
         std::thread closer([&] {
-            while (std::chrono::steady_clock::now() < deadline &&
+            using Clock = std::chrono::steady_clock;
+            while (Clock::now() < deadline &&
                    (broker_service_->inflight() > 0 || admin_service_->inflight() > 0)) {
-                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
             }
-            std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the last replies leave
+            // The last replies leave: gRPC writes a reply as its call is finished, on that thread,
+            // unless its connection is mid-write; a quiet spell after the last finish is the
+            // margin. (A fixed 50 ms here was a tenth of a restart's whole wait.)
+            constexpr auto kQuiet = std::chrono::milliseconds(10);
+            for (;;) {
+                const auto last = std::max(broker_service_->lastFinish(), admin_service_->lastFinish());
+                const auto now = Clock::now();
+                if (now - last >= kQuiet || now >= deadline) {
+                    break;
+                }
+                std::this_thread::sleep_for(last + kQuiet - now);
+            }
             connections_.shutdownAll();
         });
         server_->Shutdown(std::chrono::system_clock::now() + grace);

@@ -162,6 +162,7 @@ class BrokerService final : public pb::Broker::CallbackService {
 
     // Calls currently inside a handler (for a graceful shutdown).
     int inflight() const { return calls_.inflight(); }
+    std::chrono::steady_clock::time_point lastFinish() const { return calls_.lastFinish(); }
 
   private:
     // What happens before a call runs: its session and, for a mutating call, its key (0: none).
