@@ -411,11 +411,13 @@ class RoceHostsTest : public ::testing::Test {
     // script (pyverbs_ud_wire.py, pyverbs_uc_wire.py, or a program by its path: mcast-wire) meets
     // the same way; a server that reports a line before its "OK" (pyverbs_uc_wire.py's "GOT k")
     // has it put in report. The client runs on client_host when one is given (A itself: both
-    // ends on one host).
+    // ends on one host). before_go (when given) runs once the server is READY, before the client
+    // is told to go.
     void expectExactlyOnce(const std::string &name, int n, const std::string &mode = "",
                            const std::string &script = "pyverbs_wire.py", std::string *report = nullptr,
                            Host *client_host = nullptr,
-                           const std::function<void(Contained &client)> &during = {}) {
+                           const std::function<void(Contained &client)> &during = {},
+                           const std::function<void()> &before_go = {}) {
         const bool python = script.ends_with(".py");
         const std::string program = python ? std::string(IBVX_PYVERBS_DIR) + "/" + script : script;
         auto args = [&](const char *role) {
@@ -442,6 +444,9 @@ class RoceHostsTest : public ::testing::Test {
         server->say(client_addr);
         client->say(server_addr);
         ASSERT_EQ(server->readLine(leftMs()), "READY") << errs();
+        if (before_go) {
+            ASSERT_NO_FATAL_FAILURE(before_go()) << errs();
+        }
         client->say("go");
         if (during) {
             ASSERT_NO_FATAL_FAILURE(during(*client)) << errs();
@@ -459,6 +464,21 @@ class RoceHostsTest : public ::testing::Test {
 
     void expectTrafficAcrossRestarts(const std::string &program, std::vector<std::string> args,
                                      const std::string &done, bool restart_client_host = false);
+    // Restarts h's broker (ibv-extendctl restart: an exec keeping every session) and waits until
+    // the successor serves (`ibv-extendctl status`: one restart).
+    void restartAndWait(Host &h, const std::string &name) {
+        const std::string out = dir_ + "/" + name + ".ctl.out";
+        const std::string ctl = std::string(IBVX_CTL_BINARY) + " --socket " + h.broker->socket();
+        ASSERT_EQ(std::system((ctl + " restart >" + out + " 2>&1").c_str()), 0) << slurp(out);
+        EXPECT_THAT(slurp(out), ::testing::ContainsRegex("sessions kept: +1\n"));
+        ASSERT_TRUE(waitFor(
+            [&] {
+                return std::system((ctl + " status >" + out + " 2>&1").c_str()) == 0 &&
+                       slurp(out).find("restarts: 1 ") != std::string::npos;
+            },
+            kSettle))
+            << slurp(out) << h.broker->log();
+    }
     // Restarts h's broker (ibv-extendctl restart: an exec keeping every session) once host B has
     // received each of these packet counts while client runs.
     void restartWhileRunning(Host &h, Contained &client, std::initializer_list<long> after,
@@ -679,6 +699,14 @@ TEST_F(RoceHostsTest, UdDatagramsOnOneHostGetTheHeaderTheyWouldHaveHad) {
 // the group (IPv4: 239.201.8.1; the IPv6 case: ff12::c9:8:1). mcast-wire's comment says more.
 TEST_F(RoceHostsTest, UdMulticastReachesEveryMemberOnBothHosts) {
     expectExactlyOnce("mcast", 16, "", IBVX_MCAST_WIRE);
+}
+
+// The same with the members' broker restarted between their attach and the datagrams: the
+// successor's RoCEv2 socket joins the group again (SPEC.md §18), or nothing host B sends to the
+// group would reach host A's members.
+TEST_F(RoceHostsTest, UdMulticastReachesMembersWhoseBrokerRestarted) {
+    expectExactlyOnce("mcast-restart", 16, "", IBVX_MCAST_WIRE, nullptr, nullptr, {},
+                      [&] { restartAndWait(a(), "mcast-restart"); });
 }
 
 TEST_F(RoceHostsTest, WriteReadAtomicsSendExactlyOnce) {
