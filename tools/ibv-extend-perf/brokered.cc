@@ -629,7 +629,7 @@ void createQpBroker(const Options &opt, Results &out, BrokerHarness &broker) {
     out.add("control", "null_rpc_p50_us_paired", null50 / 1e3, "us",
             "health checks interleaved with the CreateQps");
     out.add("control", "create_qp_over_null_rpc", null50 > 0 ? p50 / null50 : 0, "x",
-            "goal <= 1.5 (p50 of CreateQp / p50 of the interleaved null RPCs)");
+            "goal <= 1.1 (p50 of CreateQp / p50 of the interleaved null RPCs)");
 }
 
 // CQ + QP + INIT/RTR/RTS: what a tenant pays before its first work request. The face answers
