@@ -20,6 +20,7 @@
 
 #include "common/build_config.h"
 #include "common/unix_socket.h"
+#include "tools/ibv-extend-run/launch.h"
 #include "tools/ibv-extend-run/sandbox.h"
 #include "tools/ibv-extend-run/shared_userns.h"
 
@@ -35,7 +36,8 @@ constexpr const char *kUsage =
     "                 /sys/class/infiniband (a bubblewrap sandbox, no privilege needed):\n"
     "                 off (default: exec in place, the program keeps this pid), on (or fail),\n"
     "                 auto (if bwrap can, else say why and run without). The program then runs\n"
-    "                 as bwrap's child. Default from $IBV_EXTEND_RUN_SANDBOX.\n"
+    "                 as bwrap's child, this process waits for it and exits with its status,\n"
+    "                 and signals sent to this pid go to it. Default from $IBV_EXTEND_RUN_SANDBOX.\n"
     "  --help         this text\n"
     "  --version      the version\n";
 
@@ -193,6 +195,9 @@ int commandError(const char *command) {
     return found;
 }
 
+// How many times a sandbox bwrap failed to make for a mount that changed under it is tried.
+constexpr int kSandboxAttempts = 5;
+
 // The bwrap command line for the broker behind socket, or empty with *why set. The broker
 // publishes its tree beside its socket (daemon/app/discovery_tree.h).
 std::vector<std::string> prepareSandbox(const std::string &socket, std::string *why) {
@@ -222,7 +227,11 @@ std::vector<std::string> prepareSandbox(const std::string &socket, std::string *
         }
     }
     std::vector<std::string> args = ibvx::run::sandboxArgs(bwrap, real, userns);
-    if (std::string refused = ibvx::run::probeSandbox(args); !refused.empty()) {
+    std::string refused = ibvx::run::probeSandbox(args);
+    for (int tries = 1; tries < kSandboxAttempts && ibvx::run::transientSandboxFailure(refused); ++tries) {
+        refused = ibvx::run::probeSandbox(args);  // a mount changed under bwrap (launch.h)
+    }
+    if (!refused.empty()) {
         *why = "bwrap cannot make the sandbox here: " + refused;
         return {};
     }
@@ -235,7 +244,8 @@ int main(int argc, char **argv) {
     const char *env_socket = std::getenv("IBV_EXTEND_SOCKET");
     std::string socket = env_socket != nullptr && *env_socket != '\0' ? env_socket : IBVX_DEFAULT_SOCKET;
     // Off unless asked: bwrap always forks, and the program would no longer have this process's
-    // pid, which scripts (kill $!) and the broker's per-pid view of sessions rely on.
+    // pid, which the broker's per-pid view of sessions shows (signals sent to it still reach the
+    // program: launch.h).
     ibvx::run::SandboxMode sandbox_mode = ibvx::run::SandboxMode::kOff;
     if (const char *m = std::getenv("IBV_EXTEND_RUN_SANDBOX");
         m != nullptr && *m != '\0' && !ibvx::run::parseSandboxMode(m, &sandbox_mode)) {
@@ -327,16 +337,21 @@ int main(int argc, char **argv) {
             std::fprintf(stderr, "ibv-extend-run: %s: %s\n", argv[i], std::strerror(err));
             return err == ENOENT ? 127 : 126;
         } else {
-            args.push_back("--");
-            std::vector<char *> full;
-            for (std::string &a : args) {
-                full.push_back(a.data());
+            std::string refused;
+            const int rc = ibvx::run::runSandboxed(args, argv + i, kSandboxAttempts, &refused);
+            if (rc >= 0) {
+                return rc;
             }
-            full.insert(full.end(), argv + i, argv + argc);
-            full.push_back(nullptr);
-            ::execv(full[0], full.data());
-            std::fprintf(stderr, "ibv-extend-run: %s: %s\n", full[0], std::strerror(errno));
-            return 126;
+            if (sandbox_mode == ibvx::run::SandboxMode::kOn) {
+                std::fprintf(stderr, "ibv-extend-run: --sandbox=on, but bwrap cannot make the sandbox: %s\n",
+                             refused.c_str());
+                return 1;
+            }
+            std::fprintf(
+                stderr,
+                "ibv-extend-run: running without the sandbox: bwrap cannot make it: %s. %s sees this "
+                "host's own /dev/infiniband and /sys/class/infiniband.\n",
+                refused.c_str(), argv[i]);
         }
     }
     ::execvp(argv[i], argv + i);
