@@ -213,7 +213,9 @@ int runSandboxed(const std::vector<std::string> &args, char *const *command, int
         }
         const std::string said = firstLine(a.said);
         if (!transientSandboxFailure(a.said) || attempt >= attempts) {
-            *why = said.empty() ? "bwrap failed with status " + std::to_string(a.status) : said;
+            *why = !said.empty()         ? said
+                   : WIFEXITED(a.status) ? "bwrap exited with " + std::to_string(WEXITSTATUS(a.status))
+                                         : "bwrap was killed by signal " + std::to_string(WTERMSIG(a.status));
             if (attempt > 1) {
                 *why += " (" + std::to_string(attempt) + " tries)";
             }
