@@ -82,7 +82,7 @@ Attempt attemptOnce(const std::vector<std::string> &args, char *const *command, 
 
     const pid_t pid = ::fork();
     if (pid == 0) {
-        // Async-signal-safe calls only: the gRPC check earlier may have left threads.
+        // Async-signal-safe calls only, as after any fork.
         ::sigprocmask(SIG_SETMASK, &unblocked, nullptr);
         if (::fcntl(ready_fd, F_SETFD, 0) < 0 || ::fcntl(stderr_fd, F_SETFD, 0) < 0 ||
             ::dup2(err[1], 2) < 0) {
@@ -157,14 +157,19 @@ Attempt attemptOnce(const std::vector<std::string> &args, char *const *command, 
             }
         }
     }
+    if (ready_open) {
+        ::close(ready[0]);  // poll itself failed
+    }
+    if (err_open) {
+        ::close(err[0]);
+    }
     while (::waitpid(pid, &a.status, 0) < 0 && errno == EINTR) {
     }
     return a;
 }
 
 std::string firstLine(const std::string &text) {
-    std::string line = text.substr(0, text.find('\n'));
-    return line;
+    return text.substr(0, text.find('\n'));
 }
 
 }  // namespace
