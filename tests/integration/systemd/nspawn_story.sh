@@ -199,9 +199,11 @@ if command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v 
   chmod 755 "$P"
   mkdir "$P/conf.d"
   printf '[broker]\nlog_level = "warn"\nsocket_mode = "0666"\n\n[softnda]\nnetdev = "ibvx-sw1"\n' >"$P/ibv-extendd.toml"
-  # Only the build tree's drivers, never the host's /etc/libibverbs_extend.d.
+  # Only the build tree's drivers, never the host's /etc/libibverbs_extend.d. nsenter itself, not
+  # in_host: a function run in the background is a subshell, and $! would be its pid, not the
+  # broker's (nsenter execs what it runs), so cleanup's kill would leave the broker running.
   IBV_EXTEND_PROVIDER_DIR=$B/providers-out IBV_EXTEND_CONFIG_DIR=$P/conf.d IBV_EXTEND_DRIVERS=softnda \
-    in_host 1 "$B/daemon/ibv-extendd" --socket "$P/broker.sock" --foreground \
+    nsenter --net="${netns[1]}" "$B/daemon/ibv-extendd" --socket "$P/broker.sock" --foreground \
     --config "$P/ibv-extendd.toml" >"$P/broker.log" 2>&1 &
   peer_pids+=($!)
   for _ in $(seq 100); do
@@ -213,7 +215,7 @@ if command -v unshare >/dev/null && command -v nsenter >/dev/null && command -v 
     cat "$P/broker.log"
     exit 1
   fi
-  in_host 1 setpriv --reuid=65534 --regid=65534 --clear-groups \
+  nsenter --net="${netns[1]}" setpriv --reuid=65534 --regid=65534 --clear-groups \
     "$B/tools/ibv-extend-run/ibv-extend-run" --socket "$P/broker.sock" -- \
     timeout 390 ibv_rc_pingpong -d softnda0 -g 1 -c -n 6000 -p 18516 >"$P/pingpong.server" 2>&1 &
   server=$!
