@@ -226,16 +226,10 @@ std::vector<std::string> prepareSandbox(const std::string &socket, std::string *
                          unshared.c_str());
         }
     }
-    std::vector<std::string> args = ibvx::run::sandboxArgs(bwrap, real, userns);
-    std::string refused = ibvx::run::probeSandbox(args);
-    for (int tries = 1; tries < kSandboxAttempts && ibvx::run::transientSandboxFailure(refused); ++tries) {
-        refused = ibvx::run::probeSandbox(args);  // a mount changed under bwrap (launch.h)
-    }
-    if (!refused.empty()) {
-        *why = "bwrap cannot make the sandbox here: " + refused;
-        return {};
-    }
-    return args;
+    // Whether bwrap can make the sandbox here is learnt by making it (runSandboxed): a trial run
+    // first would cost a second sandbox per program and could still lose the race with the
+    // host's mounts that the real one then meets.
+    return ibvx::run::sandboxArgs(bwrap, real, userns);
 }
 
 }  // namespace

@@ -1,15 +1,11 @@
 #include "tools/ibv-extend-run/sandbox.h"
 
 #include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <climits>
 #include <cstdlib>
-#include <cstring>
 #include <set>
 
 namespace ibvx::run {
@@ -84,52 +80,6 @@ std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string
                 {"--ro-bind", tree + "/sys/class/infiniband", "/sys/class/infiniband", "--ro-bind",
                  tree + "/sys/class/infiniband_verbs", "/sys/class/infiniband_verbs"});
     return args;
-}
-
-std::string probeSandbox(const std::vector<std::string> &args) {
-    int err[2];
-    if (::pipe2(err, O_CLOEXEC) < 0) {
-        return std::string("cannot make a pipe: ") + std::strerror(errno);
-    }
-    std::vector<std::string> probe = args;
-    probe.insert(probe.end(), {"--", "true"});
-    pid_t pid = ::fork();
-    if (pid == 0) {
-        ::dup2(err[1], 2);
-        int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
-        if (null >= 0) {
-            ::dup2(null, 0);
-            ::dup2(null, 1);
-        }
-        std::vector<char *> argv;
-        for (const std::string &a : probe) {
-            argv.push_back(const_cast<char *>(a.c_str()));
-        }
-        argv.push_back(nullptr);
-        ::execv(argv[0], argv.data());
-        ::dprintf(2, "cannot run %s: %s\n", argv[0], std::strerror(errno));
-        ::_exit(127);
-    }
-    ::close(err[1]);
-    if (pid < 0) {
-        ::close(err[0]);
-        return std::string("cannot fork: ") + std::strerror(errno);
-    }
-    std::string said;
-    char buf[512];
-    ssize_t n;
-    while ((n = ::read(err[0], buf, sizeof(buf))) > 0 && said.size() < 4096) {
-        said.append(buf, static_cast<size_t>(n));
-    }
-    ::close(err[0]);
-    int status = 0;
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
-        return "";
-    }
-    said = said.substr(0, said.find('\n'));
-    return said.empty() ? "bwrap failed with status " + std::to_string(status) : said;
 }
 
 std::string findBwrap() {

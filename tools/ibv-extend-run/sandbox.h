@@ -25,10 +25,6 @@ bool parseSandboxMode(const std::string &text, SandboxMode *mode);
 // descriptor, shared_userns.h) instead of making one of its own.
 std::vector<std::string> sandboxArgs(const std::string &bwrap, const std::string &tree, int userns_fd = -1);
 
-// Whether the sandbox can be set up here: runs it once around `true`. "" when it can, else why
-// not (bwrap's own first line of complaint, or what is missing).
-std::string probeSandbox(const std::vector<std::string> &args);
-
 // The bwrap program on PATH; "" when there is none.
 std::string findBwrap();
 
