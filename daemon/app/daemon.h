@@ -1,7 +1,7 @@
 // ibv-extendd as an object: Daemon::create() builds everything the broker serves with (drivers,
 // devices, the socket, the Broker and its BrokerServer), run() serves until a stop signal, and
-// the destructor tears it down. runDaemon() is the thin command-line front of it, so main.cpp
-// stays one line and tests link the rest.
+// the destructor tears it down. runDaemon() (run.h) is the thin command-line front of it, so
+// main.cpp stays one line and tests link the rest.
 #pragma once
 
 #include <signal.h>
@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "common/unique_fd.h"
 #include "daemon/app/config.h"
+#include "daemon/app/run.h"
 #include "daemon/core/broker.h"
 #include "daemon/core/device.h"
 #include "daemon/core/events.h"
@@ -128,10 +129,5 @@ class Daemon {
     std::string config_error_;
     UniqueFd config_fd_;
 };
-
-// Parses the command line, loads the configuration, sets up logging, detaches unless told not
-// to, then Daemon::create() and run(). Exit codes: 0 clean stop, 1 runtime failure (socket,
-// drivers, gRPC), 2 usage or configuration error.
-int runDaemon(int argc, char **argv);
 
 }  // namespace ibvx::daemon
