@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "common/driver_ops.h"
@@ -94,11 +95,20 @@ Status sendOnChannel(Session &s, std::vector<RegionToSend> &regions, int timeout
 }  // namespace
 
 uint64_t randomHandle() {
+    // The kernel's random bytes fetched 512 at a time, per thread: a handle is as unguessable
+    // as one getrandom() of its own, and a create no longer pays a syscall for it.
+    thread_local std::array<uint64_t, 64> pool;
+    thread_local size_t left = 0;
     uint64_t v = 0;
     while (v == 0) {
-        if (::getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
-            v = 0;
+        if (left == 0) {
+            if (::getrandom(pool.data(), sizeof(pool), 0) != static_cast<ssize_t>(sizeof(pool))) {
+                continue;
+            }
+            left = pool.size();
         }
+        v = pool[--left];
+        pool[left] = 0;  // handed out once: nothing of it stays behind
     }
     return v;
 }

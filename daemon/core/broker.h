@@ -524,7 +524,7 @@ class Broker {
     uint64_t next_session_id_ = 1;
 };
 
-// 8 random bytes from getrandom(); never 0.
+// 8 random bytes of the kernel's (getrandom(), fetched in batches); never 0.
 uint64_t randomHandle();
 
 }  // namespace ibvx::daemon
