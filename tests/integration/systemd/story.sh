@@ -278,9 +278,15 @@ for _ in $(seq 1 30); do
   sleep 2
 done
 verdict=$(echo "$previous" | cut -d/ -f1-3)
-echo "   the service: $verdict (ActiveState/Result/NRestarts)"
+echo "   the service: $verdict (ActiveState/Result/NRestarts; NRestarts before the stop: $restarts)"
+# systemd flushes NRestarts at the first start after the unit went down without restarting
+# (service_enter_dead: "flush out the restart counter ... on the next start"), so the socket's
+# start after the stop counts from 0 whatever the chaos left; 0 again now means no restart loop.
+# (Comparing with the count before the stop, as this did, failed once in CI with the verdict
+# .../0: that count is what the chaos's timing left, e.g. a systemctl restart that met the unit
+# still waiting out a kill -9's auto-restart, which stops it without the flush.)
 check "the service failed with the config error and was not restarted in a loop" \
-  test "$verdict" = "failed/exit-code/$restarts"
+  test "$verdict" = "failed/exit-code/0"
 check "the socket unit survives the failed service" test "$(systemctl is-active ibv-extendd.socket)" = active
 cp /story/config.good "$CONFIG"
 systemctl start ibv-extendd.service
