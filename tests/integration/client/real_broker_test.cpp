@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
@@ -57,9 +58,10 @@ class RealBrokerTest : public ::testing::Test {
     }
     static void TearDownTestSuite() {
         broker_.stop(SIGKILL);
-        unlink(socket_.c_str());
-        rmdir((dir_ + "/conf.d").c_str());
-        rmdir(dir_.c_str());
+        // Everything, the discovery tree the killed broker could not take down included (each
+        // test is a process of its own, so each left a directory behind).
+        std::error_code ec;
+        std::filesystem::remove_all(dir_, ec);
     }
     // Records why the broker is not up; SetUp() fails every test with it (a failure in
     // SetUpTestSuite alone shows as "skipped" under ctest).
