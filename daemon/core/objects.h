@@ -9,10 +9,12 @@
 
 #include <infiniband/verbs.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +44,29 @@ inline constexpr ObjectKind kParentsFirst[] = {
     ObjectKind::kMr,      ObjectKind::kMw, ObjectKind::kCq,   ObjectKind::kSrq, ObjectKind::kQp};
 // The kind's place in kParentsFirst; past its end for a value that names no kind.
 size_t kindRank(ObjectKind kind);
+
+// items in kParentsFirst order, those of one kind (and of no kind) in the order given: a
+// counting sort, one kindRank() per item. A comparison sort called kindRank's search twice per
+// comparison, ~280,000 times for a 10,000-object session, and a handover sorts every session
+// more than once.
+template <typename T, typename KindOf>
+std::vector<T> inParentsFirstOrder(const std::vector<T> &items, KindOf kind_of) {
+    constexpr size_t kRanks = std::size(kParentsFirst) + 1;  // the last: no kind
+    std::vector<uint8_t> ranks(items.size());
+    size_t start[kRanks + 1] = {};
+    for (size_t i = 0; i < items.size(); ++i) {
+        ranks[i] = static_cast<uint8_t>(std::min(kindRank(kind_of(items[i])), kRanks - 1));
+        ++start[ranks[i] + 1];
+    }
+    for (size_t r = 1; r <= kRanks; ++r) {
+        start[r] += start[r - 1];
+    }
+    std::vector<T> out(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+        out[start[ranks[i]]++] = items[i];
+    }
+    return out;
+}
 // Kinds no object has among its uses: a create or destroy never touches one as a parent, so no
 // later export is compared with its kept driver state, and a commit gives that back once it is
 // logged (Broker::releaseLoggedState). Were one ever a parent, its next export would only be

@@ -227,14 +227,12 @@ const Object *Session::object(uint64_t handle) const {
 }
 
 std::vector<const Object *> Session::objectsParentsFirst() const {
-    std::vector<const Object *> out;
-    out.reserve(objects_.size());
+    std::vector<const Object *> all;
+    all.reserve(objects_.size());
     for (const auto &[handle, obj] : objects_) {
-        out.push_back(obj.get());
+        all.push_back(obj.get());
     }
-    std::stable_sort(out.begin(), out.end(),
-                     [](const Object *a, const Object *b) { return kindRank(a->kind) < kindRank(b->kind); });
-    return out;
+    return inParentsFirstOrder(all, [](const Object *o) { return o->kind; });
 }
 
 SessionChanges Session::takeChanges() {

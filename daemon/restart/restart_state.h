@@ -232,9 +232,8 @@ class RestartState {
     void restoreOne(const std::string &state_name, std::map<std::string, UniqueFd> &fds,
                     std::vector<std::shared_ptr<Session>> *restored, std::vector<OpenedHandles> *opened,
                     RestoreReport *report);
-    Status restoreSession(const Records &records, std::map<std::string, UniqueFd> &fds, StateFile file,
-                          std::shared_ptr<Session> *out, uint64_t *objects,
-                          std::vector<ObjectImport> *opened);
+    Status restoreSession(StateFile file, std::map<std::string, UniqueFd> &fds, std::shared_ptr<Session> *out,
+                          uint64_t *objects, std::vector<ObjectImport> *opened);
     // Adopts the handles; a session whose handle finds no target (its creator's session did not
     // come back) ends, and so, in turn, may sessions that had opened its targets.
     void adoptOpenedHandles(std::vector<OpenedHandles> &opened,

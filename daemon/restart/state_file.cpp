@@ -208,7 +208,7 @@ bool StateFile::storedRecord(const std::string &stored, Placement p, std::string
     return true;
 }
 
-StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
+Status StateFile::forEachRecord(const RecordVisitor &fn) const {
     // The records are read through a window of at least kReadWindow bytes, one pread per window:
     // three per record (head, type, payload) cost a restore of 10,000 objects ~46 ms.
     constexpr uint64_t kReadWindow = 1u << 20;
@@ -227,7 +227,7 @@ StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
         }
         return window.data() + (at - window_at);
     };
-    std::vector<Record> out;
+    std::string decoded;  // one buffer for every zero-run encoded payload
     uint64_t at = start_;
     while (at < end_) {
         const char *head_bytes = end_ - at < kRecordHead ? nullptr : bytes(at, kRecordHead);
@@ -243,18 +243,26 @@ StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
         if (data == nullptr || crcOf(type, std::string_view(data, head[0])) != head[1]) {
             return invalidArgument("the state file holds a record that fails its CRC");
         }
-        std::string payload;
+        std::string_view payload(data, head[0]);
         if ((type & kZeroRunsBit) != 0) {
-            if (!decodeZeroRuns(std::string_view(data, head[0]), kMaxRecord, &payload)) {
+            if (!decodeZeroRuns(payload, kMaxRecord, &decoded)) {
                 return invalidArgument("the state file holds a record that does not decode");
             }
+            payload = decoded;
             type &= static_cast<uint8_t>(~kZeroRunsBit);
-        } else {
-            payload.assign(data, head[0]);
         }
-        out.emplace_back(type, std::move(payload));
+        RETURN_IF_ERROR(fn(type, payload));
         at += kRecordHead + head[0];
     }
+    return Status::ok();
+}
+
+StatusOr<std::vector<StateFile::Record>> StateFile::records() const {
+    std::vector<Record> out;
+    RETURN_IF_ERROR(forEachRecord([&out](uint8_t type, std::string_view payload) {
+        out.emplace_back(type, std::string(payload));
+        return Status::ok();
+    }));
     return out;
 }
 

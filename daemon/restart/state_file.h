@@ -15,7 +15,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -63,6 +65,13 @@ class StateFile {
     // Every committed record, in order. A record that fails its CRC (a corrupt file) is an
     // INVALID_ARGUMENT, never a silently shorter state.
     StatusOr<std::vector<Record>> records() const;
+    // The same records handed to fn one at a time, in order, without holding them all: a
+    // restore replays a 10,000-object log as it reads it. The payload is valid during the call
+    // only. The first error, the file's or fn's, ends the walk and is returned; the records fn
+    // saw before it may be any prefix, so a caller that must not act on part of a state keeps
+    // what fn built until this returns OK.
+    using RecordVisitor = std::function<Status(uint8_t type, std::string_view payload)>;
+    Status forEachRecord(const RecordVisitor &fn) const;
 
     int fd() const { return fd_.get(); }
     // Bytes of records written since the last compaction, and in that compaction.

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <string_view>
 
 #include "daemon/core/mapping.h"
 
@@ -32,7 +33,7 @@ inline std::string u64Payload(uint64_t v) {
     return std::string(reinterpret_cast<const char *>(&v), sizeof(v));
 }
 
-inline bool u64From(const std::string &p, uint64_t *v) {
+inline bool u64From(std::string_view p, uint64_t *v) {
     if (p.size() != sizeof(*v)) {
         return false;
     }

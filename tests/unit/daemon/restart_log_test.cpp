@@ -127,6 +127,33 @@ TEST(StateFileEncoding, RecordsAcrossAndLargerThanTheReadWindowComeBackWhole) {
     EXPECT_FALSE(file->records().isOk());
 }
 
+// The walk a restore replays from: each record decoded, in order, one at a time (encoded ones
+// through one reused buffer, so each payload is seen as it was written); the visitor's error
+// ends the walk there and is what the walk returns.
+TEST(StateFileEncoding, AWalkSeesEachRecordDecodedAndStopsAtTheVisitorsError) {
+    auto file = StateFile::create("unit-walk");
+    ASSERT_TRUE(file.isOk());
+    const std::vector<StateFile::Record> records = {{state::kHeader, std::string(900, '\0') + "h"},
+                                                    {state::kObjectPut, "plain"},
+                                                    {state::kObjectPut, "y" + std::string(40, '\0')},
+                                                    {state::kReply, "last"}};
+    ASSERT_TRUE(file->append(records).isOk());
+    std::vector<StateFile::Record> seen;
+    auto all = file->forEachRecord([&seen](uint8_t type, std::string_view payload) {
+        seen.emplace_back(type, std::string(payload));
+        return Status::ok();
+    });
+    ASSERT_TRUE(all.isOk()) << all.toString();
+    EXPECT_EQ(seen, records);
+    seen.clear();
+    auto stopped = file->forEachRecord([&seen](uint8_t type, std::string_view payload) {
+        seen.emplace_back(type, std::string(payload));
+        return seen.size() == 2 ? invalidArgument("the second one") : Status::ok();
+    });
+    EXPECT_EQ(stopped.message(), "the second one");
+    EXPECT_EQ(seen.size(), 2u);
+}
+
 // A compaction copies a record still current from where the file says it lies, as it is stored
 // (encoded, with its CRC); a placement the compaction left behind is no longer one.
 TEST(StateFileEncoding, ACompactionCopiesAStoredRecordByItsPlacement) {

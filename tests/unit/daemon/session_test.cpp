@@ -1,12 +1,14 @@
 // A session's stored replies (idempotency, docs/restart.md): kept packed, and with their zero
 // runs as counts when that is shorter (issue 25), each one reads back exactly as it was stored,
-// whatever its bytes.
+// whatever its bytes. And the order a session's objects are restored and written in.
 #include "daemon/core/session.h"
 
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "daemon/core/objects.h"
 
 namespace ibvx::daemon {
 namespace {
@@ -125,6 +127,33 @@ TEST(SessionReplies, RetiredRepliesAreDroppedAndTheNewOnesStillFound) {
     EXPECT_EQ(s->retireReplies({6}), 1u);
     EXPECT_EQ(s->takeRetired(), (std::vector<uint64_t>{2, 5, 6}));  // given back before the newer
     EXPECT_EQ(s->replies().size(), 3u);
+}
+
+// The order a restore makes objects in and a handover writes them: every kind after the kinds
+// its objects use (kParentsFirst), each kind's objects in the order given, and a value that names
+// no kind (a corrupt record, which the import then refuses) after them all.
+TEST(ParentsFirst, KindsComeInParentsFirstOrderAndKeepTheirOrderWithinAKind) {
+    struct Item {
+        ObjectKind kind;
+        int seq;
+    };
+    const auto nokind = static_cast<ObjectKind>(200);
+    const std::vector<Item> items = {
+        {ObjectKind::kQp, 0},      {nokind, 1},           {ObjectKind::kCq, 2},  {ObjectKind::kQp, 3},
+        {ObjectKind::kContext, 4}, {ObjectKind::kMw, 5},  {ObjectKind::kMr, 6},  {ObjectKind::kPd, 7},
+        {ObjectKind::kCq, 8},      {ObjectKind::kSrq, 9}, {ObjectKind::kAh, 10}, {ObjectKind::kQp, 11}};
+    std::vector<const Item *> given;
+    for (const Item &i : items) {
+        given.push_back(&i);
+    }
+    const auto out = inParentsFirstOrder(given, [](const Item *i) { return i->kind; });
+    std::vector<int> seqs;
+    for (const Item *i : out) {
+        seqs.push_back(i->seq);
+    }
+    EXPECT_EQ(seqs, (std::vector<int>{4, 7, 10, 6, 5, 2, 8, 9, 0, 3, 11, 1}));
+    EXPECT_TRUE(
+        inParentsFirstOrder(std::vector<const Item *>{}, [](const Item *i) { return i->kind; }).empty());
 }
 
 }  // namespace
