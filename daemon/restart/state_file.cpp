@@ -108,19 +108,31 @@ StatusOr<StateFile> StateFile::adopt(UniqueFd fd, Encoding encoding) {
 
 Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, uint64_t *end,
                                std::vector<Placement> *placed) {
+    // Written through a buffer of up to about kWriteChunk bytes, reused: an image of 10,000
+    // objects (~5 MiB) built whole in one string grew it by doubling, each step a fresh mapping
+    // that the copy faulted in page by page (~12 us a page on a VM), in the handover and again in
+    // the successor's first commit. An append's few records stay one pwrite. The records are not
+    // visible before publish() either way.
+    constexpr size_t kWriteChunk = 1u << 20;
     std::string buf, encoded;
+    uint64_t written = 0;  // bytes of this call already in the file, at `at`
     if (placed != nullptr) {
         placed->clear();
         placed->reserve(records.size());
     }
     auto place = [&](size_t from) {
         if (placed != nullptr) {
-            const uint64_t offset = at + from, size = buf.size() - from;
+            const uint64_t offset = at + written + from, size = buf.size() - from;
             placed->push_back(offset < kPlacedOffsetLimit && size < kPlacedSizeLimit ? offset << 24 | size
                                                                                      : 0);
         }
     };
     for (const auto &[type, payload] : records) {
+        if (buf.size() >= kWriteChunk) {
+            RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at + written));
+            written += buf.size();
+            buf.clear();
+        }
         const size_t from = buf.size();
         if (type == kStoredRecord) {
             if (payload.size() < kRecordHead) {
@@ -142,8 +154,8 @@ Status StateFile::writeRecords(const std::vector<Record> &records, uint64_t at, 
         buf += stored;
         place(from);
     }
-    RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at));
-    *end = at + buf.size();
+    RETURN_IF_ERROR(pwriteAll(fd_.get(), buf.data(), buf.size(), at + written));
+    *end = at + written + buf.size();
     return Status::ok();
 }
 
