@@ -20,7 +20,13 @@ CONFIGURE = cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
 #                 another aarch64 program: the tests that start one.
 ARM64_BINFMT = $(shell grep -q '^IBVX_BINFMT_AARCH64:BOOL=ON' $(ARM64_BUILD)/CMakeCache.txt 2>/dev/null && echo yes)
 ARM64_SKIP = no-qemu$(if $(ARM64_BINFMT),,|needs-binfmt)
-ARM64_CTEST = ctest --test-dir $(ARM64_BUILD) --output-on-failure -j $(JOBS) -LE '^($(ARM64_SKIP))$$'
+ARM64_CTEST = $(call run_ctest,$(ARM64_BUILD),-LE '^($(ARM64_SKIP))$$' $(CTEST_ARGS))
+
+# ctest in the build dir $(1) with the arguments $(2). On a failure the failed tests' first
+# failures are printed last (scripts/ctest-digest.py), where a reader of the run's end sees them,
+# not only their names: a failing integration test's output is mostly the broker's log.
+run_ctest = ctest --test-dir $(1) --output-on-failure --output-junit $(abspath $(1))/ctest-junit.xml \
+  -j $(JOBS) $(2) || { rc=$$?; python3 scripts/ctest-digest.py $(abspath $(1))/ctest-junit.xml; exit $$rc; }
 
 .PHONY: all deps deps-arm64 build build-asan build-tsan build-arm64 demo test test-plain test-asan \
         test-tsan test-arm64 bench fuzz clean
@@ -56,15 +62,15 @@ demo: build
 	@bash scripts/demo.sh $(BUILD)
 
 test-plain: build
-	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) $(CTEST_ARGS)
+	$(call run_ctest,$(BUILD),$(CTEST_ARGS))
 
 test-asan: build-asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-	  ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS) -LE no-asan $(CTEST_ARGS)
+	  $(call run_ctest,$(ASAN_BUILD),-LE no-asan $(CTEST_ARGS))
 
 test-tsan: build-tsan
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-	  ctest --test-dir $(TSAN_BUILD) --output-on-failure -j $(JOBS) -L tsan $(CTEST_ARGS)
+	  $(call run_ctest,$(TSAN_BUILD),-L tsan $(CTEST_ARGS))
 
 test-arm64: build-arm64
 	@echo "test-arm64: not run under qemu-user 7.2 (label no-qemu, see docs/arm64.md):"
@@ -75,7 +81,7 @@ test-arm64: build-arm64
 	  sed 's/^/  /' $(ARM64_BUILD)/skipped-test-dirs.txt; \
 	  ctest --test-dir $(ARM64_BUILD) -N -L '^needs-binfmt$$' | grep 'Test *#' || true; \
 	fi
-	$(ARM64_CTEST) $(CTEST_ARGS)
+	$(ARM64_CTEST)
 
 test: test-plain test-asan test-tsan test-arm64
 
