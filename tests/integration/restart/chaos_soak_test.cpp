@@ -22,7 +22,8 @@
 //                       is shown to hit only counted windows, docs/restart.md "The chaos soak")
 //   IBVX_SOAK_FORK=0    the chaos-tenants fork no children (by default they fork, now and then,
 //                       a child that opens the device and registers memory)
-// The long form: IBVX_SOAK_SECONDS=600 ctest --test-dir build -R chaos_soak --output-on-failure
+// The long form runs the program itself (ctest stops it at the test's TIMEOUT, 300 s, which
+// `ctest --timeout` does not override): docs/restart.md "The chaos soak" gives the command.
 #include <grp.h>
 #include <poll.h>
 #include <sys/socket.h>
