@@ -75,7 +75,7 @@ def in_order(wcs, first, opcode, what):
             fail(f"{what}: completion opcode {wc.opcode}, expected {opcode}")
 
 
-def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
+def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr, timeout):
     attr = QPAttr(qp_state=e.IBV_QPS_RTR, path_mtu=mtu)
     attr.dest_qp_num = peer["qpn"]
     attr.rq_psn = peer["psn"]
@@ -88,7 +88,7 @@ def connect(qp, gid_index, me, peer, mtu, rd_atomic, rnr):
     qp.to_rtr(attr)
     attr.qp_state = e.IBV_QPS_RTS
     attr.sq_psn = PSN[me]
-    attr.timeout, attr.retry_cnt, attr.max_rd_atomic = 14, 7, rd_atomic
+    attr.timeout, attr.retry_cnt, attr.max_rd_atomic = timeout, 7, rd_atomic
     attr.rnr_retry = 1 if rnr else 7  # 7: for ever
     qp.to_rts(attr)
 
@@ -127,7 +127,11 @@ def main(name, gid_index, role, n, mode):
         fail(f"expected the peer's ADDR line, got {words_in}")
     peer = dict(qpn=int(words_in[1]), psn=int(words_in[2]), gid=words_in[3], rkey=int(words_in[4]),
                 addr=int(words_in[5]), atomic_rkey=int(words_in[6]), atomic_addr=int(words_in[7]))
-    connect(qp, gid_index, role, peer, port.active_mtu, rd_atomic, rnr)
+    # 67.1 ms a try (4.096 us << 14), seven retries: ~0.47 s. The atomics run across the
+    # responder's broker restarts, 134.2 ms (<< 15): ~0.94 s, so that a restart slowed by a
+    # loaded ctest -j2 (one took longer than 0.47 s) is not taken for a dead peer.
+    timeout = 15 if mode == "atomics" else 14
+    connect(qp, gid_index, role, peer, port.active_mtu, rd_atomic, rnr, timeout)
 
     if role == "server":
         say("READY")
