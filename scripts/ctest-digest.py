@@ -5,8 +5,8 @@ ctest --output-on-failure prints a failing test's whole output where it ends, wh
 integration test is often a broker log of thousands of lines, and then the summary. A reader who
 sees only the end of a CI run (the last screenful) would get the failed tests' names and never
 what failed. This reads the run's JUnit file (ctest --output-junit) and prints, last, for each
-failed test: its name, then the lines from its first gtest "Failure" (or sanitizer report, or
-timeout) on, cut short.
+failed test: its name, then the lines from its first gtest "Failure" (or sanitizer report) on,
+cut short, or the last lines it printed when it has none (a crash, a timeout).
 
   ctest-digest.py JUNIT.xml [--lines N] [--tests N]
 """
@@ -15,18 +15,22 @@ import re
 import sys
 import xml.etree.ElementTree as ET
 
-# Where a test's story of its failure starts: gtest's "file:line: Failure", a sanitizer's report,
-# a death by signal or timeout as ctest writes it.
-START = re.compile(r": Failure$|^==\d+==ERROR|^WARNING: ThreadSanitizer|runtime error:|"
-                   r"^\[  FAILED  \]|Timeout|Segmentation fault|Aborted")
+# Where a test's story of its failure starts, in order of trust: gtest's "file:line: Failure" or a
+# sanitizer's report; else gtest's "[  FAILED  ]". Nothing looser: a word such as "Timeout" or
+# "Aborted" in a log line printed earlier would hide the real failure. A test killed by a signal
+# or by ctest's timeout prints no marker (ctest says so in its own lines, and the JUnit file
+# carries no message), and the end of what it printed is its story.
+MARKERS = [re.compile(r": Failure$|^==\d+==ERROR|^WARNING: ThreadSanitizer|runtime error:"),
+           re.compile(r"^\[  FAILED  \]")]
 WIDTH = 200
 
 
 def first_failure(out: str, lines: int) -> list:
     text = out.splitlines()
-    for i, line in enumerate(text):
-        if START.search(line):
-            return [l[:WIDTH] for l in text[i:i + lines]]
+    for marker in MARKERS:
+        for i, line in enumerate(text):
+            if marker.search(line):
+                return [l[:WIDTH] for l in text[i:i + lines]]
     return [l[:WIDTH] for l in text[-lines:]]  # no marker: the end of what it printed
 
 
