@@ -133,21 +133,58 @@ Registry &registry() {
 
 constexpr size_t kKeyChars = 16;  // an idempotency key's hex digits
 
+// getpid() is a system call (glibc caches nothing since 2.25), asked before every call and by
+// gone(). The pid is read once and again in a forked child, by a fork handler registered at
+// load; the library's other child handlers never ask for it. A child made without fork() (a raw
+// clone) would keep the parent's pid; such a child cannot use gRPC either.
+std::atomic<pid_t> g_pid{0};  // 0: not read yet
+[[maybe_unused]] const int g_pid_handler =
+    pthread_atfork(nullptr, nullptr, [] { g_pid.store(::getpid(), std::memory_order_relaxed); });
+
 }  // namespace
 
+pid_t processId() {
+    pid_t pid = g_pid.load(std::memory_order_relaxed);
+    if (pid == 0) {
+        pid = ::getpid();
+        g_pid.store(pid, std::memory_order_relaxed);
+    }
+    return pid;
+}
+
 std::string newIdempotencyKey() {
+    // Drawn 32 at a time per thread: a getrandom() per mutating call was a system call on every
+    // call's path (~5 us each on a VM). A forked child draws its own (pool.pid), though a key
+    // only has to differ from its own session's recent keys.
+    struct Pool {
+        uint64_t v[32];
+        size_t left = 0;
+        pid_t pid = 0;
+    };
+    thread_local Pool pool;
     uint64_t v = 0;
     while (v == 0) {
-        if (getrandom(&v, sizeof(v), 0) != static_cast<ssize_t>(sizeof(v))) {
-            // No getrandom (an old kernel, a seccomp filter): a key must only differ from this
-            // session's other recent keys, which time, pid and a counter do.
-            static std::atomic<uint64_t> counter{0};
-            uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-            v = (t * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(getpid()) << 40) ^ ++counter;
+        if (pool.left == 0 || pool.pid != processId()) {
+            pool.pid = processId();
+            pool.left = getrandom(pool.v, sizeof(pool.v), 0) == static_cast<ssize_t>(sizeof(pool.v))
+                            ? std::size(pool.v)
+                            : 0;
         }
+        if (pool.left != 0) {
+            v = pool.v[--pool.left];
+            continue;
+        }
+        // No getrandom (an old kernel, a seccomp filter): a key must only differ from this
+        // session's other recent keys, which time, pid and a counter do.
+        static std::atomic<uint64_t> counter{0};
+        uint64_t t = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+        v = (t * 0x9e3779b97f4a7c15ULL) ^ (static_cast<uint64_t>(processId()) << 40) ^ ++counter;
     }
-    char hex[17];
-    snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(v));
+    static constexpr char kHex[] = "0123456789abcdef";
+    std::string hex(kKeyChars, '0');
+    for (size_t i = kKeyChars; i-- > 0; v >>= 4) {
+        hex[i] = kHex[v & 0xf];
+    }
     return hex;
 }
 
@@ -207,7 +244,7 @@ int Session::open(const Settings &settings, std::unique_ptr<Session> *out) {
 int Session::openOnce(const Settings &settings, std::chrono::steady_clock::time_point deadline,
                       std::unique_ptr<Session> *out, bool *refused) {
     std::unique_ptr<Session> s(new Session);
-    s->pid_ = getpid();
+    s->pid_ = processId();
     s->timeout_ms_ = settings.timeout_ms;
 
     // The fd channel connects first: a refused connection is the cheapest "no broker here"
@@ -475,7 +512,7 @@ void Session::watch(int fd) {
 }
 
 int Session::checkUsable() {
-    if (pid_ != getpid()) {
+    if (pid_ != processId()) {
         return -ENOTCONN;  // an object of the parent used in a forked child
     }
     if (!alive()) {
@@ -736,11 +773,11 @@ void Session::abandonAfterFork() {
 int currentSession(Session **out) {
     Registry &r = registry();
     std::lock_guard lock(r.mu);
-    if (r.current != nullptr && r.current->pid() == getpid() && r.current->alive()) {
+    if (r.current != nullptr && r.current->pid() == processId() && r.current->alive()) {
         *out = r.current;
         return 0;
     }
-    if (r.current != nullptr && r.current->pid() != getpid()) {
+    if (r.current != nullptr && r.current->pid() != processId()) {
         r.current->abandonAfterFork();
     }
     std::unique_ptr<Session> s;

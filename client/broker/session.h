@@ -81,6 +81,8 @@ inline constexpr bool kReadOnlyCall =
 
 // A new idempotency key: 16 lower-case hex digits of a random non-zero 64-bit value.
 std::string newIdempotencyKey();
+// This process's pid, without a system call (kept up to date across fork()).
+pid_t processId();
 
 // Whether a failed call is tried again: UNAVAILABLE (the connection failed or the channel is in
 // transient failure) or CANCELLED (the broker shut down with the call in flight) while the
@@ -111,7 +113,7 @@ class Session {
     bool alive() const { return !dead_.load(std::memory_order_acquire); }
     // True when objects of this session can never be used again from this process (the broker
     // ended it, or this is a forked child holding the parent's objects): free them locally.
-    bool gone() const { return !alive() || pid_ != getpid(); }
+    bool gone() const { return !alive() || pid_ != processId(); }
 
     // One unary call with the session token and a deadline (a mutating call also with a new
     // idempotency key), retried while the broker restarts (retryAfter) until that deadline.

@@ -2,6 +2,8 @@
 // show one by one (tests/integration/client/restart_retry_test.cpp runs them together): which
 // failures are retried, which calls carry a key, and what a key looks like.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <set>
@@ -55,6 +57,34 @@ TEST(SessionRetry, KeysAreSixteenLowerCaseHexDigitsNewPerCall) {
         seen.insert(k);
     }
     EXPECT_EQ(seen.size(), 1000u);
+}
+
+// The pid and the keys are kept in memory (no system call per call): a forked child must see its
+// own pid, and must not draw the keys its parent is about to use.
+TEST(SessionRetry, AForkedChildHasItsOwnPidAndKeys) {
+    const pid_t parent = processId();
+    EXPECT_EQ(parent, ::getpid());
+    (void)newIdempotencyKey();  // the parent's batch of keys, inherited by the child below
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        const bool own_pid = processId() == ::getpid() && processId() != parent;
+        const std::string key = newIdempotencyKey();
+        _exit(own_pid && ::write(fds[1], key.data(), key.size()) == static_cast<ssize_t>(key.size()) ? 0 : 1);
+    }
+    ::close(fds[1]);
+    int status = 0;
+    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the child's processId() was not its own pid";
+    char child_key[16];
+    ASSERT_EQ(::read(fds[0], child_key, sizeof(child_key)), static_cast<ssize_t>(sizeof(child_key)));
+    ::close(fds[0]);
+    EXPECT_NE(std::string(child_key, sizeof(child_key)), newIdempotencyKey())
+        << "the child drew the key its parent drew next";
+    EXPECT_EQ(processId(), parent);
 }
 
 // Which calls carry a key: checked when this test compiles.
