@@ -9,14 +9,6 @@ namespace {
 // Shorter runs cost as much to name as to copy.
 constexpr size_t kMinRun = 4;
 
-void putVarint(uint64_t v, std::string *out) {
-    while (v >= 0x80) {
-        out->push_back(static_cast<char>(v | 0x80));
-        v >>= 7;
-    }
-    out->push_back(static_cast<char>(v));
-}
-
 bool getVarint(std::string_view in, size_t *at, uint64_t *v) {
     *v = 0;
     for (unsigned shift = 0; shift < 64 && *at < in.size(); shift += 7) {
@@ -32,13 +24,36 @@ bool getVarint(std::string_view in, size_t *at, uint64_t *v) {
 }  // namespace
 
 bool encodeZeroRuns(std::string_view raw, std::string *out) {
-    out->clear();
     const char *const p = raw.data();
     const size_t n = raw.size();
+    // Written in place into raw's size, and given up as soon as it would not be shorter: grown
+    // token by token, a ~1 KiB record reallocated several times (a commit encodes every record
+    // it writes, and a mutating call's stored reply).
+    out->resize(n);
+    char *const begin = out->data();
+    char *o = begin;
+    const char *const end_of_room = begin + n;
+    auto put = [&](uint64_t v, const char *bytes, size_t len) {
+        char varint[10];
+        size_t k = 0;
+        for (; v >= 0x80; v >>= 7) {
+            varint[k++] = static_cast<char>(v | 0x80);
+        }
+        varint[k++] = static_cast<char>(v);
+        if (static_cast<size_t>(end_of_room - o) < k + len) {
+            return false;
+        }
+        std::memcpy(o, varint, k);
+        o += k;
+        if (len != 0) {
+            std::memcpy(o, bytes, len);
+            o += len;
+        }
+        return true;
+    };
     size_t literal = 0;  // where the pending literal bytes start
     size_t i = 0;
-    // One pass, at memchr's pace over literal bytes and eight zeros at a time over a run: a
-    // commit encodes every record it writes.
+    // One pass, at memchr's pace over literal bytes and eight zeros at a time over a run.
     while (i < n) {
         const void *zero = std::memchr(p + i, 0, n - i);
         if (zero == nullptr) {
@@ -56,20 +71,22 @@ bool encodeZeroRuns(std::string_view raw, std::string *out) {
             ++end;
         }
         if (end - start >= kMinRun) {
-            if (start > literal) {
-                putVarint(uint64_t{start - literal} << 1, out);
-                out->append(p + literal, start - literal);
+            if (start > literal && !put(uint64_t{start - literal} << 1, p + literal, start - literal)) {
+                return false;
             }
-            putVarint((uint64_t{end - start} << 1) | 1, out);
+            if (!put((uint64_t{end - start} << 1) | 1, nullptr, 0)) {
+                return false;
+            }
             literal = end;
         }
         i = end;
     }
-    if (n > literal) {
-        putVarint(uint64_t{n - literal} << 1, out);
-        out->append(p + literal, n - literal);
+    if (n > literal && !put(uint64_t{n - literal} << 1, p + literal, n - literal)) {
+        return false;
     }
-    return out->size() < n;
+    const auto size = static_cast<size_t>(o - begin);
+    out->resize(size);
+    return size < n;
 }
 
 bool decodeZeroRuns(std::string_view encoded, size_t max_size, std::string *out) {
