@@ -1,9 +1,12 @@
 #include "daemon/core/quota.h"
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <iterator>
 #include <mutex>
+#include <string>
+#include <string_view>
 #include <tuple>
 #include <utility>
 
@@ -39,12 +42,16 @@ struct QuotaCharge::State {
     // The runtime changes since the last configure() (runtimeEdits()).
     std::vector<QuotaEdit> edits;
     // The tenants of live charges, each held once (node addresses are stable).
-    std::map<std::tuple<uid_t, std::string, std::string>, Tenant> tenants;
+    std::map<std::tuple<uid_t, std::string, std::string>, Tenant, std::less<>> tenants;
 
     // Called with mu held.
     Tenant *acquireTenant(const TenantKey &t) {
-        auto [it, inserted] = tenants.try_emplace({t.uid, t.container, t.pod_namespace});
-        if (inserted) {
+        // Found by views first: a container id is up to 64 characters, and the key's copies were
+        // two allocations a charge (every object, every stored reply) for a tenant already here.
+        auto it = tenants.find(
+            std::tuple<uid_t, std::string_view, std::string_view>{t.uid, t.container, t.pod_namespace});
+        if (it == tenants.end()) {
+            it = tenants.try_emplace({t.uid, t.container, t.pod_namespace}).first;
             it->second.key = t;
         }
         ++it->second.charges;
@@ -284,55 +291,55 @@ QuotaManager::~QuotaManager() = default;
 StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
                                             std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
     QuotaValues want{};
+    // The quotas asked for (an object charges one to three): only they are checked, and an
+    // account's name is spelled out only for a refusal, not on every call's path.
+    std::array<uint8_t, kQuotaCount> asked{};
+    size_t n_asked = 0;
     for (auto [q, n] : amounts) {
-        want[static_cast<size_t>(q)] += n;
+        const auto i = static_cast<size_t>(q);
+        if (n != 0 && want[i] == 0) {
+            asked[n_asked++] = static_cast<uint8_t>(i);
+        }
+        want[i] += n;
     }
     std::lock_guard lock(state_->mu);
     QuotaCharge::State &st = *state_;
-    struct Account {
-        const char *scope;
-        std::string name;
-        QuotaValues *used;  // may be null: nothing charged yet
-        QuotaValues limits;
-    };
-    QuotaValues zero{};
-    auto uid_it = st.uid_used.find(tenant.uid);
-    Account accounts[3] = {
-        {"uid", std::to_string(tenant.uid), uid_it == st.uid_used.end() ? &zero : &uid_it->second,
-         st.limits(st.uidOverride(tenant.uid))},
-        {"container", tenant.container, &zero, {}},
-        {"namespace", tenant.pod_namespace, &zero, {}},
-    };
-    size_t n_accounts = 1;
-    if (!tenant.container.empty()) {
-        auto it = st.container_used.find(tenant.container);
-        accounts[n_accounts].used = it == st.container_used.end() ? &zero : &it->second;
-        accounts[n_accounts].limits = st.limits(st.containerOverride(tenant.container));
-        ++n_accounts;
-    }
-    if (!tenant.pod_namespace.empty()) {
-        auto it = st.namespace_used.find(tenant.pod_namespace);
-        accounts[n_accounts] = {"namespace", tenant.pod_namespace,
-                                it == st.namespace_used.end() ? &zero : &it->second,
-                                st.namespaceLimits(tenant.pod_namespace)};
-        ++n_accounts;
-    }
-    for (size_t a = 0; a < n_accounts; ++a) {
-        const Account &acc = accounts[a];
-        for (size_t i = 0; i < kQuotaCount; ++i) {
-            if (want[i] == 0) {
-                continue;
-            }
-            uint64_t used = (*acc.used)[i];
-            uint64_t lim = acc.limits[i];
+    enum class Scope { kUid, kContainer, kNamespace };
+    auto check = [&](Scope scope, const QuotaValues *used, auto limit_of) -> Status {
+        for (size_t k = 0; k < n_asked; ++k) {
+            const size_t i = asked[k];
+            const uint64_t in_use = used != nullptr ? (*used)[i] : 0;
+            const uint64_t lim = limit_of(i);
             // used <= lim always holds for charges made here, but a lowered limit can be below it.
-            if (used > lim || want[i] > lim - used) {
+            if (in_use > lim || want[i] > lim - in_use) {
+                const std::string account = scope == Scope::kUid ? "uid " + std::to_string(tenant.uid)
+                                            : scope == Scope::kContainer
+                                                ? "container " + tenant.container
+                                                : "namespace " + tenant.pod_namespace;
                 return Status(Code::kResourceExhausted, EDQUOT,
-                              std::string("quota '") + kNames[i] + "' exceeded for " + acc.scope + " " +
-                                  acc.name + ": limit " + limitText(lim) + ", in use " +
-                                  std::to_string(used) + ", asked " + std::to_string(want[i]));
+                              std::string("quota '") + kNames[i] + "' exceeded for " + account + ": limit " +
+                                  limitText(lim) + ", in use " + std::to_string(in_use) + ", asked " +
+                                  std::to_string(want[i]));
             }
         }
+        return Status::ok();
+    };
+    auto usedIn = [](const auto &map, const auto &key) -> const QuotaValues * {
+        auto it = map.find(key);
+        return it == map.end() ? nullptr : &it->second;
+    };
+    const QuotaOverride *uid_override = st.uidOverride(tenant.uid);
+    RETURN_IF_ERROR(check(Scope::kUid, usedIn(st.uid_used, tenant.uid),
+                          [&](size_t i) { return st.limit(uid_override, i); }));
+    if (!tenant.container.empty()) {
+        const QuotaOverride *o = st.containerOverride(tenant.container);
+        RETURN_IF_ERROR(check(Scope::kContainer, usedIn(st.container_used, tenant.container),
+                              [&](size_t i) { return st.limit(o, i); }));
+    }
+    if (!tenant.pod_namespace.empty()) {
+        const QuotaValues limits = st.namespaceLimits(tenant.pod_namespace);
+        RETURN_IF_ERROR(check(Scope::kNamespace, usedIn(st.namespace_used, tenant.pod_namespace),
+                              [&](size_t i) { return limits[i]; }));
     }
     return chargeLocked(st, tenant, want);
 }
