@@ -395,11 +395,14 @@ Status Broker::checkRoom(const Session &s) {
                                  " objects, the limit");
     }
     // One byte more of restart state must fit: at the limit, what the state holds stays and
-    // nothing new is made. The probe's charge is given back at once.
-    auto probe = reserve(s.identity(), s.id(), {{Quota::kStateBytes, 1}});
+    // nothing new is made. A probe: nothing is charged.
+    Status probe = quotas_.check(tenantOf(s.identity()), {{Quota::kStateBytes, 1}});
     if (!probe.isOk()) {
-        return Status(probe.status().code(), probe.status().errnoValue(),
-                      probe.status().message() + " (restart state: end objects or sessions to make room)");
+        if (probe.code() == Code::kResourceExhausted && events_ != nullptr) {
+            events_->quotaDenied(s.identity(), s.id(), probe.message());
+        }
+        return Status(probe.code(), probe.errnoValue(),
+                      probe.message() + " (restart state: end objects or sessions to make room)");
     }
     return Status::ok();
 }
@@ -408,9 +411,9 @@ void Broker::chargeStateBytes(Session &s, uint64_t bytes) {
     if (s.state_quota_.amount(Quota::kStateBytes) == bytes) {
         return;
     }
-    QuotaValues v{};
-    v[static_cast<size_t>(Quota::kStateBytes)] = bytes;
-    s.state_quota_ = quotas_.restore(tenantOf(s.identity()), v);
+    // In place, after every commit: a new charge each time cost a tenant lookup, a charge and a
+    // release of the old one.
+    quotas_.resize(s.state_quota_, tenantOf(s.identity()), Quota::kStateBytes, bytes);
 }
 
 StatusOr<Object *> Broker::find(Session &s, uint64_t handle, ObjectKind kind) {

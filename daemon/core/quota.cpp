@@ -290,7 +290,23 @@ QuotaManager::~QuotaManager() = default;
 
 StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
                                             std::initializer_list<std::pair<Quota, uint64_t>> amounts) {
+    std::lock_guard lock(state_->mu);
     QuotaValues want{};
+    RETURN_IF_ERROR(checkLocked(*state_, tenant, amounts, &want));
+    return chargeLocked(*state_, tenant, want);
+}
+
+Status QuotaManager::check(const TenantKey &tenant,
+                           std::initializer_list<std::pair<Quota, uint64_t>> amounts) const {
+    std::lock_guard lock(state_->mu);
+    QuotaValues want{};
+    return checkLocked(*state_, tenant, amounts, &want);
+}
+
+Status QuotaManager::checkLocked(const QuotaCharge::State &st, const TenantKey &tenant,
+                                 std::initializer_list<std::pair<Quota, uint64_t>> amounts,
+                                 QuotaValues *want_out) const {
+    QuotaValues &want = *want_out;
     // The quotas asked for (an object charges one to three): only they are checked, and an
     // account's name is spelled out only for a refusal, not on every call's path.
     std::array<uint8_t, kQuotaCount> asked{};
@@ -302,8 +318,6 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
         }
         want[i] += n;
     }
-    std::lock_guard lock(state_->mu);
-    QuotaCharge::State &st = *state_;
     enum class Scope { kUid, kContainer, kNamespace };
     auto check = [&](Scope scope, const QuotaValues *used, auto limit_of) -> Status {
         for (size_t k = 0; k < n_asked; ++k) {
@@ -341,12 +355,43 @@ StatusOr<QuotaCharge> QuotaManager::reserve(const TenantKey &tenant,
         RETURN_IF_ERROR(check(Scope::kNamespace, usedIn(st.namespace_used, tenant.pod_namespace),
                               [&](size_t i) { return limits[i]; }));
     }
-    return chargeLocked(st, tenant, want);
+    return Status::ok();
 }
 
 QuotaCharge QuotaManager::restore(const TenantKey &tenant, const QuotaValues &amounts) {
     std::lock_guard lock(state_->mu);
     return chargeLocked(*state_, tenant, amounts);
+}
+
+void QuotaManager::resize(QuotaCharge &charge, const TenantKey &tenant, Quota q, uint64_t amount) {
+    const auto i = static_cast<size_t>(q);
+    QuotaValues now = charge.amounts();
+    const uint64_t had = now[i];
+    if (had == amount) {
+        return;
+    }
+    now[i] = amount;
+    const bool same_tenant = charge.tenant_ != nullptr && charge.tenant_->state == state_ &&
+                             charge.tenant_->key.uid == tenant.uid &&
+                             charge.tenant_->key.container == tenant.container &&
+                             charge.tenant_->key.pod_namespace == tenant.pod_namespace;
+    if (!same_tenant || had == 0 || amount == 0) {
+        charge = restore(tenant, now);  // gives the old charge back
+        return;
+    }
+    charge.setAmounts(now);  // may throw (a spill) before any account changed
+    // Every account of the tenant holds at least `had` of q (this charge's), so each is there and
+    // none reaches zero in q: no account is made or dropped.
+    std::lock_guard lock(state_->mu);
+    QuotaCharge::State &st = *state_;
+    auto adjust = [&](QuotaValues &used) { used[i] = used[i] - had + amount; };
+    adjust(st.uid_used.find(tenant.uid)->second);
+    if (!tenant.container.empty()) {
+        adjust(st.container_used.find(tenant.container)->second);
+    }
+    if (!tenant.pod_namespace.empty()) {
+        adjust(st.namespace_used.find(tenant.pod_namespace)->second);
+    }
 }
 
 QuotaCharge QuotaManager::chargeLocked(QuotaCharge::State &st, const TenantKey &tenant,

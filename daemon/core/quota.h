@@ -182,6 +182,14 @@ class QuotaManager {
     // charged and RESOURCE_EXHAUSTED names the quota, the account, the limit and the usage.
     StatusOr<QuotaCharge> reserve(const TenantKey &tenant,
                                   std::initializer_list<std::pair<Quota, uint64_t>> amounts);
+    // What reserve() would answer, charging nothing: a probe for room (every mutating call asks
+    // whether one more byte of restart state fits).
+    Status check(const TenantKey &tenant, std::initializer_list<std::pair<Quota, uint64_t>> amounts) const;
+    // Sets what charge holds of q to amount, without checking limits (as restore()): a charge
+    // that follows a size (a session's restart state, after every commit). In place when
+    // charge already holds some of q for tenant and amount is not 0; otherwise charge is
+    // replaced by a new one.
+    void resize(QuotaCharge &charge, const TenantKey &tenant, Quota q, uint64_t amount);
 
     // A restored charge (broker restart, docs/restart.md): what the tenant held before, charged
     // again without checking limits (it was admitted once; a limit lowered since only refuses
@@ -214,6 +222,9 @@ class QuotaManager {
     void configure(QuotaConfig config);
 
   private:
+    // reserve()'s limits check; the caller holds st.mu.
+    Status checkLocked(const QuotaCharge::State &st, const TenantKey &tenant,
+                       std::initializer_list<std::pair<Quota, uint64_t>> amounts, QuotaValues *want) const;
     // Adds want to the tenant's accounts; the caller holds st.mu and checked the limits.
     QuotaCharge chargeLocked(QuotaCharge::State &st, const TenantKey &tenant, const QuotaValues &want);
 

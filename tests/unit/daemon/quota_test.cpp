@@ -54,6 +54,45 @@ TEST(QuotaManager, LimitsAndReleases) {
     EXPECT_TRUE(m.snapshot().uids.empty());
 }
 
+// check() answers as reserve() would and charges nothing; resize() follows a size (a session's
+// restart state) in every account of the tenant, in place, and to nothing.
+TEST(QuotaManager, ACheckChargesNothingAndAResizeFollowsTheSizeInEveryAccount) {
+    QuotaConfig cfg;
+    cfg.defaults[idx(Quota::kStateBytes)] = 100;
+    QuotaManager m(cfg);
+    TenantKey t{1000, "c1", "ns1"};
+    EXPECT_TRUE(m.check(t, {{Quota::kStateBytes, 100}}).isOk());
+    Status over = m.check(t, {{Quota::kStateBytes, 101}});
+    EXPECT_EQ(over.code(), Code::kResourceExhausted);
+    EXPECT_NE(
+        over.message().find("quota 'state_bytes' exceeded for uid 1000: limit 100, in use 0, asked 101"),
+        std::string::npos)
+        << over.message();
+    EXPECT_TRUE(m.snapshot().uids.empty()) << "a check charged something";
+
+    QuotaCharge state;
+    auto held = [&](QuotaScope scope, const std::string &name) {
+        return m.usage(scope, 1000, name)[idx(Quota::kStateBytes)];
+    };
+    for (uint64_t bytes : {40u, 90u, 10u, 10u, 150u}) {  // past the limit too: like restore(), unchecked
+        m.resize(state, t, Quota::kStateBytes, bytes);
+        EXPECT_EQ(state.amount(Quota::kStateBytes), bytes);
+        EXPECT_EQ(held(QuotaScope::kUid, ""), bytes);
+        EXPECT_EQ(held(QuotaScope::kContainer, "c1"), bytes);
+        EXPECT_EQ(held(QuotaScope::kNamespace, "ns1"), bytes);
+    }
+    auto other = m.reserve(t, {{Quota::kQps, 1}});
+    ASSERT_TRUE(other.isOk());
+    m.resize(state, t, Quota::kStateBytes, 0);
+    EXPECT_TRUE(state.empty());
+    EXPECT_EQ(held(QuotaScope::kUid, ""), 0u);
+    EXPECT_EQ(m.usage(QuotaScope::kUid, 1000)[idx(Quota::kQps)], 1u) << "another charge of the tenant";
+    other->release();
+    QuotaSnapshot s = m.snapshot();
+    EXPECT_TRUE(s.uids.empty());
+    EXPECT_TRUE(s.containers.empty());
+}
+
 TEST(QuotaManager, AllOrNothingAcrossQuotasAndAccounts) {
     QuotaConfig cfg;
     cfg.defaults[idx(Quota::kMrBytes)] = 100;
