@@ -5,6 +5,7 @@
 #include <array>
 #include <string>
 
+#include "daemon/edge/arena_messages.h"
 #include "daemon/edge/convert.h"
 #include "daemon/edge/grpc_status.h"
 
@@ -155,7 +156,35 @@ BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, Rp
       connections_(connections),
       stats_(stats),
       listener_(listener),
-      blocking_(blocking.threads, blocking.max_queued) {}
+      blocking_(blocking.threads, blocking.max_queued) {
+    // Every method's request and response on one arena (daemon/edge/arena_messages.h).
+    useArenaMessagesFor(
+        this, &BrokerService::SetMessageAllocatorFor_Hello,
+        &BrokerService::SetMessageAllocatorFor_ListDevices,
+        &BrokerService::SetMessageAllocatorFor_OpenContext,
+        &BrokerService::SetMessageAllocatorFor_CloseContext,
+        &BrokerService::SetMessageAllocatorFor_QueryDevice,
+        &BrokerService::SetMessageAllocatorFor_QueryDeviceAttr,
+        &BrokerService::SetMessageAllocatorFor_QueryPort,
+        &BrokerService::SetMessageAllocatorFor_SetAsyncEventFd,
+        &BrokerService::SetMessageAllocatorFor_AllocPd, &BrokerService::SetMessageAllocatorFor_DeallocPd,
+        &BrokerService::SetMessageAllocatorFor_OpenXrcd, &BrokerService::SetMessageAllocatorFor_CloseXrcd,
+        &BrokerService::SetMessageAllocatorFor_AllocMw, &BrokerService::SetMessageAllocatorFor_DeallocMw,
+        &BrokerService::SetMessageAllocatorFor_AttachMcast,
+        &BrokerService::SetMessageAllocatorFor_DetachMcast, &BrokerService::SetMessageAllocatorFor_AllocDm,
+        &BrokerService::SetMessageAllocatorFor_FreeDm, &BrokerService::SetMessageAllocatorFor_RegDmMr,
+        &BrokerService::SetMessageAllocatorFor_RegMr, &BrokerService::SetMessageAllocatorFor_ReregMr,
+        &BrokerService::SetMessageAllocatorFor_DeregMr, &BrokerService::SetMessageAllocatorFor_CreateCq,
+        &BrokerService::SetMessageAllocatorFor_DestroyCq, &BrokerService::SetMessageAllocatorFor_CreateQp,
+        &BrokerService::SetMessageAllocatorFor_OpenQp, &BrokerService::SetMessageAllocatorFor_DestroyQp,
+        &BrokerService::SetMessageAllocatorFor_CreateSrq, &BrokerService::SetMessageAllocatorFor_DestroySrq,
+        &BrokerService::SetMessageAllocatorFor_CreateAh, &BrokerService::SetMessageAllocatorFor_DestroyAh,
+        &BrokerService::SetMessageAllocatorFor_ResizeCq, &BrokerService::SetMessageAllocatorFor_ModifyQp,
+        &BrokerService::SetMessageAllocatorFor_QueryQp, &BrokerService::SetMessageAllocatorFor_ModifyQpExtend,
+        &BrokerService::SetMessageAllocatorFor_QueryQpExtend,
+        &BrokerService::SetMessageAllocatorFor_QueryQpSupportedHyroceFeature,
+        &BrokerService::SetMessageAllocatorFor_NegoQpHyroceFeature);
+}
 
 StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServerContext *ctx) {
     auto peer = connections_.lookup(ctx->peer());
