@@ -451,6 +451,8 @@ MemoryState MappingManager::exportChanges(SessionMemory &mem, const std::map<Reg
 MemoryState MappingManager::exportLocked(const SessionMemory &mem,
                                          const std::map<RegionId, uint64_t> *known) {
     MemoryState out;
+    out.chunks.reserve(mem.chunks_.size());  // every commit exports: no growth by doubling
+    out.doorbells.reserve(mem.doorbells_.size());
     for (const auto &c : mem.chunks_) {
         ChunkState cs;
         cs.id = c->id;
@@ -464,6 +466,7 @@ MemoryState MappingManager::exportLocked(const SessionMemory &mem,
             cs.unchanged = true;
         } else if (known != nullptr && it != known->end() && it->second >= c->journal_base) {
             cs.delta = true;
+            cs.changes.reserve(c->journal.size());
             for (const auto &j : c->journal) {
                 if (j.version > it->second) {
                     cs.changes.push_back(j.change);

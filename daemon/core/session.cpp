@@ -239,6 +239,13 @@ SessionChanges Session::takeChanges() {
     return std::exchange(changes_, {});
 }
 
+void Session::takeChanges(SessionChanges *into) {
+    into->touched.clear();
+    into->erased.clear();
+    into->parents.clear();
+    std::swap(*into, changes_);
+}
+
 void Session::addReply(StoredReply reply, QuotaCharge quota) {
     PackedReply packed = pack(reply);
     packed.quota = std::move(quota);

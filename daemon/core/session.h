@@ -160,6 +160,9 @@ class Session {
     std::vector<const Object *> objectsParentsFirst() const;
     // With mu_ held: what changed since the last call (the restart layer's commit).
     SessionChanges takeChanges();
+    // The same into *into, whose vectors are cleared and handed back to the session: a commit
+    // that keeps one SessionChanges allocates none of these vectors again.
+    void takeChanges(SessionChanges *into);
 
   private:
     friend class Broker;

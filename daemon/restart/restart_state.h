@@ -156,6 +156,8 @@ class RestartState {
         // and every append since succeeded): a compaction copies those records. Cleared by a
         // failed write and for the handover, whose image exports every object anew.
         bool placed = false;
+        // The last commit's changes, kept for their vectors (Session::takeChanges(into)).
+        SessionChanges changes;
     };
     using NamedFds = std::vector<std::pair<std::string, int>>;
     using Records = std::vector<StateFile::Record>;
