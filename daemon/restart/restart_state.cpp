@@ -731,14 +731,18 @@ void RestartState::logRegions(uint64_t id, SessionEntry &e, const std::vector<St
             continue;
         }
         records.emplace_back(Log::type(r), Log::record(id, r));
-        storeAdd(e, Log::name(id, r.id), r.fd);
+        if (store_.enabled()) {
+            storeAdd(e, Log::name(id, r.id), r.fd);
+        }
         logged[r.id] = Log::logged(r);
     }
     std::sort(live.begin(), live.end());
     for (auto it = logged.begin(); it != logged.end();) {
         if (!std::binary_search(live.begin(), live.end(), it->first)) {
             records.emplace_back(Log::kDel, u64Payload(it->first));
-            storeRemovePrefix(e, Log::name(id, it->first));
+            if (store_.enabled()) {
+                storeRemovePrefix(e, Log::name(id, it->first));
+            }
             it = logged.erase(it);
         } else {
             ++it;
@@ -751,9 +755,11 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
     const uint64_t id = s.id();
     for (uint64_t h : changes.erased) {
         records.emplace_back(kObjectDel, u64Payload(h));
-        storeRemovePrefix(e, mrName(id, h));
-        storeRemovePrefix(e, xrcdFileName(id, h));
-        storeRemovePrefix(e, driverFdsPrefix(id, h));
+        if (store_.enabled()) {  // without the fd store nothing is stored under these names
+            storeRemovePrefix(e, mrName(id, h));
+            storeRemovePrefix(e, xrcdFileName(id, h));
+            storeRemovePrefix(e, driverFdsPrefix(id, h));
+        }
     }
     std::set<uint64_t> seen;
     for (uint64_t h : changes.touched) {
@@ -763,8 +769,10 @@ void RestartState::logObjects(Session &s, SessionEntry &e, const SessionChanges 
         }
         objects->emplace_back(records.size(), obj);
         records.emplace_back(kObjectPut, objectRecord(id, obj));
-        for (const auto &[name, fd] : objectFds(id, *obj)) {
-            storeAdd(e, name, fd);
+        if (store_.enabled()) {
+            for (const auto &[name, fd] : objectFds(id, *obj)) {
+                storeAdd(e, name, fd);
+            }
         }
         // Logged: should the append fail, the next commit writes an image, which exports it again.
         broker_.releaseLoggedState(s, h);

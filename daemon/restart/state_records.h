@@ -48,10 +48,15 @@ inline uint64_t nowUnixMs() {
                                      .count());
 }
 
+// 16 lower-case hex digits. By hand: the fd store's names are built on a commit's path, and
+// snprintf was ~500 instructions of a mutating call.
 inline std::string hex(uint64_t v) {
-    char buf[17];
-    snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-    return buf;
+    static constexpr char kDigits[] = "0123456789abcdef";
+    std::string out(16, '0');
+    for (size_t i = 16; i-- > 0; v >>= 4) {
+        out[i] = kDigits[v & 0xf];
+    }
+    return out;
 }
 
 inline constexpr const char *kGlobalName = "ibvx.global";
