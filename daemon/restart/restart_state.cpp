@@ -5,10 +5,12 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <google/protobuf/arena.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -59,13 +61,25 @@ std::string serialized(const Msg &m) {
     return out;
 }
 
+// A record's message on an arena whose first block is on the caller's stack: a QP's record holds
+// its ~1 KiB driver blob, strings and repeated fields, each otherwise an allocation of its own,
+// made and freed again on every commit.
+template <typename Msg>
+struct OnStack {
+    alignas(std::max_align_t) char block[4096];
+    google::protobuf::Arena arena{block, sizeof(block)};
+    Msg &msg = *google::protobuf::Arena::CreateMessage<Msg>(&arena);
+};
+
 std::string objectRecord(uint64_t id, const Object *obj) {
-    rpb::Object out;
+    OnStack<rpb::Object> record;
+    rpb::Object &out = record.msg;
     out.set_handle(obj->handle);
     out.set_kind(static_cast<uint32_t>(obj->kind));
     for (Object *u : obj->uses) {
         out.add_uses(u->handle);
     }
+    out.mutable_quota()->Reserve(static_cast<int>(kQuotaCount));
     for (size_t q = 0; q < kQuotaCount; ++q) {
         out.add_quota(obj->quota.amount(static_cast<Quota>(q)));
     }
@@ -131,7 +145,8 @@ std::string objectRecord(uint64_t id, const Object *obj) {
 }
 
 std::string chunkRecord(uint64_t id, const ChunkState &c) {
-    rpb::Chunk out;
+    OnStack<rpb::Chunk> record;
+    rpb::Chunk &out = record.msg;
     out.set_region(c.id);
     out.set_fd(chunkName(id, c.id));
     out.set_size(c.size);
@@ -148,7 +163,8 @@ std::string chunkRecord(uint64_t id, const ChunkState &c) {
 // What changed in a chunk the log holds (ChunkState::delta): O(the call's changes), where the
 // chunk's whole record is O(the queues in it).
 std::string chunkDeltaRecord(const ChunkState &c) {
-    rpb::ChunkDelta out;
+    OnStack<rpb::ChunkDelta> record;
+    rpb::ChunkDelta &out = record.msg;
     out.set_region(c.id);
     out.set_sent(c.sent);
     for (const BlockChange &b : c.changes) {
@@ -161,7 +177,8 @@ std::string chunkDeltaRecord(const ChunkState &c) {
 }
 
 std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
-    rpb::Doorbell out;
+    OnStack<rpb::Doorbell> record;
+    rpb::Doorbell &out = record.msg;
     out.set_region(d.id);
     out.set_fd(doorbellName(id, d.id));
     out.set_fd_offset(d.fd_offset);
@@ -175,7 +192,8 @@ std::string doorbellRecord(uint64_t id, const DoorbellState &d) {
 // retired: keys whose replies the tenant retired since the last record that carried any (a
 // replay drops them before it keeps this one).
 std::string replyRecord(const StoredReplyView &r, const std::vector<uint64_t> &retired = {}) {
-    rpb::Reply out;
+    OnStack<rpb::Reply> record;
+    rpb::Reply &out = record.msg;
     out.set_key(r.key);
     out.mutable_retired()->Add(retired.begin(), retired.end());
     out.set_method(r.method.data(), r.method.size());
