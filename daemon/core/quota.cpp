@@ -384,7 +384,7 @@ void QuotaManager::resize(QuotaCharge &charge, const TenantKey &tenant, Quota q,
     // none reaches zero in q: no account is made or dropped.
     std::lock_guard lock(state_->mu);
     QuotaCharge::State &st = *state_;
-    auto adjust = [&](QuotaValues &used) { used[i] = used[i] - had + amount; };
+    auto adjust = [&](QuotaValues &used) { used[i] = used[i] - std::min(used[i], had) + amount; };
     adjust(st.uid_used.find(tenant.uid)->second);
     if (!tenant.container.empty()) {
         adjust(st.container_used.find(tenant.container)->second);

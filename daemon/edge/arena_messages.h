@@ -9,6 +9,7 @@
 #include <google/protobuf/arena.h>
 #include <grpcpp/support/message_allocator.h>
 
+#include <cstddef>
 #include <type_traits>
 
 namespace ibvx::daemon {
