@@ -56,6 +56,25 @@ function(ibvx_generated_code)
   endif()
 endfunction()
 
+# Hardened as Debian builds its packages (dpkg-buildflags with hardening=+all): the broker is
+# root-capable and its engine parses memory tenants write, so a stack overrun must trap, not
+# return to an address a tenant chose (docs/security.md); tests/compat/hardening checks every
+# installed binary with hardening-check. _FORTIFY_SOURCE needs optimisation and conflicts with
+# the sanitizers' interceptors, so those builds leave it out.
+add_compile_options(-fstack-protector-strong -fstack-clash-protection)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "^(x86_64|AMD64|i.86)$")
+  add_compile_options(-fcf-protection)
+elseif(CMAKE_SYSTEM_PROCESSOR MATCHES "^(aarch64|arm64)$")
+  add_compile_options(-mbranch-protection=standard)
+endif()
+if(NOT IBVX_ASAN AND NOT IBVX_TSAN AND NOT IBVX_FUZZ)
+  add_compile_options($<$<NOT:$<CONFIG:Debug>>:-D_FORTIFY_SOURCE=2>)
+endif()
+add_link_options(-Wl,-z,relro -Wl,-z,now)
+include(CheckPIESupported)
+check_pie_supported()
+set(CMAKE_POSITION_INDEPENDENT_CODE ON)
+
 # Programs are linked by lld where it is (scripts/install-deps.sh installs it): it links
 # ibv-extendd in a quarter of GNU ld's time (0.6 s against 2.5 s), and a build links some 140
 # programs, most of them tests. Shared libraries stay with GNU ld: lld 14 writes a version

@@ -40,6 +40,8 @@ PACKAGES=(
   # RoCEv2 on the wire (softnda SPEC.md §18): decoders we did not write check what softnda sends
   # (Wireshark's dissector through tshark, scapy's RoCE layer for the ICRC), tcpdump captures
   tshark tcpdump python3-scapy
+  # hardening-check: every installed binary carries Debian's hardening flags (tests/compat/hardening)
+  devscripts file
 )
 
 # The libraries the build links (and the tests load) for aarch64; header-only Architecture: all

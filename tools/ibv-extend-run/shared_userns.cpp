@@ -104,14 +104,14 @@ int openHolderNs(pid_t pid) {
     }
     ::prctl(PR_SET_NAME, kHolderName);
     ::setsid();
-    (void)::chdir("/");
+    (void)!::chdir("/");
     const uid_t uid = ::getuid();
     const gid_t gid = ::getgid();
     if (::unshare(CLONE_NEWUSER) < 0 || !writeFile("/proc/self/setgroups", "deny") ||
         !writeFile("/proc/self/uid_map", std::to_string(uid) + " " + std::to_string(uid) + " 1") ||
         !writeFile("/proc/self/gid_map", std::to_string(gid) + " " + std::to_string(gid) + " 1")) {
         int err = -errno;
-        (void)::write(ready, &err, sizeof(err));
+        (void)!::write(ready, &err, sizeof(err));
         ::_exit(1);
     }
     const std::string holder_file = dir + "/holder";
