@@ -53,6 +53,10 @@ enum softnda_opcode {
     SOFTNDA_OP_SEND_WITH_INV = 10,
 };
 
+static inline uint32_t softnda_min_u32(uint32_t a, uint32_t b) {
+    return a < b ? a : b;
+}
+
 /* The completion opcode (enum ibv_wc_opcode) of a send WQE's opcode: what a CQE for it carries,
  * success or error, flushed ones included (SPEC.md §3). */
 static inline uint8_t softnda_send_wc_opcode(uint8_t op) {
@@ -110,6 +114,10 @@ enum softnda_cqe_flags {
 #define SOFTNDA_XRC_SEG_SIZE 16u
 #define SOFTNDA_RECV_HEADER_SIZE 16u
 #define SOFTNDA_SGE_SIZE 16u
+/* The most SGEs and inline bytes one WQE carries, whatever its entry's room (SPEC.md §2). */
+#define SOFTNDA_MAX_SGE 29u
+#define SOFTNDA_MAX_INLINE 464u
+
 #define SOFTNDA_CQE_SIZE 32u
 #define SOFTNDA_CQE_TS_SIZE 64u   /* a CQ with completion timestamps (SPEC.md §15) */
 #define SOFTNDA_DBR_CI_OFFSET 64u /* dbr_ci_va - dbr_pi_va inside a doorbell record */
@@ -240,8 +248,9 @@ static inline int softnda_sq_init(struct softnda_sq *sq, const struct queue_info
     sq->pi = __atomic_load_n(sq->dbr_pi, __ATOMIC_ACQUIRE);
     sq->ci_cached = __atomic_load_n(sq->dbr_ci, __ATOMIC_ACQUIRE);
     sq->data_offset = SOFTNDA_WQE_HEADER_SIZE;
-    sq->max_sge = (sq->entry_size - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
-    sq->max_inline = sq->entry_size - SOFTNDA_WQE_HEADER_SIZE;
+    sq->max_sge =
+        softnda_min_u32((sq->entry_size - SOFTNDA_WQE_HEADER_SIZE) / SOFTNDA_SGE_SIZE, SOFTNDA_MAX_SGE);
+    sq->max_inline = softnda_min_u32(sq->entry_size - SOFTNDA_WQE_HEADER_SIZE, SOFTNDA_MAX_INLINE);
     return softnda_doorbell_init(&sq->db, &qi->db_hw_va);
 }
 
@@ -255,8 +264,8 @@ static inline int softnda_sq_init_xrc(struct softnda_sq *sq, const struct queue_
         return -EINVAL;
     }
     sq->data_offset = SOFTNDA_WQE_HEADER_SIZE + SOFTNDA_XRC_SEG_SIZE;
-    sq->max_sge = (sq->entry_size - sq->data_offset) / SOFTNDA_SGE_SIZE;
-    sq->max_inline = sq->entry_size - sq->data_offset;
+    sq->max_sge = softnda_min_u32((sq->entry_size - sq->data_offset) / SOFTNDA_SGE_SIZE, SOFTNDA_MAX_SGE);
+    sq->max_inline = softnda_min_u32(sq->entry_size - sq->data_offset, SOFTNDA_MAX_INLINE);
     return 0;
 }
 
@@ -409,7 +418,8 @@ static inline int softnda_rq_init(struct softnda_rq *rq, const struct queue_info
     rq->dbr_ci = (uint32_t *)qi->dbr_ci_va.iov_base;
     rq->pi = __atomic_load_n(rq->dbr_pi, __ATOMIC_ACQUIRE);
     rq->ci_cached = __atomic_load_n(rq->dbr_ci, __ATOMIC_ACQUIRE);
-    rq->max_sge = (rq->entry_size - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+    rq->max_sge =
+        softnda_min_u32((rq->entry_size - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE, SOFTNDA_MAX_SGE);
     return softnda_doorbell_init(&rq->db, &qi->db_hw_va);
 }
 

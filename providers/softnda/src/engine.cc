@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "common/event_signal.h"
 #include "common/fd_kind.h"
 #include "providers/softnda/src/engine_thread.h"
 #include "providers/softnda/src/netdev.h"
@@ -20,7 +21,16 @@
 namespace softnda {
 namespace {
 
-constexpr uint32_t kMaxWqesPerVisit = 1024;   // fairness between queues of one thread
+constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
+// The engine is scheduled by bytes, not only by WQEs: a tenant's WQE may move 29 SGEs of 64 MiB,
+// so a visit to one SQ ends once it has moved kMaxBytesPerVisit (after at least one WQE), and a
+// pass takes no new WQE once kMaxBytesPerPass have moved in it or a control operation waits for
+// the device gate. What is left is marked rung and taken on the next pass, after every other
+// queue's turn and after the waiting control operation. A WQE also costs kWqeCost bytes, so a
+// ring of empty ones is bounded the same way.
+constexpr uint64_t kMaxBytesPerVisit = 1u << 20;
+constexpr uint64_t kMaxBytesPerPass = 8u << 20;
+constexpr uint64_t kWqeCost = 64;
 constexpr uint64_t kRnrIntervalNs = 100'000;  // how often the engine sleeps while RNR waits
 // The RNR NAK timer of each min_rnr_timer code (IBA table 45), in 10 us units: 0 is 655.36 ms.
 constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
@@ -114,7 +124,8 @@ const ibv_gid &groupGid(const Qp &qp, uint16_t lid) {
 }  // namespace
 
 // The head WQE of sq (or the one at index), copied out of the ring once (only what its SGE count
-// or inline length says, bounded by the stride).
+// or inline length says, bounded by the stride and by the copy's own arrays: an XRC initiator's
+// 1 KiB entry has room for 960 inline bytes or 60 SGEs, which gatherLocal then refuses).
 void fetchWqe(const Qp &qp, WqeCopy *w) {
     fetchWqeAt(qp, qp.sq.ci_local, w);
 }
@@ -130,11 +141,11 @@ void fetchWqeAt(const Qp &qp, uint32_t index, WqeCopy *w) {
     }
     if (w->hdr.flags & SOFTNDA_WQE_INLINE) {
         std::memcpy(w->inline_data, slot + qp.wqe_data,
-                    std::min<uint32_t>(w->hdr.inline_len, sq.stride - qp.wqe_data));
+                    std::min<uint32_t>({w->hdr.inline_len, sq.stride - qp.wqe_data, kEngineMaxInline}));
     } else {
-        std::memcpy(
-            w->sge, slot + qp.wqe_data,
-            std::min<uint32_t>(w->hdr.num_sge, sendSgeCap(sq.stride, qp.wqe_data)) * sizeof(softnda_sge));
+        std::memcpy(w->sge, slot + qp.wqe_data,
+                    std::min<uint32_t>({w->hdr.num_sge, sendSgeCap(sq.stride, qp.wqe_data), kEngineMaxSge}) *
+                        sizeof(softnda_sge));
     }
 }
 
@@ -310,13 +321,8 @@ bool haveFutexWaitv() {
 }
 
 void signalEventFd(int fd) {
-    if (fd < 0) {
-        return;
-    }
-    uint64_t one = 1;
-    if (::write(fd, &one, sizeof(one)) < 0) {
-        // EAGAIN: the counter is at its maximum, so the consumer is woken anyway.
-    }
+    // A tenant's descriptor: never a write that can block the engine (common/event_signal.h).
+    (void)ibvx::signalEventFd(fd);
 }
 
 int swapEventFd(Device *dev, int *slot, int fd) {
@@ -520,6 +526,7 @@ bool Engine::Thread::takeRings(DbPage *page) {
 // passes (SPEC.md §7).
 bool Engine::Thread::pass() {
     bump(ctr_.passes);
+    pass_bytes_ = 0;
     bool did = false;
     uint64_t every = kFullScanEvery * std::max<uint64_t>(1, pages_.size() / std::max<size_t>(1, hot_.size()));
     if (full_scan_due_ || ++pass_no_ % every == 0) {
@@ -687,6 +694,9 @@ Qp *Engine::Thread::peerOf(Qp *qp) {
 
 bool Engine::Thread::checkLocal(const Pd *pd, const softnda_sge *sges, uint32_t n, bool need_write,
                                 Segment *out) {
+    if (n > kEngineMaxSge) {  // a count re-read from a tenant's ring: out holds kEngineMaxSge
+        return false;
+    }
     for (uint32_t i = 0; i < n; ++i) {
         Mr *mr = dev_->lookupMr(sges[i].lkey);
         uint8_t *host = mr != nullptr ? mr->translate(sges[i].addr, sges[i].length) : nullptr;
@@ -717,8 +727,28 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
     return true;
 }
 
+// Whether this pass should take no new WQE: its byte budget is spent, or a control operation
+// waits for the gate this pass holds shared (Gate::lock counts it before it blocks).
+bool Engine::Thread::yieldToOthers() const {
+    return pass_bytes_ >= kMaxBytesPerPass || dev_->gate.writers.load(std::memory_order_relaxed) != 0;
+}
+
+// The bytes a WQE names (its inline data, or its SGEs' lengths as far as the copy holds them):
+// what it costs the engine, whatever it turns out to do.
+uint64_t wqeBytes(const WqeCopy &w) {
+    if ((w.hdr.flags & SOFTNDA_WQE_INLINE) != 0) {
+        return std::min(w.hdr.inline_len, kEngineMaxInline);
+    }
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < std::min<uint32_t>(w.hdr.num_sge, kEngineMaxSge); ++i) {
+        total += w.sge[i].length;
+    }
+    return total;
+}
+
 // The requester's loop over the SQ (rdma_rxe's rxe_req.c, with the completer's part in
-// completeWqe): each WQE from CI to PI in order, up to kMaxWqesPerVisit, while the QP is in RTS.
+// completeWqe): each WQE from CI to PI in order, up to kMaxWqesPerVisit and kMaxBytesPerVisit,
+// while the QP is in RTS and the pass has budget left.
 bool Engine::Thread::processSq(Qp *qp) {
     Ring &sq = qp->sq;
     uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
@@ -752,12 +782,16 @@ bool Engine::Thread::processSq(Qp *qp) {
     }
     bool did = false;
     uint32_t budget = kMaxWqesPerVisit;
-    while (sq.ci_local != pi && budget-- > 0) {
+    uint64_t visit_bytes = 0;
+    while (sq.ci_local != pi && budget-- > 0 && visit_bytes < kMaxBytesPerVisit && !yieldToOthers()) {
         // WQE ci_local starts (SPEC.md §10): a successor that finds this word one ahead of CI
         // asks the responder whether the WQE took effect before running it again.
         __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
         fetchWqe(*qp, &w);
+        const uint64_t cost = wqeBytes(w) + kWqeCost;
+        visit_bytes += cost;
+        pass_bytes_ += cost;
         ExecResult res = execute(qp, w);
         if (res.outcome != Outcome::Done) {
             bool rnr = res.outcome == Outcome::RnrWait;
@@ -780,7 +814,7 @@ bool Engine::Thread::processSq(Qp *qp) {
     }
     __atomic_store_n(sq.ci, sq.ci_local, __ATOMIC_RELEASE);
     if (sq.ci_local != pi && !qp->rnr_waiting && qp->state.load(std::memory_order_relaxed) == IBV_QPS_RTS) {
-        // Budget used up: come back on the next pass.
+        // Budget used up (the visit's, the pass's), or the gate wanted: come back on the next pass.
         __atomic_fetch_or(qp->sq_db.page->summary(), 1ull << qp->sq_db.index, __ATOMIC_RELAXED);
     }
     return did;
@@ -982,7 +1016,7 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
     if (h.opcode == SOFTNDA_OP_NOP) {
         return ExecResult{};
     }
-    Segment local[29];
+    Segment local[kEngineMaxSge];
     uint32_t nlocal = 0;
     uint64_t total = 0;
     if (uint8_t st = gatherLocal(qp, w, local, &nlocal, &total); st != IBV_WC_SUCCESS) {
@@ -1119,10 +1153,10 @@ void Engine::Thread::deliverDatagram(const Datagram &d, Qp *peer) {
     if ((ps != IBV_QPS_RTR && ps != IBV_QPS_RTS && ps != IBV_QPS_SQD) || !takeRecv(rp, &r)) {
         return;
     }
-    Segment src[30];
+    Segment src[kEngineMaxSge + 1];  // the GRH, then the payload
     src[0] = Segment{const_cast<uint8_t *>(d.grh), SOFTNDA_GRH_SIZE};
     std::copy(d.payload, d.payload + d.nseg, src + 1);
-    Segment dst[29];
+    Segment dst[kEngineMaxSge];
     if (deliverInto(rp, r, src, d.nseg + 1, d.len + SOFTNDA_GRH_SIZE, d.src_qp, dst) != IBV_WC_SUCCESS) {
         return;  // the receive completed in error; the sender knows nothing of it
     }
@@ -1171,7 +1205,7 @@ ExecResult Engine::Thread::sendUnconnected(Qp *qp, const WqeCopy &w, const Segme
         if (!takeRecv(rp, &pending.r)) {
             return drop();
         }
-        Segment dst[29];
+        Segment dst[kEngineMaxSge];
         if (deliverInto(rp, pending.r, local, nlocal, total, qp->qpn, dst) != IBV_WC_SUCCESS) {
             return drop();  // the receive completed in error at the responder
         }
@@ -1375,7 +1409,7 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
     const uint8_t op = IBV_WC_RECV;
-    Segment dst[29];
+    Segment dst[kEngineMaxSge];
     switch (deliverInto(peer, r, local, nlocal, total, qp->qpn, dst)) {
         case IBV_WC_SUCCESS:
             break;
@@ -1431,7 +1465,8 @@ void readRecvSlot(const Ring &ring, uint32_t index, uint32_t cap, RecvCopy *out)
     const uint8_t *slot = ring.buf + static_cast<size_t>(index & (ring.cnt - 1)) * ring.stride;
     std::memcpy(&out->wr_id, slot, 8);
     std::memcpy(&out->num_sge, slot + 8, 4);
-    std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE, std::min(out->num_sge, cap) * sizeof(softnda_sge));
+    std::memcpy(out->sge, slot + SOFTNDA_RECV_HEADER_SIZE,
+                std::min<uint32_t>({out->num_sge, cap, kEngineMaxSge}) * sizeof(softnda_sge));
 }
 
 bool Engine::Thread::takeRecv(const Responder &peer, RecvCopy *out, bool hold) {

@@ -30,14 +30,14 @@ inline uint64_t nowNs() {
 struct WqeCopy {
     softnda_wqe hdr;
     uint32_t xrc_srqn;  // an XRC initiator's WQE: the SRQ it names at the target
-    softnda_sge sge[29];
-    uint8_t inline_data[464];
+    softnda_sge sge[kEngineMaxSge];
+    uint8_t inline_data[kEngineMaxInline];
 };
 
 struct RecvCopy {
     uint64_t wr_id;
     uint32_t num_sge;
-    softnda_sge sge[29];
+    softnda_sge sge[kEngineMaxSge];
     uint32_t index = 0;  // its slot's ring index (an SRQ's: what a held receive records)
 };
 
@@ -107,6 +107,7 @@ void fetchWqe(const Qp &qp, WqeCopy *w);
 // The receive in ring's slot index (at most cap SGEs of it), into out.
 void readRecvSlot(const Ring &ring, uint32_t index, uint32_t cap, RecvCopy *out);
 void fetchWqeAt(const Qp &qp, uint32_t index, WqeCopy *w);
+uint64_t wqeBytes(const WqeCopy &w);
 
 class Engine::Thread {
   public:
@@ -153,6 +154,7 @@ class Engine::Thread {
     bool handleSlot(DbPage *page, unsigned slot);
     bool takeRings(DbPage *page);
     bool processSq(Qp *qp);
+    bool yieldToOthers() const;
     bool keepWaitingRnr(Qp *qp);
     bool keepWaitingForPeer(Qp *qp);
     void startWait(Qp *qp, bool for_peer, uint64_t deadline_ns);
@@ -226,6 +228,7 @@ class Engine::Thread {
     std::vector<DbPage *> hot_;    // most recently rung pages first, at most kMaxSleepPages
     std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive or for its responder
     uint64_t pass_no_ = 0;
+    uint64_t pass_bytes_ = 0;  // what this pass's WQEs named (processSq's budget)
     bool full_scan_due_ = true;
     std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
     Counters ctr_;

@@ -655,6 +655,13 @@ void *importXrcd(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *
     return buildXrcd(ctx);
 }
 
+// Whether a recorded receive SGE count fits a ring of this stride: what this version records
+// (recvSgeCap), or what versions before the engine's bound recorded, the entry's whole room (31 in
+// a 512 B entry); either is imported as recvSgeCap.
+bool recordedRecvSge(uint32_t recorded, uint32_t stride) {
+    return recorded == recvSgeCap(stride) || recorded == recvSgeRoom(stride);
+}
+
 void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *env) {
     XrcSrqBlob xb{};
     const bool xrc = readBody(IBV_EXTEND_VDEV_OBJ_SRQ, in, &xb);
@@ -684,10 +691,10 @@ void *importSrq(const ibv_extend_vdev_state *in, const ibv_extend_vdev_import *e
         srq->srqn = xb.srqn;
     }
     if (!importRing(env, b.ring, dev->cfg.max_srq_wr * 2, 32, 1024, &srq->ring) ||
-        b.max_sge != recvSgeCap(b.ring.stride) || !importSlot(ctx, env, b.db, &srq->db)) {
+        !recordedRecvSge(b.max_sge, b.ring.stride) || !importSlot(ctx, env, b.db, &srq->db)) {
         return failNull<void>(EINVAL);
     }
-    srq->max_sge = b.max_sge;
+    srq->max_sge = recvSgeCap(b.ring.stride);
     return buildSrq(std::move(srq), ctx, pd, env->ops,
                     reinterpret_cast<void *>(static_cast<uintptr_t>(b.srq_context)), b.handle,
                     Origin::Imported);
@@ -698,7 +705,7 @@ bool validQpBlob(const QpBlob &b, const Config &cfg) {
     return b.qpn != 0 && b.qpn <= 0xffffff && b.has_ext <= 1 && b.feature_set <= 1 &&
            b.path_mtu >= IBV_MTU_256 && b.path_mtu <= IBV_MTU_4096 && b.cap.max_send_sge <= cfg.max_sge &&
            b.cap.max_inline_data <= cfg.max_inline_data && b.cap.max_recv_sge <= cfg.max_sge &&
-           b.rq_max_sge <= cfg.max_sge &&
+           b.rq_max_sge <= recvSgeRoom(1024) &&
            (b.qp_type == 0 || b.qp_type == IBV_QPT_RC || b.qp_type == IBV_QPT_UC || b.qp_type == IBV_QPT_UD ||
             b.qp_type == IBV_QPT_XRC_SEND || b.qp_type == IBV_QPT_XRC_RECV) &&
            ((b.qp_type != IBV_QPT_XRC_SEND && b.qp_type != IBV_QPT_XRC_RECV) || b.has_rq == 0);
@@ -745,8 +752,9 @@ bool importQpQueues(Context *ctx, const ibv_extend_vdev_import *env, const QpBlo
     if (b.has_rq == 0) {
         return true;
     }
+    qp->rq_max_sge = recvSgeCap(b.rq.stride);
     return importRing(env, b.rq, cfg.max_qp_wr * 2, 32, 1024, &qp->rq) &&
-           b.rq_max_sge == recvSgeCap(b.rq.stride) && importSlot(ctx, env, b.rq_db, &qp->rq_db) &&
+           recordedRecvSge(b.rq_max_sge, b.rq.stride) && importSlot(ctx, env, b.rq_db, &qp->rq_db) &&
            (qp->rq_db.page != qp->sq_db.page || qp->rq_db.index != qp->sq_db.index);
 }
 

@@ -44,6 +44,7 @@
 #include "providers/softnda/include/softnda.h"
 #include "providers/softnda/include/softnda_device.h"
 #include "providers/softnda/include/softnda_ops.h"
+#include "providers/softnda/src/engine_limits.h"
 #include "providers/softnda/src/wire.h"
 
 namespace softnda {
@@ -58,8 +59,8 @@ struct Config {
     uint32_t max_qp_wr = 1u << 15;
     uint32_t max_cqe = 1u << 22;
     uint32_t max_srq_wr = 1u << 15;
-    uint32_t max_sge = 29;           // a 512 B WQE: (512 - 48) / 16
-    uint32_t max_inline_data = 464;  // a 512 B WQE: 512 - 48
+    uint32_t max_sge = kEngineMaxSge;
+    uint32_t max_inline_data = kEngineMaxInline;
     uint32_t max_msg_sz = 1u << 31;
     uint64_t max_mr_size = 1ull << 40;
     uint32_t phys_port_cnt = 1;
@@ -654,8 +655,13 @@ inline constexpr size_t kRecordSize = 128;
 constexpr uint32_t sendSgeCap(uint32_t stride, uint32_t data = SOFTNDA_WQE_HEADER_SIZE) {
     return (stride - data) / SOFTNDA_SGE_SIZE;
 }
-constexpr uint32_t recvSgeCap(uint32_t stride) {
+// A receive WQE's SGEs, never more than the engine holds: a 512 B entry has room for 31, but the
+// device reports and executes at most kEngineMaxSge.
+constexpr uint32_t recvSgeRoom(uint32_t stride) {
     return (stride - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE;
+}
+constexpr uint32_t recvSgeCap(uint32_t stride) {
+    return recvSgeRoom(stride) < kEngineMaxSge ? recvSgeRoom(stride) : kEngineMaxSge;
 }
 
 // Queue memory (driver.cc): the smallest power of two >= v; one allocation through ops holding

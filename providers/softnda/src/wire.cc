@@ -737,7 +737,7 @@ void keepRecv(WireQp &wq, const RecvCopy &r) {
     wq.in_recv = true;
     wq.recv_wr_id = r.wr_id;
     wq.recv_num_sge = r.num_sge;
-    std::memcpy(wq.recv_sge, r.sge, std::min<uint32_t>(r.num_sge, 29) * sizeof(softnda_sge));
+    std::memcpy(wq.recv_sge, r.sge, std::min(r.num_sge, kEngineMaxSge) * sizeof(softnda_sge));
 }
 
 // The SRQ a receive qp holds came from: its own, or at an XRC target the XRC SRQ of its domain
@@ -1050,7 +1050,7 @@ bool Engine::Thread::wireStart(Qp *qp, WireQp &wq, uint32_t pi) {
             m.done = true;
             m.status = r.status;
         } else {
-            Segment local[29];
+            Segment local[kEngineMaxSge];
             uint32_t nlocal = 0;
             uint8_t st = gatherLocal(qp, w, local, &nlocal, &m.total);
             if (st != IBV_WC_SUCCESS) {
@@ -1105,7 +1105,7 @@ void Engine::Thread::wireTransmit(Qp *qp, WireQp &wq, const WireMsg &m, uint32_t
     WqeCopy w;
     fetchWqeAt(*qp, m.index, &w);
     const softnda_wqe &h = w.hdr;
-    Segment local[29];
+    Segment local[kEngineMaxSge];
     uint32_t nlocal = 0;
     uint64_t total = 0;
     if (gatherLocal(qp, w, local, &nlocal, &total) != IBV_WC_SUCCESS || total != m.total) {
@@ -1530,7 +1530,7 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
                 arrivedBefore(psn);
                 WqeCopy w;
                 fetchWqeAt(*qp, in->index, &w);
-                Segment seg[29];
+                Segment seg[kEngineMaxSge];
                 if (!checkLocal(qp->pd, w.sge, w.hdr.num_sge, true, seg)) {
                     finish(*in, IBV_WC_LOC_PROT_ERR, 0);
                 } else {
@@ -1550,7 +1550,7 @@ void Engine::Thread::wireReply(Qp *qp, WireQp &wq, const roce::Packet &p) {
                 const uint64_t expect = std::min<uint64_t>(in->total - std::min(off, in->total), mtu);
                 WqeCopy w;
                 fetchWqeAt(*qp, in->index, &w);
-                Segment seg[29];
+                Segment seg[kEngineMaxSge];
                 if (p.payload.size() != expect || last != (psnAdd(psn, 1) == in->next_psn)) {
                     finish(*in, IBV_WC_BAD_RESP_ERR, 0);
                 } else if (!checkLocal(qp->pd, w.sge, w.hdr.num_sge, true, seg)) {
@@ -1727,7 +1727,7 @@ void Engine::Thread::wireRequest(Qp *qp, WireQp &wq, const roce::Packet &p, bool
             }
             std::memcpy(remote, p.payload.data(), len);
         } else {
-            Segment dst[29];
+            Segment dst[kEngineMaxSge];
             uint32_t cap = rp.srq != nullptr ? rp.srq->max_sge : qp->rq_max_sge;
             uint8_t status = IBV_WC_SUCCESS;
             uint64_t room = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "providers/softnda/include/softnda_device.h"
+#include "providers/softnda/src/engine_limits.h"
 #include "providers/softnda/src/roce_wire.h"
 
 namespace softnda {
@@ -201,7 +202,7 @@ struct WireQp {
     bool in_recv = false;
     uint64_t recv_wr_id = 0;
     uint32_t recv_num_sge = 0;
-    softnda_sge recv_sge[29]{};
+    softnda_sge recv_sge[kEngineMaxSge]{};
     // The results of the last atomics, by PSN: a repeated request is answered from here, never
     // executed twice (IBTA o9-28; the responder resources of max_dest_rd_atomic).
     struct AtomicResult {
