@@ -1,5 +1,6 @@
 #include "client/buffers.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -61,11 +62,14 @@ void *ibvx_alloc_buf(size_t size) {
         return nullptr;
     }
     size_t rounded = (size + pageSize() - 1) & ~(pageSize() - 1);
-    int fd = memfd_create("ibvx-buf", MFD_CLOEXEC);
+    // Sealed to its size: the broker maps this memory as an MR, and refuses memory that anyone
+    // holding the fd (this process) could shrink under it (docs/security.md).
+    int fd = memfd_create("ibvx-buf", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         return nullptr;
     }
-    if (ftruncate(fd, static_cast<off_t>(rounded)) < 0) {
+    if (ftruncate(fd, static_cast<off_t>(rounded)) < 0 ||
+        fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         int err = errno;
         close(fd);
         errno = err;

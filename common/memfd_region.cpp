@@ -26,8 +26,12 @@ StatusOr<MemfdRegion> MemfdRegion::create(const std::string &name, size_t size, 
     if (try_hugepages) {
         constexpr size_t kHuge = 2u << 20;
         size_t huge_size = (size + kHuge - 1) / kHuge * kHuge;
-        UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_HUGETLB));
-        if (fd && ::ftruncate(fd.get(), static_cast<off_t>(huge_size)) == 0) {
+        // Sealed like the normal-page region below: a peer holding the fd must not be able to
+        // shrink what the engine reads (SIGBUS in the broker). A kernel that cannot seal
+        // hugetlb memfds (before 4.16) gets normal pages.
+        UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_HUGETLB | MFD_ALLOW_SEALING));
+        if (fd && ::ftruncate(fd.get(), static_cast<off_t>(huge_size)) == 0 &&
+            ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) == 0) {
             void *p = ::mmap(nullptr, huge_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
             if (p != MAP_FAILED) {
                 MemfdRegion r;
@@ -45,8 +49,12 @@ StatusOr<MemfdRegion> MemfdRegion::create(const std::string &name, size_t size, 
     if (::ftruncate(fd.get(), static_cast<off_t>(size)) < 0) {
         return Status::fromErrno(errno, "ftruncate of memfd failed");
     }
-    // The size is part of the contract with the peer that maps it: forbid changing it.
-    (void)::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+    // The size is part of the contract with the peer that maps it: forbid changing it. A peer
+    // that shrank it would end the broker's next access with SIGBUS, so a region that cannot be
+    // sealed is not made.
+    if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        return Status::fromErrno(errno, "cannot seal the memfd region against resizing");
+    }
     return map(std::move(fd), size);
 }
 

@@ -400,9 +400,16 @@ int ensureFd(State &s, std::string *why) {
     if (s.fd >= 0) {
         return 0;
     }
-    int fd = ::memfd_create("ibvx-shared-pages", MFD_CLOEXEC);
+    // It only grows (ensureSize): sealed against shrinking, as the broker requires of memory it
+    // maps, since this process holds the fd and could otherwise truncate it under the broker.
+    int fd = ::memfd_create("ibvx-shared-pages", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         *why = std::string("cannot create the memfd registered memory moves onto: ") + std::strerror(errno);
+        return -ENOMEM;
+    }
+    if (::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+        *why = std::string("cannot seal the shared-pages memfd against shrinking: ") + std::strerror(errno);
+        ::close(fd);
         return -ENOMEM;
     }
     struct stat st {};

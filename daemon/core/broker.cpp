@@ -805,7 +805,7 @@ Status checkMrFd(const UniqueFd &fd, const RegMrArgs &args) {
         return invalidArgument("offset + length (" + std::to_string(args.offset + args.length) +
                                ") exceeds the fd's size " + std::to_string(size));
     }
-    return Status::ok();
+    return dmabuf ? Status::ok() : requireFixedSize(fd.get(), "the memfd sent for RegMr");
 }
 
 // Maps [offset, offset + length) of fd in the broker, from the page holding offset.

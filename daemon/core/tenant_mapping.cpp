@@ -48,7 +48,40 @@ UniqueFd openAsTenant(const std::string &path, const Credentials &creds, int *er
     return fd;
 }
 
+// The device of the kernel's internal shmem mount, which holds memfds, SysV segments and shared
+// anonymous memory (and nothing a tenant can name by path).
+dev_t internalShmemDev() {
+    static const dev_t dev = [] {
+        UniqueFd probe(::memfd_create("ibvx-shmem-probe", MFD_CLOEXEC));
+        struct stat st {};
+        return probe && ::fstat(probe.get(), &st) == 0 ? st.st_dev : static_cast<dev_t>(-1);
+    }();
+    return dev;
+}
+
 }  // namespace
+
+Status requireFixedSize(int fd, const std::string &what) {
+    int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals >= 0 && (seals & F_SEAL_SHRINK) != 0) {
+        return Status::ok();
+    }
+    char link[64];
+    char target[256];
+    std::snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+    ssize_t n = ::readlink(link, target, sizeof(target) - 1);
+    const std::string path = n > 0 ? std::string(target, static_cast<size_t>(n)) : std::string("?");
+    struct stat st {};
+    // On the internal mount, only a memfd's owner holds a descriptor that can truncate it.
+    if (::fstat(fd, &st) == 0 && st.st_dev == internalShmemDev() && path.rfind("/memfd:", 0) != 0) {
+        return Status::ok();
+    }
+    return Status(Code::kPermissionDenied, EACCES,
+                  what + " (" + path +
+                      ") can be shrunk by its owner while registered, which would fault the device: "
+                      "use a memfd sealed with F_SEAL_SHRINK (memfd_create(MFD_ALLOW_SEALING), then "
+                      "fcntl(F_ADD_SEALS)), ibvx_alloc_buf, SysV or shared anonymous memory");
+}
 
 StatusOr<TenantMapping> openTenantMapping(const Credentials &creds, int pidfd, uint64_t addr,
                                           uint64_t length) {
@@ -101,6 +134,7 @@ StatusOr<TenantMapping> openTenantMapping(const Credentials &creds, int pidfd, u
     if (::syscall(SYS_pidfd_send_signal, pidfd, 0, nullptr, 0) < 0) {
         return failedPrecondition("the tenant's process went away while " + where + " was opened");
     }
+    RETURN_IF_ERROR(requireFixedSize(out.fd.get(), "the shared memory at " + where));
     out.offset = v->offset + (addr - v->start);
     if (out.offset + length > static_cast<uint64_t>(st.st_size)) {
         return invalidArgument(where + " runs past the end of " + v->path);

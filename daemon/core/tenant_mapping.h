@@ -13,12 +13,15 @@
 // - the object opened must be the one the maps line names (device and inode), on shmem (tmpfs:
 //   the same kind of memory as the memfds tenants send; a file on disk is refused);
 // - the tenant's process must still be alive after the open (its pidfd), so a recycled pid
-//   never lends another process's memory.
+//   never lends another process's memory;
+// - the object must keep its size while the broker maps it (requireFixedSize): a tenant that
+//   shrank it would end the engine's next access with SIGBUS.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <string>
 
 #include "common/status.h"
 #include "common/unique_fd.h"
@@ -36,5 +39,11 @@ struct TenantMapping {
 // PERMISSION_DENIED (EACCES/EPERM) when the tenant or the broker may not open it.
 StatusOr<TenantMapping> openTenantMapping(const Credentials &creds, int pidfd, uint64_t addr,
                                           uint64_t length);
+
+// OK when the tenant cannot shrink the shared memory behind fd while the broker maps it: a
+// memfd or other file sealed with F_SEAL_SHRINK, or memory only the kernel sizes (a SysV
+// segment, shared anonymous memory: no tenant holds a descriptor that could truncate them).
+// PERMISSION_DENIED (EACCES) otherwise, saying how to seal it; what names the memory.
+Status requireFixedSize(int fd, const std::string &what);
 
 }  // namespace ibvx::daemon

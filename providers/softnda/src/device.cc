@@ -163,8 +163,16 @@ DbPage *attachPage(Context *ctx, std::unique_ptr<DbPage> owned) {
 DbPage *growBar(Context *ctx) {
     Device *dev = ctx->dev;
     if (ctx->bar_fd < 0) {
-        ctx->bar_fd = memfd_create("softnda-bar", MFD_CLOEXEC);
+        // The tenant maps its doorbells from this memfd, so it holds a descriptor to it: sealed
+        // against shrinking, or an ftruncate of the tenant's would end the engine's next scan
+        // with SIGBUS. It only grows, a page at a time.
+        ctx->bar_fd = memfd_create("softnda-bar", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         if (ctx->bar_fd < 0) {
+            return nullptr;
+        }
+        if (fcntl(ctx->bar_fd, F_ADD_SEALS, F_SEAL_SHRINK) < 0) {
+            ::close(ctx->bar_fd);
+            ctx->bar_fd = -1;
             return nullptr;
         }
     }

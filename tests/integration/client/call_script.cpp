@@ -3,6 +3,7 @@
 // and values that do not depend on addresses). Run once with IBV_EXTEND_MODE=direct and once with
 // IBV_EXTEND_MODE=broker: the outputs must be identical, which is what "broker mode behaves like
 // direct mode" means for a program. Exit status 0 unless the script could not run at all.
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -243,8 +244,8 @@ int main(int argc, char **argv) {
         line("mr.keys_set", mr->lkey != 0 || mr->rkey != 0);
     }
     ptr("reg_mr.zero_length", ibvx_reg_mr(pd, buf, 0, 0));
-    int fd = memfd_create("script-mr", MFD_CLOEXEC);
-    if (ftruncate(fd, 4096) == 0) {
+    int fd = memfd_create("script-mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (ftruncate(fd, 4096) == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0) {
         ibv_mr *fmr = ptr("reg_mr_fd", ibvx_reg_mr_fd(pd, fd, 0, 4096, IBV_ACCESS_LOCAL_WRITE));
         if (fmr != nullptr) {
             rc("dereg_mr_fd", ibvx_dereg_mr(fmr));

@@ -262,8 +262,9 @@ TEST_F(DaemonTest, EveryRpcThroughTheBroker) {
     h.pd = pdr.pd();
 
     // MR from a memfd passed on the fd channel.
-    int mfd = memfd_create("mr", MFD_CLOEXEC);
+    int mfd = memfd_create("mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ASSERT_EQ(ftruncate(mfd, 65536), 0);
+    ASSERT_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
     ASSERT_EQ(c.sendFd(42, mfd), 0);
     close(mfd);
     pb::RegMrRequest mreq;
@@ -440,8 +441,9 @@ TEST_F(DaemonTest, RegionsArriveBeforeTheReplyAndTheDataPathBypassesTheBroker) {
 
     // Tenant memory registered through an fd, addressed by the tenant's own addresses.
     const size_t len = 65536;
-    int mfd = memfd_create("data", MFD_CLOEXEC);
+    int mfd = memfd_create("data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ASSERT_EQ(ftruncate(mfd, len), 0);
+    ASSERT_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
     auto *buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0));
     ASSERT_NE(buf, MAP_FAILED);
     ASSERT_EQ(c.sendFd(7, mfd), 0);
@@ -574,9 +576,10 @@ struct EventRig {
         ASSERT_GT(c.drainRegions(), 0);
         connectQp(c, qa.qp(), qb.qp_num());
         connectQp(c, qb.qp(), qa.qp_num());
-        int mfd = memfd_create("data", MFD_CLOEXEC);
+        int mfd = memfd_create("data", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         ASSERT_GE(mfd, 0);
         ASSERT_EQ(ftruncate(mfd, static_cast<off_t>(len)), 0);
+        ASSERT_EQ(fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
         buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0));
         ASSERT_NE(buf, MAP_FAILED);
         ASSERT_EQ(c.sendFd(900, mfd), 0);

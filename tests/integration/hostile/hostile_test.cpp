@@ -231,8 +231,9 @@ grpc::Status callWithToken(TestClient &c, const std::string &token_hex,
 }
 
 UniqueFd memfdOf(size_t size) {
-    UniqueFd fd(::memfd_create("hostile", MFD_CLOEXEC));
-    if (fd && ::ftruncate(fd.get(), static_cast<off_t>(size)) < 0) {
+    UniqueFd fd(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    if (fd && (::ftruncate(fd.get(), static_cast<off_t>(size)) < 0 ||
+               ::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK) < 0)) {
         fd.reset();
     }
     return fd;

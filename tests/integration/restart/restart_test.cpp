@@ -821,8 +821,9 @@ TEST(RestartFdStore, AFileTwoSessionsShareOutlivesTheFirstSessionAndACrash) {
     ASSERT_FALSE(broker.waitFor("ready ").empty()) << broker.log();
     AdminClient admin(broker.socket());
     const size_t len = 65536;
-    UniqueFd mfd(memfd_create("shared", MFD_CLOEXEC));
+    UniqueFd mfd(memfd_create("shared", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     ASSERT_EQ(ftruncate(mfd.get(), len), 0);
+    ASSERT_EQ(fcntl(mfd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
     auto *buf = static_cast<uint8_t *>(mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, mfd.get(), 0));
     ASSERT_NE(buf, MAP_FAILED);
     auto regMr = [&](TestClient &c, const Handles &h, uint64_t xfer, pb::RegMrResponse *mr) {

@@ -17,9 +17,11 @@
  *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ;
  *  - ibv_create_ah refuses a port the device lacks and a GRH whose sgid_index names no GID
  *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed;
- *  - shared memory (a SysV segment, POSIX shared memory, shared anonymous memory) registers, in
- *    place: an RDMA WRITE into it shows through a second mapping of the same object, an RDMA READ
- *    returns what the program wrote, and deregistration leaves it as it is;
+ *  - shared memory (a SysV segment, a memfd sealed with F_SEAL_SHRINK, shared anonymous memory)
+ *    registers, in place: an RDMA WRITE into it shows through a second mapping of the same object,
+ *    an RDMA READ returns what the program wrote, and deregistration leaves it as it is; memory
+ *    its owner could shrink under the broker (POSIX shared memory, an unsealed memfd) is refused
+ *    with EACCES;
  *  - ibv_rereg_mr answers as rdma-core 44's: IBV_REREG_MR_ERR_INPUT for what its wrapper checks
  *    (an unknown flag, a translation without a range, a range without one), IBV_REREG_MR_ERR_CMD
  *    for what the provider refuses (no flag, a PD of another context), errno EINVAL, the MR
@@ -99,6 +101,18 @@ static void check_in_place(const char *kind, struct ibv_pd *pd, struct ibv_qp *q
     }
 }
 
+/* Shared memory its owner can ftruncate under the broker: the broker would fault on it, so it is
+ * not registered, and says so with EACCES. */
+static void refused_in_place(const char *kind, struct ibv_pd *pd, char *mem) {
+    errno = 0;
+    struct ibv_mr *mr = ibv_reg_mr(pd, mem, kSharedLen, kAccess);
+    if (mr != NULL || errno != EACCES) {
+        fprintf(stderr, "verbs-behaviour: ibv_reg_mr of %s: %s (want EACCES)\n", kind,
+                mr != NULL ? "registered" : strerror(errno));
+        exit(1);
+    }
+}
+
 static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *cq, struct ibv_mr *ms,
                           char *src, struct ibv_mr *md, char *dst) {
     int id = shmget(IPC_PRIVATE, kSharedLen, IPC_CREAT | 0600);
@@ -121,7 +135,28 @@ static void shared_memory(struct ibv_pd *pd, struct ibv_qp *qp, struct ibv_cq *c
     if (px == MAP_FAILED || px2 == MAP_FAILED) {
         fail("mmap of POSIX shared memory", strerror(errno));
     }
-    check_in_place("POSIX shared memory", pd, qp, cq, ms, src, md, dst, px, px2);
+    refused_in_place("POSIX shared memory", pd, px);
+
+    int mfd = memfd_create("verbs-behaviour", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (mfd < 0 || ftruncate(mfd, kSharedLen) != 0) {
+        fail("memfd_create", strerror(errno));
+    }
+    char *mf = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    char *mf2 = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED, mfd, 0);
+    if (mf == MAP_FAILED || mf2 == MAP_FAILED) {
+        fail("mmap of a memfd", strerror(errno));
+    }
+    refused_in_place("an unsealed memfd", pd, mf);
+    if (fcntl(mfd, F_ADD_SEALS, F_SEAL_SHRINK) != 0) {
+        fail("F_ADD_SEALS", strerror(errno));
+    }
+    check_in_place("a memfd sealed against shrinking", pd, qp, cq, ms, src, md, dst, mf, mf2);
+    if (ftruncate(mfd, 0) == 0 || errno != EPERM) {
+        fail("a sealed memfd", "ftruncate to 0 was not refused with EPERM");
+    }
+    munmap(mf, kSharedLen);
+    munmap(mf2, kSharedLen);
+    close(mfd);
 
     char *anon = mmap(NULL, kSharedLen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     /* mremap of old size 0 maps the same shared pages a second time */

@@ -244,11 +244,44 @@ TEST_F(BrokerTest, QpStateMachineAndExtendCalls) {
               Code::kUnimplemented);
 }
 
+// A tenant keeps the fd it sends: memory it could ftruncate under the broker's mapping would
+// end the engine's next access with SIGBUS, so only memory sealed against shrinking is taken,
+// and the refusal says how to seal it.
+TEST_F(BrokerTest, RegMrRefusesAMemfdTheTenantCouldShrink) {
+    Objs o = makeQp(*session_);
+    RegMrArgs args;
+    args.pd = o.pd;
+    args.length = 8192;
+    args.access = IBV_ACCESS_LOCAL_WRITE;
+    UniqueFd plain(memfd_create("unsealable", MFD_CLOEXEC));
+    ASSERT_EQ(ftruncate(plain.get(), 8192), 0);
+    UniqueFd growable(memfd_create("unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(growable.get(), 8192), 0);
+    ASSERT_EQ(fcntl(growable.get(), F_ADD_SEALS, F_SEAL_GROW), 0);  // sealed, but not against shrinking
+    uint64_t xfer = 40;
+    for (UniqueFd *fd : {&plain, &growable}) {
+        ASSERT_TRUE(session_->putXfer(++xfer, std::move(*fd)));
+        args.xfer_id = xfer;
+        Status st = broker_->regMr(*session_, args).status();
+        EXPECT_EQ(st.code(), Code::kPermissionDenied) << st.toString();
+        EXPECT_EQ(st.errnoValue(), EACCES);
+        EXPECT_NE(st.message().find("F_SEAL_SHRINK"), std::string::npos) << st.message();
+    }
+    UniqueFd sealed(memfd_create("sealed", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(sealed.get(), 8192), 0);
+    ASSERT_EQ(fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+    ASSERT_TRUE(session_->putXfer(++xfer, std::move(sealed)));
+    args.xfer_id = xfer;
+    auto mr = broker_->regMr(*session_, args);
+    EXPECT_TRUE(mr.isOk()) << mr.status().toString();
+}
+
 TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
     Objs o = makeQp(*session_);
-    int fd = memfd_create("mr", MFD_CLOEXEC);
+    int fd = memfd_create("mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ASSERT_GE(fd, 0);
     ASSERT_EQ(ftruncate(fd, 65536), 0);
+    ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
     ASSERT_TRUE(session_->putXfer(7, UniqueFd(fd)));
     RegMrArgs args;
     args.pd = o.pd;
@@ -264,8 +297,9 @@ TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
     // The fd was taken once.
     EXPECT_EQ(broker_->regMr(*session_, args).status().errnoValue(), EBADF);
     // Too long for the fd.
-    int fd2 = memfd_create("mr2", MFD_CLOEXEC);
+    int fd2 = memfd_create("mr2", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ASSERT_EQ(ftruncate(fd2, 4096), 0);
+    ASSERT_EQ(fcntl(fd2, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
     ASSERT_TRUE(session_->putXfer(8, UniqueFd(fd2)));
     args.xfer_id = 8;
     EXPECT_EQ(broker_->regMr(*session_, args).status().code(), Code::kInvalidArgument);
@@ -285,8 +319,9 @@ TEST_F(BrokerTest, RegMrTakesAMemfdAndValidatesIt) {
 TEST_F(BrokerTest, ReregMrChangesKeysPdAndMemoryOrNothing) {
     Objs o = makeQp(*session_);
     auto memfd = [](size_t size) {
-        UniqueFd fd(memfd_create("mr", MFD_CLOEXEC));
+        UniqueFd fd(memfd_create("mr", MFD_CLOEXEC | MFD_ALLOW_SEALING));
         EXPECT_EQ(ftruncate(fd.get(), static_cast<off_t>(size)), 0);
+        EXPECT_EQ(fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
         return fd;
     };
     auto mrBytes = [this] {

@@ -3,6 +3,7 @@
 // driver (RESOURCE_EXHAUSTED naming the quota, rollback of the driver object, zero at the end).
 #include "daemon/core/quota.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
@@ -390,9 +391,10 @@ TEST_F(BrokerQuotaTest, EveryQuotaIsEnforcedAndNamed) {
     ASSERT_TRUE(broker_->createQp(ss, qa).isOk());
     EXPECT_NE(broker_->createQp(ss, qa).status().message().find("'qps'"), std::string::npos);
     for (uint64_t xfer : {1, 2}) {
-        int fd = memfd_create("mr", MFD_CLOEXEC);
+        int fd = memfd_create("mr", MFD_CLOEXEC | MFD_ALLOW_SEALING);
         ASSERT_GE(fd, 0);
         ASSERT_EQ(ftruncate(fd, 8192), 0);
+        ASSERT_EQ(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);  // the broker maps only sealed memory
         ASSERT_TRUE(ss.putXfer(xfer, UniqueFd(fd)));
         RegMrArgs ma;
         ma.pd = *pd;
