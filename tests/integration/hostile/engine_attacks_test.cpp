@@ -405,5 +405,25 @@ TEST_F(EngineAttackTest, ShrinkingHugetlbQueueMemoryIsRefused) {
     expectShrinkRefused(r);
 }
 
+// ---- 5: eventfds the engine writes to, left full ----
+// At 0xfffffffffffffffe an eventfd takes no more: a blocking write waits for a reader.
+
+TEST_F(EngineAttackTest, AFullCompletionChannelDoesNotWedgeTheBroker) {
+    Report r = attack("full-channel");
+    EXPECT_EQ(r["filled"], "OK") << r.text();
+    EXPECT_EQ(r.first("write_status"), number(IBV_WC_SUCCESS)) << r.text();
+    EXPECT_EQ(r.rc, 0) << r.text();
+    expectBrokerUnharmed();
+}
+
+TEST_F(EngineAttackTest, AFullAsyncEventFdDoesNotWedgeTheBroker) {
+    Report r = attack("full-async");
+    EXPECT_EQ(r["filled"], "OK") << r.text();
+    // The bad key's error completion comes whether or not its event could be written.
+    EXPECT_EQ(r.first("write_status"), number(IBV_WC_LOC_PROT_ERR)) << r.text();
+    EXPECT_EQ(r.rc, 0) << r.text();
+    expectBrokerUnharmed();
+}
+
 }  // namespace
 }  // namespace ibvx::test
