@@ -425,5 +425,32 @@ TEST_F(EngineAttackTest, AFullAsyncEventFdDoesNotWedgeTheBroker) {
     expectBrokerUnharmed();
 }
 
+// ---- 6: WQEs of 1.8 GiB each, 16 queued ----
+// The criterion is an order, not a time: another tenant's control call, made while the hog's
+// SENDs run, completes while at most 2 of them complete (the one under way, and one more the
+// counter may show late).
+
+TEST_F(EngineAttackTest, ABigWqeHogDoesNotHoldTheDeviceFromOthers) {
+    constexpr unsigned kHogWqes = 16;  // engine_attacker.c HOG_WQES
+    Report r = attack("hog");
+    expectBrokerUnharmed();
+    EXPECT_EQ(r["hog"], number(kHogWqes) + " of " + number(kHogWqes) + " failed 0 control_exit 0")
+        << r.text();
+    int while_hogged = 0;
+    for (const std::string &call : r.calls) {
+        std::istringstream in(call);
+        std::string name;
+        unsigned before = 0, after = 0;
+        in >> name >> before >> after;
+        if (before >= kHogWqes) {
+            continue;  // made after the hog ended
+        }
+        ++while_hogged;
+        EXPECT_LE(after - before, 2u) << "the hog's SENDs that completed during " << name << "\n" << r.text();
+    }
+    // Otherwise the criterion never applied: every call came after the hog.
+    EXPECT_GE(while_hogged, 8) << "control calls made while the hog ran\n" << r.text();
+}
+
 }  // namespace
 }  // namespace ibvx::test
