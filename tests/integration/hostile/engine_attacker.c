@@ -531,6 +531,10 @@ static int run_xrc_overflow(struct fabric *f, int by_inline) {
     if (softnda_sq_init_xrc(&sq, &ini->sq_info) != 0) {
         fail("softnda_sq_init_xrc", "the SQ does not follow SPEC.md");
     }
+    /* The helpers keep to SOFTNDA_MAX_SGE and SOFTNDA_MAX_INLINE; an attacker writes whatever the
+     * entry has room for, so their limits are lifted to that room. */
+    sq.max_sge = (sq.entry_size - sq.data_offset) / SOFTNDA_SGE_SIZE;
+    sq.max_inline = sq.entry_size - sq.data_offset;
     static struct softnda_sge bytes[60]; /* 960 bytes: as inline data, or as 60 SGEs */
     memset(bytes, 0x41, sizeof(bytes));
     struct softnda_send_wr wr;
@@ -620,6 +624,7 @@ static int run_recv_sge(struct fabric *f, int with_srq) {
     if (softnda_rq_init(&rq, with_srq ? &srq->srq_info : &victim->rq_info) != 0) {
         fail("softnda_rq_init", "the receive queue does not follow SPEC.md");
     }
+    rq.max_sge = (rq.entry_size - SOFTNDA_RECV_HEADER_SIZE) / SOFTNDA_SGE_SIZE; /* the room, as above */
     say("rq_entry_size", "%u", rq.entry_size);
     enum { kSges = 31, kPiece = 64 };
     uint8_t *land = shared_buf(4096);
