@@ -31,6 +31,10 @@ constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one t
 constexpr uint64_t kMaxBytesPerVisit = 1u << 20;
 constexpr uint64_t kMaxBytesPerPass = 8u << 20;
 constexpr uint64_t kWqeCost = 64;
+// A same-host message longer than this moves a chunk of it per visit (respondInChunks), the
+// device gate given up between chunks, so no WQE holds the device from control operations for
+// longer than one chunk's copy (a 2 GiB message otherwise takes ~0.25 s in one go).
+constexpr uint64_t kChunkBytes = 1u << 20;
 constexpr uint64_t kRnrIntervalNs = 100'000;  // how often the engine sleeps while RNR waits
 // The RNR NAK timer of each min_rnr_timer code (IBA table 45), in 10 us units: 0 is 655.36 ms.
 constexpr uint32_t kRnrTimer10us[32] = {65536, 1,    2,    3,    4,    6,     8,     12,    16,    24,   32,
@@ -78,6 +82,59 @@ inline void scatterList(const Segment *src, uint32_t nsrc, const Segment *dst) {
                 di++;
                 doff = 0;
             }
+        }
+    }
+}
+
+// Where byte off of a message laid over seg falls: the segment's index and the offset in it.
+void seekSegment(const Segment *seg, uint32_t nseg, uint64_t off, uint32_t *index, uint64_t *in) {
+    uint32_t k = 0;
+    while (k < nseg && off >= seg[k].len) {
+        off -= seg[k].len;
+        ++k;
+    }
+    *index = k;
+    *in = off;
+}
+
+// Bytes [off, off + n) of the message laid over seg, into flat (or from it, into_segments).
+void copyAt(const Segment *seg, uint32_t nseg, uint64_t off, uint8_t *flat, uint64_t n, bool into_segments) {
+    uint32_t k;
+    uint64_t in;
+    seekSegment(seg, nseg, off, &k, &in);
+    for (; n > 0 && k < nseg; ++k, in = 0) {
+        const uint64_t step = std::min<uint64_t>(n, seg[k].len - in);
+        if (into_segments) {
+            std::memcpy(seg[k].addr + in, flat, step);
+        } else {
+            std::memcpy(flat, seg[k].addr + in, step);
+        }
+        flat += step;
+        n -= step;
+    }
+}
+
+// Bytes [off, off + n) of the message laid over src into the same bytes of the message laid over
+// dst (a SEND's chunk into its receive's buffers).
+void scatterRange(const Segment *src, uint32_t nsrc, const Segment *dst, uint32_t ndst, uint64_t off,
+                  uint64_t n) {
+    uint32_t si, di;
+    uint64_t sin, din;
+    seekSegment(src, nsrc, off, &si, &sin);
+    seekSegment(dst, ndst, off, &di, &din);
+    while (n > 0 && si < nsrc && di < ndst) {
+        const uint64_t step = std::min({n, src[si].len - sin, dst[di].len - din});
+        std::memcpy(dst[di].addr + din, src[si].addr + sin, step);
+        n -= step;
+        sin += step;
+        din += step;
+        if (sin == src[si].len) {
+            ++si;
+            sin = 0;
+        }
+        if (din == dst[di].len) {
+            ++di;
+            din = 0;
         }
     }
 }
@@ -789,10 +846,15 @@ bool Engine::Thread::processSq(Qp *qp) {
         __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
         fetchWqe(*qp, &w);
-        const uint64_t cost = wqeBytes(w) + kWqeCost;
+        const uint64_t cost = std::min(wqeBytes(w), kChunkBytes) + kWqeCost;  // a chunk at most
         visit_bytes += cost;
         pass_bytes_ += cost;
         ExecResult res = execute(qp, w);
+        if (res.outcome == Outcome::Partial) {
+            endRnrWait(qp);
+            did = true;
+            break;  // the rest of the message on the next pass, after every other queue's turn
+        }
         if (res.outcome != Outcome::Done) {
             bool rnr = res.outcome == Outcome::RnrWait;
             if (rnr ? keepWaitingRnr(qp) : keepWaitingForPeer(qp)) {
@@ -906,6 +968,7 @@ bool Engine::Thread::completeWqe(Qp *qp, const softnda_wqe &h, const ExecResult 
 
 // A QP in ERR completes what its SQ and its own RQ hold with flush errors (SPEC.md §6.2).
 void Engine::Thread::flushQp(Qp *qp, uint32_t pi) {
+    abandonChunked(qp);
     flushSq(qp, pi);
     flushRq(qp);
 }
@@ -1051,7 +1114,9 @@ ExecResult Engine::Thread::execute(Qp *qp, const WqeCopy &w) {
         }
     }
     PendingRecv pending;
-    ExecResult res = respond(qp, rp, w, local, nlocal, total, &pending);
+    const bool chunked = qp->chunked.active || (total > kChunkBytes && !isAtomic(h.opcode));
+    ExecResult res = chunked ? respondInChunks(qp, rp, h, local, nlocal, total, &pending)
+                             : respond(qp, rp, w, local, nlocal, total, &pending);
     if (res.outcome == Outcome::Done) {
         commit(qp, rp, pending);
     }
@@ -1436,29 +1501,175 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
 // cannot take it completes in error (the returned status), which moves the responder to ERR.
 uint8_t Engine::Thread::deliverInto(const Responder &peer, const RecvCopy &r, const Segment *src,
                                     uint32_t nsrc, uint64_t total, uint32_t src_qpn, Segment *dst) {
-    const uint8_t op = IBV_WC_RECV;
-    uint32_t recv_cap = peer.srq != nullptr ? peer.srq->max_sge : peer.qp->rq_max_sge;
-    uint8_t status = IBV_WC_SUCCESS;
-    if (r.num_sge > recv_cap) {
-        status = IBV_WC_LOC_QP_OP_ERR;
-    } else if (!checkLocal(peer.pd, r.sge, r.num_sge, true, dst)) {
-        status = IBV_WC_LOC_PROT_ERR;
-    } else {
-        uint64_t room = 0;
-        for (uint32_t i = 0; i < r.num_sge; ++i) {
-            room += dst[i].len;
-        }
-        if (total > room) {
-            status = IBV_WC_LOC_LEN_ERR;
-        }
-    }
-    if (status != IBV_WC_SUCCESS) {
-        completeRecv(peer, r, status, 0, op, 0, 0, src_qpn);
+    if (uint8_t status = recvTarget(peer, r, total, dst); status != IBV_WC_SUCCESS) {
+        completeRecv(peer, r, status, 0, IBV_WC_RECV, 0, 0, src_qpn);
         return status;
     }
     scatterList(src, nsrc, dst);
     bump(ctr_.bytes, total);
     return IBV_WC_SUCCESS;
+}
+
+// The buffers of a receive the responder took, checked for a message of total bytes:
+// IBV_WC_SUCCESS with dst set, or the status the receive completes with.
+uint8_t Engine::Thread::recvTarget(const Responder &peer, const RecvCopy &r, uint64_t total, Segment *dst) {
+    uint32_t recv_cap = peer.srq != nullptr ? peer.srq->max_sge : peer.qp->rq_max_sge;
+    if (r.num_sge > recv_cap) {
+        return IBV_WC_LOC_QP_OP_ERR;
+    }
+    if (!checkLocal(peer.pd, r.sge, r.num_sge, true, dst)) {
+        return IBV_WC_LOC_PROT_ERR;
+    }
+    uint64_t room = 0;
+    for (uint32_t i = 0; i < r.num_sge; ++i) {
+        room += dst[i].len;
+    }
+    return total > room ? IBV_WC_LOC_LEN_ERR : IBV_WC_SUCCESS;
+}
+
+// A same-host SEND, WRITE or READ longer than kChunkBytes, one chunk a call (peer->rq_lock held).
+// Every chunk checks again what the message touches (the requester's SGEs in execute, the rkey,
+// the receive's buffers), since the gate was given up since the last one: a region deregistered
+// meanwhile fails the message as it would on a NIC. Partial until the last chunk, which
+// completes as respond would.
+ExecResult Engine::Thread::respondInChunks(Qp *qp, const Responder &peer, const softnda_wqe &h,
+                                           const Segment *local, uint32_t nlocal, uint64_t total,
+                                           PendingRecv *pending) {
+    ChunkedMessage &c = qp->chunked;
+    if (c.active && (c.index != qp->sq.ci_local || c.opcode != h.opcode || c.total != total ||
+                     c.peer != peer.qp || c.srq != peer.srq)) {
+        // The WQE was rewritten under the message, or the responder is another QP now (whose lock
+        // is the one held: the old responder's receive is completed only if it is this one).
+        endChunkedHere(qp, peer);
+        return ExecResult{IBV_WC_LOC_QP_OP_ERR, 0, Outcome::Done};
+    }
+    if (!c.active) {
+        if (ExecResult started = startChunked(qp, peer, h, total); !c.active) {
+            return started;  // refused, or no receive yet (RNR)
+        }
+    }
+    const uint64_t n = std::min(kChunkBytes, total - c.done);
+    uint8_t status = IBV_WC_SUCCESS;
+    if (usesRkey(h.opcode)) {
+        uint8_t *remote = checkRkey(dev_, peer, h, total, &status);
+        if (remote == nullptr) {
+            endChunkedHere(qp, peer);
+            return responderError(peer.qp, status);
+        }
+        copyAt(local, nlocal, c.done, remote + c.done, n, h.opcode == SOFTNDA_OP_RDMA_READ);
+    } else {
+        Segment dst[kEngineMaxSge];
+        if (status = recvTarget(peer, c.recv, total, dst); status != IBV_WC_SUCCESS) {
+            endChunkedHere(qp, peer);
+            return responderError(peer.qp, IBV_WC_REM_OP_ERR);
+        }
+        scatterRange(local, nlocal, dst, c.recv.num_sge, c.done, n);
+    }
+    c.done += n;
+    bump(ctr_.bytes, n);
+    if (c.done < total) {
+        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::Partial};
+    }
+    c.active = false;
+    if (h.opcode == SOFTNDA_OP_RDMA_READ) {
+        return ExecResult{IBV_WC_SUCCESS, static_cast<uint32_t>(total), Outcome::Done};
+    }
+    if (c.has_recv) {
+        const bool send = !usesRkey(h.opcode);
+        pending->set = true;
+        pending->r = c.recv;
+        pending->byte_len = static_cast<uint32_t>(total);
+        pending->opcode = send ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
+        pending->imm = h.imm_data;
+        pending->flags = static_cast<uint8_t>(
+            (h.opcode == SOFTNDA_OP_SEND_WITH_IMM || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM
+                 ? SOFTNDA_CQE_WITH_IMM
+                 : 0) |
+            (send && (h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
+        if (h.opcode == SOFTNDA_OP_SEND_WITH_INV) {
+            (void)invalidateRemote(dev_, peer.qp, h.imm_data, true);
+            pending->flags |= SOFTNDA_CQE_WITH_INV;
+        }
+    }
+    return ExecResult{};
+}
+
+// The first chunk's checks, and the receive a SEND or a WRITE with immediate fills, as respond
+// makes them. Sets qp->chunked active, or answers what respond would have.
+ExecResult Engine::Thread::startChunked(Qp *qp, const Responder &peer, const softnda_wqe &h, uint64_t total) {
+    ChunkedMessage &c = qp->chunked;
+    const bool send = !usesRkey(h.opcode);
+    if (!send) {
+        uint8_t status = IBV_WC_SUCCESS;
+        if (checkRkey(dev_, peer, h, total, &status) == nullptr) {
+            return responderError(peer.qp, status);
+        }
+    }
+    if (h.opcode == SOFTNDA_OP_SEND_WITH_INV && !invalidateRemote(dev_, peer.qp, h.imm_data, false)) {
+        return responderError(peer.qp, IBV_WC_REM_INV_REQ_ERR);
+    }
+    RecvCopy r{};
+    const bool needs_recv = send || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+    if (needs_recv && !takeRecv(peer, &r)) {
+        return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
+    }
+    if (send) {
+        Segment dst[kEngineMaxSge];
+        if (uint8_t status = recvTarget(peer, r, total, dst); status != IBV_WC_SUCCESS) {
+            completeRecv(peer, r, status, 0, IBV_WC_RECV, 0, 0, qp->qpn);
+            return responderError(peer.qp,
+                                  status == IBV_WC_LOC_LEN_ERR ? IBV_WC_REM_INV_REQ_ERR : IBV_WC_REM_OP_ERR);
+        }
+    }
+    c = ChunkedMessage{true, qp->sq.ci_local, h.opcode, total, 0, peer.qp, peer.srq, needs_recv, r};
+    return ExecResult{};
+}
+
+// Ends qp's message in progress short from inside execute, where peer's rq_lock is held: its
+// receive completes with a flush error when peer is the responder it came from.
+void Engine::Thread::endChunkedHere(Qp *qp, const Responder &peer) {
+    ChunkedMessage &c = qp->chunked;
+    const bool here = c.active && c.has_recv && c.peer == peer.qp && c.srq == peer.srq;
+    c.active = false;
+    if (here) {
+        completeRecv(peer, c.recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, qp->qpn);
+    }
+}
+
+// Ends qp's message in progress short: the receive it was filling, when its QP is still the one
+// it came from, completes with a flush error (the responder then goes to ERR, as after any
+// receive that failed). The responder's rq_lock must not be held: it is taken here.
+void Engine::Thread::abandonChunked(Qp *qp) {
+    ChunkedMessage &c = qp->chunked;
+    if (!c.active) {
+        return;
+    }
+    c.active = false;
+    if (!c.has_recv) {
+        return;
+    }
+    // Alive only while the device still knows them: a destroyed responder took its receive
+    // with it. Found by pointer, never dereferenced before.
+    bool peer_alive = false;
+    for (const auto &[qpn, q] : dev_->qps) {
+        peer_alive = peer_alive || q == c.peer;
+    }
+    if (!peer_alive) {
+        return;
+    }
+    Responder rp = responderOf(c.peer);
+    if (c.srq != nullptr && c.srq != rp.srq) {  // an XRC target's SRQ, found by number
+        bool srq_alive = false;
+        for (const auto &[srqn, s] : dev_->xrc_srqs) {
+            srq_alive = srq_alive || s == c.srq;
+        }
+        if (!srq_alive) {
+            return;
+        }
+        rp = Responder{c.peer, c.srq, c.srq->cq, c.srq->pd};
+    }
+    std::lock_guard<std::mutex> lk(c.peer->rq_lock);
+    completeRecv(rp, c.recv, IBV_WC_WR_FLUSH_ERR, 0, IBV_WC_RECV, 0, 0, qp->qpn);
 }
 
 void readRecvSlot(const Ring &ring, uint32_t index, uint32_t cap, RecvCopy *out) {

@@ -34,17 +34,11 @@ struct WqeCopy {
     uint8_t inline_data[kEngineMaxInline];
 };
 
-struct RecvCopy {
-    uint64_t wr_id;
-    uint32_t num_sge;
-    softnda_sge sge[kEngineMaxSge];
-    uint32_t index = 0;  // its slot's ring index (an SRQ's: what a held receive records)
-};
-
 // RnrWait: the responder had no receive (an RNR NAK); PeerWait: no responder answered (the
 // destination QP does not exist or is not ready), which a real NIC retries until its transport
-// retry counter runs out. Both keep the WQE at the head of its SQ.
-enum class Outcome { Done, RnrWait, PeerWait };
+// retry counter runs out; Partial: a chunk of a large message moved, the rest on later visits.
+// All keep the WQE at the head of its SQ.
+enum class Outcome { Done, RnrWait, PeerWait, Partial };
 
 struct ExecResult {
     uint8_t status = IBV_WC_SUCCESS;
@@ -176,6 +170,12 @@ class Engine::Thread {
                         uint64_t total, uint32_t src_qpn, Segment *dst);
     ExecResult respond(Qp *qp, const Responder &peer, const WqeCopy &w, const Segment *local, uint32_t nlocal,
                        uint64_t total, PendingRecv *pending);
+    ExecResult respondInChunks(Qp *qp, const Responder &peer, const softnda_wqe &h, const Segment *local,
+                               uint32_t nlocal, uint64_t total, PendingRecv *pending);
+    ExecResult startChunked(Qp *qp, const Responder &peer, const softnda_wqe &h, uint64_t total);
+    void abandonChunked(Qp *qp);
+    void endChunkedHere(Qp *qp, const Responder &peer);
+    uint8_t recvTarget(const Responder &peer, const RecvCopy &r, uint64_t total, Segment *dst);
     ExecResult responderError(Qp *peer, uint8_t status);
     ExecResult writeDataIn(const Responder &peer, const softnda_wqe &h, uint8_t *remote, const Segment *local,
                            uint32_t nlocal, uint64_t total, PendingRecv *pending);

@@ -329,6 +329,32 @@ struct Srq {
 // The big V2/V3 extended attributes. Few QPs ever set them and they are 480 bytes, more than a
 // third of a QP, so a QP holds them apart, allocated by the first modify_qp_extend that sets
 // one; until then they read as zeros (and the hyroce feature as not set).
+// A receive WQE copied out of its ring (the engine's; bounded by kEngineMaxSge).
+struct RecvCopy {
+    uint64_t wr_id;
+    uint32_t num_sge;
+    softnda_sge sge[kEngineMaxSge];
+    uint32_t index = 0;  // its slot's ring index (an SRQ's: what a held receive records)
+};
+
+struct Qp;
+struct Srq;
+
+// A same-host message in progress at its requester: what it started as (a rewrite of the WQE
+// under it ends it), how far it got, its responder, and the receive it fills (SEND and WRITE
+// with immediate). Only the engine thread that owns the requester's SQ touches it.
+struct ChunkedMessage {
+    bool active = false;
+    uint32_t index = 0;  // the requester's sq.ci_local
+    uint8_t opcode = 0;
+    uint64_t total = 0;
+    uint64_t done = 0;
+    Qp *peer = nullptr;
+    Srq *srq = nullptr;
+    bool has_recv = false;
+    RecvCopy recv{};
+};
+
 struct QpExtAttrs {
     ibv_hyroce_feature feature{};
     bool feature_set = false;
@@ -448,6 +474,9 @@ struct Qp {
     uint64_t rnr_deadline_ns = 0;
     Qp *peer = nullptr;
     uint64_t peer_epoch = 0;
+    // The head WQE when it is a same-host message moved a chunk per visit (engine.cc,
+    // respondInChunks), so no WQE holds the device gate for longer than one chunk.
+    ChunkedMessage chunked;
     // responder side: rq_lock
     std::mutex rq_lock;
     uint32_t rq_psn = 0;

@@ -365,6 +365,7 @@ void resetQp(Device *dev, Qp *qp) {
         __atomic_store_n(qp->rq.ci, qp->rq.ci_local, __ATOMIC_RELEASE);
     }
     qp->rnr_waiting = false;
+    qp->chunked.active = false;  // a message in progress goes with the rest of the SQ
     if (dev->engine) {
         dev->engine->forgetQp(qp);
     }
