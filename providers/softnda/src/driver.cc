@@ -196,6 +196,14 @@ int destroySrq(ibv_srq_extend *ext) {
 void undoQp(Qp *qp) {
     releaseDbSlot(qp->ctx, qp->ops, &qp->rq_db);
     releaseDbSlot(qp->ctx, qp->ops, &qp->sq_db);
+    if (Device *dev = qp->ctx->dev; dev->engine) {
+        // Until its doorbell slots went an engine pass could still reach a QP being destroyed
+        // through them, and one that found its head WQE waiting (RNR, or for its peer) put it
+        // back on a waiting list after destroyQp's forget: a later pass then read the freed QP
+        // and rings (found by fuzz_softnda_wire). Nothing reaches it now; this forget is the last.
+        std::lock_guard<Gate> gate(dev->gate);
+        dev->engine->forgetQp(qp);
+    }
     freeRing(qp->ops, &qp->rq);
     freeRing(qp->ops, &qp->sq);
 }
