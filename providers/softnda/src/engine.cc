@@ -23,13 +23,12 @@ namespace {
 
 constexpr uint32_t kMaxWqesPerVisit = 1024;  // fairness between queues of one thread
 // The engine is scheduled by bytes, not only by WQEs: a tenant's WQE may move 29 SGEs of 64 MiB,
-// so a visit to one SQ ends once it has moved kMaxBytesPerVisit (after at least one WQE), and a
-// pass takes no new WQE once kMaxBytesPerPass have moved in it or a control operation waits for
-// the device gate. What is left is marked rung and taken on the next pass, after every other
-// queue's turn and after the waiting control operation. A WQE also costs kWqeCost bytes, so a
-// ring of empty ones is bounded the same way.
+// so a visit to one SQ ends once it has moved kMaxBytesPerVisit (after at least one WQE), and no
+// visit takes a new WQE while a control operation waits for the device gate. What is left is
+// marked rung and taken on the next pass, after every other rung queue had its visit (each pass
+// visits them all, so none starves) and after the waiting control operation. A WQE also costs
+// kWqeCost bytes, so a ring of empty ones is bounded the same way.
 constexpr uint64_t kMaxBytesPerVisit = 1u << 20;
-constexpr uint64_t kMaxBytesPerPass = 8u << 20;
 constexpr uint64_t kWqeCost = 64;
 // A same-host message longer than this moves a chunk of it per visit (respondInChunks), the
 // device gate given up between chunks, so no WQE holds the device from control operations for
@@ -583,7 +582,6 @@ bool Engine::Thread::takeRings(DbPage *page) {
 // passes (SPEC.md §7).
 bool Engine::Thread::pass() {
     bump(ctr_.passes);
-    pass_bytes_ = 0;
     bool did = false;
     uint64_t every = kFullScanEvery * std::max<uint64_t>(1, pages_.size() / std::max<size_t>(1, hot_.size()));
     if (full_scan_due_ || ++pass_no_ % every == 0) {
@@ -784,10 +782,10 @@ bool Engine::Thread::overflowed(Qp *qp, Ring &ring, uint32_t pi) {
     return true;
 }
 
-// Whether this pass should take no new WQE: its byte budget is spent, or a control operation
-// waits for the gate this pass holds shared (Gate::lock counts it before it blocks).
+// Whether this pass should take no new WQE: a control operation waits for the gate this pass
+// holds shared (Gate::lock counts it before it blocks).
 bool Engine::Thread::yieldToOthers() const {
-    return pass_bytes_ >= kMaxBytesPerPass || dev_->gate.writers.load(std::memory_order_relaxed) != 0;
+    return dev_->gate.writers.load(std::memory_order_relaxed) != 0;
 }
 
 // The bytes a WQE names (its inline data, or its SGEs' lengths as far as the copy holds them):
@@ -805,7 +803,7 @@ uint64_t wqeBytes(const WqeCopy &w) {
 
 // The requester's loop over the SQ (rdma_rxe's rxe_req.c, with the completer's part in
 // completeWqe): each WQE from CI to PI in order, up to kMaxWqesPerVisit and kMaxBytesPerVisit,
-// while the QP is in RTS and the pass has budget left.
+// while the QP is in RTS and no control operation waits for the gate.
 bool Engine::Thread::processSq(Qp *qp) {
     Ring &sq = qp->sq;
     uint32_t pi = __atomic_load_n(sq.pi, __ATOMIC_ACQUIRE);
@@ -846,9 +844,7 @@ bool Engine::Thread::processSq(Qp *qp) {
         __atomic_store_n(qp->recWord(kSqExecWord), sq.ci_local + 1, __ATOMIC_RELEASE);
         WqeCopy w;
         fetchWqe(*qp, &w);
-        const uint64_t cost = std::min(wqeBytes(w), kChunkBytes) + kWqeCost;  // a chunk at most
-        visit_bytes += cost;
-        pass_bytes_ += cost;
+        visit_bytes += std::min(wqeBytes(w), kChunkBytes) + kWqeCost;  // a chunk at most
         ExecResult res = execute(qp, w);
         if (res.outcome == Outcome::Partial) {
             endRnrWait(qp);

@@ -228,7 +228,6 @@ class Engine::Thread {
     std::vector<DbPage *> hot_;    // most recently rung pages first, at most kMaxSleepPages
     std::vector<Qp *> rnr_;        // QPs whose head WQE waits for a receive or for its responder
     uint64_t pass_no_ = 0;
-    uint64_t pass_bytes_ = 0;  // what this pass's WQEs named (processSq's budget)
     bool full_scan_due_ = true;
     std::atomic<bool> rescan_{false};  // set by resume(): full scan and sweep first
     Counters ctr_;
