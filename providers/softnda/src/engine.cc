@@ -214,6 +214,21 @@ inline bool usesRkey(uint8_t opcode) {
            opcode == SOFTNDA_OP_ATOMIC_FETCH_AND_ADD;
 }
 
+// The receive completion a SEND or an RDMA WRITE with immediate makes at the responder (SPEC.md
+// §3), held in *p until the request's commit point. The caller has taken p->r and, for
+// SEND_WITH_INV, invalidated the window the receive then reports (imm_data).
+inline void holdRecvCompletion(const softnda_wqe &h, uint64_t total, PendingRecv *p) {
+    const bool send = !usesRkey(h.opcode);
+    const bool imm = h.opcode == SOFTNDA_OP_SEND_WITH_IMM || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM;
+    p->set = true;
+    p->byte_len = static_cast<uint32_t>(total);
+    p->opcode = send ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
+    p->imm = h.imm_data;
+    p->flags = static_cast<uint8_t>((imm ? SOFTNDA_CQE_WITH_IMM : 0) |
+                                    (send && (h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0) |
+                                    (h.opcode == SOFTNDA_OP_SEND_WITH_INV ? SOFTNDA_CQE_WITH_INV : 0));
+}
+
 }  // namespace
 
 bool isAtomic(uint8_t opcode) {
@@ -1422,11 +1437,7 @@ ExecResult Engine::Thread::writeDataIn(const Responder &peer, const softnda_wqe 
     gatherFrom(local, nlocal, remote);
     bump(ctr_.bytes, total);
     if (with_imm) {
-        pending->set = true;
-        pending->byte_len = static_cast<uint32_t>(total);
-        pending->opcode = IBV_WC_RECV_RDMA_WITH_IMM;
-        pending->imm = h.imm_data;
-        pending->flags = SOFTNDA_CQE_WITH_IMM;
+        holdRecvCompletion(h, total, pending);
     }
     return ExecResult{};
 }
@@ -1469,7 +1480,6 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
     if (!takeRecv(peer, &r)) {
         return ExecResult{IBV_WC_SUCCESS, 0, Outcome::RnrWait};
     }
-    const uint8_t op = IBV_WC_RECV;
     Segment dst[kEngineMaxSge];
     switch (deliverInto(peer, r, local, nlocal, total, qp->qpn, dst)) {
         case IBV_WC_SUCCESS:
@@ -1479,17 +1489,11 @@ ExecResult Engine::Thread::sendDataIn(Qp *qp, const Responder &peer, const softn
         default:
             return responderError(peer.qp, IBV_WC_REM_OP_ERR);
     }
-    pending->set = true;
-    pending->byte_len = static_cast<uint32_t>(total);
-    pending->opcode = op;
-    pending->imm = h.imm_data;
-    pending->flags = static_cast<uint8_t>((h.opcode == SOFTNDA_OP_SEND_WITH_IMM ? SOFTNDA_CQE_WITH_IMM : 0) |
-                                          ((h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
     if (send_inv) {
         // The window checked above, now invalid: the receive reports its rkey (imm_data).
         (void)invalidateRemote(dev_, peer.qp, h.imm_data, true);
-        pending->flags |= SOFTNDA_CQE_WITH_INV;
     }
+    holdRecvCompletion(h, total, pending);
     return ExecResult{};
 }
 
@@ -1571,21 +1575,11 @@ ExecResult Engine::Thread::respondInChunks(Qp *qp, const Responder &peer, const 
         return ExecResult{IBV_WC_SUCCESS, static_cast<uint32_t>(total), Outcome::Done};
     }
     if (c.has_recv) {
-        const bool send = !usesRkey(h.opcode);
-        pending->set = true;
-        pending->r = c.recv;
-        pending->byte_len = static_cast<uint32_t>(total);
-        pending->opcode = send ? IBV_WC_RECV : IBV_WC_RECV_RDMA_WITH_IMM;
-        pending->imm = h.imm_data;
-        pending->flags = static_cast<uint8_t>(
-            (h.opcode == SOFTNDA_OP_SEND_WITH_IMM || h.opcode == SOFTNDA_OP_RDMA_WRITE_WITH_IMM
-                 ? SOFTNDA_CQE_WITH_IMM
-                 : 0) |
-            (send && (h.flags & SOFTNDA_WQE_SOLICITED) ? SOFTNDA_CQE_SOLICITED : 0));
         if (h.opcode == SOFTNDA_OP_SEND_WITH_INV) {
             (void)invalidateRemote(dev_, peer.qp, h.imm_data, true);
-            pending->flags |= SOFTNDA_CQE_WITH_INV;
         }
+        pending->r = c.recv;
+        holdRecvCompletion(h, total, pending);
     }
     return ExecResult{};
 }
