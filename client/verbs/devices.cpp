@@ -99,6 +99,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.free_dm = faceFreeDm;
     c->vctx.reg_dm_mr = faceRegDmMr;
     serveDatapath(c);
+    refuseUnserved(c);
 }
 
 // The device signals async events on the context's async_fd; a broker or driver without events

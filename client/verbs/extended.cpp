@@ -67,6 +67,18 @@ constexpr uint64_t kCqExWcFlags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM |
 constexpr uint64_t kCqExTimes =
     IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 
+// The fields ibv_create_cq_ex refuses (kCqExWcFlags says why): a consumer that reads one it
+// did not ask for gets zeros, as from a provider that fills none.
+uint16_t exReadCvlan(ibv_cq_ex *) {
+    return 0;
+}
+uint32_t exReadFlowTag(ibv_cq_ex *) {
+    return 0;
+}
+void exReadTmInfo(ibv_cq_ex *, ibv_wc_tm_info *info) {
+    *info = {};
+}
+
 void fillCqEx(ShadowCq *s) {
     ibv_cq_ex &x = s->cq_ex;
     x.start_poll = exStartPoll;
@@ -84,6 +96,9 @@ void fillCqEx(ShadowCq *s) {
     x.read_dlid_path_bits = exRead<&ibv_wc::dlid_path_bits>;
     x.read_completion_ts = exReadTime<&ibv_extend_datapath_wc_times::completion>;
     x.read_completion_wallclock_ns = exReadTime<&ibv_extend_datapath_wc_times::wallclock_ns>;
+    x.read_cvlan = exReadCvlan;
+    x.read_flow_tag = exReadFlowTag;
+    x.read_tm_info = exReadTmInfo;
 }
 
 // ---- ibv_qp_ex's ibv_wr_* post API, over the data path's post_send ----------------------------
@@ -231,6 +246,30 @@ void wrSetXrcSrqn(ibv_qp_ex *qpx, uint32_t remote_srqn) {
         wr->qp_type.xrc.remote_srqn = remote_srqn;
     }
 }
+// A UD work request's destination (the data path reads the address handle the face made).
+void wrSetUdAddr(ibv_qp_ex *qpx, ibv_ah *ah, uint32_t remote_qpn, uint32_t remote_qkey) {
+    if (ibv_send_wr *wr = lastWr(qpx); wr != nullptr) {
+        wr->wr.ud.ah = ah;
+        wr->wr.ud.remote_qpn = remote_qpn;
+        wr->wr.ud.remote_qkey = remote_qkey;
+    }
+}
+// Operations the face's devices do not have (TSO is an Ethernet offload of raw packet QPs; no
+// softnda opcode is an atomic write). ibv_create_qp_ex refuses their send_ops_flags, so only a
+// consumer calling a slot it did not ask for reaches these: the batch fails at wr_complete with
+// EOPNOTSUPP, as a provider's slot for an unsupported operation would (the slots return void).
+void refuseInBatch(ibv_qp_ex *qpx) {
+    WrBatch *b = batchOf(qpx);
+    if (b->error == 0) {
+        b->error = EOPNOTSUPP;
+    }
+}
+void wrSendTso(ibv_qp_ex *qpx, void *, uint16_t, uint16_t) {
+    refuseInBatch(qpx);
+}
+void wrAtomicWrite(ibv_qp_ex *qpx, uint32_t, uint64_t, const void *) {
+    refuseInBatch(qpx);
+}
 void wrSetInlineData(ibv_qp_ex *qpx, void *addr, size_t length) {
     ibv_data_buf buf{addr, length};
     wrSetInlineDataList(qpx, 1, &buf);
@@ -263,6 +302,9 @@ void fillQpEx(ShadowQp *s) {
     x.wr_set_inline_data = wrSetInlineData;
     x.wr_set_inline_data_list = wrSetInlineDataList;
     x.wr_set_xrc_srqn = wrSetXrcSrqn;  // read by the driver's data path on an XRC initiator only
+    x.wr_set_ud_addr = wrSetUdAddr;    // read on a UD QP only, as ibv_post_send's wr.ud
+    x.wr_send_tso = wrSendTso;
+    x.wr_atomic_write = wrAtomicWrite;
     s->has_qp_ex = true;
 }
 

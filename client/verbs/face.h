@@ -157,6 +157,12 @@ T *keepPd(T *obj, ibv_pd *given) {
 // none) and points the context's ops, which the inline data verbs call, at it.
 void serveDatapath(ShadowContext *c);
 
+// ---- what is not served (refused_ops.cpp) ---------------------------------------------------------
+
+// Sets every verbs_context entry and context op still NULL to an answer that refuses (EOPNOTSUPP),
+// so no slot a consumer calls through is NULL. Called last, after every serve*().
+void refuseUnserved(ShadowContext *c);
+
 // The data verbs as ctx.ops has them. The shadow is found from the public struct with no registry
 // lookup: these are the fast path, and only our context's ops lead here.
 int postSend(ibv_qp *qp, ibv_send_wr *wr, ibv_send_wr **bad_wr);

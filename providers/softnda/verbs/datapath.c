@@ -555,11 +555,16 @@ static int write_send_wqe(struct sd_qp *qp, const struct ibv_send_wr *wr) {
         case SOFTNDA_OP_BIND_MW: {
             /* The window by its current rkey, its new one, and what it covers (SPEC.md §16). */
             const struct ibv_mw_bind_info *b = &wr->bind_mw.bind_info;
-            if (wr->bind_mw.mw == NULL) {
+            /* A zero-based window is refused here, as mlx5 refuses it at post time. Local
+             * write, which consumers often pass (rdma-core's own tests do), means nothing for a
+             * window: only the MR's local write matters (checked by the engine), so it is not
+             * carried. Any other bit goes to the engine, which refuses it (MW_BIND_ERR). */
+            const uint32_t access = b->mw_access_flags & ~(unsigned)IBV_ACCESS_LOCAL_WRITE;
+            if (wr->bind_mw.mw == NULL || (b->mw_access_flags & IBV_ACCESS_ZERO_BASED) != 0) {
                 return EINVAL;
             }
             softnda_send_wr_set_bind(&w, wr->bind_mw.mw->rkey, wr->bind_mw.rkey,
-                                     b->mr != NULL ? b->mr->lkey : 0, b->addr, b->length, b->mw_access_flags);
+                                     b->mr != NULL ? b->mr->lkey : 0, b->addr, b->length, access);
             has_data = 0;
             break;
         }

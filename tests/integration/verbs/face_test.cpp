@@ -594,6 +594,13 @@ TEST_F(FaceTest, StrictVerbsBehaviour) {
     expectBehaviour(*this, IBVX_VERBS_BEHAVIOUR, "behaviour");
 }
 
+// No NULL op in any table the face hands out (verbs_context, context ops, ibv_cq_ex, ibv_qp_ex of
+// each type), the refused ones answering EOPNOTSUPP, and UD sends through ibv_wr_* (issue 49: a
+// NULL wr_set_ud_addr crashed the tenant).
+TEST_F(FaceTest, NoNullOpAndUdSendsThroughTheWrApi) {
+    expectBehaviour(*this, IBVX_VERBS_SLOTS, "verbs-slots");
+}
+
 // XRC's bad requests (no domain, a basic SRQ's number, a domain in use, an unknown SRQ number)
 // and both ways to name the SRQ.
 TEST_F(FaceTest, XrcBehaviour) {
