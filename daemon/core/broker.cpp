@@ -963,7 +963,7 @@ StatusOr<RegMrResult> Broker::reregMr(Session &s, const ReregMrArgs &args) {
         m->pd = pd;
         m->uses = {pd};
     }
-    touch(s, m);  // the driver's blob carries the new keys, range and access
+    touch(s, m);  // the driver's blob carries the new range and access
     RegMrResult r;
     r.mr = args.mr;
     r.lkey = m->mr->lkey;

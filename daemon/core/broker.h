@@ -360,9 +360,10 @@ class Broker {
     Status deallocPd(Session &s, uint64_t pd);
     StatusOr<RegMrResult> regMr(Session &s, const RegMrArgs &args);
     Status deregMr(Session &s, uint64_t mr);
-    // ibv_rereg_mr (softnda SPEC.md §13): the MR changes in place and takes new keys; a refusal
-    // changes nothing. A larger new range is charged to mr_bytes (refused: nothing changes); a
-    // smaller one gives nothing back until the MR is deregistered, as a CQ's shrink.
+    // ibv_rereg_mr (softnda SPEC.md §13): the MR changes in place (its keys are the driver's:
+    // softnda keeps them); a refusal changes nothing. A larger new range is charged to mr_bytes
+    // (refused: nothing changes); a smaller one gives nothing back until the MR is deregistered,
+    // as a CQ's shrink.
     StatusOr<RegMrResult> reregMr(Session &s, const ReregMrArgs &args);
     StatusOr<CqResult> createCq(Session &s, const CreateCqArgs &args);
     StatusOr<Released> destroyCq(Session &s, uint64_t cq);

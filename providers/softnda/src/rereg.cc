@@ -1,5 +1,5 @@
-// ibv_rereg_mr on softnda (SPEC.md §13): the region keeps its slot and takes a new key, with what
-// the flags change (translation, PD, access), in one step between two engine passes.
+// ibv_rereg_mr on softnda (SPEC.md §13): the region keeps its slot and its keys and takes what the
+// flags change (translation, PD, access), in one step between two engine passes.
 #include <cerrno>
 #include <mutex>
 
@@ -34,11 +34,9 @@ int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, ui
         return rc;
     }
     std::lock_guard<std::mutex> ctl(dev->ctl);
-    // A new key in the same slot: a work request still naming the old one misses (SPEC.md §13).
-    uint32_t key = mr->key;
-    while (key == mr->key) {
-        key = (mr->key & ~0xffu) | (++dev->mr_generation & 0xff);
-    }
+    // The keys stay, as kernel providers keep them (rxe; mlx5 when it changes the region in place)
+    // and as consumers expect, who go on using the keys they handed their peers: a work request
+    // naming them is checked against the region as it now is (SPEC.md §13).
     {
         std::lock_guard<Gate> gate(dev->gate);
         // A window bound to the MR names its old range and key (SPEC.md §16).
@@ -49,7 +47,6 @@ int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, ui
         mr->len = length;
         mr->iova = iova;
         mr->access = access;
-        mr->key = key;
         if (pd != mr->pd) {
             mr->pd->refs--;
             pd->refs++;
@@ -59,8 +56,6 @@ int reregMr(ibv_mr *ib, int flags, ibv_pd *new_pd, void *addr, size_t length, ui
     mr->ib.pd = &pd->ib;
     mr->ib.addr = reinterpret_cast<void *>(static_cast<uintptr_t>(iova));
     mr->ib.length = length;
-    mr->ib.lkey = key;
-    mr->ib.rkey = key;
     return 0;
 }
 

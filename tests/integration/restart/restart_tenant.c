@@ -120,7 +120,7 @@ int main(int argc, char **argv) {
     if (smr == NULL || dmr == NULL) {
         fail("ibv_reg_mr", strerror(errno));
     }
-    /* The loop WRITEs into a re-registered MR: each restart must bring back its new memory, keys,
+    /* The loop WRITEs into a re-registered MR: each restart must bring back its new memory, its keys,
      * access and PD (the QPs'; under other_pd, still allocated, every WRITE would fail). */
     if (ibv_rereg_mr(dmr,
                      IBV_REREG_MR_CHANGE_TRANSLATION | IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_ACCESS,

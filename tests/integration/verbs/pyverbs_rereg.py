@@ -2,8 +2,10 @@
 """ibv_rereg_mr through the face, as a pyverbs program (softnda SPEC.md §13). The MR a peer
 WRITEs into is re-registered three ways: its access (a refused change first: nothing changes, the
 MR stays usable), its PD (to a second PD and back) and its memory (to a heap buffer of the
-program's own). Every success gives new keys; a WRITE naming the old rkey fails with
-IBV_WC_REM_ACCESS_ERR, and one naming the new rkey lands, at the new memory after a translation.
+program's own). Every success keeps the keys, as on a kernel provider, so the rkey the peer
+holds meets the MR as it now is: a WRITE lands once remote write is granted, fails with
+IBV_WC_REM_ACCESS_ERR under another PD and once remote write is taken away, and lands at the new
+memory after a translation, never at the old.
 
     ibv-extend-run -- pyverbs_rereg.py DEVICE
 
@@ -75,28 +77,27 @@ class Pair:
     def lands(self, rkey, addr, what):
         status, payload = self.write(rkey, addr)
         if status != e.IBV_WC_SUCCESS:
-            sys.exit(f"{what}: WRITE with the new rkey: status {status}")
+            sys.exit(f"{what}: WRITE: status {status}")
         if ctypes.string_at(addr, LEN) != payload:
-            sys.exit(f"{what}: WRITE with the new rkey: the data did not land at {addr:#x}")
+            sys.exit(f"{what}: WRITE: the data did not land at {addr:#x}")
 
     def refused(self, rkey, addr, what, owned=True):
         """owned: addr is still the MR's memory (pyverbs frees its own buffer at a translation)."""
         before = ctypes.string_at(addr, LEN) if owned else None
         status, _ = self.write(rkey, addr)
         if status != e.IBV_WC_REM_ACCESS_ERR:
-            sys.exit(f"{what}: WRITE with the old rkey: status {status}, expected REM_ACCESS_ERR")
+            sys.exit(f"{what}: WRITE: status {status}, expected REM_ACCESS_ERR")
         if owned and ctypes.string_at(addr, LEN) != before:
-            sys.exit(f"{what}: WRITE with the old rkey changed the memory")
+            sys.exit(f"{what}: a refused WRITE changed the memory")
         self.restate()
 
 
 def rereg(mr, what, **kwargs):
-    """Re-registers mr; returns its old keys after checking both changed."""
+    """Re-registers mr, checking that its keys stay."""
     old = (mr.lkey, mr.rkey)
     mr.rereg(**kwargs)
-    if mr.lkey == old[0] or mr.rkey == old[1]:
-        sys.exit(f"{what}: the keys did not change ({old[0]:#x}, {old[1]:#x})")
-    return old
+    if (mr.lkey, mr.rkey) != old:
+        sys.exit(f"{what}: the keys changed from ({old[0]:#x}, {old[1]:#x}) to ({mr.lkey:#x}, {mr.rkey:#x})")
 
 
 def main(name):
@@ -119,26 +120,27 @@ def main(name):
             sys.exit("a refused rereg changed the keys")
         p.refused(dst.rkey, addr, "no remote write yet")  # the access did not change either
 
-        # Access: remote write granted under new keys.
-        _, old_rkey = rereg(dst, "access", flags=e.IBV_REREG_MR_CHANGE_ACCESS, access=REMOTE)
-        p.refused(old_rkey, addr, "access")
+        # Access: remote write granted; the rkey the peer holds now writes.
+        rereg(dst, "access", flags=e.IBV_REREG_MR_CHANGE_ACCESS, access=REMOTE)
         p.lands(dst.rkey, addr, "access")
 
         # PD: under pd2 the responder (on pd) cannot use it; back on pd it lands again.
-        _, old_rkey = rereg(dst, "PD", flags=e.IBV_REREG_MR_CHANGE_PD, pd=pd2)
+        rereg(dst, "PD", flags=e.IBV_REREG_MR_CHANGE_PD, pd=pd2)
         p.refused(dst.rkey, addr, "MR of another PD")
         rereg(dst, "PD back", flags=e.IBV_REREG_MR_CHANGE_PD, pd=pd)
-        p.refused(old_rkey, addr, "PD back")
         p.lands(dst.rkey, addr, "PD back")
 
         # Translation: ordinary heap memory of the program's own.
         heap = posix_memalign(LEN)
         ctypes.memset(heap, 0, LEN)
-        _, old_rkey = rereg(dst, "translation", flags=e.IBV_REREG_MR_CHANGE_TRANSLATION, addr=heap, length=LEN)
-        p.refused(old_rkey, addr, "translation, old key", owned=False)
+        rereg(dst, "translation", flags=e.IBV_REREG_MR_CHANGE_TRANSLATION, addr=heap, length=LEN)
         p.lands(dst.rkey, heap, "translation")
-        p.refused(dst.rkey, addr, "translation, new key to the old memory", owned=False)
+        p.refused(dst.rkey, addr, "translation, the old memory", owned=False)
         p.lands(dst.rkey, heap, "translation, again")
+
+        # Access taken away again: the same rkey is refused.
+        rereg(dst, "access taken away", flags=e.IBV_REREG_MR_CHANGE_ACCESS, access=e.IBV_ACCESS_LOCAL_WRITE)
+        p.refused(dst.rkey, heap, "remote write taken away")
 
         for obj in (dst, p.src, p.a, p.b, p.cq, pd2, pd):
             obj.close()
