@@ -150,6 +150,15 @@ struct ibv_extend_datapath_ops {
     int (*read_clock)(uint64_t *ticks);
     int (*poll_cq_times)(void *cq, int num_entries, struct ibv_wc *wc,
                          struct ibv_extend_datapath_wc_times *times);
+
+    /* ---- Appended: a QP back in RESET ----
+     * After the device moved the QP to RESET (the modify succeeded, so it completes nothing more
+     * of what was posted before): removes the QP's completions not yet polled from its CQs
+     * (send_cq, recv_cq: either may be NULL, or both the same CQ), as rdma-core's mlx4 and mlx5
+     * clean a CQ at RESET, so that a QP brought up again does not meet the flushes of its last
+     * connection. With an SRQ, receive completions stay (their receives were the SRQ's and are
+     * consumed). Takes the CQs' locks. May be NULL: the completions stay. */
+    void (*qp_reset)(void *qp, void *send_cq, void *recv_cq);
 };
 
 #ifdef __cplusplus

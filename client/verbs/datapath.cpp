@@ -273,6 +273,16 @@ int resizeAttached(ShadowCq *s, uint32_t cqe) {
         &call);
 }
 
+void resetAttached(ShadowQp *s) {
+    ShadowContext *c = s->owner;
+    auto qp_reset = IBVX_DATAPATH_ENTRY(c, qp_reset);
+    if (s->dp.state == nullptr || qp_reset == nullptr) {
+        return;
+    }
+    std::lock_guard lock(c->mu);
+    qp_reset(s->dp.state, cqStateLocked(c, s->qp.send_cq), cqStateLocked(c, s->qp.recv_cq));
+}
+
 void flushAttachedLocked(ShadowContext *c) {
     for (ShadowQp *q : c->dp_qps) {
         flushLocked(c, q);

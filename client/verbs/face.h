@@ -180,6 +180,10 @@ int attachDatapath(ShadowSrq *s, ibv_srq_attr *attr);
 // an errno; EOPNOTSUPP when the data path cannot.
 int resizeAttached(ShadowCq *s, uint32_t cqe);
 
+// After the QP moved to RESET: its completions not yet polled leave its CQs (the data path's
+// qp_reset; nothing where the driver has none), as a kernel provider cleans them.
+void resetAttached(ShadowQp *s);
+
 // Destroys a queue through the extend API while it is out of reach of a session's end (which must
 // not flush a queue being freed); a queue the broker refused to destroy, and that lives on, is
 // attached again. The extend API's answer (0 or a negative errno); *gone: the shadow is freed.

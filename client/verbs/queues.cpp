@@ -155,7 +155,13 @@ int ibvx_verbs_modify_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask) {
     if (attr == nullptr) {
         return EINVAL;
     }
-    return -brokerModifyQp(qp, attr, attr_mask);  // EINVAL for a QP the seam does not know
+    int rc = -brokerModifyQp(qp, attr, attr_mask);  // EINVAL for a QP the seam does not know
+    if (rc == 0 && (attr_mask & IBV_QP_STATE) != 0 && attr->qp_state == IBV_QPS_RESET) {
+        if (ShadowQp *s = liveQp(qp); s != nullptr) {
+            resetAttached(s);
+        }
+    }
+    return rc;
 }
 
 int ibvx_verbs_query_qp(ibv_qp *qp, ibv_qp_attr *attr, int attr_mask, ibv_qp_init_attr *init_attr) {

@@ -720,6 +720,56 @@ static int sd_qp_fatal(void *qpv, void *send_cqv, void *recv_cqv, int err) {
     return flushed;
 }
 
+/* Removes from cq the completions of QP qpn the consumer has not polled (receive completions
+ * stay with keep_recv), as mlx5's CQ clean does: what the engine has written, [ci, end), is
+ * compacted towards end and the consumer index moves past the slots freed. The engine writes only
+ * at its producer index, at or beyond end, and never reads a CQE back, so only the poll lock is
+ * needed. Each moved entry takes the phase of the slot it lands in (SPEC.md §6). */
+static void cq_clean(struct sd_cq *cq, uint32_t qpn, int keep_recv) {
+    pthread_spin_lock(&cq->lock);
+    struct softnda_cq *q = &cq->cq;
+    uint32_t written = 0;
+    while (written < q->entry_cnt) {
+        const uint32_t i = q->ci + written;
+        const struct softnda_cqe *e =
+            (const struct softnda_cqe *)(q->buf + (size_t)(i & (q->entry_cnt - 1)) * q->entry_size);
+        if ((__atomic_load_n(&e->owner, __ATOMIC_ACQUIRE) & 1u) != (((i >> q->log_cnt) & 1u) ^ 1u)) {
+            break;
+        }
+        ++written;
+    }
+    uint32_t freed = 0;
+    for (uint32_t k = written; k > 0; --k) {
+        const uint32_t i = q->ci + k - 1;
+        uint8_t *from = q->buf + (size_t)(i & (q->entry_cnt - 1)) * q->entry_size;
+        const struct softnda_cqe *e = (const struct softnda_cqe *)from;
+        if (e->qp_num == qpn && !(keep_recv && e->opcode >= IBV_WC_RECV)) {
+            ++freed;
+        } else if (freed > 0) {
+            const uint32_t to_index = i + freed;
+            uint8_t *to = q->buf + (size_t)(to_index & (q->entry_cnt - 1)) * q->entry_size;
+            const uint32_t owner = (e->owner & ~1u) | (((to_index >> q->log_cnt) & 1u) ^ 1u);
+            memcpy(to, from, q->entry_size);
+            __atomic_store_n(&((struct softnda_cqe *)to)->owner, owner, __ATOMIC_RELEASE);
+        }
+    }
+    if (freed > 0) {
+        q->ci += freed;
+        __atomic_store_n(q->dbr_ci, q->ci, __ATOMIC_RELEASE);
+    }
+    pthread_spin_unlock(&cq->lock);
+}
+
+static void sd_qp_reset(void *qpv, void *send_cqv, void *recv_cqv) {
+    const struct sd_qp *qp = qpv;
+    if (send_cqv != NULL) {
+        cq_clean(send_cqv, qp->qp_num, !qp->has_rq);
+    }
+    if (recv_cqv != NULL && recv_cqv != send_cqv) {
+        cq_clean(recv_cqv, qp->qp_num, !qp->has_rq);
+    }
+}
+
 static uint32_t sd_qp_fatal_events(void *qpv) {
     struct sd_qp *qp = qpv;
     return __atomic_load_n(qp->fatal_events, __ATOMIC_ACQUIRE);
@@ -823,6 +873,7 @@ __attribute__((visibility("default"))) const struct ibv_extend_datapath_ops ibv_
     .clock_info = sd_clock_info,
     .read_clock = sd_read_clock,
     .poll_cq_times = sd_poll_cq_times,
+    .qp_reset = sd_qp_reset,
 };
 /* The table above is complete to its end (IBV_EXTEND_DATAPATH_SIZE_SYMBOL). */
 __attribute__((visibility("default"))) const uint32_t ibv_extend_datapath_size =

@@ -15,6 +15,8 @@
  *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
  *    providers refuse them;
  *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ;
+ *  - a QP moved to RESET leaves none of its unpolled completions (flushes) in its CQs, and
+ *    brought up again its first completion is its new work request's;
  *  - ibv_create_ah refuses a port the device lacks and a GRH whose sgid_index names no GID
  *    (EINVAL), and an AH keeps its PD: ibv_dealloc_pd answers EBUSY until the AH is destroyed;
  *  - shared memory (a SysV segment, a memfd sealed with F_SEAL_SHRINK, shared anonymous memory)
@@ -191,6 +193,104 @@ static int on_shared_pages(const void *p) {
     return found;
 }
 
+/* A QP moved to RESET leaves none of its unpolled completions in its CQs, as rdma-core's mlx5
+ * cleans them, so a QP brought up again does not meet the flushes of its last connection: a bad
+ * rkey puts a in ERR with flushes of its SQ and RQ still unpolled; after RESET both CQs are empty,
+ * and after a new bring-up the first completion is the new WRITE. */
+static void reset_cleans_cqs(struct ibv_context *ctx, struct ibv_pd *pd, uint16_t lid, struct ibv_mr *ms,
+                             char *src, struct ibv_mr *md, char *dst) {
+    struct ibv_cq *scq = ibv_create_cq(ctx, 16, NULL, NULL, 0), *rcq = ibv_create_cq(ctx, 16, NULL, NULL, 0),
+                  *bcq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+    if (scq == NULL || rcq == NULL || bcq == NULL) {
+        fail("reset: ibv_create_cq", strerror(errno));
+    }
+    struct ibv_qp_init_attr ia;
+    memset(&ia, 0, sizeof(ia));
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
+    ia.qp_type = IBV_QPT_RC;
+    ia.cap.max_send_wr = 8;
+    ia.cap.max_recv_wr = 8;
+    ia.cap.max_send_sge = 1;
+    ia.cap.max_recv_sge = 1;
+    struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = rc_qp(pd, bcq);
+    if (a == NULL) {
+        fail("reset: ibv_create_qp", strerror(errno));
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, lid);
+    to_rts(b, a->qp_num, lid);
+    struct ibv_sge rsge = {(uintptr_t)dst, 8, md->lkey};
+    for (int i = 0; i < 3; ++i) {
+        struct ibv_recv_wr rw = {.wr_id = 500 + i, .sg_list = &rsge, .num_sge = 1}, *rbad = NULL;
+        if (ibv_post_recv(a, &rw, &rbad) != 0) {
+            fail("reset: ibv_post_recv", "refused");
+        }
+    }
+    struct ibv_sge sge = {(uintptr_t)src, 8, ms->lkey};
+    struct ibv_send_wr wr, w2, *bad = NULL;
+    memset(&wr, 0, sizeof(wr));
+    wr.wr_id = 510;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = (uintptr_t)dst;
+    wr.wr.rdma.rkey = md->rkey ^ 0x55;
+    if (ibv_post_send(a, &wr, &bad) != 0) {
+        fail("reset: bad rkey", "refused");
+    }
+    struct ibv_wc wc = wait_wc(scq, "reset: bad rkey");
+    if (wc.wr_id != 510 || wc.status != IBV_WC_REM_ACCESS_ERR) {
+        fail("reset: bad rkey", "not IBV_WC_REM_ACCESS_ERR");
+    }
+    /* Two more sends in one post, flushed together; the first flush of each queue is polled,
+     * which shows the engine flushed the queue, and the rest stays in the CQs. */
+    wr.wr_id = 511;
+    wr.wr.rdma.rkey = md->rkey;
+    w2 = wr;
+    w2.wr_id = 512;
+    wr.next = &w2;
+    if (ibv_post_send(a, &wr, &bad) != 0) {
+        fail("reset: post in ERR", "refused");
+    }
+    wc = wait_wc(scq, "reset: SQ flush");
+    struct ibv_wc rwc = wait_wc(rcq, "reset: RQ flush");
+    if (wc.wr_id != 511 || wc.status != IBV_WC_WR_FLUSH_ERR || rwc.wr_id != 500 ||
+        rwc.status != IBV_WC_WR_FLUSH_ERR) {
+        fail("reset: flush", "not the flushes expected");
+    }
+    struct ibv_qp_attr qa;
+    memset(&qa, 0, sizeof(qa));
+    qa.qp_state = IBV_QPS_RESET;
+    if (ibv_modify_qp(a, &qa, IBV_QP_STATE) != 0 || ibv_modify_qp(b, &qa, IBV_QP_STATE) != 0) {
+        fail("reset: to RESET", "refused");
+    }
+    if (ibv_poll_cq(scq, 1, &wc) != 0 || ibv_poll_cq(rcq, 1, &rwc) != 0) {
+        fail("reset", "a completion of the QP before its RESET is still in its CQ");
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, lid);
+    to_rts(b, a->qp_num, lid);
+    wr.wr_id = 520;
+    wr.next = NULL;
+    strcpy(src, "again");
+    if (ibv_post_send(a, &wr, &bad) != 0) {
+        fail("reset: WRITE after bring-up", "refused");
+    }
+    wc = wait_wc(scq, "reset: WRITE after bring-up");
+    if (wc.wr_id != 520 || wc.status != IBV_WC_SUCCESS || strcmp(dst, "again") != 0) {
+        fail("reset: WRITE after bring-up", "not the first completion, or failed");
+    }
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_destroy_cq(scq);
+    ibv_destroy_cq(rcq);
+    ibv_destroy_cq(bcq);
+}
+
 /* md registers dst (4 KiB, kAccess); a pair of QPs of its own on pd carries the WRITEs. */
 static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq, uint16_t lid,
                   struct ibv_mr *ms, char *src, struct ibv_mr *md, char *dst) {
@@ -247,7 +347,8 @@ static void rereg(struct ibv_context *ctx, struct ibv_pd *pd, struct ibv_cq *cq,
         fail("ibv_rereg_mr onto shared memory", strerror(errno));
     }
     if (md->rkey != rkey || md->lkey != lkey || md->addr != anon + 100 || md->length != 5000) {
-        fail("ibv_rereg_mr onto shared memory", "range not changed, or keys changed (a kernel provider keeps them)");
+        fail("ibv_rereg_mr onto shared memory",
+             "range not changed, or keys changed (a kernel provider keeps them)");
     }
     strcpy(src, "in place");
     rdma(qp, cq, IBV_WR_RDMA_WRITE, ms, src, 9, anon + 4090, md->rkey, "WRITE after a translation");
@@ -780,6 +881,7 @@ int main(int argc, char **argv) {
     if (!found) {
         fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
     }
+    reset_cleans_cqs(ctx, pd, port.lid, ms, src, md, dst);
     rereg(ctx, pd, cq, port.lid, ms, src, md, dst); /* last: it changes md's range */
     domains(ctx, port.lid);
     ibv_destroy_qp(sender);
