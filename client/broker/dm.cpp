@@ -10,9 +10,11 @@
 namespace ibvx::client::broker {
 namespace {
 
-// Whether [offset, offset + length) lies inside the allocation, without overflow.
+// Whether [offset, offset + length) lies inside the allocation, without overflow, in whole
+// 4-byte words: device memory is copied a word at a time, and mlx5, whose rule consumers test
+// against, refuses anything else (softnda SPEC.md §17).
 bool inside(const ShadowDm &d, uint64_t offset, size_t length) {
-    return offset <= d.length && length <= d.length - offset;
+    return offset % 4 == 0 && length % 4 == 0 && offset <= d.length && length <= d.length - offset;
 }
 
 // rdma-core's convention for these two: 0 or a positive errno.

@@ -54,10 +54,15 @@ bool rangeFree(const Device &dev, uint64_t offset, uint64_t len) {
     return true;
 }
 
+// A copy's range: inside the allocation and in whole 32-bit words (SPEC.md §17, mlx5's rule).
+bool copyRange(const Dm &dm, uint64_t offset, uint64_t length) {
+    return offset % 4 == 0 && length % 4 == 0 && inside(offset, length, dm.asked);
+}
+
 // ibv_memcpy_{to,from}_dm: an errno (positive) as rdma-core's providers answer; they never throw.
 int copyToDm(ibv_dm *ib, uint64_t offset, const void *src, size_t length) {
     Dm *dm = asDm(ib);
-    if (dm == nullptr || (src == nullptr && length != 0) || !inside(offset, length, dm->asked)) {
+    if (dm == nullptr || (src == nullptr && length != 0) || !copyRange(*dm, offset, length)) {
         return EINVAL;
     }
     std::memcpy(dm->mem + offset, src, length);
@@ -66,7 +71,7 @@ int copyToDm(ibv_dm *ib, uint64_t offset, const void *src, size_t length) {
 
 int copyFromDm(void *dst, ibv_dm *ib, uint64_t offset, size_t length) {
     Dm *dm = asDm(ib);
-    if (dm == nullptr || (dst == nullptr && length != 0) || !inside(offset, length, dm->asked)) {
+    if (dm == nullptr || (dst == nullptr && length != 0) || !copyRange(*dm, offset, length)) {
         return EINVAL;
     }
     std::memcpy(dst, dm->mem + offset, length);
@@ -143,7 +148,7 @@ ibv_mr *regDmMr(ibv_pd *ib_pd, ibv_dm *ib_dm, uint64_t offset, size_t length, un
     const int bits = static_cast<int>(access);
     if (pd == nullptr || dm == nullptr || dm->ctx->dev != pd->ctx->dev ||
         (bits & IBV_ACCESS_ZERO_BASED) == 0 || (bits & ~(kDmMrAccess | IBV_ACCESS_ZERO_BASED)) != 0 ||
-        length == 0 || !inside(offset, length, dm->asked)) {
+        !inside(offset, length, dm->asked)) {
         return failNull<ibv_mr>(EINVAL);
     }
     const int mr_access = bits & kDmMrAccess;

@@ -55,11 +55,14 @@ def fill_the_region(ctx, size):
 def copies(dm):
     if dm.copy_from_dm(0, LEN) != bytes(LEN):
         sys.exit("a new allocation is not zeroed")
-    pattern = bytes((i * 7 + 3) % 256 for i in range(LEN - 5))
-    dm.copy_to_dm(5, pattern, len(pattern))
-    if dm.copy_from_dm(5, len(pattern)) != pattern:
+    pattern = bytes((i * 7 + 3) % 256 for i in range(LEN - 8))
+    dm.copy_to_dm(8, pattern, len(pattern))
+    if dm.copy_from_dm(8, len(pattern)) != pattern:
         sys.exit("copy_from_dm did not read what copy_to_dm wrote")
     refused("a copy past the allocation", errno.EINVAL, lambda: dm.copy_to_dm(LEN - 4, bytes(8), 8))
+    # Whole 32-bit words only (mlx5's rule, which consumers test against).
+    refused("a copy at an unaligned offset", errno.EINVAL, lambda: dm.copy_to_dm(5, bytes(8), 8))
+    refused("a copy of an unaligned length", errno.EINVAL, lambda: dm.copy_from_dm(4, 6))
     dm.copy_to_dm(0, bytes(LEN), LEN)
 
 
