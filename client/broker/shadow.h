@@ -242,6 +242,9 @@ struct ShadowContext {
     // IBV_EVENT_DEVICE_FATAL is owed to ibv_get_async_event, then delivered.
     enum class End { kLive, kFatalPending, kFatalDelivered };
     End end = End::kLive;  // guarded by mu
+    // ibv_import_device() results on this context (client/verbs/imports.cpp): each one more
+    // ibv_close_device() before the context really closes, and the command fd it was given.
+    std::vector<int> import_fds;  // guarded by mu
 };
 
 // The process-wide registry of live shadows (contexts by &ctx, objects by their shadow

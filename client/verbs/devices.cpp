@@ -100,6 +100,7 @@ void makeFaceContext(ShadowContext *c, FaceDevice *dev, int async_fd) {
     c->vctx.reg_dm_mr = faceRegDmMr;
     serveDatapath(c);
     refuseUnserved(c);
+    giveCmdFd(c);
 }
 
 // The device signals async events on the context's async_fd; a broker or driver without events
@@ -286,21 +287,32 @@ int ibvx_verbs_close_device(ibv_context *context) {
         errno = EINVAL;
         return -1;
     }
+    if (releaseImport(c)) {
+        return 0;  // an ibv_import_device() result: the context stays for its other holders
+    }
     unfollowSessionEnd(c);
     if (size_t left = destroyLeftovers(c); left != 0) {
         warn("ibv_close_device: destroyed %zu object(s) the program left on the context", left);
     }
     int async_fd = c->ctx.async_fd;
+    int cmd_fd = c->ctx.cmd_fd;
+    forgetCmdFd(c);
     int rc = brokerCloseDevice(&c->ext);
     if (rc != 0 && faceContext(context) == c) {  // refused: the context lives on
         followSessionEnd(c);
     }
     if (rc != 0) {
+        if (cmd_fd >= 0) {
+            giveBackCmdFd(c);
+        }
         errno = -rc;
         return -1;
     }
     if (async_fd >= 0) {
         close(async_fd);
+    }
+    if (cmd_fd >= 0) {
+        close(cmd_fd);
     }
     return 0;
 }

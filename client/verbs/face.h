@@ -157,6 +157,18 @@ T *keepPd(T *obj, ibv_pd *given) {
 // none) and points the context's ops, which the inline data verbs call, at it.
 void serveDatapath(ShadowContext *c);
 
+// ---- importing a context and its objects (imports.cpp) -------------------------------------------
+
+// Gives a face context its cmd_fd (a memfd of its own), by which a dup of it imports the context.
+void giveCmdFd(ShadowContext *c);
+// ibv_close_device() of an imported reference: closes one import's fd and answers true while
+// imports are left; false when the context itself is to close.
+bool releaseImport(ShadowContext *c);
+// The context closes: its cmd_fd no longer imports it (the caller closes the fd); and the close
+// was refused: it does again.
+void forgetCmdFd(ShadowContext *c);
+void giveBackCmdFd(ShadowContext *c);
+
 // ---- what is not served (refused_ops.cpp) ---------------------------------------------------------
 
 // Sets every verbs_context entry and context op still NULL to an answer that refuses (EOPNOTSUPP),

@@ -36,6 +36,29 @@ IBVX_EXPORT int ibv_close_device(struct ibv_context *context) {
     return ibvx_verbs_close_device(context);
 }
 
+/* Within one process only (imports.cpp): a context of another process answers EOPNOTSUPP. */
+IBVX_EXPORT struct ibv_context *ibv_import_device(int cmd_fd) {
+    return ibvx_verbs_import_device(cmd_fd);
+}
+IBVX_EXPORT struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle) {
+    return ibvx_verbs_import_pd(context, pd_handle);
+}
+IBVX_EXPORT void ibv_unimport_pd(struct ibv_pd *pd) {
+    ibvx_verbs_unimport_pd(pd);
+}
+IBVX_EXPORT struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle) {
+    return ibvx_verbs_import_mr(pd, mr_handle);
+}
+IBVX_EXPORT void ibv_unimport_mr(struct ibv_mr *mr) {
+    ibvx_verbs_unimport_mr(mr);
+}
+IBVX_EXPORT struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle) {
+    return ibvx_verbs_import_dm(context, dm_handle);
+}
+IBVX_EXPORT void ibv_unimport_dm(struct ibv_dm *dm) {
+    ibvx_verbs_unimport_dm(dm);
+}
+
 IBVX_EXPORT int ibv_query_device(struct ibv_context *context, struct ibv_device_attr *attr) {
     return ibvx_verbs_query_device(context, attr);
 }

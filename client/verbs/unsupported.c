@@ -34,23 +34,6 @@ IBVX_FACE_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context, st
                                                  uint8_t eth_mac[ETHERNET_LL_SIZE], uint16_t *vid) {
     return ibvx_unsupported_int();
 }
-/* Sharing a context, PD, MR or DM with another process goes through the broker's own objects,
- * never through a uverbs command fd, so nothing can be imported. */
-IBVX_FACE_EXPORT struct ibv_context *ibv_import_device(int cmd_fd) {
-    return ibvx_unsupported_ptr();
-}
-IBVX_FACE_EXPORT struct ibv_pd *ibv_import_pd(struct ibv_context *context, uint32_t pd_handle) {
-    return ibvx_unsupported_ptr();
-}
-IBVX_FACE_EXPORT void ibv_unimport_pd(struct ibv_pd *pd) {}
-IBVX_FACE_EXPORT struct ibv_mr *ibv_import_mr(struct ibv_pd *pd, uint32_t mr_handle) {
-    return ibvx_unsupported_ptr();
-}
-IBVX_FACE_EXPORT void ibv_unimport_mr(struct ibv_mr *mr) {}
-IBVX_FACE_EXPORT struct ibv_dm *ibv_import_dm(struct ibv_context *context, uint32_t dm_handle) {
-    return ibvx_unsupported_ptr();
-}
-IBVX_FACE_EXPORT void ibv_unimport_dm(struct ibv_dm *dm) {}
 IBVX_FACE_EXPORT int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece) {
     return ibvx_unsupported_int();
 }

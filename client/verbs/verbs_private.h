@@ -34,6 +34,14 @@ __be64 ibvx_verbs_get_device_guid(struct ibv_device *device);
 int ibvx_verbs_get_device_index(struct ibv_device *device);
 struct ibv_context *ibvx_verbs_open_device(struct ibv_device *device);
 int ibvx_verbs_close_device(struct ibv_context *context);
+/* rdma-core's shared-object API, within one process (imports.cpp). */
+struct ibv_context *ibvx_verbs_import_device(int cmd_fd);
+struct ibv_pd *ibvx_verbs_import_pd(struct ibv_context *context, uint32_t pd_handle);
+void ibvx_verbs_unimport_pd(struct ibv_pd *pd);
+struct ibv_mr *ibvx_verbs_import_mr(struct ibv_pd *pd, uint32_t mr_handle);
+void ibvx_verbs_unimport_mr(struct ibv_mr *mr);
+struct ibv_dm *ibvx_verbs_import_dm(struct ibv_context *context, uint32_t dm_handle);
+void ibvx_verbs_unimport_dm(struct ibv_dm *dm);
 
 /* Queries. query_port fills a whole struct ibv_port_attr. */
 int ibvx_verbs_query_device(struct ibv_context *context, struct ibv_device_attr *attr);

@@ -15,6 +15,9 @@
  *  - a receive posted in RESET and a send posted before RTS are refused (EINVAL), as rdma-core's
  *    providers refuse them;
  *  - a responder whose receive CQ overflows raises IBV_EVENT_CQ_ERR for that CQ;
+ *  - ibv_import_device on a dup of the context's cmd_fd, then ibv_import_pd/_mr/_dm by handle:
+ *    queues on the import carry a WRITE into the imported MR; closing the import and unimporting
+ *    leave the originals working; an fd that is no context's is refused with EOPNOTSUPP;
  *  - a QP moved to RESET leaves none of its unpolled completions (flushes) in its CQs, and
  *    brought up again its first completion is its new work request's;
  *  - ibv_create_ah refuses a port the device lacks and a GRH whose sgid_index names no GID
@@ -46,6 +49,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/shm.h>
 #include <unistd.h>
@@ -289,6 +293,73 @@ static void reset_cleans_cqs(struct ibv_context *ctx, struct ibv_pd *pd, uint16_
     ibv_destroy_cq(scq);
     ibv_destroy_cq(rcq);
     ibv_destroy_cq(bcq);
+}
+
+/* rdma-core's shared-object API within one process: a dup of the context's cmd_fd imports the
+ * context, and by their handles its PD, an MR of that PD and a DM; queues made on the imported
+ * context with the imported PD carry a WRITE into the imported MR; closing and unimporting leave
+ * the originals working. An fd that is no context's is refused with EOPNOTSUPP, an unknown handle
+ * with NULL. */
+static void imports(struct ibv_context *ctx, uint16_t lid) {
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    static char buf[2][64];
+    struct ibv_mr *mr = pd != NULL ? ibv_reg_mr(pd, buf, sizeof(buf), kAccess) : NULL;
+    struct ibv_alloc_dm_attr dm_attr = {.length = 64};
+    struct ibv_dm *dm = ibv_alloc_dm(ctx, &dm_attr);
+    if (mr == NULL || dm == NULL) {
+        fail("imports: PD, MR, DM", strerror(errno));
+    }
+    int not_a_context = eventfd(0, EFD_CLOEXEC);
+    errno = 0;
+    if (ctx->cmd_fd < 0 || ibv_import_device(not_a_context) != NULL || errno != EOPNOTSUPP) {
+        fail("ibv_import_device of an eventfd", "not refused with EOPNOTSUPP");
+    }
+    close(not_a_context);
+    struct ibv_context *imp = ibv_import_device(dup(ctx->cmd_fd));
+    if (imp == NULL) {
+        fail("ibv_import_device", strerror(errno));
+    }
+    struct ibv_pd *ipd = ibv_import_pd(imp, pd->handle);
+    struct ibv_mr *imr = ipd != NULL ? ibv_import_mr(ipd, mr->handle) : NULL;
+    struct ibv_dm *idm = ibv_import_dm(imp, dm->handle);
+    if (ipd == NULL || imr == NULL || idm == NULL || imr->lkey != mr->lkey || imr->rkey != mr->rkey) {
+        fail("ibv_import_pd/_mr/_dm", "not imported, or with other keys");
+    }
+    if (ibv_import_pd(imp, pd->handle + 1) != NULL || ibv_import_mr(ipd, mr->handle + 1) != NULL) {
+        fail("ibv_import_pd/_mr of an unknown handle", "imported");
+    }
+    const uint32_t word = 0x5a5a1234;
+    uint32_t back = 0;
+    if (ibv_memcpy_to_dm(dm, 0, &word, 4) != 0 || ibv_memcpy_from_dm(&back, idm, 0, 4) != 0 || back != word) {
+        fail("ibv_import_dm", "the import does not see the DM's bytes");
+    }
+    struct ibv_cq *cq = ibv_create_cq(imp, 8, NULL, NULL, 0);
+    struct ibv_qp *a = cq != NULL ? rc_qp(ipd, cq) : NULL, *b = a != NULL ? rc_qp(ipd, cq) : NULL;
+    if (b == NULL) {
+        fail("imports: queues on the imported context", strerror(errno));
+    }
+    to_init(a);
+    to_init(b);
+    to_rts(a, b->qp_num, lid);
+    to_rts(b, a->qp_num, lid);
+    strcpy(buf[0], "imported");
+    rdma(a, cq, IBV_WR_RDMA_WRITE, imr, buf[0], 9, buf[1], imr->rkey, "WRITE through the imports");
+    if (strcmp(buf[1], "imported") != 0) {
+        fail("WRITE through the imports", "the data did not land");
+    }
+    ibv_destroy_qp(a);
+    ibv_destroy_qp(b);
+    ibv_destroy_cq(cq);
+    ibv_unimport_dm(idm);
+    ibv_unimport_mr(imr);
+    ibv_unimport_pd(ipd);
+    if (ibv_close_device(imp) != 0) {
+        fail("ibv_close_device of the import", strerror(errno));
+    }
+    /* The originals are their creator's still. */
+    if (ibv_dereg_mr(mr) != 0 || ibv_free_dm(dm) != 0 || ibv_dealloc_pd(pd) != 0) {
+        fail("imports", "the originals did not outlive the import");
+    }
 }
 
 /* md registers dst (4 KiB, kAccess); a pair of QPs of its own on pd carries the WRITEs. */
@@ -882,6 +953,7 @@ int main(int argc, char **argv) {
         fail("CQ overflow", "no IBV_EVENT_CQ_ERR for the CQ");
     }
     reset_cleans_cqs(ctx, pd, port.lid, ms, src, md, dst);
+    imports(ctx, port.lid);
     rereg(ctx, pd, cq, port.lid, ms, src, md, dst); /* last: it changes md's range */
     domains(ctx, port.lid);
     ibv_destroy_qp(sender);
