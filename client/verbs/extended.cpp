@@ -340,7 +340,10 @@ ibv_cq_ex *faceCreateCqEx(ibv_context *context, ibv_cq_init_attr_ex *attr) {
 }
 
 ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
-    constexpr uint32_t kServed = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
+    // CREATE_FLAGS is taken with no flag set (rdma-core's tests pass the mask with flags 0 to a
+    // non-Mellanox device): nothing is asked for. Any flag is an mlx4/mlx5 feature, refused below.
+    constexpr uint32_t kServed =
+        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | IBV_QP_INIT_ATTR_CREATE_FLAGS;
     if (attr != nullptr && (attr->qp_type == IBV_QPT_XRC_SEND || attr->qp_type == IBV_QPT_XRC_RECV)) {
         // An initiator may post through the ibv_wr_* API too (ibv_wr_set_xrc_srqn).
         const bool send_ops =
@@ -360,11 +363,14 @@ ibv_qp *faceCreateQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
         attr->pd->context != context) {
         return failNull<ibv_qp>(EINVAL);
     }
-    if ((attr->comp_mask & ~kServed) != 0 || attr->create_flags != 0 ||
+    if ((attr->comp_mask & ~kServed) != 0 ||
+        ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 && attr->create_flags != 0) ||
         ((attr->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0 &&
          (attr->send_ops_flags & ~kQpExSendOps) != 0)) {
-        warn("ibv_create_qp_ex: only a PD and the standard send operations are served (comp_mask 0x%x)",
-             attr->comp_mask);
+        warn(
+            "ibv_create_qp_ex: only a PD and the standard send operations are served, no create flags "
+            "(comp_mask 0x%x)",
+            attr->comp_mask);
         return failNull<ibv_qp>(EOPNOTSUPP);
     }
     ibv_qp_init_attr a{};

@@ -105,9 +105,11 @@ ibv_qp *createXrcQpEx(ibv_context *context, ibv_qp_init_attr_ex *attr) {
         return failNull<ibv_qp>(EINVAL);
     }
     const bool target = attr->qp_type == IBV_QPT_XRC_RECV;
-    constexpr uint32_t kServed =
-        IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS;
-    if ((attr->comp_mask & ~kServed) != 0 || attr->create_flags != 0) {
+    constexpr uint32_t kServed = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_XRCD |
+                                 IBV_QP_INIT_ATTR_SEND_OPS_FLAGS |
+                                 IBV_QP_INIT_ATTR_CREATE_FLAGS;  // with no flag set, as for other types
+    if ((attr->comp_mask & ~kServed) != 0 ||
+        ((attr->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) != 0 && attr->create_flags != 0)) {
         warn(
             "ibv_create_qp_ex: an XRC QP takes a PD (initiator) or an XRC domain (target) only "
             "(comp_mask 0x%x)",

@@ -95,6 +95,33 @@ class FaceTest : public ::testing::Test {
         return kinds;
     }
 
+    // rdma-core's own test suite through the face (RdmaCoresOwnTestsPass below).
+    void rdmaCoreSuite() {
+        const std::string work = dir() + "/rdma-core";
+        ASSERT_EQ(mkdir(work.c_str(), 0777), 0);
+        ASSERT_EQ(chmod(work.c_str(), 0777), 0);  // the tenant (uid 65534) unpacks the suite there
+        const std::string dir_ = IBVX_PYVERBS_DIR;
+        std::string err = dir() + "/rdma-core.err";
+        Contained c(viaRun(broker_->socket(), "/usr/bin/python3",
+                           {dir_ + "/rdma_core_suite.py", "/usr/share/doc/rdma-core/tests", work, "softnda0",
+                            dir_ + "/rdma_core_expected.txt"},
+                           {"--sandbox=on"}),
+                    env(), err);
+        c.reply();
+        std::string out = c.readAll();
+        int rc = c.wait();
+        std::string why = slurp(err);
+        if (rc != 0 && why.find("bwrap cannot make the sandbox") != std::string::npos) {
+            GTEST_SKIP() << why;  // a chroot whose "/" is not a mount point: no sandbox, no /sys view
+        }
+        if (rc == 0 && out.rfind("SKIP:", 0) == 0) {
+            GTEST_SKIP() << out;  // python3-pyverbs installed without its documentation directory
+        }
+        std::printf("%s", out.c_str());
+        EXPECT_EQ(rc, 0) << out << why;
+        EXPECT_THAT(out, ::testing::EndsWith("\nOK\n")) << why;
+    }
+
     std::unique_ptr<BrokerProcess> broker_;
 };
 
@@ -455,6 +482,12 @@ class EthernetFaceTest : public FaceTest {
     int home_ = -1;
 };
 
+// The same suite on the RoCE personality: its RoCE-only checks (test_addr's RoCE AH, the GID
+// types and tables) run too.
+TEST_F(EthernetFaceTest, RdmaCoresOwnTestsPassOnRoce) {
+    rdmaCoreSuite();
+}
+
 TEST_F(EthernetFaceTest, DevinfoShowsRoceV2GidsThatFollowTheInterface) {
     std::string out = devinfo();
     EXPECT_THAT(out, ::testing::HasSubstr("link_layer:\t\tEthernet"));
@@ -646,29 +679,7 @@ TEST_P(FacePyverbs, ProgramSucceeds) {
 // Issue 49: before it, this suite crashed the tenant (a NULL wr_set_ud_addr) and failed memory
 // windows, rereg, device memory and PD import.
 TEST_F(FaceTest, RdmaCoresOwnTestsPass) {
-    const std::string work = dir() + "/rdma-core";
-    ASSERT_EQ(mkdir(work.c_str(), 0777), 0);
-    ASSERT_EQ(chmod(work.c_str(), 0777), 0);  // the tenant (uid 65534) unpacks the suite there
-    const std::string dir_ = IBVX_PYVERBS_DIR;
-    std::string err = dir() + "/rdma-core.err";
-    Contained c(viaRun(broker_->socket(), "/usr/bin/python3",
-                       {dir_ + "/rdma_core_suite.py", "/usr/share/doc/rdma-core/tests", work, "softnda0",
-                        dir_ + "/rdma_core_expected.txt"},
-                       {"--sandbox=on"}),
-                env(), err);
-    c.reply();
-    std::string out = c.readAll();
-    int rc = c.wait();
-    std::string why = slurp(err);
-    if (rc != 0 && why.find("bwrap cannot make the sandbox") != std::string::npos) {
-        GTEST_SKIP() << why;  // a chroot whose "/" is not a mount point: no sandbox, no /sys view
-    }
-    if (rc == 0 && out.rfind("SKIP:", 0) == 0) {
-        GTEST_SKIP() << out;  // python3-pyverbs installed without its documentation directory
-    }
-    std::printf("%s", out.c_str());
-    EXPECT_EQ(rc, 0) << out << why;
-    EXPECT_THAT(out, ::testing::EndsWith("\nOK\n")) << why;
+    rdmaCoreSuite();
 }
 
 INSTANTIATE_TEST_SUITE_P(Programs, FacePyverbs,
