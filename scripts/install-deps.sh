@@ -33,6 +33,9 @@ PACKAGES=(
   iproute2 util-linux procps
   ibverbs-utils perftest python3-pyverbs
   go-md2man systemd-container
+  # the nspawn story reads the installed man pages with man -w (tests/integration/systemd/story.sh);
+  # a minbase root has no man
+  man-db
   # ibv-extend-run's sandbox (docs/verbs.md, "The discovery tree"); UCX over the face, and UCP
   # for the verification program (tests/integration/verbs/ucp_verify.c); Open MPI over UCX
   # (tests/integration/verbs/mpi_verify.c)
