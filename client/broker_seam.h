@@ -52,8 +52,8 @@ ibv_mr *brokerRegMrIova(ibv_pd *pd, void *addr, size_t length, uint64_t iova, in
 ibv_mr *brokerRegMrFd(ibv_pd *pd, int fd, uint64_t offset, size_t length, int access);
 // ibv_rereg_mr (softnda SPEC.md §13) through the broker's ReregMr: flags say what changes (the PD,
 // the access, the memory [addr, addr + length), moved onto shared pages as at registration and
-// the old range's given back). On success mr has the keys the driver gives (softnda keeps them), its new PD and range. 0 or a negative
-// errno; the MR is then unchanged.
+// the old range's given back). On success mr has the keys the driver gives (softnda keeps them), its new PD
+// and range. 0 or a negative errno; the MR is then unchanged.
 int brokerReregMr(ibv_mr *mr, int flags, ibv_pd *pd, void *addr, size_t length, int access);
 int brokerDeregMr(ibv_mr *mr);
 // An address handle the broker keeps (CreateAh): the returned ibv_ah is the first member of an

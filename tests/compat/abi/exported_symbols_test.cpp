@@ -64,7 +64,9 @@ TEST(ExportedSymbols, ExactlyThePublicAbi) {
                           "modify_srq",      "query_srq",           "create_ah",
                           "destroy_ah",      "get_async_event",     "ack_async_event",
                           "fork_init",       "is_fork_initialized", "mcast",
-                          "rereg_mr"}) {
+                          "rereg_mr",        "import_device",       "import_pd",
+                          "unimport_pd",     "import_mr",           "unimport_mr",
+                          "import_dm",       "unimport_dm"}) {
         expected.insert(std::string("T ibvx_verbs_") + f + "@@IBVX_VERBS_PRIVATE_1");
     }
     EXPECT_EQ(definedDynamicSymbols(IBVX_LIBIBV_EXTEND), expected);
