@@ -300,11 +300,11 @@ int ibvx_verbs_close_device(ibv_context *context) {
     int rc = brokerCloseDevice(&c->ext);
     if (rc != 0 && faceContext(context) == c) {  // refused: the context lives on
         followSessionEnd(c);
+        giveBackCmdFd(c);
+    } else if (rc != 0 && cmd_fd >= 0) {
+        close(cmd_fd);  // the context went all the same (its session had ended): c is freed
     }
     if (rc != 0) {
-        if (cmd_fd >= 0) {
-            giveBackCmdFd(c);
-        }
         errno = -rc;
         return -1;
     }
