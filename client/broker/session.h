@@ -47,6 +47,7 @@
 #include "common/fd_channel.h"
 #include "common/unique_fd.h"
 #include "ibv_extend/v1/broker.grpc.pb.h"
+#include "proto/broker_methods.h"
 #include "providers/loader/loader.h"
 
 namespace ibvx::client::broker {
@@ -68,16 +69,12 @@ inline constexpr const char *kIdempotencyMetadataKey = "ibvx-idempotency-key";
 inline constexpr const char *kRetireMetadataKey = "ibvx-retire-keys";
 inline constexpr size_t kMaxRetireKeys = 64;  // per call, as the broker takes them
 
-// The calls that change nothing on the broker (by request type). Every other call carries an
-// idempotency key, so a retry after a broker restart is answered, never applied twice; a method
-// added later gets one by default, which is the safe side.
+// The calls that change nothing on the broker (by request type), as broker.proto says them
+// (option idempotency_level; proto/broker_methods.h, the table the daemon reads too). Every other
+// call carries an idempotency key, so a retry after a broker restart is answered, never applied
+// twice; an rpc that says neither fails the build.
 template <typename Req>
-inline constexpr bool kReadOnlyCall =
-    std::is_same_v<Req, pb::HelloRequest> || std::is_same_v<Req, pb::ListDevicesRequest> ||
-    std::is_same_v<Req, pb::QueryDeviceRequest> || std::is_same_v<Req, pb::QueryDeviceAttrRequest> ||
-    std::is_same_v<Req, pb::QueryPortRequest> || std::is_same_v<Req, pb::QueryQpRequest> ||
-    std::is_same_v<Req, pb::QueryQpExtendRequest> ||
-    std::is_same_v<Req, pb::QueryQpSupportedHyroceFeatureRequest>;
+inline constexpr bool kReadOnlyCall = !kMutatingRequest<Req>;
 
 // A new idempotency key: 16 lower-case hex digits of a random non-zero 64-bit value.
 std::string newIdempotencyKey();

@@ -5,46 +5,6 @@
 namespace ibvx::daemon {
 namespace {
 
-const char *const kMethodNames[] = {"Hello",
-                                    "ListDevices",
-                                    "OpenContext",
-                                    "CloseContext",
-                                    "QueryDevice",
-                                    "AllocPd",
-                                    "DeallocPd",
-                                    "RegMr",
-                                    "DeregMr",
-                                    "CreateCq",
-                                    "DestroyCq",
-                                    "CreateQp",
-                                    "DestroyQp",
-                                    "CreateSrq",
-                                    "DestroySrq",
-                                    "ModifyQp",
-                                    "QueryQp",
-                                    "ModifyQpExtend",
-                                    "QueryQpExtend",
-                                    "QueryQpSupportedHyroceFeature",
-                                    "NegoQpHyroceFeature",
-                                    "QueryDeviceAttr",
-                                    "QueryPort",
-                                    "SetAsyncEventFd",
-                                    "CreateAh",
-                                    "DestroyAh",
-                                    "ResizeCq",
-                                    "OpenXrcd",
-                                    "CloseXrcd",
-                                    "ReregMr",
-                                    "AttachMcast",
-                                    "DetachMcast",
-                                    "AllocMw",
-                                    "DeallocMw",
-                                    "AllocDm",
-                                    "FreeDm",
-                                    "RegDmMr",
-                                    "OpenQp"};
-static_assert(std::size(kMethodNames) == static_cast<size_t>(Method::kCount));
-
 const char *const kAdminMethodNames[] = {"GetStats",    "GetStatus",    "ListDrivers",   "ListSessions",
                                          "ListObjects", "EvictSession", "ReloadDrivers", "Watch",
                                          "GetQuotas",   "SetQuota",     "Restart"};
@@ -59,7 +19,8 @@ const char *nameIn(const char *const (&names)[N], M m) {
 }  // namespace
 
 const char *methodName(Method m) {
-    return nameIn(kMethodNames, m);
+    auto i = static_cast<size_t>(m);
+    return i < std::size(kBrokerMethods) ? kBrokerMethods[i].name.data() : "?";  // literals: terminated
 }
 
 const char *methodName(AdminMethod m) {

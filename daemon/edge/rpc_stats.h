@@ -12,50 +12,12 @@
 #include <unordered_map>
 #include <vector>
 
+#include "proto/broker_methods.h"
+
 namespace ibvx::daemon {
 
-// ibv_extend.v1.Broker methods in declaration order.
-enum class Method {
-    kHello,
-    kListDevices,
-    kOpenContext,
-    kCloseContext,
-    kQueryDevice,
-    kAllocPd,
-    kDeallocPd,
-    kRegMr,
-    kDeregMr,
-    kCreateCq,
-    kDestroyCq,
-    kCreateQp,
-    kDestroyQp,
-    kCreateSrq,
-    kDestroySrq,
-    kModifyQp,
-    kQueryQp,
-    kModifyQpExtend,
-    kQueryQpExtend,
-    kQueryQpSupportedHyroceFeature,
-    kNegoQpHyroceFeature,
-    kQueryDeviceAttr,
-    kQueryPort,
-    kSetAsyncEventFd,
-    kCreateAh,
-    kDestroyAh,
-    kResizeCq,
-    kOpenXrcd,
-    kCloseXrcd,
-    kReregMr,
-    kAttachMcast,
-    kDetachMcast,
-    kAllocMw,
-    kDeallocMw,
-    kAllocDm,
-    kFreeDm,
-    kRegDmMr,
-    kOpenQp,
-    kCount
-};
+// ibv_extend.v1.Broker methods in declaration order: the one method table (proto/broker_methods.h).
+using Method = BrokerMethod;
 
 const char *methodName(Method m);
 

@@ -57,50 +57,7 @@ Status storedStatus(const StoredReply &r) {
 }  // namespace
 
 bool isMutating(Method m) {
-    switch (m) {
-        case Method::kOpenContext:
-        case Method::kCloseContext:
-        case Method::kAllocPd:
-        case Method::kDeallocPd:
-        case Method::kRegMr:
-        case Method::kDeregMr:
-        case Method::kCreateCq:
-        case Method::kDestroyCq:
-        case Method::kCreateQp:
-        case Method::kDestroyQp:
-        case Method::kCreateSrq:
-        case Method::kDestroySrq:
-        case Method::kModifyQp:
-        case Method::kModifyQpExtend:
-        case Method::kNegoQpHyroceFeature:  // the driver's negotiation moves the QP's state
-        case Method::kSetAsyncEventFd:
-        case Method::kCreateAh:
-        case Method::kDestroyAh:
-        case Method::kResizeCq:
-        case Method::kOpenXrcd:
-        case Method::kCloseXrcd:
-        case Method::kReregMr:
-        case Method::kAttachMcast:
-        case Method::kDetachMcast:
-        case Method::kAllocMw:
-        case Method::kDeallocMw:
-        case Method::kAllocDm:
-        case Method::kFreeDm:
-        case Method::kRegDmMr:
-        case Method::kOpenQp:
-            return true;
-        case Method::kHello:  // creates a session, but a retried Hello is a new session anyway
-        case Method::kListDevices:
-        case Method::kQueryDevice:
-        case Method::kQueryQp:
-        case Method::kQueryQpExtend:
-        case Method::kQueryQpSupportedHyroceFeature:
-        case Method::kQueryDeviceAttr:
-        case Method::kQueryPort:
-        case Method::kCount:
-            return false;
-    }
-    return false;
+    return m < Method::kCount && brokerMethod(m).mutating;  // broker.proto's idempotency_level
 }
 
 StatusOr<uint64_t> parseIdempotencyKey(std::string_view text) {
@@ -158,32 +115,10 @@ BrokerService::BrokerService(Broker &broker, ConnectionRegistry &connections, Rp
       listener_(listener),
       blocking_(blocking.threads, blocking.max_queued) {
     // Every method's request and response on one arena (daemon/edge/arena_messages.h).
-    useArenaMessagesFor(
-        this, &BrokerService::SetMessageAllocatorFor_Hello,
-        &BrokerService::SetMessageAllocatorFor_ListDevices,
-        &BrokerService::SetMessageAllocatorFor_OpenContext,
-        &BrokerService::SetMessageAllocatorFor_CloseContext,
-        &BrokerService::SetMessageAllocatorFor_QueryDevice,
-        &BrokerService::SetMessageAllocatorFor_QueryDeviceAttr,
-        &BrokerService::SetMessageAllocatorFor_QueryPort,
-        &BrokerService::SetMessageAllocatorFor_SetAsyncEventFd,
-        &BrokerService::SetMessageAllocatorFor_AllocPd, &BrokerService::SetMessageAllocatorFor_DeallocPd,
-        &BrokerService::SetMessageAllocatorFor_OpenXrcd, &BrokerService::SetMessageAllocatorFor_CloseXrcd,
-        &BrokerService::SetMessageAllocatorFor_AllocMw, &BrokerService::SetMessageAllocatorFor_DeallocMw,
-        &BrokerService::SetMessageAllocatorFor_AttachMcast,
-        &BrokerService::SetMessageAllocatorFor_DetachMcast, &BrokerService::SetMessageAllocatorFor_AllocDm,
-        &BrokerService::SetMessageAllocatorFor_FreeDm, &BrokerService::SetMessageAllocatorFor_RegDmMr,
-        &BrokerService::SetMessageAllocatorFor_RegMr, &BrokerService::SetMessageAllocatorFor_ReregMr,
-        &BrokerService::SetMessageAllocatorFor_DeregMr, &BrokerService::SetMessageAllocatorFor_CreateCq,
-        &BrokerService::SetMessageAllocatorFor_DestroyCq, &BrokerService::SetMessageAllocatorFor_CreateQp,
-        &BrokerService::SetMessageAllocatorFor_OpenQp, &BrokerService::SetMessageAllocatorFor_DestroyQp,
-        &BrokerService::SetMessageAllocatorFor_CreateSrq, &BrokerService::SetMessageAllocatorFor_DestroySrq,
-        &BrokerService::SetMessageAllocatorFor_CreateAh, &BrokerService::SetMessageAllocatorFor_DestroyAh,
-        &BrokerService::SetMessageAllocatorFor_ResizeCq, &BrokerService::SetMessageAllocatorFor_ModifyQp,
-        &BrokerService::SetMessageAllocatorFor_QueryQp, &BrokerService::SetMessageAllocatorFor_ModifyQpExtend,
-        &BrokerService::SetMessageAllocatorFor_QueryQpExtend,
-        &BrokerService::SetMessageAllocatorFor_QueryQpSupportedHyroceFeature,
-        &BrokerService::SetMessageAllocatorFor_NegoQpHyroceFeature);
+#define IBVX_ARENA_FOR(name, request, response, mutating) \
+    useArenaMessages(&BrokerService::SetMessageAllocatorFor_##name, this);
+    IBVX_BROKER_METHODS(IBVX_ARENA_FOR)
+#undef IBVX_ARENA_FOR
 }
 
 StatusOr<std::shared_ptr<Session>> BrokerService::sessionOf(grpc::CallbackServerContext *ctx) {

@@ -6,8 +6,8 @@
 // and the core.
 //
 // Input: a list of records `u8 op, u16 length (LE), bytes[length]`, op taken % 64.
-//   op < 57       the Broker method with that index in broker.proto (38 today, up to
-//                 OpenQp; the harness checks they stay below 57); the bytes are its request, sent as
+//   op < 57       the Broker method with that index in broker.proto (as many as it has, up to
+//                 57: the harness checks); the bytes are its request, sent as
 //                 they are when they do not parse (gRPC must reject them), otherwise re-serialised after
 //                 handle substitution: a fixed64 handle field holding 1..255 becomes the handle created (n-1)
 //                 % count-th in this input, so requests can name real objects, including other sessions'
