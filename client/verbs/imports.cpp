@@ -110,18 +110,17 @@ ibv_context *ibvx_verbs_import_device(int cmd_fd) {
     if (!fileOf(cmd_fd, &id)) {
         return failNull<ibv_context>(EBADF);
     }
-    ShadowContext *c = nullptr;
-    {
-        std::lock_guard lock(byFile().mu);
-        auto it = byFile().contexts.find(id);
-        c = it != byFile().contexts.end() ? it->second : nullptr;
-    }
+    // Held to the end: a context leaves the map (forgetCmdFd) before it is freed, so the one found
+    // lives while its import is counted.
+    std::lock_guard lock(byFile().mu);
+    auto it = byFile().contexts.find(id);
+    ShadowContext *c = it != byFile().contexts.end() ? it->second : nullptr;
     if (c == nullptr || c->ctx.cmd_fd == cmd_fd) {
         // Not a dup of a context's fd of this process (the fd itself is the context's own, which
         // would be closed twice).
         return failNull<ibv_context>(c == nullptr ? EOPNOTSUPP : EINVAL);
     }
-    std::lock_guard lock(c->mu);
+    std::lock_guard context_lock(c->mu);
     c->import_fds.push_back(cmd_fd);
     return &c->ctx;
 }
