@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <iterator>
 #include <string_view>
 
 #include "ibv_extend/v1/broker_methods.inc"

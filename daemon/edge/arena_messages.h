@@ -53,10 +53,4 @@ void useArenaMessages(void (Base::*set)(grpc::MessageAllocator<Req, Resp> *),
     (service->*set)(&allocator);
 }
 
-// The same for each of several methods.
-template <typename Service, typename... Sets>
-void useArenaMessagesFor(Service *service, Sets... sets) {
-    (useArenaMessages(sets, service), ...);
-}
-
 }  // namespace ibvx::daemon
