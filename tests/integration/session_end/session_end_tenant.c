@@ -69,16 +69,7 @@ static int cq_event_state(void) {
 }
 
 static struct ibv_qp *make_qp(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq) {
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = scq;
-    ia.recv_cq = rcq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 8;
-    ia.cap.max_recv_wr = 8;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *qp = ibv_create_qp(pd, &ia);
+    struct ibv_qp *qp = rc_qp_cqs_or_null(pd, scq, rcq);
     if (qp == NULL) {
         fail("ibv_create_qp", strerror(errno));
     }

@@ -97,11 +97,12 @@ static inline void to_rts(struct ibv_qp *qp, uint32_t dest, uint16_t lid) {
     }
 }
 
-static inline struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
+/* An RC QP of 8 work requests and 1 SGE each way, completing sends on scq and receives on rcq. */
+static inline struct ibv_qp *rc_qp_cqs_or_null(struct ibv_pd *pd, struct ibv_cq *scq, struct ibv_cq *rcq) {
     struct ibv_qp_init_attr ia;
     memset(&ia, 0, sizeof(ia));
-    ia.send_cq = cq;
-    ia.recv_cq = cq;
+    ia.send_cq = scq;
+    ia.recv_cq = rcq;
     ia.qp_type = IBV_QPT_RC;
     ia.cap.max_send_wr = 8;
     ia.cap.max_recv_wr = 8;
@@ -110,12 +111,37 @@ static inline struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq)
     return ibv_create_qp(pd, &ia);
 }
 
+static inline struct ibv_qp *rc_qp_or_null(struct ibv_pd *pd, struct ibv_cq *cq) {
+    return rc_qp_cqs_or_null(pd, cq, cq);
+}
+
 static inline struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq) {
     struct ibv_qp *qp = rc_qp_or_null(pd, cq);
     if (qp == NULL) {
         fail("ibv_create_qp", strerror(errno));
     }
     return qp;
+}
+
+/* A UD QP from RESET to RTS on port 1 with Q_Key qkey; fails the program when refused. */
+static inline void ud_to_rts(struct ibv_qp *qp, uint32_t qkey) {
+    struct ibv_qp_attr a;
+    memset(&a, 0, sizeof(a));
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qkey = qkey;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
+        fail("UD INIT", "refused");
+    }
+    a.qp_state = IBV_QPS_RTR;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE) != 0) {
+        fail("UD RTR", "refused");
+    }
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = 1;
+    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
+        fail("UD RTS", "refused");
+    }
 }
 
 /* A UD QP in RTS on port 1 with Q_Key qkey, depth work requests each way; fails the program when
@@ -134,23 +160,7 @@ static inline struct ibv_qp *ud_qp_rts(struct ibv_pd *pd, struct ibv_cq *cq, uin
     if (qp == NULL) {
         fail("ibv_create_qp UD", strerror(errno));
     }
-    struct ibv_qp_attr a;
-    memset(&a, 0, sizeof(a));
-    a.qp_state = IBV_QPS_INIT;
-    a.port_num = 1;
-    a.qkey = qkey;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
-        fail("UD INIT", "refused");
-    }
-    a.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE) != 0) {
-        fail("UD RTR", "refused");
-    }
-    a.qp_state = IBV_QPS_RTS;
-    a.sq_psn = 1;
-    if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
-        fail("UD RTS", "refused");
-    }
+    ud_to_rts(qp, qkey);
     return qp;
 }
 

@@ -208,16 +208,7 @@ static void reset_cleans_cqs(struct ibv_context *ctx, struct ibv_pd *pd, uint16_
     if (scq == NULL || rcq == NULL || bcq == NULL) {
         fail("reset: ibv_create_cq", strerror(errno));
     }
-    struct ibv_qp_init_attr ia;
-    memset(&ia, 0, sizeof(ia));
-    ia.send_cq = scq;
-    ia.recv_cq = rcq;
-    ia.qp_type = IBV_QPT_RC;
-    ia.cap.max_send_wr = 8;
-    ia.cap.max_recv_wr = 8;
-    ia.cap.max_send_sge = 1;
-    ia.cap.max_recv_sge = 1;
-    struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = rc_qp(pd, bcq);
+    struct ibv_qp *a = rc_qp_cqs_or_null(pd, scq, rcq), *b = rc_qp(pd, bcq);
     if (a == NULL) {
         fail("reset: ibv_create_qp", strerror(errno));
     }
@@ -907,16 +898,7 @@ int main(int argc, char **argv) {
     if (tiny == NULL || tiny->cqe > 6) {
         fail("small CQ", tiny == NULL ? strerror(errno) : "more entries than asked for");
     }
-    struct ibv_qp_init_attr ta;
-    memset(&ta, 0, sizeof(ta));
-    ta.send_cq = cq;
-    ta.recv_cq = tiny;
-    ta.qp_type = IBV_QPT_RC;
-    ta.cap.max_send_wr = 8;
-    ta.cap.max_recv_wr = 8;
-    ta.cap.max_send_sge = 1;
-    ta.cap.max_recv_sge = 1;
-    struct ibv_qp *sender = rc_qp(pd, cq), *receiver = ibv_create_qp(pd, &ta);
+    struct ibv_qp *sender = rc_qp(pd, cq), *receiver = rc_qp_cqs_or_null(pd, cq, tiny);
     if (receiver == NULL) {
         fail("ibv_create_qp (small CQ)", strerror(errno));
     }

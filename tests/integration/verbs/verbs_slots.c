@@ -204,22 +204,7 @@ static void ud_sends(struct ibv_context *ctx, struct ibv_pd *pd) {
     if (tx == NULL) {
         fail("ibv_create_qp_ex UD", strerror(errno));
     }
-    struct ibv_qp_attr qa;
-    memset(&qa, 0, sizeof(qa));
-    qa.qp_state = IBV_QPS_INIT;
-    qa.port_num = 1;
-    qa.qkey = kQkey;
-    if (ibv_modify_qp(tx, &qa, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_QKEY) != 0) {
-        fail("UD INIT", "refused");
-    }
-    qa.qp_state = IBV_QPS_RTR;
-    if (ibv_modify_qp(tx, &qa, IBV_QP_STATE) != 0) {
-        fail("UD RTR", "refused");
-    }
-    qa.qp_state = IBV_QPS_RTS;
-    if (ibv_modify_qp(tx, &qa, IBV_QP_STATE | IBV_QP_SQ_PSN) != 0) {
-        fail("UD RTS", "refused");
-    }
+    ud_to_rts(tx, kQkey);
     struct ibv_port_attr port;
     if (ibv_query_port(ctx, 1, &port) != 0) {
         fail("ibv_query_port", strerror(errno));
@@ -287,6 +272,8 @@ static void ud_sends(struct ibv_context *ctx, struct ibv_pd *pd) {
         }
     }
     /* A QP moved back to RESET refuses the batch (EINVAL), as rdma-core's providers do. */
+    struct ibv_qp_attr qa;
+    memset(&qa, 0, sizeof(qa));
     qa.qp_state = IBV_QPS_RESET;
     if (ibv_modify_qp(tx, &qa, IBV_QP_STATE) != 0) {
         fail("UD RESET", "refused");
